@@ -1,0 +1,169 @@
+//! `namespace/name` references, the way the API spells pools and networks.
+//!
+//! IPPools are referred to as `ns/name` in `IPPOOL_REFS_JSON` and in metrics, and networks as
+//! `ns/nad` in `spec.networkName`. Upstream keyed its caches by whichever string it had at hand
+//! and so mixed the two up; here both are the same validated type and never a bare string.
+
+use std::fmt;
+use std::str::FromStr;
+
+use serde::{Deserialize, Deserializer, Serialize, Serializer};
+
+/// Why a string is not a `namespace/name` reference.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum NameError {
+    /// No `/` separating namespace and name (and no default namespace was given).
+    #[error("invalid reference {value:?}: expected \"namespace/name\"")]
+    MissingNamespace {
+        /// The rejected input.
+        value: String,
+    },
+    /// The namespace part is not a DNS-1123 label.
+    #[error("invalid reference {value:?}: namespace {part:?} is not a DNS-1123 label (lowercase alphanumerics and '-', at most 63)")]
+    BadNamespace {
+        /// The rejected input.
+        value: String,
+        /// The offending part.
+        part: String,
+    },
+    /// The name part is not a DNS-1123 subdomain.
+    #[error("invalid reference {value:?}: name {part:?} is not a DNS-1123 subdomain (lowercase alphanumerics, '-' and '.', at most 253)")]
+    BadName {
+        /// The rejected input.
+        value: String,
+        /// The offending part.
+        part: String,
+    },
+}
+
+/// A reference to a namespaced object, `namespace/name`; `Display` gives that form back.
+#[derive(Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct NamespacedName {
+    /// The object's namespace (a DNS-1123 label).
+    pub namespace: String,
+    /// The object's name (a DNS-1123 subdomain).
+    pub name: String,
+}
+
+impl NamespacedName {
+    /// Builds a reference from parts, validating both.
+    pub fn new(namespace: &str, name: &str) -> Result<Self, NameError> {
+        format!("{namespace}/{name}").parse()
+    }
+
+    /// Parses `namespace/name`, or a bare `name` which then lives in `default_namespace`
+    /// (how Multus resolves a network named without a namespace).
+    pub fn parse_in(value: &str, default_namespace: &str) -> Result<Self, NameError> {
+        if value.contains('/') {
+            value.parse()
+        } else {
+            Self::new(default_namespace, value).map_err(|err| match err {
+                NameError::BadName { part, .. } => NameError::BadName {
+                    value: value.to_owned(),
+                    part,
+                },
+                other => other,
+            })
+        }
+    }
+}
+
+fn is_label(s: &str) -> bool {
+    let b = s.as_bytes();
+    !b.is_empty()
+        && b.len() <= 63
+        && b.iter().all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || *c == b'-')
+        && b[0] != b'-'
+        && b[b.len() - 1] != b'-'
+}
+
+fn is_subdomain(s: &str) -> bool {
+    s.len() <= 253 && s.split('.').all(is_label)
+}
+
+impl FromStr for NamespacedName {
+    type Err = NameError;
+
+    fn from_str(value: &str) -> Result<Self, Self::Err> {
+        let (namespace, name) = value.split_once('/').ok_or_else(|| NameError::MissingNamespace {
+            value: value.to_owned(),
+        })?;
+        if !is_label(namespace) {
+            return Err(NameError::BadNamespace {
+                value: value.to_owned(),
+                part: namespace.to_owned(),
+            });
+        }
+        if !is_subdomain(name) {
+            return Err(NameError::BadName {
+                value: value.to_owned(),
+                part: name.to_owned(),
+            });
+        }
+        Ok(NamespacedName {
+            namespace: namespace.to_owned(),
+            name: name.to_owned(),
+        })
+    }
+}
+
+impl fmt::Display for NamespacedName {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}/{}", self.namespace, self.name)
+    }
+}
+
+impl fmt::Debug for NamespacedName {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "NamespacedName({self})")
+    }
+}
+
+impl Serialize for NamespacedName {
+    fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        serializer.collect_str(self)
+    }
+}
+
+impl<'de> Deserialize<'de> for NamespacedName {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        let s = String::deserialize(deserializer)?;
+        s.parse().map_err(serde::de::Error::custom)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_and_displays() {
+        let r: NamespacedName = "default/net-48".parse().unwrap();
+        assert_eq!((r.namespace.as_str(), r.name.as_str()), ("default", "net-48"));
+        assert_eq!(r.to_string(), "default/net-48");
+        let dotted: NamespacedName = "kube-system/a.b-c".parse().unwrap();
+        assert_eq!(dotted.name, "a.b-c");
+    }
+
+    #[test]
+    fn bare_name_takes_default_namespace() {
+        let r = NamespacedName::parse_in("net-48", "vms").unwrap();
+        assert_eq!(r.to_string(), "vms/net-48");
+        let r = NamespacedName::parse_in("other/net-48", "vms").unwrap();
+        assert_eq!(r.to_string(), "other/net-48");
+    }
+
+    #[test]
+    fn rejects_invalid_parts_with_specific_errors() {
+        assert!(matches!("net-48".parse::<NamespacedName>(), Err(NameError::MissingNamespace { .. })));
+        assert!(matches!("/net".parse::<NamespacedName>(), Err(NameError::BadNamespace { .. })));
+        assert!(matches!("Default/net".parse::<NamespacedName>(), Err(NameError::BadNamespace { .. })));
+        assert!(matches!("a.b/net".parse::<NamespacedName>(), Err(NameError::BadNamespace { .. })));
+        assert!(matches!("default/".parse::<NamespacedName>(), Err(NameError::BadName { .. })));
+        assert!(matches!("default/a/b".parse::<NamespacedName>(), Err(NameError::BadName { .. })));
+        assert!(matches!("default/-x".parse::<NamespacedName>(), Err(NameError::BadName { .. })));
+        assert!(matches!(NamespacedName::parse_in("Bad", "ns"), Err(NameError::BadName { value, .. }) if value == "Bad"));
+        let long = format!("ns/{}", "a".repeat(64));
+        assert!(matches!(long.parse::<NamespacedName>(), Err(NameError::BadName { .. })));
+    }
+}

