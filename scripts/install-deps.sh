@@ -43,7 +43,7 @@ if [ ! -x "$APISERVER" ]; then
   log "building kube-apiserver $K8S_GIT_VERSION from Debian's kubernetes $K8S_SRC_VERSION source (~5 min)"
   work="$CACHE/build-apiserver"
   rm -rf "$work"; mkdir -p "$work/lists/partial" "$work/src"
-  mirror="$(grep -rhoE 'https?://deb\.debian\.org/debian/?' /etc/apt/sources.list /etc/apt/sources.list.d/ 2>/dev/null | head -n1)"
+  mirror="$( (grep -rhoE 'https?://deb\.debian\.org/debian/?' /etc/apt/sources.list /etc/apt/sources.list.d/ 2>/dev/null || true) | head -n1)"
   mirror="${mirror:-http://deb.debian.org/debian}"
   echo "deb-src ${mirror%/} bookworm main" > "$work/sources.list"
   aptopts=(-o "Dir::Etc::sourcelist=$work/sources.list" -o "Dir::Etc::sourceparts=/nonexistent"

@@ -118,15 +118,25 @@ pub struct Bootstrap {
 impl Bootstrap {
     /// The bootstrap for a set of pool configs.
     pub fn from_pools<'a>(pools: impl IntoIterator<Item = &'a PoolConfig>) -> Self {
-        let mut network_configs: Vec<AgentNetworkConfig> = pools.into_iter().map(Into::into).collect();
+        let mut network_configs: Vec<AgentNetworkConfig> =
+            pools.into_iter().map(Into::into).collect();
         network_configs.sort_by(|a, b| a.ip_pool_ref.cmp(&b.ip_pool_ref));
         network_configs.dedup_by(|a, b| a.ip_pool_ref == b.ip_pool_ref);
-        let pool_refs = network_configs.iter().map(|c| c.ip_pool_ref.clone()).collect();
-        Bootstrap { network_configs, pool_refs }
+        let pool_refs = network_configs
+            .iter()
+            .map(|c| c.ip_pool_ref.clone())
+            .collect();
+        Bootstrap {
+            network_configs,
+            pool_refs,
+        }
     }
 
     /// Parses both env values (as read; `None` or blank means `[]`).
-    pub fn parse(network_configs: Option<&str>, pool_refs: Option<&str>) -> Result<Self, BootstrapError> {
+    pub fn parse(
+        network_configs: Option<&str>,
+        pool_refs: Option<&str>,
+    ) -> Result<Self, BootstrapError> {
         Ok(Bootstrap {
             network_configs: parse_network_configs(network_configs.unwrap_or("[]"))?,
             pool_refs: parse_pool_refs(pool_refs.unwrap_or("[]"))?,
@@ -165,8 +175,15 @@ fn parse_list(var: &'static str, text: &str) -> Result<Vec<Value>, BootstrapErro
     let text = if text.trim().is_empty() { "[]" } else { text };
     match serde_json::from_str::<Value>(text) {
         Ok(Value::Array(items)) => Ok(items),
-        Ok(other) => Err(BootstrapError::NotAList { var, value: truncate(&other.to_string()) }),
-        Err(e) => Err(BootstrapError::Json { var, value: truncate(text), reason: e.to_string() }),
+        Ok(other) => Err(BootstrapError::NotAList {
+            var,
+            value: truncate(&other.to_string()),
+        }),
+        Err(e) => Err(BootstrapError::Json {
+            var,
+            value: truncate(text),
+            reason: e.to_string(),
+        }),
     }
 }
 
@@ -177,13 +194,14 @@ pub fn parse_network_configs(text: &str) -> Result<Vec<AgentNetworkConfig>, Boot
     let mut out: Vec<AgentNetworkConfig> = Vec::new();
     let (mut pools, mut ifaces) = (BTreeSet::new(), BTreeSet::new());
     for (index, item) in parse_list(VAR, text)?.into_iter().enumerate() {
-        let field_err = |field: &'static str, value: Option<&Value>, reason: String| BootstrapError::Field {
-            var: VAR,
-            index,
-            field,
-            value: value.map_or_else(|| "<missing>".to_owned(), |v| truncate(&v.to_string())),
-            reason,
-        };
+        let field_err =
+            |field: &'static str, value: Option<&Value>, reason: String| BootstrapError::Field {
+                var: VAR,
+                index,
+                field,
+                value: value.map_or_else(|| "<missing>".to_owned(), |v| truncate(&v.to_string())),
+                reason,
+            };
         let Value::Object(obj) = &item else {
             return Err(field_err("", Some(&item), "must be a JSON object".into()));
         };
@@ -195,19 +213,33 @@ pub fn parse_network_configs(text: &str) -> Result<Vec<AgentNetworkConfig>, Boot
         };
         let reference = |field: &'static str| -> Result<NamespacedName, BootstrapError> {
             let s = string(field)?;
-            s.parse().map_err(|e| field_err(field, obj.get(field), format!("{e}")))
+            s.parse()
+                .map_err(|e| field_err(field, obj.get(field), format!("{e}")))
         };
 
         let interface_name = string("interfaceName")?.to_owned();
-        ifname::validate(&interface_name).map_err(|e| field_err("interfaceName", obj.get("interfaceName"), e.to_string()))?;
-        let server_ip: Ipv4Addr = string("serverIP")?
-            .parse()
-            .map_err(|_| field_err("serverIP", obj.get("serverIP"), "is not an IPv4 address".into()))?;
-        let cidr: Ipv4Net = string("cidr")?
-            .parse()
-            .map_err(|_| field_err("cidr", obj.get("cidr"), "is not an IPv4 CIDR (e.g. 192.168.48.0/24)".into()))?;
+        ifname::validate(&interface_name)
+            .map_err(|e| field_err("interfaceName", obj.get("interfaceName"), e.to_string()))?;
+        let server_ip: Ipv4Addr = string("serverIP")?.parse().map_err(|_| {
+            field_err(
+                "serverIP",
+                obj.get("serverIP"),
+                "is not an IPv4 address".into(),
+            )
+        })?;
+        let cidr: Ipv4Net = string("cidr")?.parse().map_err(|_| {
+            field_err(
+                "cidr",
+                obj.get("cidr"),
+                "is not an IPv4 CIDR (e.g. 192.168.48.0/24)".into(),
+            )
+        })?;
         if !is_host_of(cidr.trunc(), server_ip) {
-            return Err(field_err("serverIP", obj.get("serverIP"), format!("is not a host address of {}", cidr.trunc())));
+            return Err(field_err(
+                "serverIP",
+                obj.get("serverIP"),
+                format!("is not a host address of {}", cidr.trunc()),
+            ));
         }
         let ip_pool_ref = reference("ipPoolRef")?;
         let ip_pool_name = match obj.get("ipPoolName") {
@@ -217,12 +249,29 @@ pub fn parse_network_configs(text: &str) -> Result<Vec<AgentNetworkConfig>, Boot
         let nad_name = reference("nadName")?;
 
         if !pools.insert(ip_pool_ref.clone()) {
-            return Err(BootstrapError::Duplicate { var: VAR, index, field: "ipPoolRef", value: ip_pool_ref.to_string() });
+            return Err(BootstrapError::Duplicate {
+                var: VAR,
+                index,
+                field: "ipPoolRef",
+                value: ip_pool_ref.to_string(),
+            });
         }
         if !ifaces.insert(interface_name.clone()) {
-            return Err(BootstrapError::Duplicate { var: VAR, index, field: "interfaceName", value: interface_name });
+            return Err(BootstrapError::Duplicate {
+                var: VAR,
+                index,
+                field: "interfaceName",
+                value: interface_name,
+            });
         }
-        out.push(AgentNetworkConfig { interface_name, server_ip, cidr, ip_pool_name, ip_pool_ref, nad_name });
+        out.push(AgentNetworkConfig {
+            interface_name,
+            server_ip,
+            cidr,
+            ip_pool_name,
+            ip_pool_ref,
+            nad_name,
+        });
     }
     Ok(out)
 }
@@ -233,13 +282,24 @@ pub fn parse_pool_refs(text: &str) -> Result<Vec<NamespacedName>, BootstrapError
     let mut seen = BTreeSet::new();
     let mut out = Vec::new();
     for (index, item) in parse_list(VAR, text)?.into_iter().enumerate() {
-        let err = |reason: String| BootstrapError::Field { var: VAR, index, field: "", value: truncate(&item.to_string()), reason };
+        let err = |reason: String| BootstrapError::Field {
+            var: VAR,
+            index,
+            field: "",
+            value: truncate(&item.to_string()),
+            reason,
+        };
         let Value::String(s) = &item else {
             return Err(err("must be a \"namespace/name\" string".into()));
         };
         let r: NamespacedName = s.parse().map_err(|e| err(format!("{e}")))?;
         if !seen.insert(r.clone()) {
-            return Err(BootstrapError::Duplicate { var: VAR, index, field: "", value: r.to_string() });
+            return Err(BootstrapError::Duplicate {
+                var: VAR,
+                index,
+                field: "",
+                value: r.to_string(),
+            });
         }
         out.push(r);
     }
@@ -261,7 +321,7 @@ mod tests {
         assert_eq!(c.server_ip, Ipv4Addr::new(192, 168, 48, 77));
         assert_eq!(c.cidr.to_string(), "192.168.48.0/24");
         assert_eq!(c.ip_pool_ref.to_string(), "default/net-48");
-        assert_eq!(b.pool_refs, [c.ip_pool_ref.clone()]);
+        assert_eq!(b.pool_refs, std::slice::from_ref(&c.ip_pool_ref));
         assert_eq!(b.render_network_configs(), PR64_CONFIGS);
         assert_eq!(b.render_pool_refs(), r#"["default/net-48"]"#);
         assert_eq!(b.render_multus_networks(), "default/net-48@net0");
@@ -289,14 +349,38 @@ mod tests {
             v.to_string()
         };
         let cases = [
-            (entry(r#"{"serverIP":"192.168.48.300"}"#), "AGENT_NETWORK_CONFIGS[0].serverIP = \"192.168.48.300\": is not an IPv4 address"),
-            (entry(r#"{"serverIP":"10.0.0.1"}"#), "AGENT_NETWORK_CONFIGS[0].serverIP = \"10.0.0.1\": is not a host address of 192.168.48.0/24"),
-            (entry(r#"{"cidr":"192.168.48.0"}"#), "AGENT_NETWORK_CONFIGS[0].cidr = \"192.168.48.0\""),
-            (entry(r#"{"interfaceName":"averyveryverylongname"}"#), "AGENT_NETWORK_CONFIGS[0].interfaceName = \"averyveryverylongname\""),
-            (entry(r#"{"ipPoolRef":"net-48"}"#), "AGENT_NETWORK_CONFIGS[0].ipPoolRef = \"net-48\""),
-            (entry(r#"{"nadName":null}"#), "AGENT_NETWORK_CONFIGS[0].nadName = <missing>: must be a string"),
-            (entry(r#"{"serverIP":42}"#), "AGENT_NETWORK_CONFIGS[0].serverIP = 42: must be a string"),
-            ("[1]".to_owned(), "AGENT_NETWORK_CONFIGS[0]. = 1: must be a JSON object"),
+            (
+                entry(r#"{"serverIP":"192.168.48.300"}"#),
+                "AGENT_NETWORK_CONFIGS[0].serverIP = \"192.168.48.300\": is not an IPv4 address",
+            ),
+            (
+                entry(r#"{"serverIP":"10.0.0.1"}"#),
+                "AGENT_NETWORK_CONFIGS[0].serverIP = \"10.0.0.1\": is not a host address of 192.168.48.0/24",
+            ),
+            (
+                entry(r#"{"cidr":"192.168.48.0"}"#),
+                "AGENT_NETWORK_CONFIGS[0].cidr = \"192.168.48.0\"",
+            ),
+            (
+                entry(r#"{"interfaceName":"averyveryverylongname"}"#),
+                "AGENT_NETWORK_CONFIGS[0].interfaceName = \"averyveryverylongname\"",
+            ),
+            (
+                entry(r#"{"ipPoolRef":"net-48"}"#),
+                "AGENT_NETWORK_CONFIGS[0].ipPoolRef = \"net-48\"",
+            ),
+            (
+                entry(r#"{"nadName":null}"#),
+                "AGENT_NETWORK_CONFIGS[0].nadName = <missing>: must be a string",
+            ),
+            (
+                entry(r#"{"serverIP":42}"#),
+                "AGENT_NETWORK_CONFIGS[0].serverIP = 42: must be a string",
+            ),
+            (
+                "[1]".to_owned(),
+                "AGENT_NETWORK_CONFIGS[0]. = 1: must be a JSON object",
+            ),
             ("{}".to_owned(), "AGENT_NETWORK_CONFIGS must be a JSON list"),
             ("[{".to_owned(), "AGENT_NETWORK_CONFIGS is not valid JSON"),
         ];
@@ -304,9 +388,13 @@ mod tests {
             let err = parse_network_configs(&text).unwrap_err().to_string();
             assert!(err.contains(want), "{text}\n  got:  {err}\n  want: {want}");
         }
-        let err = parse_pool_refs(r#"["default/a", 7]"#).unwrap_err().to_string();
+        let err = parse_pool_refs(r#"["default/a", 7]"#)
+            .unwrap_err()
+            .to_string();
         assert!(err.contains("IPPOOL_REFS_JSON[1]. = 7"), "{err}");
-        let err = parse_pool_refs(r#"["default/a", "default/a"]"#).unwrap_err().to_string();
+        let err = parse_pool_refs(r#"["default/a", "default/a"]"#)
+            .unwrap_err()
+            .to_string();
         assert!(err.contains("duplicates"), "{err}");
     }
 
@@ -319,18 +407,34 @@ mod tests {
             second["ipPoolRef"] = Value::String(b.to_owned());
             Value::Array(vec![one[0].clone(), second]).to_string()
         };
-        assert!(matches!(parse_network_configs(&two("net1", "default/net-48")), Err(BootstrapError::Duplicate { field: "ipPoolRef", .. })));
-        assert!(matches!(parse_network_configs(&two("net0", "default/other")), Err(BootstrapError::Duplicate { field: "interfaceName", .. })));
+        assert!(matches!(
+            parse_network_configs(&two("net1", "default/net-48")),
+            Err(BootstrapError::Duplicate {
+                field: "ipPoolRef",
+                ..
+            })
+        ));
+        assert!(matches!(
+            parse_network_configs(&two("net0", "default/other")),
+            Err(BootstrapError::Duplicate {
+                field: "interfaceName",
+                ..
+            })
+        ));
         assert!(parse_network_configs(&two("net1", "default/other")).is_ok());
     }
 
     #[test]
     fn rendering_is_canonical_and_round_trips() {
-        let pool: crate::crd::IPPool = serde_yaml_ng::from_str(include_str!("../../examples/ippool.yaml")).unwrap();
+        let pool: crate::crd::IPPool =
+            serde_yaml_ng::from_str(include_str!("../../examples/ippool.yaml")).unwrap();
         let mut other = pool.clone();
         other.metadata.name = Some("aaa".into());
         other.spec.network_name = "default/aaa".into();
-        let names = ifname::assign([&"default/net-48".parse().unwrap(), &"default/aaa".parse().unwrap()]);
+        let names = ifname::assign([
+            &"default/net-48".parse().unwrap(),
+            &"default/aaa".parse().unwrap(),
+        ]);
         let cfg = |p: &crate::crd::IPPool| {
             let r = crate::pool::pool_ref(p).unwrap();
             PoolConfig::from_ippool(p, &names[&r]).unwrap()
@@ -340,11 +444,18 @@ mod tests {
         let two = Bootstrap::from_pools([&b, &a]);
         assert_eq!(one, two);
         assert_eq!(one.pool_refs[0].to_string(), "default/aaa");
-        let parsed = Bootstrap::parse(Some(&one.render_network_configs()), Some(&one.render_pool_refs())).unwrap();
+        let parsed = Bootstrap::parse(
+            Some(&one.render_network_configs()),
+            Some(&one.render_pool_refs()),
+        )
+        .unwrap();
         assert_eq!(parsed, one);
         assert_eq!(
             one.render_multus_networks(),
-            format!("default/aaa@{},default/net-48@{}", b.interface_name, a.interface_name)
+            format!(
+                "default/aaa@{},default/net-48@{}",
+                b.interface_name, a.interface_name
+            )
         );
     }
 }

@@ -308,7 +308,11 @@ pub struct VirtualMachineNetworkConfigStatus {
 #[serde(rename_all = "camelCase")]
 pub struct NetworkConfigStatus {
     /// The address allocated (kept while paused, so the same one returns).
-    #[serde(rename = "allocatedIPAddress", default, skip_serializing_if = "Option::is_none")]
+    #[serde(
+        rename = "allocatedIPAddress",
+        default,
+        skip_serializing_if = "Option::is_none"
+    )]
     pub allocated_ip_address: Option<String>,
     /// The NIC's MAC address.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -376,20 +380,58 @@ mod tests {
     #[test]
     fn crds_carry_upstream_names_columns_and_status() {
         let crd = IPPool::crd();
-        assert_eq!(crd.metadata.name.as_deref(), Some("ippools.network.harvesterhci.io"));
-        assert_eq!(crd.spec.names.short_names, Some(vec!["ippl".into(), "ippls".into()]));
+        assert_eq!(
+            crd.metadata.name.as_deref(),
+            Some("ippools.network.harvesterhci.io")
+        );
+        assert_eq!(
+            crd.spec.names.short_names,
+            Some(vec!["ippl".into(), "ippls".into()])
+        );
         assert_eq!(crd.spec.scope, "Namespaced");
         let v = &crd.spec.versions[0];
         assert_eq!(v.name, "v1alpha1");
-        let cols: Vec<_> = v.additional_printer_columns.iter().flatten().map(|c| c.name.as_str()).collect();
-        assert_eq!(cols, ["NETWORK", "AVAILABLE", "USED", "REGISTERED", "CACHEREADY", "AGENTREADY", "AGE"]);
-        assert!(v.subresources.as_ref().and_then(|s| s.status.as_ref()).is_some());
+        let cols: Vec<_> = v
+            .additional_printer_columns
+            .iter()
+            .flatten()
+            .map(|c| c.name.as_str())
+            .collect();
+        assert_eq!(
+            cols,
+            [
+                "NETWORK",
+                "AVAILABLE",
+                "USED",
+                "REGISTERED",
+                "CACHEREADY",
+                "AGENTREADY",
+                "AGE"
+            ]
+        );
+        assert!(
+            v.subresources
+                .as_ref()
+                .and_then(|s| s.status.as_ref())
+                .is_some()
+        );
 
         let crd = VirtualMachineNetworkConfig::crd();
-        assert_eq!(crd.metadata.name.as_deref(), Some("virtualmachinenetworkconfigs.network.harvesterhci.io"));
-        assert_eq!(crd.spec.names.short_names, Some(vec!["vmnetcfg".into(), "vmnetcfgs".into()]));
+        assert_eq!(
+            crd.metadata.name.as_deref(),
+            Some("virtualmachinenetworkconfigs.network.harvesterhci.io")
+        );
+        assert_eq!(
+            crd.spec.names.short_names,
+            Some(vec!["vmnetcfg".into(), "vmnetcfgs".into()])
+        );
         let v = &crd.spec.versions[0];
-        let cols: Vec<_> = v.additional_printer_columns.iter().flatten().map(|c| c.name.as_str()).collect();
+        let cols: Vec<_> = v
+            .additional_printer_columns
+            .iter()
+            .flatten()
+            .map(|c| c.name.as_str())
+            .collect();
         assert_eq!(cols, ["VMNAME", "ALLOCATED", "DISABLED", "INSYNCED", "AGE"]);
     }
 
@@ -400,15 +442,29 @@ mod tests {
         assert_eq!(spec["required"], serde_json::json!(["networkName"]));
         assert_eq!(spec["properties"]["networkName"]["maxLength"], 64);
         let v4 = &spec["properties"]["ipv4Config"];
-        let mut req: Vec<_> = v4["required"].as_array().unwrap().iter().map(|v| v.as_str().unwrap()).collect();
+        let mut req: Vec<_> = v4["required"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|v| v.as_str().unwrap())
+            .collect();
         req.sort();
         assert_eq!(req, ["cidr", "pool", "serverIP"]);
         assert_eq!(v4["properties"]["dns"]["maxItems"], 3);
         assert_eq!(v4["properties"]["ntp"]["maxItems"], 4);
         assert_eq!(v4["properties"]["serverIP"]["format"], "ipv4");
-        assert_eq!(v4["properties"]["pool"]["properties"]["exclude"]["items"]["format"], "ipv4");
-        let status = &crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["status"];
-        let mut req: Vec<_> = status["properties"]["ipv4"]["required"].as_array().unwrap().iter().map(|v| v.as_str().unwrap()).collect();
+        assert_eq!(
+            v4["properties"]["pool"]["properties"]["exclude"]["items"]["format"],
+            "ipv4"
+        );
+        let status =
+            &crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["status"];
+        let mut req: Vec<_> = status["properties"]["ipv4"]["required"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|v| v.as_str().unwrap())
+            .collect();
         req.sort();
         assert_eq!(req, ["available", "used"]);
 
@@ -445,15 +501,22 @@ mod tests {
             "conditions": [{"type": "CacheReady", "status": "True", "lastUpdateTime": "2024-01-02T03:04:05Z"}]
         });
         let parsed: IPPoolStatus = serde_json::from_value(status.clone()).unwrap();
-        assert_eq!(find_condition(&parsed.conditions, CONDITION_CACHE_READY).map(|c| c.status.as_str()), Some("True"));
+        assert_eq!(
+            find_condition(&parsed.conditions, CONDITION_CACHE_READY).map(|c| c.status.as_str()),
+            Some("True")
+        );
         assert_eq!(serde_json::to_value(&parsed).unwrap(), status);
 
         let status = serde_json::json!({
             "networkConfigs": [{"allocatedIPAddress": "192.168.48.86", "macAddress": "c6:d6:82:39:d3:c3", "networkName": "default/net-48", "state": "Allocated"}],
             "conditions": [{"type": "Allocated", "status": "True"}]
         });
-        let parsed: VirtualMachineNetworkConfigStatus = serde_json::from_value(status.clone()).unwrap();
-        assert_eq!(parsed.network_configs[0].state, Some(NetworkConfigState::Allocated));
+        let parsed: VirtualMachineNetworkConfigStatus =
+            serde_json::from_value(status.clone()).unwrap();
+        assert_eq!(
+            parsed.network_configs[0].state,
+            Some(NetworkConfigState::Allocated)
+        );
         assert_eq!(serde_json::to_value(&parsed).unwrap(), status);
     }
 }

@@ -44,20 +44,31 @@ pub fn validate(name: &str) -> Result<(), IfnameError> {
     if name == "." || name == ".." {
         return Err(invalid("reserved"));
     }
-    if !name.bytes().all(|b| b.is_ascii_graphic() && !matches!(b, b'/' | b':' | b'@' | b',' | b'"')) {
-        return Err(invalid("only printable ASCII without '/', ':', '@', ',' or '\"' is allowed"));
+    if !name
+        .bytes()
+        .all(|b| b.is_ascii_graphic() && !matches!(b, b'/' | b':' | b'@' | b',' | b'"'))
+    {
+        return Err(invalid(
+            "only printable ASCII without '/', ':', '@', ',' or '\"' is allowed",
+        ));
     }
     Ok(())
 }
 
 /// 64-bit FNV-1a: tiny, fixed forever (names must not change across releases), good spread.
 fn fnv1a(bytes: &[u8]) -> u64 {
-    bytes.iter().fold(0xcbf2_9ce4_8422_2325, |h, b| (h ^ u64::from(*b)).wrapping_mul(0x0100_0000_01b3))
+    bytes.iter().fold(0xcbf2_9ce4_8422_2325, |h, b| {
+        (h ^ u64::from(*b)).wrapping_mul(0x0100_0000_01b3)
+    })
 }
 
 /// The name a pool gets at attempt `salt` (0 unless it collided): `vmd` + 10 hex digits.
 pub fn candidate(pool: &NamespacedName, salt: u32) -> String {
-    let key = if salt == 0 { pool.to_string() } else { format!("{pool}#{salt}") };
+    let key = if salt == 0 {
+        pool.to_string()
+    } else {
+        format!("{pool}#{salt}")
+    };
     format!("{PREFIX}{:010x}", fnv1a(key.as_bytes()) & 0xff_ffff_ffff)
 }
 
@@ -68,7 +79,9 @@ pub fn base_name(pool: &NamespacedName) -> String {
 
 /// Names every pool of a set: each gets its [`base_name`], and on a collision the pools are taken
 /// in `namespace/name` order, the first keeping the name and later ones moving to the next salt.
-pub fn assign<'a>(pools: impl IntoIterator<Item = &'a NamespacedName>) -> BTreeMap<NamespacedName, String> {
+pub fn assign<'a>(
+    pools: impl IntoIterator<Item = &'a NamespacedName>,
+) -> BTreeMap<NamespacedName, String> {
     assign_with(pools, candidate)
 }
 
@@ -105,14 +118,24 @@ mod tests {
         assert!(validate(&name).is_ok());
         // Pinned: a change here renames every interface in every cluster.
         assert_eq!(name, "vmdff247118e5");
-        assert_ne!(base_name(&r("default/net-48")), base_name(&r("default/net-49")));
-        let long = r(&format!("{}/{}{}", "n".repeat(63), format!("{}.", "x".repeat(63)).repeat(3), "x".repeat(61)));
+        assert_ne!(
+            base_name(&r("default/net-48")),
+            base_name(&r("default/net-49"))
+        );
+        let long = r(&format!(
+            "{}/{}{}",
+            "n".repeat(63),
+            format!("{}.", "x".repeat(63)).repeat(3),
+            "x".repeat(61)
+        ));
         assert!(validate(&base_name(&long)).is_ok());
     }
 
     #[test]
     fn adding_or_removing_a_pool_renames_nothing_else() {
-        let pools: Vec<_> = (0..50).map(|i| r(&format!("ns{}/pool-{i}", i % 3))).collect();
+        let pools: Vec<_> = (0..50)
+            .map(|i| r(&format!("ns{}/pool-{i}", i % 3)))
+            .collect();
         let all = assign(&pools);
         let fewer = assign(&pools[1..]);
         for (pool, name) in &fewer {
@@ -125,7 +148,11 @@ mod tests {
     fn collisions_are_detected_and_resolved_deterministically() {
         // A name function that collides for every pool at salt 0.
         let colliding = |p: &NamespacedName, salt: u32| {
-            if salt == 0 { "vmdsame".to_owned() } else { format!("vmd{}{salt}", p.name) }
+            if salt == 0 {
+                "vmdsame".to_owned()
+            } else {
+                format!("vmd{}{salt}", p.name)
+            }
         };
         let (a, b, c) = (r("ns/a"), r("ns/b"), r("ns/c"));
         let one = assign_with([&c, &a, &b], colliding);
@@ -138,7 +165,18 @@ mod tests {
 
     #[test]
     fn validation_rejects_what_linux_or_multus_cannot_take() {
-        for bad in ["", "a".repeat(16).as_str(), ".", "..", "a/b", "a:b", "a@b", "a b", "a,b", "é"] {
+        for bad in [
+            "",
+            "a".repeat(16).as_str(),
+            ".",
+            "..",
+            "a/b",
+            "a:b",
+            "a@b",
+            "a b",
+            "a,b",
+            "é",
+        ] {
             assert!(validate(bad).is_err(), "{bad:?}");
         }
         for good in ["eth1", "net0", "vmd0123456789a", "a".repeat(15).as_str()] {

@@ -13,7 +13,9 @@ use serde::{Deserialize, Deserializer, Serialize, Serializer};
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum MacError {
     /// Not six groups of two hex digits separated by one kind of separator (`:` or `-`).
-    #[error("invalid MAC address {value:?}: expected six pairs of hex digits separated by ':' or '-'")]
+    #[error(
+        "invalid MAC address {value:?}: expected six pairs of hex digits separated by ':' or '-'"
+    )]
     Malformed {
         /// The rejected input.
         value: String,
@@ -103,7 +105,12 @@ mod tests {
     #[test]
     fn normalises_case_and_separator() {
         let want = "fa:cf:8e:50:82:fc";
-        for input in ["fa:cf:8e:50:82:fc", "FA:CF:8E:50:82:FC", "fa-cf-8e-50-82-fc", "Fa-Cf-8e-50-82-FC"] {
+        for input in [
+            "fa:cf:8e:50:82:fc",
+            "FA:CF:8E:50:82:FC",
+            "fa-cf-8e-50-82-fc",
+            "Fa-Cf-8e-50-82-FC",
+        ] {
             let mac: MacAddr = input.parse().unwrap();
             assert_eq!(mac.to_string(), want, "{input}");
         }
@@ -125,14 +132,20 @@ mod tests {
             "ä:cf:8e:50:82:fc",
         ] {
             let err = input.parse::<MacAddr>().unwrap_err();
-            assert!(err.to_string().contains("invalid MAC address"), "{input}: {err}");
+            assert!(
+                err.to_string().contains("invalid MAC address"),
+                "{input}: {err}"
+            );
         }
     }
 
     #[test]
     fn serde_uses_canonical_form() {
         let mac: MacAddr = serde_json::from_str("\"AA-BB-CC-DD-EE-0F\"").unwrap();
-        assert_eq!(serde_json::to_string(&mac).unwrap(), "\"aa:bb:cc:dd:ee:0f\"");
+        assert_eq!(
+            serde_json::to_string(&mac).unwrap(),
+            "\"aa:bb:cc:dd:ee:0f\""
+        );
         assert!(serde_json::from_str::<MacAddr>("\"aa:bb\"").is_err());
     }
 

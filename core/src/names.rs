@@ -19,7 +19,9 @@ pub enum NameError {
         value: String,
     },
     /// The namespace part is not a DNS-1123 label.
-    #[error("invalid reference {value:?}: namespace {part:?} is not a DNS-1123 label (lowercase alphanumerics and '-', at most 63)")]
+    #[error(
+        "invalid reference {value:?}: namespace {part:?} is not a DNS-1123 label (lowercase alphanumerics and '-', at most 63)"
+    )]
     BadNamespace {
         /// The rejected input.
         value: String,
@@ -27,7 +29,9 @@ pub enum NameError {
         part: String,
     },
     /// The name part is not a DNS-1123 subdomain.
-    #[error("invalid reference {value:?}: name {part:?} is not a DNS-1123 subdomain (lowercase alphanumerics, '-' and '.', at most 253)")]
+    #[error(
+        "invalid reference {value:?}: name {part:?} is not a DNS-1123 subdomain (lowercase alphanumerics, '-' and '.', at most 253)"
+    )]
     BadName {
         /// The rejected input.
         value: String,
@@ -72,7 +76,8 @@ fn is_label(s: &str) -> bool {
     let b = s.as_bytes();
     !b.is_empty()
         && b.len() <= 63
-        && b.iter().all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || *c == b'-')
+        && b.iter()
+            .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || *c == b'-')
         && b[0] != b'-'
         && b[b.len() - 1] != b'-'
 }
@@ -85,9 +90,12 @@ impl FromStr for NamespacedName {
     type Err = NameError;
 
     fn from_str(value: &str) -> Result<Self, Self::Err> {
-        let (namespace, name) = value.split_once('/').ok_or_else(|| NameError::MissingNamespace {
-            value: value.to_owned(),
-        })?;
+        let (namespace, name) =
+            value
+                .split_once('/')
+                .ok_or_else(|| NameError::MissingNamespace {
+                    value: value.to_owned(),
+                })?;
         if !is_label(namespace) {
             return Err(NameError::BadNamespace {
                 value: value.to_owned(),
@@ -139,7 +147,10 @@ mod tests {
     #[test]
     fn parses_and_displays() {
         let r: NamespacedName = "default/net-48".parse().unwrap();
-        assert_eq!((r.namespace.as_str(), r.name.as_str()), ("default", "net-48"));
+        assert_eq!(
+            (r.namespace.as_str(), r.name.as_str()),
+            ("default", "net-48")
+        );
         assert_eq!(r.to_string(), "default/net-48");
         let dotted: NamespacedName = "kube-system/a.b-c".parse().unwrap();
         assert_eq!(dotted.name, "a.b-c");
@@ -155,15 +166,41 @@ mod tests {
 
     #[test]
     fn rejects_invalid_parts_with_specific_errors() {
-        assert!(matches!("net-48".parse::<NamespacedName>(), Err(NameError::MissingNamespace { .. })));
-        assert!(matches!("/net".parse::<NamespacedName>(), Err(NameError::BadNamespace { .. })));
-        assert!(matches!("Default/net".parse::<NamespacedName>(), Err(NameError::BadNamespace { .. })));
-        assert!(matches!("a.b/net".parse::<NamespacedName>(), Err(NameError::BadNamespace { .. })));
-        assert!(matches!("default/".parse::<NamespacedName>(), Err(NameError::BadName { .. })));
-        assert!(matches!("default/a/b".parse::<NamespacedName>(), Err(NameError::BadName { .. })));
-        assert!(matches!("default/-x".parse::<NamespacedName>(), Err(NameError::BadName { .. })));
-        assert!(matches!(NamespacedName::parse_in("Bad", "ns"), Err(NameError::BadName { value, .. }) if value == "Bad"));
+        assert!(matches!(
+            "net-48".parse::<NamespacedName>(),
+            Err(NameError::MissingNamespace { .. })
+        ));
+        assert!(matches!(
+            "/net".parse::<NamespacedName>(),
+            Err(NameError::BadNamespace { .. })
+        ));
+        assert!(matches!(
+            "Default/net".parse::<NamespacedName>(),
+            Err(NameError::BadNamespace { .. })
+        ));
+        assert!(matches!(
+            "a.b/net".parse::<NamespacedName>(),
+            Err(NameError::BadNamespace { .. })
+        ));
+        assert!(matches!(
+            "default/".parse::<NamespacedName>(),
+            Err(NameError::BadName { .. })
+        ));
+        assert!(matches!(
+            "default/a/b".parse::<NamespacedName>(),
+            Err(NameError::BadName { .. })
+        ));
+        assert!(matches!(
+            "default/-x".parse::<NamespacedName>(),
+            Err(NameError::BadName { .. })
+        ));
+        assert!(
+            matches!(NamespacedName::parse_in("Bad", "ns"), Err(NameError::BadName { value, .. }) if value == "Bad")
+        );
         let long = format!("ns/{}", "a".repeat(64));
-        assert!(matches!(long.parse::<NamespacedName>(), Err(NameError::BadName { .. })));
+        assert!(matches!(
+            long.parse::<NamespacedName>(),
+            Err(NameError::BadName { .. })
+        ));
     }
 }

@@ -125,14 +125,23 @@ pub struct Lease {
 /// The leases recorded in a pool's status (markers skipped), plus an error for each bad entry.
 pub fn leases_from_status(pool: &IPPool) -> Result<(Vec<Lease>, Vec<PoolError>), PoolError> {
     let pool_ref = pool_ref(pool)?;
-    let Some(allocated) = pool.status.as_ref().and_then(|s| s.ipv4.as_ref()).map(|v4| &v4.allocated) else {
+    let Some(allocated) = pool
+        .status
+        .as_ref()
+        .and_then(|s| s.ipv4.as_ref())
+        .map(|v4| &v4.allocated)
+    else {
         return Ok((Vec::new(), Vec::new()));
     };
     let (entries, errors) = parse_allocated(&pool_ref, allocated);
     let leases = entries
         .into_iter()
         .filter_map(|(ip, holder)| match holder {
-            Holder::Mac(mac) => Some(Lease { pool: pool_ref.clone(), mac, ip }),
+            Holder::Mac(mac) => Some(Lease {
+                pool: pool_ref.clone(),
+                mac,
+                ip,
+            }),
             Holder::Reserved | Holder::Excluded => None,
         })
         .collect();
@@ -183,27 +192,47 @@ impl PoolConfig {
             reason: reason.to_owned(),
         };
         let ipv4 = |field: &str, value: &str| {
-            value.parse::<Ipv4Addr>().map_err(|_| invalid(field, value, "is not an IPv4 address"))
+            value
+                .parse::<Ipv4Addr>()
+                .map_err(|_| invalid(field, value, "is not an IPv4 address"))
         };
         let spec = &pool.spec;
         let v4 = &spec.ipv4_config;
 
-        let network = NamespacedName::parse_in(&spec.network_name, &pool_ref.namespace)
-            .map_err(|e| invalid("spec.networkName", &spec.network_name, &format!("is not a network reference: {e}")))?;
+        let network =
+            NamespacedName::parse_in(&spec.network_name, &pool_ref.namespace).map_err(|e| {
+                invalid(
+                    "spec.networkName",
+                    &spec.network_name,
+                    &format!("is not a network reference: {e}"),
+                )
+            })?;
         let cidr: Ipv4Net = v4.cidr.parse().map_err(|_| {
-            invalid("spec.ipv4Config.cidr", &v4.cidr, "is not an IPv4 CIDR (e.g. 192.168.48.0/24)")
+            invalid(
+                "spec.ipv4Config.cidr",
+                &v4.cidr,
+                "is not an IPv4 CIDR (e.g. 192.168.48.0/24)",
+            )
         })?;
         let subnet = cidr.trunc();
         let server_ip = ipv4("spec.ipv4Config.serverIP", &v4.server_ip)?;
         if !is_host_of(subnet, server_ip) {
-            return Err(invalid("spec.ipv4Config.serverIP", &v4.server_ip, &format!("is not a host address of {subnet}")));
+            return Err(invalid(
+                "spec.ipv4Config.serverIP",
+                &v4.server_ip,
+                &format!("is not a host address of {subnet}"),
+            ));
         }
         let router = match v4.router.as_deref() {
             None | Some("") => None,
             Some(r) => {
                 let addr = ipv4("spec.ipv4Config.router", r)?;
                 if !is_host_of(subnet, addr) {
-                    return Err(invalid("spec.ipv4Config.router", r, &format!("is not a host address of {subnet}")));
+                    return Err(invalid(
+                        "spec.ipv4Config.router",
+                        r,
+                        &format!("is not a host address of {subnet}"),
+                    ));
                 }
                 Some(addr)
             }
@@ -217,11 +246,19 @@ impl PoolConfig {
         let lease_seconds = match v4.lease_time {
             None | Some(0) => DEFAULT_LEASE_SECONDS,
             Some(t) => u32::try_from(t).map_err(|_| {
-                invalid("spec.ipv4Config.leaseTime", &t.to_string(), "must be between 0 and 4294967295 seconds")
+                invalid(
+                    "spec.ipv4Config.leaseTime",
+                    &t.to_string(),
+                    "must be between 0 and 4294967295 seconds",
+                )
             })?,
         };
         if crate::ifname::validate(interface_name).is_err() {
-            return Err(invalid("interfaceName", interface_name, "is not a valid Linux interface name"));
+            return Err(invalid(
+                "interfaceName",
+                interface_name,
+                "is not a valid Linux interface name",
+            ));
         }
         Ok(PoolConfig {
             pool: pool_ref.clone(),
@@ -274,28 +311,75 @@ mod tests {
     fn lease_time_defaults_to_a_year() {
         let mut pool = readme_pool();
         pool.spec.ipv4_config.lease_time = None;
-        assert_eq!(PoolConfig::from_ippool(&pool, "eth1").unwrap().lease_seconds, DEFAULT_LEASE_SECONDS);
+        assert_eq!(
+            PoolConfig::from_ippool(&pool, "eth1")
+                .unwrap()
+                .lease_seconds,
+            DEFAULT_LEASE_SECONDS
+        );
         pool.spec.ipv4_config.lease_time = Some(0);
-        assert_eq!(PoolConfig::from_ippool(&pool, "eth1").unwrap().lease_seconds, DEFAULT_LEASE_SECONDS);
+        assert_eq!(
+            PoolConfig::from_ippool(&pool, "eth1")
+                .unwrap()
+                .lease_seconds,
+            DEFAULT_LEASE_SECONDS
+        );
     }
 
     #[test]
     fn bad_fields_are_named() {
-        let cases: Vec<(fn(&mut IPPool), &str, &str)> = vec![
-            (|p| p.spec.ipv4_config.cidr = "192.168.48.0/33".into(), "spec.ipv4Config.cidr", "192.168.48.0/33"),
-            (|p| p.spec.ipv4_config.server_ip = "192.168.49.1".into(), "spec.ipv4Config.serverIP", "192.168.49.1"),
-            (|p| p.spec.ipv4_config.server_ip = "192.168.48.255".into(), "spec.ipv4Config.serverIP", "192.168.48.255"),
-            (|p| p.spec.ipv4_config.router = Some("gw".into()), "spec.ipv4Config.router", "gw"),
-            (|p| p.spec.ipv4_config.dns = vec!["1.1.1.1".into(), "8.8.8".into()], "spec.ipv4Config.dns[1]", "8.8.8"),
-            (|p| p.spec.ipv4_config.lease_time = Some(-5), "spec.ipv4Config.leaseTime", "-5"),
-            (|p| p.spec.network_name = "Bad/Name".into(), "spec.networkName", "Bad/Name"),
+        type Mutation = fn(&mut IPPool);
+        let cases: Vec<(Mutation, &str, &str)> = vec![
+            (
+                |p| p.spec.ipv4_config.cidr = "192.168.48.0/33".into(),
+                "spec.ipv4Config.cidr",
+                "192.168.48.0/33",
+            ),
+            (
+                |p| p.spec.ipv4_config.server_ip = "192.168.49.1".into(),
+                "spec.ipv4Config.serverIP",
+                "192.168.49.1",
+            ),
+            (
+                |p| p.spec.ipv4_config.server_ip = "192.168.48.255".into(),
+                "spec.ipv4Config.serverIP",
+                "192.168.48.255",
+            ),
+            (
+                |p| p.spec.ipv4_config.router = Some("gw".into()),
+                "spec.ipv4Config.router",
+                "gw",
+            ),
+            (
+                |p| p.spec.ipv4_config.dns = vec!["1.1.1.1".into(), "8.8.8".into()],
+                "spec.ipv4Config.dns[1]",
+                "8.8.8",
+            ),
+            (
+                |p| p.spec.ipv4_config.lease_time = Some(-5),
+                "spec.ipv4Config.leaseTime",
+                "-5",
+            ),
+            (
+                |p| p.spec.network_name = "Bad/Name".into(),
+                "spec.networkName",
+                "Bad/Name",
+            ),
         ];
         for (mutate, field, value) in cases {
             let mut pool = readme_pool();
             mutate(&mut pool);
             match PoolConfig::from_ippool(&pool, "eth1") {
-                Err(PoolError::InvalidField { field: f, value: v, pool, .. }) => {
-                    assert_eq!((f.as_str(), v.as_str(), pool.as_str()), (field, value, "default/net-48"));
+                Err(PoolError::InvalidField {
+                    field: f,
+                    value: v,
+                    pool,
+                    ..
+                }) => {
+                    assert_eq!(
+                        (f.as_str(), v.as_str(), pool.as_str()),
+                        (field, value, "default/net-48")
+                    );
                 }
                 other => panic!("{field}: expected InvalidField, got {other:?}"),
             }
@@ -329,7 +413,11 @@ mod tests {
         assert_eq!(leases[0].ip, Ipv4Addr::new(192, 168, 48, 86));
         assert_eq!(errors.len(), 2);
         assert!(errors.iter().any(|e| e.to_string().contains("not-a-mac")));
-        assert!(errors.iter().any(|e| e.to_string().contains("192.168.48.x")));
+        assert!(
+            errors
+                .iter()
+                .any(|e| e.to_string().contains("192.168.48.x"))
+        );
     }
 
     #[test]

@@ -1,1 +1,12 @@
-//! placeholder
+//! Test harnesses for vmdhcp's end-to-end tests and benchmarks, built on real components only.
+//!
+//! - [`control_plane`]: etcd + kube-apiserver as processes, with our CRDs installed.
+//! - [`netns`]: network namespaces, veth pairs and bridges, cleaned up on every exit path.
+//! - [`process`]: child processes that cannot outlive the test process.
+//!
+//! The tests themselves live in `tests/`; each test binary shares one control plane.
+#![forbid(unsafe_code)]
+
+pub mod control_plane;
+pub mod netns;
+pub mod process;

@@ -1,0 +1,442 @@
+//! A real Kubernetes control plane for tests: etcd and kube-apiserver as local processes.
+//!
+//! [`ControlPlane::start`] brings up etcd and kube-apiserver (v1.20, built from Debian's source
+//! package by `scripts/install-deps.sh`) on free loopback ports, with a throwaway CA, token
+//! authentication for one `system:masters` user, RBAC, and a service-account signing key; writes
+//! a kubeconfig; and installs our CRDs (from `chart/crds`) plus minimal KubeVirt and Multus CRDs.
+//! Everything lives in one temporary directory and dies with the handle (see [`crate::process`]).
+//!
+//! Tests in one binary share one control plane through [`ControlPlane::shared`] and isolate
+//! themselves by namespace ([`ControlPlane::namespace`]).
+
+use std::io::Write;
+use std::net::TcpListener;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::sync::OnceLock;
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::time::{Duration, Instant};
+
+use k8s_openapi::api::core::v1::Namespace;
+use kube::api::{Api, ObjectMeta, PostParams};
+use kube::config::{KubeConfigOptions, Kubeconfig};
+use kube::{Client, Config};
+
+use crate::process::{ProcessError, Supervised};
+
+/// Why the control plane could not be started or used.
+#[derive(Debug, thiserror::Error)]
+pub enum ControlPlaneError {
+    /// A binary the harness needs is not installed.
+    #[error("{name} not found at {path}: run scripts/install-deps.sh (or set VMDHCP_BIN_DIR)")]
+    MissingBinary {
+        /// The binary.
+        name: &'static str,
+        /// Where it was looked for.
+        path: PathBuf,
+    },
+    /// A filesystem operation failed.
+    #[error("{what}: {source}")]
+    Io {
+        /// What was being done.
+        what: String,
+        /// The OS error.
+        source: std::io::Error,
+    },
+    /// A helper command (openssl, kubectl) failed.
+    #[error("`{command}` failed: {output}")]
+    Command {
+        /// The command line.
+        command: String,
+        /// Its stderr and stdout.
+        output: String,
+    },
+    /// A process could not be started.
+    #[error(transparent)]
+    Process(#[from] ProcessError),
+    /// A component did not become ready in time.
+    #[error("{what} not ready within {seconds} s\n{log}")]
+    NotReady {
+        /// The component.
+        what: &'static str,
+        /// The deadline.
+        seconds: u64,
+        /// The tail of its log.
+        log: String,
+    },
+    /// The kubeconfig could not be turned into a client.
+    #[error("kube client: {0}")]
+    Client(String),
+}
+
+fn io(what: impl Into<String>) -> impl FnOnce(std::io::Error) -> ControlPlaneError {
+    let what = what.into();
+    move |source| ControlPlaneError::Io { what, source }
+}
+
+/// Directory holding `etcd`, `kube-apiserver` and `kubectl`: `$VMDHCP_BIN_DIR`, else the cache
+/// `scripts/install-deps.sh` fills.
+pub fn bin_dir() -> PathBuf {
+    std::env::var_os("VMDHCP_BIN_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| {
+            let cache = std::env::var_os("VMDHCP_CACHE")
+                .map(PathBuf::from)
+                .unwrap_or_else(|| {
+                    PathBuf::from(std::env::var_os("HOME").unwrap_or_else(|| "/root".into()))
+                        .join(".cache/vmdhcp")
+                });
+            cache.join("bin")
+        })
+}
+
+/// Path of a required tool in [`bin_dir`].
+pub fn tool(name: &'static str) -> Result<PathBuf, ControlPlaneError> {
+    let path = bin_dir().join(name);
+    if path.exists() {
+        Ok(path)
+    } else {
+        Err(ControlPlaneError::MissingBinary { name, path })
+    }
+}
+
+/// The repository root (for `chart/crds` and manifests).
+pub fn repo_root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
+}
+
+fn free_port() -> Result<u16, ControlPlaneError> {
+    let listener = TcpListener::bind("127.0.0.1:0").map_err(io("binding a free port"))?;
+    Ok(listener
+        .local_addr()
+        .map_err(io("reading a free port"))?
+        .port())
+}
+
+/// Runs a command to completion; its output becomes the error on failure.
+pub fn run(cmd: &mut Command) -> Result<String, ControlPlaneError> {
+    let command = format!("{cmd:?}");
+    let out = cmd
+        .stdin(Stdio::null())
+        .output()
+        .map_err(io(format!("running {command}")))?;
+    if out.status.success() {
+        Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+    } else {
+        Err(ControlPlaneError::Command {
+            command,
+            output: format!(
+                "{}{}",
+                String::from_utf8_lossy(&out.stderr),
+                String::from_utf8_lossy(&out.stdout)
+            ),
+        })
+    }
+}
+
+/// A running etcd + kube-apiserver pair with our CRDs installed.
+pub struct ControlPlane {
+    // Field order is drop order: the API server stops before etcd, and the directory goes last.
+    apiserver: Supervised,
+    etcd: Supervised,
+    kubeconfig: PathBuf,
+    server: String,
+    dir: PathBuf,
+}
+
+impl ControlPlane {
+    /// Starts a control plane in a fresh temporary directory (about 5 s).
+    pub fn start() -> Result<Self, ControlPlaneError> {
+        let (etcd_bin, apiserver_bin, kubectl) =
+            (tool("etcd")?, tool("kube-apiserver")?, tool("kubectl")?);
+        let dir = tempfile::Builder::new()
+            .prefix("vmdhcp-cp-")
+            .tempdir()
+            .map_err(io("creating the control plane directory"))?
+            .keep();
+        let p = |name: &str| dir.join(name).display().to_string();
+        write_pki(&dir)?;
+        let token = format!("vmdhcp-test-{}", std::process::id());
+        std::fs::write(
+            dir.join("tokens.csv"),
+            format!("{token},admin,admin,system:masters\n"),
+        )
+        .map_err(io("writing tokens.csv"))?;
+
+        let (etcd_client, etcd_peer, secure_port) = (free_port()?, free_port()?, free_port()?);
+        let etcd = Supervised::spawn(
+            &etcd_bin,
+            &[
+                "--name=test".into(),
+                format!("--data-dir={}", p("etcd")),
+                format!("--listen-client-urls=http://127.0.0.1:{etcd_client}"),
+                format!("--advertise-client-urls=http://127.0.0.1:{etcd_client}"),
+                format!("--listen-peer-urls=http://127.0.0.1:{etcd_peer}"),
+                format!("--initial-advertise-peer-urls=http://127.0.0.1:{etcd_peer}"),
+                format!("--initial-cluster=test=http://127.0.0.1:{etcd_peer}"),
+                "--unsafe-no-fsync".into(),
+            ],
+            &dir.join("etcd.log"),
+            Some(&dir),
+        )?;
+        let apiserver = Supervised::spawn(
+            &apiserver_bin,
+            &[
+                format!("--etcd-servers=http://127.0.0.1:{etcd_client}"),
+                "--bind-address=127.0.0.1".into(),
+                "--advertise-address=127.0.0.1".into(),
+                format!("--secure-port={secure_port}"),
+                "--insecure-port=0".into(),
+                format!("--cert-dir={}", p("certs")),
+                format!("--tls-cert-file={}", p("server.crt")),
+                format!("--tls-private-key-file={}", p("server.key")),
+                format!("--client-ca-file={}", p("ca.crt")),
+                format!("--token-auth-file={}", p("tokens.csv")),
+                "--authorization-mode=RBAC".into(),
+                format!("--service-account-key-file={}", p("sa.pub")),
+                format!("--service-account-signing-key-file={}", p("sa.key")),
+                "--service-account-issuer=https://kubernetes.default.svc".into(),
+                "--api-audiences=https://kubernetes.default.svc".into(),
+                "--service-cluster-ip-range=10.96.0.0/16".into(),
+                "--disable-admission-plugins=ServiceAccount".into(),
+                "--allow-privileged=true".into(),
+                "--profiling=false".into(),
+            ],
+            &dir.join("apiserver.log"),
+            None,
+        )?;
+        let server = format!("https://127.0.0.1:{secure_port}");
+        let kubeconfig = dir.join("kubeconfig");
+        std::fs::write(
+            &kubeconfig,
+            format!(
+                "apiVersion: v1\nkind: Config\nclusters:\n- name: test\n  cluster:\n    server: {server}\n    certificate-authority: {}\nusers:\n- name: admin\n  user:\n    token: {token}\ncontexts:\n- name: test\n  context:\n    cluster: test\n    user: admin\ncurrent-context: test\n",
+                p("ca.crt")
+            ),
+        )
+        .map_err(io("writing kubeconfig"))?;
+
+        let cp = ControlPlane {
+            apiserver,
+            etcd,
+            kubeconfig,
+            server,
+            dir,
+        };
+        cp.wait_ready(&kubectl)?;
+        cp.install_crds()?;
+        Ok(cp)
+    }
+
+    /// The control plane shared by all tests of this test binary, started on first use.
+    ///
+    /// # Panics
+    /// When it cannot start: every test that needs it would fail anyway, and the message says why.
+    #[allow(clippy::panic)]
+    pub fn shared() -> &'static ControlPlane {
+        static SHARED: OnceLock<ControlPlane> = OnceLock::new();
+        SHARED.get_or_init(|| match ControlPlane::start() {
+            Ok(cp) => cp,
+            Err(e) => panic!("cannot start the test control plane: {e}"),
+        })
+    }
+
+    fn wait_ready(&self, kubectl: &Path) -> Result<(), ControlPlaneError> {
+        const LIMIT: Duration = Duration::from_secs(90);
+        let deadline = Instant::now() + LIMIT;
+        loop {
+            let ok = Command::new(kubectl)
+                .arg(format!("--kubeconfig={}", self.kubeconfig.display()))
+                .args(["get", "--raw=/readyz", "--request-timeout=2s"])
+                .stdin(Stdio::null())
+                .stdout(Stdio::null())
+                .stderr(Stdio::null())
+                .status()
+                .is_ok_and(|s| s.success());
+            if ok {
+                return Ok(());
+            }
+            if Instant::now() > deadline {
+                return Err(ControlPlaneError::NotReady {
+                    what: "kube-apiserver",
+                    seconds: LIMIT.as_secs(),
+                    log: format!(
+                        "{}\n{}",
+                        self.apiserver.log_tail(30),
+                        self.etcd.log_tail(10)
+                    ),
+                });
+            }
+            std::thread::sleep(Duration::from_millis(200));
+        }
+    }
+
+    fn install_crds(&self) -> Result<(), ControlPlaneError> {
+        let root = repo_root();
+        run(self
+            .kubectl()
+            .args(["apply", "-f"])
+            .arg(root.join("chart/crds")))?;
+        run(self
+            .kubectl()
+            .args(["apply", "-f"])
+            .arg(root.join("integration/manifests")))?;
+        run(self.kubectl().args([
+            "wait",
+            "--for=condition=Established",
+            "--timeout=60s",
+            "crd",
+            "--all",
+        ]))?;
+        Ok(())
+    }
+
+    /// A `kubectl` command already pointed at this control plane.
+    ///
+    /// # Panics
+    /// Never once the control plane is running (kubectl was found at start).
+    pub fn kubectl(&self) -> Command {
+        let mut cmd = Command::new(bin_dir().join("kubectl"));
+        cmd.arg(format!("--kubeconfig={}", self.kubeconfig.display()));
+        cmd
+    }
+
+    /// Runs `kubectl ARGS` with `stdin` piped in; returns stdout, or the error with stderr.
+    pub fn kubectl_stdin(&self, args: &[&str], stdin: &str) -> Result<String, ControlPlaneError> {
+        let mut cmd = self.kubectl();
+        cmd.args(args)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped());
+        let command = format!("{cmd:?}");
+        let mut child = cmd.spawn().map_err(io(format!("running {command}")))?;
+        if let Some(mut pipe) = child.stdin.take() {
+            pipe.write_all(stdin.as_bytes())
+                .map_err(io("writing to kubectl"))?;
+        }
+        let out = child
+            .wait_with_output()
+            .map_err(io(format!("waiting for {command}")))?;
+        if out.status.success() {
+            Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+        } else {
+            Err(ControlPlaneError::Command {
+                command,
+                output: String::from_utf8_lossy(&out.stderr).into_owned(),
+            })
+        }
+    }
+
+    /// The kubeconfig file (admin token, our CA).
+    pub fn kubeconfig(&self) -> &Path {
+        &self.kubeconfig
+    }
+
+    /// The API server's URL.
+    pub fn server(&self) -> &str {
+        &self.server
+    }
+
+    /// The directory holding the control plane's files and logs.
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
+    /// A kube client for this control plane, bound to the calling tokio runtime.
+    pub async fn client(&self) -> Result<Client, ControlPlaneError> {
+        let kubeconfig = Kubeconfig::read_from(&self.kubeconfig)
+            .map_err(|e| ControlPlaneError::Client(e.to_string()))?;
+        let config = Config::from_custom_kubeconfig(kubeconfig, &KubeConfigOptions::default())
+            .await
+            .map_err(|e| ControlPlaneError::Client(e.to_string()))?;
+        Client::try_from(config).map_err(|e| ControlPlaneError::Client(e.to_string()))
+    }
+
+    /// Creates a namespace unique to this control plane, named `prefix-N`, for one test.
+    pub async fn namespace(
+        &self,
+        client: &Client,
+        prefix: &str,
+    ) -> Result<String, ControlPlaneError> {
+        static NEXT: AtomicU32 = AtomicU32::new(0);
+        let name = format!("{prefix}-{}", NEXT.fetch_add(1, Ordering::Relaxed));
+        let ns = Namespace {
+            metadata: ObjectMeta {
+                name: Some(name.clone()),
+                ..Default::default()
+            },
+            ..Default::default()
+        };
+        Api::<Namespace>::all(client.clone())
+            .create(&PostParams::default(), &ns)
+            .await
+            .map_err(|e| ControlPlaneError::Client(format!("creating namespace {name}: {e}")))?;
+        Ok(name)
+    }
+}
+
+fn write_pki(dir: &Path) -> Result<(), ControlPlaneError> {
+    let openssl = || {
+        let mut c = Command::new("openssl");
+        c.current_dir(dir);
+        c
+    };
+    std::fs::write(
+        dir.join("san.cnf"),
+        "subjectAltName=IP:127.0.0.1,DNS:localhost\n",
+    )
+    .map_err(io("writing san.cnf"))?;
+    let ec = [
+        "-newkey",
+        "ec",
+        "-pkeyopt",
+        "ec_paramgen_curve:prime256v1",
+        "-nodes",
+    ];
+    run(openssl().args(["req", "-x509"]).args(ec).args([
+        "-keyout",
+        "ca.key",
+        "-out",
+        "ca.crt",
+        "-days",
+        "2",
+        "-subj",
+        "/CN=vmdhcp-test-ca",
+    ]))?;
+    run(openssl().arg("req").args(ec).args([
+        "-keyout",
+        "server.key",
+        "-out",
+        "server.csr",
+        "-subj",
+        "/CN=127.0.0.1",
+    ]))?;
+    run(openssl().args([
+        "x509",
+        "-req",
+        "-in",
+        "server.csr",
+        "-CA",
+        "ca.crt",
+        "-CAkey",
+        "ca.key",
+        "-CAcreateserial",
+        "-out",
+        "server.crt",
+        "-days",
+        "2",
+        "-extfile",
+        "san.cnf",
+    ]))?;
+    run(openssl().args([
+        "ecparam",
+        "-name",
+        "prime256v1",
+        "-genkey",
+        "-noout",
+        "-out",
+        "sa.key",
+    ]))?;
+    run(openssl().args(["ec", "-in", "sa.key", "-pubout", "-out", "sa.pub"]))?;
+    Ok(())
+}

@@ -1,0 +1,104 @@
+//! Child processes that cannot outlive the test process.
+//!
+//! Each process runs under a small `bash` supervisor that reads its stdin until end of file and
+//! then kills the child. Stdin is a pipe held by the test process, so the child is killed when we
+//! drop the handle, when the test panics, and also when the test process is killed or exits with
+//! the handle still in a `static` — cases `Drop` alone cannot cover.
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, ChildStdin, Command, Stdio};
+
+/// Why a supervised process could not be started.
+#[derive(Debug, thiserror::Error)]
+pub enum ProcessError {
+    /// Spawning the supervisor failed.
+    #[error("cannot start {program}: {source}")]
+    Spawn {
+        /// The program.
+        program: String,
+        /// The OS error.
+        source: std::io::Error,
+    },
+}
+
+const SUPERVISOR: &str = r#"
+log="$1"; cleanup="$2"; shift 2
+"$@" >"$log" 2>&1 </dev/null &
+child=$!
+while read -r _; do :; done
+kill -KILL "$child" 2>/dev/null
+wait "$child" 2>/dev/null
+if [ -n "$cleanup" ]; then rm -rf -- "$cleanup" 2>/dev/null || rm -rf -- "$cleanup" 2>/dev/null; fi
+exit 0
+"#;
+
+/// A running child under supervision; killed (and its cleanup path removed) on drop.
+pub struct Supervised {
+    name: String,
+    log: PathBuf,
+    supervisor: Child,
+    stdin: Option<ChildStdin>,
+}
+
+impl Supervised {
+    /// Starts `program args…` with stdout and stderr going to `log`. When the process is stopped,
+    /// `cleanup` (if given) is removed recursively.
+    pub fn spawn(
+        program: &Path,
+        args: &[String],
+        log: &Path,
+        cleanup: Option<&Path>,
+    ) -> Result<Self, ProcessError> {
+        let name = program.file_name().map_or_else(
+            || program.display().to_string(),
+            |n| n.to_string_lossy().into_owned(),
+        );
+        let mut cmd = Command::new("bash");
+        cmd.arg("-c")
+            .arg(SUPERVISOR)
+            .arg("supervise")
+            .arg(log)
+            .arg(cleanup.map(Path::as_os_str).unwrap_or_default())
+            .arg(program)
+            .args(args)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null());
+        let mut supervisor = cmd.spawn().map_err(|source| ProcessError::Spawn {
+            program: name.clone(),
+            source,
+        })?;
+        let stdin = supervisor.stdin.take();
+        Ok(Supervised {
+            name,
+            log: log.to_owned(),
+            supervisor,
+            stdin,
+        })
+    }
+
+    /// The last `lines` lines of the process's output, for error messages.
+    pub fn log_tail(&self, lines: usize) -> String {
+        let text = std::fs::read_to_string(&self.log).unwrap_or_default();
+        let all: Vec<&str> = text.lines().collect();
+        format!(
+            "--- last {} lines of {} ({}) ---\n{}",
+            lines.min(all.len()),
+            self.name,
+            self.log.display(),
+            all[all.len().saturating_sub(lines)..].join("\n")
+        )
+    }
+
+    /// Stops the child and waits for the supervisor to finish its cleanup.
+    pub fn stop(&mut self) {
+        drop(self.stdin.take());
+        let _ = self.supervisor.wait();
+    }
+}
+
+impl Drop for Supervised {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
