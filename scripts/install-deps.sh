@@ -13,6 +13,10 @@ K8S_SRC_VERSION="1.20.5+really1.20.2-1.1+deb12u1"
 K8S_GIT_VERSION="v1.20.2"
 APISERVER="$BIN/kube-apiserver-$K8S_GIT_VERSION"
 mkdir -p "$BIN"
+# Look tools up in the system only: our own bin dir may already be on PATH (CI calls us twice),
+# and linking a tool to itself would make a symlink loop.
+PATH="$(printf '%s' "$PATH" | tr ':' '\n' | grep -vxF "$BIN" | paste -sd: -)"
+export PATH
 
 log() { printf '[install-deps] %s\n' "$*" >&2; }
 
