@@ -1,9 +1,10 @@
 //! The wire contract between controller and agents: the generated types and service stubs of the
-//! protobuf package `vmdhcp.agent.v1` (see `vmdhcp/agent/v1/*.proto` in this crate).
-//!
-//! This crate owns only generated code; conversions to and from the domain model live in
-//! `vmdhcp-core`, so the contract can be read (and linted by `buf`) without any Rust.
+//! protobuf package `vmdhcp.agent.v1` (`vmdhcp/agent/v1/agent.proto` in this crate), the encoded
+//! descriptor set that gRPC reflection serves, and the checked conversions between the wire
+//! messages and the domain model of `vmdhcp-core` ([`convert`]).
 #![forbid(unsafe_code)]
+
+pub mod convert;
 
 /// Package `vmdhcp.agent.v1`: what a controller tells agents about the pools they serve.
 pub mod agent {
@@ -13,3 +14,6 @@ pub mod agent {
         tonic::include_proto!("vmdhcp.agent.v1");
     }
 }
+
+/// The encoded `FileDescriptorSet` of every .proto in this crate, for gRPC reflection.
+pub const FILE_DESCRIPTOR_SET: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/vmdhcp_descriptor.bin"));

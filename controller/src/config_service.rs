@@ -1,0 +1,406 @@
+//! The gRPC `ConfigService`: streams the [`Index`] to agents and records their reports.
+//!
+//! Every replica serves it from its own index. A Watch is a lazy stream: a message is computed
+//! only when the transport asks for the next one, from the index's *current* state. So a slow or
+//! stalled agent holds no queue on the server — HTTP/2 flow control stops the polling, revisions
+//! pile up only as touched keys in the bounded history, and when the agent reads again it gets
+//! one coalesced delta (or a snapshot, if it fell out of the history). Other agents are served by
+//! their own streams and never wait for it.
+//!
+//! Shutdown ends every stream (the agents resume elsewhere by revision or snapshot) so that the
+//! server can drain; HTTP/2 keepalive and heartbeats detect dead peers on both sides.
+
+use std::collections::{BTreeMap, VecDeque};
+use std::net::SocketAddr;
+use std::pin::Pin;
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use futures_util::Stream;
+use tokio::net::TcpListener;
+use tokio::sync::watch;
+use tokio_stream::wrappers::TcpListenerStream;
+use tonic::{Request, Response, Status};
+use tracing::{Instrument, debug, info, info_span, warn};
+use vmdhcp_core::NamespacedName;
+use vmdhcp_proto::agent::v1 as pb;
+use vmdhcp_proto::agent::v1::config_service_server::{ConfigService, ConfigServiceServer};
+
+use crate::index::{Changes, Index, PoolFilter, Snapshot};
+
+/// Why the server could not run.
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigServiceError {
+    /// The reflection service could not be built from our descriptors.
+    #[error("building gRPC reflection: {0}")]
+    Reflection(String),
+    /// The transport failed.
+    #[error("gRPC server: {0}")]
+    Transport(#[from] tonic::transport::Error),
+    /// The listener has no local address.
+    #[error("listener address: {0}")]
+    Listener(#[from] std::io::Error),
+}
+
+/// Tunables of the stream.
+#[derive(Clone, Debug)]
+pub struct StreamSettings {
+    /// Idle time after which a stream gets a heartbeat.
+    pub heartbeat: Duration,
+    /// Most leases per snapshot message; larger snapshots are split.
+    pub snapshot_part_leases: usize,
+    /// HTTP/2 PING interval to detect dead peers.
+    pub keepalive_interval: Duration,
+    /// How long a PING may go unanswered before the connection is closed.
+    pub keepalive_timeout: Duration,
+}
+
+impl Default for StreamSettings {
+    fn default() -> Self {
+        StreamSettings {
+            heartbeat: Duration::from_secs(10),
+            snapshot_part_leases: 16_384,
+            keepalive_interval: Duration::from_secs(10),
+            keepalive_timeout: Duration::from_secs(5),
+        }
+    }
+}
+
+/// The last report of one agent.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct AgentReport {
+    /// The agent's identity.
+    pub agent: pb::AgentIdentity,
+    /// The epoch it applied from.
+    pub epoch: String,
+    /// The revision it applied.
+    pub applied_revision: u64,
+    /// Whether it leads (answers DHCP).
+    pub leader: bool,
+    /// Per-pool interface states.
+    pub interfaces: Vec<pb::InterfaceReport>,
+    /// When it arrived.
+    pub received_at: SystemTime,
+}
+
+/// Reports of every agent, by pod `namespace/name`; the reconcilers read them for `AgentReady`.
+#[derive(Default)]
+pub struct Reports {
+    by_agent: Mutex<BTreeMap<String, AgentReport>>,
+    changed: watch::Sender<u64>,
+}
+
+impl Reports {
+    /// The latest report of every agent.
+    pub fn all(&self) -> BTreeMap<String, AgentReport> {
+        self.by_agent.lock().unwrap_or_else(PoisonError::into_inner).clone()
+    }
+
+    /// A receiver that wakes whenever a report arrives.
+    pub fn subscribe(&self) -> watch::Receiver<u64> {
+        self.changed.subscribe()
+    }
+
+    fn record(&self, report: AgentReport) {
+        let key = format!("{}/{}", report.agent.namespace, report.agent.pod_name);
+        self.by_agent.lock().unwrap_or_else(PoisonError::into_inner).insert(key, report);
+        self.changed.send_modify(|n| *n += 1);
+    }
+}
+
+/// The service implementation.
+#[derive(Clone)]
+pub struct ConfigServer {
+    index: Arc<Index>,
+    reports: Arc<Reports>,
+    settings: StreamSettings,
+    shutdown: watch::Receiver<bool>,
+}
+
+impl ConfigServer {
+    /// A service over `index`; every stream ends when `shutdown` turns true.
+    pub fn new(index: Arc<Index>, reports: Arc<Reports>, settings: StreamSettings, shutdown: watch::Receiver<bool>) -> Self {
+        ConfigServer { index, reports, settings, shutdown }
+    }
+}
+
+fn invalid(field: &str, value: &str, reason: impl std::fmt::Display) -> Status {
+    Status::invalid_argument(format!("{field} = {value:?}: {reason}"))
+}
+
+type WatchStream = Pin<Box<dyn Stream<Item = Result<pb::WatchResponse, Status>> + Send>>;
+
+#[tonic::async_trait]
+impl ConfigService for ConfigServer {
+    type WatchStream = WatchStream;
+
+    async fn watch(&self, request: Request<pb::WatchRequest>) -> Result<Response<WatchStream>, Status> {
+        let peer = request.remote_addr();
+        let req = request.into_inner();
+        let pools = req
+            .pool_refs
+            .iter()
+            .map(|r| r.parse::<NamespacedName>().map_err(|e| invalid("pool_refs", r, e)))
+            .collect::<Result<Vec<_>, _>>()?;
+        let agent = req.agent.as_ref().map_or_else(|| "unnamed".to_owned(), |a| format!("{}/{}", a.namespace, a.pod_name));
+        let resume = (req.epoch == *self.index.epoch() && req.revision > 0).then_some(req.revision);
+        let session = Session {
+            index: self.index.clone(),
+            filter: PoolFilter::only(pools),
+            revisions: self.index.subscribe(),
+            shutdown: self.shutdown.clone(),
+            settings: self.settings.clone(),
+            sent: resume,
+            greet: true,
+            pending: VecDeque::new(),
+        };
+        info!(%agent, ?peer, epoch = %req.epoch, revision = req.revision, resume = resume.is_some(), "agent watching");
+        let span = info_span!("watch", %agent);
+        let stream = futures_util::stream::unfold(session, move |s| s.next().instrument(span.clone()));
+        Ok(Response::new(Box::pin(stream)))
+    }
+
+    async fn report(&self, request: Request<pb::ReportRequest>) -> Result<Response<pb::ReportResponse>, Status> {
+        let req = request.into_inner();
+        let agent = req.agent.ok_or_else(|| invalid("agent", "", "is required"))?;
+        if agent.pod_name.is_empty() || agent.namespace.is_empty() {
+            return Err(invalid("agent", &format!("{}/{}", agent.namespace, agent.pod_name), "needs pod_name and namespace"));
+        }
+        for i in &req.interfaces {
+            i.pool_ref.parse::<NamespacedName>().map_err(|e| invalid("interfaces.pool_ref", &i.pool_ref, e))?;
+            if pb::InterfaceState::try_from(i.state).is_err() {
+                return Err(invalid("interfaces.state", &i.state.to_string(), "is not an InterfaceState"));
+            }
+        }
+        info!(agent = %format!("{}/{}", agent.namespace, agent.pod_name), revision = req.applied_revision, leader = req.leader, interfaces = req.interfaces.len(), "agent report");
+        self.reports.record(AgentReport {
+            agent,
+            epoch: req.epoch,
+            applied_revision: req.applied_revision,
+            leader: req.leader,
+            interfaces: req.interfaces,
+            received_at: SystemTime::now(),
+        });
+        Ok(Response::new(pb::ReportResponse {}))
+    }
+}
+
+/// One agent's stream: what it has been sent and what it still has to be sent.
+struct Session {
+    index: Arc<Index>,
+    filter: PoolFilter,
+    revisions: watch::Receiver<u64>,
+    shutdown: watch::Receiver<bool>,
+    settings: StreamSettings,
+    /// The revision the agent is at after everything sent so far; `None` until a snapshot went.
+    sent: Option<u64>,
+    /// Whether the next idle wait should be skipped with an immediate heartbeat (stream start).
+    greet: bool,
+    /// Remaining parts of a snapshot being sent.
+    pending: VecDeque<pb::WatchResponse>,
+}
+
+impl Session {
+    fn message(&self, revision: u64, event: pb::watch_response::Event) -> pb::WatchResponse {
+        pb::WatchResponse { epoch: self.index.epoch().to_string(), revision, event: Some(event) }
+    }
+
+    async fn next(mut self) -> Option<(Result<pb::WatchResponse, Status>, Self)> {
+        if let Some(part) = self.pending.pop_front() {
+            return Some((Ok(part), self));
+        }
+        loop {
+            if *self.shutdown.borrow() {
+                debug!("server shutting down; ending stream");
+                return None;
+            }
+            let Some(sent) = self.sent else {
+                let snapshot = self.index.snapshot(&self.filter);
+                self.sent = Some(snapshot.revision);
+                self.greet = false;
+                self.pending = snapshot_parts(&snapshot, self.settings.snapshot_part_leases).into();
+                debug!(revision = snapshot.revision, parts = self.pending.len(), "sending snapshot");
+                let first = self.pending.pop_front()?;
+                return Some((Ok(first), self));
+            };
+            self.revisions.borrow_and_update();
+            if self.index.revision() != sent {
+                match self.index.changes_since(sent, &self.filter) {
+                    None => {
+                        debug!(sent, "agent fell out of the history; sending a snapshot");
+                        self.sent = None;
+                        continue;
+                    }
+                    Some(changes) => {
+                        self.sent = Some(changes.revision);
+                        self.greet = false;
+                        let msg = self.message(changes.revision, pb::watch_response::Event::Delta(delta(&changes)));
+                        return Some((Ok(msg), self));
+                    }
+                }
+            }
+            if std::mem::take(&mut self.greet) {
+                return Some((Ok(self.heartbeat(sent)), self));
+            }
+            tokio::select! {
+                changed = self.revisions.changed() => {
+                    if changed.is_err() {
+                        return None;
+                    }
+                }
+                _ = self.shutdown.changed() => {}
+                () = tokio::time::sleep(self.settings.heartbeat) => {
+                    return Some((Ok(self.heartbeat(sent)), self));
+                }
+            }
+        }
+    }
+
+    fn heartbeat(&self, revision: u64) -> pb::WatchResponse {
+        let sent_unix_ms = SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_millis() as u64).unwrap_or_default();
+        self.message(revision, pb::watch_response::Event::Heartbeat(pb::Heartbeat { sent_unix_ms }))
+    }
+}
+
+/// Splits a snapshot into messages of at most `part_leases` leases (at least one message; a
+/// large pool may span several parts, its leases being the union).
+pub fn snapshot_parts(snapshot: &Snapshot, part_leases: usize) -> Vec<pb::WatchResponse> {
+    let part_leases = part_leases.max(1);
+    let mut parts: Vec<Vec<pb::PoolSnapshot>> = Vec::new();
+    let mut current: Vec<pb::PoolSnapshot> = Vec::new();
+    let mut in_part = 0usize;
+    for (config, leases) in &snapshot.pools {
+        let config = pb::PoolConfig::from(config);
+        if leases.is_empty() {
+            current.push(pb::PoolSnapshot { config: Some(config), leases: Vec::new() });
+            continue;
+        }
+        for chunk in leases.chunks(part_leases) {
+            if in_part > 0 && in_part + chunk.len() > part_leases {
+                parts.push(std::mem::take(&mut current));
+                in_part = 0;
+            }
+            in_part += chunk.len();
+            let leases = chunk.iter().map(|(m, i)| pb::LeaseEntry { mac_address: m.to_string(), ip_address: i.to_string() }).collect();
+            current.push(pb::PoolSnapshot { config: Some(config.clone()), leases });
+        }
+    }
+    parts.push(current);
+    let last = parts.len() - 1;
+    parts
+        .into_iter()
+        .enumerate()
+        .map(|(i, pools)| pb::WatchResponse {
+            epoch: snapshot.epoch.to_string(),
+            revision: snapshot.revision,
+            event: Some(pb::watch_response::Event::Snapshot(pb::Snapshot { pools, more: i != last })),
+        })
+        .collect()
+}
+
+fn delta(c: &Changes) -> pb::Delta {
+    pb::Delta {
+        base_revision: c.base_revision,
+        upserted_pools: c.upserted_pools.iter().map(Into::into).collect(),
+        removed_pools: c.removed_pools.iter().map(ToString::to_string).collect(),
+        upserted_leases: c.upserted_leases.iter().map(Into::into).collect(),
+        removed_leases: c
+            .removed_leases
+            .iter()
+            .map(|(p, m)| pb::LeaseKey { pool_ref: p.to_string(), mac_address: m.to_string() })
+            .collect(),
+    }
+}
+
+/// Serves `ConfigService`, grpc.health.v1 and reflection (v1 and v1alpha, for older grpcurl)
+/// on `listener` until `shutdown` turns true; then ends every stream and drains.
+pub async fn serve(
+    listener: TcpListener,
+    index: Arc<Index>,
+    reports: Arc<Reports>,
+    settings: StreamSettings,
+    mut shutdown: watch::Receiver<bool>,
+) -> Result<(), ConfigServiceError> {
+    let addr: SocketAddr = listener.local_addr()?;
+    let (health, health_service) = tonic_health::server::health_reporter();
+    health.set_serving::<ConfigServiceServer<ConfigServer>>().await;
+    let reflection = |b: tonic_reflection::server::Builder<'static>| {
+        b.register_encoded_file_descriptor_set(vmdhcp_proto::FILE_DESCRIPTOR_SET)
+            .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
+    };
+    let reflection_v1 = reflection(tonic_reflection::server::Builder::configure())
+        .build_v1()
+        .map_err(|e| ConfigServiceError::Reflection(e.to_string()))?;
+    let reflection_v1alpha = reflection(tonic_reflection::server::Builder::configure())
+        .build_v1alpha()
+        .map_err(|e| ConfigServiceError::Reflection(e.to_string()))?;
+    let service = ConfigServiceServer::new(ConfigServer::new(index, reports, settings.clone(), shutdown.clone()))
+        .max_encoding_message_size(64 << 20);
+    info!(%addr, "config stream serving");
+    let stop = async move {
+        while !*shutdown.borrow_and_update() {
+            if shutdown.changed().await.is_err() {
+                break;
+            }
+        }
+        health.set_not_serving::<ConfigServiceServer<ConfigServer>>().await;
+        info!("config stream draining");
+    };
+    let result = tonic::transport::Server::builder()
+        .http2_keepalive_interval(Some(settings.keepalive_interval))
+        .http2_keepalive_timeout(Some(settings.keepalive_timeout))
+        .tcp_keepalive(Some(settings.keepalive_interval))
+        .add_service(health_service)
+        .add_service(reflection_v1)
+        .add_service(reflection_v1alpha)
+        .add_service(service)
+        .serve_with_incoming_shutdown(TcpListenerStream::new(listener), stop)
+        .await;
+    if let Err(e) = &result {
+        warn!(error = %e, "config stream server failed");
+    }
+    Ok(result?)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::net::Ipv4Addr;
+    use vmdhcp_core::MacAddr;
+    use vmdhcp_core::pool::PoolConfig;
+
+    fn cfg(name: &str) -> PoolConfig {
+        PoolConfig {
+            pool: format!("ns/{name}").parse().unwrap(),
+            network: format!("ns/{name}").parse().unwrap(),
+            interface_name: "eth1".into(),
+            server_ip: "192.0.2.1".parse().unwrap(),
+            subnet: "192.0.2.0/24".parse().unwrap(),
+            router: None,
+            dns: vec![],
+            domain_name: None,
+            domain_search: vec![],
+            ntp: vec![],
+            lease_seconds: 60,
+        }
+    }
+
+    #[test]
+    fn snapshots_split_into_bounded_parts_and_keep_every_lease() {
+        let leases = |n: u32| (0..n).map(|i| (MacAddr([2, 0, 0, 0, (i >> 8) as u8, i as u8]), Ipv4Addr::from(i))).collect::<Vec<_>>();
+        let snap = Snapshot { epoch: "e".into(), revision: 7, pools: vec![(cfg("a"), leases(5)), (cfg("b"), vec![]), (cfg("c"), leases(12))] };
+        let parts = snapshot_parts(&snap, 4);
+        let mut total = 0;
+        for (i, p) in parts.iter().enumerate() {
+            let Some(pb::watch_response::Event::Snapshot(s)) = &p.event else { panic!("not a snapshot") };
+            assert_eq!(s.more, i + 1 != parts.len());
+            assert_eq!(p.revision, 7);
+            let n: usize = s.pools.iter().map(|p| p.leases.len()).sum();
+            assert!(n <= 4, "part {i} has {n} leases");
+            total += n;
+        }
+        assert_eq!(total, 17);
+        let empty = Snapshot { epoch: "e".into(), revision: 0, pools: vec![] };
+        assert_eq!(snapshot_parts(&empty, 4).len(), 1);
+    }
+}

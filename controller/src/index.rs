@@ -1,0 +1,381 @@
+//! The versioned index of pool configs and leases: the only thing the config stream reads.
+//!
+//! Reconcilers write to it with [`Index::apply`]: each call is one atomic change and, if it changes
+//! anything, exactly one new revision. Readers take a [`Snapshot`] of the state or the
+//! [`Changes`] since a revision, filtered to the pools an agent serves. History is a bounded ring
+//! of the keys each revision touched (not copies of values), so memory does not grow with churn,
+//! and a delta is always computed from the *current* state of the touched keys: however far a
+//! reader lags, what it is sent is the latest state, coalesced — never a queue of stale changes.
+//!
+//! The epoch names one process's index: revisions are only comparable within one epoch, so an
+//! agent that comes back from another controller replica (or a restarted one) gets a snapshot.
+
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
+use std::net::Ipv4Addr;
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use tokio::sync::watch;
+use vmdhcp_core::pool::{Lease, PoolConfig};
+use vmdhcp_core::{MacAddr, NamespacedName};
+
+/// How many revisions of history an index keeps by default for resuming agents.
+pub const DEFAULT_HISTORY: usize = 4096;
+
+/// One change to the index.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Op {
+    /// Add or replace a pool's config (its leases are untouched).
+    UpsertPool(PoolConfig),
+    /// Remove a pool and all its leases.
+    RemovePool(NamespacedName),
+    /// Add or replace the lease of a MAC on a pool.
+    UpsertLease(Lease),
+    /// Remove the lease of a MAC on a pool.
+    RemoveLease(NamespacedName, MacAddr),
+    /// Make a pool's leases exactly these (for resyncing one pool from its status).
+    ReplaceLeases(NamespacedName, BTreeMap<MacAddr, Ipv4Addr>),
+}
+
+/// The keys one revision touched.
+#[derive(Debug, Default)]
+struct Touched {
+    revision: u64,
+    pools: BTreeSet<NamespacedName>,
+    leases: BTreeSet<(NamespacedName, MacAddr)>,
+}
+
+#[derive(Debug)]
+struct State {
+    revision: u64,
+    pools: BTreeMap<NamespacedName, PoolConfig>,
+    leases: BTreeMap<NamespacedName, BTreeMap<MacAddr, Ipv4Addr>>,
+    history: VecDeque<Touched>,
+    history_limit: usize,
+}
+
+/// Which pools a reader wants; empty means all.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct PoolFilter(BTreeSet<NamespacedName>);
+
+impl PoolFilter {
+    /// Every pool.
+    pub fn all() -> Self {
+        PoolFilter::default()
+    }
+
+    /// Only these pools (all of them when the list is empty).
+    pub fn only(pools: impl IntoIterator<Item = NamespacedName>) -> Self {
+        PoolFilter(pools.into_iter().collect())
+    }
+
+    /// Whether `pool` passes.
+    pub fn accepts(&self, pool: &NamespacedName) -> bool {
+        self.0.is_empty() || self.0.contains(pool)
+    }
+}
+
+/// The state of (some) pools at one revision.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Snapshot {
+    /// The index's epoch.
+    pub epoch: Arc<str>,
+    /// The revision this state is at.
+    pub revision: u64,
+    /// Each pool with its leases, in pool order.
+    pub pools: Vec<(PoolConfig, Vec<(MacAddr, Ipv4Addr)>)>,
+}
+
+/// What changed between two revisions, as the latest state of everything touched.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Changes {
+    /// The revision these changes apply to.
+    pub base_revision: u64,
+    /// The revision they bring a reader to.
+    pub revision: u64,
+    /// Pools added or changed, at their current config.
+    pub upserted_pools: Vec<PoolConfig>,
+    /// Pools gone (with their leases).
+    pub removed_pools: Vec<NamespacedName>,
+    /// Leases added or changed, at their current address.
+    pub upserted_leases: Vec<Lease>,
+    /// Leases gone (on pools that remain).
+    pub removed_leases: Vec<(NamespacedName, MacAddr)>,
+}
+
+impl Changes {
+    /// Whether nothing visible to this reader changed.
+    pub fn is_empty(&self) -> bool {
+        self.upserted_pools.is_empty()
+            && self.removed_pools.is_empty()
+            && self.upserted_leases.is_empty()
+            && self.removed_leases.is_empty()
+    }
+}
+
+/// The index. Cheap to share (`Arc`); all access is short, under one mutex.
+pub struct Index {
+    epoch: Arc<str>,
+    state: Mutex<State>,
+    revisions: watch::Sender<u64>,
+}
+
+impl Index {
+    /// An empty index with a fresh epoch and the default history.
+    pub fn new() -> Self {
+        Self::with_history(DEFAULT_HISTORY)
+    }
+
+    /// An empty index keeping `history` revisions for resuming readers.
+    pub fn with_history(history: usize) -> Self {
+        let nanos = SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_nanos()).unwrap_or_default();
+        let epoch: Arc<str> = format!("{nanos:x}-{:x}", std::process::id()).into();
+        Index {
+            epoch,
+            state: Mutex::new(State {
+                revision: 0,
+                pools: BTreeMap::new(),
+                leases: BTreeMap::new(),
+                history: VecDeque::new(),
+                history_limit: history.max(1),
+            }),
+            revisions: watch::channel(0).0,
+        }
+    }
+
+    /// The epoch of this index.
+    pub fn epoch(&self) -> Arc<str> {
+        self.epoch.clone()
+    }
+
+    /// The current revision.
+    pub fn revision(&self) -> u64 {
+        self.lock().revision
+    }
+
+    /// A receiver that wakes on every new revision (it sees the latest, not each one).
+    pub fn subscribe(&self) -> watch::Receiver<u64> {
+        self.revisions.subscribe()
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Applies `ops` as one atomic change. Returns the new revision, or `None` when the ops
+    /// changed nothing (then no revision is made and no reader wakes).
+    pub fn apply(&self, ops: impl IntoIterator<Item = Op>) -> Option<u64> {
+        let mut st = self.lock();
+        let mut touched = Touched::default();
+        for op in ops {
+            match op {
+                Op::UpsertPool(cfg) => {
+                    if st.pools.get(&cfg.pool) != Some(&cfg) {
+                        touched.pools.insert(cfg.pool.clone());
+                        st.leases.entry(cfg.pool.clone()).or_default();
+                        st.pools.insert(cfg.pool.clone(), cfg);
+                    }
+                }
+                Op::RemovePool(pool) => {
+                    if st.pools.remove(&pool).is_some() {
+                        touched.pools.insert(pool.clone());
+                    }
+                    if let Some(leases) = st.leases.remove(&pool) {
+                        touched.leases.extend(leases.into_keys().map(|mac| (pool.clone(), mac)));
+                    }
+                }
+                Op::UpsertLease(lease) => {
+                    let leases = st.leases.entry(lease.pool.clone()).or_default();
+                    if leases.insert(lease.mac, lease.ip) != Some(lease.ip) {
+                        touched.leases.insert((lease.pool, lease.mac));
+                    }
+                }
+                Op::RemoveLease(pool, mac) => {
+                    if st.leases.get_mut(&pool).and_then(|l| l.remove(&mac)).is_some() {
+                        touched.leases.insert((pool, mac));
+                    }
+                }
+                Op::ReplaceLeases(pool, new) => {
+                    let old = st.leases.entry(pool.clone()).or_default();
+                    for (mac, ip) in old.iter() {
+                        if new.get(mac) != Some(ip) {
+                            touched.leases.insert((pool.clone(), *mac));
+                        }
+                    }
+                    for (mac, ip) in &new {
+                        if old.get(mac) != Some(ip) {
+                            touched.leases.insert((pool.clone(), *mac));
+                        }
+                    }
+                    *old = new;
+                }
+            }
+        }
+        if touched.pools.is_empty() && touched.leases.is_empty() {
+            return None;
+        }
+        st.revision += 1;
+        touched.revision = st.revision;
+        st.history.push_back(touched);
+        while st.history.len() > st.history_limit {
+            st.history.pop_front();
+        }
+        let revision = st.revision;
+        drop(st);
+        self.revisions.send_replace(revision);
+        Some(revision)
+    }
+
+    /// The current state of the pools `filter` accepts.
+    pub fn snapshot(&self, filter: &PoolFilter) -> Snapshot {
+        let st = self.lock();
+        let pools = st
+            .pools
+            .iter()
+            .filter(|(pool, _)| filter.accepts(pool))
+            .map(|(pool, cfg)| {
+                let leases = st.leases.get(pool).map(|l| l.iter().map(|(m, i)| (*m, *i)).collect()).unwrap_or_default();
+                (cfg.clone(), leases)
+            })
+            .collect();
+        Snapshot { epoch: self.epoch.clone(), revision: st.revision, pools }
+    }
+
+    /// What changed since `since` for the pools `filter` accepts, or `None` when the history no
+    /// longer reaches back to `since` (or `since` is in the future): the reader needs a snapshot.
+    pub fn changes_since(&self, since: u64, filter: &PoolFilter) -> Option<Changes> {
+        let st = self.lock();
+        if since > st.revision {
+            return None;
+        }
+        if since == st.revision {
+            return Some(Changes { base_revision: since, revision: since, ..Changes::default() });
+        }
+        let oldest = st.history.front().map_or(st.revision + 1, |t| t.revision);
+        if since + 1 < oldest {
+            return None;
+        }
+        let mut pools = BTreeSet::new();
+        let mut leases = BTreeSet::new();
+        for t in st.history.iter().filter(|t| t.revision > since) {
+            pools.extend(t.pools.iter().filter(|p| filter.accepts(p)).cloned());
+            leases.extend(t.leases.iter().filter(|(p, _)| filter.accepts(p)).cloned());
+        }
+        let mut changes = Changes { base_revision: since, revision: st.revision, ..Changes::default() };
+        for pool in pools {
+            match st.pools.get(&pool) {
+                Some(cfg) => changes.upserted_pools.push(cfg.clone()),
+                None => changes.removed_pools.push(pool),
+            }
+        }
+        for (pool, mac) in leases {
+            match st.leases.get(&pool).and_then(|l| l.get(&mac)) {
+                Some(ip) => changes.upserted_leases.push(Lease { pool, mac, ip: *ip }),
+                // A pool removed in this span takes its leases with it.
+                None if !st.pools.contains_key(&pool) => {}
+                None => changes.removed_leases.push((pool, mac)),
+            }
+        }
+        Some(changes)
+    }
+
+    /// Revisions of history currently kept (bounded by the configured limit).
+    pub fn history_len(&self) -> usize {
+        self.lock().history.len()
+    }
+}
+
+impl Default for Index {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn pool(name: &str) -> PoolConfig {
+        PoolConfig {
+            pool: format!("ns/{name}").parse().unwrap(),
+            network: format!("ns/{name}").parse().unwrap(),
+            interface_name: vmdhcp_core::ifname::base_name(&format!("ns/{name}").parse().unwrap()),
+            server_ip: "192.0.2.1".parse().unwrap(),
+            subnet: "192.0.2.0/24".parse().unwrap(),
+            router: None,
+            dns: vec![],
+            domain_name: None,
+            domain_search: vec![],
+            ntp: vec![],
+            lease_seconds: 3600,
+        }
+    }
+
+    fn lease(p: &str, m: u8, ip: u8) -> Lease {
+        Lease { pool: format!("ns/{p}").parse().unwrap(), mac: MacAddr([2, 0, 0, 0, 0, m]), ip: Ipv4Addr::new(192, 0, 2, ip) }
+    }
+
+    #[test]
+    fn each_effective_change_is_one_revision() {
+        let ix = Index::new();
+        assert_eq!(ix.apply([Op::UpsertPool(pool("a")), Op::UpsertLease(lease("a", 1, 10))]), Some(1));
+        assert_eq!(ix.apply([Op::UpsertPool(pool("a"))]), None, "no-op makes no revision");
+        assert_eq!(ix.apply([Op::UpsertLease(lease("a", 1, 10))]), None);
+        assert_eq!(ix.apply([Op::UpsertLease(lease("a", 1, 11))]), Some(2));
+        assert_eq!(*ix.subscribe().borrow(), 2);
+        let snap = ix.snapshot(&PoolFilter::all());
+        assert_eq!(snap.revision, 2);
+        assert_eq!(snap.pools[0].1, [(MacAddr([2, 0, 0, 0, 0, 1]), Ipv4Addr::new(192, 0, 2, 11))]);
+    }
+
+    #[test]
+    fn changes_are_the_latest_state_of_touched_keys() {
+        let ix = Index::new();
+        ix.apply([Op::UpsertPool(pool("a")), Op::UpsertPool(pool("b"))]);
+        ix.apply([Op::UpsertLease(lease("a", 1, 10)), Op::UpsertLease(lease("b", 2, 20))]);
+        let r2 = ix.revision();
+        ix.apply([Op::UpsertLease(lease("a", 1, 11))]);
+        ix.apply([Op::UpsertLease(lease("a", 1, 12)), Op::UpsertLease(lease("a", 3, 13))]);
+        ix.apply([Op::RemoveLease("ns/a".parse().unwrap(), MacAddr([2, 0, 0, 0, 0, 3]))]);
+        ix.apply([Op::RemovePool("ns/b".parse().unwrap())]);
+        let c = ix.changes_since(r2, &PoolFilter::all()).unwrap();
+        assert_eq!((c.base_revision, c.revision), (r2, ix.revision()));
+        assert_eq!(c.upserted_leases, [lease("a", 1, 12)]);
+        assert_eq!(c.removed_leases, [("ns/a".parse().unwrap(), MacAddr([2, 0, 0, 0, 0, 3]))]);
+        assert_eq!(c.removed_pools, ["ns/b".parse::<NamespacedName>().unwrap()]);
+        assert!(c.upserted_pools.is_empty());
+        // Filtered to pool b only: just its removal.
+        let c = ix.changes_since(r2, &PoolFilter::only(["ns/b".parse().unwrap()])).unwrap();
+        assert_eq!(c.removed_pools.len(), 1);
+        assert!(c.upserted_leases.is_empty() && c.removed_leases.is_empty());
+        // Up to date: empty changes.
+        assert!(ix.changes_since(ix.revision(), &PoolFilter::all()).unwrap().is_empty());
+        assert!(ix.changes_since(ix.revision() + 1, &PoolFilter::all()).is_none());
+    }
+
+    #[test]
+    fn history_is_bounded_and_old_readers_need_a_snapshot() {
+        let ix = Index::with_history(8);
+        ix.apply([Op::UpsertPool(pool("a"))]);
+        for i in 0..100u8 {
+            ix.apply([Op::UpsertLease(lease("a", 1, i))]);
+        }
+        assert_eq!(ix.history_len(), 8);
+        assert!(ix.changes_since(0, &PoolFilter::all()).is_none());
+        assert!(ix.changes_since(ix.revision() - 9, &PoolFilter::all()).is_none());
+        let c = ix.changes_since(ix.revision() - 8, &PoolFilter::all()).unwrap();
+        assert_eq!(c.upserted_leases, [lease("a", 1, 99)]);
+    }
+
+    #[test]
+    fn replace_leases_touches_only_differences() {
+        let ix = Index::new();
+        ix.apply([Op::UpsertPool(pool("a")), Op::UpsertLease(lease("a", 1, 10)), Op::UpsertLease(lease("a", 2, 20))]);
+        let r = ix.revision();
+        let new = BTreeMap::from([(MacAddr([2, 0, 0, 0, 0, 1]), Ipv4Addr::new(192, 0, 2, 10)), (MacAddr([2, 0, 0, 0, 0, 4]), Ipv4Addr::new(192, 0, 2, 40))]);
+        ix.apply([Op::ReplaceLeases("ns/a".parse().unwrap(), new)]);
+        let c = ix.changes_since(r, &PoolFilter::all()).unwrap();
+        assert_eq!(c.upserted_leases, [lease("a", 4, 40)]);
+        assert_eq!(c.removed_leases, [("ns/a".parse().unwrap(), MacAddr([2, 0, 0, 0, 0, 2]))]);
+    }
+}

@@ -1,0 +1,184 @@
+//! Conversions between wire messages and the domain model.
+//!
+//! Outbound (domain → wire) cannot fail. Inbound (wire → domain) checks every field and names the
+//! message, the field and the value it rejects, because whatever arrives from the network is
+//! untrusted until it has passed here: an agent applies nothing that failed to convert.
+
+use std::net::Ipv4Addr;
+
+use ipnet::Ipv4Net;
+use vmdhcp_core::pool::{DEFAULT_LEASE_SECONDS, Lease, PoolConfig, is_host_of};
+use vmdhcp_core::{MacAddr, NamespacedName, ifname};
+
+use crate::agent::v1 as pb;
+
+/// A wire message holds a value the domain model cannot take.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{message}.{field} = {value:?}: {reason}")]
+pub struct ConvertError {
+    /// The message type, e.g. `PoolConfig`.
+    pub message: &'static str,
+    /// The field.
+    pub field: &'static str,
+    /// The rejected value.
+    pub value: String,
+    /// What is wrong.
+    pub reason: String,
+}
+
+fn err(message: &'static str, field: &'static str, value: &str, reason: impl Into<String>) -> ConvertError {
+    ConvertError { message, field, value: value.to_owned(), reason: reason.into() }
+}
+
+fn reference(message: &'static str, field: &'static str, value: &str) -> Result<NamespacedName, ConvertError> {
+    value.parse().map_err(|e| err(message, field, value, format!("{e}")))
+}
+
+fn ipv4(message: &'static str, field: &'static str, value: &str) -> Result<Ipv4Addr, ConvertError> {
+    value.parse().map_err(|_| err(message, field, value, "is not an IPv4 address"))
+}
+
+fn mac(message: &'static str, field: &'static str, value: &str) -> Result<MacAddr, ConvertError> {
+    value.parse().map_err(|e| err(message, field, value, format!("{e}")))
+}
+
+impl From<&PoolConfig> for pb::PoolConfig {
+    fn from(c: &PoolConfig) -> Self {
+        pb::PoolConfig {
+            pool_ref: c.pool.to_string(),
+            network_name: c.network.to_string(),
+            interface_name: c.interface_name.clone(),
+            server_ip: c.server_ip.to_string(),
+            cidr: c.subnet.to_string(),
+            router: c.router.map(|r| r.to_string()).unwrap_or_default(),
+            dns: c.dns.iter().map(ToString::to_string).collect(),
+            domain_name: c.domain_name.clone().unwrap_or_default(),
+            domain_search: c.domain_search.clone(),
+            ntp: c.ntp.clone(),
+            lease_time_seconds: c.lease_seconds,
+        }
+    }
+}
+
+impl TryFrom<&pb::PoolConfig> for PoolConfig {
+    type Error = ConvertError;
+
+    fn try_from(p: &pb::PoolConfig) -> Result<Self, Self::Error> {
+        const M: &str = "PoolConfig";
+        let pool = reference(M, "pool_ref", &p.pool_ref)?;
+        let network = reference(M, "network_name", &p.network_name)?;
+        ifname::validate(&p.interface_name).map_err(|e| err(M, "interface_name", &p.interface_name, e.to_string()))?;
+        let server_ip = ipv4(M, "server_ip", &p.server_ip)?;
+        let cidr: Ipv4Net = p.cidr.parse().map_err(|_| err(M, "cidr", &p.cidr, "is not an IPv4 CIDR"))?;
+        let subnet = cidr.trunc();
+        if !is_host_of(subnet, server_ip) {
+            return Err(err(M, "server_ip", &p.server_ip, format!("is not a host address of {subnet}")));
+        }
+        let router = match p.router.as_str() {
+            "" => None,
+            r => Some(ipv4(M, "router", r)?),
+        };
+        let dns = p.dns.iter().map(|d| ipv4(M, "dns", d)).collect::<Result<Vec<_>, _>>()?;
+        let lease_seconds = if p.lease_time_seconds == 0 { DEFAULT_LEASE_SECONDS } else { p.lease_time_seconds };
+        Ok(PoolConfig {
+            pool,
+            network,
+            interface_name: p.interface_name.clone(),
+            server_ip,
+            subnet,
+            router,
+            dns,
+            domain_name: Some(p.domain_name.clone()).filter(|d| !d.is_empty()),
+            domain_search: p.domain_search.clone(),
+            ntp: p.ntp.clone(),
+            lease_seconds,
+        })
+    }
+}
+
+impl From<&Lease> for pb::Lease {
+    fn from(l: &Lease) -> Self {
+        pb::Lease { pool_ref: l.pool.to_string(), mac_address: l.mac.to_string(), ip_address: l.ip.to_string() }
+    }
+}
+
+impl TryFrom<&pb::Lease> for Lease {
+    type Error = ConvertError;
+
+    fn try_from(l: &pb::Lease) -> Result<Self, Self::Error> {
+        const M: &str = "Lease";
+        Ok(Lease {
+            pool: reference(M, "pool_ref", &l.pool_ref)?,
+            mac: mac(M, "mac_address", &l.mac_address)?,
+            ip: ipv4(M, "ip_address", &l.ip_address)?,
+        })
+    }
+}
+
+/// A lease of `pool` from a snapshot entry.
+pub fn lease_from_entry(pool: &NamespacedName, e: &pb::LeaseEntry) -> Result<Lease, ConvertError> {
+    const M: &str = "LeaseEntry";
+    Ok(Lease { pool: pool.clone(), mac: mac(M, "mac_address", &e.mac_address)?, ip: ipv4(M, "ip_address", &e.ip_address)? })
+}
+
+/// The identity of a lease to withdraw.
+pub fn lease_key(k: &pb::LeaseKey) -> Result<(NamespacedName, MacAddr), ConvertError> {
+    const M: &str = "LeaseKey";
+    Ok((reference(M, "pool_ref", &k.pool_ref)?, mac(M, "mac_address", &k.mac_address)?))
+}
+
+/// A pool reference from a list of removed pools.
+pub fn removed_pool(value: &str) -> Result<NamespacedName, ConvertError> {
+    reference("Delta", "removed_pools", value)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn config() -> PoolConfig {
+        PoolConfig {
+            pool: "default/net-48".parse().unwrap(),
+            network: "default/net-48".parse().unwrap(),
+            interface_name: "vmdff247118e5".into(),
+            server_ip: "192.168.48.77".parse().unwrap(),
+            subnet: "192.168.48.0/24".parse().unwrap(),
+            router: Some("192.168.48.1".parse().unwrap()),
+            dns: vec!["1.1.1.1".parse().unwrap()],
+            domain_name: Some("aibao.moe".into()),
+            domain_search: vec!["aibao.moe".into()],
+            ntp: vec!["pool.ntp.org".into()],
+            lease_seconds: 300,
+        }
+    }
+
+    #[test]
+    fn pool_config_round_trips() {
+        let c = config();
+        assert_eq!(PoolConfig::try_from(&pb::PoolConfig::from(&c)).unwrap(), c);
+        let bare = PoolConfig { router: None, dns: vec![], domain_name: None, domain_search: vec![], ntp: vec![], ..config() };
+        assert_eq!(PoolConfig::try_from(&pb::PoolConfig::from(&bare)).unwrap(), bare);
+    }
+
+    #[test]
+    fn invalid_values_are_named() {
+        type Mutation = fn(&mut pb::PoolConfig);
+        let cases: [(Mutation, &str); 7] = [
+            (|p| p.pool_ref = "nope".into(), "PoolConfig.pool_ref = \"nope\""),
+            (|p| p.server_ip = "999.1.1.1".into(), "PoolConfig.server_ip = \"999.1.1.1\""),
+            (|p| p.server_ip = "10.0.0.1".into(), "is not a host address of 192.168.48.0/24"),
+            (|p| p.cidr = "192.168.48.0/40".into(), "PoolConfig.cidr"),
+            (|p| p.router = "x".into(), "PoolConfig.router"),
+            (|p| p.dns = vec!["1.1.1".into()], "PoolConfig.dns"),
+            (|p| p.interface_name = "a/b".into(), "PoolConfig.interface_name"),
+        ];
+        for (mutate, want) in cases {
+            let mut p = pb::PoolConfig::from(&config());
+            mutate(&mut p);
+            let e = PoolConfig::try_from(&p).unwrap_err().to_string();
+            assert!(e.contains(want), "{e}");
+        }
+        let bad = pb::Lease { pool_ref: "a/b".into(), mac_address: "zz".into(), ip_address: "1.2.3.4".into() };
+        assert!(Lease::try_from(&bad).unwrap_err().to_string().contains("Lease.mac_address"));
+    }
+}
