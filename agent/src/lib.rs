@@ -2,4 +2,10 @@
 //!
 //! The agent's runtime (stream client, leader election, DHCP server) is built on the domain
 //! model of `vmdhcp-core`; today this crate holds the binary's bootstrap validation.
+//!
+//! - [`lease_table`]: the pools and leases served, swapped atomically so lookups never wait.
+//! - [`dhcp`]: the DHCPv4 server, one socket per interface, replies built by pure functions.
 #![forbid(unsafe_code)]
+
+pub mod dhcp;
+pub mod lease_table;

@@ -24,6 +24,17 @@ enum Command {
         #[arg(long, env = ENV_IPPOOL_REFS_JSON, default_value = "[]")]
         ippool_refs_json: String,
     },
+    /// Serve DHCP for the pools and leases of a JSON file, without a controller (tests and
+    /// benchmarks); SIGHUP re-reads the file.
+    #[command(hide = true)]
+    ServeStatic {
+        /// The file: `{"pools":[{"config":PoolConfig,"leases":[{"mac","ip"}]}]}`.
+        #[arg(long)]
+        config: std::path::PathBuf,
+        /// Where to write interface statuses, reload count and declined addresses, as JSON.
+        #[arg(long)]
+        status_file: Option<std::path::PathBuf>,
+    },
 }
 
 fn main() -> anyhow::Result<()> {
@@ -42,6 +53,21 @@ fn main() -> anyhow::Result<()> {
             {
                 println!("{}", bootstrap.render_network_configs());
             }
+        }
+        Command::ServeStatic {
+            config,
+            status_file,
+        } => {
+            let runtime = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .context("cannot start the async runtime")?;
+            runtime
+                .block_on(vmdhcp_agent::dhcp::static_config::serve_file(
+                    &config,
+                    status_file.as_deref(),
+                ))
+                .context("serve-static failed")?;
         }
     }
     Ok(())

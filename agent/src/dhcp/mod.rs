@@ -1,0 +1,16 @@
+//! The DHCPv4 server: what to answer ([`handler`], pure functions on `dhcproto` messages), how
+//! packets are counted ([`counters`]), the sockets, one per interface ([`server`]), and serving a
+//! file of pools and leases without a controller ([`static_config`]).
+//!
+//! It reads the [`crate::lease_table::LeaseTable`] and writes to it only to record declined
+//! addresses; it never configures interfaces' addresses.
+
+pub mod counters;
+pub mod handler;
+pub mod server;
+pub mod static_config;
+
+/// Port servers listen on and relays are answered on (RFC 2131 §4.1).
+pub const SERVER_PORT: u16 = 67;
+/// Port clients listen on.
+pub const CLIENT_PORT: u16 = 68;

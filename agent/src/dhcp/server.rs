@@ -1,0 +1,329 @@
+//! The sockets: one UDP socket on 0.0.0.0:67 per served interface, bound to that device, each
+//! driven by its own task so that one interface's failure (socket error, interface gone) is
+//! reported and retried without touching the others.
+//!
+//! This is the only part of the server that does I/O; what to answer is [`super::handler`]'s.
+
+use std::collections::BTreeMap;
+use std::io;
+use std::net::{Ipv4Addr, SocketAddr, SocketAddrV4};
+use std::sync::Arc;
+use std::time::Duration;
+
+use serde::Serialize;
+use socket2::{Domain, Protocol, Socket, Type};
+use tokio::net::UdpSocket;
+use tokio::sync::watch;
+use tokio::task::JoinSet;
+use tracing::{Instrument, debug, info, info_span, warn};
+use vmdhcp_core::NamespacedName;
+
+use super::SERVER_PORT;
+use super::counters::Counters;
+use super::handler::{Action, MAX_PACKET, Silence, handle};
+use crate::lease_table::LeaseTable;
+
+/// Why an interface is not serving.
+#[derive(Debug, thiserror::Error)]
+pub enum ServerError {
+    /// The socket could not be created, configured or bound.
+    #[error("interface {interface}: cannot {step}: {source}")]
+    Socket {
+        /// The interface.
+        interface: String,
+        /// What was being done (`bind to the device`, …).
+        step: &'static str,
+        /// The OS error.
+        source: io::Error,
+    },
+    /// Receiving failed; the socket is re-created.
+    #[error("interface {interface}: receive failed: {source}")]
+    Receive {
+        /// The interface.
+        interface: String,
+        /// The OS error.
+        source: io::Error,
+    },
+    /// The interface disappeared (or was re-created) under a bound socket.
+    #[error("interface {interface} is gone or was re-created")]
+    InterfaceGone {
+        /// The interface.
+        interface: String,
+    },
+}
+
+/// An interface to serve and the pool whose leases it hands out.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Interface {
+    /// The Linux interface name.
+    pub name: String,
+    /// The pool served on it.
+    pub pool: NamespacedName,
+}
+
+/// Where one interface's server stands, for readiness and reports.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+#[serde(tag = "state", rename_all = "snake_case")]
+pub enum InterfaceStatus {
+    /// Not yet bound.
+    Starting,
+    /// Bound and answering.
+    Serving,
+    /// Not serving; retried with backoff.
+    Failed {
+        /// The last error.
+        error: String,
+    },
+}
+
+/// Creates the socket of one interface: 0.0.0.0:67, bound to the device so that each pool's
+/// broadcasts are heard and answered only on its own network, broadcast allowed for replies to
+/// clients without an address, and address reuse so several interfaces can each bind port 67.
+pub fn bind(interface: &str) -> Result<std::net::UdpSocket, ServerError> {
+    let err = |step: &'static str| {
+        move |source| ServerError::Socket {
+            interface: interface.to_owned(),
+            step,
+            source,
+        }
+    };
+    let socket = Socket::new(Domain::IPV4, Type::DGRAM, Some(Protocol::UDP))
+        .map_err(err("create a UDP socket"))?;
+    socket
+        .set_reuse_address(true)
+        .map_err(err("set SO_REUSEADDR"))?;
+    socket
+        .set_broadcast(true)
+        .map_err(err("set SO_BROADCAST"))?;
+    socket
+        .bind_device(Some(interface.as_bytes()))
+        .map_err(err("bind to the device (SO_BINDTODEVICE)"))?;
+    socket
+        .bind(&SocketAddr::V4(SocketAddrV4::new(Ipv4Addr::UNSPECIFIED, SERVER_PORT)).into())
+        .map_err(err("bind 0.0.0.0:67"))?;
+    socket
+        .set_nonblocking(true)
+        .map_err(err("set non-blocking"))?;
+    Ok(socket.into())
+}
+
+/// The kernel's index of an interface, or `None` if it does not exist in this namespace.
+fn ifindex(interface: &str) -> Option<u32> {
+    std::fs::read_to_string(format!("/sys/class/net/{interface}/ifindex"))
+        .ok()
+        .and_then(|s| s.trim().parse().ok())
+}
+
+/// The running servers of a set of interfaces.
+pub struct Servers {
+    statuses: watch::Receiver<BTreeMap<String, InterfaceStatus>>,
+    counters: BTreeMap<String, Arc<Counters>>,
+    tasks: JoinSet<()>,
+}
+
+impl Servers {
+    /// Starts one task per interface; each binds, serves, and on failure reports and retries.
+    /// They stop when `shutdown` turns true (or its sender is dropped).
+    pub fn spawn(
+        table: Arc<LeaseTable>,
+        interfaces: Vec<Interface>,
+        shutdown: watch::Receiver<bool>,
+    ) -> Self {
+        let initial = interfaces
+            .iter()
+            .map(|i| (i.name.clone(), InterfaceStatus::Starting))
+            .collect();
+        let (status_tx, statuses) = watch::channel(initial);
+        let status_tx = Arc::new(status_tx);
+        let mut tasks = JoinSet::new();
+        let mut counters = BTreeMap::new();
+        for interface in interfaces {
+            let c = Arc::new(Counters::default());
+            counters.insert(interface.name.clone(), Arc::clone(&c));
+            let span = info_span!("dhcp", interface = %interface.name, pool = %interface.pool);
+            tasks.spawn(
+                run_interface(
+                    interface,
+                    Arc::clone(&table),
+                    c,
+                    Arc::clone(&status_tx),
+                    shutdown.clone(),
+                )
+                .instrument(span),
+            );
+        }
+        Servers {
+            statuses,
+            counters,
+            tasks,
+        }
+    }
+
+    /// Every interface's status, updated as they change.
+    pub fn statuses(&self) -> watch::Receiver<BTreeMap<String, InterfaceStatus>> {
+        self.statuses.clone()
+    }
+
+    /// The counters of each interface.
+    pub fn counters(&self) -> &BTreeMap<String, Arc<Counters>> {
+        &self.counters
+    }
+
+    /// Waits for every task to stop (after shutdown).
+    pub async fn join(mut self) {
+        while self.tasks.join_next().await.is_some() {}
+    }
+}
+
+fn set_status(
+    tx: &watch::Sender<BTreeMap<String, InterfaceStatus>>,
+    interface: &str,
+    status: InterfaceStatus,
+) {
+    tx.send_if_modified(|all| {
+        if all.get(interface) == Some(&status) {
+            false
+        } else {
+            all.insert(interface.to_owned(), status);
+            true
+        }
+    });
+}
+
+const MIN_BACKOFF: Duration = Duration::from_millis(500);
+const MAX_BACKOFF: Duration = Duration::from_secs(30);
+
+async fn run_interface(
+    interface: Interface,
+    table: Arc<LeaseTable>,
+    counters: Arc<Counters>,
+    status: Arc<watch::Sender<BTreeMap<String, InterfaceStatus>>>,
+    mut shutdown: watch::Receiver<bool>,
+) {
+    let mut backoff = MIN_BACKOFF;
+    loop {
+        if *shutdown.borrow() {
+            return;
+        }
+        let bound = ifindex(&interface.name)
+            .ok_or_else(|| ServerError::Socket {
+                interface: interface.name.clone(),
+                step: "find the interface",
+                source: io::Error::from(io::ErrorKind::NotFound),
+            })
+            .and_then(|index| Ok((index, bind(&interface.name)?)))
+            .and_then(|(index, socket)| {
+                UdpSocket::from_std(socket)
+                    .map(|s| (index, s))
+                    .map_err(|source| ServerError::Socket {
+                        interface: interface.name.clone(),
+                        step: "register with the runtime",
+                        source,
+                    })
+            });
+        let error = match bound {
+            Ok((index, socket)) => {
+                info!("serving");
+                set_status(&status, &interface.name, InterfaceStatus::Serving);
+                backoff = MIN_BACKOFF;
+                match serve(&interface, index, &socket, &table, &counters, &mut shutdown).await {
+                    Ok(()) => return,
+                    Err(e) => e,
+                }
+            }
+            Err(e) => e,
+        };
+        warn!(error = %error, retry_in_ms = backoff.as_millis() as u64, "interface not serving");
+        set_status(
+            &status,
+            &interface.name,
+            InterfaceStatus::Failed {
+                error: error.to_string(),
+            },
+        );
+        tokio::select! {
+            _ = tokio::time::sleep(backoff) => {}
+            _ = shutdown.changed() => {}
+        }
+        backoff = (backoff * 2).min(MAX_BACKOFF);
+    }
+}
+
+/// How often a serving socket checks that its interface is still the one it bound to.
+const LINK_CHECK: Duration = Duration::from_secs(2);
+
+async fn serve(
+    interface: &Interface,
+    index: u32,
+    socket: &UdpSocket,
+    table: &LeaseTable,
+    counters: &Counters,
+    shutdown: &mut watch::Receiver<bool>,
+) -> Result<(), ServerError> {
+    // Larger than any accepted packet, so an oversized datagram is seen as such, not truncated
+    // into something that looks valid.
+    let mut buf = vec![0u8; MAX_PACKET * 2];
+    let mut link_check = tokio::time::interval(LINK_CHECK);
+    loop {
+        let (len, peer) = tokio::select! {
+            received = socket.recv_from(&mut buf) => {
+                received.map_err(|source| ServerError::Receive {
+                    interface: interface.name.clone(),
+                    source,
+                })?
+            }
+            _ = link_check.tick() => {
+                if ifindex(&interface.name) != Some(index) {
+                    return Err(ServerError::InterfaceGone { interface: interface.name.clone() });
+                }
+                continue;
+            }
+            changed = shutdown.changed() => {
+                if changed.is_err() || *shutdown.borrow() {
+                    info!("stopping");
+                    return Ok(());
+                }
+                continue;
+            }
+        };
+        let Some(pool) = table.pool(&interface.pool) else {
+            counters.record_no_pool();
+            debug!(%peer, "no config for this pool yet; packet ignored");
+            continue;
+        };
+        let outcome = handle(&buf[..len], &pool, |ip| {
+            table.is_conflicted(&interface.pool, ip)
+        });
+        counters.record(&outcome);
+        let mac = outcome.mac.map(|m| m.to_string()).unwrap_or_default();
+        match outcome.action {
+            Action::Reply(reply) => {
+                if let Err(error) = socket.send_to(&reply.bytes, reply.to).await {
+                    counters.record_send_error();
+                    warn!(%mac, to = %reply.to, %error, "reply not sent");
+                } else {
+                    debug!(%mac, request = ?outcome.request, reply = ?reply.kind, to = %reply.to, "replied");
+                }
+            }
+            Action::Silent(Silence::Declined(ip)) => {
+                if let Some(by) = outcome.mac
+                    && table.mark_conflicted(&interface.pool, ip, by)
+                {
+                    warn!(%mac, %ip, "address declined by the client: marked conflicted, not offered again until the controller reassigns it");
+                }
+            }
+            Action::Silent(Silence::Released(ip)) => {
+                info!(%mac, %ip, "address released by the client");
+            }
+            Action::Silent(Silence::UnknownMac) => {
+                debug!(%mac, request = ?outcome.request, "no lease for this MAC; no reply");
+            }
+            Action::Silent(silence) => {
+                debug!(%mac, request = ?outcome.request, reason = silence.as_str(), "no reply");
+            }
+            Action::Drop(reason) => {
+                debug!(%peer, len, reason = reason.as_str(), "packet dropped");
+            }
+        }
+    }
+}

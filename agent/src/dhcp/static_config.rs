@@ -1,0 +1,209 @@
+//! Serving pools and leases read from a JSON file instead of the controller's stream: the
+//! `vm-dhcp-agent serve-static` mode, used by the network-namespace tests and the benchmark to
+//! run the real server with nothing else around it.
+//!
+//! The file is re-read on SIGHUP (a whole snapshot, as the stream's resync would deliver); the
+//! set of interfaces is fixed at start. Interface statuses, reload count and declined addresses
+//! are written to a status file, atomically, whenever they change.
+
+use std::collections::BTreeMap;
+use std::net::Ipv4Addr;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use serde::{Deserialize, Serialize};
+use tokio::signal::unix::{SignalKind, signal};
+use tokio::sync::watch;
+use tracing::{info, warn};
+use vmdhcp_core::MacAddr;
+use vmdhcp_core::pool::{Lease, PoolConfig};
+
+use super::server::{Interface, InterfaceStatus, Servers};
+use crate::lease_table::{Conflict, LeaseTable, PoolLeases};
+
+/// Why the static server cannot start or reload.
+#[derive(Debug, thiserror::Error)]
+pub enum StaticConfigError {
+    /// The file cannot be read.
+    #[error("cannot read {path}: {source}")]
+    Read {
+        /// The file.
+        path: PathBuf,
+        /// The OS error.
+        source: std::io::Error,
+    },
+    /// The file is not a valid config.
+    #[error("{path} is not a valid static config: {source}")]
+    Parse {
+        /// The file.
+        path: PathBuf,
+        /// What is wrong.
+        source: serde_json::Error,
+    },
+    /// The status file cannot be written.
+    #[error("cannot write status file {path}: {source}")]
+    WriteStatus {
+        /// The file.
+        path: PathBuf,
+        /// The OS error.
+        source: std::io::Error,
+    },
+    /// Signal handlers cannot be installed.
+    #[error("cannot install signal handlers: {0}")]
+    Signal(std::io::Error),
+}
+
+/// The file: every pool with its leases.
+#[derive(Clone, Debug, Deserialize, Serialize)]
+pub struct StaticConfig {
+    /// The pools, each served on its `interface_name`.
+    pub pools: Vec<StaticPool>,
+}
+
+/// One pool of the file.
+#[derive(Clone, Debug, Deserialize, Serialize)]
+pub struct StaticPool {
+    /// The pool's config.
+    pub config: PoolConfig,
+    /// Its leases.
+    #[serde(default)]
+    pub leases: Vec<StaticLease>,
+}
+
+/// One lease of the file; its pool is the one it is listed under.
+#[derive(Clone, Debug, Deserialize, Serialize)]
+pub struct StaticLease {
+    /// The NIC.
+    pub mac: MacAddr,
+    /// Its address.
+    pub ip: Ipv4Addr,
+}
+
+/// What the status file holds.
+#[derive(Debug, Serialize)]
+struct Status<'a> {
+    interfaces: &'a BTreeMap<String, InterfaceStatus>,
+    reloads: u64,
+    conflicts: BTreeMap<String, BTreeMap<Ipv4Addr, Conflict>>,
+}
+
+/// Reads the file into a whole snapshot.
+pub fn load(path: &Path) -> Result<Vec<PoolLeases>, StaticConfigError> {
+    let text = std::fs::read_to_string(path).map_err(|source| StaticConfigError::Read {
+        path: path.to_owned(),
+        source,
+    })?;
+    let config: StaticConfig =
+        serde_json::from_str(&text).map_err(|source| StaticConfigError::Parse {
+            path: path.to_owned(),
+            source,
+        })?;
+    Ok(config
+        .pools
+        .into_iter()
+        .map(|p| PoolLeases {
+            leases: p
+                .leases
+                .into_iter()
+                .map(|l| Lease {
+                    pool: p.config.pool.clone(),
+                    mac: l.mac,
+                    ip: l.ip,
+                })
+                .collect(),
+            config: p.config,
+        })
+        .collect())
+}
+
+fn apply(table: &LeaseTable, pools: Vec<PoolLeases>) {
+    for error in table.apply_snapshot(pools) {
+        warn!(%error, "lease skipped");
+    }
+}
+
+fn write_status(
+    path: &Path,
+    interfaces: &BTreeMap<String, InterfaceStatus>,
+    reloads: u64,
+    table: &LeaseTable,
+) -> Result<(), StaticConfigError> {
+    let status = Status {
+        interfaces,
+        reloads,
+        conflicts: table
+            .conflicts()
+            .into_iter()
+            .map(|(pool, c)| (pool.to_string(), c))
+            .collect(),
+    };
+    let err = |source| StaticConfigError::WriteStatus {
+        path: path.to_owned(),
+        source,
+    };
+    let text = serde_json::to_string_pretty(&status).map_err(|e| err(e.into()))?;
+    let tmp = path.with_extension("tmp");
+    std::fs::write(&tmp, text).map_err(err)?;
+    std::fs::rename(&tmp, path).map_err(err)
+}
+
+/// Serves the file's pools until SIGTERM or SIGINT; SIGHUP re-reads the file.
+pub async fn serve_file(path: &Path, status_file: Option<&Path>) -> Result<(), StaticConfigError> {
+    let pools = load(path)?;
+    let interfaces = pools
+        .iter()
+        .map(|p| Interface {
+            name: p.config.interface_name.clone(),
+            pool: p.config.pool.clone(),
+        })
+        .collect();
+    let table = Arc::new(LeaseTable::new());
+    apply(&table, pools);
+    let (stop, stopped) = watch::channel(false);
+    let servers = Servers::spawn(Arc::clone(&table), interfaces, stopped);
+    let mut statuses = servers.statuses();
+    let mut hangup = signal(SignalKind::hangup()).map_err(StaticConfigError::Signal)?;
+    let mut terminate = signal(SignalKind::terminate()).map_err(StaticConfigError::Signal)?;
+    let mut interrupt = signal(SignalKind::interrupt()).map_err(StaticConfigError::Signal)?;
+    let mut reloads = 0u64;
+    let mut conflicts = table.conflicts();
+    let mut tick = tokio::time::interval(std::time::Duration::from_millis(200));
+    let mut dirty = true;
+    loop {
+        if dirty && let Some(status_path) = status_file {
+            let current = statuses.borrow_and_update().clone();
+            if let Err(error) = write_status(status_path, &current, reloads, &table) {
+                warn!(%error, "status not written");
+            }
+        }
+        dirty = true;
+        tokio::select! {
+            changed = statuses.changed() => {
+                if changed.is_err() {
+                    break;
+                }
+            }
+            _ = hangup.recv() => {
+                match load(path) {
+                    Ok(pools) => {
+                        apply(&table, pools);
+                        reloads += 1;
+                        info!(reloads, "config reloaded");
+                    }
+                    Err(error) => warn!(%error, "reload failed; keeping the current config"),
+                }
+            }
+            _ = tick.tick() => {
+                // Declines are recorded by the servers; surface them when they change.
+                let now = table.conflicts();
+                dirty = now != conflicts;
+                conflicts = now;
+            }
+            _ = terminate.recv() => break,
+            _ = interrupt.recv() => break,
+        }
+    }
+    let _ = stop.send(true);
+    servers.join().await;
+    Ok(())
+}

@@ -1,0 +1,568 @@
+//! The agent's lease table: for each pool it serves, the pool's config and who holds which address.
+//!
+//! It owns the in-memory copy of what the controller streams (whole snapshots, then deltas) and the
+//! addresses clients declined. It does no I/O and knows nothing of sockets: the DHCP server reads
+//! it, the stream client writes it.
+//!
+//! Readers never wait behind writers: each pool is an immutable [`PoolSnapshot`] behind one
+//! atomically swapped map ([`arc_swap::ArcSwap`]), so a packet's lookup is a pointer load and a
+//! hash probe, whatever is being applied at the same time. Writers build the next version of each
+//! pool they touch and swap it in; a batch of deltas copies each touched pool once.
+
+use std::collections::{BTreeMap, HashMap};
+use std::net::Ipv4Addr;
+use std::sync::{Arc, Mutex, PoisonError};
+
+use arc_swap::ArcSwap;
+use vmdhcp_core::pool::{Lease, PoolConfig, is_host_of};
+use vmdhcp_core::{MacAddr, NamespacedName};
+
+/// Why an update could not be applied (in part); the rest of the update is applied regardless.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum LeaseTableError {
+    /// A lease names a pool the table has no config for.
+    #[error("lease {mac} -> {ip} names pool {pool}, which is not configured on this agent")]
+    UnknownPool {
+        /// The pool named by the lease.
+        pool: NamespacedName,
+        /// The lease's MAC.
+        mac: MacAddr,
+        /// The lease's address.
+        ip: Ipv4Addr,
+    },
+    /// A lease's address cannot be handed out on its pool's subnet.
+    #[error("lease {mac} -> {ip} of pool {pool} is not a host address of {subnet}")]
+    OutsideSubnet {
+        /// The pool.
+        pool: NamespacedName,
+        /// The lease's MAC.
+        mac: MacAddr,
+        /// The lease's address.
+        ip: Ipv4Addr,
+        /// The pool's subnet.
+        subnet: ipnet::Ipv4Net,
+    },
+}
+
+/// One pool as the packet path sees it at one instant: never changes once published.
+#[derive(Debug, Clone)]
+pub struct PoolSnapshot {
+    config: Arc<PoolConfig>,
+    by_mac: HashMap<MacAddr, Ipv4Addr>,
+    by_ip: HashMap<Ipv4Addr, MacAddr>,
+}
+
+impl PoolSnapshot {
+    fn new(config: PoolConfig) -> Self {
+        PoolSnapshot {
+            config: Arc::new(config),
+            by_mac: HashMap::new(),
+            by_ip: HashMap::new(),
+        }
+    }
+
+    /// The pool's config; replies are built from it, so option changes reach the next reply.
+    pub fn config(&self) -> &Arc<PoolConfig> {
+        &self.config
+    }
+
+    /// The address reserved for `mac` on this pool.
+    pub fn address_of(&self, mac: &MacAddr) -> Option<Ipv4Addr> {
+        self.by_mac.get(mac).copied()
+    }
+
+    /// The MAC an address is reserved for.
+    pub fn holder_of(&self, ip: &Ipv4Addr) -> Option<MacAddr> {
+        self.by_ip.get(ip).copied()
+    }
+
+    /// Number of leases.
+    pub fn len(&self) -> usize {
+        self.by_mac.len()
+    }
+
+    /// Whether the pool has no lease.
+    pub fn is_empty(&self) -> bool {
+        self.by_mac.is_empty()
+    }
+
+    /// Leases sorted by MAC, for the `/leases` view and for tests.
+    pub fn leases(&self) -> BTreeMap<MacAddr, Ipv4Addr> {
+        self.by_mac.iter().map(|(m, ip)| (*m, *ip)).collect()
+    }
+
+    /// Records `mac -> ip`, dropping whatever either of them was bound to before: a MAC holds one
+    /// address per pool and an address has one holder (an IP moved to another MAC follows it).
+    fn insert(&mut self, mac: MacAddr, ip: Ipv4Addr) -> Result<(), LeaseTableError> {
+        if !is_host_of(self.config.subnet, ip) {
+            return Err(LeaseTableError::OutsideSubnet {
+                pool: self.config.pool.clone(),
+                mac,
+                ip,
+                subnet: self.config.subnet,
+            });
+        }
+        if let Some(old_ip) = self.by_mac.insert(mac, ip)
+            && old_ip != ip
+        {
+            self.by_ip.remove(&old_ip);
+        }
+        if let Some(old_mac) = self.by_ip.insert(ip, mac)
+            && old_mac != mac
+        {
+            self.by_mac.remove(&old_mac);
+        }
+        Ok(())
+    }
+
+    fn remove(&mut self, mac: &MacAddr) {
+        if let Some(ip) = self.by_mac.remove(mac) {
+            self.by_ip.remove(&ip);
+        }
+    }
+}
+
+/// A change to the table, as the controller's stream delivers it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Delta {
+    /// A pool is now served, or its config changed; its leases are kept.
+    UpsertPool(PoolConfig),
+    /// A pool is no longer served; its leases and conflicts go with it.
+    RemovePool(NamespacedName),
+    /// A NIC holds (now) this address.
+    UpsertLease(Lease),
+    /// A NIC no longer holds an address on this pool.
+    RemoveLease {
+        /// The pool.
+        pool: NamespacedName,
+        /// The NIC.
+        mac: MacAddr,
+    },
+}
+
+/// A pool with all its leases, the unit of a whole snapshot.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PoolLeases {
+    /// The pool's config.
+    pub config: PoolConfig,
+    /// Every lease of the pool.
+    pub leases: Vec<Lease>,
+}
+
+/// An address a client declined (RFC 2131 DHCPDECLINE: someone else answers ARP for it).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+pub struct Conflict {
+    /// The MAC that declined it.
+    pub declined_by: MacAddr,
+}
+
+type Pools = HashMap<NamespacedName, Arc<PoolSnapshot>>;
+type Conflicts = HashMap<NamespacedName, BTreeMap<Ipv4Addr, Conflict>>;
+
+/// Every pool this agent serves, readable from any number of packet tasks without locks.
+#[derive(Debug, Default)]
+pub struct LeaseTable {
+    pools: ArcSwap<Pools>,
+    conflicts: ArcSwap<Conflicts>,
+    /// Serialises writers, so two updates never both start from the same version and lose one.
+    /// Readers never take it.
+    write: Mutex<()>,
+}
+
+impl LeaseTable {
+    /// An empty table: serves nobody until a snapshot or deltas arrive.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// The current version of a pool, for one packet's worth of lookups.
+    pub fn pool(&self, pool: &NamespacedName) -> Option<Arc<PoolSnapshot>> {
+        self.pools.load().get(pool).cloned()
+    }
+
+    /// Every pool, sorted by name.
+    pub fn pools(&self) -> BTreeMap<NamespacedName, Arc<PoolSnapshot>> {
+        self.pools
+            .load()
+            .iter()
+            .map(|(k, v)| (k.clone(), Arc::clone(v)))
+            .collect()
+    }
+
+    /// Replaces everything with a whole snapshot (the stream's first message, or a resync).
+    /// Conflicts of pools that remain are kept unless their address moved to another MAC.
+    /// Bad leases are skipped and returned; the good ones beside them are applied.
+    pub fn apply_snapshot(&self, pools: Vec<PoolLeases>) -> Vec<LeaseTableError> {
+        let _guard = self.write.lock().unwrap_or_else(PoisonError::into_inner);
+        let mut errors = Vec::new();
+        let mut next = Pools::with_capacity(pools.len());
+        for PoolLeases { config, leases } in pools {
+            let name = config.pool.clone();
+            let mut snap = PoolSnapshot::new(config);
+            snap.by_mac.reserve(leases.len());
+            snap.by_ip.reserve(leases.len());
+            for lease in leases {
+                if lease.pool != name {
+                    errors.push(LeaseTableError::UnknownPool {
+                        pool: lease.pool,
+                        mac: lease.mac,
+                        ip: lease.ip,
+                    });
+                    continue;
+                }
+                if let Err(e) = snap.insert(lease.mac, lease.ip) {
+                    errors.push(e);
+                }
+            }
+            next.insert(name, Arc::new(snap));
+        }
+        self.pools.store(Arc::new(next));
+        self.prune_conflicts();
+        errors
+    }
+
+    /// Applies deltas in order, publishing once at the end: a reader sees all of them or none.
+    pub fn apply(&self, deltas: impl IntoIterator<Item = Delta>) -> Vec<LeaseTableError> {
+        let _guard = self.write.lock().unwrap_or_else(PoisonError::into_inner);
+        let current = self.pools.load_full();
+        // Pools touched by this batch, copied once; `None` marks a removal.
+        let mut touched: HashMap<NamespacedName, Option<PoolSnapshot>> = HashMap::new();
+        let mut errors = Vec::new();
+        let working = |touched: &mut HashMap<NamespacedName, Option<PoolSnapshot>>,
+                       name: &NamespacedName|
+         -> bool {
+            if !touched.contains_key(name) {
+                match current.get(name) {
+                    Some(snap) => {
+                        touched.insert(name.clone(), Some(PoolSnapshot::clone(snap)));
+                    }
+                    None => return false,
+                }
+            }
+            matches!(touched.get(name), Some(Some(_)))
+        };
+        for delta in deltas {
+            match delta {
+                Delta::UpsertPool(config) => {
+                    let name = config.pool.clone();
+                    let snap = if working(&mut touched, &name) {
+                        touched.remove(&name).flatten()
+                    } else {
+                        None
+                    };
+                    let next = match snap {
+                        Some(mut snap) => {
+                            let subnet_changed = snap.config.subnet != config.subnet;
+                            snap.config = Arc::new(config);
+                            if subnet_changed {
+                                let subnet = snap.config.subnet;
+                                snap.by_mac.retain(|_, ip| is_host_of(subnet, *ip));
+                                snap.by_ip.retain(|ip, _| is_host_of(subnet, *ip));
+                            }
+                            snap
+                        }
+                        None => PoolSnapshot::new(config),
+                    };
+                    touched.insert(name, Some(next));
+                }
+                Delta::RemovePool(name) => {
+                    touched.insert(name, None);
+                }
+                Delta::UpsertLease(lease) => {
+                    if !working(&mut touched, &lease.pool) {
+                        errors.push(LeaseTableError::UnknownPool {
+                            pool: lease.pool,
+                            mac: lease.mac,
+                            ip: lease.ip,
+                        });
+                        continue;
+                    }
+                    if let Some(Some(snap)) = touched.get_mut(&lease.pool)
+                        && let Err(e) = snap.insert(lease.mac, lease.ip)
+                    {
+                        errors.push(e);
+                    }
+                }
+                Delta::RemoveLease { pool, mac } => {
+                    if working(&mut touched, &pool)
+                        && let Some(Some(snap)) = touched.get_mut(&pool)
+                    {
+                        snap.remove(&mac);
+                    }
+                }
+            }
+        }
+        if !touched.is_empty() {
+            let mut next = Pools::clone(&current);
+            for (name, snap) in touched {
+                match snap {
+                    Some(snap) => {
+                        next.insert(name, Arc::new(snap));
+                    }
+                    None => {
+                        next.remove(&name);
+                    }
+                }
+            }
+            self.pools.store(Arc::new(next));
+            self.prune_conflicts();
+        }
+        errors
+    }
+
+    /// Records that `mac` declined `ip` on `pool`: the address is not offered again until the
+    /// controller gives that MAC another address (or the address to another MAC).
+    /// Returns whether this is news (a repeated DECLINE changes nothing).
+    pub fn mark_conflicted(&self, pool: &NamespacedName, ip: Ipv4Addr, mac: MacAddr) -> bool {
+        let known = self
+            .conflicts
+            .load()
+            .get(pool)
+            .and_then(|c| c.get(&ip))
+            .is_some_and(|c| c.declined_by == mac);
+        if known {
+            return false;
+        }
+        let _guard = self.write.lock().unwrap_or_else(PoisonError::into_inner);
+        let mut next = Conflicts::clone(&self.conflicts.load());
+        next.entry(pool.clone())
+            .or_default()
+            .insert(ip, Conflict { declined_by: mac });
+        self.conflicts.store(Arc::new(next));
+        true
+    }
+
+    /// Whether `ip` of `pool` was declined and must not be handed out.
+    pub fn is_conflicted(&self, pool: &NamespacedName, ip: &Ipv4Addr) -> bool {
+        self.conflicts
+            .load()
+            .get(pool)
+            .is_some_and(|c| c.contains_key(ip))
+    }
+
+    /// Every declined address, per pool, for readiness and `/leases`.
+    pub fn conflicts(&self) -> BTreeMap<NamespacedName, BTreeMap<Ipv4Addr, Conflict>> {
+        self.conflicts
+            .load()
+            .iter()
+            .filter(|(_, c)| !c.is_empty())
+            .map(|(k, v)| (k.clone(), v.clone()))
+            .collect()
+    }
+
+    /// Drops conflicts whose pool is gone or whose address is no longer held by the MAC that
+    /// declined it: the controller has moved on, so the new holder gets a fresh start.
+    fn prune_conflicts(&self) {
+        let conflicts = self.conflicts.load_full();
+        if conflicts.is_empty() {
+            return;
+        }
+        let pools = self.pools.load();
+        let mut next = Conflicts::new();
+        for (name, entries) in conflicts.iter() {
+            let Some(snap) = pools.get(name) else {
+                continue;
+            };
+            let kept: BTreeMap<_, _> = entries
+                .iter()
+                .filter(|(ip, c)| snap.holder_of(ip) == Some(c.declined_by))
+                .map(|(ip, c)| (*ip, *c))
+                .collect();
+            if !kept.is_empty() {
+                next.insert(name.clone(), kept);
+            }
+        }
+        if next != *conflicts {
+            self.conflicts.store(Arc::new(next));
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    pub(crate) fn config(name: &str, cidr: &str, server: &str) -> PoolConfig {
+        PoolConfig {
+            pool: NamespacedName::new("default", name).unwrap(),
+            network: NamespacedName::new("default", name).unwrap(),
+            interface_name: "eth1".into(),
+            server_ip: server.parse().unwrap(),
+            subnet: cidr.parse().unwrap(),
+            router: None,
+            dns: vec![],
+            domain_name: None,
+            domain_search: vec![],
+            ntp: vec![],
+            lease_seconds: 300,
+        }
+    }
+
+    fn mac(last: u8) -> MacAddr {
+        MacAddr([0x02, 0, 0, 0, 0, last])
+    }
+
+    fn lease(pool: &str, m: u8, ip: &str) -> Lease {
+        Lease {
+            pool: NamespacedName::new("default", pool).unwrap(),
+            mac: mac(m),
+            ip: ip.parse().unwrap(),
+        }
+    }
+
+    fn name(pool: &str) -> NamespacedName {
+        NamespacedName::new("default", pool).unwrap()
+    }
+
+    fn table_with_a() -> LeaseTable {
+        let table = LeaseTable::new();
+        let errors = table.apply_snapshot(vec![PoolLeases {
+            config: config("a", "192.0.2.0/24", "192.0.2.1"),
+            leases: vec![lease("a", 1, "192.0.2.10"), lease("a", 2, "192.0.2.11")],
+        }]);
+        assert!(errors.is_empty(), "{errors:?}");
+        table
+    }
+
+    #[test]
+    fn snapshot_then_lookup() {
+        let table = table_with_a();
+        let a = table.pool(&name("a")).unwrap();
+        assert_eq!(a.address_of(&mac(1)), Some("192.0.2.10".parse().unwrap()));
+        assert_eq!(a.holder_of(&"192.0.2.11".parse().unwrap()), Some(mac(2)));
+        assert_eq!(a.address_of(&mac(3)), None);
+        assert!(table.pool(&name("b")).is_none());
+    }
+
+    #[test]
+    fn snapshot_replaces_everything_and_reports_bad_leases() {
+        let table = table_with_a();
+        let errors = table.apply_snapshot(vec![PoolLeases {
+            config: config("b", "198.51.100.0/24", "198.51.100.1"),
+            leases: vec![
+                lease("b", 1, "198.51.100.10"),
+                lease("b", 2, "192.0.2.10"),
+                lease("a", 3, "198.51.100.12"),
+            ],
+        }]);
+        assert_eq!(errors.len(), 2, "{errors:?}");
+        assert!(matches!(errors[0], LeaseTableError::OutsideSubnet { .. }));
+        assert!(matches!(errors[1], LeaseTableError::UnknownPool { .. }));
+        assert!(table.pool(&name("a")).is_none());
+        assert_eq!(table.pool(&name("b")).unwrap().len(), 1);
+    }
+
+    #[test]
+    fn deltas_upsert_and_remove_leases() {
+        let table = table_with_a();
+        let before = table.pool(&name("a")).unwrap();
+        let errors = table.apply([
+            Delta::UpsertLease(lease("a", 3, "192.0.2.12")),
+            Delta::RemoveLease {
+                pool: name("a"),
+                mac: mac(1),
+            },
+            Delta::UpsertLease(lease("zz", 4, "192.0.2.13")),
+        ]);
+        assert_eq!(errors.len(), 1);
+        let a = table.pool(&name("a")).unwrap();
+        assert_eq!(a.address_of(&mac(3)), Some("192.0.2.12".parse().unwrap()));
+        assert_eq!(a.address_of(&mac(1)), None);
+        assert_eq!(a.holder_of(&"192.0.2.10".parse().unwrap()), None);
+        // A reader holding the old version keeps a consistent view.
+        assert_eq!(
+            before.address_of(&mac(1)),
+            Some("192.0.2.10".parse().unwrap())
+        );
+        assert_eq!(before.address_of(&mac(3)), None);
+    }
+
+    #[test]
+    fn an_ip_moving_to_another_mac_follows_it() {
+        let table = table_with_a();
+        table.apply([Delta::UpsertLease(lease("a", 9, "192.0.2.10"))]);
+        let a = table.pool(&name("a")).unwrap();
+        assert_eq!(a.holder_of(&"192.0.2.10".parse().unwrap()), Some(mac(9)));
+        assert_eq!(a.address_of(&mac(9)), Some("192.0.2.10".parse().unwrap()));
+        assert_eq!(a.address_of(&mac(1)), None, "old holder lost the address");
+        assert_eq!(a.len(), 2);
+        // And a MAC moving to another IP frees the old one.
+        table.apply([Delta::UpsertLease(lease("a", 9, "192.0.2.20"))]);
+        let a = table.pool(&name("a")).unwrap();
+        assert_eq!(a.holder_of(&"192.0.2.10".parse().unwrap()), None);
+        assert_eq!(a.address_of(&mac(9)), Some("192.0.2.20".parse().unwrap()));
+    }
+
+    #[test]
+    fn pool_option_changes_keep_leases() {
+        let table = table_with_a();
+        let mut cfg = config("a", "192.0.2.0/24", "192.0.2.1");
+        cfg.dns = vec!["192.0.2.53".parse().unwrap()];
+        cfg.lease_seconds = 60;
+        table.apply([Delta::UpsertPool(cfg.clone())]);
+        let a = table.pool(&name("a")).unwrap();
+        assert_eq!(**a.config(), cfg);
+        assert_eq!(a.len(), 2);
+    }
+
+    #[test]
+    fn a_subnet_change_drops_leases_outside_it() {
+        let table = table_with_a();
+        table.apply([Delta::UpsertPool(config("a", "192.0.2.0/29", "192.0.2.1"))]);
+        assert!(table.pool(&name("a")).unwrap().is_empty());
+    }
+
+    #[test]
+    fn removing_a_pool_removes_its_leases_and_conflicts() {
+        let table = table_with_a();
+        assert!(table.mark_conflicted(&name("a"), "192.0.2.10".parse().unwrap(), mac(1)));
+        table.apply([Delta::RemovePool(name("a"))]);
+        assert!(table.pool(&name("a")).is_none());
+        assert!(table.conflicts().is_empty());
+        // Re-adding starts empty.
+        table.apply([Delta::UpsertPool(config("a", "192.0.2.0/24", "192.0.2.1"))]);
+        assert!(table.pool(&name("a")).unwrap().is_empty());
+    }
+
+    #[test]
+    fn conflicts_last_until_the_address_changes_hands() {
+        let table = table_with_a();
+        let ip: Ipv4Addr = "192.0.2.10".parse().unwrap();
+        assert!(table.mark_conflicted(&name("a"), ip, mac(1)));
+        assert!(!table.mark_conflicted(&name("a"), ip, mac(1)), "not news");
+        assert!(table.is_conflicted(&name("a"), &ip));
+        // Unrelated deltas keep it.
+        table.apply([Delta::UpsertLease(lease("a", 5, "192.0.2.50"))]);
+        assert!(table.is_conflicted(&name("a"), &ip));
+        assert_eq!(table.conflicts()[&name("a")][&ip].declined_by, mac(1));
+        // The controller moves the MAC elsewhere: the conflict is history.
+        table.apply([Delta::UpsertLease(lease("a", 1, "192.0.2.60"))]);
+        assert!(!table.is_conflicted(&name("a"), &ip));
+    }
+
+    #[test]
+    fn concurrent_readers_see_whole_versions() {
+        let table = Arc::new(table_with_a());
+        let reader = {
+            let table = Arc::clone(&table);
+            std::thread::spawn(move || {
+                for _ in 0..20_000 {
+                    let a = table.pool(&name("a")).unwrap();
+                    // Within one version, the two maps always agree.
+                    for (m, ip) in a.leases() {
+                        assert_eq!(a.holder_of(&ip), Some(m));
+                    }
+                }
+            })
+        };
+        for i in 0..200u32 {
+            let last = u8::try_from(i % 200).unwrap() + 10;
+            table.apply([Delta::UpsertLease(Lease {
+                pool: name("a"),
+                mac: mac(u8::try_from(i % 3).unwrap()),
+                ip: Ipv4Addr::new(192, 0, 2, last),
+            })]);
+        }
+        reader.join().unwrap();
+    }
+}
