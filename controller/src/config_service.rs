@@ -93,7 +93,10 @@ pub struct Reports {
 impl Reports {
     /// The latest report of every agent.
     pub fn all(&self) -> BTreeMap<String, AgentReport> {
-        self.by_agent.lock().unwrap_or_else(PoisonError::into_inner).clone()
+        self.by_agent
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone()
     }
 
     /// A receiver that wakes whenever a report arrives.
@@ -103,7 +106,10 @@ impl Reports {
 
     fn record(&self, report: AgentReport) {
         let key = format!("{}/{}", report.agent.namespace, report.agent.pod_name);
-        self.by_agent.lock().unwrap_or_else(PoisonError::into_inner).insert(key, report);
+        self.by_agent
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .insert(key, report);
         self.changed.send_modify(|n| *n += 1);
     }
 }
@@ -119,8 +125,18 @@ pub struct ConfigServer {
 
 impl ConfigServer {
     /// A service over `index`; every stream ends when `shutdown` turns true.
-    pub fn new(index: Arc<Index>, reports: Arc<Reports>, settings: StreamSettings, shutdown: watch::Receiver<bool>) -> Self {
-        ConfigServer { index, reports, settings, shutdown }
+    pub fn new(
+        index: Arc<Index>,
+        reports: Arc<Reports>,
+        settings: StreamSettings,
+        shutdown: watch::Receiver<bool>,
+    ) -> Self {
+        ConfigServer {
+            index,
+            reports,
+            settings,
+            shutdown,
+        }
     }
 }
 
@@ -134,15 +150,24 @@ type WatchStream = Pin<Box<dyn Stream<Item = Result<pb::WatchResponse, Status>> 
 impl ConfigService for ConfigServer {
     type WatchStream = WatchStream;
 
-    async fn watch(&self, request: Request<pb::WatchRequest>) -> Result<Response<WatchStream>, Status> {
+    async fn watch(
+        &self,
+        request: Request<pb::WatchRequest>,
+    ) -> Result<Response<WatchStream>, Status> {
         let peer = request.remote_addr();
         let req = request.into_inner();
         let pools = req
             .pool_refs
             .iter()
-            .map(|r| r.parse::<NamespacedName>().map_err(|e| invalid("pool_refs", r, e)))
+            .map(|r| {
+                r.parse::<NamespacedName>()
+                    .map_err(|e| invalid("pool_refs", r, e))
+            })
             .collect::<Result<Vec<_>, _>>()?;
-        let agent = req.agent.as_ref().map_or_else(|| "unnamed".to_owned(), |a| format!("{}/{}", a.namespace, a.pod_name));
+        let agent = req.agent.as_ref().map_or_else(
+            || "unnamed".to_owned(),
+            |a| format!("{}/{}", a.namespace, a.pod_name),
+        );
         let resume = (req.epoch == *self.index.epoch() && req.revision > 0).then_some(req.revision);
         let session = Session {
             index: self.index.clone(),
@@ -156,20 +181,36 @@ impl ConfigService for ConfigServer {
         };
         info!(%agent, ?peer, epoch = %req.epoch, revision = req.revision, resume = resume.is_some(), "agent watching");
         let span = info_span!("watch", %agent);
-        let stream = futures_util::stream::unfold(session, move |s| s.next().instrument(span.clone()));
+        let stream =
+            futures_util::stream::unfold(session, move |s| s.next().instrument(span.clone()));
         Ok(Response::new(Box::pin(stream)))
     }
 
-    async fn report(&self, request: Request<pb::ReportRequest>) -> Result<Response<pb::ReportResponse>, Status> {
+    async fn report(
+        &self,
+        request: Request<pb::ReportRequest>,
+    ) -> Result<Response<pb::ReportResponse>, Status> {
         let req = request.into_inner();
-        let agent = req.agent.ok_or_else(|| invalid("agent", "", "is required"))?;
+        let agent = req
+            .agent
+            .ok_or_else(|| invalid("agent", "", "is required"))?;
         if agent.pod_name.is_empty() || agent.namespace.is_empty() {
-            return Err(invalid("agent", &format!("{}/{}", agent.namespace, agent.pod_name), "needs pod_name and namespace"));
+            return Err(invalid(
+                "agent",
+                &format!("{}/{}", agent.namespace, agent.pod_name),
+                "needs pod_name and namespace",
+            ));
         }
         for i in &req.interfaces {
-            i.pool_ref.parse::<NamespacedName>().map_err(|e| invalid("interfaces.pool_ref", &i.pool_ref, e))?;
+            i.pool_ref
+                .parse::<NamespacedName>()
+                .map_err(|e| invalid("interfaces.pool_ref", &i.pool_ref, e))?;
             if pb::InterfaceState::try_from(i.state).is_err() {
-                return Err(invalid("interfaces.state", &i.state.to_string(), "is not an InterfaceState"));
+                return Err(invalid(
+                    "interfaces.state",
+                    &i.state.to_string(),
+                    "is not an InterfaceState",
+                ));
             }
         }
         info!(agent = %format!("{}/{}", agent.namespace, agent.pod_name), revision = req.applied_revision, leader = req.leader, interfaces = req.interfaces.len(), "agent report");
@@ -202,7 +243,11 @@ struct Session {
 
 impl Session {
     fn message(&self, revision: u64, event: pb::watch_response::Event) -> pb::WatchResponse {
-        pb::WatchResponse { epoch: self.index.epoch().to_string(), revision, event: Some(event) }
+        pb::WatchResponse {
+            epoch: self.index.epoch().to_string(),
+            revision,
+            event: Some(event),
+        }
     }
 
     async fn next(mut self) -> Option<(Result<pb::WatchResponse, Status>, Self)> {
@@ -219,7 +264,11 @@ impl Session {
                 self.sent = Some(snapshot.revision);
                 self.greet = false;
                 self.pending = snapshot_parts(&snapshot, self.settings.snapshot_part_leases).into();
-                debug!(revision = snapshot.revision, parts = self.pending.len(), "sending snapshot");
+                debug!(
+                    revision = snapshot.revision,
+                    parts = self.pending.len(),
+                    "sending snapshot"
+                );
                 let first = self.pending.pop_front()?;
                 return Some((Ok(first), self));
             };
@@ -234,7 +283,10 @@ impl Session {
                     Some(changes) => {
                         self.sent = Some(changes.revision);
                         self.greet = false;
-                        let msg = self.message(changes.revision, pb::watch_response::Event::Delta(delta(&changes)));
+                        let msg = self.message(
+                            changes.revision,
+                            pb::watch_response::Event::Delta(delta(&changes)),
+                        );
                         return Some((Ok(msg), self));
                     }
                 }
@@ -257,8 +309,14 @@ impl Session {
     }
 
     fn heartbeat(&self, revision: u64) -> pb::WatchResponse {
-        let sent_unix_ms = SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_millis() as u64).unwrap_or_default();
-        self.message(revision, pb::watch_response::Event::Heartbeat(pb::Heartbeat { sent_unix_ms }))
+        let sent_unix_ms = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map(|d| d.as_millis() as u64)
+            .unwrap_or_default();
+        self.message(
+            revision,
+            pb::watch_response::Event::Heartbeat(pb::Heartbeat { sent_unix_ms }),
+        )
     }
 }
 
@@ -272,7 +330,10 @@ pub fn snapshot_parts(snapshot: &Snapshot, part_leases: usize) -> Vec<pb::WatchR
     for (config, leases) in &snapshot.pools {
         let config = pb::PoolConfig::from(config);
         if leases.is_empty() {
-            current.push(pb::PoolSnapshot { config: Some(config), leases: Vec::new() });
+            current.push(pb::PoolSnapshot {
+                config: Some(config),
+                leases: Vec::new(),
+            });
             continue;
         }
         for chunk in leases.chunks(part_leases) {
@@ -281,8 +342,17 @@ pub fn snapshot_parts(snapshot: &Snapshot, part_leases: usize) -> Vec<pb::WatchR
                 in_part = 0;
             }
             in_part += chunk.len();
-            let leases = chunk.iter().map(|(m, i)| pb::LeaseEntry { mac_address: m.to_string(), ip_address: i.to_string() }).collect();
-            current.push(pb::PoolSnapshot { config: Some(config.clone()), leases });
+            let leases = chunk
+                .iter()
+                .map(|(m, i)| pb::LeaseEntry {
+                    mac_address: m.to_string(),
+                    ip_address: i.to_string(),
+                })
+                .collect();
+            current.push(pb::PoolSnapshot {
+                config: Some(config.clone()),
+                leases,
+            });
         }
     }
     parts.push(current);
@@ -293,7 +363,10 @@ pub fn snapshot_parts(snapshot: &Snapshot, part_leases: usize) -> Vec<pb::WatchR
         .map(|(i, pools)| pb::WatchResponse {
             epoch: snapshot.epoch.to_string(),
             revision: snapshot.revision,
-            event: Some(pb::watch_response::Event::Snapshot(pb::Snapshot { pools, more: i != last })),
+            event: Some(pb::watch_response::Event::Snapshot(pb::Snapshot {
+                pools,
+                more: i != last,
+            })),
         })
         .collect()
 }
@@ -307,7 +380,10 @@ fn delta(c: &Changes) -> pb::Delta {
         removed_leases: c
             .removed_leases
             .iter()
-            .map(|(p, m)| pb::LeaseKey { pool_ref: p.to_string(), mac_address: m.to_string() })
+            .map(|(p, m)| pb::LeaseKey {
+                pool_ref: p.to_string(),
+                mac_address: m.to_string(),
+            })
             .collect(),
     }
 }
@@ -323,7 +399,9 @@ pub async fn serve(
 ) -> Result<(), ConfigServiceError> {
     let addr: SocketAddr = listener.local_addr()?;
     let (health, health_service) = tonic_health::server::health_reporter();
-    health.set_serving::<ConfigServiceServer<ConfigServer>>().await;
+    health
+        .set_serving::<ConfigServiceServer<ConfigServer>>()
+        .await;
     let reflection = |b: tonic_reflection::server::Builder<'static>| {
         b.register_encoded_file_descriptor_set(vmdhcp_proto::FILE_DESCRIPTOR_SET)
             .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
@@ -334,8 +412,13 @@ pub async fn serve(
     let reflection_v1alpha = reflection(tonic_reflection::server::Builder::configure())
         .build_v1alpha()
         .map_err(|e| ConfigServiceError::Reflection(e.to_string()))?;
-    let service = ConfigServiceServer::new(ConfigServer::new(index, reports, settings.clone(), shutdown.clone()))
-        .max_encoding_message_size(64 << 20);
+    let service = ConfigServiceServer::new(ConfigServer::new(
+        index,
+        reports,
+        settings.clone(),
+        shutdown.clone(),
+    ))
+    .max_encoding_message_size(64 << 20);
     info!(%addr, "config stream serving");
     let stop = async move {
         while !*shutdown.borrow_and_update() {
@@ -343,7 +426,9 @@ pub async fn serve(
                 break;
             }
         }
-        health.set_not_serving::<ConfigServiceServer<ConfigServer>>().await;
+        health
+            .set_not_serving::<ConfigServiceServer<ConfigServer>>()
+            .await;
         info!("config stream draining");
     };
     let result = tonic::transport::Server::builder()
@@ -387,12 +472,31 @@ mod tests {
 
     #[test]
     fn snapshots_split_into_bounded_parts_and_keep_every_lease() {
-        let leases = |n: u32| (0..n).map(|i| (MacAddr([2, 0, 0, 0, (i >> 8) as u8, i as u8]), Ipv4Addr::from(i))).collect::<Vec<_>>();
-        let snap = Snapshot { epoch: "e".into(), revision: 7, pools: vec![(cfg("a"), leases(5)), (cfg("b"), vec![]), (cfg("c"), leases(12))] };
+        let leases = |n: u32| {
+            (0..n)
+                .map(|i| {
+                    (
+                        MacAddr([2, 0, 0, 0, (i >> 8) as u8, i as u8]),
+                        Ipv4Addr::from(i),
+                    )
+                })
+                .collect::<Vec<_>>()
+        };
+        let snap = Snapshot {
+            epoch: "e".into(),
+            revision: 7,
+            pools: vec![
+                (cfg("a"), leases(5)),
+                (cfg("b"), vec![]),
+                (cfg("c"), leases(12)),
+            ],
+        };
         let parts = snapshot_parts(&snap, 4);
         let mut total = 0;
         for (i, p) in parts.iter().enumerate() {
-            let Some(pb::watch_response::Event::Snapshot(s)) = &p.event else { panic!("not a snapshot") };
+            let Some(pb::watch_response::Event::Snapshot(s)) = &p.event else {
+                panic!("not a snapshot")
+            };
             assert_eq!(s.more, i + 1 != parts.len());
             assert_eq!(p.revision, 7);
             let n: usize = s.pools.iter().map(|p| p.leases.len()).sum();
@@ -400,7 +504,11 @@ mod tests {
             total += n;
         }
         assert_eq!(total, 17);
-        let empty = Snapshot { epoch: "e".into(), revision: 0, pools: vec![] };
+        let empty = Snapshot {
+            epoch: "e".into(),
+            revision: 0,
+            pools: vec![],
+        };
         assert_eq!(snapshot_parts(&empty, 4).len(), 1);
     }
 }

@@ -21,6 +21,9 @@ use vmdhcp_core::{MacAddr, NamespacedName};
 
 /// How many revisions of history an index keeps by default for resuming agents.
 pub const DEFAULT_HISTORY: usize = 4096;
+/// How many touched keys (pools + leases, summed over revisions) the history holds at most by
+/// default; a few huge revisions cannot make it grow past this (about 100 MB).
+pub const DEFAULT_HISTORY_KEYS: usize = 1_000_000;
 
 /// One change to the index.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -51,7 +54,9 @@ struct State {
     pools: BTreeMap<NamespacedName, PoolConfig>,
     leases: BTreeMap<NamespacedName, BTreeMap<MacAddr, Ipv4Addr>>,
     history: VecDeque<Touched>,
+    history_keys: usize,
     history_limit: usize,
+    history_keys_limit: usize,
 }
 
 /// Which pools a reader wants; empty means all.
@@ -128,7 +133,16 @@ impl Index {
 
     /// An empty index keeping `history` revisions for resuming readers.
     pub fn with_history(history: usize) -> Self {
-        let nanos = SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_nanos()).unwrap_or_default();
+        Self::with_limits(history, DEFAULT_HISTORY_KEYS)
+    }
+
+    /// An empty index keeping at most `history` revisions and `history_keys` touched keys
+    /// (always at least the latest revision).
+    pub fn with_limits(history: usize, history_keys: usize) -> Self {
+        let nanos = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map(|d| d.as_nanos())
+            .unwrap_or_default();
         let epoch: Arc<str> = format!("{nanos:x}-{:x}", std::process::id()).into();
         Index {
             epoch,
@@ -137,7 +151,9 @@ impl Index {
                 pools: BTreeMap::new(),
                 leases: BTreeMap::new(),
                 history: VecDeque::new(),
+                history_keys: 0,
                 history_limit: history.max(1),
+                history_keys_limit: history_keys,
             }),
             revisions: watch::channel(0).0,
         }
@@ -181,7 +197,9 @@ impl Index {
                         touched.pools.insert(pool.clone());
                     }
                     if let Some(leases) = st.leases.remove(&pool) {
-                        touched.leases.extend(leases.into_keys().map(|mac| (pool.clone(), mac)));
+                        touched
+                            .leases
+                            .extend(leases.into_keys().map(|mac| (pool.clone(), mac)));
                     }
                 }
                 Op::UpsertLease(lease) => {
@@ -191,7 +209,12 @@ impl Index {
                     }
                 }
                 Op::RemoveLease(pool, mac) => {
-                    if st.leases.get_mut(&pool).and_then(|l| l.remove(&mac)).is_some() {
+                    if st
+                        .leases
+                        .get_mut(&pool)
+                        .and_then(|l| l.remove(&mac))
+                        .is_some()
+                    {
                         touched.leases.insert((pool, mac));
                     }
                 }
@@ -216,9 +239,14 @@ impl Index {
         }
         st.revision += 1;
         touched.revision = st.revision;
+        st.history_keys += touched.pools.len() + touched.leases.len();
         st.history.push_back(touched);
-        while st.history.len() > st.history_limit {
-            st.history.pop_front();
+        while st.history.len() > st.history_limit
+            || (st.history.len() > 1 && st.history_keys > st.history_keys_limit)
+        {
+            if let Some(old) = st.history.pop_front() {
+                st.history_keys -= old.pools.len() + old.leases.len();
+            }
         }
         let revision = st.revision;
         drop(st);
@@ -234,11 +262,19 @@ impl Index {
             .iter()
             .filter(|(pool, _)| filter.accepts(pool))
             .map(|(pool, cfg)| {
-                let leases = st.leases.get(pool).map(|l| l.iter().map(|(m, i)| (*m, *i)).collect()).unwrap_or_default();
+                let leases = st
+                    .leases
+                    .get(pool)
+                    .map(|l| l.iter().map(|(m, i)| (*m, *i)).collect())
+                    .unwrap_or_default();
                 (cfg.clone(), leases)
             })
             .collect();
-        Snapshot { epoch: self.epoch.clone(), revision: st.revision, pools }
+        Snapshot {
+            epoch: self.epoch.clone(),
+            revision: st.revision,
+            pools,
+        }
     }
 
     /// What changed since `since` for the pools `filter` accepts, or `None` when the history no
@@ -249,7 +285,11 @@ impl Index {
             return None;
         }
         if since == st.revision {
-            return Some(Changes { base_revision: since, revision: since, ..Changes::default() });
+            return Some(Changes {
+                base_revision: since,
+                revision: since,
+                ..Changes::default()
+            });
         }
         let oldest = st.history.front().map_or(st.revision + 1, |t| t.revision);
         if since + 1 < oldest {
@@ -261,7 +301,11 @@ impl Index {
             pools.extend(t.pools.iter().filter(|p| filter.accepts(p)).cloned());
             leases.extend(t.leases.iter().filter(|(p, _)| filter.accepts(p)).cloned());
         }
-        let mut changes = Changes { base_revision: since, revision: st.revision, ..Changes::default() };
+        let mut changes = Changes {
+            base_revision: since,
+            revision: st.revision,
+            ..Changes::default()
+        };
         for pool in pools {
             match st.pools.get(&pool) {
                 Some(cfg) => changes.upserted_pools.push(cfg.clone()),
@@ -312,45 +356,83 @@ mod tests {
     }
 
     fn lease(p: &str, m: u8, ip: u8) -> Lease {
-        Lease { pool: format!("ns/{p}").parse().unwrap(), mac: MacAddr([2, 0, 0, 0, 0, m]), ip: Ipv4Addr::new(192, 0, 2, ip) }
+        Lease {
+            pool: format!("ns/{p}").parse().unwrap(),
+            mac: MacAddr([2, 0, 0, 0, 0, m]),
+            ip: Ipv4Addr::new(192, 0, 2, ip),
+        }
     }
 
     #[test]
     fn each_effective_change_is_one_revision() {
         let ix = Index::new();
-        assert_eq!(ix.apply([Op::UpsertPool(pool("a")), Op::UpsertLease(lease("a", 1, 10))]), Some(1));
-        assert_eq!(ix.apply([Op::UpsertPool(pool("a"))]), None, "no-op makes no revision");
+        assert_eq!(
+            ix.apply([
+                Op::UpsertPool(pool("a")),
+                Op::UpsertLease(lease("a", 1, 10))
+            ]),
+            Some(1)
+        );
+        assert_eq!(
+            ix.apply([Op::UpsertPool(pool("a"))]),
+            None,
+            "no-op makes no revision"
+        );
         assert_eq!(ix.apply([Op::UpsertLease(lease("a", 1, 10))]), None);
         assert_eq!(ix.apply([Op::UpsertLease(lease("a", 1, 11))]), Some(2));
         assert_eq!(*ix.subscribe().borrow(), 2);
         let snap = ix.snapshot(&PoolFilter::all());
         assert_eq!(snap.revision, 2);
-        assert_eq!(snap.pools[0].1, [(MacAddr([2, 0, 0, 0, 0, 1]), Ipv4Addr::new(192, 0, 2, 11))]);
+        assert_eq!(
+            snap.pools[0].1,
+            [(MacAddr([2, 0, 0, 0, 0, 1]), Ipv4Addr::new(192, 0, 2, 11))]
+        );
     }
 
     #[test]
     fn changes_are_the_latest_state_of_touched_keys() {
         let ix = Index::new();
         ix.apply([Op::UpsertPool(pool("a")), Op::UpsertPool(pool("b"))]);
-        ix.apply([Op::UpsertLease(lease("a", 1, 10)), Op::UpsertLease(lease("b", 2, 20))]);
+        ix.apply([
+            Op::UpsertLease(lease("a", 1, 10)),
+            Op::UpsertLease(lease("b", 2, 20)),
+        ]);
         let r2 = ix.revision();
         ix.apply([Op::UpsertLease(lease("a", 1, 11))]);
-        ix.apply([Op::UpsertLease(lease("a", 1, 12)), Op::UpsertLease(lease("a", 3, 13))]);
-        ix.apply([Op::RemoveLease("ns/a".parse().unwrap(), MacAddr([2, 0, 0, 0, 0, 3]))]);
+        ix.apply([
+            Op::UpsertLease(lease("a", 1, 12)),
+            Op::UpsertLease(lease("a", 3, 13)),
+        ]);
+        ix.apply([Op::RemoveLease(
+            "ns/a".parse().unwrap(),
+            MacAddr([2, 0, 0, 0, 0, 3]),
+        )]);
         ix.apply([Op::RemovePool("ns/b".parse().unwrap())]);
         let c = ix.changes_since(r2, &PoolFilter::all()).unwrap();
         assert_eq!((c.base_revision, c.revision), (r2, ix.revision()));
         assert_eq!(c.upserted_leases, [lease("a", 1, 12)]);
-        assert_eq!(c.removed_leases, [("ns/a".parse().unwrap(), MacAddr([2, 0, 0, 0, 0, 3]))]);
+        assert_eq!(
+            c.removed_leases,
+            [("ns/a".parse().unwrap(), MacAddr([2, 0, 0, 0, 0, 3]))]
+        );
         assert_eq!(c.removed_pools, ["ns/b".parse::<NamespacedName>().unwrap()]);
         assert!(c.upserted_pools.is_empty());
         // Filtered to pool b only: just its removal.
-        let c = ix.changes_since(r2, &PoolFilter::only(["ns/b".parse().unwrap()])).unwrap();
+        let c = ix
+            .changes_since(r2, &PoolFilter::only(["ns/b".parse().unwrap()]))
+            .unwrap();
         assert_eq!(c.removed_pools.len(), 1);
         assert!(c.upserted_leases.is_empty() && c.removed_leases.is_empty());
         // Up to date: empty changes.
-        assert!(ix.changes_since(ix.revision(), &PoolFilter::all()).unwrap().is_empty());
-        assert!(ix.changes_since(ix.revision() + 1, &PoolFilter::all()).is_none());
+        assert!(
+            ix.changes_since(ix.revision(), &PoolFilter::all())
+                .unwrap()
+                .is_empty()
+        );
+        assert!(
+            ix.changes_since(ix.revision() + 1, &PoolFilter::all())
+                .is_none()
+        );
     }
 
     #[test]
@@ -362,20 +444,56 @@ mod tests {
         }
         assert_eq!(ix.history_len(), 8);
         assert!(ix.changes_since(0, &PoolFilter::all()).is_none());
-        assert!(ix.changes_since(ix.revision() - 9, &PoolFilter::all()).is_none());
-        let c = ix.changes_since(ix.revision() - 8, &PoolFilter::all()).unwrap();
+        assert!(
+            ix.changes_since(ix.revision() - 9, &PoolFilter::all())
+                .is_none()
+        );
+        let c = ix
+            .changes_since(ix.revision() - 8, &PoolFilter::all())
+            .unwrap();
         assert_eq!(c.upserted_leases, [lease("a", 1, 99)]);
+    }
+
+    #[test]
+    fn history_is_bounded_in_keys_too() {
+        let ix = Index::with_limits(1000, 50);
+        ix.apply([Op::UpsertPool(pool("a"))]);
+        for round in 0..10u8 {
+            ix.apply((0..20u8).map(|m| Op::UpsertLease(lease("a", m, round))));
+        }
+        assert_eq!(ix.history_len(), 2, "40 keys fit, 60 do not");
+        assert!(
+            ix.changes_since(ix.revision() - 2, &PoolFilter::all())
+                .is_some()
+        );
+        assert!(
+            ix.changes_since(ix.revision() - 3, &PoolFilter::all())
+                .is_none()
+        );
+        let huge = Index::with_limits(1000, 5);
+        huge.apply((0..20u8).map(|m| Op::UpsertLease(lease("a", m, 1))));
+        assert_eq!(huge.history_len(), 1, "the latest revision is always kept");
     }
 
     #[test]
     fn replace_leases_touches_only_differences() {
         let ix = Index::new();
-        ix.apply([Op::UpsertPool(pool("a")), Op::UpsertLease(lease("a", 1, 10)), Op::UpsertLease(lease("a", 2, 20))]);
+        ix.apply([
+            Op::UpsertPool(pool("a")),
+            Op::UpsertLease(lease("a", 1, 10)),
+            Op::UpsertLease(lease("a", 2, 20)),
+        ]);
         let r = ix.revision();
-        let new = BTreeMap::from([(MacAddr([2, 0, 0, 0, 0, 1]), Ipv4Addr::new(192, 0, 2, 10)), (MacAddr([2, 0, 0, 0, 0, 4]), Ipv4Addr::new(192, 0, 2, 40))]);
+        let new = BTreeMap::from([
+            (MacAddr([2, 0, 0, 0, 0, 1]), Ipv4Addr::new(192, 0, 2, 10)),
+            (MacAddr([2, 0, 0, 0, 0, 4]), Ipv4Addr::new(192, 0, 2, 40)),
+        ]);
         ix.apply([Op::ReplaceLeases("ns/a".parse().unwrap(), new)]);
         let c = ix.changes_since(r, &PoolFilter::all()).unwrap();
         assert_eq!(c.upserted_leases, [lease("a", 4, 40)]);
-        assert_eq!(c.removed_leases, [("ns/a".parse().unwrap(), MacAddr([2, 0, 0, 0, 0, 2]))]);
+        assert_eq!(
+            c.removed_leases,
+            [("ns/a".parse().unwrap(), MacAddr([2, 0, 0, 0, 0, 2]))]
+        );
     }
 }

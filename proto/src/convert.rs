@@ -26,20 +26,40 @@ pub struct ConvertError {
     pub reason: String,
 }
 
-fn err(message: &'static str, field: &'static str, value: &str, reason: impl Into<String>) -> ConvertError {
-    ConvertError { message, field, value: value.to_owned(), reason: reason.into() }
+fn err(
+    message: &'static str,
+    field: &'static str,
+    value: &str,
+    reason: impl Into<String>,
+) -> ConvertError {
+    ConvertError {
+        message,
+        field,
+        value: value.to_owned(),
+        reason: reason.into(),
+    }
 }
 
-fn reference(message: &'static str, field: &'static str, value: &str) -> Result<NamespacedName, ConvertError> {
-    value.parse().map_err(|e| err(message, field, value, format!("{e}")))
+fn reference(
+    message: &'static str,
+    field: &'static str,
+    value: &str,
+) -> Result<NamespacedName, ConvertError> {
+    value
+        .parse()
+        .map_err(|e| err(message, field, value, format!("{e}")))
 }
 
 fn ipv4(message: &'static str, field: &'static str, value: &str) -> Result<Ipv4Addr, ConvertError> {
-    value.parse().map_err(|_| err(message, field, value, "is not an IPv4 address"))
+    value
+        .parse()
+        .map_err(|_| err(message, field, value, "is not an IPv4 address"))
 }
 
 fn mac(message: &'static str, field: &'static str, value: &str) -> Result<MacAddr, ConvertError> {
-    value.parse().map_err(|e| err(message, field, value, format!("{e}")))
+    value
+        .parse()
+        .map_err(|e| err(message, field, value, format!("{e}")))
 }
 
 impl From<&PoolConfig> for pb::PoolConfig {
@@ -67,19 +87,36 @@ impl TryFrom<&pb::PoolConfig> for PoolConfig {
         const M: &str = "PoolConfig";
         let pool = reference(M, "pool_ref", &p.pool_ref)?;
         let network = reference(M, "network_name", &p.network_name)?;
-        ifname::validate(&p.interface_name).map_err(|e| err(M, "interface_name", &p.interface_name, e.to_string()))?;
+        ifname::validate(&p.interface_name)
+            .map_err(|e| err(M, "interface_name", &p.interface_name, e.to_string()))?;
         let server_ip = ipv4(M, "server_ip", &p.server_ip)?;
-        let cidr: Ipv4Net = p.cidr.parse().map_err(|_| err(M, "cidr", &p.cidr, "is not an IPv4 CIDR"))?;
+        let cidr: Ipv4Net = p
+            .cidr
+            .parse()
+            .map_err(|_| err(M, "cidr", &p.cidr, "is not an IPv4 CIDR"))?;
         let subnet = cidr.trunc();
         if !is_host_of(subnet, server_ip) {
-            return Err(err(M, "server_ip", &p.server_ip, format!("is not a host address of {subnet}")));
+            return Err(err(
+                M,
+                "server_ip",
+                &p.server_ip,
+                format!("is not a host address of {subnet}"),
+            ));
         }
         let router = match p.router.as_str() {
             "" => None,
             r => Some(ipv4(M, "router", r)?),
         };
-        let dns = p.dns.iter().map(|d| ipv4(M, "dns", d)).collect::<Result<Vec<_>, _>>()?;
-        let lease_seconds = if p.lease_time_seconds == 0 { DEFAULT_LEASE_SECONDS } else { p.lease_time_seconds };
+        let dns = p
+            .dns
+            .iter()
+            .map(|d| ipv4(M, "dns", d))
+            .collect::<Result<Vec<_>, _>>()?;
+        let lease_seconds = if p.lease_time_seconds == 0 {
+            DEFAULT_LEASE_SECONDS
+        } else {
+            p.lease_time_seconds
+        };
         Ok(PoolConfig {
             pool,
             network,
@@ -98,7 +135,11 @@ impl TryFrom<&pb::PoolConfig> for PoolConfig {
 
 impl From<&Lease> for pb::Lease {
     fn from(l: &Lease) -> Self {
-        pb::Lease { pool_ref: l.pool.to_string(), mac_address: l.mac.to_string(), ip_address: l.ip.to_string() }
+        pb::Lease {
+            pool_ref: l.pool.to_string(),
+            mac_address: l.mac.to_string(),
+            ip_address: l.ip.to_string(),
+        }
     }
 }
 
@@ -118,13 +159,20 @@ impl TryFrom<&pb::Lease> for Lease {
 /// A lease of `pool` from a snapshot entry.
 pub fn lease_from_entry(pool: &NamespacedName, e: &pb::LeaseEntry) -> Result<Lease, ConvertError> {
     const M: &str = "LeaseEntry";
-    Ok(Lease { pool: pool.clone(), mac: mac(M, "mac_address", &e.mac_address)?, ip: ipv4(M, "ip_address", &e.ip_address)? })
+    Ok(Lease {
+        pool: pool.clone(),
+        mac: mac(M, "mac_address", &e.mac_address)?,
+        ip: ipv4(M, "ip_address", &e.ip_address)?,
+    })
 }
 
 /// The identity of a lease to withdraw.
 pub fn lease_key(k: &pb::LeaseKey) -> Result<(NamespacedName, MacAddr), ConvertError> {
     const M: &str = "LeaseKey";
-    Ok((reference(M, "pool_ref", &k.pool_ref)?, mac(M, "mac_address", &k.mac_address)?))
+    Ok((
+        reference(M, "pool_ref", &k.pool_ref)?,
+        mac(M, "mac_address", &k.mac_address)?,
+    ))
 }
 
 /// A pool reference from a list of removed pools.
@@ -156,21 +204,43 @@ mod tests {
     fn pool_config_round_trips() {
         let c = config();
         assert_eq!(PoolConfig::try_from(&pb::PoolConfig::from(&c)).unwrap(), c);
-        let bare = PoolConfig { router: None, dns: vec![], domain_name: None, domain_search: vec![], ntp: vec![], ..config() };
-        assert_eq!(PoolConfig::try_from(&pb::PoolConfig::from(&bare)).unwrap(), bare);
+        let bare = PoolConfig {
+            router: None,
+            dns: vec![],
+            domain_name: None,
+            domain_search: vec![],
+            ntp: vec![],
+            ..config()
+        };
+        assert_eq!(
+            PoolConfig::try_from(&pb::PoolConfig::from(&bare)).unwrap(),
+            bare
+        );
     }
 
     #[test]
     fn invalid_values_are_named() {
         type Mutation = fn(&mut pb::PoolConfig);
         let cases: [(Mutation, &str); 7] = [
-            (|p| p.pool_ref = "nope".into(), "PoolConfig.pool_ref = \"nope\""),
-            (|p| p.server_ip = "999.1.1.1".into(), "PoolConfig.server_ip = \"999.1.1.1\""),
-            (|p| p.server_ip = "10.0.0.1".into(), "is not a host address of 192.168.48.0/24"),
+            (
+                |p| p.pool_ref = "nope".into(),
+                "PoolConfig.pool_ref = \"nope\"",
+            ),
+            (
+                |p| p.server_ip = "999.1.1.1".into(),
+                "PoolConfig.server_ip = \"999.1.1.1\"",
+            ),
+            (
+                |p| p.server_ip = "10.0.0.1".into(),
+                "is not a host address of 192.168.48.0/24",
+            ),
             (|p| p.cidr = "192.168.48.0/40".into(), "PoolConfig.cidr"),
             (|p| p.router = "x".into(), "PoolConfig.router"),
             (|p| p.dns = vec!["1.1.1".into()], "PoolConfig.dns"),
-            (|p| p.interface_name = "a/b".into(), "PoolConfig.interface_name"),
+            (
+                |p| p.interface_name = "a/b".into(),
+                "PoolConfig.interface_name",
+            ),
         ];
         for (mutate, want) in cases {
             let mut p = pb::PoolConfig::from(&config());
@@ -178,7 +248,16 @@ mod tests {
             let e = PoolConfig::try_from(&p).unwrap_err().to_string();
             assert!(e.contains(want), "{e}");
         }
-        let bad = pb::Lease { pool_ref: "a/b".into(), mac_address: "zz".into(), ip_address: "1.2.3.4".into() };
-        assert!(Lease::try_from(&bad).unwrap_err().to_string().contains("Lease.mac_address"));
+        let bad = pb::Lease {
+            pool_ref: "a/b".into(),
+            mac_address: "zz".into(),
+            ip_address: "1.2.3.4".into(),
+        };
+        assert!(
+            Lease::try_from(&bad)
+                .unwrap_err()
+                .to_string()
+                .contains("Lease.mac_address")
+        );
     }
 }

@@ -16,4 +16,5 @@ pub mod agent {
 }
 
 /// The encoded `FileDescriptorSet` of every .proto in this crate, for gRPC reflection.
-pub const FILE_DESCRIPTOR_SET: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/vmdhcp_descriptor.bin"));
+pub const FILE_DESCRIPTOR_SET: &[u8] =
+    include_bytes!(concat!(env!("OUT_DIR"), "/vmdhcp_descriptor.bin"));

@@ -1,0 +1,783 @@
+//! The agent's side of the config stream: connect to a controller, apply a snapshot then deltas
+//! in order, and keep the last good state through any disconnect.
+//!
+//! [`AppliedState`] is what the agent has applied: every pool it serves with its leases, at one
+//! epoch and revision. [`Applier`] turns wire messages into it and is the only place that
+//! decides whether a message is acceptable: every field is converted and every ordering rule
+//! checked *before* anything changes, so a malformed or out-of-order message changes nothing.
+//! [`run`] owns the connection: it resumes by epoch and revision, reconnects with jittered
+//! exponential backoff, asks for a fresh snapshot after rejecting a message, and treats a stream
+//! that stays silent past the idle timeout (heartbeats stopped) as dead.
+//!
+//! Applied changes are handed to a [`ConfigSink`] (the lease table, in the agent).
+
+use std::collections::BTreeMap;
+use std::collections::hash_map::RandomState;
+use std::hash::{BuildHasher, Hasher};
+use std::net::Ipv4Addr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::sync::watch;
+use tonic::transport::Endpoint;
+use tracing::{Instrument, debug, info, info_span, warn};
+use vmdhcp_core::pool::{Lease, PoolConfig};
+use vmdhcp_core::{MacAddr, NamespacedName};
+use vmdhcp_proto::agent::v1 as pb;
+use vmdhcp_proto::agent::v1::config_service_client::ConfigServiceClient;
+use vmdhcp_proto::convert::{ConvertError, lease_from_entry, lease_key, removed_pool};
+
+/// Why a message was rejected or the stream failed.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum StreamError {
+    /// A field holds a value the domain model cannot take.
+    #[error("invalid message: {0}")]
+    Invalid(#[from] ConvertError),
+    /// A message that does not follow from the applied state.
+    #[error("out-of-order message: {0}")]
+    OutOfOrder(String),
+    /// A message with no event.
+    #[error("message at revision {0} carries no event")]
+    Empty(u64),
+    /// The transport failed or the server ended the stream with an error.
+    #[error("stream to {endpoint} failed: {reason}")]
+    Transport {
+        /// The controller address.
+        endpoint: String,
+        /// What happened.
+        reason: String,
+    },
+    /// Nothing arrived for longer than the idle timeout.
+    #[error("no message from {endpoint} for {seconds} s; assuming the stream is dead")]
+    Idle {
+        /// The controller address.
+        endpoint: String,
+        /// The idle timeout.
+        seconds: u64,
+    },
+}
+
+/// One pool as the agent serves it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PoolState {
+    /// Its configuration.
+    pub config: PoolConfig,
+    /// Its reservations.
+    pub leases: BTreeMap<MacAddr, Ipv4Addr>,
+}
+
+/// Everything applied from the stream, at one epoch and revision.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct AppliedState {
+    /// The controller epoch; empty before the first snapshot.
+    pub epoch: String,
+    /// The last revision applied completely.
+    pub revision: u64,
+    /// The pools served, with their leases.
+    pub pools: BTreeMap<NamespacedName, PoolState>,
+}
+
+impl AppliedState {
+    /// Number of leases over all pools.
+    pub fn lease_count(&self) -> usize {
+        self.pools.values().map(|p| p.leases.len()).sum()
+    }
+}
+
+/// A validated delta, as applied.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct AppliedDelta {
+    /// The revision it was applied on.
+    pub base_revision: u64,
+    /// The revision it brought the state to.
+    pub revision: u64,
+    /// Pools added or changed.
+    pub upserted_pools: Vec<PoolConfig>,
+    /// Pools removed (with their leases).
+    pub removed_pools: Vec<NamespacedName>,
+    /// Leases added or changed.
+    pub upserted_leases: Vec<Lease>,
+    /// Leases withdrawn.
+    pub removed_leases: Vec<(NamespacedName, MacAddr)>,
+}
+
+/// What applying one message did.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Applied {
+    /// A complete snapshot replaced the state.
+    Snapshot,
+    /// Part of a snapshot was buffered; the state is unchanged until the last part.
+    SnapshotPart,
+    /// A delta was applied.
+    Delta(AppliedDelta),
+    /// A heartbeat confirmed the state.
+    Heartbeat,
+}
+
+/// Receives what the stream applies; the agent's lease table implements it.
+pub trait ConfigSink: Send + Sync {
+    /// The state was replaced by a snapshot.
+    fn snapshot(&self, state: &AppliedState);
+    /// A delta was applied; `state` is the result.
+    fn delta(&self, delta: &AppliedDelta, state: &AppliedState);
+}
+
+/// Publishes each new state on a watch channel (clones the state; for tests and small setups).
+impl ConfigSink for watch::Sender<Arc<AppliedState>> {
+    fn snapshot(&self, state: &AppliedState) {
+        self.send_replace(Arc::new(state.clone()));
+    }
+
+    fn delta(&self, _: &AppliedDelta, state: &AppliedState) {
+        self.send_replace(Arc::new(state.clone()));
+    }
+}
+
+/// Applies wire messages to an [`AppliedState`], validating everything first.
+#[derive(Debug, Default)]
+pub struct Applier {
+    state: AppliedState,
+    /// A snapshot being received in parts: (epoch, revision, pools so far).
+    partial: Option<(String, u64, BTreeMap<NamespacedName, PoolState>)>,
+}
+
+impl Applier {
+    /// An applier starting from `state` (e.g. restored after a restart).
+    pub fn new(state: AppliedState) -> Self {
+        Applier {
+            state,
+            partial: None,
+        }
+    }
+
+    /// The applied state.
+    pub fn state(&self) -> &AppliedState {
+        &self.state
+    }
+
+    /// Drops a half-received snapshot (the stream broke in the middle of it).
+    pub fn abandon_partial(&mut self) {
+        self.partial = None;
+    }
+
+    /// Applies one message, or rejects it and changes nothing.
+    pub fn apply(&mut self, msg: &pb::WatchResponse) -> Result<Applied, StreamError> {
+        let out_of_order = |what: String| Err(StreamError::OutOfOrder(what));
+        let Some(event) = &msg.event else {
+            return Err(StreamError::Empty(msg.revision));
+        };
+        if let Some((epoch, revision, _)) = &self.partial
+            && (!matches!(event, pb::watch_response::Event::Snapshot(_))
+                || *epoch != msg.epoch
+                || *revision != msg.revision)
+        {
+            let (epoch, revision) = (epoch.clone(), *revision);
+            self.partial = None;
+            return out_of_order(format!(
+                "snapshot {epoch}@{revision} was interrupted by a message for {}@{}",
+                msg.epoch, msg.revision
+            ));
+        }
+        match event {
+            pb::watch_response::Event::Snapshot(snap) => {
+                let mut pools = match self.partial.take() {
+                    Some((_, _, pools)) => pools,
+                    None => BTreeMap::new(),
+                };
+                for part in &snap.pools {
+                    let config = part.config.as_ref().ok_or_else(|| {
+                        StreamError::Invalid(ConvertError {
+                            message: "PoolSnapshot",
+                            field: "config",
+                            value: String::new(),
+                            reason: "is required".into(),
+                        })
+                    })?;
+                    let config = PoolConfig::try_from(config)?;
+                    let leases = part
+                        .leases
+                        .iter()
+                        .map(|e| lease_from_entry(&config.pool, e).map(|l| (l.mac, l.ip)))
+                        .collect::<Result<Vec<_>, _>>()?;
+                    let entry = pools
+                        .entry(config.pool.clone())
+                        .or_insert_with(|| PoolState {
+                            config: config.clone(),
+                            leases: BTreeMap::new(),
+                        });
+                    entry.config = config;
+                    entry.leases.extend(leases);
+                }
+                if snap.more {
+                    self.partial = Some((msg.epoch.clone(), msg.revision, pools));
+                    return Ok(Applied::SnapshotPart);
+                }
+                self.state = AppliedState {
+                    epoch: msg.epoch.clone(),
+                    revision: msg.revision,
+                    pools,
+                };
+                Ok(Applied::Snapshot)
+            }
+            pb::watch_response::Event::Delta(d) => {
+                if self.state.epoch.is_empty() {
+                    return out_of_order(format!(
+                        "delta to revision {} before any snapshot",
+                        msg.revision
+                    ));
+                }
+                if msg.epoch != self.state.epoch {
+                    return out_of_order(format!(
+                        "delta of epoch {} on state of epoch {}",
+                        msg.epoch, self.state.epoch
+                    ));
+                }
+                if d.base_revision != self.state.revision || msg.revision <= d.base_revision {
+                    return out_of_order(format!(
+                        "delta {}→{} on state at revision {}",
+                        d.base_revision, msg.revision, self.state.revision
+                    ));
+                }
+                let delta = AppliedDelta {
+                    base_revision: d.base_revision,
+                    revision: msg.revision,
+                    upserted_pools: d
+                        .upserted_pools
+                        .iter()
+                        .map(PoolConfig::try_from)
+                        .collect::<Result<_, _>>()?,
+                    removed_pools: d
+                        .removed_pools
+                        .iter()
+                        .map(|p| removed_pool(p))
+                        .collect::<Result<_, _>>()?,
+                    upserted_leases: d
+                        .upserted_leases
+                        .iter()
+                        .map(Lease::try_from)
+                        .collect::<Result<_, _>>()?,
+                    removed_leases: d
+                        .removed_leases
+                        .iter()
+                        .map(lease_key)
+                        .collect::<Result<_, _>>()?,
+                };
+                for lease in &delta.upserted_leases {
+                    let known = self.state.pools.contains_key(&lease.pool)
+                        || delta.upserted_pools.iter().any(|p| p.pool == lease.pool);
+                    if !known || delta.removed_pools.contains(&lease.pool) {
+                        return out_of_order(format!(
+                            "lease {} {} on pool {} that is not served",
+                            lease.mac, lease.ip, lease.pool
+                        ));
+                    }
+                }
+                // Everything is valid: apply.
+                let st = &mut self.state;
+                for pool in &delta.removed_pools {
+                    st.pools.remove(pool);
+                }
+                for config in &delta.upserted_pools {
+                    st.pools
+                        .entry(config.pool.clone())
+                        .and_modify(|p| p.config = config.clone())
+                        .or_insert_with(|| PoolState {
+                            config: config.clone(),
+                            leases: BTreeMap::new(),
+                        });
+                }
+                for lease in &delta.upserted_leases {
+                    if let Some(p) = st.pools.get_mut(&lease.pool) {
+                        p.leases.insert(lease.mac, lease.ip);
+                    }
+                }
+                for (pool, mac) in &delta.removed_leases {
+                    if let Some(p) = st.pools.get_mut(pool) {
+                        p.leases.remove(mac);
+                    }
+                }
+                st.revision = delta.revision;
+                Ok(Applied::Delta(delta))
+            }
+            pb::watch_response::Event::Heartbeat(_) => {
+                if msg.epoch != self.state.epoch || msg.revision != self.state.revision {
+                    return out_of_order(format!(
+                        "heartbeat at {}@{} but the state is at {}@{}",
+                        msg.epoch, msg.revision, self.state.epoch, self.state.revision
+                    ));
+                }
+                Ok(Applied::Heartbeat)
+            }
+        }
+    }
+}
+
+/// Where the stream stands, for `/readyz` and `/metrics`.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct ConnectionStatus {
+    /// Whether a stream is open and has delivered its first message.
+    pub connected: bool,
+    /// Epoch of the applied state.
+    pub epoch: String,
+    /// Last revision applied completely.
+    pub revision: u64,
+    /// Whether a state has been applied at all (from a snapshot).
+    pub synced: bool,
+    /// Streams opened so far.
+    pub connects: u64,
+    /// Messages rejected so far.
+    pub rejected: u64,
+    /// The last error, if any.
+    pub last_error: Option<String>,
+}
+
+/// How to reach the controller and how patiently.
+#[derive(Clone, Debug)]
+pub struct ClientSettings {
+    /// The controller's gRPC address, e.g. `http://vm-dhcp-controller:9090`.
+    pub endpoint: String,
+    /// Who we are.
+    pub agent: pb::AgentIdentity,
+    /// The pools we serve (empty: all).
+    pub pool_refs: Vec<NamespacedName>,
+    /// Time allowed to establish a connection.
+    pub connect_timeout: Duration,
+    /// First reconnect delay; doubles per failure up to `backoff_max`, with full jitter.
+    pub backoff_min: Duration,
+    /// Largest reconnect delay.
+    pub backoff_max: Duration,
+    /// Silence (no message, not even a heartbeat) after which the stream is considered dead.
+    pub idle_timeout: Duration,
+}
+
+impl ClientSettings {
+    /// Defaults suited to a server heartbeat of 10 s.
+    pub fn new(endpoint: impl Into<String>, agent: pb::AgentIdentity) -> Self {
+        ClientSettings {
+            endpoint: endpoint.into(),
+            agent,
+            pool_refs: Vec::new(),
+            connect_timeout: Duration::from_secs(5),
+            backoff_min: Duration::from_millis(200),
+            backoff_max: Duration::from_secs(30),
+            idle_timeout: Duration::from_secs(35),
+        }
+    }
+}
+
+/// The delay before reconnect attempt `attempt` (0-based): uniformly random in
+/// `[min, min(max, min·2^attempt)]`, so a fleet does not reconnect in lockstep.
+pub fn backoff(settings: &ClientSettings, attempt: u32) -> Duration {
+    let ceiling = settings
+        .backoff_min
+        .saturating_mul(1u32.checked_shl(attempt.min(20)).unwrap_or(u32::MAX))
+        .min(settings.backoff_max)
+        .max(settings.backoff_min);
+    let span = (ceiling - settings.backoff_min).as_millis() as u64;
+    let mut hasher = RandomState::new().build_hasher();
+    hasher.write_u32(attempt);
+    let jitter = if span == 0 {
+        0
+    } else {
+        hasher.finish() % (span + 1)
+    };
+    settings.backoff_min + Duration::from_millis(jitter)
+}
+
+/// Runs the stream until `shutdown` turns true: connects, applies, hands changes to `sink`,
+/// publishes [`ConnectionStatus`], and reconnects after any failure. The state survives every
+/// disconnect; it is only ever replaced by a complete, valid snapshot.
+pub async fn run(
+    settings: ClientSettings,
+    mut applier: Applier,
+    sink: Arc<dyn ConfigSink>,
+    status: watch::Sender<ConnectionStatus>,
+    mut shutdown: watch::Receiver<bool>,
+) -> Applier {
+    let mut attempt = 0u32;
+    let mut resync = false;
+    loop {
+        if *shutdown.borrow() {
+            return applier;
+        }
+        let span = info_span!("config_stream", endpoint = %settings.endpoint, attempt);
+        let outcome = session(
+            &settings,
+            &mut applier,
+            &*sink,
+            &status,
+            &mut shutdown,
+            resync,
+        )
+        .instrument(span)
+        .await;
+        applier.abandon_partial();
+        status.send_modify(|s| s.connected = false);
+        match outcome {
+            Ok(true) => return applier,
+            Ok(false) => {
+                info!(endpoint = %settings.endpoint, "controller ended the stream; reconnecting");
+                attempt = 0;
+                resync = false;
+            }
+            Err(
+                e @ (StreamError::Invalid(_) | StreamError::OutOfOrder(_) | StreamError::Empty(_)),
+            ) => {
+                warn!(error = %e, revision = applier.state().revision, "rejected a message; keeping the applied state and asking for a snapshot");
+                status.send_modify(|s| {
+                    s.rejected += 1;
+                    s.last_error = Some(e.to_string());
+                });
+                resync = true;
+                attempt = 0;
+            }
+            Err(e) => {
+                warn!(error = %e, "config stream lost; serving the last applied state");
+                status.send_modify(|s| s.last_error = Some(e.to_string()));
+                attempt = attempt.saturating_add(1);
+            }
+        }
+        let delay = backoff(&settings, attempt);
+        debug!(?delay, "reconnecting after backoff");
+        tokio::select! {
+            () = tokio::time::sleep(delay) => {}
+            _ = shutdown.changed() => {}
+        }
+    }
+}
+
+/// One stream. `Ok(true)` on shutdown, `Ok(false)` when the server ended it cleanly.
+async fn session(
+    settings: &ClientSettings,
+    applier: &mut Applier,
+    sink: &dyn ConfigSink,
+    status: &watch::Sender<ConnectionStatus>,
+    shutdown: &mut watch::Receiver<bool>,
+    resync: bool,
+) -> Result<bool, StreamError> {
+    let transport = |reason: String| StreamError::Transport {
+        endpoint: settings.endpoint.clone(),
+        reason,
+    };
+    let endpoint = Endpoint::from_shared(settings.endpoint.clone())
+        .map_err(|e| transport(e.to_string()))?
+        .connect_timeout(settings.connect_timeout)
+        .http2_keep_alive_interval(Duration::from_secs(10))
+        .keep_alive_timeout(Duration::from_secs(5))
+        .keep_alive_while_idle(true);
+    let channel = endpoint
+        .connect()
+        .await
+        .map_err(|e| transport(format!("connect: {e}")))?;
+    let mut client = ConfigServiceClient::new(channel).max_decoding_message_size(64 << 20);
+    let (epoch, revision) = if resync || applier.state().epoch.is_empty() {
+        (String::new(), 0)
+    } else {
+        (applier.state().epoch.clone(), applier.state().revision)
+    };
+    let request = pb::WatchRequest {
+        agent: Some(settings.agent.clone()),
+        epoch,
+        revision,
+        pool_refs: settings.pool_refs.iter().map(ToString::to_string).collect(),
+    };
+    let mut stream = client
+        .watch(request)
+        .await
+        .map_err(|s| transport(format!("watch: {s}")))?
+        .into_inner();
+    status.send_modify(|s| s.connects += 1);
+    loop {
+        let next = tokio::select! {
+            next = tokio::time::timeout(settings.idle_timeout, stream.message()) => next,
+            _ = shutdown.changed() => return Ok(true),
+        };
+        let msg = match next {
+            Err(_) => {
+                return Err(StreamError::Idle {
+                    endpoint: settings.endpoint.clone(),
+                    seconds: settings.idle_timeout.as_secs(),
+                });
+            }
+            Ok(Err(s)) => return Err(transport(s.to_string())),
+            Ok(Ok(None)) => return Ok(false),
+            Ok(Ok(Some(msg))) => msg,
+        };
+        match applier.apply(&msg)? {
+            Applied::Snapshot => {
+                let st = applier.state();
+                info!(epoch = %st.epoch, revision = st.revision, pools = st.pools.len(), leases = st.lease_count(), "applied snapshot");
+                sink.snapshot(st);
+            }
+            Applied::Delta(d) => {
+                debug!(
+                    revision = d.revision,
+                    pools = d.upserted_pools.len() + d.removed_pools.len(),
+                    leases = d.upserted_leases.len() + d.removed_leases.len(),
+                    "applied delta"
+                );
+                sink.delta(&d, applier.state());
+            }
+            Applied::SnapshotPart | Applied::Heartbeat => {}
+        }
+        let st = applier.state();
+        status.send_modify(|s| {
+            s.connected = true;
+            s.epoch.clone_from(&st.epoch);
+            s.revision = st.revision;
+            s.synced = !st.epoch.is_empty();
+        });
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn cfg(name: &str) -> pb::PoolConfig {
+        pb::PoolConfig {
+            pool_ref: format!("ns/{name}"),
+            network_name: format!("ns/{name}"),
+            interface_name: "eth1".into(),
+            server_ip: "192.0.2.1".into(),
+            cidr: "192.0.2.0/24".into(),
+            lease_time_seconds: 60,
+            ..Default::default()
+        }
+    }
+
+    fn msg(epoch: &str, revision: u64, event: pb::watch_response::Event) -> pb::WatchResponse {
+        pb::WatchResponse {
+            epoch: epoch.into(),
+            revision,
+            event: Some(event),
+        }
+    }
+
+    fn snapshot(
+        epoch: &str,
+        revision: u64,
+        more: bool,
+        pools: Vec<(pb::PoolConfig, Vec<(&str, &str)>)>,
+    ) -> pb::WatchResponse {
+        let pools = pools
+            .into_iter()
+            .map(|(c, l)| pb::PoolSnapshot {
+                config: Some(c),
+                leases: l
+                    .into_iter()
+                    .map(|(m, i)| pb::LeaseEntry {
+                        mac_address: m.into(),
+                        ip_address: i.into(),
+                    })
+                    .collect(),
+            })
+            .collect();
+        msg(
+            epoch,
+            revision,
+            pb::watch_response::Event::Snapshot(pb::Snapshot { pools, more }),
+        )
+    }
+
+    fn delta(
+        epoch: &str,
+        base: u64,
+        revision: u64,
+        leases: Vec<(&str, &str, &str)>,
+    ) -> pb::WatchResponse {
+        let upserted_leases = leases
+            .into_iter()
+            .map(|(p, m, i)| pb::Lease {
+                pool_ref: p.into(),
+                mac_address: m.into(),
+                ip_address: i.into(),
+            })
+            .collect();
+        msg(
+            epoch,
+            revision,
+            pb::watch_response::Event::Delta(pb::Delta {
+                base_revision: base,
+                upserted_leases,
+                ..Default::default()
+            }),
+        )
+    }
+
+    fn heartbeat(epoch: &str, revision: u64) -> pb::WatchResponse {
+        msg(
+            epoch,
+            revision,
+            pb::watch_response::Event::Heartbeat(pb::Heartbeat { sent_unix_ms: 1 }),
+        )
+    }
+
+    fn applied() -> Applier {
+        let mut a = Applier::default();
+        a.apply(&snapshot(
+            "e1",
+            5,
+            false,
+            vec![(cfg("a"), vec![("02:00:00:00:00:01", "192.0.2.10")])],
+        ))
+        .unwrap();
+        a
+    }
+
+    #[test]
+    fn snapshot_then_deltas_in_order() {
+        let mut a = applied();
+        assert_eq!(a.state().revision, 5);
+        assert_eq!(a.state().lease_count(), 1);
+        let d = a
+            .apply(&delta(
+                "e1",
+                5,
+                7,
+                vec![
+                    ("ns/a", "02:00:00:00:00:01", "192.0.2.11"),
+                    ("ns/a", "02:00:00:00:00:02", "192.0.2.12"),
+                ],
+            ))
+            .unwrap();
+        assert!(matches!(d, Applied::Delta(ref d) if d.upserted_leases.len() == 2));
+        let pool = &a.state().pools[&"ns/a".parse::<NamespacedName>().unwrap()];
+        assert_eq!(
+            pool.leases[&"02:00:00:00:00:01".parse::<MacAddr>().unwrap()],
+            Ipv4Addr::new(192, 0, 2, 11)
+        );
+        assert_eq!(a.apply(&heartbeat("e1", 7)).unwrap(), Applied::Heartbeat);
+        let removal = msg(
+            "e1",
+            8,
+            pb::watch_response::Event::Delta(pb::Delta {
+                base_revision: 7,
+                removed_pools: vec!["ns/a".into()],
+                ..Default::default()
+            }),
+        );
+        a.apply(&removal).unwrap();
+        assert!(a.state().pools.is_empty());
+    }
+
+    #[test]
+    fn rejected_messages_change_nothing() {
+        let cases = [
+            delta("e1", 4, 6, vec![]), // gap behind
+            delta("e1", 6, 7, vec![]), // gap ahead
+            delta("e1", 5, 5, vec![]), // no progress
+            delta("e2", 5, 6, vec![]), // other epoch
+            delta("e1", 5, 6, vec![("ns/a", "02:00:00:00:00:09", "999.0.2.1")]), // bad address
+            delta("e1", 5, 6, vec![("ns/a", "not-a-mac", "192.0.2.1")]), // bad MAC
+            delta(
+                "e1",
+                5,
+                6,
+                vec![("ns/zz", "02:00:00:00:00:09", "192.0.2.9")],
+            ), // unknown pool
+            heartbeat("e1", 4),
+            pb::WatchResponse {
+                epoch: "e1".into(),
+                revision: 6,
+                event: None,
+            },
+            snapshot(
+                "e1",
+                9,
+                false,
+                vec![(
+                    pb::PoolConfig {
+                        server_ip: "10.9.9.9".into(),
+                        ..cfg("b")
+                    },
+                    vec![],
+                )],
+            ),
+            snapshot(
+                "e1",
+                9,
+                false,
+                vec![(cfg("b"), vec![("02:00:00:00:00:01", "192.0.2")])],
+            ),
+        ];
+        for bad in cases {
+            let mut a = applied();
+            let before = a.state().clone();
+            assert!(a.apply(&bad).is_err(), "accepted {bad:?}");
+            assert_eq!(a.state(), &before, "state changed by {bad:?}");
+        }
+        // A valid delta after a rejection still applies.
+        let mut a = applied();
+        assert!(
+            a.apply(&delta("e1", 5, 6, vec![("ns/a", "bad", "192.0.2.1")]))
+                .is_err()
+        );
+        a.apply(&delta(
+            "e1",
+            5,
+            6,
+            vec![("ns/a", "02:00:00:00:00:03", "192.0.2.13")],
+        ))
+        .unwrap();
+        assert_eq!(a.state().lease_count(), 2);
+    }
+
+    #[test]
+    fn snapshot_parts_replace_the_state_only_when_complete() {
+        let mut a = applied();
+        let before = a.state().clone();
+        assert_eq!(
+            a.apply(&snapshot(
+                "e2",
+                3,
+                true,
+                vec![(cfg("b"), vec![("02:00:00:00:00:05", "192.0.2.5")])]
+            ))
+            .unwrap(),
+            Applied::SnapshotPart
+        );
+        assert_eq!(a.state(), &before);
+        // The same pool continues in the next part.
+        a.apply(&snapshot(
+            "e2",
+            3,
+            false,
+            vec![(cfg("b"), vec![("02:00:00:00:00:06", "192.0.2.6")])],
+        ))
+        .unwrap();
+        assert_eq!(a.state().epoch, "e2");
+        assert_eq!(a.state().pools.len(), 1);
+        assert_eq!(a.state().lease_count(), 2);
+
+        // A part interrupted by anything else is dropped, the state kept.
+        let mut a = applied();
+        a.apply(&snapshot("e2", 3, true, vec![(cfg("b"), vec![])]))
+            .unwrap();
+        assert!(a.apply(&heartbeat("e1", 5)).is_err());
+        assert_eq!(a.state(), &before);
+        a.apply(&snapshot("e3", 1, false, vec![])).unwrap();
+        assert!(a.state().pools.is_empty());
+    }
+
+    #[test]
+    fn backoff_grows_with_jitter_within_bounds() {
+        let s = ClientSettings::new("http://x", pb::AgentIdentity::default());
+        for attempt in 0..40 {
+            let d = backoff(&s, attempt);
+            assert!(d >= s.backoff_min && d <= s.backoff_max, "{attempt}: {d:?}");
+        }
+        assert_eq!(
+            backoff(
+                &ClientSettings {
+                    backoff_max: s.backoff_min,
+                    ..s.clone()
+                },
+                9
+            ),
+            s.backoff_min
+        );
+        let late: Vec<_> = (0..20).map(|_| backoff(&s, 30)).collect();
+        assert!(late.iter().any(|d| *d != late[0]), "no jitter: {late:?}");
+    }
+}
