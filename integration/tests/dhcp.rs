@@ -1,0 +1,660 @@
+//! The agent's DHCP server against real clients (ISC `dhclient`, busybox `udhcpc`) in network
+//! namespaces: `vm-dhcp-agent serve-static` runs in a server namespace, clients in VM namespaces
+//! joined to it by veth pairs. Addresses are TEST-NET ranges that exist only inside the lab.
+#![allow(clippy::unwrap_used)]
+
+use std::collections::BTreeMap;
+use std::fs;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::sync::OnceLock;
+use std::time::{Duration, Instant};
+
+use serde_json::{Value, json};
+use vmdhcp_integration::netns::{Lab, Netns};
+
+const SERVER_A: &str = "192.0.2.1";
+const SERVER_B: &str = "198.51.100.1";
+const MAC_1: &str = "02:00:00:00:01:0a";
+const IP_1: &str = "192.0.2.10";
+const MAC_2: &str = "02:00:00:00:02:0b";
+const IP_2: &str = "198.51.100.11";
+const STRANGER: &str = "02:00:00:00:ff:ff";
+
+/// The agent binary, built once per test process (the integration crate cannot depend on a bin).
+fn agent_bin() -> &'static Path {
+    static BIN: OnceLock<PathBuf> = OnceLock::new();
+    BIN.get_or_init(|| {
+        let exe = std::env::current_exe().unwrap();
+        let profile_dir = exe.parent().unwrap().parent().unwrap().to_owned();
+        let mut cmd = Command::new(option_env!("CARGO").unwrap_or("cargo"));
+        cmd.args(["build", "-p", "vmdhcp-agent", "--bin", "vm-dhcp-agent"])
+            .current_dir(env!("CARGO_MANIFEST_DIR"));
+        if profile_dir.file_name().is_some_and(|n| n == "release") {
+            cmd.arg("--release");
+        }
+        let status = cmd.status().unwrap();
+        assert!(status.success(), "building vm-dhcp-agent failed");
+        let bin = profile_dir.join("vm-dhcp-agent");
+        assert!(bin.exists(), "{} missing", bin.display());
+        bin
+    })
+}
+
+/// Polls `f` every 50 ms until it returns `Some` or `limit` passes.
+fn wait_for<T>(what: &str, limit: Duration, mut f: impl FnMut() -> Option<T>) -> T {
+    let deadline = Instant::now() + limit;
+    loop {
+        if let Some(v) = f() {
+            return v;
+        }
+        assert!(Instant::now() < deadline, "timed out waiting for {what}");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+fn pool(name: &str, interface: &str, server: &str, cidr: &str, extra: Value) -> Value {
+    let mut config = json!({
+        "pool": format!("default/{name}"),
+        "network": format!("default/{name}"),
+        "interface_name": interface,
+        "server_ip": server,
+        "subnet": cidr,
+        "router": null,
+        "dns": [],
+        "domain_name": null,
+        "domain_search": [],
+        "ntp": [],
+        "lease_seconds": 3600,
+    });
+    for (k, v) in extra.as_object().unwrap() {
+        config[k] = v.clone();
+    }
+    json!({ "config": config, "leases": [] })
+}
+
+fn with_lease(mut pool: Value, mac: &str, ip: &str) -> Value {
+    pool["leases"]
+        .as_array_mut()
+        .unwrap()
+        .push(json!({ "mac": mac, "ip": ip }));
+    pool
+}
+
+/// Pool A as most tests serve it: every option set, one lease.
+fn pool_a(lease_seconds: u32, dns: &str) -> Value {
+    with_lease(
+        pool(
+            "a",
+            "srv0",
+            SERVER_A,
+            "192.0.2.0/24",
+            json!({
+                "router": "192.0.2.254",
+                "dns": [dns, "192.0.2.54"],
+                "domain_name": "example.test",
+                "domain_search": ["example.test", "svc.example.test"],
+                "ntp": ["192.0.2.123"],
+                "lease_seconds": lease_seconds,
+            }),
+        ),
+        MAC_1,
+        IP_1,
+    )
+}
+
+/// A lab with the agent serving `pools` from namespace `srv`.
+struct Rig {
+    lab: Lab,
+    srv: Netns,
+    dir: tempfile::TempDir,
+    agent_pid: u32,
+}
+
+impl Rig {
+    fn config_path(&self) -> PathBuf {
+        self.dir.path().join("pools.json")
+    }
+
+    fn status_path(&self) -> PathBuf {
+        self.dir.path().join("status.json")
+    }
+
+    fn write_config(&self, pools: &[Value]) {
+        fs::write(
+            self.config_path(),
+            serde_json::to_string_pretty(&json!({ "pools": pools })).unwrap(),
+        )
+        .unwrap();
+    }
+
+    fn status(&self) -> Option<Value> {
+        let text = fs::read_to_string(self.status_path()).ok()?;
+        serde_json::from_str(&text).ok()
+    }
+
+    /// Adds a VM namespace whose `eth0` (with `mac`) is wired to the server's `srv_if`.
+    fn vm(&mut self, name: &str, srv_if: &str, mac: &str) -> Netns {
+        let vm = self.lab.netns(name).unwrap();
+        self.lab.veth(&self.srv, srv_if, &vm, "eth0").unwrap();
+        self.lab
+            .exec(&vm, "ip", &["link", "set", "eth0", "address", mac])
+            .unwrap();
+        vm
+    }
+
+    fn start(&mut self, pools: &[Value]) {
+        self.write_config(pools);
+        let log = fs::File::create(self.dir.path().join("agent.log")).unwrap();
+        let mut cmd = self.srv.command(agent_bin().to_str().unwrap());
+        cmd.arg("serve-static")
+            .arg("--config")
+            .arg(self.config_path())
+            .arg("--status-file")
+            .arg(self.status_path())
+            .env("RUST_LOG", "debug")
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(log);
+        self.agent_pid = self.lab.spawn(cmd).unwrap().id();
+    }
+
+    fn wait_serving(&self, interfaces: &[&str]) -> Value {
+        wait_for("interfaces serving", Duration::from_secs(10), || {
+            let status = self.status()?;
+            interfaces
+                .iter()
+                .all(|i| status["interfaces"][i]["state"] == "serving")
+                .then_some(status)
+        })
+    }
+
+    fn agent_log(&self) -> String {
+        fs::read_to_string(self.dir.path().join("agent.log")).unwrap_or_default()
+    }
+
+    /// Rewrites the config and makes the agent re-read it; returns once it has.
+    fn reload(&self, pools: &[Value]) {
+        let before = self.status().unwrap()["reloads"].as_u64().unwrap();
+        self.write_config(pools);
+        let ok = Command::new("kill")
+            .args(["-HUP", &self.agent_pid.to_string()])
+            .status()
+            .unwrap();
+        assert!(ok.success());
+        wait_for("the agent to reload", Duration::from_secs(10), || {
+            (self.status()?["reloads"].as_u64()? > before).then_some(())
+        });
+    }
+}
+
+/// A server namespace with `srv0` (pool A's side) wired to VM namespace `vm`.
+fn rig() -> Rig {
+    let mut lab = Lab::new().unwrap();
+    let srv = lab.netns("srv").unwrap();
+    Rig {
+        lab,
+        srv,
+        dir: tempfile::tempdir().unwrap(),
+        agent_pid: 0,
+    }
+}
+
+/// The hook both clients call: configures the address (so unicast renewals work) and appends
+/// the whole environment it was given, one file per event, numbered in order.
+fn hook_script(dir: &Path) -> PathBuf {
+    let path = dir.join("hook.sh");
+    let events = dir.join("events");
+    fs::create_dir_all(&events).unwrap();
+    fs::write(
+        &path,
+        format!(
+            r#"#!/bin/sh
+# dhclient passes $reason and new_*; udhcpc passes the event as $1 and ip/mask/...
+ev="${{reason:-$1}}"
+case "$ev" in
+  BOUND|RENEW|REBIND|REBOOT) ip addr replace "$new_ip_address/$new_subnet_mask" dev "$interface" ;;
+  bound|renew) ip addr replace "$ip/$mask" dev "$interface" ;;
+esac
+n=$(ls {events} | wc -l)
+env > {events}/tmp.$$
+mv {events}/tmp.$$ {events}/$(printf %04d "$n")-"$ev"
+exit 0
+"#,
+            events = events.display()
+        ),
+    )
+    .unwrap();
+    Command::new("chmod")
+        .args(["+x", path.to_str().unwrap()])
+        .status()
+        .unwrap();
+    path
+}
+
+/// Events the hook recorded so far: (event name, environment), in order.
+fn events(dir: &Path) -> Vec<(String, BTreeMap<String, String>)> {
+    let mut names: Vec<String> = fs::read_dir(dir.join("events"))
+        .map(|d| {
+            d.filter_map(|e| e.ok())
+                .map(|e| e.file_name().to_string_lossy().into_owned())
+                .filter(|n| !n.starts_with("tmp."))
+                .collect()
+        })
+        .unwrap_or_default();
+    names.sort();
+    names
+        .into_iter()
+        .map(|n| {
+            let text = fs::read_to_string(dir.join("events").join(&n)).unwrap_or_default();
+            let env = text
+                .lines()
+                .filter_map(|l| l.split_once('='))
+                .map(|(k, v)| (k.to_owned(), v.to_owned()))
+                .collect();
+            let ev = n.split_once('-').map(|(_, e)| e.to_owned()).unwrap_or(n);
+            (ev, env)
+        })
+        .collect()
+}
+
+/// Waits for the `nth` (0-based) event named `name`.
+fn wait_event(dir: &Path, name: &str, nth: usize, limit: Duration) -> BTreeMap<String, String> {
+    wait_for(&format!("{name} event #{nth}"), limit, || {
+        events(dir)
+            .into_iter()
+            .filter(|(e, _)| e == name)
+            .nth(nth)
+            .map(|(_, env)| env)
+    })
+}
+
+const DHCLIENT_CONF: &str = "request subnet-mask, broadcast-address, routers, domain-name, \
+     domain-name-servers, domain-search, ntp-servers, dhcp-lease-time, dhcp-renewal-time, \
+     dhcp-rebinding-time;\n";
+
+/// Starts `dhclient` in the foreground on `vm`'s eth0, with its own config, lease and pid files.
+fn start_dhclient(rig: &mut Rig, vm: &Netns, dir: &Path) {
+    let script = hook_script(dir);
+    fs::write(dir.join("dhclient.conf"), DHCLIENT_CONF).unwrap();
+    let log = fs::File::create(dir.join("dhclient.log")).unwrap();
+    let mut cmd = vm.command("dhclient");
+    cmd.args(["-4", "-d", "-v", "-cf"])
+        .arg(dir.join("dhclient.conf"))
+        .arg("-lf")
+        .arg(dir.join("dhclient.leases"))
+        .arg("-pf")
+        .arg(dir.join("dhclient.pid"))
+        .arg("-sf")
+        .arg(&script)
+        .arg("eth0")
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(log);
+    rig.lab.spawn(cmd).unwrap();
+}
+
+/// The last lease block of a dhclient lease file: `fixed-address` and each `option`, by name.
+fn dhclient_lease(path: &Path) -> BTreeMap<String, String> {
+    let text = fs::read_to_string(path).unwrap_or_default();
+    let last = text.rsplit("lease {").next().unwrap_or_default();
+    let mut out = BTreeMap::new();
+    for line in last.lines() {
+        let line = line.trim().trim_end_matches(';');
+        if let Some(addr) = line.strip_prefix("fixed-address ") {
+            out.insert("fixed-address".to_owned(), addr.to_owned());
+        } else if let Some(opt) = line.strip_prefix("option ")
+            && let Some((name, value)) = opt.split_once(' ')
+        {
+            out.insert(name.to_owned(), value.to_owned());
+        }
+    }
+    out
+}
+
+#[test]
+fn dhclient_gets_its_reservation_with_exact_options_renews_and_sees_option_changes() {
+    let mut rig = rig();
+    let vm = rig.vm("vm", "srv0", MAC_1);
+    rig.lab.address(&rig.srv, "srv0", "192.0.2.1/24").unwrap();
+    // A 6 s lease: T1 = 3 s, so renewals happen within the test.
+    rig.start(&[pool_a(6, "192.0.2.53")]);
+    rig.wait_serving(&["srv0"]);
+
+    let dir = tempfile::tempdir().unwrap();
+    start_dhclient(&mut rig, &vm, dir.path());
+    let bound = wait_event(dir.path(), "BOUND", 0, Duration::from_secs(20));
+    assert_eq!(bound["new_ip_address"], IP_1);
+    assert_eq!(bound["new_subnet_mask"], "255.255.255.0");
+    assert_eq!(bound["new_broadcast_address"], "192.0.2.255");
+    assert_eq!(bound["new_routers"], "192.0.2.254");
+    assert_eq!(bound["new_domain_name_servers"], "192.0.2.53 192.0.2.54");
+    assert_eq!(bound["new_domain_name"], "example.test");
+    assert_eq!(
+        bound["new_domain_search"],
+        "example.test. svc.example.test."
+    );
+    assert_eq!(bound["new_ntp_servers"], "192.0.2.123");
+    assert_eq!(bound["new_dhcp_lease_time"], "6");
+    assert_eq!(bound["new_dhcp_server_identifier"], SERVER_A);
+
+    // The same values, as dhclient recorded them in its lease file.
+    let lease = wait_for("the lease file", Duration::from_secs(5), || {
+        let l = dhclient_lease(&dir.path().join("dhclient.leases"));
+        l.contains_key("fixed-address").then_some(l)
+    });
+    assert_eq!(lease["fixed-address"], IP_1);
+    assert_eq!(lease["subnet-mask"], "255.255.255.0");
+    assert_eq!(lease["routers"], "192.0.2.254");
+    assert_eq!(lease["domain-name-servers"], "192.0.2.53,192.0.2.54");
+    assert_eq!(lease["domain-name"], "\"example.test\"");
+    assert_eq!(
+        lease["domain-search"],
+        "\"example.test.\", \"svc.example.test.\""
+    );
+    assert_eq!(lease["ntp-servers"], "192.0.2.123");
+    assert_eq!(lease["dhcp-lease-time"], "6");
+    assert_eq!(lease["dhcp-renewal-time"], "3");
+    assert_eq!(lease["dhcp-rebinding-time"], "5");
+    assert_eq!(lease["dhcp-server-identifier"], SERVER_A);
+
+    // Renewal (unicast from the bound address, T1 = 3 s) is ACKed with the same address.
+    let renew = wait_event(dir.path(), "RENEW", 0, Duration::from_secs(15));
+    assert_eq!(renew["new_ip_address"], IP_1);
+
+    // An option change reaches the next renewal without restarting anything.
+    rig.reload(&[pool_a(6, "192.0.2.99")]);
+    let seen_before = events(dir.path()).len();
+    let changed = wait_for(
+        "a renewal with the new DNS",
+        Duration::from_secs(20),
+        || {
+            events(dir.path())
+                .into_iter()
+                .skip(seen_before)
+                .find(|(e, env)| {
+                    e == "RENEW"
+                        && env.get("new_domain_name_servers").map(String::as_str)
+                            == Some("192.0.2.99 192.0.2.54")
+                })
+        },
+    );
+    assert_eq!(changed.1["new_ip_address"], IP_1);
+    let log = rig.agent_log();
+    assert!(!log.contains("panicked"), "{log}");
+}
+
+#[test]
+fn dhclient_asking_for_another_address_is_naked_then_gets_its_own() {
+    let mut rig = rig();
+    let vm = rig.vm("vm", "srv0", MAC_1);
+    rig.lab.address(&rig.srv, "srv0", "192.0.2.1/24").unwrap();
+    rig.start(&[pool_a(3600, "192.0.2.53")]);
+    rig.wait_serving(&["srv0"]);
+
+    // dhclient remembers a lease for another address: it asks for it (INIT-REBOOT).
+    let dir = tempfile::tempdir().unwrap();
+    fs::write(
+        dir.path().join("dhclient.leases"),
+        "lease {\n  interface \"eth0\";\n  fixed-address 192.0.2.99;\n  \
+         option subnet-mask 255.255.255.0;\n  option dhcp-lease-time 3600;\n  \
+         option dhcp-server-identifier 192.0.2.1;\n  renew 4 2037/12/30 00:00:00;\n  \
+         rebind 4 2037/12/30 00:00:00;\n  expire 4 2037/12/31 00:00:00;\n}\n",
+    )
+    .unwrap();
+    start_dhclient(&mut rig, &vm, dir.path());
+    let bound = wait_event(dir.path(), "BOUND", 0, Duration::from_secs(30));
+    assert_eq!(bound["new_ip_address"], IP_1);
+    let log = fs::read_to_string(dir.path().join("dhclient.log")).unwrap();
+    assert!(
+        log.contains("DHCPREQUEST for 192.0.2.99"),
+        "no INIT-REBOOT request: {log}"
+    );
+    assert!(log.contains("DHCPNAK from 192.0.2.1"), "no NAK: {log}");
+    assert!(
+        !events(dir.path())
+            .iter()
+            .any(|(_, env)| env.get("new_ip_address").map(String::as_str) == Some("192.0.2.99")),
+        "the wrong address was acknowledged"
+    );
+}
+
+fn udhcpc(vm: &Netns, dir: &Path, extra: &[&str]) -> std::process::Output {
+    let script = hook_script(dir);
+    let mut cmd = vm.command("udhcpc");
+    cmd.args([
+        "-i", "eth0", "-f", "-q", "-n", "-t", "4", "-T", "1", "-A", "1",
+    ])
+    .args(["-O", "search", "-O", "ntpsrv", "-O", "broadcast"])
+    .arg("-s")
+    .arg(&script)
+    .args(extra)
+    .stdin(Stdio::null());
+    cmd.output().unwrap()
+}
+
+#[test]
+fn udhcpc_gets_its_reservation_with_exact_options_and_renews() {
+    let mut rig = rig();
+    let vm = rig.vm("vm", "srv0", MAC_1);
+    rig.lab.address(&rig.srv, "srv0", "192.0.2.1/24").unwrap();
+    rig.start(&[pool_a(600, "192.0.2.53")]);
+    rig.wait_serving(&["srv0"]);
+
+    let dir = tempfile::tempdir().unwrap();
+    let out = udhcpc(&vm, dir.path(), &[]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let bound = wait_event(dir.path(), "bound", 0, Duration::from_secs(1));
+    assert_eq!(bound["ip"], IP_1);
+    assert_eq!(bound["subnet"], "255.255.255.0");
+    assert_eq!(bound["mask"], "24");
+    assert_eq!(bound["broadcast"], "192.0.2.255");
+    assert_eq!(bound["router"], "192.0.2.254");
+    assert_eq!(bound["dns"].trim(), "192.0.2.53 192.0.2.54");
+    assert_eq!(bound["domain"], "example.test");
+    assert_eq!(bound["search"], "example.test svc.example.test");
+    assert_eq!(bound["ntpsrv"], "192.0.2.123");
+    assert_eq!(bound["lease"], "600");
+    assert_eq!(bound["serverid"], SERVER_A);
+
+    // Renewal: a client in BOUND state renews on SIGUSR1 (unicast, ciaddr set) and gets an ACK.
+    let dir = tempfile::tempdir().unwrap();
+    let script = hook_script(dir.path());
+    let mut cmd = vm.command("udhcpc");
+    cmd.args(["-i", "eth0", "-f", "-t", "4", "-T", "1", "-A", "1", "-s"])
+        .arg(&script)
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null());
+    let pid = rig.lab.spawn(cmd).unwrap().id();
+    wait_event(dir.path(), "bound", 0, Duration::from_secs(10));
+    let renewed = wait_for("a renewal", Duration::from_secs(15), || {
+        // Each SIGUSR1 asks for one renewal; repeat until one is seen (the first may race start-up).
+        Command::new("kill")
+            .args(["-USR1", &pid.to_string()])
+            .status()
+            .ok()?;
+        std::thread::sleep(Duration::from_millis(200));
+        events(dir.path())
+            .into_iter()
+            .find(|(e, _)| e == "renew")
+            .map(|(_, env)| env)
+    });
+    assert_eq!(renewed["ip"], IP_1);
+    assert_eq!(renewed["lease"], "600");
+}
+
+#[test]
+fn an_unknown_mac_gets_nothing() {
+    let mut rig = rig();
+    let vm = rig.vm("vm", "srv0", STRANGER);
+    rig.lab.address(&rig.srv, "srv0", "192.0.2.1/24").unwrap();
+    rig.start(&[pool_a(600, "192.0.2.53")]);
+    rig.wait_serving(&["srv0"]);
+
+    let dir = tempfile::tempdir().unwrap();
+    let out = udhcpc(&vm, dir.path(), &[]);
+    assert!(
+        !out.status.success(),
+        "udhcpc got a lease for an unknown MAC"
+    );
+    assert!(
+        events(dir.path()).iter().all(|(e, _)| e != "bound"),
+        "{:?}",
+        events(dir.path())
+    );
+    let log = rig.agent_log();
+    assert!(log.contains("no lease for this MAC"), "{log}");
+}
+
+#[test]
+fn two_pools_on_two_interfaces_and_a_missing_interface_does_not_stop_them() {
+    let mut rig = rig();
+    let vm1 = rig.vm("vm1", "srv0", MAC_1);
+    let vm2 = rig.vm("vm2", "srv1", MAC_2);
+    rig.lab.address(&rig.srv, "srv0", "192.0.2.1/24").unwrap();
+    rig.lab
+        .address(&rig.srv, "srv1", "198.51.100.1/24")
+        .unwrap();
+    let pool_b = with_lease(
+        pool(
+            "b",
+            "srv1",
+            SERVER_B,
+            "198.51.100.0/24",
+            json!({ "dns": ["198.51.100.53"], "lease_seconds": 120 }),
+        ),
+        MAC_2,
+        IP_2,
+    );
+    // MAC_1 also has a lease on pool B, and MAC_2 none on pool A: each network must answer
+    // from its own pool only.
+    let pool_b = with_lease(pool_b, MAC_1, "198.51.100.10");
+    let gone = pool("c", "nosuch0", "203.0.113.1", "203.0.113.0/24", json!({}));
+    rig.start(&[pool_a(600, "192.0.2.53"), pool_b, gone]);
+    let status = rig.wait_serving(&["srv0", "srv1"]);
+    let status = if status["interfaces"]["nosuch0"]["state"] == "failed" {
+        status
+    } else {
+        wait_for("nosuch0 reported failed", Duration::from_secs(10), || {
+            let s = rig.status()?;
+            (s["interfaces"]["nosuch0"]["state"] == "failed").then_some(s)
+        })
+    };
+    assert!(
+        status["interfaces"]["nosuch0"]["error"]
+            .as_str()
+            .unwrap()
+            .contains("nosuch0"),
+        "{status}"
+    );
+
+    let d1 = tempfile::tempdir().unwrap();
+    let d2 = tempfile::tempdir().unwrap();
+    let out1 = udhcpc(&vm1, d1.path(), &[]);
+    let out2 = udhcpc(&vm2, d2.path(), &[]);
+    assert!(out1.status.success() && out2.status.success());
+    let b1 = wait_event(d1.path(), "bound", 0, Duration::from_secs(1));
+    let b2 = wait_event(d2.path(), "bound", 0, Duration::from_secs(1));
+    assert_eq!(
+        (b1["ip"].as_str(), b1["serverid"].as_str()),
+        (IP_1, SERVER_A)
+    );
+    assert_eq!(b1["lease"], "600");
+    assert_eq!(
+        (b2["ip"].as_str(), b2["serverid"].as_str()),
+        (IP_2, SERVER_B)
+    );
+    assert_eq!(b2["lease"], "120");
+    assert_eq!(b2["dns"].trim(), "198.51.100.53");
+}
+
+/// A DHCPDISCOVER as a relay forwards it: giaddr set, hops 1, option 61 and a PRL.
+fn relayed_discover(mac: [u8; 6], giaddr: [u8; 4], xid: [u8; 4]) -> Vec<u8> {
+    let mut p = vec![0u8; 236];
+    p[0] = 1; // BOOTREQUEST
+    p[1] = 1; // Ethernet
+    p[2] = 6;
+    p[3] = 1; // hops
+    p[4..8].copy_from_slice(&xid);
+    p[24..28].copy_from_slice(&giaddr);
+    p[28..34].copy_from_slice(&mac);
+    p.extend_from_slice(&[99, 130, 83, 99]);
+    p.extend_from_slice(&[53, 1, 1]);
+    p.extend_from_slice(&[61, 7, 1]);
+    p.extend_from_slice(&mac);
+    p.extend_from_slice(&[55, 3, 1, 3, 6]);
+    p.push(255);
+    p
+}
+
+#[test]
+fn a_relayed_request_is_answered_to_the_relay() {
+    let mut rig = rig();
+    // The relay sits on the server's network at 192.0.2.2 and talks from port 67, as relays
+    // (and perfdhcp) do.
+    let relay = rig.vm("relay", "srv0", "02:00:00:00:00:02");
+    rig.lab.address(&rig.srv, "srv0", "192.0.2.1/24").unwrap();
+    rig.lab.address(&relay, "eth0", "192.0.2.2/24").unwrap();
+    rig.start(&[pool_a(600, "192.0.2.53")]);
+    rig.wait_serving(&["srv0"]);
+
+    let mac = [0x02, 0, 0, 0, 0x01, 0x0a];
+    let packet = relayed_discover(mac, [192, 0, 2, 2], [0xde, 0xad, 0xbe, 0xef]);
+    let hex: String = packet.iter().map(|b| format!("{b:02x}")).collect();
+    let script = format!(
+        "import socket,time\n\
+         s=socket.socket(socket.AF_INET,socket.SOCK_DGRAM)\n\
+         s.bind(('192.0.2.2',67))\n\
+         s.settimeout(0.5)\n\
+         end=time.time()+10\n\
+         while time.time()<end:\n\
+         \x20 s.sendto(bytes.fromhex('{hex}'),('{SERVER_A}',67))\n\
+         \x20 try:\n\
+         \x20\x20 data,peer=s.recvfrom(2048)\n\
+         \x20\x20 print(peer[0],peer[1],data.hex());break\n\
+         \x20 except socket.timeout:\n\
+         \x20\x20 pass\n"
+    );
+    let out = rig.lab.exec(&relay, "python3", &["-c", &script]).unwrap();
+    let mut parts = out.split_whitespace();
+    let (from, port, reply) = (
+        parts.next().unwrap(),
+        parts.next().unwrap(),
+        parts.next().unwrap(),
+    );
+    assert_eq!((from, port), (SERVER_A, "67"));
+    let reply: Vec<u8> = (0..reply.len())
+        .step_by(2)
+        .map(|i| u8::from_str_radix(&reply[i..i + 2], 16).unwrap())
+        .collect();
+    assert_eq!(reply[0], 2, "BOOTREPLY");
+    assert_eq!(&reply[4..8], &[0xde, 0xad, 0xbe, 0xef]);
+    assert_eq!(&reply[16..20], &[192, 0, 2, 10], "yiaddr");
+    assert_eq!(&reply[24..28], &[192, 0, 2, 2], "giaddr kept");
+    assert_eq!(&reply[28..34], &mac);
+    // Options: 53 = OFFER and the client identifier echoed.
+    let opts = &reply[240..];
+    let find = |code: u8| -> Option<&[u8]> {
+        let mut i = 0;
+        while i + 1 < opts.len() && opts[i] != 255 {
+            if opts[i] == 0 {
+                i += 1;
+                continue;
+            }
+            let len = usize::from(opts[i + 1]);
+            if opts[i] == code {
+                return opts.get(i + 2..i + 2 + len);
+            }
+            i += 2 + len;
+        }
+        None
+    };
+    assert_eq!(find(53), Some(&[2u8][..]));
+    assert_eq!(find(61), Some(&[1, 2, 0, 0, 0, 1, 10][..]));
+    assert_eq!(find(54), Some(&[192, 0, 2, 1][..]));
+}
