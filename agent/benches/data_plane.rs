@@ -1,0 +1,199 @@
+//! Data-plane benchmark: lease-table updates and lookups at 250 000 leases, and the cost of
+//! building a reply.
+//!
+//! Prints, best of several rounds: a whole 250k-lease snapshot applied; one lease delta and a
+//! batch of 1 000 deltas into that pool (each copies the pool once); a packet-path lookup alone
+//! and while another thread applies snapshots back to back (readers never wait, so the two stay
+//! close); and DISCOVER→OFFER and REQUEST→ACK through the full handler (parse, decide, encode).
+//!
+//! `cargo bench -p vmdhcp-agent --bench data_plane`
+#![allow(clippy::print_stdout, clippy::unwrap_used, missing_docs)]
+
+use std::hint::black_box;
+use std::net::Ipv4Addr;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+
+use dhcproto::Encodable;
+use dhcproto::v4::{DhcpOption, Message, MessageType, OptionCode};
+use vmdhcp_agent::dhcp::handler::{Action, handle};
+use vmdhcp_agent::lease_table::{Delta, LeaseTable, PoolLeases};
+use vmdhcp_core::pool::{Lease, PoolConfig};
+use vmdhcp_core::{MacAddr, NamespacedName};
+
+const LEASES: u32 = 250_000;
+const ROUNDS: usize = 5;
+
+fn name() -> NamespacedName {
+    NamespacedName::new("bench", "pool").unwrap()
+}
+
+fn mac(i: u32) -> MacAddr {
+    let b = i.to_be_bytes();
+    MacAddr([0x02, 0, b[0], b[1], b[2], b[3]])
+}
+
+fn ip(i: u32) -> Ipv4Addr {
+    Ipv4Addr::from(u32::from(Ipv4Addr::new(10, 0, 0, 0)) + 2 + i)
+}
+
+fn config() -> PoolConfig {
+    PoolConfig {
+        pool: name(),
+        network: name(),
+        interface_name: "eth1".into(),
+        server_ip: Ipv4Addr::new(10, 0, 0, 1),
+        subnet: "10.0.0.0/14".parse().unwrap(),
+        router: Some(Ipv4Addr::new(10, 0, 0, 1)),
+        dns: vec![Ipv4Addr::new(10, 0, 0, 53)],
+        domain_name: Some("example.test".into()),
+        domain_search: vec!["example.test".into()],
+        ntp: vec!["10.0.0.123".into()],
+        lease_seconds: 3600,
+    }
+}
+
+fn snapshot() -> Vec<PoolLeases> {
+    vec![PoolLeases {
+        config: config(),
+        leases: (0..LEASES)
+            .map(|i| Lease {
+                pool: name(),
+                mac: mac(i),
+                ip: ip(i),
+            })
+            .collect(),
+    }]
+}
+
+fn best<F: FnMut() -> Duration>(mut f: F) -> Duration {
+    (0..ROUNDS).map(|_| f()).min().unwrap()
+}
+
+fn lookups(table: &LeaseTable, n: u32) -> Duration {
+    let pool_name = name();
+    let start = Instant::now();
+    for i in 0..n {
+        let pool = table.pool(&pool_name).unwrap();
+        black_box(pool.address_of(&mac(i.wrapping_mul(2_654_435_761) % LEASES)));
+    }
+    start.elapsed()
+}
+
+fn main() {
+    let table = LeaseTable::new();
+    let full = best(|| {
+        let s = snapshot();
+        let start = Instant::now();
+        assert!(table.apply_snapshot(s).is_empty());
+        start.elapsed()
+    });
+    println!(
+        "apply snapshot, {LEASES} leases:        {:>9.1} ms",
+        full.as_secs_f64() * 1e3
+    );
+
+    let one = best(|| {
+        let start = Instant::now();
+        table.apply([Delta::UpsertLease(Lease {
+            pool: name(),
+            mac: mac(LEASES + 1),
+            ip: ip(LEASES + 1),
+        })]);
+        start.elapsed()
+    });
+    println!(
+        "one lease delta into {LEASES}:          {:>9.1} ms",
+        one.as_secs_f64() * 1e3
+    );
+    let batch = best(|| {
+        let deltas: Vec<Delta> = (0..1000)
+            .map(|i| {
+                Delta::UpsertLease(Lease {
+                    pool: name(),
+                    mac: mac(LEASES + 10 + i),
+                    ip: ip(LEASES + 10 + i),
+                })
+            })
+            .collect();
+        let start = Instant::now();
+        table.apply(deltas);
+        start.elapsed()
+    });
+    println!(
+        "1 000 deltas (one batch) into {LEASES}: {:>9.1} ms",
+        batch.as_secs_f64() * 1e3
+    );
+
+    const N: u32 = 2_000_000;
+    let idle = best(|| lookups(&table, N));
+    println!(
+        "lookup, no writer:                     {:>9.1} ns",
+        idle.as_nanos() as f64 / f64::from(N)
+    );
+    let table = Arc::new(table);
+    let stop = Arc::new(AtomicBool::new(false));
+    let writer = {
+        let (table, stop) = (Arc::clone(&table), Arc::clone(&stop));
+        std::thread::spawn(move || {
+            let mut applied = 0u32;
+            while !stop.load(Ordering::Relaxed) {
+                table.apply_snapshot(snapshot());
+                applied += 1;
+            }
+            applied
+        })
+    };
+    let busy = best(|| lookups(&table, N));
+    stop.store(true, Ordering::Relaxed);
+    let applied = writer.join().unwrap();
+    println!(
+        "lookup, snapshots applied meanwhile:   {:>9.1} ns   ({applied} snapshots applied)",
+        busy.as_nanos() as f64 / f64::from(N)
+    );
+
+    let pool = table.pool(&name()).unwrap();
+    let u = Ipv4Addr::UNSPECIFIED;
+    let mut discover = Message::new_with_id(7, u, u, u, u, &mac(42).octets());
+    discover
+        .opts_mut()
+        .insert(DhcpOption::MessageType(MessageType::Discover));
+    discover
+        .opts_mut()
+        .insert(DhcpOption::ClientIdentifier(vec![1, 2, 0, 0, 0, 0, 42]));
+    discover
+        .opts_mut()
+        .insert(DhcpOption::ParameterRequestList(vec![
+            OptionCode::SubnetMask,
+            OptionCode::Router,
+            OptionCode::DomainNameServer,
+            OptionCode::DomainName,
+        ]));
+    let mut request = discover.clone();
+    request
+        .opts_mut()
+        .insert(DhcpOption::MessageType(MessageType::Request));
+    request
+        .opts_mut()
+        .insert(DhcpOption::ServerIdentifier(Ipv4Addr::new(10, 0, 0, 1)));
+    request
+        .opts_mut()
+        .insert(DhcpOption::RequestedIpAddress(ip(42)));
+    for (label, msg) in [("DISCOVER -> OFFER", discover), ("REQUEST -> ACK", request)] {
+        let bytes = msg.to_vec().unwrap();
+        const M: u32 = 200_000;
+        let t = best(|| {
+            let start = Instant::now();
+            for _ in 0..M {
+                let out = handle(black_box(&bytes), &pool, |_| false);
+                assert!(matches!(out.action, Action::Reply(_)));
+            }
+            start.elapsed()
+        });
+        println!(
+            "handler {label:<18}            {:>9.0} ns",
+            t.as_nanos() as f64 / f64::from(M)
+        );
+    }
+}
