@@ -5,10 +5,12 @@
 //!
 //! - [`lease_table`]: the pools and leases served, swapped atomically so lookups never wait.
 //! - [`dhcp`]: the DHCPv4 server, one socket per interface, replies built by pure functions.
+//! - [`http`]: `/healthz`, `/readyz`, `/leases` and `/metrics`.
 //! - [`stream`]: the config-stream client: snapshot then deltas from the controller, resumed by
 //!   revision after any disconnect, validated before anything is applied.
 #![forbid(unsafe_code)]
 
 pub mod dhcp;
+pub mod http;
 pub mod lease_table;
 pub mod stream;

@@ -34,6 +34,9 @@ enum Command {
         /// Where to write interface statuses, reload count and declined addresses, as JSON.
         #[arg(long)]
         status_file: Option<std::path::PathBuf>,
+        /// Serve /healthz, /readyz, /leases and /metrics on this address.
+        #[arg(long)]
+        http_listen: Option<std::net::SocketAddr>,
     },
 }
 
@@ -57,6 +60,7 @@ fn main() -> anyhow::Result<()> {
         Command::ServeStatic {
             config,
             status_file,
+            http_listen,
         } => {
             let runtime = tokio::runtime::Builder::new_current_thread()
                 .enable_all()
@@ -66,6 +70,7 @@ fn main() -> anyhow::Result<()> {
                 .block_on(vmdhcp_agent::dhcp::static_config::serve_file(
                     &config,
                     status_file.as_deref(),
+                    http_listen,
                 ))
                 .context("serve-static failed")?;
         }

@@ -144,6 +144,10 @@ impl Rig {
     }
 
     fn start(&mut self, pools: &[Value]) {
+        self.start_with(pools, &[]);
+    }
+
+    fn start_with(&mut self, pools: &[Value], args: &[&str]) {
         self.write_config(pools);
         let log = fs::File::create(self.dir.path().join("agent.log")).unwrap();
         let mut cmd = self.srv.command(agent_bin().to_str().unwrap());
@@ -152,6 +156,7 @@ impl Rig {
             .arg(self.config_path())
             .arg("--status-file")
             .arg(self.status_path())
+            .args(args)
             .env("RUST_LOG", "debug")
             .stdin(Stdio::null())
             .stdout(Stdio::null())
@@ -573,23 +578,39 @@ fn two_pools_on_two_interfaces_and_a_missing_interface_does_not_stop_them() {
     assert_eq!(b2["dns"].trim(), "198.51.100.53");
 }
 
-/// A DHCPDISCOVER as a relay forwards it: giaddr set, hops 1, option 61 and a PRL.
-fn relayed_discover(mac: [u8; 6], giaddr: [u8; 4], xid: [u8; 4]) -> Vec<u8> {
+/// A BOOTREQUEST of DHCP message type `kind` from `mac`, with `giaddr` and extra options.
+fn bootrequest(kind: u8, mac: [u8; 6], giaddr: [u8; 4], xid: [u8; 4], options: &[u8]) -> Vec<u8> {
     let mut p = vec![0u8; 236];
     p[0] = 1; // BOOTREQUEST
     p[1] = 1; // Ethernet
     p[2] = 6;
-    p[3] = 1; // hops
+    p[3] = u8::from(giaddr != [0; 4]); // hops
     p[4..8].copy_from_slice(&xid);
     p[24..28].copy_from_slice(&giaddr);
     p[28..34].copy_from_slice(&mac);
     p.extend_from_slice(&[99, 130, 83, 99]);
-    p.extend_from_slice(&[53, 1, 1]);
-    p.extend_from_slice(&[61, 7, 1]);
-    p.extend_from_slice(&mac);
-    p.extend_from_slice(&[55, 3, 1, 3, 6]);
+    p.extend_from_slice(&[53, 1, kind]);
+    p.extend_from_slice(options);
     p.push(255);
     p
+}
+
+fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// An HTTP GET run inside `ns`: (status, body).
+fn http_get(lab: &Lab, ns: &Netns, url: &str) -> (u16, String) {
+    let script = format!(
+        "import urllib.request,urllib.error\n\
+         try:\n\
+         \x20 r=urllib.request.urlopen('{url}',timeout=5); print(r.status); print(r.read().decode())\n\
+         except urllib.error.HTTPError as e:\n\
+         \x20 print(e.code); print(e.read().decode())\n"
+    );
+    let out = lab.exec(ns, "python3", &["-c", &script]).unwrap();
+    let (code, body) = out.split_once('\n').unwrap();
+    (code.trim().parse().unwrap(), body.to_owned())
 }
 
 #[test]
@@ -604,8 +625,11 @@ fn a_relayed_request_is_answered_to_the_relay() {
     rig.wait_serving(&["srv0"]);
 
     let mac = [0x02, 0, 0, 0, 0x01, 0x0a];
-    let packet = relayed_discover(mac, [192, 0, 2, 2], [0xde, 0xad, 0xbe, 0xef]);
-    let hex: String = packet.iter().map(|b| format!("{b:02x}")).collect();
+    let mut options = vec![61, 7, 1];
+    options.extend_from_slice(&mac);
+    options.extend_from_slice(&[55, 3, 1, 3, 6]);
+    let packet = bootrequest(1, mac, [192, 0, 2, 2], [0xde, 0xad, 0xbe, 0xef], &options);
+    let hex = hex(&packet);
     let script = format!(
         "import socket,time\n\
          s=socket.socket(socket.AF_INET,socket.SOCK_DGRAM)\n\
@@ -657,4 +681,89 @@ fn a_relayed_request_is_answered_to_the_relay() {
     assert_eq!(find(53), Some(&[2u8][..]));
     assert_eq!(find(61), Some(&[1, 2, 0, 0, 0, 1, 10][..]));
     assert_eq!(find(54), Some(&[192, 0, 2, 1][..]));
+}
+
+#[test]
+fn http_endpoints_report_leases_replies_and_a_declined_address() {
+    let mut rig = rig();
+    let vm = rig.vm("vm", "srv0", MAC_1);
+    rig.lab.address(&rig.srv, "srv0", "192.0.2.1/24").unwrap();
+    rig.start_with(
+        &[pool_a(600, "192.0.2.53")],
+        &["--http-listen", "127.0.0.1:8080"],
+    );
+    rig.wait_serving(&["srv0"]);
+    let (code, body) = wait_for("/readyz", Duration::from_secs(10), || {
+        let (code, body) = http_get(&rig.lab, &rig.srv, "http://127.0.0.1:8080/readyz");
+        (code == 200).then_some((code, body))
+    });
+    assert_eq!(code, 200, "{body}");
+    assert_eq!(
+        http_get(&rig.lab, &rig.srv, "http://127.0.0.1:8080/healthz").0,
+        200
+    );
+
+    let dir = tempfile::tempdir().unwrap();
+    assert!(udhcpc(&vm, dir.path(), &[]).status.success());
+    let (_, leases) = http_get(&rig.lab, &rig.srv, "http://127.0.0.1:8080/leases");
+    let leases: Value = serde_json::from_str(&leases).unwrap();
+    assert_eq!(leases["default/a"][MAC_1]["ip"], IP_1);
+
+    // The client finds its address in use and declines it (broadcast, RFC 2131 §4.4.1).
+    let mac = [0x02, 0, 0, 0, 0x01, 0x0a];
+    let decline = bootrequest(
+        4,
+        mac,
+        [0; 4],
+        [1, 2, 3, 4],
+        &[50, 4, 192, 0, 2, 10, 54, 4, 192, 0, 2, 1],
+    );
+    let script = format!(
+        "import socket\n\
+         s=socket.socket(socket.AF_INET,socket.SOCK_DGRAM)\n\
+         s.setsockopt(socket.SOL_SOCKET,socket.SO_BROADCAST,1)\n\
+         s.setsockopt(socket.SOL_SOCKET,socket.SO_BINDTODEVICE,b'eth0')\n\
+         s.bind(('0.0.0.0',68))\n\
+         s.sendto(bytes.fromhex('{}'),('255.255.255.255',67))\n",
+        hex(&decline)
+    );
+    rig.lab.exec(&vm, "python3", &["-c", &script]).unwrap();
+    let leases = wait_for("the conflict in /leases", Duration::from_secs(10), || {
+        let (_, body) = http_get(&rig.lab, &rig.srv, "http://127.0.0.1:8080/leases");
+        let v: Value = serde_json::from_str(&body).ok()?;
+        v["default/a"][MAC_1].get("conflict").is_some().then_some(v)
+    });
+    assert_eq!(leases["default/a"][MAC_1]["conflict"]["declined_by"], MAC_1);
+
+    // A declined address is not handed out again.
+    let dir = tempfile::tempdir().unwrap();
+    assert!(!udhcpc(&vm, dir.path(), &[]).status.success());
+
+    let (code, metrics) = http_get(&rig.lab, &rig.srv, "http://127.0.0.1:8080/metrics");
+    assert_eq!(code, 200);
+    let labels = r#"interface="srv0",pool="default/a""#;
+    for line in [
+        format!("vmdhcp_agent_dhcp_replies_total{{{labels},type=\"offer\"}} 1"),
+        format!("vmdhcp_agent_dhcp_replies_total{{{labels},type=\"ack\"}} 1"),
+        format!("vmdhcp_agent_dhcp_requests_total{{{labels},type=\"decline\"}} 1"),
+        format!("vmdhcp_agent_dhcp_unanswered_total{{{labels},reason=\"declined\"}} 1"),
+        format!("vmdhcp_agent_dhcp_reply_latency_seconds_count{{{labels}}} 2"),
+        format!("vmdhcp_agent_interface_serving{{{labels}}} 1"),
+        "vmdhcp_agent_leases{pool=\"default/a\"} 1".to_owned(),
+        "vmdhcp_agent_conflicted_addresses{pool=\"default/a\"} 1".to_owned(),
+    ] {
+        assert!(
+            metrics.lines().any(|l| l == line),
+            "missing {line}\n{metrics}"
+        );
+    }
+    let conflicted = metrics
+        .lines()
+        .find(|l| {
+            l.starts_with(&format!(
+                "vmdhcp_agent_dhcp_unanswered_total{{{labels},reason=\"conflicted\"}}"
+            ))
+        })
+        .unwrap();
+    assert!(!conflicted.ends_with(" 0"), "{conflicted}");
 }

@@ -3,8 +3,8 @@
 //! Plain atomics, bumped once per packet by the interface's task and read by whoever reports
 //! (logs, readiness, metrics); they never block the packet path.
 
-use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
 
 use dhcproto::v4::MessageType;
 
@@ -14,6 +14,10 @@ const REQUEST_KINDS: [&str; 6] = [
     "discover", "request", "release", "decline", "inform", "other",
 ];
 const REPLY_KINDS: [&str; 3] = ["offer", "ack", "nak"];
+/// Upper bounds of the reply-latency buckets, in microseconds (receive to reply handed to the
+/// kernel): a reply takes a few microseconds of CPU, so anything past a millisecond is a stall.
+pub const LATENCY_BUCKETS_US: [u64; 10] = [5, 10, 25, 50, 100, 250, 500, 1_000, 5_000, 25_000];
+
 const SILENCES: [&str; 6] = [
     "unknown_mac",
     "other_server",
@@ -32,6 +36,31 @@ pub struct Counters {
     drops: [AtomicU64; DropReason::ALL.len()],
     send_errors: AtomicU64,
     no_pool: AtomicU64,
+    latency_buckets: [AtomicU64; LATENCY_BUCKETS_US.len()],
+    latency_count: AtomicU64,
+    latency_sum_ns: AtomicU64,
+}
+
+/// A reading of every counter, grouped the way metrics export them.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Reading {
+    /// Requests by message type.
+    pub received: Vec<(&'static str, u64)>,
+    /// Replies by message type (`offer`, `ack`, `nak`).
+    pub replies: Vec<(&'static str, u64)>,
+    /// Requests deliberately left unanswered, by reason (`unknown_mac`, …).
+    pub unanswered: Vec<(&'static str, u64)>,
+    /// Datagrams dropped as unusable, by reason.
+    pub dropped: Vec<(&'static str, u64)>,
+    /// Replies the socket refused.
+    pub send_errors: u64,
+    /// Latency buckets, not cumulative: (upper bound in seconds, replies in that bucket); the
+    /// last bound is `f64::MAX`, standing for +Inf, as `prometheus-client` encodes it.
+    pub latency_buckets: Vec<(f64, u64)>,
+    /// Replies timed.
+    pub latency_count: u64,
+    /// Sum of their latencies, in seconds.
+    pub latency_sum_seconds: f64,
 }
 
 fn request_index(kind: Option<MessageType>) -> usize {
@@ -78,6 +107,59 @@ impl Counters {
         }
     }
 
+    /// Records how long a reply took, from the datagram's arrival to the send.
+    pub fn record_latency(&self, took: Duration) {
+        let us = u64::try_from(took.as_micros()).unwrap_or(u64::MAX);
+        if let Some(i) = LATENCY_BUCKETS_US.iter().position(|b| us <= *b) {
+            self.latency_buckets[i].fetch_add(1, Ordering::Relaxed);
+        }
+        self.latency_count.fetch_add(1, Ordering::Relaxed);
+        self.latency_sum_ns.fetch_add(
+            u64::try_from(took.as_nanos()).unwrap_or(u64::MAX),
+            Ordering::Relaxed,
+        );
+    }
+
+    /// Reads every counter.
+    pub fn read(&self) -> Reading {
+        let load = |a: &AtomicU64| a.load(Ordering::Relaxed);
+        let buckets: Vec<u64> = self.latency_buckets.iter().map(load).collect();
+        let count = load(&self.latency_count);
+        let overflow = count.saturating_sub(buckets.iter().sum());
+        Reading {
+            received: REQUEST_KINDS
+                .iter()
+                .copied()
+                .zip(self.received.iter().map(load))
+                .collect(),
+            replies: REPLY_KINDS
+                .iter()
+                .copied()
+                .zip(self.replies.iter().map(load))
+                .collect(),
+            unanswered: SILENCES
+                .iter()
+                .copied()
+                .zip(self.silences.iter().map(load))
+                .chain([("no_pool", load(&self.no_pool))])
+                .collect(),
+            dropped: DropReason::ALL
+                .iter()
+                .map(DropReason::as_str)
+                .zip(self.drops.iter().map(load))
+                .collect(),
+            send_errors: load(&self.send_errors),
+            latency_buckets: LATENCY_BUCKETS_US
+                .iter()
+                .map(|bound| *bound as f64 / 1e6)
+                .zip(buckets)
+                .chain([(f64::MAX, overflow)])
+                .collect(),
+            latency_count: count,
+            latency_sum_seconds: load(&self.latency_sum_ns) as f64 / 1e9,
+        }
+    }
+
     /// Counts a packet that arrived before its pool's config did.
     pub fn record_no_pool(&self) {
         self.no_pool.fetch_add(1, Ordering::Relaxed);
@@ -111,36 +193,6 @@ impl Counters {
             .unwrap_or(0);
         self.drops[i].load(Ordering::Relaxed)
     }
-
-    /// Every counter by a stable `group.label` name, zeros included, for reports.
-    pub fn snapshot(&self) -> BTreeMap<String, u64> {
-        let mut out = BTreeMap::new();
-        let groups: [(&str, &[&str], &[AtomicU64]); 3] = [
-            ("received", &REQUEST_KINDS, &self.received),
-            ("replies", &REPLY_KINDS, &self.replies),
-            ("silent", &SILENCES, &self.silences),
-        ];
-        for (group, labels, values) in groups {
-            for (label, value) in labels.iter().zip(values) {
-                out.insert(format!("{group}.{label}"), value.load(Ordering::Relaxed));
-            }
-        }
-        for (reason, value) in DropReason::ALL.iter().zip(&self.drops) {
-            out.insert(
-                format!("dropped.{}", reason.as_str()),
-                value.load(Ordering::Relaxed),
-            );
-        }
-        out.insert(
-            "send_errors".to_owned(),
-            self.send_errors.load(Ordering::Relaxed),
-        );
-        out.insert(
-            "silent.no_pool".to_owned(),
-            self.no_pool.load(Ordering::Relaxed),
-        );
-        out
-    }
 }
 
 #[cfg(test)]
@@ -170,11 +222,32 @@ mod tests {
         assert_eq!(c.silences(Silence::Declined(Ipv4Addr::UNSPECIFIED)), 1);
         assert_eq!(c.drops(DropReason::BadMagic), 1);
         assert_eq!(c.drops(DropReason::Truncated), 0);
-        let snap = c.snapshot();
-        assert_eq!(snap["received.discover"], 1);
-        assert_eq!(snap["received.decline"], 1);
-        assert_eq!(snap["dropped.bad_magic"], 1);
-        assert_eq!(snap["replies.offer"], 0);
-        assert_eq!(snap.len(), 6 + 3 + 6 + 9 + 2);
+        let reading = c.read();
+        assert!(reading.received.contains(&("discover", 1)));
+        assert!(reading.received.contains(&("decline", 1)));
+        assert!(reading.replies.contains(&("offer", 0)));
+        assert_eq!(reading.unanswered.len(), 7);
+        assert_eq!(reading.dropped.len(), DropReason::ALL.len());
+        assert!(reading.unanswered.contains(&("unknown_mac", 1)));
+        assert!(reading.dropped.contains(&("bad_magic", 1)));
+    }
+
+    #[test]
+    fn latency_lands_in_its_bucket() {
+        let c = Counters::default();
+        c.record_latency(Duration::from_micros(3));
+        c.record_latency(Duration::from_micros(40));
+        c.record_latency(Duration::from_secs(1));
+        let r = c.read();
+        assert_eq!(r.latency_count, 3);
+        assert_eq!(r.latency_buckets[0], (5e-6, 1));
+        assert_eq!(r.latency_buckets[3], (50e-6, 1));
+        assert_eq!(r.latency_buckets.len(), LATENCY_BUCKETS_US.len() + 1);
+        assert_eq!(
+            *r.latency_buckets.last().unwrap(),
+            (f64::MAX, 1),
+            "1 s is past every bound"
+        );
+        assert!((r.latency_sum_seconds - 1.000_043).abs() < 1e-9);
     }
 }

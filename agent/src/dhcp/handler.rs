@@ -160,10 +160,11 @@ pub fn handle(
     pool: &PoolSnapshot,
     is_conflicted: impl Fn(&Ipv4Addr) -> bool,
 ) -> Outcome {
-    if let Err(reason) = validate(packet) {
-        return Outcome::drop(reason);
-    }
-    let request = match Message::from_bytes(packet) {
+    let sanitized = match sanitize(packet) {
+        Ok(bytes) => bytes,
+        Err(reason) => return Outcome::drop(reason),
+    };
+    let request = match Message::from_bytes(&sanitized) {
         Ok(m) => m,
         Err(_) => return Outcome::drop(DropReason::BadOptions),
     };
@@ -181,9 +182,11 @@ pub fn handle(
     }
 }
 
-/// Checks what `dhcproto` is lenient about: header fields, the cookie, option framing, and the
-/// lengths of the options the state logic reads (a 2-byte option 53 would shift the rest).
-fn validate(packet: &[u8]) -> Result<(), DropReason> {
+/// Checks what `dhcproto` is lenient about (header fields, the cookie, option framing, the
+/// lengths of the options the state logic reads) and returns the packet with only those options
+/// kept. `dhcproto` decodes every option it knows and some of its decoders assume well-formed
+/// input (a classless-route option with a prefix over 32 panics), so it never sees the others.
+fn sanitize(packet: &[u8]) -> Result<Vec<u8>, DropReason> {
     if packet.len() > MAX_PACKET {
         return Err(DropReason::Oversized);
     }
@@ -199,12 +202,14 @@ fn validate(packet: &[u8]) -> Result<(), DropReason> {
     if packet[236..240] != MAGIC_COOKIE {
         return Err(DropReason::BadMagic);
     }
+    let mut kept = Vec::with_capacity(packet.len());
+    kept.extend_from_slice(&packet[..OPTIONS_START]);
     let mut at = OPTIONS_START;
     while at < packet.len() {
         let code = packet[at];
         match code {
             0 => at += 1,
-            255 => return Ok(()),
+            255 => break,
             _ => {
                 let Some(&len) = packet.get(at + 1) else {
                     return Err(DropReason::BadOptions);
@@ -214,21 +219,24 @@ fn validate(packet: &[u8]) -> Result<(), DropReason> {
                 if end > packet.len() {
                     return Err(DropReason::BadOptions);
                 }
-                let ok = match code {
-                    53 => len == 1,
-                    50 | 54 | 51 => len == 4,
-                    57 => len == 2,
-                    61 | 55 => len >= 1,
-                    _ => true,
+                let wanted = match code {
+                    53 => Some(len == 1),
+                    50 | 54 => Some(len == 4),
+                    57 => Some(len == 2),
+                    55 | 61 => Some(len >= 1),
+                    _ => None,
                 };
-                if !ok {
-                    return Err(DropReason::BadOptions);
+                match wanted {
+                    Some(true) => kept.extend_from_slice(&packet[at..end]),
+                    Some(false) => return Err(DropReason::BadOptions),
+                    None => {}
                 }
                 at = end;
             }
         }
     }
-    Ok(())
+    kept.push(255);
+    Ok(kept)
 }
 
 fn decide(
@@ -916,6 +924,20 @@ mod tests {
         check(&b, DropReason::NoMessageType);
         let offer = request(MessageType::Offer, KNOWN).to_vec().unwrap();
         check(&offer, DropReason::NotClientMessage);
+    }
+
+    #[test]
+    fn options_dhcproto_would_choke_on_are_never_decoded() {
+        // Found by the property test: option 93 (client architecture) with a short length, and
+        // option 121 with a prefix over 32, which dhcproto's decoder asserts or unwraps on.
+        for bad in [&[93u8, 1, 0][..], &[121, 5, 40, 10, 0, 0, 0], &[124, 0]] {
+            let mut b = request(MessageType::Discover, KNOWN).to_vec().unwrap();
+            b.truncate(OPTIONS_START);
+            b.extend_from_slice(bad);
+            b.extend_from_slice(&[53, 1, 1, 255]);
+            let (kind, _, _) = reply_of(&handle(&b, &pool(), |_| false));
+            assert_eq!(kind, MessageType::Offer, "{bad:?}");
+        }
     }
 
     fn any_packet() -> impl Strategy<Value = Vec<u8>> {

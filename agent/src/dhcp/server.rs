@@ -8,7 +8,7 @@ use std::collections::BTreeMap;
 use std::io;
 use std::net::{Ipv4Addr, SocketAddr, SocketAddrV4};
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use serde::Serialize;
 use socket2::{Domain, Protocol, Socket, Type};
@@ -117,7 +117,7 @@ fn ifindex(interface: &str) -> Option<u32> {
 /// The running servers of a set of interfaces.
 pub struct Servers {
     statuses: watch::Receiver<BTreeMap<String, InterfaceStatus>>,
-    counters: BTreeMap<String, Arc<Counters>>,
+    counters: Vec<(Interface, Arc<Counters>)>,
     tasks: JoinSet<()>,
 }
 
@@ -136,10 +136,10 @@ impl Servers {
         let (status_tx, statuses) = watch::channel(initial);
         let status_tx = Arc::new(status_tx);
         let mut tasks = JoinSet::new();
-        let mut counters = BTreeMap::new();
+        let mut counters = Vec::new();
         for interface in interfaces {
             let c = Arc::new(Counters::default());
-            counters.insert(interface.name.clone(), Arc::clone(&c));
+            counters.push((interface.clone(), Arc::clone(&c)));
             let span = info_span!("dhcp", interface = %interface.name, pool = %interface.pool);
             tasks.spawn(
                 run_interface(
@@ -164,8 +164,8 @@ impl Servers {
         self.statuses.clone()
     }
 
-    /// The counters of each interface.
-    pub fn counters(&self) -> &BTreeMap<String, Arc<Counters>> {
+    /// Each interface with its counters.
+    pub fn counters(&self) -> &[(Interface, Arc<Counters>)] {
         &self.counters
     }
 
@@ -286,6 +286,7 @@ async fn serve(
                 continue;
             }
         };
+        let received_at = Instant::now();
         let Some(pool) = table.pool(&interface.pool) else {
             counters.record_no_pool();
             debug!(%peer, "no config for this pool yet; packet ignored");
@@ -302,6 +303,7 @@ async fn serve(
                     counters.record_send_error();
                     warn!(%mac, to = %reply.to, %error, "reply not sent");
                 } else {
+                    counters.record_latency(received_at.elapsed());
                     debug!(%mac, request = ?outcome.request, reply = ?reply.kind, to = %reply.to, "replied");
                 }
             }

@@ -7,7 +7,7 @@
 //! are written to a status file, atomically, whenever they change.
 
 use std::collections::BTreeMap;
-use std::net::Ipv4Addr;
+use std::net::{Ipv4Addr, SocketAddr};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
@@ -19,6 +19,7 @@ use vmdhcp_core::MacAddr;
 use vmdhcp_core::pool::{Lease, PoolConfig};
 
 use super::server::{Interface, InterfaceStatus, Servers};
+use crate::http::HttpState;
 use crate::lease_table::{Conflict, LeaseTable, PoolLeases};
 
 /// Why the static server cannot start or reload.
@@ -147,8 +148,13 @@ fn write_status(
     std::fs::rename(&tmp, path).map_err(err)
 }
 
-/// Serves the file's pools until SIGTERM or SIGINT; SIGHUP re-reads the file.
-pub async fn serve_file(path: &Path, status_file: Option<&Path>) -> Result<(), StaticConfigError> {
+/// Serves the file's pools until SIGTERM or SIGINT; SIGHUP re-reads the file. With `http`, the
+/// agent's HTTP endpoints are served there too.
+pub async fn serve_file(
+    path: &Path,
+    status_file: Option<&Path>,
+    http: Option<SocketAddr>,
+) -> Result<(), StaticConfigError> {
     let pools = load(path)?;
     let interfaces = pools
         .iter()
@@ -162,6 +168,22 @@ pub async fn serve_file(path: &Path, status_file: Option<&Path>) -> Result<(), S
     let (stop, stopped) = watch::channel(false);
     let servers = Servers::spawn(Arc::clone(&table), interfaces, stopped);
     let mut statuses = servers.statuses();
+    let (_loaded_tx, loaded) = watch::channel(true);
+    let http_task = http.map(|addr| {
+        let state = HttpState::new(
+            Arc::clone(&table),
+            loaded,
+            servers.statuses(),
+            servers.counters().to_vec(),
+        );
+        let stopped = stop.subscribe();
+        tokio::spawn(async move {
+            if let Err(error) = crate::http::serve(addr, crate::http::router(state), stopped).await
+            {
+                warn!(%error, "HTTP endpoints stopped");
+            }
+        })
+    });
     let mut hangup = signal(SignalKind::hangup()).map_err(StaticConfigError::Signal)?;
     let mut terminate = signal(SignalKind::terminate()).map_err(StaticConfigError::Signal)?;
     let mut interrupt = signal(SignalKind::interrupt()).map_err(StaticConfigError::Signal)?;
@@ -205,5 +227,8 @@ pub async fn serve_file(path: &Path, status_file: Option<&Path>) -> Result<(), S
     }
     let _ = stop.send(true);
     servers.join().await;
+    if let Some(task) = http_task {
+        let _ = task.await;
+    }
     Ok(())
 }

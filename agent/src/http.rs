@@ -1,0 +1,457 @@
+//! The agent's HTTP endpoints: `/healthz` (the process runs), `/readyz` (leases are loaded and
+//! every interface serves), `/leases` (what the table holds, pool → MAC → lease, with declined
+//! addresses) and `/metrics` (Prometheus text, read from the servers' counters at scrape time).
+//!
+//! It only reads: the lease table, the interface statuses and the counters. Nothing here is on the
+//! packet path; a scrape takes no lock the servers use.
+
+use std::collections::BTreeMap;
+use std::net::{Ipv4Addr, SocketAddr};
+use std::sync::Arc;
+
+use axum::Router;
+use axum::extract::State;
+use axum::http::{StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use axum::routing::get;
+use prometheus_client::collector::Collector;
+use prometheus_client::encoding::{DescriptorEncoder, EncodeMetric, NoLabelSet};
+use prometheus_client::metrics::MetricType;
+use prometheus_client::metrics::counter::ConstCounter;
+use prometheus_client::metrics::gauge::ConstGauge;
+use prometheus_client::registry::Registry;
+use serde::Serialize;
+use tokio::sync::watch;
+
+use crate::dhcp::counters::{Counters, Reading};
+use crate::dhcp::server::{Interface, InterfaceStatus};
+use crate::lease_table::{Conflict, LeaseTable};
+
+/// Why the HTTP server stopped or could not start.
+#[derive(Debug, thiserror::Error)]
+pub enum HttpError {
+    /// The listen address cannot be bound.
+    #[error("cannot listen on {addr}: {source}")]
+    Bind {
+        /// The address.
+        addr: SocketAddr,
+        /// The OS error.
+        source: std::io::Error,
+    },
+    /// Serving failed.
+    #[error("HTTP server failed: {0}")]
+    Serve(std::io::Error),
+}
+
+/// What the endpoints read; cheap to clone (all shared).
+#[derive(Clone)]
+pub struct HttpState {
+    table: Arc<LeaseTable>,
+    leases_loaded: watch::Receiver<bool>,
+    statuses: watch::Receiver<BTreeMap<String, InterfaceStatus>>,
+    registry: Arc<Registry>,
+}
+
+impl HttpState {
+    /// Endpoints over `table` and the servers' `statuses` and `counters`; `leases_loaded` turns
+    /// true once the first snapshot is applied (readiness waits for it).
+    pub fn new(
+        table: Arc<LeaseTable>,
+        leases_loaded: watch::Receiver<bool>,
+        statuses: watch::Receiver<BTreeMap<String, InterfaceStatus>>,
+        counters: Vec<(Interface, Arc<Counters>)>,
+    ) -> Self {
+        let mut registry = Registry::default();
+        registry.register_collector(Box::new(DataPlaneMetrics {
+            table: Arc::clone(&table),
+            statuses: statuses.clone(),
+            counters,
+        }));
+        HttpState {
+            table,
+            leases_loaded,
+            statuses,
+            registry: Arc::new(registry),
+        }
+    }
+}
+
+/// The router with every endpoint.
+pub fn router(state: HttpState) -> Router {
+    Router::new()
+        .route("/healthz", get(healthz))
+        .route("/readyz", get(readyz))
+        .route("/leases", get(leases))
+        .route("/metrics", get(metrics))
+        .with_state(state)
+}
+
+/// Serves `router` on `addr` until `shutdown` turns true (or its sender goes away).
+pub async fn serve(
+    addr: SocketAddr,
+    router: Router,
+    mut shutdown: watch::Receiver<bool>,
+) -> Result<(), HttpError> {
+    let listener = tokio::net::TcpListener::bind(addr)
+        .await
+        .map_err(|source| HttpError::Bind { addr, source })?;
+    tracing::info!(%addr, "HTTP endpoints listening");
+    axum::serve(listener, router)
+        .with_graceful_shutdown(async move {
+            while !*shutdown.borrow_and_update() {
+                if shutdown.changed().await.is_err() {
+                    break;
+                }
+            }
+        })
+        .await
+        .map_err(HttpError::Serve)
+}
+
+async fn healthz() -> impl IntoResponse {
+    axum::Json(serde_json::json!({ "ok": true }))
+}
+
+#[derive(Serialize)]
+struct Readiness {
+    ready: bool,
+    leases_loaded: bool,
+    interfaces: BTreeMap<String, InterfaceStatus>,
+}
+
+async fn readyz(State(state): State<HttpState>) -> Response {
+    let leases_loaded = *state.leases_loaded.borrow();
+    let interfaces = state.statuses.borrow().clone();
+    let ready = leases_loaded
+        && interfaces
+            .values()
+            .all(|s| matches!(s, InterfaceStatus::Serving));
+    let code = if ready {
+        StatusCode::OK
+    } else {
+        StatusCode::SERVICE_UNAVAILABLE
+    };
+    (
+        code,
+        axum::Json(Readiness {
+            ready,
+            leases_loaded,
+            interfaces,
+        }),
+    )
+        .into_response()
+}
+
+#[derive(Serialize)]
+struct LeaseView {
+    ip: Ipv4Addr,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    conflict: Option<Conflict>,
+}
+
+async fn leases(State(state): State<HttpState>) -> impl IntoResponse {
+    let conflicts = state.table.conflicts();
+    let view: BTreeMap<String, BTreeMap<String, LeaseView>> = state
+        .table
+        .pools()
+        .into_iter()
+        .map(|(pool, snap)| {
+            let declined = conflicts.get(&pool);
+            let leases = snap
+                .leases()
+                .into_iter()
+                .map(|(mac, ip)| {
+                    let conflict = declined.and_then(|d| d.get(&ip)).copied();
+                    (mac.to_string(), LeaseView { ip, conflict })
+                })
+                .collect();
+            (pool.to_string(), leases)
+        })
+        .collect();
+    axum::Json(view)
+}
+
+async fn metrics(State(state): State<HttpState>) -> Response {
+    let mut text = String::new();
+    match prometheus_client::encoding::text::encode(&mut text, &state.registry) {
+        Ok(()) => (
+            [(
+                header::CONTENT_TYPE,
+                "application/openmetrics-text; version=1.0.0; charset=utf-8",
+            )],
+            text,
+        )
+            .into_response(),
+        Err(_) => StatusCode::INTERNAL_SERVER_ERROR.into_response(),
+    }
+}
+
+/// Reads counters, leases and statuses at scrape time, so a removed pool's series disappear
+/// with it and the packet path never touches a metrics structure.
+#[derive(Debug)]
+struct DataPlaneMetrics {
+    table: Arc<LeaseTable>,
+    statuses: watch::Receiver<BTreeMap<String, InterfaceStatus>>,
+    counters: Vec<(Interface, Arc<Counters>)>,
+}
+
+type Pick = fn(&Reading) -> &[(&'static str, u64)];
+
+impl Collector for DataPlaneMetrics {
+    fn encode(&self, mut encoder: DescriptorEncoder) -> Result<(), std::fmt::Error> {
+        let readings: Vec<(&str, String, Reading)> = self
+            .counters
+            .iter()
+            .map(|(i, c)| (i.name.as_str(), i.pool.to_string(), c.read()))
+            .collect();
+        let families: [(&str, &str, &str, Pick); 4] = [
+            (
+                "vmdhcp_agent_dhcp_requests",
+                "DHCP requests received, by message type.",
+                "type",
+                |r| &r.received,
+            ),
+            (
+                "vmdhcp_agent_dhcp_replies",
+                "DHCP replies sent, by message type (offer, ack, nak).",
+                "type",
+                |r| &r.replies,
+            ),
+            (
+                "vmdhcp_agent_dhcp_unanswered",
+                "Requests deliberately left unanswered, by reason (unknown_mac, other_server, ...).",
+                "reason",
+                |r| &r.unanswered,
+            ),
+            (
+                "vmdhcp_agent_dhcp_dropped",
+                "Datagrams dropped as unusable, by reason.",
+                "reason",
+                |r| &r.dropped,
+            ),
+        ];
+        for (name, help, key, pick) in families {
+            let mut family = encoder.encode_descriptor(name, help, None, MetricType::Counter)?;
+            for (interface, pool, reading) in &readings {
+                for (label, value) in pick(reading) {
+                    let labels = [
+                        ("interface", *interface),
+                        ("pool", pool.as_str()),
+                        (key, label),
+                    ];
+                    ConstCounter::new(*value).encode(family.encode_family(&labels)?)?;
+                }
+            }
+        }
+        let mut family = encoder.encode_descriptor(
+            "vmdhcp_agent_dhcp_send_errors",
+            "Replies the socket refused to send.",
+            None,
+            MetricType::Counter,
+        )?;
+        for (interface, pool, reading) in &readings {
+            let labels = [("interface", *interface), ("pool", pool.as_str())];
+            ConstCounter::new(reading.send_errors).encode(family.encode_family(&labels)?)?;
+        }
+        let mut family = encoder.encode_descriptor(
+            "vmdhcp_agent_dhcp_reply_latency_seconds",
+            "Time from a request's arrival to its reply being handed to the kernel.",
+            None,
+            MetricType::Histogram,
+        )?;
+        for (interface, pool, reading) in &readings {
+            let labels = [("interface", *interface), ("pool", pool.as_str())];
+            family
+                .encode_family(&labels)?
+                .encode_histogram::<NoLabelSet>(
+                    reading.latency_sum_seconds,
+                    reading.latency_count,
+                    &reading.latency_buckets,
+                    None,
+                )?;
+        }
+        let statuses = self.statuses.borrow().clone();
+        let mut family = encoder.encode_descriptor(
+            "vmdhcp_agent_interface_serving",
+            "1 while the interface's DHCP server is bound and answering, else 0.",
+            None,
+            MetricType::Gauge,
+        )?;
+        for (interface, pool) in self.counters.iter().map(|(i, _)| (&i.name, &i.pool)) {
+            let up = matches!(statuses.get(interface), Some(InterfaceStatus::Serving));
+            let pool = pool.to_string();
+            let labels = [("interface", interface.as_str()), ("pool", pool.as_str())];
+            ConstGauge::new(i64::from(up)).encode(family.encode_family(&labels)?)?;
+        }
+        let pools = self.table.pools();
+        let conflicts = self.table.conflicts();
+        let mut family = encoder.encode_descriptor(
+            "vmdhcp_agent_leases",
+            "Leases held in the table, per pool.",
+            None,
+            MetricType::Gauge,
+        )?;
+        for (pool, snap) in &pools {
+            let pool = pool.to_string();
+            let n = i64::try_from(snap.len()).unwrap_or(i64::MAX);
+            ConstGauge::new(n).encode(family.encode_family(&[("pool", pool.as_str())])?)?;
+        }
+        let mut family = encoder.encode_descriptor(
+            "vmdhcp_agent_conflicted_addresses",
+            "Addresses declined by clients (DHCPDECLINE) and withheld, per pool.",
+            None,
+            MetricType::Gauge,
+        )?;
+        for pool in pools.keys() {
+            let n = conflicts.get(pool).map_or(0, |c| c.len());
+            let pool = pool.to_string();
+            ConstGauge::new(i64::try_from(n).unwrap_or(i64::MAX))
+                .encode(family.encode_family(&[("pool", pool.as_str())])?)?;
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::dhcp::handler::{Action, DropReason, Outcome, Silence};
+    use crate::lease_table::PoolLeases;
+    use axum::body::Body;
+    use axum::http::Request;
+    use tower::ServiceExt;
+    use vmdhcp_core::pool::{Lease, PoolConfig};
+    use vmdhcp_core::{MacAddr, NamespacedName};
+
+    fn pool_name() -> NamespacedName {
+        NamespacedName::new("default", "a").unwrap()
+    }
+
+    fn setup(loaded: bool, status: InterfaceStatus) -> (HttpState, Arc<Counters>, Arc<LeaseTable>) {
+        let table = Arc::new(LeaseTable::new());
+        table.apply_snapshot(vec![PoolLeases {
+            config: PoolConfig {
+                pool: pool_name(),
+                network: pool_name(),
+                interface_name: "eth1".into(),
+                server_ip: "192.0.2.1".parse().unwrap(),
+                subnet: "192.0.2.0/24".parse().unwrap(),
+                router: None,
+                dns: vec![],
+                domain_name: None,
+                domain_search: vec![],
+                ntp: vec![],
+                lease_seconds: 60,
+            },
+            leases: vec![Lease {
+                pool: pool_name(),
+                mac: MacAddr([2, 0, 0, 0, 0, 1]),
+                ip: "192.0.2.10".parse().unwrap(),
+            }],
+        }]);
+        let counters = Arc::new(Counters::default());
+        let (_, loaded_rx) = watch::channel(loaded);
+        let (_, statuses) = watch::channel(BTreeMap::from([("eth1".to_owned(), status)]));
+        let state = HttpState::new(
+            Arc::clone(&table),
+            loaded_rx,
+            statuses,
+            vec![(
+                Interface {
+                    name: "eth1".into(),
+                    pool: pool_name(),
+                },
+                Arc::clone(&counters),
+            )],
+        );
+        (state, counters, table)
+    }
+
+    async fn get(state: HttpState, path: &str) -> (StatusCode, String) {
+        let response = router(state)
+            .oneshot(Request::get(path).body(Body::empty()).unwrap())
+            .await
+            .unwrap();
+        let status = response.status();
+        let body = axum::body::to_bytes(response.into_body(), 1 << 20)
+            .await
+            .unwrap();
+        (status, String::from_utf8(body.to_vec()).unwrap())
+    }
+
+    #[tokio::test]
+    async fn readiness_needs_leases_and_every_interface() {
+        let (state, _, _) = setup(true, InterfaceStatus::Serving);
+        assert_eq!(get(state, "/readyz").await.0, StatusCode::OK);
+        let (state, _, _) = setup(false, InterfaceStatus::Serving);
+        assert_eq!(
+            get(state, "/readyz").await.0,
+            StatusCode::SERVICE_UNAVAILABLE
+        );
+        let (state, _, _) = setup(
+            true,
+            InterfaceStatus::Failed {
+                error: "interface eth1 is gone".into(),
+            },
+        );
+        let (code, body) = get(state.clone(), "/readyz").await;
+        assert_eq!(code, StatusCode::SERVICE_UNAVAILABLE);
+        assert!(body.contains("interface eth1 is gone"), "{body}");
+        assert_eq!(get(state, "/healthz").await.0, StatusCode::OK);
+    }
+
+    #[tokio::test]
+    async fn leases_show_pool_mac_ip_and_conflicts() {
+        let (state, _, table) = setup(true, InterfaceStatus::Serving);
+        let (_, body) = get(state.clone(), "/leases").await;
+        let v: serde_json::Value = serde_json::from_str(&body).unwrap();
+        assert_eq!(v["default/a"]["02:00:00:00:00:01"]["ip"], "192.0.2.10");
+        assert!(
+            v["default/a"]["02:00:00:00:00:01"]
+                .get("conflict")
+                .is_none()
+        );
+        table.mark_conflicted(
+            &pool_name(),
+            "192.0.2.10".parse().unwrap(),
+            MacAddr([2, 0, 0, 0, 0, 1]),
+        );
+        let (_, body) = get(state, "/leases").await;
+        let v: serde_json::Value = serde_json::from_str(&body).unwrap();
+        assert_eq!(
+            v["default/a"]["02:00:00:00:00:01"]["conflict"]["declined_by"],
+            "02:00:00:00:00:01"
+        );
+    }
+
+    #[tokio::test]
+    async fn metrics_expose_counters_latency_and_leases() {
+        let (state, counters, _) = setup(true, InterfaceStatus::Serving);
+        counters.record(&Outcome {
+            request: Some(dhcproto::v4::MessageType::Discover),
+            mac: None,
+            action: Action::Silent(Silence::UnknownMac),
+        });
+        counters.record(&Outcome {
+            request: None,
+            mac: None,
+            action: Action::Drop(DropReason::Truncated),
+        });
+        counters.record_latency(std::time::Duration::from_micros(20));
+        let (code, text) = get(state, "/metrics").await;
+        assert_eq!(code, StatusCode::OK);
+        for line in [
+            r#"vmdhcp_agent_dhcp_requests_total{interface="eth1",pool="default/a",type="discover"} 1"#,
+            r#"vmdhcp_agent_dhcp_unanswered_total{interface="eth1",pool="default/a",reason="unknown_mac"} 1"#,
+            r#"vmdhcp_agent_dhcp_dropped_total{interface="eth1",pool="default/a",reason="truncated"} 1"#,
+            r#"vmdhcp_agent_dhcp_replies_total{interface="eth1",pool="default/a",type="nak"} 0"#,
+            r#"vmdhcp_agent_dhcp_reply_latency_seconds_count{interface="eth1",pool="default/a"} 1"#,
+            r#"vmdhcp_agent_dhcp_reply_latency_seconds_bucket{le="0.000025",interface="eth1",pool="default/a"} 1"#,
+            r#"vmdhcp_agent_interface_serving{interface="eth1",pool="default/a"} 1"#,
+            r#"vmdhcp_agent_leases{pool="default/a"} 1"#,
+            r#"vmdhcp_agent_conflicted_addresses{pool="default/a"} 0"#,
+        ] {
+            assert!(text.lines().any(|l| l == line), "missing {line}\n{text}");
+        }
+    }
+}
