@@ -1,0 +1,58 @@
+//! Leader election among replicas through a `coordination.k8s.io/v1` Lease, as client-go's
+//! `leaderelection` package does it, for the controller and the agents.
+//!
+//! - [`config`] holds the timing knobs and their validation.
+//! - [`record`] is the pure part: reading a Lease (who holds it, has it expired for us) and
+//!   computing the next Lease spec to write. No I/O, tested on plain data.
+//! - [`elector`] drives acquire / renew / release against the API server and publishes, through a
+//!   watch channel, whether this process may act as leader right now.
+//!
+//! The one guarantee callers build on: the leadership channel turns `false` no later than
+//! `renew_deadline` after the start of the last successful write, which is strictly before any
+//! other replica can consider the Lease expired (`lease_duration` after it saw that write). A
+//! leader cut off from the API server therefore stops acting before a standby can take over.
+//!
+//! This crate owns the Lease object named in its config and nothing else.
+#![forbid(unsafe_code)]
+
+pub mod config;
+pub mod elector;
+pub mod record;
+
+pub use config::ElectionConfig;
+pub use elector::{LeaderElector, LeaseHolder};
+
+/// Why leader election could not be set up, or why one Lease request failed.
+///
+/// Request failures are logged and retried by [`LeaderElector::run`]; only configuration errors
+/// reach the caller of [`LeaderElector::new`].
+#[derive(Debug, thiserror::Error)]
+pub enum ElectionError {
+    /// The configuration breaks an invariant the fencing guarantee depends on.
+    #[error("invalid leader election config: {reason}")]
+    InvalidConfig {
+        /// Which invariant, with the offending values.
+        reason: String,
+    },
+    /// A request on the Lease failed (network, RBAC, conflict on resourceVersion, ...).
+    #[error("{op} lease {lease}: {source}")]
+    Api {
+        /// The request: get, create or replace.
+        op: &'static str,
+        /// `namespace/name` of the Lease.
+        lease: String,
+        /// The client's error.
+        #[source]
+        source: kube::Error,
+    },
+    /// A request on the Lease did not answer in time.
+    #[error("{op} lease {lease}: no answer within {millis} ms")]
+    Timeout {
+        /// The request.
+        op: &'static str,
+        /// `namespace/name` of the Lease.
+        lease: String,
+        /// How long we waited.
+        millis: u128,
+    },
+}
