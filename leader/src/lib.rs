@@ -13,6 +13,28 @@
 //! leader cut off from the API server therefore stops acting before a standby can take over.
 //!
 //! This crate owns the Lease object named in its config and nothing else.
+//!
+//! ```no_run
+//! use tokio::sync::watch;
+//! use vmdhcp_leader::{ElectionConfig, ElectionError, LeaderElector};
+//!
+//! async fn serve(client: kube::Client, stop: watch::Receiver<bool>) -> Result<(), ElectionError> {
+//!     let config = ElectionConfig::new("vmdhcp-system", "vmdhcp-agent", "agent-0");
+//!     let elector = LeaderElector::new(client, config)?;
+//!     let mut leading = elector.subscribe();
+//!     let election = tokio::spawn(elector.run(stop));
+//!     while leading.changed().await.is_ok() {
+//!         if *leading.borrow_and_update() {
+//!             // start answering
+//!         } else {
+//!             // stop answering now: another replica may take over soon
+//!         }
+//!     }
+//!     // The sender is dropped when `run` returns, after the Lease was released.
+//!     let _ = election.await;
+//!     Ok(())
+//! }
+//! ```
 #![forbid(unsafe_code)]
 
 pub mod config;
