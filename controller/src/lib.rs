@@ -4,8 +4,24 @@
 //! - [`ipam`]: per-pool address allocation, rebuilt from `IPPool.status` after any restart.
 //! - [`index`]: the versioned pool configs and leases the config stream serves.
 //! - [`config_service`]: the gRPC `ConfigService` (Watch stream, Report) built on the index.
+//! - [`index_sync`]: IPPool status → index, on every replica.
+//! - [`ippool`], [`vmnetcfg`], [`vm`]: the reconcilers (leader only), sharing a [`context::Context`].
+//! - [`status`]: conditions and the batched IPAM → `IPPool.status` writer.
+//! - [`agent_bootstrap`]: the agent Deployment's Multus annotation and env.
+//! - [`metrics`], [`http`]: Prometheus metrics and the HTTP endpoints.
+//! - [`runtime`]: the wiring, with leadership gating every writer.
 #![forbid(unsafe_code)]
 
+pub mod agent_bootstrap;
 pub mod config_service;
+pub mod context;
+pub mod http;
 pub mod index;
+pub mod index_sync;
 pub mod ipam;
+pub mod ippool;
+pub mod metrics;
+pub mod runtime;
+pub mod status;
+pub mod vm;
+pub mod vmnetcfg;

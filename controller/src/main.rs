@@ -1,7 +1,16 @@
 //! `vm-dhcp-controller`: the vmdhcp control plane binary.
 
-use anyhow::Context;
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use anyhow::Context as _;
 use clap::{Parser, Subcommand};
+use tokio::sync::watch;
+use tracing::info;
+use vmdhcp_controller::config_service::StreamSettings;
+use vmdhcp_controller::context::AgentDeployment;
+use vmdhcp_controller::runtime::{Settings, run};
+use vmdhcp_core::NamespacedName;
 
 /// The vmdhcp controller.
 #[derive(Parser, Debug)]
@@ -16,11 +25,46 @@ enum Command {
     /// Print the CustomResourceDefinitions this controller serves, as YAML
     /// (`vm-dhcp-controller crds | kubectl apply -f -`).
     Crds,
+    /// Run the controller: reconcilers (leader only), config stream and HTTP endpoints.
+    Run(RunArgs),
+}
+
+#[derive(clap::Args, Debug)]
+struct RunArgs {
+    /// Kubeconfig to use; in-cluster config (or $KUBECONFIG) when unset.
+    #[arg(long, env = "KUBECONFIG")]
+    kubeconfig: Option<std::path::PathBuf>,
+    /// This replica's name (leader-election identity, events).
+    #[arg(long, env = "POD_NAME", default_value = "vm-dhcp-controller")]
+    identity: String,
+    /// Address of the gRPC config stream.
+    #[arg(long, env = "GRPC_LISTEN", default_value = "0.0.0.0:9090")]
+    grpc_listen: SocketAddr,
+    /// Address of /healthz, /readyz, /metrics.
+    #[arg(long, env = "HTTP_LISTEN", default_value = "0.0.0.0:8080")]
+    http_listen: SocketAddr,
+    /// Agent Deployment to bootstrap, `namespace/name` (none: no bootstrap writing).
+    #[arg(long, env = "AGENT_DEPLOYMENT")]
+    agent_deployment: Option<String>,
+    /// Name of the agent container in that Deployment.
+    #[arg(long, env = "AGENT_CONTAINER_NAME", default_value = "agent")]
+    agent_container: String,
+    /// Serve /ipams/{ns}/{pool} and /caches/{ns}/{pool}.
+    #[arg(long)]
+    enable_cache_dump_api: bool,
+    /// Seconds between heartbeats on idle config streams.
+    #[arg(long, default_value_t = 10)]
+    heartbeat_seconds: u64,
+    /// Act as leader without election (single replica, local runs).
+    #[arg(long)]
+    no_leader_election: bool,
 }
 
 fn main() -> anyhow::Result<()> {
     tracing_subscriber::fmt()
-        .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()),
+        )
         .with_writer(std::io::stderr)
         .init();
     match Cli::parse().command {
@@ -35,7 +79,77 @@ fn main() -> anyhow::Result<()> {
             {
                 print!("{out}");
             }
+            Ok(())
         }
+        Command::Run(args) => tokio::runtime::Runtime::new()
+            .context("starting tokio")?
+            .block_on(run_controller(args)),
     }
+}
+
+async fn run_controller(args: RunArgs) -> anyhow::Result<()> {
+    let config = match &args.kubeconfig {
+        Some(path) => {
+            let kc = kube::config::Kubeconfig::read_from(path)
+                .with_context(|| format!("reading {}", path.display()))?;
+            kube::Config::from_custom_kubeconfig(kc, &Default::default())
+                .await
+                .context("loading kubeconfig")?
+        }
+        None => kube::Config::infer()
+            .await
+            .context("inferring kube config")?,
+    };
+    let client = kube::Client::try_from(config).context("building kube client")?;
+    let agent = match &args.agent_deployment {
+        Some(d) => Some(AgentDeployment {
+            deployment: d
+                .parse::<NamespacedName>()
+                .with_context(|| format!("--agent-deployment {d:?}"))?,
+            container: args.agent_container.clone(),
+        }),
+        None => None,
+    };
+    anyhow::ensure!(
+        args.no_leader_election,
+        "leader election is not available in this build: pass --no-leader-election"
+    );
+    let (_leader_tx, leader) = watch::channel(true);
+    let (shutdown_tx, shutdown) = watch::channel(false);
+    let grpc = tokio::net::TcpListener::bind(args.grpc_listen)
+        .await
+        .with_context(|| format!("binding {}", args.grpc_listen))?;
+    let http = tokio::net::TcpListener::bind(args.http_listen)
+        .await
+        .with_context(|| format!("binding {}", args.http_listen))?;
+    let settings = Settings {
+        identity: args.identity.clone(),
+        stream: StreamSettings {
+            heartbeat: Duration::from_secs(args.heartbeat_seconds.max(1)),
+            ..StreamSettings::default()
+        },
+        agent,
+        dumps: args.enable_cache_dump_api,
+    };
+    tokio::spawn(async move {
+        let mut term =
+            tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).ok();
+        tokio::select! {
+            _ = tokio::signal::ctrl_c() => {}
+            _ = async { match term.as_mut() { Some(t) => { t.recv().await; } None => std::future::pending::<()>().await } } => {}
+        }
+        info!("shutting down");
+        shutdown_tx.send_replace(true);
+    });
+    run(
+        client,
+        settings,
+        grpc,
+        http,
+        leader,
+        shutdown,
+        |h| info!(grpc = %h.grpc, http = %h.http, "controller up"),
+    )
+    .await?;
     Ok(())
 }

@@ -1,0 +1,196 @@
+//! Writes the agent Deployment's bootstrap (leader only): the Multus network-selection
+//! annotation of its pod template and the `AGENT_NETWORK_CONFIGS` / `IPPOOL_REFS_JSON` env of the
+//! agent container, from the pools the index serves.
+//!
+//! Interface names are stable per pool, so adding a pool appends to the annotation without
+//! renaming the others. The Deployment is patched only when the rendered bootstrap differs from
+//! what it already carries: an unchanged set of pools writes nothing (a write rolls the agents).
+//! A missing Deployment is reported on every served pool (AgentReady=False + event).
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use k8s_openapi::api::apps::v1::Deployment;
+use kube::api::{Api, Patch, PatchParams};
+use kube::runtime::events::EventType;
+use serde_json::json;
+use tracing::{info, warn};
+use vmdhcp_core::bootstrap::{
+    Bootstrap, ENV_AGENT_NETWORK_CONFIGS, ENV_IPPOOL_REFS_JSON, MULTUS_NETWORKS_ANNOTATION,
+};
+use vmdhcp_core::crd::CONDITION_AGENT_READY;
+
+use crate::context::{AgentDeployment, Context};
+use crate::index::{Index, PoolFilter};
+use crate::status::{set_condition, update_pool_status};
+
+/// What the Deployment carries now: (annotation, configs env, refs env).
+fn current(
+    deploy: &Deployment,
+    container: &str,
+) -> (Option<String>, Option<String>, Option<String>) {
+    let template = deploy.spec.as_ref().map(|s| &s.template);
+    let annotation = template
+        .and_then(|t| t.metadata.as_ref())
+        .and_then(|m| m.annotations.as_ref())
+        .and_then(|a| a.get(MULTUS_NETWORKS_ANNOTATION).cloned());
+    let env = template
+        .and_then(|t| t.spec.as_ref())
+        .and_then(|s| s.containers.iter().find(|c| c.name == container))
+        .and_then(|c| c.env.clone())
+        .unwrap_or_default();
+    let var = |name: &str| {
+        env.iter()
+            .find(|e| e.name == name)
+            .and_then(|e| e.value.clone())
+    };
+    (
+        annotation,
+        var(ENV_AGENT_NETWORK_CONFIGS),
+        var(ENV_IPPOOL_REFS_JSON),
+    )
+}
+
+/// The strategic-merge patch that sets the bootstrap (containers and env merge by name).
+pub fn patch_for(bootstrap: &Bootstrap, container: &str) -> serde_json::Value {
+    json!({"spec": {"template": {
+        "metadata": {"annotations": {MULTUS_NETWORKS_ANNOTATION: bootstrap.render_multus_networks()}},
+        "spec": {"containers": [{"name": container, "env": [
+            {"name": ENV_AGENT_NETWORK_CONFIGS, "value": bootstrap.render_network_configs()},
+            {"name": ENV_IPPOOL_REFS_JSON, "value": bootstrap.render_pool_refs()},
+        ]}]}
+    }}})
+}
+
+/// Keeps the Deployment's bootstrap equal to the index's pools until the term ends.
+pub async fn run(ctx: Arc<Context>, index: Arc<Index>, target: AgentDeployment) {
+    let api: Api<Deployment> = Api::namespaced(ctx.client.clone(), &target.deployment.namespace);
+    let mut revisions = index.subscribe();
+    let mut missing_reported = false;
+    loop {
+        let snapshot = index.snapshot(&PoolFilter::all());
+        let bootstrap = Bootstrap::from_pools(snapshot.pools.iter().map(|(c, _)| c));
+        let desired = (
+            Some(bootstrap.render_multus_networks()),
+            Some(bootstrap.render_network_configs()),
+            Some(bootstrap.render_pool_refs()),
+        );
+        let outcome = match api.get_opt(&target.deployment.name).await {
+            Ok(Some(deploy)) => {
+                missing_reported = false;
+                if current(&deploy, &target.container) == desired {
+                    Ok(())
+                } else if ctx.ensure_leader().is_ok() {
+                    let patch = patch_for(&bootstrap, &target.container);
+                    api.patch(&target.deployment.name, &PatchParams::default(), &Patch::Strategic(&patch)).await.map(|_| {
+                        info!(deployment = %target.deployment, pools = bootstrap.pool_refs.len(), "agent Deployment bootstrap updated");
+                    })
+                } else {
+                    Ok(())
+                }
+            }
+            Ok(None) => {
+                if !missing_reported {
+                    report_missing(
+                        &ctx,
+                        &target,
+                        &snapshot
+                            .pools
+                            .iter()
+                            .map(|(c, _)| c.pool.clone())
+                            .collect::<Vec<_>>(),
+                    )
+                    .await;
+                    missing_reported = true;
+                }
+                Ok(())
+            }
+            Err(e) => Err(e),
+        };
+        if let Err(e) = outcome {
+            warn!(deployment = %target.deployment, error = %e, "cannot update the agent Deployment; retrying");
+            tokio::time::sleep(Duration::from_secs(5)).await;
+            continue;
+        }
+        // Re-check on every index change, and now and then in case someone edited the Deployment.
+        let _ = tokio::time::timeout(Duration::from_secs(60), revisions.changed()).await;
+    }
+}
+
+async fn report_missing(
+    ctx: &Context,
+    target: &AgentDeployment,
+    pools: &[vmdhcp_core::NamespacedName],
+) {
+    let message = format!(
+        "agent Deployment {} not found; agents cannot be bootstrapped",
+        target.deployment
+    );
+    warn!(deployment = %target.deployment, "agent Deployment not found");
+    for pool in pools {
+        if ctx.ensure_leader().is_err() {
+            return;
+        }
+        if let Some(obj) = ctx
+            .pools
+            .get(&kube::runtime::reflector::ObjectRef::new(&pool.name).within(&pool.namespace))
+        {
+            ctx.event(
+                obj.as_ref(),
+                EventType::Warning,
+                "AgentDeploymentNotFound",
+                "Bootstrap",
+                message.clone(),
+            )
+            .await;
+        }
+        let result = update_pool_status(&ctx.client, Some(&ctx.pools), pool, |s| {
+            set_condition(
+                &mut s.conditions,
+                CONDITION_AGENT_READY,
+                false,
+                "AgentDeploymentNotFound",
+                &message,
+            );
+            Ok(())
+        })
+        .await;
+        if let Err(e) = result {
+            warn!(%pool, error = %e, "cannot report the missing agent Deployment");
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn patch_sets_annotation_and_env_of_the_agent_container() {
+        let b = Bootstrap::parse(
+            Some(r#"[{"interfaceName":"vmd1","serverIP":"192.0.2.1","cidr":"192.0.2.0/24","ipPoolName":"ns/a","ipPoolRef":"ns/a","nadName":"ns/net-a"}]"#),
+            Some(r#"["ns/a"]"#),
+        )
+        .unwrap();
+        let p = patch_for(&b, "agent");
+        assert_eq!(
+            p["spec"]["template"]["metadata"]["annotations"][MULTUS_NETWORKS_ANNOTATION],
+            "ns/net-a@vmd1"
+        );
+        let env = &p["spec"]["template"]["spec"]["containers"][0];
+        assert_eq!(env["name"], "agent");
+        assert_eq!(env["env"][1]["value"], r#"["ns/a"]"#);
+        let deploy: Deployment = serde_json::from_value(
+            json!({"spec": {"selector": {}, "template": p["spec"]["template"].clone()}}),
+        )
+        .unwrap();
+        assert_eq!(
+            current(&deploy, "agent"),
+            (
+                Some(b.render_multus_networks()),
+                Some(b.render_network_configs()),
+                Some(b.render_pool_refs())
+            )
+        );
+    }
+}

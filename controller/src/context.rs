@@ -1,0 +1,120 @@
+//! What every reconciler shares: the API client, the caches (reflector stores), the IPAM, the
+//! pool-status writer, the event recorder, and the leadership flag that gates every write.
+
+use std::sync::Arc;
+
+use k8s_openapi::jiff::Timestamp;
+use kube::api::DynamicObject;
+use kube::runtime::events::{Event, EventType, Recorder};
+use kube::runtime::reflector::Store;
+use kube::{Client, Resource, ResourceExt};
+use tokio::sync::watch;
+use tracing::warn;
+use vmdhcp_core::NamespacedName;
+use vmdhcp_core::crd::{IPPool, VirtualMachineNetworkConfig};
+
+use crate::ipam::Ipam;
+use crate::metrics::Metrics;
+use crate::status::PoolStatusWriter;
+
+/// Finalizer on IPPools (upstream's name, so objects created by upstream carry over).
+pub const IPPOOL_FINALIZER: &str = "wrangler.cattle.io/vm-dhcp-ippool-controller";
+/// Finalizer on VirtualMachineNetworkConfigs (upstream's name).
+pub const VMNETCFG_FINALIZER: &str = "wrangler.cattle.io/vm-dhcp-vmnetcfg-controller";
+
+/// Where the agent Deployment lives, for the bootstrap writer.
+#[derive(Clone, Debug)]
+pub struct AgentDeployment {
+    /// Its namespace and name.
+    pub deployment: NamespacedName,
+    /// The agent container in it.
+    pub container: String,
+}
+
+/// Shared by all reconcilers.
+pub struct Context {
+    /// The API client.
+    pub client: Client,
+    /// IPPools as last seen.
+    pub pools: Store<IPPool>,
+    /// VirtualMachineNetworkConfigs as last seen.
+    pub vmnetcfgs: Store<VirtualMachineNetworkConfig>,
+    /// KubeVirt VirtualMachines as last seen.
+    pub vms: Store<DynamicObject>,
+    /// Allocations, rebuilt from status when leadership starts.
+    pub ipam: Arc<Ipam>,
+    /// Batches IPAM → IPPool status writes.
+    pub writer: PoolStatusWriter,
+    /// Kubernetes events.
+    pub recorder: Recorder,
+    /// Prometheus metrics.
+    pub metrics: Arc<Metrics>,
+    /// True while this replica leads; every write checks it.
+    pub leader: watch::Receiver<bool>,
+    /// The agent Deployment to bootstrap, if configured.
+    pub agent: Option<AgentDeployment>,
+    /// Which config owns each MAC on each pool.
+    pub mac_owners: crate::vmnetcfg::MacOwners,
+}
+
+/// This replica lost leadership: the write was not made.
+#[derive(Debug, thiserror::Error)]
+#[error("not the leader; write skipped")]
+pub struct NotLeader;
+
+impl Context {
+    /// Fails unless this replica is the leader right now.
+    pub fn ensure_leader(&self) -> Result<(), NotLeader> {
+        if *self.leader.borrow() {
+            Ok(())
+        } else {
+            Err(NotLeader)
+        }
+    }
+
+    /// Publishes a Kubernetes event about `obj`; failures are logged, never fatal.
+    pub async fn event<K: Resource<DynamicType = ()>>(
+        &self,
+        obj: &K,
+        type_: EventType,
+        reason: &str,
+        action: &str,
+        note: String,
+    ) {
+        let ev = Event {
+            type_,
+            reason: reason.into(),
+            note: Some(note),
+            action: action.into(),
+            secondary: None,
+        };
+        if let Err(e) = self.recorder.publish(&ev, &obj.object_ref(&())).await {
+            warn!(error = %e, reason, "could not record event");
+        }
+    }
+
+    /// The IPPool that serves `network`: among live pools naming it, the oldest (then by name).
+    /// Upstream let a second pool on one network silently clobber the first; here the first
+    /// keeps it and the others are refused.
+    pub fn pool_for_network(&self, network: &NamespacedName) -> Option<Arc<IPPool>> {
+        self.pools
+            .state()
+            .into_iter()
+            .filter(|p| p.metadata.deletion_timestamp.is_none())
+            .filter(|p| {
+                let ns = p.namespace().unwrap_or_default();
+                NamespacedName::parse_in(&p.spec.network_name, &ns)
+                    .ok()
+                    .as_ref()
+                    == Some(network)
+            })
+            .min_by_key(|p| {
+                let created = p
+                    .metadata
+                    .creation_timestamp
+                    .as_ref()
+                    .map_or(Timestamp::MAX, |t| t.0);
+                (created, p.namespace().unwrap_or_default(), p.name_any())
+            })
+    }
+}

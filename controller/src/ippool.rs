@@ -1,0 +1,357 @@
+//! The IPPool reconciler (leader only): registers the pool on its network, builds its IPAM from
+//! status, keeps `RESERVED`/`EXCLUDED`, `used`/`available` and the conditions current, and on
+//! pause or deletion lets go of everything in memory while keeping the allocations in etcd.
+//!
+//! Order of work follows upstream (§2 of upstream-behaviour.md) with its bugs fixed: IPAM is
+//! keyed by pool, a second pool on a network is refused rather than clobbering the first, and
+//! metrics are removed under the labels they were created with.
+
+use std::collections::BTreeMap;
+use std::net::Ipv4Addr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use kube::ResourceExt;
+use kube::api::{Api, ApiResource, DynamicObject, GroupVersionKind, Patch, PatchParams};
+use kube::runtime::controller::Action;
+use kube::runtime::events::EventType;
+use kube::runtime::finalizer::{Event as Finalizer, finalizer};
+use serde_json::json;
+use tracing::{info, warn};
+use vmdhcp_core::NamespacedName;
+use vmdhcp_core::crd::{
+    CONDITION_CACHE_READY, CONDITION_REGISTERED, CONDITION_STOPPED, IPPool, LABEL_IPPOOL_NAME,
+    LABEL_IPPOOL_NAMESPACE,
+};
+use vmdhcp_core::pool::PoolConfig;
+
+use crate::context::{Context, IPPOOL_FINALIZER, NotLeader};
+use crate::ipam::{IpamError, PoolAllocator, PoolRange};
+use crate::metrics::PoolLabels;
+use crate::status::{StatusError, fill_ipv4, set_condition, update_pool_status};
+
+/// Why an IPPool reconcile failed (it is retried with per-object backoff).
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// An API call failed.
+    #[error("{action}: {source}")]
+    Kube {
+        /// What was being done.
+        action: String,
+        /// The API error.
+        source: kube::Error,
+    },
+    /// Writing status failed.
+    #[error(transparent)]
+    Status(#[from] StatusError),
+    /// The IPAM refused.
+    #[error(transparent)]
+    Ipam(#[from] IpamError),
+    /// Leadership was lost.
+    #[error(transparent)]
+    NotLeader(#[from] NotLeader),
+    /// Adding or removing the finalizer failed.
+    #[error("finalizer: {0}")]
+    Finalizer(#[source] Box<kube::runtime::finalizer::Error<Error>>),
+    /// The object has no namespace.
+    #[error("IPPool without namespace")]
+    Unnamespaced,
+}
+
+/// The NetworkAttachmentDefinition resource (Multus).
+pub fn nad_resource() -> ApiResource {
+    ApiResource::from_gvk_with_plural(
+        &GroupVersionKind::gvk("k8s.cni.cncf.io", "v1", "NetworkAttachmentDefinition"),
+        "network-attachment-definitions",
+    )
+}
+
+/// The pool's allocation range, parsed and checked; errors name the field.
+pub fn pool_range(pool: &IPPool) -> Result<PoolRange, String> {
+    let cfg = PoolConfig::from_ippool(pool, "eth1").map_err(|e| e.to_string())?;
+    let v4 = &pool.spec.ipv4_config;
+    let ip = |field: &str, v: &str| {
+        v.parse::<Ipv4Addr>()
+            .map_err(|_| format!("spec.ipv4Config.{field} {v:?} is not an IPv4 address"))
+    };
+    let range = PoolRange {
+        pool: cfg.pool,
+        subnet: cfg.subnet,
+        start: ip("pool.start", &v4.pool.start)?,
+        end: ip("pool.end", &v4.pool.end)?,
+        server_ip: cfg.server_ip,
+        router: cfg.router,
+        exclude: v4
+            .pool
+            .exclude
+            .iter()
+            .map(|e| ip("pool.exclude", e))
+            .collect::<Result<_, _>>()?,
+    };
+    PoolAllocator::new(range.clone()).map_err(|e| e.to_string())?;
+    Ok(range)
+}
+
+fn labels(range: &PoolRange, network: &NamespacedName) -> PoolLabels {
+    PoolLabels {
+        ippool: range.pool.to_string(),
+        cidr: range.subnet.to_string(),
+        network: network.to_string(),
+    }
+}
+
+/// Reconciles one IPPool.
+pub async fn reconcile(pool: Arc<IPPool>, ctx: Arc<Context>) -> Result<Action, Error> {
+    ctx.ensure_leader()?;
+    let ns = pool.namespace().ok_or(Error::Unnamespaced)?;
+    let api: Api<IPPool> = Api::namespaced(ctx.client.clone(), &ns);
+    finalizer(&api, IPPOOL_FINALIZER, pool, |event| async {
+        match event {
+            Finalizer::Apply(p) => apply(p, ctx.clone()).await,
+            Finalizer::Cleanup(p) => cleanup(p, ctx.clone()).await,
+        }
+    })
+    .await
+    .map_err(|e| Error::Finalizer(Box::new(e)))
+}
+
+/// Writes the conditions (and, when the IPAM holds the pool, the books) in one status update.
+async fn write_status(
+    ctx: &Context,
+    pool: &NamespacedName,
+    conditions: &[(&str, bool, &str, String)],
+    books: bool,
+) -> Result<(), Error> {
+    ctx.ensure_leader()?;
+    update_pool_status(&ctx.client, Some(&ctx.pools), pool, |status| {
+        for (type_, value, reason, message) in conditions {
+            set_condition(&mut status.conditions, type_, *value, reason, message);
+        }
+        if books {
+            fill_ipv4(&ctx.ipam, pool, status)?;
+        }
+        Ok(())
+    })
+    .await?;
+    Ok(())
+}
+
+async fn apply(pool: Arc<IPPool>, ctx: Arc<Context>) -> Result<Action, Error> {
+    let Some(pool_ref) = crate::status::object_ref(pool.as_ref()) else {
+        return Err(Error::Unnamespaced);
+    };
+    let range = match pool_range(&pool) {
+        Ok(r) => r,
+        Err(reason) => {
+            ctx.ipam.remove(&pool_ref);
+            ctx.mac_owners.forget_pool(&pool_ref);
+            ctx.metrics.remove_pool(&pool_ref.to_string());
+            ctx.event(
+                pool.as_ref(),
+                EventType::Warning,
+                "InvalidSpec",
+                "Register",
+                reason.clone(),
+            )
+            .await;
+            write_status(
+                &ctx,
+                &pool_ref,
+                &[(CONDITION_REGISTERED, false, "InvalidSpec", reason)],
+                false,
+            )
+            .await?;
+            return Ok(Action::await_change());
+        }
+    };
+    let Ok(network) = NamespacedName::parse_in(&pool.spec.network_name, &pool_ref.namespace) else {
+        return Ok(Action::await_change());
+    };
+
+    // One pool per network.
+    if let Some(owner) = ctx.pool_for_network(&network)
+        && crate::status::object_ref(owner.as_ref()).as_ref() != Some(&pool_ref)
+    {
+        let owner = format!(
+            "{}/{}",
+            owner.namespace().unwrap_or_default(),
+            owner.name_any()
+        );
+        let message = format!("network {network} is already served by IPPool {owner}");
+        ctx.ipam.remove(&pool_ref);
+        ctx.mac_owners.forget_pool(&pool_ref);
+        ctx.metrics.remove_pool(&pool_ref.to_string());
+        ctx.event(
+            pool.as_ref(),
+            EventType::Warning,
+            "NetworkInUse",
+            "Register",
+            message.clone(),
+        )
+        .await;
+        write_status(
+            &ctx,
+            &pool_ref,
+            &[(CONDITION_REGISTERED, false, "NetworkInUse", message)],
+            false,
+        )
+        .await?;
+        return Ok(Action::requeue(Duration::from_secs(60)));
+    }
+
+    // Label the network with the pool that serves it.
+    let nads: Api<DynamicObject> =
+        Api::namespaced_with(ctx.client.clone(), &network.namespace, &nad_resource());
+    match nads.get_opt(&network.name).await {
+        Err(source) => {
+            return Err(Error::Kube {
+                action: format!("reading NetworkAttachmentDefinition {network}"),
+                source,
+            });
+        }
+        Ok(None) => {
+            let message = format!("NetworkAttachmentDefinition {network} not found");
+            ctx.event(
+                pool.as_ref(),
+                EventType::Warning,
+                "NetworkNotFound",
+                "Register",
+                message.clone(),
+            )
+            .await;
+            write_status(
+                &ctx,
+                &pool_ref,
+                &[(CONDITION_REGISTERED, false, "NetworkNotFound", message)],
+                false,
+            )
+            .await?;
+            return Ok(Action::requeue(Duration::from_secs(30)));
+        }
+        Ok(Some(nad)) => {
+            let l = nad.labels();
+            if l.get(LABEL_IPPOOL_NAMESPACE) != Some(&pool_ref.namespace)
+                || l.get(LABEL_IPPOOL_NAME) != Some(&pool_ref.name)
+            {
+                ctx.ensure_leader()?;
+                let patch = json!({"metadata": {"labels": {LABEL_IPPOOL_NAMESPACE: pool_ref.namespace, LABEL_IPPOOL_NAME: pool_ref.name}}});
+                nads.patch(
+                    &network.name,
+                    &PatchParams::default(),
+                    &Patch::Merge(&patch),
+                )
+                .await
+                .map_err(|source| Error::Kube {
+                    action: format!("labelling {network}"),
+                    source,
+                })?;
+            }
+        }
+    }
+
+    if pool.spec.paused == Some(true) {
+        ctx.ipam.remove(&pool_ref);
+        ctx.mac_owners.forget_pool(&pool_ref);
+        ctx.metrics.remove_pool(&pool_ref.to_string());
+        write_status(
+            &ctx,
+            &pool_ref,
+            &[
+                (CONDITION_REGISTERED, true, "", String::new()),
+                (CONDITION_STOPPED, true, "Paused", String::new()),
+            ],
+            false,
+        )
+        .await?;
+        info!(pool = %pool_ref, "pool paused; allocations kept in status");
+        return Ok(Action::await_change());
+    }
+
+    // (Re)build the IPAM from what etcd records whenever it is missing or the range changed.
+    let current = ctx.ipam.with_pool(&pool_ref, |a| a.range().clone()).ok();
+    if current.as_ref() != Some(&range) {
+        let allocated = pool
+            .status
+            .as_ref()
+            .and_then(|s| s.ipv4.as_ref())
+            .map(|v| v.allocated.clone())
+            .unwrap_or_default();
+        let (allocator, problems) = PoolAllocator::rebuild(range.clone(), &allocated)?;
+        for problem in problems.iter().take(5) {
+            warn!(pool = %pool_ref, %problem, "status entry not replayed");
+            ctx.event(
+                pool.as_ref(),
+                EventType::Warning,
+                "StatusEntry",
+                "Rebuild",
+                problem.to_string(),
+            )
+            .await;
+        }
+        ctx.mac_owners.forget_pool(&pool_ref);
+        ctx.ipam.insert(allocator);
+        info!(pool = %pool_ref, leases = ctx.ipam.with_pool(&pool_ref, |a| a.used()).unwrap_or(0), "IPAM rebuilt from status");
+    }
+    write_status(
+        &ctx,
+        &pool_ref,
+        &[
+            (CONDITION_REGISTERED, true, "", String::new()),
+            (CONDITION_STOPPED, false, "", String::new()),
+            (CONDITION_CACHE_READY, true, "", String::new()),
+        ],
+        true,
+    )
+    .await?;
+    let (used, available) = ctx
+        .ipam
+        .with_pool(&pool_ref, |a| (a.used(), a.available()))?;
+    ctx.metrics
+        .set_pool(labels(&range, &network), used, available);
+    Ok(Action::requeue(Duration::from_secs(300)))
+}
+
+async fn cleanup(pool: Arc<IPPool>, ctx: Arc<Context>) -> Result<Action, Error> {
+    let Some(pool_ref) = crate::status::object_ref(pool.as_ref()) else {
+        return Err(Error::Unnamespaced);
+    };
+    ctx.ensure_leader()?;
+    ctx.ipam.remove(&pool_ref);
+    ctx.mac_owners.forget_pool(&pool_ref);
+    ctx.writer.forget(&pool_ref);
+    ctx.metrics.remove_pool(&pool_ref.to_string());
+    if let Ok(network) = NamespacedName::parse_in(&pool.spec.network_name, &pool_ref.namespace) {
+        let nads: Api<DynamicObject> =
+            Api::namespaced_with(ctx.client.clone(), &network.namespace, &nad_resource());
+        if let Ok(Some(nad)) = nads.get_opt(&network.name).await
+            && nad.labels().get(LABEL_IPPOOL_NAME) == Some(&pool_ref.name)
+            && nad.labels().get(LABEL_IPPOOL_NAMESPACE) == Some(&pool_ref.namespace)
+        {
+            let patch = json!({"metadata": {"labels": {LABEL_IPPOOL_NAMESPACE: null, LABEL_IPPOOL_NAME: null}}});
+            match nads
+                .patch(
+                    &network.name,
+                    &PatchParams::default(),
+                    &Patch::Merge(&patch),
+                )
+                .await
+            {
+                Ok(_) => {}
+                Err(kube::Error::Api(s)) if s.is_not_found() => {}
+                Err(source) => {
+                    return Err(Error::Kube {
+                        action: format!("unlabelling {network}"),
+                        source,
+                    });
+                }
+            }
+        }
+    }
+    info!(pool = %pool_ref, "pool deleted; released everything");
+    Ok(Action::await_change())
+}
+
+/// A map of IPAM state for the debug endpoint: address → holder.
+pub fn ipam_dump(ctx: &Context, pool: &NamespacedName) -> Option<BTreeMap<String, String>> {
+    ctx.ipam.with_pool(pool, |a| a.status_allocated()).ok()
+}

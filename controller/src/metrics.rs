@@ -1,0 +1,240 @@
+//! The controller's Prometheus metrics: upstream's names and labels, removed together with their
+//! object (upstream leaked pool series by deleting them under the wrong label), plus reconcile
+//! counts, errors and durations.
+
+use std::collections::{BTreeSet, HashMap};
+use std::sync::{Mutex, PoisonError};
+use std::time::Duration;
+
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
+use prometheus_client::registry::Registry;
+
+/// Labels of the pool gauges (upstream: `ippool` is `ns/name`).
+#[derive(Clone, Debug, Hash, PartialEq, Eq, PartialOrd, Ord, EncodeLabelSet)]
+pub struct PoolLabels {
+    /// The pool, `namespace/name`.
+    pub ippool: String,
+    /// Its subnet.
+    pub cidr: String,
+    /// Its network, `namespace/name`.
+    pub network: String,
+}
+
+/// Labels of `vmdhcpcontroller_vmnetcfg_status`.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, PartialOrd, Ord, EncodeLabelSet)]
+pub struct VmnetcfgLabels {
+    /// The config, `namespace/name`.
+    pub vmnetcfg: String,
+    /// The network.
+    pub network: String,
+    /// The NIC.
+    pub mac: String,
+    /// Its address (empty while pending).
+    pub ip: String,
+    /// Allocated, Pending or Stale.
+    pub state: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ReconcileLabels {
+    controller: String,
+    result: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ControllerLabel {
+    controller: String,
+}
+
+/// All controller metrics and the registry that exposes them.
+pub struct Metrics {
+    registry: Registry,
+    ippool_used: Family<PoolLabels, Gauge>,
+    ippool_available: Family<PoolLabels, Gauge>,
+    vmnetcfg_status: Family<VmnetcfgLabels, Gauge>,
+    reconciles: Family<ReconcileLabels, Counter>,
+    durations: Family<ControllerLabel, Histogram>,
+    pool_series: Mutex<HashMap<String, PoolLabels>>,
+    vmnetcfg_series: Mutex<HashMap<String, BTreeSet<VmnetcfgLabels>>>,
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        let mut registry = Registry::default();
+        let ippool_used = Family::<PoolLabels, Gauge>::default();
+        let ippool_available = Family::<PoolLabels, Gauge>::default();
+        let vmnetcfg_status = Family::<VmnetcfgLabels, Gauge>::default();
+        let reconciles = Family::<ReconcileLabels, Counter>::default();
+        let durations = Family::<ControllerLabel, Histogram>::new_with_constructor(
+            (|| Histogram::new(exponential_buckets(0.001, 2.0, 14))) as fn() -> Histogram,
+        );
+        registry.register(
+            "vmdhcpcontroller_ippool_used",
+            "Amount of IP addresses which are in use in an IPPool",
+            ippool_used.clone(),
+        );
+        registry.register(
+            "vmdhcpcontroller_ippool_available",
+            "Amount of IP addresses which are available in an IPPool",
+            ippool_available.clone(),
+        );
+        registry.register(
+            "vmdhcpcontroller_vmnetcfg_status",
+            "Information and status of the VirtualMachineNetworkConfig objects",
+            vmnetcfg_status.clone(),
+        );
+        registry.register(
+            "vmdhcpcontroller_reconciles",
+            "Reconciles by controller and result (ok, error)",
+            reconciles.clone(),
+        );
+        registry.register(
+            "vmdhcpcontroller_reconcile_duration_seconds",
+            "Reconcile duration by controller",
+            durations.clone(),
+        );
+        Metrics {
+            registry,
+            ippool_used,
+            ippool_available,
+            vmnetcfg_status,
+            reconciles,
+            durations,
+            pool_series: Mutex::default(),
+            vmnetcfg_series: Mutex::default(),
+        }
+    }
+}
+
+impl Metrics {
+    /// Sets a pool's gauges, replacing its previous series if its labels changed.
+    pub fn set_pool(&self, labels: PoolLabels, used: u64, available: u64) {
+        let mut series = self
+            .pool_series
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        if let Some(old) = series.insert(labels.ippool.clone(), labels.clone())
+            && old != labels
+        {
+            self.ippool_used.remove(&old);
+            self.ippool_available.remove(&old);
+        }
+        self.ippool_used
+            .get_or_create(&labels)
+            .set(i64::try_from(used).unwrap_or(i64::MAX));
+        self.ippool_available
+            .get_or_create(&labels)
+            .set(i64::try_from(available).unwrap_or(i64::MAX));
+    }
+
+    /// Removes a pool's gauges (pause, deletion).
+    pub fn remove_pool(&self, ippool: &str) {
+        if let Some(old) = self
+            .pool_series
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .remove(ippool)
+        {
+            self.ippool_used.remove(&old);
+            self.ippool_available.remove(&old);
+        }
+    }
+
+    /// Makes a config's status series exactly `series`.
+    pub fn set_vmnetcfg(&self, vmnetcfg: &str, series: BTreeSet<VmnetcfgLabels>) {
+        let mut all = self
+            .vmnetcfg_series
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        for old in all.get(vmnetcfg).into_iter().flatten() {
+            if !series.contains(old) {
+                self.vmnetcfg_status.remove(old);
+            }
+        }
+        for s in &series {
+            self.vmnetcfg_status.get_or_create(s).set(1);
+        }
+        all.insert(vmnetcfg.to_owned(), series);
+    }
+
+    /// Removes every series of a config (deletion).
+    pub fn remove_vmnetcfg(&self, vmnetcfg: &str) {
+        self.set_vmnetcfg(vmnetcfg, BTreeSet::new());
+        self.vmnetcfg_series
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .remove(vmnetcfg);
+    }
+
+    /// Counts one reconcile and its duration.
+    pub fn reconciled(&self, controller: &str, ok: bool, took: Duration) {
+        let result = if ok { "ok" } else { "error" };
+        self.reconciles
+            .get_or_create(&ReconcileLabels {
+                controller: controller.into(),
+                result: result.into(),
+            })
+            .inc();
+        self.durations
+            .get_or_create(&ControllerLabel {
+                controller: controller.into(),
+            })
+            .observe(took.as_secs_f64());
+    }
+
+    /// The exposition text for `/metrics`.
+    pub fn encode(&self) -> String {
+        let mut out = String::new();
+        if prometheus_client::encoding::text::encode(&mut out, &self.registry).is_err() {
+            out.clear();
+        }
+        out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn series_are_removed_with_their_object() {
+        let m = Metrics::default();
+        let labels = PoolLabels {
+            ippool: "default/net-48".into(),
+            cidr: "192.168.48.0/24".into(),
+            network: "default/net-48".into(),
+        };
+        m.set_pool(labels.clone(), 2, 6);
+        let text = m.encode();
+        assert!(text.contains(r#"vmdhcpcontroller_ippool_used{ippool="default/net-48",cidr="192.168.48.0/24",network="default/net-48"} 2"#), "{text}");
+        m.remove_pool("default/net-48");
+        assert!(!m.encode().contains("default/net-48"));
+
+        let s = |state: &str| VmnetcfgLabels {
+            vmnetcfg: "default/vm".into(),
+            network: "default/net-48".into(),
+            mac: "aa:bb:cc:dd:ee:ff".into(),
+            ip: "192.168.48.86".into(),
+            state: state.into(),
+        };
+        m.set_vmnetcfg("default/vm", [s("Allocated")].into());
+        m.set_vmnetcfg("default/vm", [s("Pending")].into());
+        let text = m.encode();
+        assert!(
+            text.contains(r#"state="Pending""#) && !text.contains(r#"state="Allocated""#),
+            "{text}"
+        );
+        m.remove_vmnetcfg("default/vm");
+        assert!(!m.encode().contains("default/vm"));
+        m.reconciled("ippool", true, Duration::from_millis(3));
+        assert!(
+            m.encode().contains(
+                r#"vmdhcpcontroller_reconciles_total{controller="ippool",result="ok"} 1"#
+            )
+        );
+    }
+}

@@ -1,0 +1,463 @@
+//! Wires the controller together: on every replica, the IPPool watch that feeds the index, the
+//! config stream and the HTTP endpoints; on the leader only, the reconcilers and the agent
+//! bootstrap writer, started when leadership is gained and dropped — with every reconcile in
+//! flight — the moment it is lost. Each leadership term starts from a fresh IPAM, rebuilt from
+//! status, so nothing a previous leader held in memory is trusted.
+
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::sync::{Arc, Mutex, PoisonError, RwLock};
+use std::time::{Duration, Instant};
+
+use futures_util::StreamExt;
+use kube::api::{Api, DynamicObject};
+use kube::runtime::controller::{Action, Controller};
+use kube::runtime::events::{Recorder, Reporter};
+use kube::runtime::reflector::{self, ObjectRef};
+use kube::runtime::{WatchStreamExt, watcher};
+use kube::{Client, ResourceExt};
+use tokio::net::TcpListener;
+use tokio::sync::watch;
+use tracing::{error, info, warn};
+use vmdhcp_core::NamespacedName;
+use vmdhcp_core::crd::{IPPool, VirtualMachineNetworkConfig};
+
+use crate::config_service::{Reports, StreamSettings};
+use crate::context::{AgentDeployment, Context};
+use crate::http::HttpState;
+use crate::index::Index;
+use crate::index_sync::IndexSync;
+use crate::ipam::Ipam;
+use crate::metrics::Metrics;
+use crate::status::PoolStatusWriter;
+use crate::vmnetcfg::MacOwners;
+
+/// Why the controller stopped.
+#[derive(Debug, thiserror::Error)]
+pub enum RuntimeError {
+    /// The config stream server failed.
+    #[error(transparent)]
+    ConfigService(#[from] crate::config_service::ConfigServiceError),
+    /// The HTTP server failed.
+    #[error("HTTP server: {0}")]
+    Http(#[from] std::io::Error),
+}
+
+/// A reconcile failed (wraps each reconciler's own error).
+#[derive(Debug, thiserror::Error)]
+pub enum ReconcileError {
+    /// IPPool.
+    #[error(transparent)]
+    IPPool(#[from] crate::ippool::Error),
+    /// VirtualMachineNetworkConfig.
+    #[error(transparent)]
+    Vmnetcfg(#[from] crate::vmnetcfg::Error),
+    /// VirtualMachine.
+    #[error(transparent)]
+    Vm(#[from] crate::vm::Error),
+}
+
+/// Controller settings.
+#[derive(Clone, Debug)]
+pub struct Settings {
+    /// This replica's name (events, logs).
+    pub identity: String,
+    /// Config stream tunables.
+    pub stream: StreamSettings,
+    /// The agent Deployment to bootstrap.
+    pub agent: Option<AgentDeployment>,
+    /// Serve `/ipams` and `/caches`.
+    pub dumps: bool,
+}
+
+/// What a running controller exposes to its embedder (tests, main).
+#[derive(Clone)]
+pub struct Handles {
+    /// The index served to agents.
+    pub index: Arc<Index>,
+    /// Agent reports.
+    pub reports: Arc<Reports>,
+    /// Metrics.
+    pub metrics: Arc<Metrics>,
+    /// The gRPC address.
+    pub grpc: SocketAddr,
+    /// The HTTP address.
+    pub http: SocketAddr,
+}
+
+/// Per-object retry backoff: 1 s, 2 s, 4 s … 5 min, reset by a success.
+#[derive(Default)]
+struct Backoff(Mutex<HashMap<String, u32>>);
+
+impl Backoff {
+    fn failed(&self, key: String) -> Duration {
+        let mut m = self.0.lock().unwrap_or_else(PoisonError::into_inner);
+        let n = m.entry(key).or_insert(0);
+        *n = n.saturating_add(1);
+        Duration::from_secs(1u64 << (*n - 1).min(8)).min(Duration::from_secs(300))
+    }
+
+    fn succeeded(&self, key: &str) {
+        self.0
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .remove(key);
+    }
+}
+
+/// A leadership term's context plus its backoff bookkeeping.
+struct Term {
+    ctx: Arc<Context>,
+    backoff: Backoff,
+}
+
+impl Term {
+    async fn ready(&self) {
+        let _ = tokio::join!(
+            self.ctx.pools.wait_until_ready(),
+            self.ctx.vmnetcfgs.wait_until_ready(),
+            self.ctx.vms.wait_until_ready()
+        );
+    }
+}
+
+fn key<K: ResourceExt>(kind: &str, obj: &K) -> String {
+    format!(
+        "{kind}/{}/{}",
+        obj.namespace().unwrap_or_default(),
+        obj.name_any()
+    )
+}
+
+async fn timed<T: ResourceExt, E: Into<ReconcileError>>(
+    term: &Term,
+    kind: &'static str,
+    obj: &T,
+    fut: impl Future<Output = Result<Action, E>>,
+) -> Result<Action, ReconcileError> {
+    term.ready().await;
+    let started = Instant::now();
+    let result = fut.await.map_err(Into::into);
+    term.ctx
+        .metrics
+        .reconciled(kind, result.is_ok(), started.elapsed());
+    if result.is_ok() {
+        term.backoff.succeeded(&key(kind, obj));
+    }
+    result
+}
+
+fn error_policy<K: ResourceExt>(
+    kind: &'static str,
+) -> impl Fn(Arc<K>, &ReconcileError, Arc<Term>) -> Action {
+    move |obj, err, term| {
+        let delay = term.backoff.failed(key(kind, obj.as_ref()));
+        match err {
+            ReconcileError::IPPool(crate::ippool::Error::NotLeader(_))
+            | ReconcileError::Vmnetcfg(crate::vmnetcfg::Error::NotLeader(_))
+            | ReconcileError::Vm(crate::vm::Error::NotLeader(_)) => {}
+            _ => {
+                warn!(object = %key(kind, obj.as_ref()), error = %err, retry_in = ?delay, "reconcile failed")
+            }
+        }
+        Action::requeue(delay)
+    }
+}
+
+/// Logs what a controller stream yields besides successful reconciles (watch and queue errors;
+/// reconcile errors are logged by the error policy).
+fn log_outcome<K: kube::Resource, E: std::fmt::Display>(
+    kind: &str,
+    r: Result<(ObjectRef<K>, Action), kube::runtime::controller::Error<E, watcher::Error>>,
+) where
+    K::DynamicType: std::fmt::Debug,
+{
+    use kube::runtime::controller::Error as E2;
+    match r {
+        Ok(_) | Err(E2::ReconcilerFailed(..)) => {}
+        Err(E2::ObjectNotFound(obj)) => {
+            tracing::debug!(kind, object = %obj, "queued object no longer exists")
+        }
+        Err(e) => warn!(kind, error = %e, "controller stream error"),
+    }
+}
+
+/// Runs the writers for one leadership term (until the future is dropped).
+async fn lead(
+    client: Client,
+    settings: Settings,
+    index: Arc<Index>,
+    metrics: Arc<Metrics>,
+    leader: watch::Receiver<bool>,
+    ipam_slot: Arc<RwLock<Option<Arc<Ipam>>>>,
+) {
+    let wc = watcher::Config::default();
+    let pool_api: Api<IPPool> = Api::all(client.clone());
+    let cfg_api: Api<VirtualMachineNetworkConfig> = Api::all(client.clone());
+    let vm_api: Api<DynamicObject> = Api::all_with(client.clone(), &crate::vm::vm_resource());
+
+    let pool_ctrl = Controller::new(pool_api.clone(), wc.clone());
+    let pools = pool_ctrl.store();
+    // A pool waits on its network (NAD) and on the other pools claiming the same network.
+    let pools_on = |store: reflector::Store<IPPool>| {
+        move |network: Option<NamespacedName>| {
+            store
+                .state()
+                .into_iter()
+                .filter(|p| {
+                    NamespacedName::parse_in(
+                        &p.spec.network_name,
+                        &p.namespace().unwrap_or_default(),
+                    )
+                    .ok()
+                        == network
+                })
+                .map(|p| ObjectRef::from_obj(p.as_ref()))
+                .collect::<Vec<_>>()
+        }
+    };
+    let by_nad = pools_on(pools.clone());
+    let by_sibling = pools_on(pools.clone());
+    let pool_ctrl = pool_ctrl
+        .watches_with(
+            Api::<DynamicObject>::all_with(client.clone(), &crate::ippool::nad_resource()),
+            crate::ippool::nad_resource(),
+            wc.clone(),
+            move |nad: DynamicObject| {
+                by_nad(
+                    NamespacedName::new(&nad.namespace().unwrap_or_default(), &nad.name_any()).ok(),
+                )
+            },
+        )
+        .watches(pool_api.clone(), wc.clone(), move |pool: IPPool| {
+            by_sibling(
+                NamespacedName::parse_in(
+                    &pool.spec.network_name,
+                    &pool.namespace().unwrap_or_default(),
+                )
+                .ok(),
+            )
+        });
+    let cfg_ctrl = Controller::new(cfg_api, wc.clone());
+    let cfgs = cfg_ctrl.store();
+    let vm_ctrl = Controller::new_with(vm_api.clone(), wc.clone(), crate::vm::vm_resource());
+    let vms = vm_ctrl.store();
+    let cfgs_for_pools = cfgs.clone();
+    let cfg_ctrl = cfg_ctrl
+        .watches_with(
+            vm_api,
+            crate::vm::vm_resource(),
+            wc.clone(),
+            |vm: DynamicObject| {
+                Some(ObjectRef::new(&vm.name_any()).within(&vm.namespace().unwrap_or_default()))
+            },
+        )
+        .watches(pool_api, wc, move |pool: IPPool| {
+            let ns = pool.namespace().unwrap_or_default();
+            let network = NamespacedName::parse_in(&pool.spec.network_name, &ns).ok();
+            cfgs_for_pools
+                .state()
+                .into_iter()
+                .filter(|c| {
+                    let cns = c.namespace().unwrap_or_default();
+                    c.spec
+                        .network_configs
+                        .iter()
+                        .any(|n| NamespacedName::parse_in(&n.network_name, &cns).ok() == network)
+                })
+                .map(|c| ObjectRef::from_obj(c.as_ref()))
+                .collect::<Vec<_>>()
+        });
+
+    let ipam = Arc::new(Ipam::new());
+    *ipam_slot.write().unwrap_or_else(PoisonError::into_inner) = Some(ipam.clone());
+    let reporter = Reporter {
+        controller: "vm-dhcp-controller".into(),
+        instance: Some(settings.identity.clone()),
+    };
+    let ctx = Arc::new(Context {
+        client: client.clone(),
+        pools,
+        vmnetcfgs: cfgs,
+        vms,
+        ipam,
+        writer: PoolStatusWriter::default(),
+        recorder: Recorder::new(client, reporter),
+        metrics,
+        leader,
+        agent: settings.agent.clone(),
+        mac_owners: MacOwners::default(),
+    });
+    let term = Arc::new(Term {
+        ctx: ctx.clone(),
+        backoff: Backoff::default(),
+    });
+
+    let pools_run = pool_ctrl
+        .run(
+            |o, t: Arc<Term>| async move {
+                timed(
+                    &t,
+                    "ippool",
+                    o.as_ref(),
+                    crate::ippool::reconcile(o.clone(), t.ctx.clone()),
+                )
+                .await
+            },
+            error_policy("ippool"),
+            term.clone(),
+        )
+        .for_each(|r| async move { log_outcome("ippool", r) });
+    let cfgs_run = cfg_ctrl
+        .run(
+            |o, t: Arc<Term>| async move {
+                timed(
+                    &t,
+                    "vmnetcfg",
+                    o.as_ref(),
+                    crate::vmnetcfg::reconcile(o.clone(), t.ctx.clone()),
+                )
+                .await
+            },
+            error_policy("vmnetcfg"),
+            term.clone(),
+        )
+        .for_each(|r| async move { log_outcome("vmnetcfg", r) });
+    let vms_run = vm_ctrl
+        .run(
+            |o, t: Arc<Term>| async move {
+                timed(
+                    &t,
+                    "vm",
+                    o.as_ref(),
+                    crate::vm::reconcile(o.clone(), t.ctx.clone()),
+                )
+                .await
+            },
+            error_policy("vm"),
+            term.clone(),
+        )
+        .for_each(|r| async move { log_outcome("vm", r) });
+    let bootstrap = async {
+        match settings.agent.clone() {
+            Some(target) => {
+                term.ready().await;
+                crate::agent_bootstrap::run(ctx.clone(), index, target).await;
+            }
+            None => std::future::pending::<()>().await,
+        }
+    };
+    tokio::join!(pools_run, cfgs_run, vms_run, bootstrap);
+}
+
+/// Feeds the index from the IPPool watch (every replica); flips `ready` after the first sync.
+async fn sync_index(client: Client, index: Arc<Index>, ready: watch::Sender<bool>) {
+    let (reader, writer) = reflector::store::<IPPool>();
+    let mut sync = IndexSync::new(index);
+    let stream = reflector::reflector(
+        writer,
+        watcher(Api::<IPPool>::all(client), watcher::Config::default()).default_backoff(),
+    );
+    let mut stream = std::pin::pin!(stream);
+    while let Some(event) = stream.next().await {
+        match event {
+            Ok(watcher::Event::InitDone | watcher::Event::Apply(_) | watcher::Event::Delete(_)) => {
+                sync.sync(&reader.state());
+                ready.send_replace(true);
+            }
+            Ok(_) => {}
+            Err(e) => warn!(error = %e, "IPPool watch failed; retrying"),
+        }
+    }
+}
+
+/// Runs the controller until `shutdown`; `leader` says when this replica may write.
+pub async fn run(
+    client: Client,
+    settings: Settings,
+    grpc: TcpListener,
+    http: TcpListener,
+    mut leader: watch::Receiver<bool>,
+    shutdown: watch::Receiver<bool>,
+    started: impl FnOnce(Handles),
+) -> Result<(), RuntimeError> {
+    let index = Arc::new(Index::new());
+    let reports = Arc::new(Reports::default());
+    let metrics = Arc::new(Metrics::default());
+    let ipam_slot: Arc<RwLock<Option<Arc<Ipam>>>> = Arc::default();
+    let (ready_tx, ready) = watch::channel(false);
+    started(Handles {
+        index: index.clone(),
+        reports: reports.clone(),
+        metrics: metrics.clone(),
+        grpc: grpc.local_addr()?,
+        http: http.local_addr()?,
+    });
+
+    let grpc_task = tokio::spawn(crate::config_service::serve(
+        grpc,
+        index.clone(),
+        reports,
+        settings.stream.clone(),
+        shutdown.clone(),
+    ));
+    let http_state = HttpState {
+        metrics: metrics.clone(),
+        ready,
+        ipam: ipam_slot.clone(),
+        dumps: settings.dumps,
+    };
+    let http_task = tokio::spawn(crate::http::serve(http, http_state, shutdown.clone()));
+    let sync_task = tokio::spawn(sync_index(client.clone(), index.clone(), ready_tx));
+
+    let mut stop = shutdown.clone();
+    loop {
+        // Follower: wait for leadership (or shutdown).
+        while !*leader.borrow_and_update() {
+            tokio::select! {
+                changed = leader.changed() => if changed.is_err() { break },
+                _ = stop.changed() => {}
+            }
+            if *stop.borrow() {
+                break;
+            }
+        }
+        if *stop.borrow() {
+            break;
+        }
+        info!(identity = %settings.identity, "leading: starting reconcilers");
+        let term = lead(
+            client.clone(),
+            settings.clone(),
+            index.clone(),
+            metrics.clone(),
+            leader.clone(),
+            ipam_slot.clone(),
+        );
+        let lost = async {
+            while *leader.borrow_and_update() {
+                if leader.changed().await.is_err() {
+                    break;
+                }
+            }
+        };
+        tokio::select! {
+            () = term => error!("reconcilers ended unexpectedly"),
+            () = lost => warn!(identity = %settings.identity, "leadership lost: writes stopped"),
+            _ = stop.changed() => {}
+        }
+        *ipam_slot.write().unwrap_or_else(PoisonError::into_inner) = None;
+        if *stop.borrow() {
+            break;
+        }
+    }
+    sync_task.abort();
+    if let Ok(result) = grpc_task.await {
+        result?;
+    }
+    if let Ok(result) = http_task.await {
+        result?;
+    }
+    info!("controller stopped");
+    Ok(())
+}

@@ -1,0 +1,254 @@
+//! Writing status: conditions in upstream's (wrangler) shape, and the pool-status writer that
+//! puts the IPAM's books into `IPPool.status.ipv4`.
+//!
+//! Every allocation must be recorded in etcd before anyone is told about it, and many
+//! allocations land on one pool at once (500 VMs created together). [`PoolStatusWriter::persist`]
+//! batches them: callers take a ticket after changing the IPAM, one of them writes the pool's
+//! whole `allocated` map as it stands (covering every ticket taken so far), and the others find
+//! their ticket already covered. Writes carry the object's `resourceVersion`; a conflict re-reads
+//! the pool and writes again.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, PoisonError};
+
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use k8s_openapi::jiff::Timestamp;
+use kube::api::{Api, PostParams};
+use kube::runtime::reflector::Store;
+use kube::{Client, ResourceExt};
+use tracing::debug;
+use vmdhcp_core::NamespacedName;
+use vmdhcp_core::crd::{Condition, IPPool, IPPoolStatus, IPv4Status};
+
+use crate::ipam::{Ipam, IpamError};
+
+/// How many times a status write is retried after a conflict.
+const CONFLICT_RETRIES: usize = 8;
+
+/// Why a status could not be written.
+#[derive(Debug, thiserror::Error)]
+pub enum StatusError {
+    /// The API refused or failed the write.
+    #[error("writing status of IPPool {pool}: {source}")]
+    Api {
+        /// The pool.
+        pool: NamespacedName,
+        /// The API error.
+        source: kube::Error,
+    },
+    /// The pool's allocator is gone (paused or deleted meanwhile).
+    #[error(transparent)]
+    Ipam(#[from] IpamError),
+    /// Too many conflicting writers.
+    #[error("IPPool {pool}: status still conflicting after {CONFLICT_RETRIES} attempts")]
+    Conflicts {
+        /// The pool.
+        pool: NamespacedName,
+    },
+}
+
+/// Sets condition `type_` in `conditions`, as wrangler does: `lastUpdateTime` always,
+/// `lastTransitionTime` only when the status changes. Returns whether anything but the update
+/// time changed.
+pub fn set_condition(
+    conditions: &mut Vec<Condition>,
+    type_: &str,
+    status: bool,
+    reason: &str,
+    message: &str,
+) -> bool {
+    let now = Timestamp::now().to_string();
+    let status = if status { "True" } else { "False" }.to_owned();
+    let reason = Some(reason.to_owned()).filter(|r| !r.is_empty());
+    let message = Some(message.to_owned()).filter(|m| !m.is_empty());
+    match conditions.iter_mut().find(|c| c.type_ == type_) {
+        Some(c) => {
+            let changed = c.status != status || c.reason != reason || c.message != message;
+            if c.status != status {
+                c.last_transition_time = Some(now.clone());
+            }
+            if changed {
+                c.last_update_time = Some(now);
+            }
+            c.status = status;
+            c.reason = reason;
+            c.message = message;
+            changed
+        }
+        None => {
+            conditions.push(Condition {
+                type_: type_.to_owned(),
+                status,
+                last_update_time: Some(now.clone()),
+                last_transition_time: Some(now),
+                reason,
+                message,
+            });
+            true
+        }
+    }
+}
+
+/// The current time as a status timestamp.
+pub fn now() -> Time {
+    Time(Timestamp::now())
+}
+
+/// Writes IPPool status, read-modify-write with optimistic concurrency; starts from the cached
+/// object (no GET) and re-reads only on conflict.
+pub async fn update_pool_status(
+    client: &Client,
+    cache: Option<&Store<IPPool>>,
+    pool: &NamespacedName,
+    mut edit: impl FnMut(&mut IPPoolStatus) -> Result<(), StatusError>,
+) -> Result<IPPool, StatusError> {
+    let api: Api<IPPool> = Api::namespaced(client.clone(), &pool.namespace);
+    let api_err = |source| StatusError::Api {
+        pool: pool.clone(),
+        source,
+    };
+    let cached = cache.and_then(|s| {
+        s.get(&kube::runtime::reflector::ObjectRef::new(&pool.name).within(&pool.namespace))
+    });
+    let mut current: IPPool = match cached {
+        Some(obj) => (*obj).clone(),
+        None => api.get_status(&pool.name).await.map_err(api_err)?,
+    };
+    for attempt in 0..CONFLICT_RETRIES {
+        let mut status = current.status.clone().unwrap_or_default();
+        edit(&mut status)?;
+        if current.status.as_ref() == Some(&status) {
+            return Ok(current);
+        }
+        status.last_update = Some(now());
+        let mut desired = current.clone();
+        desired.status = Some(status);
+        match api
+            .replace_status(&pool.name, &PostParams::default(), &desired)
+            .await
+        {
+            Ok(written) => return Ok(written),
+            Err(kube::Error::Api(s)) if s.code == 409 => {
+                debug!(%pool, attempt, "status conflict; re-reading");
+                current = api.get_status(&pool.name).await.map_err(api_err)?;
+            }
+            Err(e) => return Err(api_err(e)),
+        }
+    }
+    Err(StatusError::Conflicts { pool: pool.clone() })
+}
+
+/// Puts the IPAM's books of one pool into an IPPool status.
+pub fn fill_ipv4(
+    ipam: &Ipam,
+    pool: &NamespacedName,
+    status: &mut IPPoolStatus,
+) -> Result<(), StatusError> {
+    let (allocated, used, available) =
+        ipam.with_pool(pool, |a| (a.status_allocated(), a.used(), a.available()))?;
+    status.ipv4 = Some(IPv4Status {
+        allocated,
+        used: i64::try_from(used).unwrap_or(i64::MAX),
+        available: i64::try_from(available).unwrap_or(i64::MAX),
+    });
+    Ok(())
+}
+
+#[derive(Default)]
+struct Tickets {
+    issued: u64,
+    written: u64,
+}
+
+/// One pool's tickets and the lock its writer holds.
+#[derive(Default)]
+struct Slot {
+    tickets: Mutex<Tickets>,
+    writing: tokio::sync::Mutex<()>,
+}
+
+/// Batches IPAM → `IPPool.status` writes per pool (see the module docs).
+#[derive(Default)]
+pub struct PoolStatusWriter {
+    tickets: Mutex<HashMap<NamespacedName, Arc<Slot>>>,
+}
+
+impl PoolStatusWriter {
+    fn slot(&self, pool: &NamespacedName) -> Arc<Slot> {
+        let mut map = self.tickets.lock().unwrap_or_else(PoisonError::into_inner);
+        map.entry(pool.clone()).or_default().clone()
+    }
+
+    /// Records in etcd every IPAM change made to `pool` before this call. Returns once a write
+    /// that covers them has succeeded (possibly another caller's).
+    pub async fn persist(
+        &self,
+        client: &Client,
+        cache: Option<&Store<IPPool>>,
+        ipam: &Ipam,
+        pool: &NamespacedName,
+    ) -> Result<(), StatusError> {
+        let slot = self.slot(pool);
+        let ticket = {
+            let mut t = slot.tickets.lock().unwrap_or_else(PoisonError::into_inner);
+            t.issued += 1;
+            t.issued
+        };
+        let _writer = slot.writing.lock().await;
+        let covering = {
+            let t = slot.tickets.lock().unwrap_or_else(PoisonError::into_inner);
+            if t.written >= ticket {
+                return Ok(());
+            }
+            t.issued
+        };
+        update_pool_status(client, cache, pool, |status| fill_ipv4(ipam, pool, status)).await?;
+        let mut t = slot.tickets.lock().unwrap_or_else(PoisonError::into_inner);
+        t.written = t.written.max(covering);
+        Ok(())
+    }
+
+    /// Forgets a pool's tickets (it was deleted).
+    pub fn forget(&self, pool: &NamespacedName) {
+        self.tickets
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .remove(pool);
+    }
+}
+
+/// The `namespace/name` of any namespaced object.
+pub fn object_ref<K: ResourceExt>(obj: &K) -> Option<NamespacedName> {
+    NamespacedName::new(&obj.namespace()?, &obj.name_any()).ok()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn conditions_keep_transition_time_until_status_changes() {
+        let mut cs = Vec::new();
+        assert!(set_condition(
+            &mut cs,
+            "CacheReady",
+            false,
+            "NotInitialized",
+            ""
+        ));
+        let first = cs[0].last_transition_time.clone();
+        assert!(!set_condition(
+            &mut cs,
+            "CacheReady",
+            false,
+            "NotInitialized",
+            ""
+        ));
+        assert_eq!(cs[0].last_transition_time, first);
+        assert!(set_condition(&mut cs, "CacheReady", true, "", ""));
+        assert_eq!(cs[0].status, "True");
+        assert_eq!(cs[0].reason, None);
+        assert!(set_condition(&mut cs, "Stopped", false, "", ""));
+        assert_eq!(cs.len(), 2);
+    }
+}

@@ -1,0 +1,227 @@
+//! The VirtualMachine reconciler (leader only): keeps a VirtualMachineNetworkConfig named after
+//! each KubeVirt VirtualMachine, listing its NICs on Multus networks with their MACs.
+//!
+//! MACs come from `spec.template.spec.domain.devices.interfaces[].macAddress`, else from the
+//! `harvesterhci.io/mac-address` annotation (JSON `{nic: mac}`, Harvester ≥ 1.6); the pod network
+//! is skipped. A static `ipAddress` an operator set on the config is carried over. The config is
+//! owned by the VM; where no garbage collector runs, the config reconciler removes orphans.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
+use kube::api::{
+    Api, ApiResource, DynamicObject, GroupVersionKind, ObjectMeta, Patch, PatchParams,
+};
+use kube::runtime::controller::Action;
+use kube::{Resource, ResourceExt};
+use serde_json::Value;
+use tracing::{debug, warn};
+use vmdhcp_core::crd::{
+    LABEL_VM_NAME, NetworkConfig, VirtualMachineNetworkConfig, VirtualMachineNetworkConfigSpec,
+};
+use vmdhcp_core::{MacAddr, NamespacedName};
+
+use crate::context::{Context, NotLeader};
+
+/// Annotation in which Harvester records the MAC of each NIC (`{"nic-1": "aa:bb:…"}`).
+pub const MAC_ANNOTATION: &str = "harvesterhci.io/mac-address";
+/// Field manager of the configs this controller writes.
+pub const FIELD_MANAGER: &str = "vm-dhcp-controller";
+
+/// Why a VirtualMachine reconcile failed.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// An API call failed.
+    #[error("{action}: {source}")]
+    Kube {
+        /// What was being done.
+        action: String,
+        /// The API error.
+        source: kube::Error,
+    },
+    /// Leadership was lost.
+    #[error(transparent)]
+    NotLeader(#[from] NotLeader),
+    /// The object has no namespace.
+    #[error("VirtualMachine without namespace")]
+    Unnamespaced,
+}
+
+/// KubeVirt's `VirtualMachine` (read as JSON: we need a few fields, not KubeVirt's types).
+pub fn vm_resource() -> ApiResource {
+    ApiResource::from_gvk_with_plural(
+        &GroupVersionKind::gvk("kubevirt.io", "v1", "VirtualMachine"),
+        "virtualmachines",
+    )
+}
+
+/// The network configs a VM's spec asks for, in its network order (at most 4, as the CRD allows).
+pub fn network_configs(vm: &DynamicObject) -> Vec<NetworkConfig> {
+    let ns = vm.namespace().unwrap_or_default();
+    let spec = &vm.data["spec"]["template"]["spec"];
+    let annotated: BTreeMap<String, String> = vm
+        .annotations()
+        .get(MAC_ANNOTATION)
+        .and_then(|a| serde_json::from_str(a).map_err(|e| warn!(vm = %vm.name_any(), error = %e, "unreadable {MAC_ANNOTATION} annotation")).ok())
+        .unwrap_or_default();
+    let interfaces = spec["domain"]["devices"]["interfaces"]
+        .as_array()
+        .cloned()
+        .unwrap_or_default();
+    let mut out = Vec::new();
+    for network in spec["networks"].as_array().into_iter().flatten() {
+        let (Some(nic), Some(net)) = (
+            network["name"].as_str(),
+            network["multus"]["networkName"].as_str(),
+        ) else {
+            continue;
+        };
+        let from_spec = interfaces
+            .iter()
+            .find(|i| i["name"].as_str() == Some(nic))
+            .and_then(|i| i["macAddress"].as_str());
+        let Some(mac) = from_spec.or(annotated.get(nic).map(String::as_str)) else {
+            debug!(vm = %vm.name_any(), nic, "no MAC yet; waiting for KubeVirt or Harvester to assign one");
+            continue;
+        };
+        let (Ok(mac), Ok(net)) = (mac.parse::<MacAddr>(), NamespacedName::parse_in(net, &ns))
+        else {
+            warn!(vm = %vm.name_any(), nic, mac, net, "skipping a NIC with an invalid MAC or network name");
+            continue;
+        };
+        out.push(NetworkConfig {
+            network_name: net.to_string(),
+            mac_address: mac.to_string(),
+            ip_address: None,
+        });
+    }
+    if out.len() > 4 {
+        warn!(vm = %vm.name_any(), nics = out.len(), "only the first 4 Multus NICs get addresses");
+        out.truncate(4);
+    }
+    out
+}
+
+/// Reconciles one VirtualMachine.
+pub async fn reconcile(vm: Arc<DynamicObject>, ctx: Arc<Context>) -> Result<Action, Error> {
+    ctx.ensure_leader()?;
+    let ns = vm.namespace().ok_or(Error::Unnamespaced)?;
+    let name = vm.name_any();
+    let api: Api<VirtualMachineNetworkConfig> = Api::namespaced(ctx.client.clone(), &ns);
+    let existing = ctx
+        .vmnetcfgs
+        .get(&kube::runtime::reflector::ObjectRef::new(&name).within(&ns));
+    let mut configs = network_configs(&vm);
+    if vm.meta().deletion_timestamp.is_some() {
+        return Ok(Action::await_change());
+    }
+    if configs.is_empty() {
+        return Ok(Action::await_change());
+    }
+    // Keep static addresses set on the config by an operator.
+    if let Some(current) = &existing {
+        for c in &mut configs {
+            c.ip_address = current
+                .spec
+                .network_configs
+                .iter()
+                .find(|e| {
+                    e.network_name == c.network_name
+                        && e.mac_address.parse::<MacAddr>().ok().map(|m| m.to_string())
+                            == Some(c.mac_address.clone())
+                })
+                .and_then(|e| e.ip_address.clone());
+        }
+        if current.spec.network_configs == configs
+            && current.labels().get(LABEL_VM_NAME) == Some(&name)
+        {
+            return Ok(Action::await_change());
+        }
+    }
+    let owner = OwnerReference {
+        api_version: "kubevirt.io/v1".into(),
+        kind: "VirtualMachine".into(),
+        name: name.clone(),
+        uid: vm.uid().unwrap_or_default(),
+        controller: Some(true),
+        block_owner_deletion: Some(true),
+    };
+    let desired = VirtualMachineNetworkConfig {
+        metadata: ObjectMeta {
+            name: Some(name.clone()),
+            namespace: Some(ns.clone()),
+            labels: Some([(LABEL_VM_NAME.to_owned(), name.clone())].into()),
+            owner_references: Some(vec![owner]),
+            ..Default::default()
+        },
+        spec: VirtualMachineNetworkConfigSpec {
+            vm_name: name.clone(),
+            paused: existing.as_ref().and_then(|e| e.spec.paused),
+            network_configs: configs,
+        },
+        status: None,
+    };
+    let mut body = serde_json::to_value(&desired).unwrap_or(Value::Null);
+    body["apiVersion"] = "network.harvesterhci.io/v1alpha1".into();
+    body["kind"] = "VirtualMachineNetworkConfig".into();
+    ctx.ensure_leader()?;
+    api.patch(
+        &name,
+        &PatchParams::apply(FIELD_MANAGER).force(),
+        &Patch::Apply(&body),
+    )
+    .await
+    .map_err(|source| Error::Kube {
+        action: format!("applying VirtualMachineNetworkConfig {ns}/{name}"),
+        source,
+    })?;
+    Ok(Action::await_change())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn vm(annotations: Value, interfaces: Value, networks: Value) -> DynamicObject {
+        serde_json::from_value(json!({
+            "apiVersion": "kubevirt.io/v1", "kind": "VirtualMachine",
+            "metadata": {"name": "vm1", "namespace": "vms", "annotations": annotations},
+            "spec": {"template": {"spec": {"domain": {"devices": {"interfaces": interfaces}}, "networks": networks}}}
+        }))
+        .unwrap()
+    }
+
+    #[test]
+    fn multus_nics_with_macs_from_spec_then_annotation() {
+        let v = vm(
+            json!({MAC_ANNOTATION: r#"{"nic-2":"AA:BB:CC:00:00:02","nic-3":"aa:bb:cc:00:00:03"}"#}),
+            json!([{"name": "default", "masquerade": {}}, {"name": "nic-1", "macAddress": "aa:bb:cc:00:00:01", "bridge": {}}, {"name": "nic-2", "bridge": {}}, {"name": "nic-3", "macAddress": "aa-bb-cc-00-00-99"}]),
+            json!([{"name": "default", "pod": {}}, {"name": "nic-1", "multus": {"networkName": "net-a"}}, {"name": "nic-2", "multus": {"networkName": "other/net-b"}}, {"name": "nic-3", "multus": {"networkName": "vms/net-c"}}]),
+        );
+        let got = network_configs(&v);
+        let pairs: Vec<_> = got
+            .iter()
+            .map(|c| (c.network_name.as_str(), c.mac_address.as_str()))
+            .collect();
+        assert_eq!(
+            pairs,
+            [
+                ("vms/net-a", "aa:bb:cc:00:00:01"),
+                ("other/net-b", "aa:bb:cc:00:00:02"),
+                ("vms/net-c", "aa:bb:cc:00:00:99")
+            ]
+        );
+    }
+
+    #[test]
+    fn nics_without_mac_or_with_garbage_are_skipped() {
+        let v = vm(
+            json!({MAC_ANNOTATION: "not json"}),
+            json!([{"name": "nic-1"}, {"name": "nic-2", "macAddress": "zz"}]),
+            json!([{"name": "nic-1", "multus": {"networkName": "net-a"}}, {"name": "nic-2", "multus": {"networkName": "net-b"}}]),
+        );
+        assert!(network_configs(&v).is_empty());
+    }
+}

@@ -1,0 +1,660 @@
+//! The VirtualMachineNetworkConfig reconciler (leader only): gives each NIC its address.
+//!
+//! For every network config: find the pool serving its network, then keep the address the NIC
+//! already holds, or take the requested static `ipAddress` (honoured or refused with a reason,
+//! never silently replaced), or the address status last recorded for it, or the lowest free one.
+//! NICs gone from the spec are released and marked `Stale`. The pool's `status.ipv4.allocated`
+//! is written **before** this object's status says `Allocated`, so an address reaches an agent
+//! only once etcd records it, and a controller killed between the two writes finds the address
+//! again in the pool's status when it rebuilds. A MAC claimed by one config on a network is
+//! refused to any other (upstream shared the address).
+
+use std::collections::{BTreeSet, HashMap};
+use std::net::Ipv4Addr;
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::Duration;
+
+use kube::ResourceExt;
+use kube::api::{Api, Patch, PatchParams};
+use kube::runtime::controller::Action;
+use kube::runtime::events::EventType;
+use kube::runtime::finalizer::{Event as Finalizer, finalizer};
+use serde_json::json;
+use tracing::info;
+use vmdhcp_core::crd::{
+    CONDITION_ALLOCATED, CONDITION_DISABLED, CONDITION_IN_SYNCED, NetworkConfigState,
+    NetworkConfigStatus, VirtualMachineNetworkConfig,
+};
+use vmdhcp_core::{MacAddr, NamespacedName};
+
+use crate::context::{Context, NotLeader, VMNETCFG_FINALIZER};
+use crate::ipam::{IpamError, PoolAllocator};
+use crate::metrics::VmnetcfgLabels;
+use crate::status::{StatusError, set_condition};
+
+/// Why a VirtualMachineNetworkConfig reconcile failed (retried with per-object backoff).
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// An API call failed.
+    #[error("{action}: {source}")]
+    Kube {
+        /// What was being done.
+        action: String,
+        /// The API error.
+        source: kube::Error,
+    },
+    /// Recording allocations in the pool's status failed.
+    #[error(transparent)]
+    Status(#[from] StatusError),
+    /// Leadership was lost.
+    #[error(transparent)]
+    NotLeader(#[from] NotLeader),
+    /// Adding or removing the finalizer failed.
+    #[error("finalizer: {0}")]
+    Finalizer(#[source] Box<kube::runtime::finalizer::Error<Error>>),
+    /// The object has no namespace.
+    #[error("VirtualMachineNetworkConfig without namespace")]
+    Unnamespaced,
+}
+
+/// Which config owns each MAC on each pool, so a MAC is never shared between two configs.
+#[derive(Default)]
+pub struct MacOwners(Mutex<HashMap<(NamespacedName, MacAddr), NamespacedName>>);
+
+impl MacOwners {
+    /// Claims `mac` on `pool` for `owner`; returns the other owner if someone else has it.
+    fn claim(
+        &self,
+        pool: &NamespacedName,
+        mac: MacAddr,
+        owner: &NamespacedName,
+    ) -> Result<(), NamespacedName> {
+        let mut map = self.0.lock().unwrap_or_else(PoisonError::into_inner);
+        match map.get(&(pool.clone(), mac)) {
+            Some(other) if other != owner => Err(other.clone()),
+            _ => {
+                map.insert((pool.clone(), mac), owner.clone());
+                Ok(())
+            }
+        }
+    }
+
+    fn release(&self, pool: &NamespacedName, mac: MacAddr, owner: &NamespacedName) {
+        let mut map = self.0.lock().unwrap_or_else(PoisonError::into_inner);
+        if map.get(&(pool.clone(), mac)) == Some(owner) {
+            map.remove(&(pool.clone(), mac));
+        }
+    }
+
+    /// Forgets every claim on a pool (its IPAM was dropped or rebuilt).
+    pub fn forget_pool(&self, pool: &NamespacedName) {
+        self.0
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .retain(|(p, _), _| p != pool);
+    }
+}
+
+/// The address a NIC gets, as a pure decision on the pool's allocator:
+/// held address (unless a different static one is requested) → requested → previously recorded
+/// → lowest free. A refused static request leaves the held address in place.
+pub fn allocate_nic(
+    alloc: &mut PoolAllocator,
+    mac: MacAddr,
+    requested: Option<Ipv4Addr>,
+    previous: Option<Ipv4Addr>,
+) -> Result<Ipv4Addr, IpamError> {
+    match (alloc.lookup(&mac), requested) {
+        (Some(held), Some(want)) if held != want => {
+            alloc.release(held)?;
+            match alloc.allocate_requested(mac, want) {
+                Ok(ip) => Ok(ip),
+                Err(e) => {
+                    alloc.allocate_requested(mac, held)?;
+                    Err(e)
+                }
+            }
+        }
+        (Some(held), _) => Ok(held),
+        (None, Some(want)) => alloc.allocate_requested(mac, want),
+        (None, None) => match previous {
+            Some(prev) => alloc
+                .allocate_requested(mac, prev)
+                .or_else(|_| alloc.allocate(mac)),
+            None => alloc.allocate(mac),
+        },
+    }
+}
+
+/// Reconciles one VirtualMachineNetworkConfig.
+pub async fn reconcile(
+    cfg: Arc<VirtualMachineNetworkConfig>,
+    ctx: Arc<Context>,
+) -> Result<Action, Error> {
+    ctx.ensure_leader()?;
+    let ns = cfg.namespace().ok_or(Error::Unnamespaced)?;
+    let api: Api<VirtualMachineNetworkConfig> = Api::namespaced(ctx.client.clone(), &ns);
+    finalizer(&api, VMNETCFG_FINALIZER, cfg, |event| async {
+        match event {
+            Finalizer::Apply(c) => apply(c, ctx.clone()).await,
+            Finalizer::Cleanup(c) => cleanup(c, ctx.clone()).await,
+        }
+    })
+    .await
+    .map_err(|e| Error::Finalizer(Box::new(e)))
+}
+
+/// One recorded NIC: (network, MAC, address).
+fn recorded(
+    cfg: &VirtualMachineNetworkConfig,
+) -> Vec<(
+    NamespacedName,
+    MacAddr,
+    Option<Ipv4Addr>,
+    Option<NetworkConfigState>,
+)> {
+    let ns = cfg.namespace().unwrap_or_default();
+    cfg.status
+        .iter()
+        .flat_map(|s| &s.network_configs)
+        .filter_map(|e| {
+            let network = NamespacedName::parse_in(e.network_name.as_deref()?, &ns).ok()?;
+            let mac = e.mac_address.as_deref()?.parse().ok()?;
+            let ip = e
+                .allocated_ip_address
+                .as_deref()
+                .and_then(|i| i.parse().ok());
+            Some((network, mac, ip, e.state))
+        })
+        .collect()
+}
+
+/// Releases `mac` on the pool serving `network`; returns the pool if something was released.
+fn release(
+    ctx: &Context,
+    network: &NamespacedName,
+    mac: MacAddr,
+    owner: &NamespacedName,
+) -> Option<NamespacedName> {
+    let pool = crate::status::object_ref(ctx.pool_for_network(network)?.as_ref())?;
+    ctx.mac_owners.release(&pool, mac, owner);
+    ctx.ipam
+        .with_pool(&pool, |a| a.release_mac(&mac))
+        .ok()
+        .flatten()
+        .map(|_| pool)
+}
+
+async fn persist(ctx: &Context, pools: &BTreeSet<NamespacedName>) -> Result<(), Error> {
+    for pool in pools {
+        ctx.ensure_leader()?;
+        ctx.writer
+            .persist(&ctx.client, Some(&ctx.pools), &ctx.ipam, pool)
+            .await?;
+    }
+    Ok(())
+}
+
+async fn write_status(
+    ctx: &Context,
+    cfg: &VirtualMachineNetworkConfig,
+    entries: Vec<NetworkConfigStatus>,
+    conditions: &[(&str, bool, &str, String)],
+) -> Result<(), Error> {
+    ctx.ensure_leader()?;
+    let (ns, name) = (cfg.namespace().unwrap_or_default(), cfg.name_any());
+    let mut all = cfg
+        .status
+        .as_ref()
+        .map(|s| s.conditions.clone())
+        .unwrap_or_default();
+    for (type_, value, reason, message) in conditions {
+        set_condition(&mut all, type_, *value, reason, message);
+    }
+    let key = format!("{ns}/{name}");
+    let series = entries
+        .iter()
+        .map(|e| VmnetcfgLabels {
+            vmnetcfg: key.clone(),
+            network: e.network_name.clone().unwrap_or_default(),
+            mac: e.mac_address.clone().unwrap_or_default(),
+            ip: e.allocated_ip_address.clone().unwrap_or_default(),
+            state: e.state.map(|s| format!("{s:?}")).unwrap_or_default(),
+        })
+        .collect();
+    let status = json!({"status": {"networkConfigs": entries, "conditions": all}});
+    let unchanged = cfg.status.as_ref().is_some_and(|s| {
+        serde_json::to_value(&s.network_configs).ok()
+            == Some(status["status"]["networkConfigs"].clone())
+            && serde_json::to_value(&s.conditions).ok()
+                == Some(status["status"]["conditions"].clone())
+    });
+    if !unchanged {
+        let api: Api<VirtualMachineNetworkConfig> = Api::namespaced(ctx.client.clone(), &ns);
+        api.patch_status(&name, &PatchParams::default(), &Patch::Merge(&status))
+            .await
+            .map_err(|source| Error::Kube {
+                action: format!("writing status of {key}"),
+                source,
+            })?;
+    }
+    ctx.metrics.set_vmnetcfg(&key, series);
+    Ok(())
+}
+
+fn entry(
+    network: &NamespacedName,
+    mac: MacAddr,
+    ip: Option<Ipv4Addr>,
+    state: NetworkConfigState,
+) -> NetworkConfigStatus {
+    NetworkConfigStatus {
+        allocated_ip_address: ip.map(|i| i.to_string()),
+        mac_address: Some(mac.to_string()),
+        network_name: Some(network.to_string()),
+        state: Some(state),
+    }
+}
+
+/// Whether a VM this config was made from is gone (KubeVirt's garbage collection stand-in for
+/// clusters without it; confirmed with a read, never from the cache alone).
+async fn vm_gone(ctx: &Context, cfg: &VirtualMachineNetworkConfig) -> Result<bool, Error> {
+    let Some(owner) = cfg
+        .owner_references()
+        .iter()
+        .find(|o| o.kind == "VirtualMachine" && o.api_version.starts_with("kubevirt.io/"))
+    else {
+        return Ok(false);
+    };
+    let ns = cfg.namespace().unwrap_or_default();
+    if ctx
+        .vms
+        .get(
+            &kube::runtime::reflector::ObjectRef::new_with(&owner.name, crate::vm::vm_resource())
+                .within(&ns),
+        )
+        .is_some()
+    {
+        return Ok(false);
+    }
+    let vms: Api<kube::api::DynamicObject> =
+        Api::namespaced_with(ctx.client.clone(), &ns, &crate::vm::vm_resource());
+    let found = vms
+        .get_opt(&owner.name)
+        .await
+        .map_err(|source| Error::Kube {
+            action: format!("reading VirtualMachine {ns}/{}", owner.name),
+            source,
+        })?;
+    Ok(found.is_none_or(|vm| vm.metadata.uid.as_deref() != Some(owner.uid.as_str())))
+}
+
+async fn apply(cfg: Arc<VirtualMachineNetworkConfig>, ctx: Arc<Context>) -> Result<Action, Error> {
+    let Some(me) = crate::status::object_ref(cfg.as_ref()) else {
+        return Err(Error::Unnamespaced);
+    };
+    if vm_gone(&ctx, &cfg).await? {
+        ctx.ensure_leader()?;
+        let api: Api<VirtualMachineNetworkConfig> =
+            Api::namespaced(ctx.client.clone(), &me.namespace);
+        info!(vmnetcfg = %me, "its VirtualMachine is gone; deleting it");
+        match api.delete(&me.name, &Default::default()).await {
+            Ok(_) => {}
+            Err(kube::Error::Api(s)) if s.is_not_found() => {}
+            Err(source) => {
+                return Err(Error::Kube {
+                    action: format!("deleting {me}"),
+                    source,
+                });
+            }
+        }
+        return Ok(Action::await_change());
+    }
+    let previous = recorded(&cfg);
+
+    if cfg.spec.paused == Some(true) {
+        let mut touched = BTreeSet::new();
+        let mut entries = Vec::new();
+        for (network, mac, ip, _) in &previous {
+            touched.extend(release(&ctx, network, *mac, &me));
+            entries.push(entry(network, *mac, *ip, NetworkConfigState::Pending));
+        }
+        persist(&ctx, &touched).await?;
+        write_status(
+            &ctx,
+            &cfg,
+            entries,
+            &[(CONDITION_DISABLED, true, "Paused", String::new())],
+        )
+        .await?;
+        return Ok(Action::await_change());
+    }
+
+    let mut touched = BTreeSet::new();
+    let mut entries = Vec::new();
+    let mut problems: Vec<String> = Vec::new();
+    let mut waiting = false;
+    let mut wanted = BTreeSet::new();
+    for nc in &cfg.spec.network_configs {
+        let network = match NamespacedName::parse_in(&nc.network_name, &me.namespace) {
+            Ok(n) => n,
+            Err(e) => {
+                problems.push(format!("networkName {:?}: {e}", nc.network_name));
+                continue;
+            }
+        };
+        let mac: MacAddr = match nc.mac_address.parse() {
+            Ok(m) => m,
+            Err(e) => {
+                problems.push(format!("{network}: {e}"));
+                continue;
+            }
+        };
+        wanted.insert((network.clone(), mac));
+        let requested = match nc
+            .ip_address
+            .as_deref()
+            .filter(|s| !s.is_empty())
+            .map(str::parse::<Ipv4Addr>)
+        {
+            None => None,
+            Some(Ok(ip)) => Some(ip),
+            Some(Err(_)) => {
+                problems.push(format!(
+                    "{network} {mac}: ipAddress {:?} is not an IPv4 address",
+                    nc.ip_address.as_deref().unwrap_or_default()
+                ));
+                entries.push(entry(&network, mac, None, NetworkConfigState::Pending));
+                continue;
+            }
+        };
+        let prev_ip = previous
+            .iter()
+            .find(|(n, m, _, _)| *n == network && *m == mac)
+            .and_then(|(_, _, ip, _)| *ip);
+        let Some(pool) = ctx
+            .pool_for_network(&network)
+            .and_then(|p| crate::status::object_ref(p.as_ref()))
+        else {
+            problems.push(format!("no IPPool serves network {network}"));
+            entries.push(entry(&network, mac, prev_ip, NetworkConfigState::Pending));
+            waiting = true;
+            continue;
+        };
+        if !ctx.ipam.contains(&pool) {
+            entries.push(entry(&network, mac, prev_ip, NetworkConfigState::Pending));
+            problems.push(format!("IPPool {pool} is not ready"));
+            waiting = true;
+            continue;
+        }
+        if let Some(other) = claimed_elsewhere(&ctx, &me, &network, mac) {
+            let msg = format!(
+                "{mac} on {network} is already allocated to VirtualMachineNetworkConfig {other}"
+            );
+            ctx.event(
+                cfg.as_ref(),
+                EventType::Warning,
+                "MacInUse",
+                "Allocate",
+                msg.clone(),
+            )
+            .await;
+            problems.push(msg);
+            entries.push(entry(&network, mac, None, NetworkConfigState::Pending));
+            continue;
+        }
+        if let Err(other) = ctx.mac_owners.claim(&pool, mac, &me) {
+            problems.push(format!(
+                "{mac} on {network} is already allocated to VirtualMachineNetworkConfig {other}"
+            ));
+            entries.push(entry(&network, mac, None, NetworkConfigState::Pending));
+            continue;
+        }
+        let held_before = ctx.ipam.with_pool(&pool, |a| a.lookup(&mac)).ok().flatten();
+        match ctx
+            .ipam
+            .with_pool(&pool, |a| allocate_nic(a, mac, requested, prev_ip))
+        {
+            Ok(Ok(ip)) => {
+                if held_before != Some(ip) {
+                    touched.insert(pool.clone());
+                    ctx.event(
+                        cfg.as_ref(),
+                        EventType::Normal,
+                        "Allocated",
+                        "Allocate",
+                        format!("{ip} allocated to {mac} on {network}"),
+                    )
+                    .await;
+                }
+                entries.push(entry(
+                    &network,
+                    mac,
+                    Some(ip),
+                    NetworkConfigState::Allocated,
+                ));
+            }
+            Ok(Err(e)) | Err(e) => {
+                if held_before.is_none() {
+                    ctx.mac_owners.release(&pool, mac, &me);
+                }
+                ctx.event(
+                    cfg.as_ref(),
+                    EventType::Warning,
+                    "AllocationRefused",
+                    "Allocate",
+                    e.to_string(),
+                )
+                .await;
+                problems.push(e.to_string());
+                entries.push(entry(
+                    &network,
+                    mac,
+                    held_before,
+                    if held_before.is_some() {
+                        NetworkConfigState::Allocated
+                    } else {
+                        NetworkConfigState::Pending
+                    },
+                ));
+            }
+        }
+    }
+    // NICs gone from the spec: release and mark stale.
+    for (network, mac, ip, state) in &previous {
+        if wanted.contains(&(network.clone(), *mac)) {
+            continue;
+        }
+        if let Some(pool) = release(&ctx, network, *mac, &me) {
+            touched.insert(pool);
+            ctx.event(
+                cfg.as_ref(),
+                EventType::Normal,
+                "Released",
+                "Release",
+                format!(
+                    "{} released from {mac} on {network}",
+                    ip.map(|i| i.to_string()).unwrap_or_default()
+                ),
+            )
+            .await;
+        }
+        if *state != Some(NetworkConfigState::Stale) || ip.is_some() {
+            entries.push(entry(network, *mac, *ip, NetworkConfigState::Stale));
+        }
+    }
+    if cfg.spec.network_configs.is_empty() {
+        problems.push("no network configs found".into());
+    }
+    // The pool records the allocation first; only then does this object say Allocated.
+    persist(&ctx, &touched).await?;
+    let allocated = problems.is_empty();
+    let message = problems.join("; ");
+    write_status(
+        &ctx,
+        &cfg,
+        entries,
+        &[
+            (
+                CONDITION_ALLOCATED,
+                allocated,
+                if allocated { "" } else { "Error" },
+                message,
+            ),
+            (CONDITION_DISABLED, false, "", String::new()),
+            (CONDITION_IN_SYNCED, true, "", String::new()),
+        ],
+    )
+    .await?;
+    Ok(match (allocated, waiting) {
+        (true, _) => Action::requeue(Duration::from_secs(600)),
+        (false, true) => Action::requeue(Duration::from_secs(5)),
+        (false, false) => Action::requeue(Duration::from_secs(60)),
+    })
+}
+
+/// Another config whose status records `mac` on `network` as allocated.
+fn claimed_elsewhere(
+    ctx: &Context,
+    me: &NamespacedName,
+    network: &NamespacedName,
+    mac: MacAddr,
+) -> Option<NamespacedName> {
+    ctx.vmnetcfgs.state().into_iter().find_map(|other| {
+        let key = crate::status::object_ref(other.as_ref())?;
+        if &key == me || other.metadata.deletion_timestamp.is_some() {
+            return None;
+        }
+        recorded(&other)
+            .iter()
+            .any(|(n, m, _, s)| {
+                n == network && *m == mac && *s == Some(NetworkConfigState::Allocated)
+            })
+            .then_some(key)
+    })
+}
+
+async fn cleanup(
+    cfg: Arc<VirtualMachineNetworkConfig>,
+    ctx: Arc<Context>,
+) -> Result<Action, Error> {
+    let Some(me) = crate::status::object_ref(cfg.as_ref()) else {
+        return Err(Error::Unnamespaced);
+    };
+    let mut touched = BTreeSet::new();
+    for (network, mac, _, _) in recorded(&cfg) {
+        touched.extend(release(&ctx, &network, mac, &me));
+    }
+    persist(&ctx, &touched).await?;
+    ctx.metrics.remove_vmnetcfg(&me.to_string());
+    info!(vmnetcfg = %me, pools = touched.len(), "config deleted; addresses released");
+    Ok(Action::await_change())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::ipam::PoolRange;
+
+    fn alloc() -> PoolAllocator {
+        PoolAllocator::new(PoolRange {
+            pool: "ns/p".parse().unwrap(),
+            subnet: "192.0.2.0/24".parse().unwrap(),
+            start: "192.0.2.10".parse().unwrap(),
+            end: "192.0.2.20".parse().unwrap(),
+            server_ip: "192.0.2.1".parse().unwrap(),
+            router: None,
+            exclude: vec![],
+        })
+        .unwrap()
+    }
+
+    fn ip(s: &str) -> Ipv4Addr {
+        s.parse().unwrap()
+    }
+
+    const A: MacAddr = MacAddr([2, 0, 0, 0, 0, 1]);
+    const B: MacAddr = MacAddr([2, 0, 0, 0, 0, 2]);
+
+    #[test]
+    fn held_address_is_kept_and_previous_one_restored() {
+        let mut a = alloc();
+        assert_eq!(
+            allocate_nic(&mut a, A, None, None).unwrap(),
+            ip("192.0.2.10")
+        );
+        assert_eq!(
+            allocate_nic(&mut a, A, None, Some(ip("192.0.2.15"))).unwrap(),
+            ip("192.0.2.10"),
+            "held beats recorded"
+        );
+        // After a pause the NIC gets back the address its status recorded.
+        a.release_mac(&A);
+        assert_eq!(
+            allocate_nic(&mut a, B, None, None).unwrap(),
+            ip("192.0.2.10")
+        );
+        assert_eq!(
+            allocate_nic(&mut a, A, None, Some(ip("192.0.2.15"))).unwrap(),
+            ip("192.0.2.15")
+        );
+        // Recorded address taken meanwhile: the next free one.
+        let mut a = alloc();
+        allocate_nic(&mut a, B, Some(ip("192.0.2.15")), None).unwrap();
+        assert_eq!(
+            allocate_nic(&mut a, A, None, Some(ip("192.0.2.15"))).unwrap(),
+            ip("192.0.2.10")
+        );
+    }
+
+    #[test]
+    fn static_requests_are_honoured_or_refused_keeping_the_held_address() {
+        let mut a = alloc();
+        assert_eq!(
+            allocate_nic(&mut a, A, Some(ip("192.0.2.12")), None).unwrap(),
+            ip("192.0.2.12")
+        );
+        assert_eq!(
+            allocate_nic(&mut a, A, Some(ip("192.0.2.13")), None).unwrap(),
+            ip("192.0.2.13"),
+            "moves to a new static address"
+        );
+        assert_eq!(a.lookup(&A), Some(ip("192.0.2.13")));
+        assert!(
+            !a.status_allocated().contains_key("192.0.2.12"),
+            "old address released"
+        );
+        allocate_nic(&mut a, B, Some(ip("192.0.2.14")), None).unwrap();
+        let err = allocate_nic(&mut a, A, Some(ip("192.0.2.14")), None).unwrap_err();
+        assert!(matches!(err, IpamError::AlreadyAllocated { .. }), "{err}");
+        assert_eq!(
+            a.lookup(&A),
+            Some(ip("192.0.2.13")),
+            "refusal keeps the held address"
+        );
+        let err = allocate_nic(&mut a, A, Some(ip("192.0.2.99")), None).unwrap_err();
+        assert!(matches!(err, IpamError::OutsideRange { .. }), "{err}");
+        assert_eq!(a.lookup(&A), Some(ip("192.0.2.13")));
+    }
+
+    #[test]
+    fn mac_owners_refuse_a_second_config() {
+        let owners = MacOwners::default();
+        let (pool, one, two): (NamespacedName, NamespacedName, NamespacedName) = (
+            "ns/p".parse().unwrap(),
+            "ns/vm1".parse().unwrap(),
+            "ns/vm2".parse().unwrap(),
+        );
+        owners.claim(&pool, A, &one).unwrap();
+        owners.claim(&pool, A, &one).unwrap();
+        assert_eq!(owners.claim(&pool, A, &two), Err(one.clone()));
+        owners.release(&pool, A, &two);
+        assert_eq!(
+            owners.claim(&pool, A, &two),
+            Err(one.clone()),
+            "only the owner releases"
+        );
+        owners.release(&pool, A, &one);
+        owners.claim(&pool, A, &two).unwrap();
+    }
+}

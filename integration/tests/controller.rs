@@ -1,0 +1,687 @@
+//! The controller against the real kube-apiserver: pools, VMs, configs and the agent Deployment,
+//! applied through the API, with status awaited by bounded polling. One controller serves the
+//! whole test binary (as in a cluster); every test works in its own namespaces.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::collections::BTreeSet;
+use std::sync::OnceLock;
+use std::time::{Duration, Instant};
+
+use k8s_openapi::api::apps::v1::Deployment;
+use kube::api::{
+    Api, ApiResource, DeleteParams, DynamicObject, GroupVersionKind, Patch, PatchParams, PostParams,
+};
+use kube::{Client, ResourceExt};
+use serde_json::{Value, json};
+use tokio::sync::watch;
+use vmdhcp_controller::context::AgentDeployment;
+use vmdhcp_controller::runtime::{Handles, Settings, run};
+use vmdhcp_core::crd::{IPPool, VirtualMachineNetworkConfig, find_condition};
+use vmdhcp_integration::control_plane::ControlPlane;
+
+const DEADLINE: Duration = Duration::from_secs(30);
+const AGENT_NS: &str = "vmdhcp-system";
+
+/// The controller of this test binary, on a runtime of its own (tests each have their own).
+fn controller() -> &'static Handles {
+    static HANDLES: OnceLock<Handles> = OnceLock::new();
+    HANDLES.get_or_init(|| {
+        let _ = tracing_subscriber::fmt()
+            .with_env_filter(
+                tracing_subscriber::EnvFilter::try_from_default_env()
+                    .unwrap_or_else(|_| "warn".into()),
+            )
+            .with_test_writer()
+            .try_init();
+        let cp = ControlPlane::shared();
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            let rt = tokio::runtime::Builder::new_multi_thread()
+                .worker_threads(2)
+                .enable_all()
+                .build()
+                .unwrap();
+            rt.block_on(async move {
+                let client = cp.client().await.unwrap();
+                let ns = k8s_openapi::api::core::v1::Namespace {
+                    metadata: kube::api::ObjectMeta {
+                        name: Some(AGENT_NS.into()),
+                        ..Default::default()
+                    },
+                    ..Default::default()
+                };
+                let _ = Api::<k8s_openapi::api::core::v1::Namespace>::all(client.clone())
+                    .create(&PostParams::default(), &ns)
+                    .await;
+                let settings = Settings {
+                    identity: "controller-0".into(),
+                    stream: Default::default(),
+                    agent: Some(AgentDeployment {
+                        deployment: format!("{AGENT_NS}/vm-dhcp-agent").parse().unwrap(),
+                        container: "agent".into(),
+                    }),
+                    dumps: true,
+                };
+                let grpc = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+                let http = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+                let (_leader_tx, leader) = watch::channel(true);
+                let (_stop_tx, stop) = watch::channel(false);
+                run(client, settings, grpc, http, leader, stop, move |h| {
+                    tx.send(h).unwrap()
+                })
+                .await
+                .unwrap();
+            });
+        });
+        rx.recv_timeout(DEADLINE).expect("controller started")
+    })
+}
+
+async fn setup(prefix: &str) -> (Client, String) {
+    controller();
+    let cp = ControlPlane::shared();
+    let client = cp.client().await.unwrap();
+    let ns = cp.namespace(&client, prefix).await.unwrap();
+    (client, ns)
+}
+
+fn nad_api(client: &Client, ns: &str) -> Api<DynamicObject> {
+    let ar = ApiResource::from_gvk_with_plural(
+        &GroupVersionKind::gvk("k8s.cni.cncf.io", "v1", "NetworkAttachmentDefinition"),
+        "network-attachment-definitions",
+    );
+    Api::namespaced_with(client.clone(), ns, &ar)
+}
+
+fn vm_api(client: &Client, ns: &str) -> Api<DynamicObject> {
+    let ar = ApiResource::from_gvk_with_plural(
+        &GroupVersionKind::gvk("kubevirt.io", "v1", "VirtualMachine"),
+        "virtualmachines",
+    );
+    Api::namespaced_with(client.clone(), ns, &ar)
+}
+
+async fn create_nad(client: &Client, ns: &str, name: &str) {
+    let nad: DynamicObject = serde_json::from_value(json!({
+        "apiVersion": "k8s.cni.cncf.io/v1", "kind": "NetworkAttachmentDefinition",
+        "metadata": {"name": name, "namespace": ns},
+        "spec": {"config": "{\"cniVersion\":\"0.3.1\",\"type\":\"bridge\"}"}
+    }))
+    .unwrap();
+    nad_api(client, ns)
+        .create(&PostParams::default(), &nad)
+        .await
+        .unwrap();
+}
+
+/// A pool on `ns/<net>`: 10.<octet>.0.0/24, range .10–.20, server .2 (inside the range), router .1.
+async fn create_pool(client: &Client, ns: &str, name: &str, net: &str, octet: u8) {
+    let pool: IPPool = serde_json::from_value(json!({
+        "apiVersion": "network.harvesterhci.io/v1alpha1", "kind": "IPPool",
+        "metadata": {"name": name, "namespace": ns},
+        "spec": {"networkName": format!("{ns}/{net}"), "ipv4Config": {
+            "serverIP": format!("10.{octet}.0.12"), "cidr": format!("10.{octet}.0.0/24"), "router": format!("10.{octet}.0.1"),
+            "pool": {"start": format!("10.{octet}.0.10"), "end": format!("10.{octet}.0.20"), "exclude": [format!("10.{octet}.0.11")]},
+            "dns": ["10.0.0.53"], "leaseTime": 600
+        }}
+    }))
+    .unwrap();
+    Api::<IPPool>::namespaced(client.clone(), ns)
+        .create(&PostParams::default(), &pool)
+        .await
+        .unwrap();
+}
+
+fn vm(ns: &str, name: &str, nics: &[(&str, &str)]) -> DynamicObject {
+    let interfaces: Vec<Value> = nics
+        .iter()
+        .enumerate()
+        .map(|(i, (_, mac))| json!({"name": format!("nic-{i}"), "macAddress": mac, "bridge": {}}))
+        .collect();
+    let networks: Vec<Value> = nics
+        .iter()
+        .enumerate()
+        .map(|(i, (net, _))| json!({"name": format!("nic-{i}"), "multus": {"networkName": net}}))
+        .collect();
+    serde_json::from_value(json!({
+        "apiVersion": "kubevirt.io/v1", "kind": "VirtualMachine",
+        "metadata": {"name": name, "namespace": ns},
+        "spec": {"running": true, "template": {"spec": {"domain": {"devices": {"interfaces": interfaces}}, "networks": networks}}}
+    }))
+    .unwrap()
+}
+
+async fn wait_for<K, F>(api: &Api<K>, name: &str, what: &str, pred: F) -> K
+where
+    K: kube::Resource + Clone + serde::de::DeserializeOwned + std::fmt::Debug,
+    F: Fn(&K) -> bool,
+{
+    let deadline = Instant::now() + DEADLINE;
+    loop {
+        let current = api.get_opt(name).await.unwrap();
+        if let Some(obj) = &current
+            && pred(obj)
+        {
+            return obj.clone();
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{name}: never {what}; last seen: {current:#?}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+fn condition(pool: &IPPool, t: &str) -> Option<(String, Option<String>)> {
+    find_condition(&pool.status.as_ref()?.conditions, t)
+        .map(|c| (c.status.clone(), c.reason.clone()))
+}
+
+fn cfg_condition(cfg: &VirtualMachineNetworkConfig, t: &str) -> Option<(String, Option<String>)> {
+    find_condition(&cfg.status.as_ref()?.conditions, t)
+        .map(|c| (c.status.clone(), c.reason.clone()))
+}
+
+fn allocated(pool: &IPPool) -> std::collections::BTreeMap<String, String> {
+    pool.status
+        .as_ref()
+        .and_then(|s| s.ipv4.clone())
+        .map(|v| v.allocated)
+        .unwrap_or_default()
+}
+
+fn cfg_ips(cfg: &VirtualMachineNetworkConfig) -> Vec<(String, String, String)> {
+    cfg.status
+        .iter()
+        .flat_map(|s| &s.network_configs)
+        .map(|e| {
+            (
+                e.mac_address.clone().unwrap_or_default(),
+                e.allocated_ip_address.clone().unwrap_or_default(),
+                format!("{:?}", e.state),
+            )
+        })
+        .collect()
+}
+
+fn ready(p: &IPPool) -> bool {
+    condition(p, "CacheReady").is_some_and(|c| c.0 == "True")
+        && condition(p, "Registered").is_some_and(|c| c.0 == "True")
+}
+
+#[tokio::test]
+async fn pool_is_registered_marked_counted_paused_and_deleted_cleanly() {
+    let (client, ns) = setup("pool").await;
+    create_nad(&client, &ns, "net-a").await;
+    create_pool(&client, &ns, "pool-a", "net-a", 1).await;
+    let pools: Api<IPPool> = Api::namespaced(client.clone(), &ns);
+    let pool = wait_for(&pools, "pool-a", "ready", ready).await;
+    let alloc = allocated(&pool);
+    assert_eq!(
+        alloc.get("10.1.0.12").map(String::as_str),
+        Some("RESERVED"),
+        "server inside the range"
+    );
+    assert_eq!(alloc.get("10.1.0.11").map(String::as_str), Some("EXCLUDED"));
+    assert!(
+        !alloc.contains_key("10.1.0.1"),
+        "router outside the range is not marked"
+    );
+    let v4 = pool.status.as_ref().unwrap().ipv4.clone().unwrap();
+    assert_eq!((v4.used, v4.available), (0, 9));
+    assert_eq!(condition(&pool, "Stopped").unwrap().0, "False");
+    assert!(
+        pool.finalizers()
+            .iter()
+            .any(|f| f == "wrangler.cattle.io/vm-dhcp-ippool-controller")
+    );
+    let nad = nad_api(&client, &ns).get("net-a").await.unwrap();
+    assert_eq!(
+        nad.labels()
+            .get("network.harvesterhci.io/ippool-name")
+            .map(String::as_str),
+        Some("pool-a")
+    );
+    assert_eq!(
+        nad.labels().get("network.harvesterhci.io/ippool-namespace"),
+        Some(&ns)
+    );
+
+    // Metrics carry upstream's names and labels.
+    let h = controller();
+    let metrics = reqwest_get(&format!("http://{}/metrics", h.http)).await;
+    let series = format!(
+        r#"vmdhcpcontroller_ippool_available{{ippool="{ns}/pool-a",cidr="10.1.0.0/24",network="{ns}/net-a"}} 9"#
+    );
+    assert!(metrics.contains(&series), "{series} not in:\n{metrics}");
+
+    // Served to agents once ready.
+    let deadline = Instant::now() + DEADLINE;
+    while !h
+        .index
+        .snapshot(&Default::default())
+        .pools
+        .iter()
+        .any(|(c, _)| c.pool.to_string() == format!("{ns}/pool-a"))
+    {
+        assert!(Instant::now() < deadline, "pool never reached the index");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+
+    // Pause: stops being served, allocations kept.
+    pools
+        .patch(
+            "pool-a",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"spec": {"paused": true}})),
+        )
+        .await
+        .unwrap();
+    let paused = wait_for(&pools, "pool-a", "stopped", |p| {
+        condition(p, "Stopped").is_some_and(|c| c.0 == "True")
+    })
+    .await;
+    assert_eq!(allocated(&paused), alloc, "pause keeps allocations");
+    pools
+        .patch(
+            "pool-a",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"spec": {"paused": false}})),
+        )
+        .await
+        .unwrap();
+    wait_for(&pools, "pool-a", "resumed", |p| {
+        condition(p, "Stopped").is_some_and(|c| c.0 == "False")
+    })
+    .await;
+
+    // Deletion: finalizer released, NAD unlabelled, series gone.
+    pools
+        .delete("pool-a", &DeleteParams::default())
+        .await
+        .unwrap();
+    let deadline = Instant::now() + DEADLINE;
+    while pools.get_opt("pool-a").await.unwrap().is_some() {
+        assert!(Instant::now() < deadline, "pool never deleted");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let nad = nad_api(&client, &ns).get("net-a").await.unwrap();
+    assert!(
+        !nad.labels()
+            .contains_key("network.harvesterhci.io/ippool-name"),
+        "{:?}",
+        nad.labels()
+    );
+    let metrics = reqwest_get(&format!("http://{}/metrics", h.http)).await;
+    assert!(
+        !metrics.contains(&format!("{ns}/pool-a")),
+        "series leaked:\n{metrics}"
+    );
+}
+
+#[tokio::test]
+async fn second_pool_on_a_network_and_missing_network_are_refused_with_conditions() {
+    let (client, ns) = setup("refuse").await;
+    create_nad(&client, &ns, "net-a").await;
+    create_pool(&client, &ns, "first", "net-a", 2).await;
+    let pools: Api<IPPool> = Api::namespaced(client.clone(), &ns);
+    wait_for(&pools, "first", "ready", ready).await;
+    create_pool(&client, &ns, "second", "net-a", 3).await;
+    let second = wait_for(&pools, "second", "refused", |p| {
+        condition(p, "Registered").is_some_and(|c| c.1.as_deref() == Some("NetworkInUse"))
+    })
+    .await;
+    assert!(
+        find_condition(&second.status.unwrap().conditions, "Registered")
+            .unwrap()
+            .message
+            .as_deref()
+            .unwrap()
+            .contains(&format!("IPPool {ns}/first"))
+    );
+    let first = pools.get("first").await.unwrap();
+    assert!(ready(&first), "the first pool keeps its network");
+
+    create_pool(&client, &ns, "orphan", "no-such-net", 4).await;
+    wait_for(&pools, "orphan", "refused", |p| {
+        condition(p, "Registered").is_some_and(|c| c.1.as_deref() == Some("NetworkNotFound"))
+    })
+    .await;
+    // Creating the network later lets it register.
+    create_nad(&client, &ns, "no-such-net").await;
+    wait_for(&pools, "orphan", "ready", ready).await;
+}
+
+#[tokio::test]
+async fn vm_gets_an_address_recorded_in_the_pool_first_and_released_on_every_path() {
+    let (client, ns) = setup("vm").await;
+    create_nad(&client, &ns, "net-a").await;
+    create_pool(&client, &ns, "pool-a", "net-a", 5).await;
+    let pools: Api<IPPool> = Api::namespaced(client.clone(), &ns);
+    wait_for(&pools, "pool-a", "ready", ready).await;
+    let cfgs: Api<VirtualMachineNetworkConfig> = Api::namespaced(client.clone(), &ns);
+    let vms = vm_api(&client, &ns);
+
+    // A VM with one Multus NIC (MAC in upper case: normalised) and the pod network.
+    let mut v = vm(&ns, "vm1", &[("net-a", "02:00:00:00:05:01")]);
+    v.data["spec"]["template"]["spec"]["networks"]
+        .as_array_mut()
+        .unwrap()
+        .insert(0, json!({"name": "default", "pod": {}}));
+    v.data["spec"]["template"]["spec"]["domain"]["devices"]["interfaces"]
+        .as_array_mut()
+        .unwrap()
+        .insert(0, json!({"name": "default", "masquerade": {}}));
+    vms.create(&PostParams::default(), &v).await.unwrap();
+    let cfg = wait_for(&cfgs, "vm1", "allocated", |c| {
+        cfg_condition(c, "Allocated").is_some_and(|a| a.0 == "True")
+    })
+    .await;
+    assert_eq!(
+        cfg.labels()
+            .get("harvesterhci.io/vmName")
+            .map(String::as_str),
+        Some("vm1")
+    );
+    assert_eq!(cfg.owner_references()[0].kind, "VirtualMachine");
+    assert_eq!(
+        cfg.spec.network_configs.len(),
+        1,
+        "the pod network is skipped"
+    );
+    assert_eq!(
+        cfg_ips(&cfg),
+        [(
+            "02:00:00:00:05:01".into(),
+            "10.5.0.10".into(),
+            "Some(Allocated)".into()
+        )]
+    );
+    let pool = pools.get("pool-a").await.unwrap();
+    assert_eq!(
+        allocated(&pool).get("10.5.0.10").map(String::as_str),
+        Some("02:00:00:00:05:01")
+    );
+    assert_eq!(pool.status.unwrap().ipv4.unwrap().used, 1);
+
+    // A static address is honoured; a taken or out-of-range one is refused with a reason.
+    cfgs.patch("vm1", &PatchParams::default(), &Patch::Merge(json!({"spec": {"networkConfigs": [{"networkName": format!("{ns}/net-a"), "macAddress": "02:00:00:00:05:01", "ipAddress": "10.5.0.15"}]}}))).await.unwrap();
+    wait_for(&cfgs, "vm1", "moved to the static address", |c| {
+        cfg_ips(c).first().is_some_and(|e| e.1 == "10.5.0.15")
+    })
+    .await;
+    let pool = wait_for(&pools, "pool-a", "recording the move", |p| {
+        allocated(p).get("10.5.0.15").is_some()
+    })
+    .await;
+    assert!(!allocated(&pool).contains_key("10.5.0.10"));
+    cfgs.patch("vm1", &PatchParams::default(), &Patch::Merge(json!({"spec": {"networkConfigs": [{"networkName": format!("{ns}/net-a"), "macAddress": "02:00:00:00:05:01", "ipAddress": "10.5.0.99"}]}}))).await.unwrap();
+    let cfg = wait_for(&cfgs, "vm1", "refused", |c| {
+        cfg_condition(c, "Allocated").is_some_and(|a| a.0 == "False")
+    })
+    .await;
+    let msg = find_condition(&cfg.status.clone().unwrap().conditions, "Allocated")
+        .unwrap()
+        .message
+        .clone()
+        .unwrap();
+    assert!(msg.contains("10.5.0.99 is outside the pool range"), "{msg}");
+    assert_eq!(
+        cfg_ips(&cfg)[0].1,
+        "10.5.0.15",
+        "the refused request keeps the held address"
+    );
+
+    // The same MAC in another config on the same network is refused, not shared.
+    let dup: VirtualMachineNetworkConfig = serde_json::from_value(json!({
+        "apiVersion": "network.harvesterhci.io/v1alpha1", "kind": "VirtualMachineNetworkConfig",
+        "metadata": {"name": "dup", "namespace": ns},
+        "spec": {"vmName": "dup", "networkConfigs": [{"networkName": format!("{ns}/net-a"), "macAddress": "02:00:00:00:05:01"}]}
+    }))
+    .unwrap();
+    cfgs.create(&PostParams::default(), &dup).await.unwrap();
+    let dup = wait_for(&cfgs, "dup", "refused", |c| {
+        cfg_condition(c, "Allocated").is_some_and(|a| a.0 == "False")
+    })
+    .await;
+    let msg = find_condition(&dup.status.clone().unwrap().conditions, "Allocated")
+        .unwrap()
+        .message
+        .clone()
+        .unwrap();
+    assert!(
+        msg.contains(&format!(
+            "already allocated to VirtualMachineNetworkConfig {ns}/vm1"
+        )),
+        "{msg}"
+    );
+    cfgs.delete("dup", &DeleteParams::default()).await.unwrap();
+
+    // Pause releases (status keeps the address), resume gets the same address back.
+    cfgs.patch("vm1", &PatchParams::default(), &Patch::Merge(json!({"spec": {"networkConfigs": [{"networkName": format!("{ns}/net-a"), "macAddress": "02:00:00:00:05:01"}]}}))).await.unwrap();
+    wait_for(&cfgs, "vm1", "allocated again", |c| {
+        cfg_condition(c, "Allocated").is_some_and(|a| a.0 == "True")
+    })
+    .await;
+    cfgs.patch(
+        "vm1",
+        &PatchParams::default(),
+        &Patch::Merge(json!({"spec": {"paused": true}})),
+    )
+    .await
+    .unwrap();
+    wait_for(&cfgs, "vm1", "disabled", |c| {
+        cfg_condition(c, "Disabled").is_some_and(|a| a.0 == "True")
+    })
+    .await;
+    wait_for(&pools, "pool-a", "released", |p| {
+        !allocated(p).values().any(|m| m == "02:00:00:00:05:01")
+    })
+    .await;
+    cfgs.patch(
+        "vm1",
+        &PatchParams::default(),
+        &Patch::Merge(json!({"spec": {"paused": false}})),
+    )
+    .await
+    .unwrap();
+    let cfg = wait_for(&cfgs, "vm1", "re-enabled", |c| {
+        cfg_condition(c, "Disabled").is_some_and(|a| a.0 == "False")
+            && cfg_ips(c).first().is_some_and(|e| e.2 == "Some(Allocated)")
+    })
+    .await;
+    assert_eq!(
+        cfg_ips(&cfg)[0].1,
+        "10.5.0.15",
+        "the same address returns after a pause"
+    );
+
+    // A NIC removed from the VM is released and marked Stale; a new one allocated.
+    vms.patch("vm1", &PatchParams::default(), &Patch::Merge(json!({"spec": {"template": {"spec": {
+        "domain": {"devices": {"interfaces": [{"name": "nic-9", "macAddress": "02:00:00:00:05:09", "bridge": {}}]}},
+        "networks": [{"name": "nic-9", "multus": {"networkName": "net-a"}}]
+    }}}}))).await.unwrap();
+    let cfg = wait_for(&cfgs, "vm1", "re-synced", |c| {
+        cfg_ips(c)
+            .iter()
+            .any(|e| e.0 == "02:00:00:00:05:09" && e.2 == "Some(Allocated)")
+    })
+    .await;
+    assert!(
+        cfg_ips(&cfg)
+            .iter()
+            .any(|e| e.0 == "02:00:00:00:05:01" && e.2 == "Some(Stale)"),
+        "{:?}",
+        cfg_ips(&cfg)
+    );
+    let pool = wait_for(&pools, "pool-a", "updated", |p| {
+        allocated(p).values().any(|m| m == "02:00:00:00:05:09")
+    })
+    .await;
+    assert!(!allocated(&pool).values().any(|m| m == "02:00:00:00:05:01"));
+
+    // Deleting the VM removes its config (no garbage collector runs here) and frees the address.
+    vms.delete("vm1", &DeleteParams::default()).await.unwrap();
+    let deadline = Instant::now() + DEADLINE;
+    while cfgs.get_opt("vm1").await.unwrap().is_some() {
+        assert!(Instant::now() < deadline, "config outlived its VM");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let pool = wait_for(&pools, "pool-a", "emptied", |p| {
+        !allocated(p).values().any(|m| m.starts_with("02:"))
+    })
+    .await;
+    assert_eq!(pool.status.unwrap().ipv4.unwrap().used, 0);
+}
+
+#[tokio::test]
+async fn agent_deployment_gets_the_bootstrap_of_every_served_pool() {
+    let (client, ns) = setup("boot").await;
+    let deployments: Api<Deployment> = Api::namespaced(client.clone(), AGENT_NS);
+    let deploy: Deployment = serde_json::from_value(json!({
+        "apiVersion": "apps/v1", "kind": "Deployment",
+        "metadata": {"name": "vm-dhcp-agent", "namespace": AGENT_NS},
+        "spec": {"selector": {"matchLabels": {"app": "agent"}}, "template": {
+            "metadata": {"labels": {"app": "agent"}},
+            "spec": {"containers": [{"name": "agent", "image": "vmdhcp/agent:test", "env": [{"name": "POD_NAMESPACE", "value": AGENT_NS}]}]}
+        }}
+    }))
+    .unwrap();
+    let _ = deployments.create(&PostParams::default(), &deploy).await;
+    create_nad(&client, &ns, "net-b").await;
+    create_pool(&client, &ns, "pool-b", "net-b", 6).await;
+    let want = format!(
+        "{ns}/net-b@{}",
+        vmdhcp_core::ifname::base_name(&format!("{ns}/pool-b").parse().unwrap())
+    );
+    let deadline = Instant::now() + DEADLINE;
+    loop {
+        let d = deployments.get("vm-dhcp-agent").await.unwrap();
+        let template = d.spec.unwrap().template;
+        let annotation = template
+            .metadata
+            .and_then(|m| m.annotations)
+            .and_then(|a| a.get("k8s.v1.cni.cncf.io/networks").cloned())
+            .unwrap_or_default();
+        let env: Vec<(String, String)> = template.spec.unwrap().containers[0]
+            .env
+            .clone()
+            .unwrap_or_default()
+            .into_iter()
+            .map(|e| (e.name, e.value.unwrap_or_default()))
+            .collect();
+        if annotation.split(',').any(|s| s == want) {
+            let configs = env
+                .iter()
+                .find(|(n, _)| n == "AGENT_NETWORK_CONFIGS")
+                .unwrap()
+                .1
+                .clone();
+            let parsed = vmdhcp_core::bootstrap::parse_network_configs(&configs).unwrap();
+            let mine = parsed
+                .iter()
+                .find(|c| c.ip_pool_ref.to_string() == format!("{ns}/pool-b"))
+                .unwrap();
+            assert_eq!(mine.server_ip.to_string(), "10.6.0.12");
+            assert!(
+                env.iter().any(
+                    |(n, v)| n == "IPPOOL_REFS_JSON" && v.contains(&format!("\"{ns}/pool-b\""))
+                )
+            );
+            assert!(
+                env.iter().any(|(n, _)| n == "POD_NAMESPACE"),
+                "other env is kept"
+            );
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "bootstrap never written: {annotation:?} {env:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+#[tokio::test]
+async fn many_vms_at_once_get_distinct_addresses_agreeing_with_the_pool() {
+    let (client, ns) = setup("burst").await;
+    create_nad(&client, &ns, "net-c").await;
+    let pool: IPPool = serde_json::from_value(json!({
+        "apiVersion": "network.harvesterhci.io/v1alpha1", "kind": "IPPool",
+        "metadata": {"name": "pool-c", "namespace": ns},
+        "spec": {"networkName": format!("{ns}/net-c"), "ipv4Config": {"serverIP": "10.7.0.1", "cidr": "10.7.0.0/16", "pool": {"start": "10.7.0.2", "end": "10.7.255.254"}}}
+    }))
+    .unwrap();
+    let pools: Api<IPPool> = Api::namespaced(client.clone(), &ns);
+    pools.create(&PostParams::default(), &pool).await.unwrap();
+    wait_for(&pools, "pool-c", "ready", ready).await;
+    let vms = vm_api(&client, &ns);
+    let n = 100u32;
+    let creates = (0..n).map(|i| {
+        let vms = vms.clone();
+        let v = vm(
+            &ns,
+            &format!("vm-{i}"),
+            &[(
+                "net-c",
+                &format!("02:00:00:07:{:02x}:{:02x}", i / 256, i % 256),
+            )],
+        );
+        async move { vms.create(&PostParams::default(), &v).await.unwrap() }
+    });
+    futures_util::future::join_all(creates).await;
+    let pool = wait_for(&pools, "pool-c", "all recorded", |p| {
+        allocated(p)
+            .values()
+            .filter(|m| m.starts_with("02:"))
+            .count()
+            == n as usize
+    })
+    .await;
+    let cfgs: Api<VirtualMachineNetworkConfig> = Api::namespaced(client.clone(), &ns);
+    let deadline = Instant::now() + DEADLINE;
+    loop {
+        let all = cfgs.list(&Default::default()).await.unwrap();
+        let done: Vec<_> = all
+            .items
+            .iter()
+            .filter(|c| cfg_condition(c, "Allocated").is_some_and(|a| a.0 == "True"))
+            .collect();
+        if done.len() == n as usize {
+            let ips: BTreeSet<String> = done.iter().map(|c| cfg_ips(c)[0].1.clone()).collect();
+            assert_eq!(ips.len(), n as usize, "an address was handed out twice");
+            for c in &done {
+                let (mac, ip, _) = &cfg_ips(c)[0];
+                assert_eq!(
+                    allocated(&pool).get(ip),
+                    Some(mac),
+                    "{} disagrees with the pool",
+                    c.name_any()
+                );
+            }
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "only {} of {n} configs allocated",
+            done.len()
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+/// GET over plain HTTP with std only (the endpoints are local).
+async fn reqwest_get(url: &str) -> String {
+    let url = url.strip_prefix("http://").unwrap().to_owned();
+    tokio::task::spawn_blocking(move || {
+        use std::io::{Read, Write};
+        let (host, path) = url.split_once('/').unwrap();
+        let mut s = std::net::TcpStream::connect(host).unwrap();
+        write!(s, "GET /{path} HTTP/1.0\r\nHost: {host}\r\n\r\n").unwrap();
+        let mut out = String::new();
+        s.read_to_string(&mut out).unwrap();
+        out
+    })
+    .await
+    .unwrap()
+}
