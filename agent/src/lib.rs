@@ -6,6 +6,7 @@
 //! - [`lease_table`]: the pools and leases served, swapped atomically so lookups never wait.
 //! - [`dhcp`]: the DHCPv4 server, one socket per interface, replies built by pure functions.
 //! - [`http`]: `/healthz`, `/readyz`, `/leases` and `/metrics`.
+//! - [`netlink`]: each served interface gets exactly its server address and is up.
 //! - [`stream`]: the config-stream client: snapshot then deltas from the controller, resumed by
 //!   revision after any disconnect, validated before anything is applied.
 #![forbid(unsafe_code)]
@@ -13,4 +14,5 @@
 pub mod dhcp;
 pub mod http;
 pub mod lease_table;
+pub mod netlink;
 pub mod stream;

@@ -37,6 +37,9 @@ enum Command {
         /// Serve /healthz, /readyz, /leases and /metrics on this address.
         #[arg(long)]
         http_listen: Option<std::net::SocketAddr>,
+        /// Give each pool's interface its server address and bring it up (undone on stop).
+        #[arg(long)]
+        configure_interfaces: bool,
     },
 }
 
@@ -61,6 +64,7 @@ fn main() -> anyhow::Result<()> {
             config,
             status_file,
             http_listen,
+            configure_interfaces,
         } => {
             let runtime = tokio::runtime::Builder::new_current_thread()
                 .enable_all()
@@ -69,8 +73,11 @@ fn main() -> anyhow::Result<()> {
             runtime
                 .block_on(vmdhcp_agent::dhcp::static_config::serve_file(
                     &config,
-                    status_file.as_deref(),
-                    http_listen,
+                    vmdhcp_agent::dhcp::static_config::ServeOptions {
+                        status_file,
+                        http: http_listen,
+                        configure_interfaces,
+                    },
                 ))
                 .context("serve-static failed")?;
         }

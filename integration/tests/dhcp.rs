@@ -767,3 +767,73 @@ fn http_endpoints_report_leases_replies_and_a_declined_address() {
         .unwrap();
     assert!(!conflicted.ends_with(" 0"), "{conflicted}");
 }
+
+#[test]
+fn configure_interfaces_sets_exactly_the_server_address_idempotently_and_undoes_it() {
+    let mut rig = rig();
+    let vm = rig.vm("vm", "srv0", MAC_1);
+    // Leftovers the agent must clear: a foreign address in the subnet, another elsewhere, and
+    // the link down.
+    rig.lab.address(&rig.srv, "srv0", "192.0.2.200/24").unwrap();
+    rig.lab.address(&rig.srv, "srv0", "10.9.9.9/8").unwrap();
+    rig.lab
+        .exec(&rig.srv, "ip", &["link", "set", "srv0", "down"])
+        .unwrap();
+    let missing = pool("c", "nosuch0", "203.0.113.1", "203.0.113.0/24", json!({}));
+    let pools = [pool_a(600, "192.0.2.53"), missing];
+    rig.start_with(&pools, &["--configure-interfaces"]);
+    rig.wait_serving(&["srv0"]);
+    let addrs = rig
+        .lab
+        .exec(&rig.srv, "ip", &["-4", "-o", "addr", "show", "dev", "srv0"])
+        .unwrap();
+    assert!(addrs.contains("inet 192.0.2.1/24"), "{addrs}");
+    assert_eq!(addrs.lines().count(), 1, "{addrs}");
+    let link = rig
+        .lab
+        .exec(&rig.srv, "ip", &["-o", "link", "show", "dev", "srv0"])
+        .unwrap();
+    assert!(link.contains(",UP") || link.contains("<UP"), "{link}");
+    let log = rig.agent_log();
+    assert!(log.contains("interface configured"), "{log}");
+    assert!(log.contains("interface nosuch0 does not exist"), "{log}");
+
+    let dir = tempfile::tempdir().unwrap();
+    let out = udhcpc(&vm, dir.path(), &[]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(
+        wait_event(dir.path(), "bound", 0, Duration::from_secs(1))["ip"],
+        IP_1
+    );
+
+    // Stopping removes the server address.
+    Command::new("kill")
+        .args(["-TERM", &rig.agent_pid.to_string()])
+        .status()
+        .unwrap();
+    wait_for(
+        "the server address removed",
+        Duration::from_secs(10),
+        || {
+            let addrs = rig
+                .lab
+                .exec(&rig.srv, "ip", &["-4", "-o", "addr", "show", "dev", "srv0"])
+                .ok()?;
+            (!addrs.contains("192.0.2.1/")).then_some(())
+        },
+    );
+
+    // An interface already in shape is left as it is.
+    rig.lab.address(&rig.srv, "srv0", "192.0.2.1/24").unwrap();
+    rig.start_with(&pools, &["--configure-interfaces"]);
+    rig.wait_serving(&["srv0"]);
+    let log = wait_for("the second start's log", Duration::from_secs(10), || {
+        let log = rig.agent_log();
+        log.contains("interface already configured").then_some(log)
+    });
+    assert!(!log.contains("interface configured\n"), "{log}");
+}

@@ -95,6 +95,11 @@ pub fn bind(interface: &str) -> Result<std::net::UdpSocket, ServerError> {
     socket
         .set_broadcast(true)
         .map_err(err("set SO_BROADCAST"))?;
+    // Room for bursts (a rack of VMs booting at once, relays flushing queues): the kernel caps
+    // this at net.core.rmem_max, which is fine, it only has to beat the small default.
+    socket
+        .set_recv_buffer_size(RECV_BUFFER)
+        .map_err(err("set SO_RCVBUF"))?;
     socket
         .bind_device(Some(interface.as_bytes()))
         .map_err(err("bind to the device (SO_BINDTODEVICE)"))?;
@@ -106,6 +111,8 @@ pub fn bind(interface: &str) -> Result<std::net::UdpSocket, ServerError> {
         .map_err(err("set non-blocking"))?;
     Ok(socket.into())
 }
+
+const RECV_BUFFER: usize = 4 << 20;
 
 /// The kernel's index of an interface, or `None` if it does not exist in this namespace.
 fn ifindex(interface: &str) -> Option<u32> {
@@ -249,6 +256,18 @@ async fn run_interface(
     }
 }
 
+/// A MAC for log fields, formatted only if an event is actually emitted.
+struct MacField(Option<vmdhcp_core::MacAddr>);
+
+impl std::fmt::Display for MacField {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self.0 {
+            Some(mac) => mac.fmt(f),
+            None => f.write_str("-"),
+        }
+    }
+}
+
 /// How often a serving socket checks that its interface is still the one it bound to.
 const LINK_CHECK: Duration = Duration::from_secs(2);
 
@@ -296,7 +315,7 @@ async fn serve(
             table.is_conflicted(&interface.pool, ip)
         });
         counters.record(&outcome);
-        let mac = outcome.mac.map(|m| m.to_string()).unwrap_or_default();
+        let mac = MacField(outcome.mac);
         match outcome.action {
             Action::Reply(reply) => {
                 if let Err(error) = socket.send_to(&reply.bytes, reply.to).await {

@@ -21,6 +21,7 @@ use vmdhcp_core::pool::{Lease, PoolConfig};
 use super::server::{Interface, InterfaceStatus, Servers};
 use crate::http::HttpState;
 use crate::lease_table::{Conflict, LeaseTable, PoolLeases};
+use crate::netlink::InterfaceSetup;
 
 /// Why the static server cannot start or reload.
 #[derive(Debug, thiserror::Error)]
@@ -49,6 +50,9 @@ pub enum StaticConfigError {
         /// The OS error.
         source: std::io::Error,
     },
+    /// The rtnetlink socket cannot be opened.
+    #[error(transparent)]
+    Netlink(crate::netlink::NetlinkError),
     /// Signal handlers cannot be installed.
     #[error("cannot install signal handlers: {0}")]
     Signal(std::io::Error),
@@ -148,14 +152,51 @@ fn write_status(
     std::fs::rename(&tmp, path).map_err(err)
 }
 
-/// Serves the file's pools until SIGTERM or SIGINT; SIGHUP re-reads the file. With `http`, the
-/// agent's HTTP endpoints are served there too.
-pub async fn serve_file(
-    path: &Path,
-    status_file: Option<&Path>,
-    http: Option<SocketAddr>,
-) -> Result<(), StaticConfigError> {
+/// How [`serve_file`] runs, beside the file itself.
+#[derive(Clone, Debug, Default)]
+pub struct ServeOptions {
+    /// Where to write the status JSON.
+    pub status_file: Option<PathBuf>,
+    /// Where to serve the HTTP endpoints.
+    pub http: Option<SocketAddr>,
+    /// Give each pool's interface exactly its server address and bring it up before serving
+    /// (rtnetlink), and remove the address on stop.
+    pub configure_interfaces: bool,
+}
+
+/// Serves the file's pools until SIGTERM or SIGINT; SIGHUP re-reads the file.
+pub async fn serve_file(path: &Path, options: ServeOptions) -> Result<(), StaticConfigError> {
+    let ServeOptions {
+        status_file,
+        http,
+        configure_interfaces,
+    } = options;
+    let status_file = status_file.as_deref();
     let pools = load(path)?;
+    let setup = if configure_interfaces {
+        Some(InterfaceSetup::connect().map_err(StaticConfigError::Netlink)?)
+    } else {
+        None
+    };
+    let mut configured = Vec::new();
+    if let Some(setup) = &setup {
+        for p in &pools {
+            let c = &p.config;
+            let (name, ip, prefix) = (&c.interface_name, c.server_ip, c.subnet.prefix_len());
+            match setup.configure(name, ip, prefix).await {
+                Ok(changes) if changes.is_empty() => {
+                    info!(interface = %name, %ip, prefix, "interface already configured");
+                    configured.push((name.clone(), ip, prefix));
+                }
+                Ok(changes) => {
+                    info!(interface = %name, %ip, prefix, removed = ?changes.removed, added = changes.added, brought_up = changes.brought_up, "interface configured");
+                    configured.push((name.clone(), ip, prefix));
+                }
+                // That pool's server will report the interface as failed; the others go on.
+                Err(error) => warn!(pool = %c.pool, %error, "interface not configured"),
+            }
+        }
+    }
     let interfaces = pools
         .iter()
         .map(|p| Interface {
@@ -229,6 +270,14 @@ pub async fn serve_file(
     servers.join().await;
     if let Some(task) = http_task {
         let _ = task.await;
+    }
+    if let Some(setup) = &setup {
+        for (name, ip, prefix) in configured {
+            match setup.undo(&name, ip, prefix).await {
+                Ok(_) => info!(interface = %name, %ip, "server address removed"),
+                Err(error) => warn!(interface = %name, %error, "server address not removed"),
+            }
+        }
     }
     Ok(())
 }

@@ -1,0 +1,188 @@
+#!/usr/bin/env bash
+# DHCPv4 load benchmark: our agent (vm-dhcp-agent serve-static) against coredhcp (Go, on
+# insomniacslk/dhcp, the library upstream's agent uses) and kea-dhcp4 (memfile, host reservations),
+# all with reservations for the same 10 000 MACs, on the same veth pair between two network
+# namespaces, in one run. perfdhcp (from kea-admin) acts as a relay from the generator namespace.
+#
+# For each server: request->ack latency (p50/p99) and server CPU per DORA at a fixed 2 000/s;
+# then the rate is stepped up until drops reach 0.1%, giving the highest sustained rate, CPU per
+# DORA there, and RSS (idle, after the run, peak). The server is pinned to core 0 and perfdhcp to
+# core 1 (in its multi-thread mode, so its receiver is not starved by its sender). Ratios
+# ours/coredhcp and ours/kea close the report.
+#
+#   integration/bench/perfdhcp.sh            # as root; installs what it needs (apt)
+#   STEP_SECONDS=5 RATES="2000 10000 20000 30000" integration/bench/perfdhcp.sh
+#
+# perfdhcp's clients: with -b mac=02:00:00:00:00:00 -R 10000 it uses MACs 02:00:00:00:<i>>8>:<i&255>
+# for i in 0..9999 (the counter is added to the low octets), so every request has a reservation.
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+
+STEP_SECONDS="${STEP_SECONDS:-5}"
+FIXED_SECONDS="${FIXED_SECONDS:-10}"
+RATES="${RATES:-2000 5000 10000 15000 20000 25000 30000 40000 60000}"
+CLIENTS=10000
+
+if [ "$(id -u)" -ne 0 ]; then echo "needs root (network namespaces)" >&2; exit 1; fi
+need=()
+command -v perfdhcp >/dev/null || need+=(kea-admin)
+command -v kea-dhcp4 >/dev/null || need+=(kea-dhcp4-server)
+command -v coredhcp >/dev/null || need+=(coredhcp-server)
+command -v taskset >/dev/null || need+=(util-linux)
+if ((${#need[@]})); then
+  DEBIAN_FRONTEND=noninteractive apt-get update -qq >&2
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${need[@]}" >&2
+fi
+cargo build --release --locked -p vmdhcp-agent --bin vm-dhcp-agent >&2
+AGENT="$PWD/target/release/vm-dhcp-agent"
+
+work="$(mktemp -d)"
+NS="vmdb$$"
+SRV="$NS-srv"; GEN="$NS-gen"
+server_pid=""
+cleanup() {
+  [ -n "$server_pid" ] && kill "$server_pid" 2>/dev/null && wait "$server_pid" 2>/dev/null || true
+  ip netns del "$SRV" 2>/dev/null || true
+  ip netns del "$GEN" 2>/dev/null || true
+  rm -rf "$work"
+}
+trap cleanup EXIT
+
+ip netns add "$SRV"; ip netns add "$GEN"
+ip -n "$SRV" link add srv0 type veth peer name gen0 netns "$GEN"
+ip -n "$SRV" addr add 198.18.0.1/15 dev srv0
+ip -n "$GEN" addr add 198.18.0.2/15 dev gen0
+for ns in "$SRV" "$GEN"; do ip -n "$ns" link set lo up; done
+ip -n "$SRV" link set srv0 up; ip -n "$GEN" link set gen0 up
+
+# The same 10 000 reservations for every server: MAC i -> 198.18.(1 + i/256).(i%256).
+python3 - "$work" "$CLIENTS" <<'PY'
+import json, sys
+work, n = sys.argv[1], int(sys.argv[2])
+pairs = [("02:00:00:00:%02x:%02x" % (i >> 8, i & 255), "198.18.%d.%d" % (1 + (i >> 8), i & 255)) for i in range(n)]
+json.dump({"pools": [{"config": {
+    "pool": "bench/pool", "network": "bench/net", "interface_name": "srv0",
+    "server_ip": "198.18.0.1", "subnet": "198.18.0.0/15", "router": "198.18.0.1",
+    "dns": ["198.18.0.53"], "domain_name": None, "domain_search": [], "ntp": [],
+    "lease_seconds": 3600},
+    "leases": [{"mac": m, "ip": ip} for m, ip in pairs]}]}, open(f"{work}/agent.json", "w"))
+with open(f"{work}/leases.txt", "w") as f:
+    f.writelines(f"{m} {ip}\n" for m, ip in pairs)
+open(f"{work}/coredhcp.yml", "w").write(f"""server4:
+  listen:
+    - "0.0.0.0:67"
+  plugins:
+    - lease_time: 3600s
+    - server_id: 198.18.0.1
+    - dns: 198.18.0.53
+    - router: 198.18.0.1
+    - netmask: 255.254.0.0
+    - file: "{work}/leases.txt"
+""")
+json.dump({"Dhcp4": {
+    "interfaces-config": {"interfaces": ["srv0"], "dhcp-socket-type": "udp"},
+    "lease-database": {"type": "memfile", "persist": False},
+    "valid-lifetime": 3600, "renew-timer": 1800, "rebind-timer": 3150,
+    "host-reservation-identifiers": ["hw-address"],
+    "subnet4": [{"id": 1, "subnet": "198.18.0.0/15",
+                 "reservations": [{"hw-address": m, "ip-address": ip} for m, ip in pairs],
+                 "option-data": [{"name": "routers", "data": "198.18.0.1"},
+                                 {"name": "domain-name-servers", "data": "198.18.0.53"}]}],
+    "loggers": [{"name": "kea-dhcp4", "output_options": [{"output": f"{work}/kea.log"}], "severity": "WARN"}],
+}}, open(f"{work}/kea.json", "w"))
+PY
+export KEA_PIDFILE_DIR="$work" KEA_LOCKFILE_DIR="$work"
+
+perf() { # rate seconds [extra perfdhcp args]
+  local rate="$1" secs="$2"; shift 2
+  ip netns exec "$GEN" taskset -c 1 perfdhcp -4 -g multi -l 198.18.0.2 -r "$rate" -R "$CLIENTS" \
+    -b mac=02:00:00:00:00:00 -p "$secs" "$@" 198.18.0.1 2>&1 || true
+}
+# perfdhcp output -> "do_sent do_recv ra_sent ra_recv p50_ms p99_ms" (percentiles only with -x t).
+parse() {
+  python3 -c '
+import sys, re
+text = sys.stdin.read()
+def section(name):
+    m = re.search(r"Statistics for: " + name + r"\*\*\*(.*?)(?=\*\*\*|\Z)", text, re.S)
+    body = m.group(1) if m else ""
+    get = lambda k: int(re.search(k + r": (\d+)", body).group(1)) if re.search(k + r": (\d+)", body) else 0
+    return get("sent packets"), get("received packets")
+do, ra = section("DISCOVER-OFFER"), section("REQUEST-ACK")
+lat = []
+m = re.search(r"Timestamps for packets: REQUEST-ACK\*\*\*(.*)", text, re.S)
+if m:
+    for a, b in re.findall(r"sent / received: ([\d.]+) / ([\d.]+)", m.group(1)):
+        lat.append(float(b) - float(a))
+lat.sort()
+pct = lambda p: "%.3f" % (lat[min(len(lat) - 1, int(p * len(lat)))] * 1e3) if lat else "-"
+print(do[0], do[1], ra[0], ra[1], pct(0.5), pct(0.99))
+'
+}
+cpu_ticks() { awk '{print $14 + $15}' "/proc/$1/stat"; }
+rss_kb() { awk -v k="$2" '$1 == k":" {print $2}' "/proc/$1/status"; }
+TICK_US=$((1000000 / $(getconf CLK_TCK)))
+
+declare -A R
+measure() { # name command...
+  local name="$1"; shift
+  echo "== $name" >&2
+  ip netns exec "$SRV" taskset -c 0 "$@" >"$work/$name.log" 2>&1 &
+  server_pid=$!
+  local ok=""
+  for _ in $(seq 1 40); do
+    if perf 20 1 | parse | awk '{exit !($4 >= 1)}'; then ok=1; break; fi
+  done
+  [ -n "$ok" ] || { echo "$name never answered; log:" >&2; tail -20 "$work/$name.log" >&2; exit 1; }
+  R[$name.rss_idle]=$(rss_kb "$server_pid" VmRSS)
+
+  # Fixed 2 000/s, per-exchange timestamps for latency percentiles.
+  local c0 c1 out
+  c0=$(cpu_ticks "$server_pid")
+  out=$(perf 2000 "$FIXED_SECONDS" -x t | parse)
+  c1=$(cpu_ticks "$server_pid")
+  read -r _ _ _ ra_recv p50 p99 <<<"$out"
+  R[$name.p50]=$p50; R[$name.p99]=$p99
+  R[$name.cpu2000]=$(( (c1 - c0) * TICK_US / (ra_recv > 0 ? ra_recv : 1) ))
+
+  # Step the rate up until drops reach 0.1%.
+  R[$name.rate]=0; R[$name.cpu_sustained]="-"
+  for rate in $RATES; do
+    c0=$(cpu_ticks "$server_pid")
+    out=$(perf "$rate" "$STEP_SECONDS" | parse)
+    c1=$(cpu_ticks "$server_pid")
+    read -r do_sent _ _ ra_recv _ _ <<<"$out"
+    local achieved=$(( ra_recv / STEP_SECONDS ))
+    local drop_permille=$(( do_sent > 0 ? (do_sent - ra_recv) * 1000 / do_sent : 1000 ))
+    echo "   offered $rate/s: $achieved DORA/s completed, $(( (c1 - c0) * TICK_US / (ra_recv > 0 ? ra_recv : 1) )) us CPU/DORA, drops $drop_permille permille" >&2
+    if (( drop_permille < 1 && achieved * 100 >= rate * 97 )); then
+      R[$name.rate]=$achieved
+      R[$name.cpu_sustained]=$(( (c1 - c0) * TICK_US / (ra_recv > 0 ? ra_recv : 1) ))
+    else
+      break
+    fi
+  done
+  R[$name.rss_after]=$(rss_kb "$server_pid" VmRSS)
+  R[$name.rss_peak]=$(rss_kb "$server_pid" VmHWM)
+  kill "$server_pid"; wait "$server_pid" 2>/dev/null || true; server_pid=""
+}
+
+measure ours "$AGENT" serve-static --config "$work/agent.json"
+measure coredhcp coredhcp -c "$work/coredhcp.yml" -L warning
+measure kea kea-dhcp4 -c "$work/kea.json"
+
+mb() { awk -v kb="$1" 'BEGIN {print kb / 1024}'; }
+ratio() { python3 -c "a,b='$1','$2'; print('%.2f' % (float(a)/float(b)) if a not in ('-','0') and b not in ('-','0') else '-')"; }
+printf '\n| server | sustained DORA/s (<0.1%% drops) | CPU µs/DORA @2000/s | CPU µs/DORA @sustained | req→ack p50 / p99 ms @2000/s | RSS idle / after / peak MB |\n'
+printf '|---|---|---|---|---|---|\n'
+for s in ours coredhcp kea; do
+  printf '| %s | %s | %s | %s | %s / %s | %.1f / %.1f / %.1f |\n' "$s" "${R[$s.rate]}" "${R[$s.cpu2000]}" \
+    "${R[$s.cpu_sustained]}" "${R[$s.p50]}" "${R[$s.p99]}" \
+    "$(mb "${R[$s.rss_idle]}")" "$(mb "${R[$s.rss_after]}")" "$(mb "${R[$s.rss_peak]}")"
+done
+for other in coredhcp kea; do
+  printf '| ours/%s | %s | %s | %s | %s | %s |\n' "$other" \
+    "$(ratio "${R[ours.rate]}" "${R[$other.rate]}")" "$(ratio "${R[ours.cpu2000]}" "${R[$other.cpu2000]}")" \
+    "$(ratio "${R[ours.cpu_sustained]}" "${R[$other.cpu_sustained]}")" "$(ratio "${R[ours.p99]}" "${R[$other.p99]}") (p99)" \
+    "$(ratio "${R[ours.rss_peak]}" "${R[$other.rss_peak]}") (peak)"
+done
