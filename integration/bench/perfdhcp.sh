@@ -154,7 +154,7 @@ measure() { # name command...
     read -r do_sent _ _ ra_recv _ _ <<<"$out"
     local achieved=$(( ra_recv / STEP_SECONDS ))
     local drop_permille=$(( do_sent > 0 ? (do_sent - ra_recv) * 1000 / do_sent : 1000 ))
-    echo "   offered $rate/s: $achieved DORA/s completed, $(( (c1 - c0) * TICK_US / (ra_recv > 0 ? ra_recv : 1) )) us CPU/DORA, drops $drop_permille permille" >&2
+    echo "   offered $rate/s (perfdhcp sent $(( do_sent / STEP_SECONDS ))/s): $achieved DORA/s completed, $(( (c1 - c0) * TICK_US / (ra_recv > 0 ? ra_recv : 1) )) us CPU/DORA, drops $drop_permille permille" >&2
     if (( drop_permille < 1 && achieved * 100 >= rate * 97 )); then
       R[$name.rate]=$achieved
       R[$name.cpu_sustained]=$(( (c1 - c0) * TICK_US / (ra_recv > 0 ? ra_recv : 1) ))
