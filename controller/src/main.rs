@@ -11,6 +11,7 @@ use vmdhcp_controller::config_service::StreamSettings;
 use vmdhcp_controller::context::AgentDeployment;
 use vmdhcp_controller::runtime::{Settings, run};
 use vmdhcp_core::NamespacedName;
+use vmdhcp_leader::{ElectionConfig, LeaderElector};
 
 /// The vmdhcp controller.
 #[derive(Parser, Debug)]
@@ -26,7 +27,7 @@ enum Command {
     /// (`vm-dhcp-controller crds | kubectl apply -f -`).
     Crds,
     /// Run the controller: reconcilers (leader only), config stream and HTTP endpoints.
-    Run(RunArgs),
+    Run(Box<RunArgs>),
 }
 
 #[derive(clap::Args, Debug)]
@@ -58,6 +59,21 @@ struct RunArgs {
     /// Act as leader without election (single replica, local runs).
     #[arg(long)]
     no_leader_election: bool,
+    /// Namespace of the leader-election Lease.
+    #[arg(long, env = "POD_NAMESPACE", default_value = "kube-system")]
+    leader_election_namespace: String,
+    /// Name of the leader-election Lease.
+    #[arg(long, default_value = "vm-dhcp-controllers")]
+    leader_election_name: String,
+    /// Seconds a Lease stays valid without renewal.
+    #[arg(long, default_value_t = 15)]
+    lease_duration_seconds: u64,
+    /// Seconds a leader keeps trying to renew before it stops writing.
+    #[arg(long, default_value_t = 10)]
+    renew_deadline_seconds: u64,
+    /// Seconds between election attempts.
+    #[arg(long, default_value_t = 2)]
+    retry_period_seconds: u64,
 }
 
 fn main() -> anyhow::Result<()> {
@@ -83,7 +99,7 @@ fn main() -> anyhow::Result<()> {
         }
         Command::Run(args) => tokio::runtime::Runtime::new()
             .context("starting tokio")?
-            .block_on(run_controller(args)),
+            .block_on(run_controller(*args)),
     }
 }
 
@@ -110,12 +126,24 @@ async fn run_controller(args: RunArgs) -> anyhow::Result<()> {
         }),
         None => None,
     };
-    anyhow::ensure!(
-        args.no_leader_election,
-        "leader election is not available in this build: pass --no-leader-election"
-    );
-    let (_leader_tx, leader) = watch::channel(true);
     let (shutdown_tx, shutdown) = watch::channel(false);
+    let (_always, leader) = watch::channel(true);
+    let (leader, election) = if args.no_leader_election {
+        (leader, None)
+    } else {
+        let mut election = ElectionConfig::new(
+            &args.leader_election_namespace,
+            &args.leader_election_name,
+            &args.identity,
+        );
+        election.lease_duration = Duration::from_secs(args.lease_duration_seconds);
+        election.renew_deadline = Duration::from_secs(args.renew_deadline_seconds);
+        election.retry_period = Duration::from_secs(args.retry_period_seconds);
+        let elector =
+            LeaderElector::new(client.clone(), election).context("leader election settings")?;
+        let leading = elector.subscribe();
+        (leading, Some(tokio::spawn(elector.run(shutdown.clone()))))
+    };
     let grpc = tokio::net::TcpListener::bind(args.grpc_listen)
         .await
         .with_context(|| format!("binding {}", args.grpc_listen))?;
@@ -151,5 +179,9 @@ async fn run_controller(args: RunArgs) -> anyhow::Result<()> {
         |h| info!(grpc = %h.grpc, http = %h.http, "controller up"),
     )
     .await?;
+    // Writes have stopped; the elector releases the Lease on the same shutdown.
+    if let Some(election) = election {
+        let _ = election.await;
+    }
     Ok(())
 }

@@ -111,16 +111,6 @@ struct Term {
     backoff: Backoff,
 }
 
-impl Term {
-    async fn ready(&self) {
-        let _ = tokio::join!(
-            self.ctx.pools.wait_until_ready(),
-            self.ctx.vmnetcfgs.wait_until_ready(),
-            self.ctx.vms.wait_until_ready()
-        );
-    }
-}
-
 fn key<K: ResourceExt>(kind: &str, obj: &K) -> String {
     format!(
         "{kind}/{}/{}",
@@ -135,7 +125,10 @@ async fn timed<T: ResourceExt, E: Into<ReconcileError>>(
     obj: &T,
     fut: impl Future<Output = Result<Action, E>>,
 ) -> Result<Action, ReconcileError> {
-    term.ready().await;
+    // No waiting on other controllers' caches here: kube's store readiness wakes only its last
+    // waiter (the controller's own runner), so a reconcile waiting on it could sleep forever.
+    // Each controller's own cache is complete before its first reconcile; reads of the others
+    // are either self-healing (requeue) or confirmed with a GET.
     let started = Instant::now();
     let result = fut.await.map_err(Into::into);
     term.ctx
@@ -340,10 +333,7 @@ async fn lead(
         .for_each(|r| async move { log_outcome("vm", r) });
     let bootstrap = async {
         match settings.agent.clone() {
-            Some(target) => {
-                term.ready().await;
-                crate::agent_bootstrap::run(ctx.clone(), index, target).await;
-            }
+            Some(target) => crate::agent_bootstrap::run(ctx.clone(), index, target).await,
             None => std::future::pending::<()>().await,
         }
     };

@@ -1,0 +1,314 @@
+//! The `vm-dhcp-controller` binary as real processes against the real kube-apiserver: two
+//! replicas with leader election (only the leader writes; killing it hands the work over), and a
+//! controller killed in the middle of a burst of VMs (no address is ever handed out twice).
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::net::TcpListener;
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use k8s_openapi::api::coordination::v1::Lease;
+use kube::api::{Api, ApiResource, DynamicObject, GroupVersionKind, PostParams};
+use kube::{Client, ResourceExt};
+use serde_json::json;
+use vmdhcp_core::crd::{IPPool, VirtualMachineNetworkConfig, find_condition};
+use vmdhcp_integration::control_plane::ControlPlane;
+use vmdhcp_integration::process::Supervised;
+
+const DEADLINE: Duration = Duration::from_secs(60);
+
+fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+/// A controller process; killed with SIGKILL when dropped (through its supervisor).
+struct Replica {
+    _process: Supervised,
+    http: u16,
+}
+
+fn start(cp: &ControlPlane, identity: &str, lease_ns: &str, elect: bool) -> Replica {
+    let http = free_port();
+    let mut args = vec![
+        "run".to_owned(),
+        format!("--kubeconfig={}", cp.kubeconfig().display()),
+        format!("--identity={identity}"),
+        format!("--grpc-listen=127.0.0.1:{}", free_port()),
+        format!("--http-listen=127.0.0.1:{http}"),
+        format!("--leader-election-namespace={lease_ns}"),
+        "--lease-duration-seconds=3".into(),
+        "--renew-deadline-seconds=2".into(),
+        "--retry-period-seconds=1".into(),
+    ];
+    if !elect {
+        args.push("--no-leader-election".into());
+    }
+    let log = cp.dir().join(format!("controller-{identity}.log"));
+    let process = Supervised::spawn(
+        Path::new(env!("CARGO_BIN_EXE_vm-dhcp-controller")),
+        &args,
+        &log,
+        None,
+    )
+    .unwrap();
+    Replica { _process: process, http }
+}
+
+impl Replica {
+    fn metric(&self, needle: &str) -> f64 {
+        use std::io::{Read, Write};
+        let Ok(mut s) = std::net::TcpStream::connect(("127.0.0.1", self.http)) else {
+            return 0.0;
+        };
+        let _ = write!(s, "GET /metrics HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n");
+        let mut out = String::new();
+        let _ = s.read_to_string(&mut out);
+        out.lines()
+            .filter(|l| l.starts_with(needle))
+            .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+            .sum()
+    }
+}
+
+async fn create(client: &Client, ns: &str, manifest: serde_json::Value) {
+    let gvk = GroupVersionKind::try_from(&kube::api::TypeMeta {
+        api_version: manifest["apiVersion"].as_str().unwrap().into(),
+        kind: manifest["kind"].as_str().unwrap().into(),
+    })
+    .unwrap();
+    let plural = match gvk.kind.as_str() {
+        "NetworkAttachmentDefinition" => "network-attachment-definitions",
+        "IPPool" => "ippools",
+        "VirtualMachine" => "virtualmachines",
+        other => panic!("{other}"),
+    };
+    let api: Api<DynamicObject> = Api::namespaced_with(
+        client.clone(),
+        ns,
+        &ApiResource::from_gvk_with_plural(&gvk, plural),
+    );
+    api.create(
+        &PostParams::default(),
+        &serde_json::from_value(manifest).unwrap(),
+    )
+    .await
+    .unwrap();
+}
+
+async fn network_and_pool(client: &Client, ns: &str, name: &str, octet: u8) {
+    create(client, ns, json!({"apiVersion": "k8s.cni.cncf.io/v1", "kind": "NetworkAttachmentDefinition", "metadata": {"name": name, "namespace": ns}, "spec": {"config": "{}"}})).await;
+    create(client, ns, json!({
+        "apiVersion": "network.harvesterhci.io/v1alpha1", "kind": "IPPool", "metadata": {"name": name, "namespace": ns},
+        "spec": {"networkName": format!("{ns}/{name}"), "ipv4Config": {"serverIP": format!("10.{octet}.0.1"), "cidr": format!("10.{octet}.0.0/16"), "pool": {"start": format!("10.{octet}.0.2"), "end": format!("10.{octet}.255.254")}}}
+    }))
+    .await;
+}
+
+async fn vm(client: &Client, ns: &str, name: &str, net: &str, mac: &str) {
+    create(client, ns, json!({
+        "apiVersion": "kubevirt.io/v1", "kind": "VirtualMachine", "metadata": {"name": name, "namespace": ns},
+        "spec": {"template": {"spec": {"domain": {"devices": {"interfaces": [{"name": "nic", "macAddress": mac, "bridge": {}}]}}, "networks": [{"name": "nic", "multus": {"networkName": net}}]}}}
+    }))
+    .await;
+}
+
+fn pool_ready(p: &IPPool) -> bool {
+    p.status.as_ref().is_some_and(|s| {
+        find_condition(&s.conditions, "CacheReady").is_some_and(|c| c.status == "True")
+    })
+}
+
+async fn poll<T>(what: &str, mut f: impl AsyncFnMut() -> Option<T>) -> T {
+    let deadline = Instant::now() + DEADLINE;
+    loop {
+        if let Some(v) = f().await {
+            return v;
+        }
+        assert!(Instant::now() < deadline, "never: {what}");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+/// (vmnetcfg → (mac, ip)) of every config whose status says Allocated.
+async fn allocated_configs(client: &Client, ns: &str) -> BTreeMap<String, (String, String)> {
+    let cfgs: Api<VirtualMachineNetworkConfig> = Api::namespaced(client.clone(), ns);
+    cfgs.list(&Default::default())
+        .await
+        .unwrap()
+        .items
+        .into_iter()
+        .filter(|c| {
+            c.status.as_ref().is_some_and(|s| {
+                find_condition(&s.conditions, "Allocated").is_some_and(|a| a.status == "True")
+            })
+        })
+        .filter_map(|c| {
+            let e = c.status.as_ref()?.network_configs.first()?.clone();
+            Some((c.name_any(), (e.mac_address?, e.allocated_ip_address?)))
+        })
+        .collect()
+}
+
+#[tokio::test]
+async fn only_the_leader_writes_and_killing_it_hands_the_work_over() {
+    // Controllers watch every namespace: each test here needs a control plane of its own.
+    let cp = &ControlPlane::start().unwrap();
+    let client = cp.client().await.unwrap();
+    let ns = cp.namespace(&client, "ha").await.unwrap();
+    let a = start(cp, "replica-a", &ns, true);
+    let b = start(cp, "replica-b", &ns, true);
+    network_and_pool(&client, &ns, "net-ha", 20).await;
+    let pools: Api<IPPool> = Api::namespaced(client.clone(), &ns);
+    poll("pool ready", async || {
+        pools.get("net-ha").await.ok().filter(pool_ready)
+    })
+    .await;
+    vm(&client, &ns, "vm-before", "net-ha", "02:00:00:14:00:01").await;
+    poll("first VM allocated", async || {
+        allocated_configs(&client, &ns)
+            .await
+            .get("vm-before")
+            .cloned()
+    })
+    .await;
+
+    let leases: Api<Lease> = Api::namespaced(client.clone(), &ns);
+    let holder = leases
+        .get("vm-dhcp-controllers")
+        .await
+        .unwrap()
+        .spec
+        .unwrap()
+        .holder_identity
+        .unwrap();
+    let (leader, follower) = if holder == "replica-a" {
+        (a, b)
+    } else {
+        (b, a)
+    };
+    let metric = "vmdhcpcontroller_reconciles_total{controller=\"ippool\"";
+    assert!(leader.metric(metric) > 0.0, "the leader reconciled nothing");
+    assert_eq!(
+        follower.metric(metric),
+        0.0,
+        "the follower reconciled (wrote) while not leading"
+    );
+
+    // Kill -9 the leader; work arriving afterwards is done by the other replica.
+    drop(leader);
+    vm(&client, &ns, "vm-after", "net-ha", "02:00:00:14:00:02").await;
+    let (_, ip) = poll("second VM allocated by the new leader", async || {
+        allocated_configs(&client, &ns)
+            .await
+            .get("vm-after")
+            .cloned()
+    })
+    .await;
+    assert_eq!(ip, "10.20.0.3");
+    let holder_now = leases
+        .get("vm-dhcp-controllers")
+        .await
+        .unwrap()
+        .spec
+        .unwrap()
+        .holder_identity
+        .unwrap();
+    let logs = |id: &str| {
+        std::fs::read_to_string(cp.dir().join(format!("controller-{id}.log"))).unwrap_or_default()
+    };
+    assert_ne!(
+        holder_now,
+        holder,
+        "the Lease did not move:\n{}\n{}",
+        logs("replica-a"),
+        logs("replica-b")
+    );
+    assert!(follower.metric(metric) > 0.0);
+    drop(follower);
+}
+
+#[tokio::test]
+async fn a_controller_killed_mid_burst_never_hands_out_an_address_twice() {
+    let cp = &ControlPlane::start().unwrap();
+    let client = cp.client().await.unwrap();
+    let ns = cp.namespace(&client, "restart").await.unwrap();
+    network_and_pool(&client, &ns, "net-r1", 21).await;
+    network_and_pool(&client, &ns, "net-r2", 22).await;
+    let first = start(cp, "restart-1", &ns, false);
+    let pools: Api<IPPool> = Api::namespaced(client.clone(), &ns);
+    for p in ["net-r1", "net-r2"] {
+        poll("pool ready", async || {
+            pools.get(p).await.ok().filter(pool_ready)
+        })
+        .await;
+    }
+    let n = 200u32;
+    let creates = (0..n).map(|i| {
+        let (client, ns) = (client.clone(), ns.clone());
+        async move {
+            vm(
+                &client,
+                &ns,
+                &format!("vm-{i}"),
+                if i % 2 == 0 { "net-r1" } else { "net-r2" },
+                &format!("02:00:00:15:{:02x}:{:02x}", i / 256, i % 256),
+            )
+            .await
+        }
+    });
+    futures_util::future::join_all(creates).await;
+    // Kill it once some, but not all, are done.
+    poll("a quarter allocated", async || {
+        (allocated_configs(&client, &ns).await.len() >= (n / 4) as usize).then_some(())
+    })
+    .await;
+    drop(first);
+    let _second = start(cp, "restart-2", &ns, false);
+    let done = poll("all allocated after the restart", async || {
+        let done = allocated_configs(&client, &ns).await;
+        (done.len() == n as usize).then_some(done)
+    })
+    .await;
+    let ips: BTreeSet<&String> = done.values().map(|(_, ip)| ip).collect();
+    assert_eq!(ips.len(), n as usize, "an address was handed out twice");
+    for p in ["net-r1", "net-r2"] {
+        let pool = pools.get(p).await.unwrap();
+        let allocated = pool.status.unwrap().ipv4.unwrap().allocated;
+        let macs: Vec<&String> = allocated
+            .values()
+            .filter(|v| v.starts_with("02:"))
+            .collect();
+        assert_eq!(macs.len(), (n / 2) as usize, "{p}: {macs:?}");
+        assert_eq!(
+            macs.iter().collect::<BTreeSet<_>>().len(),
+            macs.len(),
+            "{p}: a MAC recorded twice"
+        );
+    }
+    for (name, (mac, ip)) in &done {
+        let pool = if name.trim_start_matches("vm-").parse::<u32>().unwrap() % 2 == 0 {
+            "net-r1"
+        } else {
+            "net-r2"
+        };
+        let allocated = pools
+            .get(pool)
+            .await
+            .unwrap()
+            .status
+            .unwrap()
+            .ipv4
+            .unwrap()
+            .allocated;
+        assert_eq!(
+            allocated.get(ip),
+            Some(mac),
+            "{name}: status disagrees with {pool}"
+        );
+    }
+}
