@@ -48,17 +48,38 @@ pub enum LeaseTableError {
 #[derive(Debug, Clone)]
 pub struct PoolSnapshot {
     config: Arc<PoolConfig>,
+    ntp_addresses: Arc<[Ipv4Addr]>,
     by_mac: HashMap<MacAddr, Ipv4Addr>,
     by_ip: HashMap<Ipv4Addr, MacAddr>,
+}
+
+/// The NTP entries of a config that are addresses already; host names wait for a resolver.
+fn literal_ntp(config: &PoolConfig) -> Arc<[Ipv4Addr]> {
+    config.ntp.iter().filter_map(|s| s.parse().ok()).collect()
 }
 
 impl PoolSnapshot {
     fn new(config: PoolConfig) -> Self {
         PoolSnapshot {
+            ntp_addresses: literal_ntp(&config),
             config: Arc::new(config),
             by_mac: HashMap::new(),
             by_ip: HashMap::new(),
         }
+    }
+
+    /// A new config for this pool; resolved NTP addresses are kept while the NTP list is the same.
+    fn set_config(&mut self, config: PoolConfig) {
+        if config.ntp != self.config.ntp {
+            self.ntp_addresses = literal_ntp(&config);
+        }
+        self.config = Arc::new(config);
+    }
+
+    /// NTP servers as addresses (option 42): the config's literal addresses, and its host names
+    /// once [`LeaseTable::set_ntp_addresses`] has recorded what they resolve to.
+    pub fn ntp_addresses(&self) -> &[Ipv4Addr] {
+        &self.ntp_addresses
     }
 
     /// The pool's config; replies are built from it, so option changes reach the next reply.
@@ -196,9 +217,15 @@ impl LeaseTable {
         let _guard = self.write.lock().unwrap_or_else(PoisonError::into_inner);
         let mut errors = Vec::new();
         let mut next = Pools::with_capacity(pools.len());
+        let previous = self.pools.load();
         for PoolLeases { config, leases } in pools {
             let name = config.pool.clone();
             let mut snap = PoolSnapshot::new(config);
+            if let Some(old) = previous.get(&name)
+                && old.config.ntp == snap.config.ntp
+            {
+                snap.ntp_addresses = Arc::clone(&old.ntp_addresses);
+            }
             snap.by_mac.reserve(leases.len());
             snap.by_ip.reserve(leases.len());
             for lease in leases {
@@ -253,7 +280,7 @@ impl LeaseTable {
                     let next = match snap {
                         Some(mut snap) => {
                             let subnet_changed = snap.config.subnet != config.subnet;
-                            snap.config = Arc::new(config);
+                            snap.set_config(config);
                             if subnet_changed {
                                 let subnet = snap.config.subnet;
                                 snap.by_mac.retain(|_, ip| is_host_of(subnet, *ip));
@@ -308,6 +335,31 @@ impl LeaseTable {
             self.prune_conflicts();
         }
         errors
+    }
+
+    /// Records what the NTP entries `ntp` of `pool`'s config resolve to. Ignored when the pool is
+    /// gone or its NTP list changed meanwhile (a newer resolution will follow); a no-op when
+    /// nothing changed. Returns whether the pool was updated.
+    pub fn set_ntp_addresses(
+        &self,
+        pool: &NamespacedName,
+        ntp: &[String],
+        addresses: Vec<Ipv4Addr>,
+    ) -> bool {
+        let _guard = self.write.lock().unwrap_or_else(PoisonError::into_inner);
+        let current = self.pools.load_full();
+        let Some(snap) = current.get(pool) else {
+            return false;
+        };
+        if snap.config.ntp != ntp || *snap.ntp_addresses == *addresses {
+            return false;
+        }
+        let mut updated = PoolSnapshot::clone(snap);
+        updated.ntp_addresses = addresses.into();
+        let mut next = Pools::clone(&current);
+        next.insert(pool.clone(), Arc::new(updated));
+        self.pools.store(Arc::new(next));
+        true
     }
 
     /// Records that `mac` declined `ip` on `pool`: the address is not offered again until the
@@ -503,6 +555,42 @@ mod tests {
         let a = table.pool(&name("a")).unwrap();
         assert_eq!(**a.config(), cfg);
         assert_eq!(a.len(), 2);
+    }
+
+    #[test]
+    fn resolved_ntp_addresses_last_while_the_ntp_list_does() {
+        let table = LeaseTable::new();
+        let mut cfg = config("a", "192.0.2.0/24", "192.0.2.1");
+        cfg.ntp = vec!["192.0.2.123".into(), "ntp.example.test".into()];
+        table.apply_snapshot(vec![PoolLeases {
+            config: cfg.clone(),
+            leases: vec![],
+        }]);
+        let literal: Ipv4Addr = "192.0.2.123".parse().unwrap();
+        let resolved: Ipv4Addr = "192.0.2.124".parse().unwrap();
+        assert_eq!(table.pool(&name("a")).unwrap().ntp_addresses(), [literal]);
+        assert!(table.set_ntp_addresses(&name("a"), &cfg.ntp, vec![literal, resolved]));
+        assert!(!table.set_ntp_addresses(&name("a"), &cfg.ntp, vec![literal, resolved]));
+        assert!(!table.set_ntp_addresses(&name("a"), &["other".into()], vec![resolved]));
+        // Another option changes: the resolution is kept, in deltas and in snapshots.
+        cfg.dns = vec![literal];
+        table.apply([Delta::UpsertPool(cfg.clone())]);
+        assert_eq!(
+            table.pool(&name("a")).unwrap().ntp_addresses(),
+            [literal, resolved]
+        );
+        table.apply_snapshot(vec![PoolLeases {
+            config: cfg.clone(),
+            leases: vec![],
+        }]);
+        assert_eq!(
+            table.pool(&name("a")).unwrap().ntp_addresses(),
+            [literal, resolved]
+        );
+        // The NTP list changes: back to its literals until resolved again.
+        cfg.ntp = vec!["ntp2.example.test".into()];
+        table.apply([Delta::UpsertPool(cfg)]);
+        assert!(table.pool(&name("a")).unwrap().ntp_addresses().is_empty());
     }
 
     #[test]

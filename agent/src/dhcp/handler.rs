@@ -295,9 +295,9 @@ fn decide(
                 Action::Silent(Silence::Ignored)
             }
         }
-        MessageType::Inform => reply(request, MessageType::Ack, None, config),
+        MessageType::Inform => reply(request, MessageType::Ack, None, pool),
         _ if is_conflicted(&leased) => Action::Silent(Silence::Conflicted(leased)),
-        MessageType::Discover => reply(request, MessageType::Offer, Some(leased), config),
+        MessageType::Discover => reply(request, MessageType::Offer, Some(leased), pool),
         _ => {
             // REQUEST. SELECTING names a server (option 54); INIT-REBOOT names only an address
             // (option 50); RENEWING and REBINDING name neither and carry ciaddr (RFC 2131 §4.3.2).
@@ -309,9 +309,9 @@ fn decide(
                 (_, None) => request.ciaddr(),
             };
             if asked == leased {
-                reply(request, MessageType::Ack, Some(leased), config)
+                reply(request, MessageType::Ack, Some(leased), pool)
             } else {
-                reply(request, MessageType::Nak, None, config)
+                reply(request, MessageType::Nak, None, pool)
             }
         }
     }
@@ -323,8 +323,10 @@ fn reply(
     request: &Message,
     kind: MessageType,
     leased: Option<Ipv4Addr>,
-    config: &PoolConfig,
+    pool: &PoolSnapshot,
 ) -> Action {
+    let config = pool.config();
+    let ntp = pool.ntp_addresses();
     let unspecified = Ipv4Addr::UNSPECIFIED;
     let ciaddr = match kind {
         MessageType::Ack => request.ciaddr(),
@@ -370,7 +372,7 @@ fn reply(
     let optional = if kind == MessageType::Nak {
         Vec::new()
     } else {
-        pool_options(config, requested_codes(request).as_deref())
+        pool_options(config, ntp, requested_codes(request).as_deref())
     };
 
     let budget = reply_budget(request);
@@ -418,7 +420,11 @@ fn reply_budget(request: &Message) -> usize {
 
 /// The pool's options, in the order they are given up when a reply is too big for the client:
 /// the most important first. With a parameter request list, only what it asks for.
-fn pool_options(config: &PoolConfig, requested: Option<&[u8]>) -> Vec<DhcpOption> {
+fn pool_options(
+    config: &PoolConfig,
+    ntp: &[Ipv4Addr],
+    requested: Option<&[u8]>,
+) -> Vec<DhcpOption> {
     let mut all = vec![DhcpOption::SubnetMask(config.subnet.netmask())];
     if let Some(router) = config.router {
         all.push(DhcpOption::Router(vec![router]));
@@ -438,10 +444,9 @@ fn pool_options(config: &PoolConfig, requested: Option<&[u8]>) -> Vec<DhcpOption
     if !search.is_empty() {
         all.push(DhcpOption::DomainSearch(search));
     }
-    // Host names need resolving, which is not the packet path's business; addresses are served.
-    let ntp: Vec<Ipv4Addr> = config.ntp.iter().filter_map(|s| s.parse().ok()).collect();
+    // Host names were resolved off the packet path (see `super::ntp`).
     if !ntp.is_empty() {
-        all.push(DhcpOption::NtpServers(ntp));
+        all.push(DhcpOption::NtpServers(ntp.to_vec()));
     }
     match requested {
         None => all,
@@ -679,6 +684,37 @@ mod tests {
             panic!("search list missing")
         };
         assert_eq!(names.len(), 40);
+    }
+
+    #[test]
+    fn resolved_ntp_names_reach_the_next_reply() {
+        let table = LeaseTable::new();
+        let cfg = config();
+        let name = cfg.pool.clone();
+        table.apply_snapshot(vec![PoolLeases {
+            config: cfg.clone(),
+            leases: vec![Lease {
+                pool: name.clone(),
+                mac: MacAddr(KNOWN),
+                ip: LEASED,
+            }],
+        }]);
+        let resolved = Ipv4Addr::new(192, 0, 2, 124);
+        table.set_ntp_addresses(
+            &name,
+            &cfg.ntp,
+            vec![Ipv4Addr::new(192, 0, 2, 123), resolved],
+        );
+        let req = request(MessageType::Discover, KNOWN).to_vec().unwrap();
+        let outcome = handle(&req, &table.pool(&name).unwrap(), |_| false);
+        let (_, _, offer) = reply_of(&outcome);
+        assert_eq!(
+            offer.opts().get(OptionCode::NtpServers),
+            Some(&DhcpOption::NtpServers(vec![
+                Ipv4Addr::new(192, 0, 2, 123),
+                resolved
+            ]))
+        );
     }
 
     #[test]

@@ -1,5 +1,6 @@
 //! The DHCPv4 server: what to answer ([`handler`], pure functions on `dhcproto` messages), how
-//! packets are counted ([`counters`]), the sockets, one per interface ([`server`]), and serving a
+//! packets are counted ([`counters`]), NTP host names resolved off the packet path ([`ntp`]),
+//! the sockets, one per interface ([`server`]), and serving a
 //! file of pools and leases without a controller ([`static_config`]).
 //!
 //! It reads the [`crate::lease_table::LeaseTable`] and writes to it only to record declined
@@ -7,6 +8,7 @@
 
 pub mod counters;
 pub mod handler;
+pub mod ntp;
 pub mod server;
 pub mod static_config;
 

@@ -208,6 +208,7 @@ pub async fn serve_file(path: &Path, options: ServeOptions) -> Result<(), Static
     apply(&table, pools);
     let (stop, stopped) = watch::channel(false);
     let servers = Servers::spawn(Arc::clone(&table), interfaces, stopped);
+    let ntp_task = tokio::spawn(super::ntp::run(Arc::clone(&table), stop.subscribe()));
     let mut statuses = servers.statuses();
     let (_loaded_tx, loaded) = watch::channel(true);
     let http_task = http.map(|addr| {
@@ -268,6 +269,7 @@ pub async fn serve_file(path: &Path, options: ServeOptions) -> Result<(), Static
     }
     let _ = stop.send(true);
     servers.join().await;
+    let _ = ntp_task.await;
     if let Some(task) = http_task {
         let _ = task.await;
     }
