@@ -12,7 +12,6 @@ use std::time::{Duration, Instant};
 
 use serde::Serialize;
 use socket2::{Domain, Protocol, Socket, Type};
-use tokio::net::UdpSocket;
 use tokio::sync::watch;
 use tokio::task::JoinSet;
 use tracing::{Instrument, debug, info, info_span, warn};
@@ -43,6 +42,14 @@ pub enum ServerError {
         interface: String,
         /// The OS error.
         source: io::Error,
+    },
+    /// The interface's server thread ended abnormally.
+    #[error("interface {interface}: server thread failed: {reason}")]
+    Crashed {
+        /// The interface.
+        interface: String,
+        /// What the runtime reported.
+        reason: String,
     },
     /// The interface disappeared (or was re-created) under a bound socket.
     #[error("interface {interface} is gone or was re-created")]
@@ -218,24 +225,33 @@ async fn run_interface(
                 step: "find the interface",
                 source: io::Error::from(io::ErrorKind::NotFound),
             })
-            .and_then(|index| Ok((index, bind(&interface.name)?)))
-            .and_then(|(index, socket)| {
-                UdpSocket::from_std(socket)
-                    .map(|s| (index, s))
-                    .map_err(|source| ServerError::Socket {
-                        interface: interface.name.clone(),
-                        step: "register with the runtime",
-                        source,
-                    })
-            });
+            .and_then(|index| Ok((index, bind(&interface.name)?)));
         let error = match bound {
             Ok((index, socket)) => {
                 info!("serving");
                 set_status(&status, &interface.name, InterfaceStatus::Serving);
                 backoff = MIN_BACKOFF;
-                match serve(&interface, index, &socket, &table, &counters, &mut shutdown).await {
-                    Ok(()) => return,
-                    Err(e) => e,
+                // A thread of its own per interface: a blocking receive costs two system calls
+                // per packet where readiness polling costs five, and a panic, should one ever
+                // happen, ends only this interface's thread and is reported like any failure.
+                let (i, t, c, stop) = (
+                    interface.clone(),
+                    Arc::clone(&table),
+                    Arc::clone(&counters),
+                    shutdown.clone(),
+                );
+                let span = tracing::Span::current();
+                let served = tokio::task::spawn_blocking(move || {
+                    span.in_scope(|| serve(&i, index, socket, &t, &c, &stop))
+                })
+                .await;
+                match served {
+                    Ok(Ok(())) => return,
+                    Ok(Err(e)) => e,
+                    Err(join) => ServerError::Crashed {
+                        interface: interface.name.clone(),
+                        reason: join.to_string(),
+                    },
                 }
             }
             Err(e) => e,
@@ -270,42 +286,71 @@ impl std::fmt::Display for MacField {
 
 /// How often a serving socket checks that its interface is still the one it bound to.
 const LINK_CHECK: Duration = Duration::from_secs(2);
+/// How long a receive blocks before the loop looks at shutdown and the link again.
+const POLL: Duration = Duration::from_millis(250);
 
-async fn serve(
+fn serve(
     interface: &Interface,
     index: u32,
-    socket: &UdpSocket,
+    socket: std::net::UdpSocket,
     table: &LeaseTable,
     counters: &Counters,
-    shutdown: &mut watch::Receiver<bool>,
+    shutdown: &watch::Receiver<bool>,
 ) -> Result<(), ServerError> {
+    let setup = |step: &'static str| {
+        move |source| ServerError::Socket {
+            interface: interface.name.clone(),
+            step,
+            source,
+        }
+    };
+    socket
+        .set_nonblocking(false)
+        .map_err(setup("set blocking"))?;
+    socket
+        .set_read_timeout(Some(POLL))
+        .map_err(setup("set SO_RCVTIMEO"))?;
     // Larger than any accepted packet, so an oversized datagram is seen as such, not truncated
     // into something that looks valid.
     let mut buf = vec![0u8; MAX_PACKET * 2];
-    let mut link_check = tokio::time::interval(LINK_CHECK);
+    let mut next_link_check = Instant::now() + LINK_CHECK;
     loop {
-        let (len, peer) = tokio::select! {
-            received = socket.recv_from(&mut buf) => {
-                received.map_err(|source| ServerError::Receive {
+        if *shutdown.borrow() {
+            info!("stopping");
+            return Ok(());
+        }
+        let received = match socket.recv_from(&mut buf) {
+            Ok(received) => Some(received),
+            // The receive timed out: time to look at shutdown and the link.
+            Err(e)
+                if matches!(
+                    e.kind(),
+                    io::ErrorKind::WouldBlock
+                        | io::ErrorKind::TimedOut
+                        | io::ErrorKind::Interrupted
+                ) =>
+            {
+                None
+            }
+            Err(source) => {
+                return Err(ServerError::Receive {
                     interface: interface.name.clone(),
                     source,
-                })?
-            }
-            _ = link_check.tick() => {
-                if ifindex(&interface.name) != Some(index) {
-                    return Err(ServerError::InterfaceGone { interface: interface.name.clone() });
-                }
-                continue;
-            }
-            changed = shutdown.changed() => {
-                if changed.is_err() || *shutdown.borrow() {
-                    info!("stopping");
-                    return Ok(());
-                }
-                continue;
+                });
             }
         };
         let received_at = Instant::now();
+        if received_at >= next_link_check {
+            if ifindex(&interface.name) != Some(index) {
+                return Err(ServerError::InterfaceGone {
+                    interface: interface.name.clone(),
+                });
+            }
+            next_link_check = received_at + LINK_CHECK;
+        }
+        let Some((len, peer)) = received else {
+            continue;
+        };
         let Some(pool) = table.pool(&interface.pool) else {
             counters.record_no_pool();
             debug!(%peer, "no config for this pool yet; packet ignored");
@@ -318,7 +363,7 @@ async fn serve(
         let mac = MacField(outcome.mac);
         match outcome.action {
             Action::Reply(reply) => {
-                if let Err(error) = socket.send_to(&reply.bytes, reply.to).await {
+                if let Err(error) = socket.send_to(&reply.bytes, reply.to) {
                     counters.record_send_error();
                     warn!(%mac, to = %reply.to, %error, "reply not sent");
                 } else {
