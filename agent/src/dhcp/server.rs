@@ -1,6 +1,6 @@
 //! The sockets: one UDP socket on 0.0.0.0:67 per served interface, bound to that device, each
-//! driven by its own task so that one interface's failure (socket error, interface gone) is
-//! reported and retried without touching the others.
+//! supervised by its own task and read by its own thread, so that one interface's failure (socket
+//! error, interface gone) is reported and retried without touching the others.
 //!
 //! This is the only part of the server that does I/O; what to answer is [`super::handler`]'s.
 
@@ -136,7 +136,8 @@ pub struct Servers {
 }
 
 impl Servers {
-    /// Starts one task per interface; each binds, serves, and on failure reports and retries.
+    /// Starts one supervising task per interface; each binds, serves on a thread of its own, and
+    /// on failure reports and retries.
     /// They stop when `shutdown` turns true (or its sender is dropped).
     pub fn spawn(
         table: Arc<LeaseTable>,
