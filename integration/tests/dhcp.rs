@@ -837,3 +837,61 @@ fn configure_interfaces_sets_exactly_the_server_address_idempotently_and_undoes_
     });
     assert!(!log.contains("interface configured\n"), "{log}");
 }
+
+#[test]
+fn an_interface_that_disappears_is_reported_and_served_again_when_it_returns() {
+    let mut rig = rig();
+    let vm1 = rig.vm("vm1", "srv0", MAC_1);
+    let _vm2 = rig.vm("vm2", "srv1", MAC_2);
+    rig.lab.address(&rig.srv, "srv0", "192.0.2.1/24").unwrap();
+    rig.lab
+        .address(&rig.srv, "srv1", "198.51.100.1/24")
+        .unwrap();
+    let pool_b = with_lease(
+        pool("b", "srv1", SERVER_B, "198.51.100.0/24", json!({})),
+        MAC_2,
+        IP_2,
+    );
+    rig.start(&[pool_a(600, "192.0.2.53"), pool_b]);
+    rig.wait_serving(&["srv0", "srv1"]);
+
+    // The network of pool B goes away (deleting one end of a veth deletes both).
+    rig.lab
+        .exec(&rig.srv, "ip", &["link", "del", "srv1"])
+        .unwrap();
+    let status = wait_for("srv1 reported failed", Duration::from_secs(15), || {
+        let s = rig.status()?;
+        (s["interfaces"]["srv1"]["state"] == "failed").then_some(s)
+    });
+    assert!(
+        status["interfaces"]["srv1"]["error"]
+            .as_str()
+            .unwrap()
+            .contains("srv1"),
+        "{status}"
+    );
+    assert_eq!(status["interfaces"]["srv0"]["state"], "serving");
+    let dir = tempfile::tempdir().unwrap();
+    assert!(udhcpc(&vm1, dir.path(), &[]).status.success());
+    assert_eq!(
+        wait_event(dir.path(), "bound", 0, Duration::from_secs(1))["ip"],
+        IP_1
+    );
+
+    // It comes back (a new link, a new VM on it): served again without a restart.
+    let vm3 = rig.vm("vm3", "srv1", MAC_2);
+    rig.lab
+        .address(&rig.srv, "srv1", "198.51.100.1/24")
+        .unwrap();
+    // Retries back off up to 30 s between attempts; by now the gap is well below that.
+    wait_for("srv1 serving again", Duration::from_secs(45), || {
+        (rig.status()?["interfaces"]["srv1"]["state"] == "serving").then_some(())
+    });
+    let dir = tempfile::tempdir().unwrap();
+    let out = udhcpc(&vm3, dir.path(), &[]);
+    assert!(out.status.success(), "{}", rig.agent_log());
+    assert_eq!(
+        wait_event(dir.path(), "bound", 0, Duration::from_secs(1))["ip"],
+        IP_2
+    );
+}
