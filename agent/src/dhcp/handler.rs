@@ -160,8 +160,8 @@ pub fn handle(
     pool: &PoolSnapshot,
     is_conflicted: impl Fn(&Ipv4Addr) -> bool,
 ) -> Outcome {
-    let sanitized = match sanitize(packet) {
-        Ok(bytes) => bytes,
+    let (sanitized, relay_info) = match sanitize(packet) {
+        Ok(parts) => parts,
         Err(reason) => return Outcome::drop(reason),
     };
     let request = match Message::from_bytes(&sanitized) {
@@ -174,7 +174,7 @@ pub fn handle(
     let Some(kind) = request.opts().msg_type() else {
         return Outcome::drop(DropReason::NoMessageType);
     };
-    let action = decide(&request, kind, mac, pool, is_conflicted);
+    let action = decide(&request, &relay_info, kind, mac, pool, is_conflicted);
     Outcome {
         request: Some(kind),
         mac: Some(mac),
@@ -186,7 +186,7 @@ pub fn handle(
 /// lengths of the options the state logic reads) and returns the packet with only those options
 /// kept. `dhcproto` decodes every option it knows and some of its decoders assume well-formed
 /// input (a classless-route option with a prefix over 32 panics), so it never sees the others.
-fn sanitize(packet: &[u8]) -> Result<Vec<u8>, DropReason> {
+fn sanitize(packet: &[u8]) -> Result<(Vec<u8>, Vec<u8>), DropReason> {
     if packet.len() > MAX_PACKET {
         return Err(DropReason::Oversized);
     }
@@ -204,6 +204,8 @@ fn sanitize(packet: &[u8]) -> Result<Vec<u8>, DropReason> {
     }
     let mut kept = Vec::with_capacity(packet.len());
     kept.extend_from_slice(&packet[..OPTIONS_START]);
+    // Option 82 (relay agent information) is echoed verbatim, never interpreted (RFC 3046 §2.2).
+    let mut relay_info = Vec::new();
     let mut at = OPTIONS_START;
     while at < packet.len() {
         let code = packet[at];
@@ -229,6 +231,7 @@ fn sanitize(packet: &[u8]) -> Result<Vec<u8>, DropReason> {
                 match wanted {
                     Some(true) => kept.extend_from_slice(&packet[at..end]),
                     Some(false) => return Err(DropReason::BadOptions),
+                    None if code == 82 => relay_info.extend_from_slice(&packet[at..end]),
                     None => {}
                 }
                 at = end;
@@ -236,11 +239,12 @@ fn sanitize(packet: &[u8]) -> Result<Vec<u8>, DropReason> {
         }
     }
     kept.push(255);
-    Ok(kept)
+    Ok((kept, relay_info))
 }
 
 fn decide(
     request: &Message,
+    relay_info: &[u8],
     kind: MessageType,
     mac: MacAddr,
     pool: &PoolSnapshot,
@@ -295,9 +299,9 @@ fn decide(
                 Action::Silent(Silence::Ignored)
             }
         }
-        MessageType::Inform => reply(request, MessageType::Ack, None, pool),
+        MessageType::Inform => reply(request, relay_info, MessageType::Ack, None, pool),
         _ if is_conflicted(&leased) => Action::Silent(Silence::Conflicted(leased)),
-        MessageType::Discover => reply(request, MessageType::Offer, Some(leased), pool),
+        MessageType::Discover => reply(request, relay_info, MessageType::Offer, Some(leased), pool),
         _ => {
             // REQUEST. SELECTING names a server (option 54); INIT-REBOOT names only an address
             // (option 50); RENEWING and REBINDING name neither and carry ciaddr (RFC 2131 §4.3.2).
@@ -309,9 +313,9 @@ fn decide(
                 (_, None) => request.ciaddr(),
             };
             if asked == leased {
-                reply(request, MessageType::Ack, Some(leased), pool)
+                reply(request, relay_info, MessageType::Ack, Some(leased), pool)
             } else {
-                reply(request, MessageType::Nak, None, pool)
+                reply(request, relay_info, MessageType::Nak, None, pool)
             }
         }
     }
@@ -321,6 +325,7 @@ fn decide(
 /// `leased` is `None` for NAK and for the ACK to an INFORM, which carry no lease.
 fn reply(
     request: &Message,
+    relay_info: &[u8],
     kind: MessageType,
     leased: Option<Ipv4Addr>,
     pool: &PoolSnapshot,
@@ -376,7 +381,7 @@ fn reply(
     };
 
     let budget = reply_budget(request);
-    let Some(bytes) = encode_within(msg, optional, budget) else {
+    let Some(bytes) = encode_within(msg, optional, relay_info, budget) else {
         // Only what the request brought (an echoed option) can make encoding fail.
         return Action::Drop(DropReason::BadOptions);
     };
@@ -457,19 +462,30 @@ fn pool_options(
     }
 }
 
-/// Encodes `msg` with as many of `optional` (most important first) as fit in `budget`, padded
-/// to [`MIN_REPLY`]. The mandatory part alone always fits: it is far below 548 bytes.
-fn encode_within(msg: Message, mut optional: Vec<DhcpOption>, budget: usize) -> Option<Vec<u8>> {
+/// Encodes `msg` with as many of `optional` (most important first) as fit in `budget`, then the
+/// request's raw option 82 (`relay_info`, last, as RFC 3046 asks), padded to [`MIN_REPLY`].
+/// The mandatory part alone always fits: it is far below 548 bytes.
+fn encode_within(
+    msg: Message,
+    mut optional: Vec<DhcpOption>,
+    relay_info: &[u8],
+    budget: usize,
+) -> Option<Vec<u8>> {
     loop {
         let mut attempt = msg.clone();
         for opt in &optional {
             attempt.opts_mut().insert(opt.clone());
         }
         match attempt.to_vec() {
-            Ok(bytes) if bytes.len() <= budget || optional.is_empty() => {
-                return Some(pad(bytes));
-            }
-            Ok(_) => {
+            Ok(mut bytes) => {
+                if !relay_info.is_empty() && bytes.last() == Some(&255) {
+                    bytes.pop();
+                    bytes.extend_from_slice(relay_info);
+                    bytes.push(255);
+                }
+                if bytes.len() <= budget || optional.is_empty() {
+                    return Some(pad(bytes));
+                }
                 optional.pop();
             }
             Err(_) if optional.is_empty() => return None,
@@ -825,6 +841,33 @@ mod tests {
         let (kind, to, nak) = reply_of(&run(&req));
         assert_eq!((kind, to), (MessageType::Nak, SocketAddrV4::new(relay, 67)));
         assert!(nak.flags().broadcast());
+    }
+
+    #[test]
+    fn relay_agent_information_is_echoed_verbatim() {
+        let mut b = request(MessageType::Discover, KNOWN).to_vec().unwrap();
+        b.truncate(OPTIONS_START);
+        // Option 82 with a circuit id (1) and a remote id (2), then 53 = DISCOVER.
+        let option82 = [82u8, 8, 1, 2, 0x00, 0x07, 2, 2, 0xab, 0xcd];
+        b.extend_from_slice(&option82);
+        b.extend_from_slice(&[53, 1, 1, 255]);
+        b[24..28].copy_from_slice(&[198, 51, 100, 1]);
+        let Action::Reply(r) = handle(&b, &pool(), |_| false).action else {
+            panic!()
+        };
+        let at = r
+            .bytes
+            .windows(option82.len())
+            .position(|w| w == option82)
+            .expect("option 82 echoed");
+        assert!(at >= OPTIONS_START);
+        assert_eq!(r.bytes[at + option82.len()], 255, "last option, before End");
+        // Without it, nothing is added.
+        let plain = request(MessageType::Discover, KNOWN).to_vec().unwrap();
+        let Action::Reply(r) = handle(&plain, &pool(), |_| false).action else {
+            panic!()
+        };
+        assert!(!r.bytes[OPTIONS_START..].windows(2).any(|w| w == [82, 8]));
     }
 
     #[test]
