@@ -9,7 +9,7 @@ use std::net::{Ipv4Addr, SocketAddrV4};
 use dhcproto::v4::{DhcpOption, Flags, Message, MessageType, Opcode, OptionCode};
 use dhcproto::{Decodable, Encodable, Name};
 use vmdhcp_core::MacAddr;
-use vmdhcp_core::pool::PoolConfig;
+use vmdhcp_core::pool::{DEFAULT_LEASE_SECONDS, PoolConfig};
 
 use super::{CLIENT_PORT, SERVER_PORT};
 use crate::lease_table::PoolSnapshot;
@@ -369,7 +369,12 @@ fn reply(
         opts.insert(DhcpOption::ClientIdentifier(id.clone()));
     }
     if leased.is_some() {
-        let lease = config.lease_seconds;
+        // 0 never reaches here from an IPPool (it means the default there too), but a config from
+        // elsewhere must not hand out leases that expire at once.
+        let lease = match config.lease_seconds {
+            0 => DEFAULT_LEASE_SECONDS,
+            n => n,
+        };
         opts.insert(DhcpOption::AddressLeaseTime(lease));
         opts.insert(DhcpOption::Renewal(lease / 2));
         opts.insert(DhcpOption::Rebinding(t2(lease)));
@@ -965,6 +970,23 @@ mod tests {
         assert_eq!(
             offer.opts().get(OptionCode::Renewal),
             Some(&DhcpOption::Renewal(2_147_483_647))
+        );
+    }
+
+    #[test]
+    fn a_zero_lease_time_means_the_default() {
+        let p = pool_with(PoolConfig {
+            lease_seconds: 0,
+            ..config()
+        });
+        let req = request(MessageType::Discover, KNOWN);
+        let Action::Reply(r) = handle(&req.to_vec().unwrap(), &p, |_| false).action else {
+            panic!()
+        };
+        let offer = Message::from_bytes(&r.bytes).unwrap();
+        assert_eq!(
+            offer.opts().get(OptionCode::AddressLeaseTime),
+            Some(&DhcpOption::AddressLeaseTime(DEFAULT_LEASE_SECONDS))
         );
     }
 
