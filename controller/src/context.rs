@@ -55,6 +55,8 @@ pub struct Context {
     pub agent: Option<AgentDeployment>,
     /// Which config owns each MAC on each pool.
     pub mac_owners: crate::vmnetcfg::MacOwners,
+    /// The status last written per config, with the resourceVersion it was computed from.
+    pub written: std::sync::Mutex<std::collections::HashMap<String, (String, serde_json::Value)>>,
 }
 
 /// This replica lost leadership: the write was not made.
@@ -72,7 +74,8 @@ impl Context {
         }
     }
 
-    /// Publishes a Kubernetes event about `obj`; failures are logged, never fatal.
+    /// Publishes a Kubernetes event about `obj` in the background: events are best-effort and
+    /// must not slow allocation (kube's recorder serialises publishes); failures are logged.
     pub async fn event<K: Resource<DynamicType = ()>>(
         &self,
         obj: &K,
@@ -88,9 +91,16 @@ impl Context {
             action: action.into(),
             secondary: None,
         };
-        if let Err(e) = self.recorder.publish(&ev, &obj.object_ref(&())).await {
-            warn!(error = %e, reason, "could not record event");
-        }
+        let (recorder, reference, reason) = (
+            self.recorder.clone(),
+            obj.object_ref(&()),
+            reason.to_owned(),
+        );
+        tokio::spawn(async move {
+            if let Err(e) = recorder.publish(&ev, &reference).await {
+                warn!(error = %e, reason, "could not record event");
+            }
+        });
     }
 
     /// The IPPool that serves `network`: among live pools naming it, the oldest (then by name).

@@ -105,6 +105,14 @@ impl Backoff {
     }
 }
 
+/// Whether a config's status says every NIC is allocated.
+fn is_allocated(c: &VirtualMachineNetworkConfig) -> bool {
+    c.status.as_ref().is_some_and(|s| {
+        vmdhcp_core::crd::find_condition(&s.conditions, vmdhcp_core::crd::CONDITION_ALLOCATED)
+            .is_some_and(|a| a.status == "True")
+    })
+}
+
 /// A leadership term's context plus its backoff bookkeeping.
 struct Term {
     ctx: Arc<Context>,
@@ -251,6 +259,9 @@ async fn lead(
             cfgs_for_pools
                 .state()
                 .into_iter()
+                // Only configs still waiting for an address: the others do not depend on the
+                // pool's status, and re-queueing every config on every pool write is quadratic.
+                .filter(|c| !is_allocated(c))
                 .filter(|c| {
                     let cns = c.namespace().unwrap_or_default();
                     c.spec
@@ -280,6 +291,7 @@ async fn lead(
         leader,
         agent: settings.agent.clone(),
         mac_owners: MacOwners::default(),
+        written: Default::default(),
     });
     let term = Arc::new(Term {
         ctx: ctx.clone(),

@@ -153,6 +153,9 @@ pub async fn reconcile(vm: Arc<DynamicObject>, ctx: Arc<Context>) -> Result<Acti
             namespace: Some(ns.clone()),
             labels: Some([(LABEL_VM_NAME.to_owned(), name.clone())].into()),
             owner_references: Some(vec![owner]),
+            // Created with the finalizer, so the config reconciler need not add it in a second
+            // write (which races the create under a burst).
+            finalizers: Some(vec![crate::context::VMNETCFG_FINALIZER.to_owned()]),
             ..Default::default()
         },
         spec: VirtualMachineNetworkConfigSpec {

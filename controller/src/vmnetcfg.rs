@@ -229,7 +229,27 @@ async fn write_status(
             && serde_json::to_value(&s.conditions).ok()
                 == Some(status["status"]["conditions"].clone())
     });
-    if !unchanged {
+    // A reconcile queued behind our own write may still see the version we computed it from:
+    // the same version and the same result mean the write is already done.
+    let version = cfg.resource_version().unwrap_or_default();
+    let mut timeless = status.clone();
+    for c in timeless["status"]["conditions"]
+        .as_array_mut()
+        .into_iter()
+        .flatten()
+    {
+        if let Some(c) = c.as_object_mut() {
+            c.remove("lastUpdateTime");
+            c.remove("lastTransitionTime");
+        }
+    }
+    let already = ctx
+        .written
+        .lock()
+        .unwrap_or_else(PoisonError::into_inner)
+        .get(&key)
+        == Some(&(version.clone(), timeless.clone()));
+    if !unchanged && !already {
         let api: Api<VirtualMachineNetworkConfig> = Api::namespaced(ctx.client.clone(), &ns);
         api.patch_status(&name, &PatchParams::default(), &Patch::Merge(&status))
             .await
@@ -237,6 +257,10 @@ async fn write_status(
                 action: format!("writing status of {key}"),
                 source,
             })?;
+        ctx.written
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .insert(key.clone(), (version, timeless));
     }
     ctx.metrics.set_vmnetcfg(&key, series);
     Ok(())
@@ -547,6 +571,10 @@ async fn cleanup(
     }
     persist(&ctx, &touched).await?;
     ctx.metrics.remove_vmnetcfg(&me.to_string());
+    ctx.written
+        .lock()
+        .unwrap_or_else(PoisonError::into_inner)
+        .remove(&me.to_string());
     info!(vmnetcfg = %me, pools = touched.len(), "config deleted; addresses released");
     Ok(Action::await_change())
 }

@@ -56,7 +56,10 @@ fn start(cp: &ControlPlane, identity: &str, lease_ns: &str, elect: bool) -> Repl
         None,
     )
     .unwrap();
-    Replica { _process: process, http }
+    Replica {
+        _process: process,
+        http,
+    }
 }
 
 impl Replica {

@@ -1,0 +1,201 @@
+//! End-to-end allocation benchmark: N VMs created at once on one pool, measured until every
+//! VirtualMachineNetworkConfig says Allocated, against a real kube-apiserver with the controller
+//! in process. Prints allocations per second and the API requests per allocation, read from the
+//! apiserver's own `apiserver_request_total` (the benchmark's own creates and lists subtracted).
+//!
+//! `cargo bench -p vmdhcp-integration --bench allocation` (N = 2000; `VMDHCP_BENCH_VMS` overrides)
+#![allow(
+    clippy::print_stdout,
+    clippy::unwrap_used,
+    clippy::expect_used,
+    missing_docs
+)]
+
+use std::collections::BTreeMap;
+use std::time::{Duration, Instant};
+
+use kube::api::{Api, ApiResource, DynamicObject, GroupVersionKind, PostParams};
+use serde_json::json;
+use tokio::sync::watch;
+use vmdhcp_controller::runtime::{Settings, run};
+use vmdhcp_core::crd::{IPPool, VirtualMachineNetworkConfig, find_condition};
+use vmdhcp_integration::control_plane::{ControlPlane, run as run_cmd};
+
+/// `apiserver_request_total` by (verb, resource), excluding watches.
+fn requests(cp: &ControlPlane) -> BTreeMap<(String, String), f64> {
+    let text = run_cmd(cp.kubectl().args(["get", "--raw", "/metrics"])).unwrap();
+    let mut out = BTreeMap::new();
+    for line in text
+        .lines()
+        .filter(|l| l.starts_with("apiserver_request_total{"))
+    {
+        let label = |name: &str| {
+            line.split(&format!("{name}=\""))
+                .nth(1)
+                .and_then(|r| r.split('"').next())
+                .unwrap_or_default()
+                .to_owned()
+        };
+        let (verb, resource) = (label("verb"), label("resource"));
+        if verb == "WATCH" {
+            continue;
+        }
+        let value: f64 = line
+            .rsplit(' ')
+            .next()
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(0.0);
+        *out.entry((verb, resource)).or_insert(0.0) += value;
+    }
+    out
+}
+
+#[tokio::main(flavor = "multi_thread", worker_threads = 2)]
+async fn main() {
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "warn".into()),
+        )
+        .try_init();
+    let n: u32 = std::env::var("VMDHCP_BENCH_VMS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(2000);
+    let cp = ControlPlane::start().unwrap();
+    let client = cp.client().await.unwrap();
+    let ns = cp.namespace(&client, "bench").await.unwrap();
+    let nad_ar = ApiResource::from_gvk_with_plural(
+        &GroupVersionKind::gvk("k8s.cni.cncf.io", "v1", "NetworkAttachmentDefinition"),
+        "network-attachment-definitions",
+    );
+    let vm_ar = ApiResource::from_gvk_with_plural(
+        &GroupVersionKind::gvk("kubevirt.io", "v1", "VirtualMachine"),
+        "virtualmachines",
+    );
+    let nads: Api<DynamicObject> = Api::namespaced_with(client.clone(), &ns, &nad_ar);
+    nads.create(&PostParams::default(), &serde_json::from_value(json!({"apiVersion": "k8s.cni.cncf.io/v1", "kind": "NetworkAttachmentDefinition", "metadata": {"name": "net"}, "spec": {"config": "{}"}})).unwrap()).await.unwrap();
+    let pools: Api<IPPool> = Api::namespaced(client.clone(), &ns);
+    pools.create(&PostParams::default(), &serde_json::from_value(json!({
+        "apiVersion": "network.harvesterhci.io/v1alpha1", "kind": "IPPool", "metadata": {"name": "pool"},
+        "spec": {"networkName": format!("{ns}/net"), "ipv4Config": {"serverIP": "10.30.0.1", "cidr": "10.30.0.0/16", "pool": {"start": "10.30.0.2", "end": "10.30.255.254"}}}
+    })).unwrap()).await.unwrap();
+
+    let (_leader_tx, leader) = watch::channel(true);
+    let (stop, stop_rx) = watch::channel(false);
+    let settings = Settings {
+        identity: "bench".into(),
+        stream: Default::default(),
+        agent: None,
+        dumps: false,
+    };
+    let grpc = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let http = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let controller = tokio::spawn(run(
+        client.clone(),
+        settings,
+        grpc,
+        http,
+        leader,
+        stop_rx,
+        |_| {},
+    ));
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while !pools.get("pool").await.unwrap().status.is_some_and(|s| {
+        find_condition(&s.conditions, "CacheReady").is_some_and(|c| c.status == "True")
+    }) {
+        assert!(Instant::now() < deadline, "pool never ready");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+
+    let before = requests(&cp);
+    let vms: Api<DynamicObject> = Api::namespaced_with(client.clone(), &ns, &vm_ar);
+    let started = Instant::now();
+    let creates = (0..n).map(|i| {
+        let vms = vms.clone();
+        let vm: DynamicObject = serde_json::from_value(json!({
+            "apiVersion": "kubevirt.io/v1", "kind": "VirtualMachine", "metadata": {"name": format!("vm-{i}")},
+            "spec": {"template": {"spec": {"domain": {"devices": {"interfaces": [{"name": "nic", "macAddress": format!("02:00:{:02x}:{:02x}:{:02x}:01", i >> 16, (i >> 8) & 255, i & 255)}]}}, "networks": [{"name": "nic", "multus": {"networkName": "net"}}]}}}
+        }))
+        .unwrap();
+        async move { vms.create(&PostParams::default(), &vm).await.unwrap() }
+    });
+    // Create in bounded waves, as a burst from a client would arrive.
+    let mut creates = creates.collect::<Vec<_>>();
+    while !creates.is_empty() {
+        let wave: Vec<_> = creates.drain(..creates.len().min(200)).collect();
+        futures_util::future::join_all(wave).await;
+    }
+    let created = started.elapsed();
+    let cfgs: Api<VirtualMachineNetworkConfig> = Api::namespaced(client.clone(), &ns);
+    let mut lists = 0u32;
+    let deadline = Instant::now() + Duration::from_secs(600);
+    loop {
+        lists += 1;
+        let done = cfgs
+            .list(&Default::default())
+            .await
+            .unwrap()
+            .items
+            .iter()
+            .filter(|c| {
+                c.status.as_ref().is_some_and(|s| {
+                    find_condition(&s.conditions, "Allocated").is_some_and(|a| a.status == "True")
+                })
+            })
+            .count();
+        if done == n as usize {
+            break;
+        }
+        assert!(Instant::now() < deadline, "only {done} of {n} allocated");
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+    let took = started.elapsed();
+    let after = requests(&cp);
+    let mut by_kind: BTreeMap<(String, String), f64> = BTreeMap::new();
+    for (k, v) in &after {
+        let d = v - before.get(k).copied().unwrap_or(0.0);
+        if d > 0.0 {
+            by_kind.insert(k.clone(), d);
+        }
+    }
+    // Subtract what the benchmark itself sent: the VM creates, its LISTs, and the metrics reads.
+    let mine = |k: &(String, String)| match (k.0.as_str(), k.1.as_str()) {
+        ("POST", "virtualmachines") => f64::from(n),
+        ("LIST", "virtualmachinenetworkconfigs") => f64::from(lists),
+        _ => 0.0,
+    };
+    let controller_calls: f64 = by_kind
+        .iter()
+        .map(|(k, v)| (v - mine(k)).max(0.0))
+        .filter(|_| true)
+        .sum::<f64>();
+    println!(
+        "allocation: {n} VMs created at once on one pool (real kube-apiserver v1.20, controller in process)"
+    );
+    println!(
+        "  VMs created in                    {:>8.2} s",
+        created.as_secs_f64()
+    );
+    println!(
+        "  all configs Allocated after       {:>8.2} s",
+        took.as_secs_f64()
+    );
+    println!(
+        "  allocations per second            {:>8.0}",
+        f64::from(n) / took.as_secs_f64()
+    );
+    println!(
+        "  controller API requests           {:>8.0} ({:.2} per allocation)",
+        controller_calls,
+        controller_calls / f64::from(n)
+    );
+    for ((verb, resource), v) in &by_kind {
+        let own = v - mine(&(verb.clone(), resource.clone()));
+        if own >= 1.0 {
+            println!("    {verb:<7} {resource:<32} {own:>8.0}");
+        }
+    }
+    println!("  targets: >= 200 allocations/s; <= 4 API calls per allocation");
+    stop.send_replace(true);
+    let _ = tokio::time::timeout(Duration::from_secs(10), controller).await;
+}
