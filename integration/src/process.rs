@@ -102,3 +102,31 @@ impl Drop for Supervised {
         self.stop();
     }
 }
+
+/// A binary of this workspace, built on first use with the profile of the running test (the
+/// integration crate cannot depend on another package's binaries). Panics with cargo's status if
+/// the build fails: every test that needs the binary would fail anyway.
+#[allow(clippy::panic)]
+pub fn workspace_binary(package: &str, bin: &str) -> PathBuf {
+    let exe = std::env::current_exe().unwrap_or_default();
+    let profile_dir = exe
+        .parent()
+        .and_then(Path::parent)
+        .map(Path::to_owned)
+        .unwrap_or_default();
+    let mut cmd = Command::new(option_env!("CARGO").unwrap_or("cargo"));
+    cmd.args(["build", "--quiet", "-p", package, "--bin", bin])
+        .current_dir(env!("CARGO_MANIFEST_DIR"));
+    if profile_dir.file_name().is_some_and(|n| n == "release") {
+        cmd.arg("--release");
+    }
+    match cmd.status() {
+        Ok(status) if status.success() => {}
+        other => panic!("building {bin} failed: {other:?}"),
+    }
+    let path = profile_dir.join(bin);
+    if !path.exists() {
+        panic!("{} missing after the build", path.display());
+    }
+    path
+}

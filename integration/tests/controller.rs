@@ -411,7 +411,7 @@ async fn vm_gets_an_address_recorded_in_the_pool_first_and_released_on_every_pat
     })
     .await;
     let pool = wait_for(&pools, "pool-a", "recording the move", |p| {
-        allocated(p).get("10.5.0.15").is_some()
+        allocated(p).contains_key("10.5.0.15")
     })
     .await;
     assert!(!allocated(&pool).contains_key("10.5.0.10"));

@@ -25,19 +25,7 @@ const STRANGER: &str = "02:00:00:00:ff:ff";
 fn agent_bin() -> &'static Path {
     static BIN: OnceLock<PathBuf> = OnceLock::new();
     BIN.get_or_init(|| {
-        let exe = std::env::current_exe().unwrap();
-        let profile_dir = exe.parent().unwrap().parent().unwrap().to_owned();
-        let mut cmd = Command::new(option_env!("CARGO").unwrap_or("cargo"));
-        cmd.args(["build", "-p", "vmdhcp-agent", "--bin", "vm-dhcp-agent"])
-            .current_dir(env!("CARGO_MANIFEST_DIR"));
-        if profile_dir.file_name().is_some_and(|n| n == "release") {
-            cmd.arg("--release");
-        }
-        let status = cmd.status().unwrap();
-        assert!(status.success(), "building vm-dhcp-agent failed");
-        let bin = profile_dir.join("vm-dhcp-agent");
-        assert!(bin.exists(), "{} missing", bin.display());
-        bin
+        vmdhcp_integration::process::workspace_binary("vmdhcp-agent", "vm-dhcp-agent")
     })
 }
 

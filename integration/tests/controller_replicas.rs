@@ -5,7 +5,6 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::TcpListener;
-use std::path::Path;
 use std::time::{Duration, Instant};
 
 use k8s_openapi::api::coordination::v1::Lease;
@@ -49,13 +48,9 @@ fn start(cp: &ControlPlane, identity: &str, lease_ns: &str, elect: bool) -> Repl
         args.push("--no-leader-election".into());
     }
     let log = cp.dir().join(format!("controller-{identity}.log"));
-    let process = Supervised::spawn(
-        Path::new(env!("CARGO_BIN_EXE_vm-dhcp-controller")),
-        &args,
-        &log,
-        None,
-    )
-    .unwrap();
+    let bin =
+        vmdhcp_integration::process::workspace_binary("vmdhcp-controller", "vm-dhcp-controller");
+    let process = Supervised::spawn(&bin, &args, &log, None).unwrap();
     Replica {
         _process: process,
         http,
