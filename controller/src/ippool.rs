@@ -136,6 +136,38 @@ async fn write_status(
     Ok(())
 }
 
+/// Drops what this replica holds in memory for a pool (its IPPool stays, with its allocations).
+fn forget(ctx: &Context, pool_ref: &NamespacedName) {
+    ctx.ipam.remove(pool_ref);
+    ctx.mac_owners.forget_pool(pool_ref);
+    ctx.metrics.remove_pool(&pool_ref.to_string());
+}
+
+/// Refuses to register a pool: a warning event and `Registered=False` with `reason`.
+async fn refuse(
+    ctx: &Context,
+    pool: &IPPool,
+    pool_ref: &NamespacedName,
+    reason: &str,
+    message: String,
+) -> Result<(), Error> {
+    ctx.event(
+        pool,
+        EventType::Warning,
+        reason,
+        "Register",
+        message.clone(),
+    )
+    .await;
+    write_status(
+        ctx,
+        pool_ref,
+        &[(CONDITION_REGISTERED, false, reason, message)],
+        false,
+    )
+    .await
+}
+
 async fn apply(pool: Arc<IPPool>, ctx: Arc<Context>) -> Result<Action, Error> {
     let Some(pool_ref) = crate::status::object_ref(pool.as_ref()) else {
         return Err(Error::Unnamespaced);
@@ -143,24 +175,8 @@ async fn apply(pool: Arc<IPPool>, ctx: Arc<Context>) -> Result<Action, Error> {
     let range = match pool_range(&pool) {
         Ok(r) => r,
         Err(reason) => {
-            ctx.ipam.remove(&pool_ref);
-            ctx.mac_owners.forget_pool(&pool_ref);
-            ctx.metrics.remove_pool(&pool_ref.to_string());
-            ctx.event(
-                pool.as_ref(),
-                EventType::Warning,
-                "InvalidSpec",
-                "Register",
-                reason.clone(),
-            )
-            .await;
-            write_status(
-                &ctx,
-                &pool_ref,
-                &[(CONDITION_REGISTERED, false, "InvalidSpec", reason)],
-                false,
-            )
-            .await?;
+            forget(&ctx, &pool_ref);
+            refuse(&ctx, &pool, &pool_ref, "InvalidSpec", reason).await?;
             return Ok(Action::await_change());
         }
     };
@@ -178,24 +194,8 @@ async fn apply(pool: Arc<IPPool>, ctx: Arc<Context>) -> Result<Action, Error> {
             owner.name_any()
         );
         let message = format!("network {network} is already served by IPPool {owner}");
-        ctx.ipam.remove(&pool_ref);
-        ctx.mac_owners.forget_pool(&pool_ref);
-        ctx.metrics.remove_pool(&pool_ref.to_string());
-        ctx.event(
-            pool.as_ref(),
-            EventType::Warning,
-            "NetworkInUse",
-            "Register",
-            message.clone(),
-        )
-        .await;
-        write_status(
-            &ctx,
-            &pool_ref,
-            &[(CONDITION_REGISTERED, false, "NetworkInUse", message)],
-            false,
-        )
-        .await?;
+        forget(&ctx, &pool_ref);
+        refuse(&ctx, &pool, &pool_ref, "NetworkInUse", message).await?;
         return Ok(Action::requeue(Duration::from_secs(60)));
     }
 
@@ -211,21 +211,7 @@ async fn apply(pool: Arc<IPPool>, ctx: Arc<Context>) -> Result<Action, Error> {
         }
         Ok(None) => {
             let message = format!("NetworkAttachmentDefinition {network} not found");
-            ctx.event(
-                pool.as_ref(),
-                EventType::Warning,
-                "NetworkNotFound",
-                "Register",
-                message.clone(),
-            )
-            .await;
-            write_status(
-                &ctx,
-                &pool_ref,
-                &[(CONDITION_REGISTERED, false, "NetworkNotFound", message)],
-                false,
-            )
-            .await?;
+            refuse(&ctx, &pool, &pool_ref, "NetworkNotFound", message).await?;
             return Ok(Action::requeue(Duration::from_secs(30)));
         }
         Ok(Some(nad)) => {
@@ -250,9 +236,7 @@ async fn apply(pool: Arc<IPPool>, ctx: Arc<Context>) -> Result<Action, Error> {
     }
 
     if pool.spec.paused == Some(true) {
-        ctx.ipam.remove(&pool_ref);
-        ctx.mac_owners.forget_pool(&pool_ref);
-        ctx.metrics.remove_pool(&pool_ref.to_string());
+        forget(&ctx, &pool_ref);
         write_status(
             &ctx,
             &pool_ref,
@@ -316,10 +300,8 @@ async fn cleanup(pool: Arc<IPPool>, ctx: Arc<Context>) -> Result<Action, Error> 
         return Err(Error::Unnamespaced);
     };
     ctx.ensure_leader()?;
-    ctx.ipam.remove(&pool_ref);
-    ctx.mac_owners.forget_pool(&pool_ref);
+    forget(&ctx, &pool_ref);
     ctx.writer.forget(&pool_ref);
-    ctx.metrics.remove_pool(&pool_ref.to_string());
     if let Ok(network) = NamespacedName::parse_in(&pool.spec.network_name, &pool_ref.namespace) {
         let nads: Api<DynamicObject> =
             Api::namespaced_with(ctx.client.clone(), &network.namespace, &nad_resource());
