@@ -245,7 +245,7 @@ async fn a_controller_killed_mid_burst_never_hands_out_an_address_twice() {
         })
         .await;
     }
-    let n = 200u32;
+    let n = 500u32;
     let creates = (0..n).map(|i| {
         let (client, ns) = (client.clone(), ns.clone());
         async move {
