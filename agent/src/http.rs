@@ -26,6 +26,7 @@ use tokio::sync::watch;
 use crate::dhcp::counters::{Counters, Reading};
 use crate::dhcp::server::{Interface, InterfaceStatus};
 use crate::lease_table::{Conflict, LeaseTable};
+use crate::stream::ConnectionStatus;
 
 /// Why the HTTP server stopped or could not start.
 #[derive(Debug, thiserror::Error)]
@@ -50,6 +51,7 @@ pub struct HttpState {
     leases_loaded: watch::Receiver<bool>,
     statuses: watch::Receiver<BTreeMap<String, InterfaceStatus>>,
     registry: Arc<Registry>,
+    stream: Option<watch::Receiver<ConnectionStatus>>,
 }
 
 impl HttpState {
@@ -72,7 +74,96 @@ impl HttpState {
             leases_loaded,
             statuses,
             registry: Arc::new(registry),
+            stream: None,
         }
+    }
+
+    /// Also reports the config stream: its state on `/readyz` and `vmdhcp_agent_stream_*` on
+    /// `/metrics`. Call it before the state is cloned (the registry is completed here).
+    pub fn with_stream(mut self, status: watch::Receiver<ConnectionStatus>) -> Self {
+        match Arc::get_mut(&mut self.registry) {
+            Some(registry) => registry.register_collector(Box::new(StreamMetrics(status.clone()))),
+            None => tracing::warn!(
+                "HttpState::with_stream called after the state was shared; stream metrics not registered"
+            ),
+        }
+        self.stream = Some(status);
+        self
+    }
+}
+
+/// The config stream's state as `/readyz` shows it.
+#[derive(Serialize)]
+struct StreamView {
+    connected: bool,
+    synced: bool,
+    epoch: String,
+    revision: u64,
+    connects: u64,
+    rejected: u64,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    last_error: Option<String>,
+}
+
+impl From<&ConnectionStatus> for StreamView {
+    fn from(s: &ConnectionStatus) -> Self {
+        StreamView {
+            connected: s.connected,
+            synced: s.synced,
+            epoch: s.epoch.clone(),
+            revision: s.revision,
+            connects: s.connects,
+            rejected: s.rejected,
+            last_error: s.last_error.clone(),
+        }
+    }
+}
+
+/// `vmdhcp_agent_stream_*`: where the config stream stands.
+#[derive(Debug)]
+struct StreamMetrics(watch::Receiver<ConnectionStatus>);
+
+impl Collector for StreamMetrics {
+    fn encode(&self, mut encoder: DescriptorEncoder) -> Result<(), std::fmt::Error> {
+        let s = self.0.borrow().clone();
+        let gauges: [(&str, &str, i64); 3] = [
+            (
+                "vmdhcp_agent_stream_connected",
+                "1 while a config stream to the controller is open.",
+                i64::from(s.connected),
+            ),
+            (
+                "vmdhcp_agent_stream_synced",
+                "1 once a snapshot has been applied (the state is served through disconnects).",
+                i64::from(s.synced),
+            ),
+            (
+                "vmdhcp_agent_stream_revision",
+                "Index revision last applied completely.",
+                i64::try_from(s.revision).unwrap_or(i64::MAX),
+            ),
+        ];
+        for (name, help, value) in gauges {
+            let family = encoder.encode_descriptor(name, help, None, MetricType::Gauge)?;
+            ConstGauge::new(value).encode(family)?;
+        }
+        let counters: [(&str, &str, u64); 2] = [
+            (
+                "vmdhcp_agent_stream_connects",
+                "Config streams opened.",
+                s.connects,
+            ),
+            (
+                "vmdhcp_agent_stream_rejected_messages",
+                "Stream messages rejected (invalid or out of order) and answered by asking for a snapshot.",
+                s.rejected,
+            ),
+        ];
+        for (name, help, value) in counters {
+            let family = encoder.encode_descriptor(name, help, None, MetricType::Counter)?;
+            ConstCounter::new(value).encode(family)?;
+        }
+        Ok(())
     }
 }
 
@@ -117,6 +208,8 @@ struct Readiness {
     ready: bool,
     leases_loaded: bool,
     interfaces: BTreeMap<String, InterfaceStatus>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    stream: Option<StreamView>,
 }
 
 async fn readyz(State(state): State<HttpState>) -> Response {
@@ -137,6 +230,10 @@ async fn readyz(State(state): State<HttpState>) -> Response {
             ready,
             leases_loaded,
             interfaces,
+            stream: state
+                .stream
+                .as_ref()
+                .map(|s| StreamView::from(&*s.borrow())),
         }),
     )
         .into_response()
@@ -377,6 +474,57 @@ mod tests {
             .await
             .unwrap();
         (status, String::from_utf8(body.to_vec()).unwrap())
+    }
+
+    #[tokio::test]
+    async fn stream_state_is_on_readyz_and_metrics() {
+        let (state, _, _) = setup(true, InterfaceStatus::Serving);
+        let (tx, rx) = watch::channel(ConnectionStatus::default());
+        let state = state.with_stream(rx);
+        tx.send_replace(ConnectionStatus {
+            connected: true,
+            synced: true,
+            epoch: "e1".into(),
+            revision: 42,
+            connects: 3,
+            rejected: 1,
+            last_error: Some("invalid message: Lease.ip_address".into()),
+        });
+        let (code, body) = get(state.clone(), "/readyz").await;
+        assert_eq!(code, StatusCode::OK);
+        let v: serde_json::Value = serde_json::from_str(&body).unwrap();
+        assert_eq!(v["stream"]["revision"], 42);
+        assert_eq!(v["stream"]["connected"], true);
+        assert!(
+            v["stream"]["last_error"]
+                .as_str()
+                .unwrap()
+                .contains("Lease.ip_address")
+        );
+        let (_, metrics) = get(state.clone(), "/metrics").await;
+        for line in [
+            "vmdhcp_agent_stream_revision 42",
+            "vmdhcp_agent_stream_connected 1",
+            "vmdhcp_agent_stream_connects_total 3",
+            "vmdhcp_agent_stream_rejected_messages_total 1",
+        ] {
+            assert!(
+                metrics.lines().any(|l| l == line),
+                "{line} not in\n{metrics}"
+            );
+        }
+        // Disconnected, the agent stays ready on its last good state; the stream says so.
+        tx.send_modify(|s| s.connected = false);
+        let (code, body) = get(state.clone(), "/readyz").await;
+        assert_eq!(code, StatusCode::OK, "{body}");
+        assert!(body.contains("\"connected\":false"), "{body}");
+        let (_, metrics) = get(state, "/metrics").await;
+        assert!(
+            metrics
+                .lines()
+                .any(|l| l == "vmdhcp_agent_stream_connected 0"),
+            "{metrics}"
+        );
     }
 
     #[tokio::test]
