@@ -456,7 +456,7 @@ impl crate::stream::ConfigSink for LeaseTable {
         }
     }
 
-    fn delta(&self, delta: &crate::stream::AppliedDelta, _: &crate::stream::AppliedState) {
+    fn delta(&self, delta: &crate::stream::PoolDelta, _: &crate::stream::AppliedState) {
         let deltas = delta
             .removed_pools
             .iter()
@@ -685,7 +685,7 @@ mod tests {
 
     #[test]
     fn the_config_stream_feeds_the_table() {
-        use crate::stream::{AppliedDelta, AppliedState, ConfigSink, PoolState};
+        use crate::stream::{AppliedState, ConfigSink, PoolDelta, PoolState};
         let table = LeaseTable::new();
         let cfg = config("a", "192.0.2.0/24", "192.0.2.1");
         let mut state = AppliedState::default();
@@ -703,7 +703,7 @@ mod tests {
         let mut changed = cfg.clone();
         changed.dns = vec!["192.0.2.53".parse().unwrap()];
         table.delta(
-            &AppliedDelta {
+            &PoolDelta {
                 base_revision: 1,
                 revision: 2,
                 upserted_pools: vec![changed.clone()],
@@ -718,9 +718,9 @@ mod tests {
         assert_eq!(a.address_of(&mac(1)), None);
         assert_eq!(**a.config(), changed);
         table.delta(
-            &AppliedDelta {
+            &PoolDelta {
                 removed_pools: vec![name("a")],
-                ..AppliedDelta::default()
+                ..PoolDelta::default()
             },
             &state,
         );

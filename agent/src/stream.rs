@@ -21,6 +21,8 @@ use std::time::Duration;
 use tokio::sync::watch;
 use tonic::transport::Endpoint;
 use tracing::{Instrument, debug, info, info_span, warn};
+/// The delta type the stream applies (shared with the controller's index).
+pub use vmdhcp_core::pool::PoolDelta;
 use vmdhcp_core::pool::{Lease, PoolConfig};
 use vmdhcp_core::{MacAddr, NamespacedName};
 use vmdhcp_proto::agent::v1 as pb;
@@ -84,23 +86,6 @@ impl AppliedState {
     }
 }
 
-/// A validated delta, as applied.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct AppliedDelta {
-    /// The revision it was applied on.
-    pub base_revision: u64,
-    /// The revision it brought the state to.
-    pub revision: u64,
-    /// Pools added or changed.
-    pub upserted_pools: Vec<PoolConfig>,
-    /// Pools removed (with their leases).
-    pub removed_pools: Vec<NamespacedName>,
-    /// Leases added or changed.
-    pub upserted_leases: Vec<Lease>,
-    /// Leases withdrawn.
-    pub removed_leases: Vec<(NamespacedName, MacAddr)>,
-}
-
 /// What applying one message did.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Applied {
@@ -109,7 +94,7 @@ pub enum Applied {
     /// Part of a snapshot was buffered; the state is unchanged until the last part.
     SnapshotPart,
     /// A delta was applied.
-    Delta(AppliedDelta),
+    Delta(PoolDelta),
     /// A heartbeat confirmed the state.
     Heartbeat,
 }
@@ -119,7 +104,7 @@ pub trait ConfigSink: Send + Sync {
     /// The state was replaced by a snapshot.
     fn snapshot(&self, state: &AppliedState);
     /// A delta was applied; `state` is the result.
-    fn delta(&self, delta: &AppliedDelta, state: &AppliedState);
+    fn delta(&self, delta: &PoolDelta, state: &AppliedState);
 }
 
 /// Publishes each new state on a watch channel (clones the state; for tests and small setups).
@@ -128,7 +113,7 @@ impl ConfigSink for watch::Sender<Arc<AppliedState>> {
         self.send_replace(Arc::new(state.clone()));
     }
 
-    fn delta(&self, _: &AppliedDelta, state: &AppliedState) {
+    fn delta(&self, _: &PoolDelta, state: &AppliedState) {
         self.send_replace(Arc::new(state.clone()));
     }
 }
@@ -238,7 +223,7 @@ impl Applier {
                         d.base_revision, msg.revision, self.state.revision
                     ));
                 }
-                let delta = AppliedDelta {
+                let delta = PoolDelta {
                     base_revision: d.base_revision,
                     revision: msg.revision,
                     upserted_pools: d

@@ -26,7 +26,8 @@ use vmdhcp_core::NamespacedName;
 use vmdhcp_proto::agent::v1 as pb;
 use vmdhcp_proto::agent::v1::config_service_server::{ConfigService, ConfigServiceServer};
 
-use crate::index::{Changes, Index, PoolFilter, Snapshot};
+use crate::index::{Index, PoolFilter, Snapshot};
+use vmdhcp_core::pool::PoolDelta;
 
 /// Why the server could not run.
 #[derive(Debug, thiserror::Error)]
@@ -371,7 +372,7 @@ pub fn snapshot_parts(snapshot: &Snapshot, part_leases: usize) -> Vec<pb::WatchR
         .collect()
 }
 
-fn delta(c: &Changes) -> pb::Delta {
+fn delta(c: &PoolDelta) -> pb::Delta {
     pb::Delta {
         base_revision: c.base_revision,
         upserted_pools: c.upserted_pools.iter().map(Into::into).collect(),

@@ -2,7 +2,7 @@
 //!
 //! Reconcilers write to it with [`Index::apply`]: each call is one atomic change and, if it changes
 //! anything, exactly one new revision. Readers take a [`Snapshot`] of the state or the
-//! [`Changes`] since a revision, filtered to the pools an agent serves. History is a bounded ring
+//! [`PoolDelta`] since a revision, filtered to the pools an agent serves. History is a bounded ring
 //! of the keys each revision touched (not copies of values), so memory does not grow with churn,
 //! and a delta is always computed from the *current* state of the touched keys: however far a
 //! reader lags, what it is sent is the latest state, coalesced — never a queue of stale changes.
@@ -16,7 +16,7 @@ use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use tokio::sync::watch;
-use vmdhcp_core::pool::{Lease, PoolConfig};
+use vmdhcp_core::pool::{Lease, PoolConfig, PoolDelta};
 use vmdhcp_core::{MacAddr, NamespacedName};
 
 /// How many revisions of history an index keeps by default for resuming agents.
@@ -89,33 +89,6 @@ pub struct Snapshot {
     pub revision: u64,
     /// Each pool with its leases, in pool order.
     pub pools: Vec<(PoolConfig, Vec<(MacAddr, Ipv4Addr)>)>,
-}
-
-/// What changed between two revisions, as the latest state of everything touched.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct Changes {
-    /// The revision these changes apply to.
-    pub base_revision: u64,
-    /// The revision they bring a reader to.
-    pub revision: u64,
-    /// Pools added or changed, at their current config.
-    pub upserted_pools: Vec<PoolConfig>,
-    /// Pools gone (with their leases).
-    pub removed_pools: Vec<NamespacedName>,
-    /// Leases added or changed, at their current address.
-    pub upserted_leases: Vec<Lease>,
-    /// Leases gone (on pools that remain).
-    pub removed_leases: Vec<(NamespacedName, MacAddr)>,
-}
-
-impl Changes {
-    /// Whether nothing visible to this reader changed.
-    pub fn is_empty(&self) -> bool {
-        self.upserted_pools.is_empty()
-            && self.removed_pools.is_empty()
-            && self.upserted_leases.is_empty()
-            && self.removed_leases.is_empty()
-    }
 }
 
 /// The index. Cheap to share (`Arc`); all access is short, under one mutex.
@@ -279,16 +252,16 @@ impl Index {
 
     /// What changed since `since` for the pools `filter` accepts, or `None` when the history no
     /// longer reaches back to `since` (or `since` is in the future): the reader needs a snapshot.
-    pub fn changes_since(&self, since: u64, filter: &PoolFilter) -> Option<Changes> {
+    pub fn changes_since(&self, since: u64, filter: &PoolFilter) -> Option<PoolDelta> {
         let st = self.lock();
         if since > st.revision {
             return None;
         }
         if since == st.revision {
-            return Some(Changes {
+            return Some(PoolDelta {
                 base_revision: since,
                 revision: since,
-                ..Changes::default()
+                ..PoolDelta::default()
             });
         }
         let oldest = st.history.front().map_or(st.revision + 1, |t| t.revision);
@@ -301,10 +274,10 @@ impl Index {
             pools.extend(t.pools.iter().filter(|p| filter.accepts(p)).cloned());
             leases.extend(t.leases.iter().filter(|(p, _)| filter.accepts(p)).cloned());
         }
-        let mut changes = Changes {
+        let mut changes = PoolDelta {
             base_revision: since,
             revision: st.revision,
-            ..Changes::default()
+            ..PoolDelta::default()
         };
         for pool in pools {
             match st.pools.get(&pool) {

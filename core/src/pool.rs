@@ -122,6 +122,35 @@ pub struct Lease {
     pub ip: Ipv4Addr,
 }
 
+/// The changes between two revisions of a set of pools, as the latest state of everything that
+/// changed: what the controller's index computes for a reader and what an agent applies.
+/// Removing a pool removes its leases (they are not listed again in `removed_leases`).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct PoolDelta {
+    /// The revision the changes apply to.
+    pub base_revision: u64,
+    /// The revision they bring the reader to.
+    pub revision: u64,
+    /// Pools added or changed, at their current config.
+    pub upserted_pools: Vec<PoolConfig>,
+    /// Pools gone, with their leases.
+    pub removed_pools: Vec<NamespacedName>,
+    /// Leases added or changed, at their current address.
+    pub upserted_leases: Vec<Lease>,
+    /// Leases withdrawn from pools that remain.
+    pub removed_leases: Vec<(NamespacedName, MacAddr)>,
+}
+
+impl PoolDelta {
+    /// Whether nothing changed.
+    pub fn is_empty(&self) -> bool {
+        self.upserted_pools.is_empty()
+            && self.removed_pools.is_empty()
+            && self.upserted_leases.is_empty()
+            && self.removed_leases.is_empty()
+    }
+}
+
 /// The leases recorded in a pool's status (markers skipped), plus an error for each bad entry.
 pub fn leases_from_status(pool: &IPPool) -> Result<(Vec<Lease>, Vec<PoolError>), PoolError> {
     let pool_ref = pool_ref(pool)?;

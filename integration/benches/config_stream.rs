@@ -20,7 +20,7 @@ use std::time::{Duration, Instant};
 
 use prost::Message;
 use tokio::sync::watch;
-use vmdhcp_agent::stream::{AppliedDelta, AppliedState, Applier, ClientSettings, ConfigSink, run};
+use vmdhcp_agent::stream::{AppliedState, Applier, ClientSettings, ConfigSink, PoolDelta, run};
 use vmdhcp_controller::config_service::{Reports, StreamSettings, serve, snapshot_parts};
 use vmdhcp_controller::index::{Index, Op, PoolFilter};
 use vmdhcp_core::MacAddr;
@@ -82,7 +82,7 @@ impl ConfigSink for Recorder {
             .unwrap()
             .insert(state.revision, Instant::now());
     }
-    fn delta(&self, delta: &AppliedDelta, _: &AppliedState) {
+    fn delta(&self, delta: &PoolDelta, _: &AppliedState) {
         self.0
             .lock()
             .unwrap()
