@@ -78,6 +78,8 @@ pub async fn run(ctx: Arc<Context>, index: Arc<Index>, target: AgentDeployment) 
         let outcome = match api.get_opt(&target.deployment.name).await {
             Ok(Some(deploy)) => {
                 missing_reported = false;
+                ctx.agent_deployment_missing
+                    .store(false, std::sync::atomic::Ordering::Relaxed);
                 if current(&deploy, &target.container) == desired {
                     Ok(())
                 } else if ctx.ensure_leader().is_ok() {
@@ -90,6 +92,8 @@ pub async fn run(ctx: Arc<Context>, index: Arc<Index>, target: AgentDeployment) 
                 }
             }
             Ok(None) => {
+                ctx.agent_deployment_missing
+                    .store(true, std::sync::atomic::Ordering::Relaxed);
                 if !missing_reported {
                     report_missing(
                         &ctx,

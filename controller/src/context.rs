@@ -55,6 +55,10 @@ pub struct Context {
     pub agent: Option<AgentDeployment>,
     /// Which config owns each MAC on each pool.
     pub mac_owners: crate::vmnetcfg::MacOwners,
+    /// What agents report over the config stream (feeds `AgentReady`).
+    pub reports: Arc<crate::config_service::Reports>,
+    /// Set by the bootstrap writer while the agent Deployment is missing.
+    pub agent_deployment_missing: std::sync::atomic::AtomicBool,
     /// The status last written per config, with the resourceVersion it was computed from.
     pub written: std::sync::Mutex<std::collections::HashMap<String, (String, serde_json::Value)>>,
 }

@@ -9,7 +9,7 @@
 use std::collections::BTreeMap;
 use std::net::Ipv4Addr;
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, SystemTime};
 
 use kube::ResourceExt;
 use kube::api::{Api, ApiResource, DynamicObject, GroupVersionKind, Patch, PatchParams};
@@ -20,15 +20,17 @@ use serde_json::json;
 use tracing::{info, warn};
 use vmdhcp_core::NamespacedName;
 use vmdhcp_core::crd::{
-    CONDITION_CACHE_READY, CONDITION_REGISTERED, CONDITION_STOPPED, IPPool, LABEL_IPPOOL_NAME,
-    LABEL_IPPOOL_NAMESPACE,
+    CONDITION_AGENT_READY, CONDITION_CACHE_READY, CONDITION_REGISTERED, CONDITION_STOPPED, IPPool,
+    LABEL_IPPOOL_NAME, LABEL_IPPOOL_NAMESPACE,
 };
 use vmdhcp_core::pool::PoolConfig;
 
+use crate::config_service::AgentReport;
 use crate::context::{Context, IPPOOL_FINALIZER, NotLeader};
 use crate::ipam::{IpamError, PoolAllocator, PoolRange};
 use crate::metrics::PoolLabels;
 use crate::status::{StatusError, fill_ipv4, set_condition, update_pool_status};
+use vmdhcp_proto::agent::v1::InterfaceState;
 
 /// Why an IPPool reconcile failed (it is retried with per-object backoff).
 #[derive(Debug, thiserror::Error)]
@@ -134,6 +136,61 @@ async fn write_status(
     })
     .await?;
     Ok(())
+}
+
+/// How recent an agent report must be to count for `AgentReady`.
+pub const REPORT_FRESHNESS: Duration = Duration::from_secs(90);
+
+/// `AgentReady` from what agents report: True when a fresh report of the leading agent has the
+/// pool's interface serving; otherwise False with the reason (the interface's error, not served,
+/// no report at all). Returns (status, reason, message).
+pub fn agent_ready(
+    reports: &BTreeMap<String, AgentReport>,
+    pool: &NamespacedName,
+    now: SystemTime,
+) -> (bool, &'static str, String) {
+    let pool_ref = pool.to_string();
+    let leaders = reports.iter().filter(|(_, r)| {
+        r.leader
+            && now
+                .duration_since(r.received_at)
+                .is_ok_and(|age| age < REPORT_FRESHNESS)
+    });
+    let mut seen_leader = None;
+    for (agent, report) in leaders {
+        seen_leader = Some(agent.clone());
+        for i in report.interfaces.iter().filter(|i| i.pool_ref == pool_ref) {
+            match InterfaceState::try_from(i.state) {
+                Ok(InterfaceState::Serving) => {
+                    let msg = format!(
+                        "served by {agent} on {} at revision {}",
+                        i.interface_name, report.applied_revision
+                    );
+                    return (true, "", msg);
+                }
+                Ok(InterfaceState::Error) => {
+                    return (
+                        false,
+                        "InterfaceError",
+                        format!("{agent}: {}: {}", i.interface_name, i.error),
+                    );
+                }
+                _ => {}
+            }
+        }
+    }
+    match seen_leader {
+        Some(agent) => (
+            false,
+            "NotServed",
+            format!("the leading agent {agent} does not report serving this pool"),
+        ),
+        None => (
+            false,
+            "NoAgentReport",
+            "no leading agent has reported in the last 90 s".to_owned(),
+        ),
+    }
 }
 
 /// Drops what this replica holds in memory for a pool (its IPPool stays, with its allocations).
@@ -276,6 +333,18 @@ async fn apply(pool: Arc<IPPool>, ctx: Arc<Context>) -> Result<Action, Error> {
         ctx.ipam.insert(allocator);
         info!(pool = %pool_ref, leases = ctx.ipam.with_pool(&pool_ref, |a| a.used()).unwrap_or(0), "IPAM rebuilt from status");
     }
+    let agent = if ctx
+        .agent_deployment_missing
+        .load(std::sync::atomic::Ordering::Relaxed)
+    {
+        (
+            false,
+            "AgentDeploymentNotFound",
+            "the agent Deployment was not found".to_owned(),
+        )
+    } else {
+        agent_ready(&ctx.reports.all(), &pool_ref, SystemTime::now())
+    };
     write_status(
         &ctx,
         &pool_ref,
@@ -283,6 +352,7 @@ async fn apply(pool: Arc<IPPool>, ctx: Arc<Context>) -> Result<Action, Error> {
             (CONDITION_REGISTERED, true, "", String::new()),
             (CONDITION_STOPPED, false, "", String::new()),
             (CONDITION_CACHE_READY, true, "", String::new()),
+            (CONDITION_AGENT_READY, agent.0, agent.1, agent.2),
         ],
         true,
     )
@@ -336,4 +406,89 @@ async fn cleanup(pool: Arc<IPPool>, ctx: Arc<Context>) -> Result<Action, Error> 
 /// A map of IPAM state for the debug endpoint: address → holder.
 pub fn ipam_dump(ctx: &Context, pool: &NamespacedName) -> Option<BTreeMap<String, String>> {
     ctx.ipam.with_pool(pool, |a| a.status_allocated()).ok()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use vmdhcp_proto::agent::v1 as pb;
+
+    fn report(leader: bool, age: u64, state: InterfaceState, error: &str) -> AgentReport {
+        AgentReport {
+            agent: pb::AgentIdentity {
+                pod_name: "agent-0".into(),
+                namespace: "vmdhcp".into(),
+                node_name: "n".into(),
+            },
+            epoch: "e".into(),
+            applied_revision: 7,
+            leader,
+            interfaces: vec![pb::InterfaceReport {
+                pool_ref: "ns/pool".into(),
+                interface_name: "vmd1".into(),
+                state: state.into(),
+                error: error.into(),
+                lease_count: 3,
+            }],
+            received_at: SystemTime::now() - Duration::from_secs(age),
+        }
+    }
+
+    #[test]
+    fn agent_ready_follows_the_leading_agents_fresh_report() {
+        let pool: NamespacedName = "ns/pool".parse().unwrap();
+        let now = SystemTime::now();
+        let one = |r: AgentReport| BTreeMap::from([("vmdhcp/agent-0".to_owned(), r)]);
+        let (ok, reason, msg) = agent_ready(
+            &one(report(true, 1, InterfaceState::Serving, "")),
+            &pool,
+            now,
+        );
+        assert!(
+            ok && reason.is_empty() && msg.contains("vmd1") && msg.contains("revision 7"),
+            "{msg}"
+        );
+        let (ok, reason, msg) = agent_ready(
+            &one(report(
+                true,
+                1,
+                InterfaceState::Error,
+                "socket: no such device",
+            )),
+            &pool,
+            now,
+        );
+        assert_eq!((ok, reason), (false, "InterfaceError"));
+        assert!(msg.contains("no such device"));
+        assert_eq!(
+            agent_ready(
+                &one(report(false, 1, InterfaceState::Serving, "")),
+                &pool,
+                now
+            )
+            .1,
+            "NoAgentReport",
+            "a standby does not serve"
+        );
+        assert_eq!(
+            agent_ready(
+                &one(report(true, 600, InterfaceState::Serving, "")),
+                &pool,
+                now
+            )
+            .1,
+            "NoAgentReport",
+            "stale"
+        );
+        assert_eq!(
+            agent_ready(
+                &one(report(true, 1, InterfaceState::Standby, "")),
+                &pool,
+                now
+            )
+            .1,
+            "NotServed"
+        );
+        assert_eq!(agent_ready(&BTreeMap::new(), &pool, now).1, "NoAgentReport");
+    }
 }

@@ -188,6 +188,7 @@ async fn lead(
     client: Client,
     settings: Settings,
     index: Arc<Index>,
+    reports: Arc<Reports>,
     metrics: Arc<Metrics>,
     leader: watch::Receiver<bool>,
     ipam_slot: Arc<RwLock<Option<Arc<Ipam>>>>,
@@ -217,9 +218,14 @@ async fn lead(
                 .collect::<Vec<_>>()
         }
     };
+    let report_changes = tokio_stream::StreamExt::map(
+        tokio_stream::wrappers::WatchStream::from_changes(reports.subscribe()),
+        |_| (),
+    );
     let by_nad = pools_on(pools.clone());
     let by_sibling = pools_on(pools.clone());
     let pool_ctrl = pool_ctrl
+        .reconcile_all_on(report_changes)
         .watches_with(
             Api::<DynamicObject>::all_with(client.clone(), &crate::ippool::nad_resource()),
             crate::ippool::nad_resource(),
@@ -291,6 +297,8 @@ async fn lead(
         leader,
         agent: settings.agent.clone(),
         mac_owners: MacOwners::default(),
+        reports: reports.clone(),
+        agent_deployment_missing: Default::default(),
         written: Default::default(),
     });
     let term = Arc::new(Term {
@@ -399,7 +407,7 @@ pub async fn run(
     let grpc_task = tokio::spawn(crate::config_service::serve(
         grpc,
         index.clone(),
-        reports,
+        reports.clone(),
         settings.stream.clone(),
         shutdown.clone(),
     ));
@@ -432,6 +440,7 @@ pub async fn run(
             client.clone(),
             settings.clone(),
             index.clone(),
+            reports.clone(),
             metrics.clone(),
             leader.clone(),
             ipam_slot.clone(),

@@ -53,6 +53,11 @@ fn controller() -> &'static Handles {
                 let _ = Api::<k8s_openapi::api::core::v1::Namespace>::all(client.clone())
                     .create(&PostParams::default(), &ns)
                     .await;
+                // The agent Deployment exists before any pool, as in an installed cluster.
+                Api::<Deployment>::namespaced(client.clone(), AGENT_NS)
+                    .create(&PostParams::default(), &agent_deployment())
+                    .await
+                    .unwrap();
                 let settings = Settings {
                     identity: "controller-0".into(),
                     stream: Default::default(),
@@ -75,6 +80,18 @@ fn controller() -> &'static Handles {
         });
         rx.recv_timeout(DEADLINE).expect("controller started")
     })
+}
+
+fn agent_deployment() -> Deployment {
+    serde_json::from_value(json!({
+        "apiVersion": "apps/v1", "kind": "Deployment",
+        "metadata": {"name": "vm-dhcp-agent", "namespace": AGENT_NS},
+        "spec": {"selector": {"matchLabels": {"app": "agent"}}, "template": {
+            "metadata": {"labels": {"app": "agent"}},
+            "spec": {"containers": [{"name": "agent", "image": "vmdhcp/agent:test", "env": [{"name": "POD_NAMESPACE", "value": AGENT_NS}]}]}
+        }}
+    }))
+    .unwrap()
 }
 
 async fn setup(prefix: &str) -> (Client, String) {
@@ -267,6 +284,56 @@ async fn pool_is_registered_marked_counted_paused_and_deleted_cleanly() {
         assert!(Instant::now() < deadline, "pool never reached the index");
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
+
+    // AgentReady follows the leading agent's report over the config stream.
+    let before = pools.get("pool-a").await.unwrap();
+    assert_eq!(
+        condition(&before, "AgentReady").map(|c| c.0),
+        Some("False".into())
+    );
+    let mut grpc = vmdhcp_proto::agent::v1::config_service_client::ConfigServiceClient::connect(
+        format!("http://{}", h.grpc),
+    )
+    .await
+    .unwrap();
+    let report =
+        |state: vmdhcp_proto::agent::v1::InterfaceState| vmdhcp_proto::agent::v1::ReportRequest {
+            agent: Some(vmdhcp_proto::agent::v1::AgentIdentity {
+                pod_name: format!("agent-{ns}"),
+                namespace: AGENT_NS.into(),
+                node_name: "n1".into(),
+            }),
+            epoch: h.index.epoch().to_string(),
+            applied_revision: h.index.revision(),
+            leader: true,
+            interfaces: vec![vmdhcp_proto::agent::v1::InterfaceReport {
+                pool_ref: format!("{ns}/pool-a"),
+                interface_name: "vmd1".into(),
+                state: state.into(),
+                error: "bind: no such device".into(),
+                lease_count: 0,
+            }],
+        };
+    grpc.report(report(vmdhcp_proto::agent::v1::InterfaceState::Serving))
+        .await
+        .unwrap();
+    let served = wait_for(&pools, "pool-a", "agent ready", |p| {
+        condition(p, "AgentReady").is_some_and(|c| c.0 == "True")
+    })
+    .await;
+    let msg = find_condition(&served.status.unwrap().conditions, "AgentReady")
+        .unwrap()
+        .message
+        .clone()
+        .unwrap_or_default();
+    assert!(msg.contains(&format!("agent-{ns}")), "{msg}");
+    grpc.report(report(vmdhcp_proto::agent::v1::InterfaceState::Error))
+        .await
+        .unwrap();
+    wait_for(&pools, "pool-a", "interface error reported", |p| {
+        condition(p, "AgentReady").is_some_and(|c| c.1.as_deref() == Some("InterfaceError"))
+    })
+    .await;
 
     // Pause: stops being served, allocations kept.
     pools
@@ -538,16 +605,8 @@ async fn vm_gets_an_address_recorded_in_the_pool_first_and_released_on_every_pat
 async fn agent_deployment_gets_the_bootstrap_of_every_served_pool() {
     let (client, ns) = setup("boot").await;
     let deployments: Api<Deployment> = Api::namespaced(client.clone(), AGENT_NS);
-    let deploy: Deployment = serde_json::from_value(json!({
-        "apiVersion": "apps/v1", "kind": "Deployment",
-        "metadata": {"name": "vm-dhcp-agent", "namespace": AGENT_NS},
-        "spec": {"selector": {"matchLabels": {"app": "agent"}}, "template": {
-            "metadata": {"labels": {"app": "agent"}},
-            "spec": {"containers": [{"name": "agent", "image": "vmdhcp/agent:test", "env": [{"name": "POD_NAMESPACE", "value": AGENT_NS}]}]}
-        }}
-    }))
-    .unwrap();
-    let _ = deployments.create(&PostParams::default(), &deploy).await;
+    let deploy = agent_deployment();
+    let _ = deployments.create(&PostParams::default(), &deploy).await; // normally there already
     create_nad(&client, &ns, "net-b").await;
     create_pool(&client, &ns, "pool-b", "net-b", 6).await;
     let want = format!(
