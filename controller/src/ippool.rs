@@ -403,11 +403,6 @@ async fn cleanup(pool: Arc<IPPool>, ctx: Arc<Context>) -> Result<Action, Error> 
     Ok(Action::await_change())
 }
 
-/// A map of IPAM state for the debug endpoint: address → holder.
-pub fn ipam_dump(ctx: &Context, pool: &NamespacedName) -> Option<BTreeMap<String, String>> {
-    ctx.ipam.with_pool(pool, |a| a.status_allocated()).ok()
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;

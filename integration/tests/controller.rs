@@ -266,7 +266,7 @@ async fn pool_is_registered_marked_counted_paused_and_deleted_cleanly() {
 
     // Metrics carry upstream's names and labels.
     let h = controller();
-    let metrics = reqwest_get(&format!("http://{}/metrics", h.http)).await;
+    let metrics = metrics_text(h.http).await;
     let series = format!(
         r#"vmdhcpcontroller_ippool_available{{ippool="{ns}/pool-a",cidr="10.1.0.0/24",network="{ns}/net-a"}} 9"#
     );
@@ -379,7 +379,7 @@ async fn pool_is_registered_marked_counted_paused_and_deleted_cleanly() {
         "{:?}",
         nad.labels()
     );
-    let metrics = reqwest_get(&format!("http://{}/metrics", h.http)).await;
+    let metrics = metrics_text(h.http).await;
     assert!(
         !metrics.contains(&format!("{ns}/pool-a")),
         "series leaked:\n{metrics}"
@@ -729,17 +729,10 @@ async fn many_vms_at_once_get_distinct_addresses_agreeing_with_the_pool() {
     }
 }
 
-/// GET over plain HTTP with std only (the endpoints are local).
-async fn reqwest_get(url: &str) -> String {
-    let url = url.strip_prefix("http://").unwrap().to_owned();
+/// The controller's `/metrics` text.
+async fn metrics_text(addr: std::net::SocketAddr) -> String {
     tokio::task::spawn_blocking(move || {
-        use std::io::{Read, Write};
-        let (host, path) = url.split_once('/').unwrap();
-        let mut s = std::net::TcpStream::connect(host).unwrap();
-        write!(s, "GET /{path} HTTP/1.0\r\nHost: {host}\r\n\r\n").unwrap();
-        let mut out = String::new();
-        s.read_to_string(&mut out).unwrap();
-        out
+        vmdhcp_integration::http::get(&addr.to_string(), "/metrics").unwrap()
     })
     .await
     .unwrap()

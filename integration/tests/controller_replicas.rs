@@ -59,13 +59,12 @@ fn start(cp: &ControlPlane, identity: &str, lease_ns: &str, elect: bool) -> Repl
 
 impl Replica {
     fn metric(&self, needle: &str) -> f64 {
-        use std::io::{Read, Write};
-        let Ok(mut s) = std::net::TcpStream::connect(("127.0.0.1", self.http)) else {
+        // A replica that does not answer has reconciled nothing this test can see.
+        let Ok(out) =
+            vmdhcp_integration::http::get(&format!("127.0.0.1:{}", self.http), "/metrics")
+        else {
             return 0.0;
         };
-        let _ = write!(s, "GET /metrics HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n");
-        let mut out = String::new();
-        let _ = s.read_to_string(&mut out);
         out.lines()
             .filter(|l| l.starts_with(needle))
             .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
