@@ -23,8 +23,8 @@ use prometheus_client::registry::Registry;
 use serde::Serialize;
 use tokio::sync::watch;
 
-use crate::dhcp::counters::{Counters, Reading};
-use crate::dhcp::server::{Interface, InterfaceStatus};
+use crate::dhcp::counters::Reading;
+use crate::dhcp::server::{InterfaceCounters, InterfaceStatus};
 use crate::lease_table::{Conflict, LeaseTable};
 use crate::stream::ConnectionStatus;
 
@@ -52,6 +52,22 @@ pub struct HttpState {
     statuses: watch::Receiver<BTreeMap<String, InterfaceStatus>>,
     registry: Arc<Registry>,
     stream: Option<watch::Receiver<ConnectionStatus>>,
+    agent: Option<watch::Receiver<AgentStatus>>,
+}
+
+/// The agent process's role, as `/readyz` and `/metrics` show it.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
+pub struct AgentStatus {
+    /// Whether this replica holds the leader Lease (or runs without election) and answers DHCP.
+    pub leader: bool,
+    /// Who holds the Lease, as last seen.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub lease_holder: Option<String>,
+    /// Where the served leases come from: `stream`, `ippool-status` (fallback), or `none`.
+    pub source: &'static str,
+    /// Why the agent cannot serve at all (invalid bootstrap env); never ready while set.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
 }
 
 impl HttpState {
@@ -61,7 +77,7 @@ impl HttpState {
         table: Arc<LeaseTable>,
         leases_loaded: watch::Receiver<bool>,
         statuses: watch::Receiver<BTreeMap<String, InterfaceStatus>>,
-        counters: Vec<(Interface, Arc<Counters>)>,
+        counters: watch::Receiver<Vec<InterfaceCounters>>,
     ) -> Self {
         let mut registry = Registry::default();
         registry.register_collector(Box::new(DataPlaneMetrics {
@@ -75,7 +91,21 @@ impl HttpState {
             statuses,
             registry: Arc::new(registry),
             stream: None,
+            agent: None,
         }
+    }
+
+    /// Also reports the agent's role: leader, lease source and fatal errors on `/readyz`, and
+    /// `vmdhcp_agent_leader` on `/metrics`. Call it before the state is cloned.
+    pub fn with_agent(mut self, status: watch::Receiver<AgentStatus>) -> Self {
+        match Arc::get_mut(&mut self.registry) {
+            Some(registry) => registry.register_collector(Box::new(RoleMetrics(status.clone()))),
+            None => tracing::warn!(
+                "HttpState::with_agent called after the state was shared; role metrics not registered"
+            ),
+        }
+        self.agent = Some(status);
+        self
     }
 
     /// Also reports the config stream: its state on `/readyz` and `vmdhcp_agent_stream_*` on
@@ -167,6 +197,23 @@ impl Collector for StreamMetrics {
     }
 }
 
+/// `vmdhcp_agent_leader`: whether this replica answers DHCP.
+#[derive(Debug)]
+struct RoleMetrics(watch::Receiver<AgentStatus>);
+
+impl Collector for RoleMetrics {
+    fn encode(&self, mut encoder: DescriptorEncoder) -> Result<(), std::fmt::Error> {
+        let leader = self.0.borrow().leader;
+        let family = encoder.encode_descriptor(
+            "vmdhcp_agent_leader",
+            "1 while this agent replica holds the leader Lease and answers DHCP.",
+            None,
+            MetricType::Gauge,
+        )?;
+        ConstGauge::new(i64::from(leader)).encode(family)
+    }
+}
+
 /// The router with every endpoint.
 pub fn router(state: HttpState) -> Router {
     Router::new()
@@ -181,12 +228,23 @@ pub fn router(state: HttpState) -> Router {
 pub async fn serve(
     addr: SocketAddr,
     router: Router,
-    mut shutdown: watch::Receiver<bool>,
+    shutdown: watch::Receiver<bool>,
 ) -> Result<(), HttpError> {
     let listener = tokio::net::TcpListener::bind(addr)
         .await
         .map_err(|source| HttpError::Bind { addr, source })?;
-    tracing::info!(%addr, "HTTP endpoints listening");
+    serve_on(listener, router, shutdown).await
+}
+
+/// Serves `router` on a bound `listener` until `shutdown` turns true (or its sender goes away).
+pub async fn serve_on(
+    listener: tokio::net::TcpListener,
+    router: Router,
+    mut shutdown: watch::Receiver<bool>,
+) -> Result<(), HttpError> {
+    if let Ok(addr) = listener.local_addr() {
+        tracing::info!(%addr, "HTTP endpoints listening");
+    }
     axum::serve(listener, router)
         .with_graceful_shutdown(async move {
             while !*shutdown.borrow_and_update() {
@@ -210,15 +268,19 @@ struct Readiness {
     interfaces: BTreeMap<String, InterfaceStatus>,
     #[serde(skip_serializing_if = "Option::is_none")]
     stream: Option<StreamView>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    agent: Option<AgentStatus>,
 }
 
 async fn readyz(State(state): State<HttpState>) -> Response {
     let leases_loaded = *state.leases_loaded.borrow();
     let interfaces = state.statuses.borrow().clone();
+    let agent = state.agent.as_ref().map(|a| a.borrow().clone());
     let ready = leases_loaded
+        && agent.as_ref().is_none_or(|a| a.error.is_none())
         && interfaces
             .values()
-            .all(|s| matches!(s, InterfaceStatus::Serving));
+            .all(|s| matches!(s, InterfaceStatus::Serving | InterfaceStatus::Standby));
     let code = if ready {
         StatusCode::OK
     } else {
@@ -234,6 +296,7 @@ async fn readyz(State(state): State<HttpState>) -> Response {
                 .stream
                 .as_ref()
                 .map(|s| StreamView::from(&*s.borrow())),
+            agent,
         }),
     )
         .into_response()
@@ -289,15 +352,15 @@ async fn metrics(State(state): State<HttpState>) -> Response {
 struct DataPlaneMetrics {
     table: Arc<LeaseTable>,
     statuses: watch::Receiver<BTreeMap<String, InterfaceStatus>>,
-    counters: Vec<(Interface, Arc<Counters>)>,
+    counters: watch::Receiver<Vec<InterfaceCounters>>,
 }
 
 type Pick = fn(&Reading) -> &[(&'static str, u64)];
 
 impl Collector for DataPlaneMetrics {
     fn encode(&self, mut encoder: DescriptorEncoder) -> Result<(), std::fmt::Error> {
-        let readings: Vec<(&str, String, Reading)> = self
-            .counters
+        let counters = self.counters.borrow().clone();
+        let readings: Vec<(&str, String, Reading)> = counters
             .iter()
             .map(|(i, c)| (i.name.as_str(), i.pool.to_string(), c.read()))
             .collect();
@@ -374,7 +437,7 @@ impl Collector for DataPlaneMetrics {
             None,
             MetricType::Gauge,
         )?;
-        for (interface, pool) in self.counters.iter().map(|(i, _)| (&i.name, &i.pool)) {
+        for (interface, pool) in counters.iter().map(|(i, _)| (&i.name, &i.pool)) {
             let up = matches!(statuses.get(interface), Some(InterfaceStatus::Serving));
             let pool = pool.to_string();
             let labels = [("interface", interface.as_str()), ("pool", pool.as_str())];
@@ -412,6 +475,7 @@ impl Collector for DataPlaneMetrics {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::dhcp::counters::Counters;
     use crate::dhcp::handler::{Action, DropReason, Outcome, Silence};
     use crate::lease_table::PoolLeases;
     use axum::body::Body;
@@ -453,13 +517,14 @@ mod tests {
             Arc::clone(&table),
             loaded_rx,
             statuses,
-            vec![(
-                Interface {
+            watch::channel(vec![(
+                crate::dhcp::server::Interface {
                     name: "eth1".into(),
                     pool: pool_name(),
                 },
                 Arc::clone(&counters),
-            )],
+            )])
+            .1,
         );
         (state, counters, table)
     }

@@ -1,8 +1,12 @@
 //! The vmdhcp agent: it serves DHCPv4 for the pools the controller assigns it.
 //!
-//! The agent's runtime (stream client, leader election, DHCP server) is built on the domain
-//! model of `vmdhcp-core`; today this crate holds the binary's bootstrap validation.
+//! One Deployment of agents serves every pool; the replicas elect a leader through a Lease, and
+//! only the leader configures interfaces and answers, while standbys keep the same state hot.
 //!
+//! - [`runtime`]: the `run` command: bootstrap, sources, election, serving, reports, shutdown.
+//! - [`sources`]: which lease source wins, the controller's stream or IPPool status.
+//! - [`serving`]: the leader's interfaces and DHCP servers, and silencing them on step-down.
+//! - [`report`]: what the agent applied and how its interfaces fare, back to the controller.
 //! - [`lease_table`]: the pools and leases served, swapped atomically so lookups never wait.
 //! - [`dhcp`]: the DHCPv4 server, one socket per interface, replies built by pure functions.
 //! - [`http`]: `/healthz`, `/readyz`, `/leases` and `/metrics`.
@@ -15,4 +19,8 @@ pub mod dhcp;
 pub mod http;
 pub mod lease_table;
 pub mod netlink;
+pub mod report;
+pub mod runtime;
+pub mod serving;
+pub mod sources;
 pub mod stream;

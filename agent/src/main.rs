@@ -24,6 +24,9 @@ enum Command {
         #[arg(long, env = ENV_IPPOOL_REFS_JSON, default_value = "[]")]
         ippool_refs_json: String,
     },
+    /// Run the agent: follow the controller's stream (IPPool status as fallback), elect a leader
+    /// among replicas, and answer DHCP on every pool's interface while leading.
+    Run(Box<RunArgs>),
     /// Serve DHCP for the pools and leases of a JSON file, without a controller (tests and
     /// benchmarks); SIGHUP re-reads the file.
     #[command(hide = true)]
@@ -43,6 +46,110 @@ enum Command {
     },
 }
 
+#[derive(clap::Args, Debug)]
+struct RunArgs {
+    /// The controller's config stream; unset, the agent serves from IPPool status only.
+    #[arg(long, env = "CONTROLLER_ENDPOINT")]
+    controller: Option<String>,
+    /// Kubeconfig to use; in-cluster config (or $KUBECONFIG) when unset.
+    #[arg(long, env = "KUBECONFIG")]
+    kubeconfig: Option<std::path::PathBuf>,
+    /// This replica's name (leader-election identity, reports).
+    #[arg(long, env = "POD_NAME", default_value = "vm-dhcp-agent")]
+    identity: String,
+    /// This replica's namespace (where the leader-election Lease lives).
+    #[arg(long, env = "POD_NAMESPACE", default_value = "default")]
+    namespace: String,
+    /// The node it runs on (reports).
+    #[arg(long, env = "NODE_NAME", default_value = "")]
+    node: String,
+    /// JSON list of per-pool network configs (written by the controller).
+    #[arg(long, env = ENV_AGENT_NETWORK_CONFIGS)]
+    agent_network_configs: Option<String>,
+    /// JSON list of `namespace/name` pool references (written by the controller).
+    #[arg(long, env = ENV_IPPOOL_REFS_JSON)]
+    ippool_refs_json: Option<String>,
+    /// Serve every pool the controller streams, on the interfaces it names (local runs).
+    #[arg(long)]
+    all_pools: bool,
+    /// Serve without election (a single replica).
+    #[arg(long)]
+    no_leader_election: bool,
+    /// Name of the leader-election Lease.
+    #[arg(long, default_value = "vm-dhcp-agents")]
+    leader_election_name: String,
+    /// Seconds a Lease stays valid without renewal.
+    #[arg(long, default_value_t = 15)]
+    lease_duration_seconds: u64,
+    /// Seconds a leader keeps trying to renew before it stops serving.
+    #[arg(long, default_value_t = 10)]
+    renew_deadline_seconds: u64,
+    /// Seconds between election attempts.
+    #[arg(long, default_value_t = 2)]
+    retry_period_seconds: u64,
+    /// Leave interface addresses alone (something else configures them).
+    #[arg(long)]
+    no_configure_interfaces: bool,
+    /// Address of /healthz, /readyz, /leases, /metrics.
+    #[arg(long, env = "HTTP_LISTEN", default_value = "0.0.0.0:8080")]
+    http_listen: std::net::SocketAddr,
+    /// Longest time between two reports to the controller, in seconds.
+    #[arg(long, default_value_t = 15)]
+    report_interval_seconds: u64,
+}
+
+async fn kube_client(kubeconfig: Option<&std::path::Path>) -> anyhow::Result<kube::Client> {
+    let config = match kubeconfig {
+        Some(path) => {
+            let kc = kube::config::Kubeconfig::read_from(path)
+                .with_context(|| format!("reading {}", path.display()))?;
+            kube::Config::from_custom_kubeconfig(kc, &Default::default())
+                .await
+                .context("loading kubeconfig")?
+        }
+        None => kube::Config::infer()
+            .await
+            .context("inferring kube config")?,
+    };
+    kube::Client::try_from(config).context("building kube client")
+}
+
+async fn run_agent(args: RunArgs) -> anyhow::Result<()> {
+    let client = match kube_client(args.kubeconfig.as_deref()).await {
+        Ok(c) => Some(c),
+        Err(e) if args.no_leader_election => {
+            tracing::warn!(error = %format!("{e:#}"), "no Kubernetes client; running without the IPPool fallback");
+            None
+        }
+        Err(e) => return Err(e.context("leader election needs the API server")),
+    };
+    let secs = std::time::Duration::from_secs;
+    let settings = vmdhcp_agent::runtime::Settings {
+        identity: vmdhcp_proto::agent::v1::AgentIdentity {
+            pod_name: args.identity.clone(),
+            namespace: args.namespace.clone(),
+            node_name: args.node.clone(),
+        },
+        controller: args.controller,
+        network_configs: args.agent_network_configs,
+        pool_refs: args.ippool_refs_json,
+        all_pools: args.all_pools,
+        election: (!args.no_leader_election).then(|| vmdhcp_agent::runtime::Election {
+            namespace: args.namespace.clone(),
+            name: args.leader_election_name.clone(),
+            lease_duration: secs(args.lease_duration_seconds),
+            renew_deadline: secs(args.renew_deadline_seconds),
+            retry_period: secs(args.retry_period_seconds),
+        }),
+        configure_interfaces: !args.no_configure_interfaces,
+        http: args.http_listen,
+        report_interval: secs(args.report_interval_seconds.max(1)),
+    };
+    vmdhcp_agent::runtime::run(settings, client)
+        .await
+        .context("agent failed")
+}
+
 fn main() -> anyhow::Result<()> {
     tracing_subscriber::fmt()
         .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
@@ -60,6 +167,9 @@ fn main() -> anyhow::Result<()> {
                 println!("{}", bootstrap.render_network_configs());
             }
         }
+        Command::Run(args) => tokio::runtime::Runtime::new()
+            .context("cannot start the async runtime")?
+            .block_on(run_agent(*args))?,
         Command::ServeStatic {
             config,
             status_file,

@@ -105,6 +105,12 @@ pub trait ConfigSink: Send + Sync {
     fn snapshot(&self, state: &AppliedState);
     /// A delta was applied; `state` is the result.
     fn delta(&self, delta: &PoolDelta, state: &AppliedState);
+    /// A new stream's first message was applied without a snapshot (the controller resumed from
+    /// our revision): `state` is current again. A sink that served another source meanwhile
+    /// re-reads it here.
+    fn resumed(&self, state: &AppliedState) {
+        let _ = state;
+    }
 }
 
 /// Publishes each new state on a watch channel (clones the state; for tests and small setups).
@@ -472,6 +478,7 @@ async fn session(
         .map_err(|s| transport(format!("watch: {s}")))?
         .into_inner();
     status.send_modify(|s| s.connects += 1);
+    let mut first = true;
     loop {
         let next = tokio::select! {
             next = tokio::time::timeout(settings.idle_timeout, stream.message()) => next,
@@ -488,7 +495,8 @@ async fn session(
             Ok(Ok(None)) => return Ok(false),
             Ok(Ok(Some(msg))) => msg,
         };
-        match applier.apply(&msg)? {
+        let applied = applier.apply(&msg)?;
+        match &applied {
             Applied::Snapshot => {
                 let st = applier.state();
                 info!(epoch = %st.epoch, revision = st.revision, pools = st.pools.len(), leases = st.lease_count(), "applied snapshot");
@@ -501,9 +509,17 @@ async fn session(
                     leases = d.upserted_leases.len() + d.removed_leases.len(),
                     "applied delta"
                 );
-                sink.delta(&d, applier.state());
+                sink.delta(d, applier.state());
             }
-            Applied::SnapshotPart | Applied::Heartbeat => {}
+            Applied::SnapshotPart => {}
+            Applied::Heartbeat => {
+                if first {
+                    sink.resumed(applier.state());
+                }
+            }
+        }
+        if !matches!(applied, Applied::SnapshotPart) {
+            first = false;
         }
         let st = applier.state();
         status.send_modify(|s| {

@@ -12,28 +12,11 @@ use std::sync::Arc;
 
 use kube::ResourceExt;
 use tracing::{debug, warn};
-use vmdhcp_core::crd::{
-    CONDITION_CACHE_READY, CONDITION_REGISTERED, CONDITION_STOPPED, IPPool, find_condition,
-};
-use vmdhcp_core::pool::{PoolConfig, leases_from_status};
+use vmdhcp_core::crd::IPPool;
+use vmdhcp_core::pool::{PoolConfig, is_served, leases_from_status};
 use vmdhcp_core::{NamespacedName, ifname};
 
 use crate::index::{Index, Op};
-
-/// Whether the agents should serve `pool` now.
-pub fn is_served(pool: &IPPool) -> bool {
-    let conditions = pool
-        .status
-        .as_ref()
-        .map(|s| s.conditions.as_slice())
-        .unwrap_or_default();
-    let is = |t: &str| find_condition(conditions, t).is_some_and(|c| c.status == "True");
-    pool.metadata.deletion_timestamp.is_none()
-        && pool.spec.paused != Some(true)
-        && is(CONDITION_REGISTERED)
-        && is(CONDITION_CACHE_READY)
-        && !is(CONDITION_STOPPED)
-}
 
 /// Applies IPPool state to the index.
 pub struct IndexSync {
@@ -117,7 +100,7 @@ mod tests {
     use super::*;
     use crate::index::PoolFilter;
     use crate::status::set_condition;
-    use vmdhcp_core::crd::{IPPoolStatus, IPv4Status};
+    use vmdhcp_core::crd::{CONDITION_CACHE_READY, CONDITION_REGISTERED, IPPoolStatus, IPv4Status};
 
     fn pool(name: &str, ready: bool, allocated: &[(&str, &str)]) -> Arc<IPPool> {
         let mut p: IPPool =

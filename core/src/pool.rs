@@ -11,7 +11,10 @@ use ipnet::Ipv4Net;
 use kube::ResourceExt;
 use serde::{Deserialize, Serialize};
 
-use crate::crd::{ALLOCATED_EXCLUDED, ALLOCATED_RESERVED, IPPool};
+use crate::crd::{
+    ALLOCATED_EXCLUDED, ALLOCATED_RESERVED, CONDITION_CACHE_READY, CONDITION_REGISTERED,
+    CONDITION_STOPPED, IPPool, find_condition,
+};
 use crate::mac::MacAddr;
 use crate::names::NamespacedName;
 
@@ -149,6 +152,23 @@ impl PoolDelta {
             && self.upserted_leases.is_empty()
             && self.removed_leases.is_empty()
     }
+}
+
+/// Whether the agents should serve `pool` now: registered, its cache ready (the controller
+/// rebuilt its IPAM from status), not stopped, paused or being deleted. The controller's index
+/// and an agent reading IPPools directly (while the stream is down) decide it the same way.
+pub fn is_served(pool: &IPPool) -> bool {
+    let conditions = pool
+        .status
+        .as_ref()
+        .map(|s| s.conditions.as_slice())
+        .unwrap_or_default();
+    let is = |t: &str| find_condition(conditions, t).is_some_and(|c| c.status == "True");
+    pool.metadata.deletion_timestamp.is_none()
+        && pool.spec.paused != Some(true)
+        && is(CONDITION_REGISTERED)
+        && is(CONDITION_CACHE_READY)
+        && !is(CONDITION_STOPPED)
 }
 
 /// The leases recorded in a pool's status (markers skipped), plus an error for each bad entry.

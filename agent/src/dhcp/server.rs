@@ -13,7 +13,6 @@ use std::time::{Duration, Instant};
 use serde::Serialize;
 use socket2::{Domain, Protocol, Socket, Type};
 use tokio::sync::watch;
-use tokio::task::JoinSet;
 use tracing::{Instrument, debug, info, info_span, warn};
 use vmdhcp_core::NamespacedName;
 
@@ -76,6 +75,8 @@ pub enum InterfaceStatus {
     Starting,
     /// Bound and answering.
     Serving,
+    /// Leases loaded, not answering: another agent replica leads.
+    Standby,
     /// Not serving; retried with backoff.
     Failed {
         /// The last error.
@@ -128,50 +129,126 @@ fn ifindex(interface: &str) -> Option<u32> {
         .and_then(|s| s.trim().parse().ok())
 }
 
-/// The running servers of a set of interfaces.
+/// One interface's counters, as the metrics endpoint reads them.
+pub type InterfaceCounters = (Interface, Arc<Counters>);
+
+/// The running servers, one per interface; interfaces can be started and stopped at any time
+/// (the agent's serving loop follows pools and leadership), each independently of the others.
 pub struct Servers {
+    table: Arc<LeaseTable>,
+    status_tx: Arc<watch::Sender<BTreeMap<String, InterfaceStatus>>>,
     statuses: watch::Receiver<BTreeMap<String, InterfaceStatus>>,
-    counters: Vec<(Interface, Arc<Counters>)>,
-    tasks: JoinSet<()>,
+    counters_tx: watch::Sender<Vec<InterfaceCounters>>,
+    running: BTreeMap<String, Running>,
+    /// Stops every server started by [`Servers::spawn`] at once.
+    shared_stop: Option<watch::Receiver<bool>>,
+}
+
+/// A started interface: its own stop switch and supervising task.
+struct Running {
+    interface: Interface,
+    stop: watch::Sender<bool>,
+    task: tokio::task::JoinHandle<()>,
 }
 
 impl Servers {
+    /// No servers yet; [`Servers::start`] adds them.
+    pub fn new(table: Arc<LeaseTable>) -> Self {
+        let (status_tx, statuses) = watch::channel(BTreeMap::new());
+        Servers {
+            table,
+            status_tx: Arc::new(status_tx),
+            statuses,
+            counters_tx: watch::channel(Vec::new()).0,
+            running: BTreeMap::new(),
+            shared_stop: None,
+        }
+    }
+
     /// Starts one supervising task per interface; each binds, serves on a thread of its own, and
-    /// on failure reports and retries.
-    /// They stop when `shutdown` turns true (or its sender is dropped).
+    /// on failure reports and retries. They all stop when `shutdown` turns true (or its sender is
+    /// dropped).
     pub fn spawn(
         table: Arc<LeaseTable>,
         interfaces: Vec<Interface>,
         shutdown: watch::Receiver<bool>,
     ) -> Self {
-        let initial = interfaces
-            .iter()
-            .map(|i| (i.name.clone(), InterfaceStatus::Starting))
-            .collect();
-        let (status_tx, statuses) = watch::channel(initial);
-        let status_tx = Arc::new(status_tx);
-        let mut tasks = JoinSet::new();
-        let mut counters = Vec::new();
+        let mut servers = Servers::new(table);
+        servers.shared_stop = Some(shutdown);
         for interface in interfaces {
-            let c = Arc::new(Counters::default());
-            counters.push((interface.clone(), Arc::clone(&c)));
-            let span = info_span!("dhcp", interface = %interface.name, pool = %interface.pool);
-            tasks.spawn(
-                run_interface(
-                    interface,
-                    Arc::clone(&table),
-                    c,
-                    Arc::clone(&status_tx),
-                    shutdown.clone(),
-                )
-                .instrument(span),
-            );
+            servers.start(interface);
         }
-        Servers {
-            statuses,
-            counters,
-            tasks,
+        servers
+    }
+
+    /// Starts serving `interface` (binding, with retries, in the background). Starting an
+    /// interface that already runs for the same pool does nothing; for another pool, the old
+    /// server must be stopped first (it is left running and a warning logged).
+    pub fn start(&mut self, interface: Interface) {
+        if let Some(r) = self.running.get(&interface.name) {
+            if r.interface != interface {
+                warn!(interface = %interface.name, running = %r.interface.pool, wanted = %interface.pool, "interface already serves another pool; not restarted");
+            }
+            return;
         }
+        set_status(&self.status_tx, &interface.name, InterfaceStatus::Starting);
+        let counters = Arc::new(Counters::default());
+        self.counters_tx.send_modify(|all| {
+            all.retain(|(i, _)| i.name != interface.name);
+            all.push((interface.clone(), Arc::clone(&counters)));
+        });
+        let (stop, own_stop) = watch::channel(false);
+        let stopped = self.shared_stop.clone().unwrap_or(own_stop);
+        let span = info_span!("dhcp", interface = %interface.name, pool = %interface.pool);
+        let task = tokio::spawn(
+            run_interface(
+                interface.clone(),
+                Arc::clone(&self.table),
+                counters,
+                Arc::clone(&self.status_tx),
+                stopped,
+            )
+            .instrument(span),
+        );
+        self.running.insert(
+            interface.name.clone(),
+            Running {
+                interface,
+                stop,
+                task,
+            },
+        );
+    }
+
+    /// Stops serving on `name` and waits until its socket is closed (at most one receive
+    /// timeout, 250 ms); its status becomes `then`, or disappears when `then` is `None`.
+    pub async fn stop(&mut self, name: &str, then: Option<InterfaceStatus>) {
+        if let Some(r) = self.running.remove(name) {
+            let _ = r.stop.send(true);
+            if let Err(error) = r.task.await {
+                warn!(interface = %name, %error, "interface server task failed");
+            }
+            self.counters_tx
+                .send_modify(|all| all.retain(|(i, _)| i.name != name));
+        }
+        self.set_status(name, then);
+    }
+
+    /// Sets (or with `None` removes) the status of an interface that is not running: a standby's
+    /// pools, or an interface that could not be configured.
+    pub fn set_status(&self, name: &str, status: Option<InterfaceStatus>) {
+        match status {
+            Some(status) => set_status(&self.status_tx, name, status),
+            None => {
+                self.status_tx
+                    .send_if_modified(|all| all.remove(name).is_some());
+            }
+        }
+    }
+
+    /// The interfaces running now.
+    pub fn running(&self) -> impl Iterator<Item = &Interface> {
+        self.running.values().map(|r| &r.interface)
     }
 
     /// Every interface's status, updated as they change.
@@ -179,14 +256,29 @@ impl Servers {
         self.statuses.clone()
     }
 
-    /// Each interface with its counters.
-    pub fn counters(&self) -> &[(Interface, Arc<Counters>)] {
-        &self.counters
+    /// Each running interface with its counters, updated as interfaces start and stop.
+    pub fn counters(&self) -> watch::Receiver<Vec<InterfaceCounters>> {
+        self.counters_tx.subscribe()
     }
 
-    /// Waits for every task to stop (after shutdown).
+    /// Stops every interface and waits for each to close its socket.
+    pub async fn stop_all(&mut self, then: Option<InterfaceStatus>) {
+        let names: Vec<String> = self.running.keys().cloned().collect();
+        for r in self.running.values() {
+            let _ = r.stop.send(true);
+        }
+        for name in names {
+            self.stop(&name, then.clone()).await;
+        }
+    }
+
+    /// Waits for every task to stop (after the shared shutdown of [`Servers::spawn`]).
     pub async fn join(mut self) {
-        while self.tasks.join_next().await.is_some() {}
+        for (name, r) in std::mem::take(&mut self.running) {
+            if let Err(error) = r.task.await {
+                warn!(interface = %name, %error, "interface server task failed");
+            }
+        }
     }
 }
 

@@ -216,7 +216,7 @@ pub async fn serve_file(path: &Path, options: ServeOptions) -> Result<(), Static
             Arc::clone(&table),
             loaded,
             servers.statuses(),
-            servers.counters().to_vec(),
+            servers.counters(),
         );
         let stopped = stop.subscribe();
         tokio::spawn(async move {

@@ -1,0 +1,211 @@
+//! Telling the controller what this agent applied and how its interfaces fare (the `Report`
+//! RPC), which becomes each IPPool's `AgentReady` condition.
+//!
+//! A report is sent when something it carries changes (debounced) and at least every
+//! `interval`, so the controller can tell a silent agent from a healthy one. A failed send is
+//! logged and retried at the next occasion; reporting never blocks serving.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::sync::watch;
+use tonic::transport::Endpoint;
+use tracing::{debug, warn};
+use vmdhcp_proto::agent::v1 as pb;
+use vmdhcp_proto::agent::v1::config_service_client::ConfigServiceClient;
+
+use crate::dhcp::server::InterfaceStatus;
+use crate::http::AgentStatus;
+use crate::lease_table::LeaseTable;
+use crate::stream::ConnectionStatus;
+
+/// What a report is built from.
+pub struct ReportInputs {
+    /// Who we are.
+    pub agent: pb::AgentIdentity,
+    /// The stream's state (epoch, applied revision).
+    pub stream: watch::Receiver<ConnectionStatus>,
+    /// Leadership.
+    pub role: watch::Receiver<AgentStatus>,
+    /// Interface statuses.
+    pub statuses: watch::Receiver<BTreeMap<String, InterfaceStatus>>,
+    /// The served pools and their leases.
+    pub table: Arc<LeaseTable>,
+}
+
+/// Builds the report of the current state: one entry per pool in the table.
+pub fn build(inputs: &ReportInputs) -> pb::ReportRequest {
+    let stream = inputs.stream.borrow().clone();
+    let leader = inputs.role.borrow().leader;
+    let statuses = inputs.statuses.borrow().clone();
+    let interfaces = inputs
+        .table
+        .pools()
+        .into_values()
+        .map(|p| {
+            let c = p.config();
+            let (state, error) = match statuses.get(&c.interface_name) {
+                Some(InterfaceStatus::Serving) => (pb::InterfaceState::Serving, String::new()),
+                Some(InterfaceStatus::Standby) => (pb::InterfaceState::Standby, String::new()),
+                Some(InterfaceStatus::Failed { error }) => {
+                    (pb::InterfaceState::Error, error.clone())
+                }
+                Some(InterfaceStatus::Starting) | None => {
+                    (pb::InterfaceState::Unspecified, String::new())
+                }
+            };
+            pb::InterfaceReport {
+                pool_ref: c.pool.to_string(),
+                interface_name: c.interface_name.clone(),
+                state: state.into(),
+                error,
+                lease_count: u32::try_from(p.len()).unwrap_or(u32::MAX),
+            }
+        })
+        .collect();
+    pb::ReportRequest {
+        agent: Some(inputs.agent.clone()),
+        epoch: stream.epoch,
+        applied_revision: stream.revision,
+        leader,
+        interfaces,
+    }
+}
+
+/// How long changes are collected before a report goes out.
+const DEBOUNCE: Duration = Duration::from_millis(500);
+
+/// Sends reports to `endpoint` until `shutdown` turns true.
+pub async fn run(
+    endpoint: String,
+    mut inputs: ReportInputs,
+    interval: Duration,
+    mut shutdown: watch::Receiver<bool>,
+) {
+    let channel = match Endpoint::from_shared(endpoint.clone()) {
+        Ok(e) => e
+            .connect_timeout(Duration::from_secs(5))
+            .timeout(Duration::from_secs(10))
+            .connect_lazy(),
+        Err(error) => {
+            warn!(%endpoint, %error, "invalid controller endpoint; not reporting");
+            return;
+        }
+    };
+    let mut client = ConfigServiceClient::new(channel);
+    let mut last: Option<pb::ReportRequest> = None;
+    let mut tick = tokio::time::interval(interval);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        let forced = tokio::select! {
+            _ = tick.tick() => true,
+            _ = inputs.stream.changed() => false,
+            _ = inputs.role.changed() => false,
+            _ = inputs.statuses.changed() => false,
+            _ = shutdown.changed() => return,
+        };
+        if !forced {
+            tokio::select! {
+                () = tokio::time::sleep(DEBOUNCE) => {}
+                _ = shutdown.changed() => return,
+            }
+        }
+        let report = build(&inputs);
+        if !forced && last.as_ref() == Some(&report) {
+            continue;
+        }
+        match client.report(report.clone()).await {
+            Ok(_) => {
+                debug!(
+                    revision = report.applied_revision,
+                    leader = report.leader,
+                    pools = report.interfaces.len(),
+                    "reported"
+                );
+                last = Some(report);
+            }
+            Err(status) => {
+                warn!(%endpoint, error = %status, "report not delivered; retrying later");
+                last = None;
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::lease_table::PoolLeases;
+    use vmdhcp_core::NamespacedName;
+    use vmdhcp_core::pool::PoolConfig;
+
+    #[test]
+    fn one_entry_per_pool_with_its_interface_state() {
+        let table = Arc::new(LeaseTable::new());
+        let pool = |name: &str, ifname: &str, octet: u8| PoolLeases {
+            config: PoolConfig {
+                pool: NamespacedName::new("ns", name).unwrap(),
+                network: NamespacedName::new("ns", name).unwrap(),
+                interface_name: ifname.into(),
+                server_ip: format!("192.0.{octet}.1").parse().unwrap(),
+                subnet: format!("192.0.{octet}.0/24").parse().unwrap(),
+                router: None,
+                dns: vec![],
+                domain_name: None,
+                domain_search: vec![],
+                ntp: vec![],
+                lease_seconds: 60,
+            },
+            leases: vec![],
+        };
+        table.apply_snapshot(vec![pool("a", "vmda", 2), pool("b", "vmdb", 3)]);
+        let (_s, stream) = watch::channel(ConnectionStatus {
+            epoch: "e1".into(),
+            revision: 9,
+            ..ConnectionStatus::default()
+        });
+        let (_r, role) = watch::channel(AgentStatus {
+            leader: true,
+            ..AgentStatus::default()
+        });
+        let (_t, statuses) = watch::channel(BTreeMap::from([
+            ("vmda".to_owned(), InterfaceStatus::Serving),
+            (
+                "vmdb".to_owned(),
+                InterfaceStatus::Failed {
+                    error: "no such interface".into(),
+                },
+            ),
+        ]));
+        let report = build(&ReportInputs {
+            agent: pb::AgentIdentity {
+                pod_name: "agent-0".into(),
+                namespace: "ns".into(),
+                node_name: "n".into(),
+            },
+            stream,
+            role,
+            statuses,
+            table,
+        });
+        assert_eq!((report.epoch.as_str(), report.applied_revision), ("e1", 9));
+        assert!(report.leader);
+        let states: Vec<_> = report
+            .interfaces
+            .iter()
+            .map(|i| (i.pool_ref.as_str(), i.state, i.error.as_str()))
+            .collect();
+        assert_eq!(
+            states,
+            [
+                ("ns/a", pb::InterfaceState::Serving as i32, ""),
+                (
+                    "ns/b",
+                    pb::InterfaceState::Error as i32,
+                    "no such interface"
+                ),
+            ]
+        );
+    }
+}

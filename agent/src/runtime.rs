@@ -1,0 +1,311 @@
+//! The agent process (`vm-dhcp-agent run`): wires bootstrap, lease sources, leader election,
+//! interfaces and DHCP servers, reports and the HTTP endpoints together, and orders shutdown.
+//!
+//! - Bootstrap: the pools named by `AGENT_NETWORK_CONFIGS` / `IPPOOL_REFS_JSON` are known before
+//!   anything else. Invalid env: the agent stays up, unready with the error on `/readyz`, and
+//!   takes no part in anything (it would otherwise hold the Lease while serving nothing). Empty
+//!   env: idle and ready.
+//! - Leases: the config stream, with IPPool status as the fallback ([`crate::sources`]).
+//! - Leadership: only the Lease holder configures interfaces and answers ([`crate::serving`]);
+//!   standbys keep the stream and the table hot.
+//! - SIGTERM/SIGINT: stop answering and remove the server addresses, then release the Lease (a
+//!   standby takes over within about one retry period), then close the stream and HTTP.
+
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::signal::unix::{SignalKind, signal};
+use tokio::sync::watch;
+use tracing::{Instrument, error, info, info_span, warn};
+use vmdhcp_core::NamespacedName;
+use vmdhcp_core::bootstrap::Bootstrap;
+use vmdhcp_leader::{ElectionConfig, LeaderElector, LeaseHolder};
+use vmdhcp_proto::agent::v1 as pb;
+
+use crate::http::{AgentStatus, HttpState};
+use crate::lease_table::LeaseTable;
+use crate::netlink::InterfaceSetup;
+use crate::serving::{Serving, WantedSet, wanted_from_bootstrap, wanted_from_table};
+use crate::sources::Sources;
+use crate::stream::{Applier, ClientSettings, ConnectionStatus};
+
+/// Why the agent cannot run.
+#[derive(Debug, thiserror::Error)]
+pub enum RuntimeError {
+    /// Leader election is asked for but there is no API server to elect through.
+    #[error(
+        "leader election needs a Kubernetes client (in-cluster config or --kubeconfig); use --no-leader-election to run alone"
+    )]
+    NoClientForElection,
+    /// The election settings are inconsistent.
+    #[error(transparent)]
+    Election(#[from] vmdhcp_leader::ElectionError),
+    /// The rtnetlink socket cannot be opened.
+    #[error(transparent)]
+    Netlink(#[from] crate::netlink::NetlinkError),
+    /// Signal handlers cannot be installed.
+    #[error("cannot install signal handlers: {0}")]
+    Signal(std::io::Error),
+    /// The HTTP endpoints cannot listen.
+    #[error(transparent)]
+    Http(#[from] crate::http::HttpError),
+}
+
+/// Leader election among agent replicas.
+#[derive(Clone, Debug)]
+pub struct Election {
+    /// Namespace of the Lease.
+    pub namespace: String,
+    /// Name of the Lease.
+    pub name: String,
+    /// How long a Lease stays valid without renewal.
+    pub lease_duration: Duration,
+    /// How long a leader tries to renew before it stops serving.
+    pub renew_deadline: Duration,
+    /// Time between election attempts.
+    pub retry_period: Duration,
+}
+
+/// Everything `run` needs to know.
+pub struct Settings {
+    /// Who we are (pod, namespace, node).
+    pub identity: pb::AgentIdentity,
+    /// The controller's gRPC endpoint; `None` runs without a stream (fallback only).
+    pub controller: Option<String>,
+    /// `AGENT_NETWORK_CONFIGS`, as read.
+    pub network_configs: Option<String>,
+    /// `IPPOOL_REFS_JSON`, as read.
+    pub pool_refs: Option<String>,
+    /// Serve every pool the controller streams, whatever the bootstrap says (local runs, nodes
+    /// whose interfaces are plumbed otherwise). No IPPool fallback in this mode.
+    pub all_pools: bool,
+    /// Leader election; `None` serves unconditionally (a single replica).
+    pub election: Option<Election>,
+    /// Give each served interface its server address (rtnetlink).
+    pub configure_interfaces: bool,
+    /// Where `/healthz`, `/readyz`, `/leases`, `/metrics` listen.
+    pub http: SocketAddr,
+    /// Longest time between two reports to the controller.
+    pub report_interval: Duration,
+}
+
+/// How often the serving loop re-checks even when nothing changed (retries of interfaces that
+/// could not be configured).
+const RECHECK: Duration = Duration::from_secs(5);
+
+/// Runs the agent until SIGTERM or SIGINT. `client` is the API server connection (election and
+/// the IPPool fallback); without one, only `--no-leader-election` and the stream work.
+pub async fn run(settings: Settings, client: Option<kube::Client>) -> Result<(), RuntimeError> {
+    let mut terminate = signal(SignalKind::terminate()).map_err(RuntimeError::Signal)?;
+    let mut interrupt = signal(SignalKind::interrupt()).map_err(RuntimeError::Signal)?;
+    let (stop_tx, stop) = watch::channel(false);
+
+    let bootstrap = Bootstrap::parse(
+        settings.network_configs.as_deref(),
+        settings.pool_refs.as_deref(),
+    );
+    let table = Arc::new(LeaseTable::new());
+    let (role_tx, role) = watch::channel(AgentStatus::default());
+    let (stream_tx, stream_status) = watch::channel(ConnectionStatus::default());
+    let bootstrap = match bootstrap {
+        Ok(b) => b,
+        Err(e) => {
+            error!(error = %e, "invalid bootstrap env: serving nothing until it is fixed");
+            role_tx.send_modify(|r| r.error = Some(format!("invalid bootstrap env: {e}")));
+            Bootstrap::default()
+        }
+    };
+    let failed = role.borrow().error.is_some();
+    let idle = !failed && bootstrap.pool_refs.is_empty() && !settings.all_pools;
+    if idle {
+        info!("no pools in the bootstrap env: idle");
+    }
+    let active = !failed && !idle;
+    let sources = Arc::new(Sources::new(Arc::clone(&table), idle));
+    let mut view = sources.subscribe();
+    let (loaded_tx, loaded) = watch::channel(idle);
+
+    let setup = if active && settings.configure_interfaces {
+        Some(InterfaceSetup::connect()?)
+    } else {
+        None
+    };
+    let mut serving = Serving::new(Arc::clone(&table), setup);
+
+    let http_state = HttpState::new(
+        Arc::clone(&table),
+        loaded,
+        serving.servers().statuses(),
+        serving.servers().counters(),
+    )
+    .with_stream(stream_status.clone())
+    .with_agent(role.clone());
+    let http_listener = tokio::net::TcpListener::bind(settings.http)
+        .await
+        .map_err(|source| crate::http::HttpError::Bind {
+            addr: settings.http,
+            source,
+        })?;
+    let http_task = tokio::spawn(crate::http::serve_on(
+        http_listener,
+        crate::http::router(http_state),
+        stop.clone(),
+    ));
+    info!(http = %settings.http, pools = bootstrap.pool_refs.len(), "agent up");
+
+    let mut tasks = Vec::new();
+    let (election_stop_tx, election_stop) = watch::channel(false);
+    let (_always, mut leading) = watch::channel(true);
+    let (_holder_tx, mut holder) = watch::channel(LeaseHolder::default());
+    let mut election_task = None;
+    if active {
+        if let Some(endpoint) = &settings.controller {
+            let mut client_settings =
+                ClientSettings::new(endpoint.clone(), settings.identity.clone());
+            if !settings.all_pools {
+                client_settings.pool_refs = bootstrap.pool_refs.clone();
+            }
+            let sink: Arc<dyn crate::stream::ConfigSink> = Arc::clone(&sources) as _;
+            let stream = crate::stream::run(
+                client_settings,
+                Applier::default(),
+                sink,
+                stream_tx,
+                stop.clone(),
+            );
+            tasks.push(tokio::spawn(
+                async move {
+                    stream.await;
+                }
+                .instrument(info_span!("stream")),
+            ));
+            tasks.push(tokio::spawn(follow_stream(
+                stream_status.clone(),
+                Arc::clone(&sources),
+                stop.clone(),
+            )));
+            tasks.push(tokio::spawn(crate::report::run(
+                endpoint.clone(),
+                crate::report::ReportInputs {
+                    agent: settings.identity.clone(),
+                    stream: stream_status.clone(),
+                    role: role.clone(),
+                    statuses: serving.servers().statuses(),
+                    table: Arc::clone(&table),
+                },
+                settings.report_interval,
+                stop.clone(),
+            )));
+        }
+        match (&client, settings.all_pools) {
+            (Some(client), false) => {
+                let interfaces: BTreeMap<NamespacedName, String> = bootstrap
+                    .network_configs
+                    .iter()
+                    .map(|c| (c.ip_pool_ref.clone(), c.interface_name.clone()))
+                    .collect();
+                tasks.push(tokio::spawn(crate::sources::follow_ippools(
+                    client.clone(),
+                    interfaces,
+                    Arc::clone(&sources),
+                    stop.clone(),
+                )));
+            }
+            (None, false) => warn!(
+                "no Kubernetes client: no IPPool fallback while the controller is unreachable"
+            ),
+            (_, true) => {}
+        }
+        if let Some(election) = &settings.election {
+            let client = client.clone().ok_or(RuntimeError::NoClientForElection)?;
+            let mut config = ElectionConfig::new(
+                &election.namespace,
+                &election.name,
+                &settings.identity.pod_name,
+            );
+            config.lease_duration = election.lease_duration;
+            config.renew_deadline = election.renew_deadline;
+            config.retry_period = election.retry_period;
+            let elector = LeaderElector::new(client, config)?;
+            leading = elector.subscribe();
+            holder = elector.holder();
+            election_task = Some(tokio::spawn(elector.run(election_stop)));
+        }
+    }
+
+    let mut recheck = tokio::time::interval(RECHECK);
+    recheck.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let (mut leading_open, mut holder_open) = (true, true);
+    loop {
+        let is_leader = active && *leading.borrow_and_update();
+        let v = *view.borrow_and_update();
+        let wanted: WantedSet = if !active {
+            WantedSet::new()
+        } else if v.loaded {
+            wanted_from_table(&table)
+        } else {
+            wanted_from_bootstrap(&bootstrap.network_configs)
+        };
+        serving.converge(is_leader, &wanted).await;
+        loaded_tx.send_if_modified(|l| std::mem::replace(l, v.loaded) != v.loaded);
+        let lease_holder = holder.borrow_and_update().holder.clone();
+        role_tx.send_if_modified(|r| {
+            let next = AgentStatus {
+                leader: is_leader,
+                lease_holder,
+                source: v.source.as_str(),
+                error: r.error.clone(),
+            };
+            std::mem::replace(r, next.clone()) != next
+        });
+        tokio::select! {
+            changed = leading.changed(), if leading_open => leading_open = changed.is_ok(),
+            changed = holder.changed(), if holder_open => holder_open = changed.is_ok(),
+            _ = view.changed() => {}
+            _ = recheck.tick() => {}
+            _ = terminate.recv() => break,
+            _ = interrupt.recv() => break,
+        }
+    }
+
+    info!("stopping: silencing DHCP, then releasing the Lease");
+    serving.stop().await;
+    role_tx.send_modify(|r| r.leader = false);
+    let _ = election_stop_tx.send(true);
+    if let Some(task) = election_task {
+        let _ = task.await;
+    }
+    let _ = stop_tx.send(true);
+    for task in tasks {
+        let _ = task.await;
+    }
+    match http_task.await {
+        Ok(Err(error)) => warn!(%error, "HTTP endpoints failed"),
+        Err(error) => warn!(%error, "HTTP task failed"),
+        Ok(Ok(())) => {}
+    }
+    info!("stopped");
+    Ok(())
+}
+
+/// Tells [`Sources`] when the stream drops, so the fallback takes over.
+async fn follow_stream(
+    mut status: watch::Receiver<ConnectionStatus>,
+    sources: Arc<Sources>,
+    mut stop: watch::Receiver<bool>,
+) {
+    let mut was_connected = false;
+    loop {
+        let connected = status.borrow_and_update().connected;
+        if was_connected && !connected {
+            sources.stream_lost();
+        }
+        was_connected = connected;
+        tokio::select! {
+            changed = status.changed() => if changed.is_err() { return },
+            _ = stop.changed() => return,
+        }
+    }
+}

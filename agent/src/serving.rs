@@ -1,0 +1,203 @@
+//! What the agent answers on, as a function of leadership and the pools it knows.
+//!
+//! [`Serving::converge`] brings the machine to one of two shapes. As leader: every known pool's
+//! interface carries exactly its server address and has a running DHCP server; interfaces of
+//! pools that left (or whose address changed) are stopped and their address removed. As standby:
+//! no server runs and no server address is configured, every pool shows `standby`. Stepping down
+//! stops every socket first, then removes the addresses, so a deposed leader is silent before a
+//! new one can start (the leader crate ends leadership before the Lease can expire elsewhere).
+//!
+//! This module owns the servers and the addresses it configured; the pools come from the lease
+//! table (or, before anything is loaded, from the bootstrap env).
+
+use std::collections::BTreeMap;
+use std::net::Ipv4Addr;
+use std::sync::Arc;
+
+use tracing::{info, warn};
+use vmdhcp_core::NamespacedName;
+use vmdhcp_core::bootstrap::AgentNetworkConfig;
+
+use crate::dhcp::server::{Interface, InterfaceStatus, Servers};
+use crate::lease_table::LeaseTable;
+use crate::netlink::InterfaceSetup;
+
+/// One interface the agent should serve on: its pool and server address.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Wanted {
+    /// The pool served there.
+    pub pool: NamespacedName,
+    /// The server address the interface carries.
+    pub server_ip: Ipv4Addr,
+    /// The pool's prefix length.
+    pub prefix: u8,
+}
+
+/// Interface name → what it should serve.
+pub type WantedSet = BTreeMap<String, Wanted>;
+
+/// The interfaces of the pools in the table.
+pub fn wanted_from_table(table: &LeaseTable) -> WantedSet {
+    table
+        .pools()
+        .values()
+        .map(|p| {
+            let c = p.config();
+            (
+                c.interface_name.clone(),
+                Wanted {
+                    pool: c.pool.clone(),
+                    server_ip: c.server_ip,
+                    prefix: c.subnet.prefix_len(),
+                },
+            )
+        })
+        .collect()
+}
+
+/// The interfaces the bootstrap env names (known before any lease is loaded).
+pub fn wanted_from_bootstrap(configs: &[AgentNetworkConfig]) -> WantedSet {
+    configs
+        .iter()
+        .map(|c| {
+            (
+                c.interface_name.clone(),
+                Wanted {
+                    pool: c.ip_pool_ref.clone(),
+                    server_ip: c.server_ip,
+                    prefix: c.cidr.prefix_len(),
+                },
+            )
+        })
+        .collect()
+}
+
+/// The servers and configured addresses of one agent.
+pub struct Serving {
+    servers: Servers,
+    setup: Option<InterfaceSetup>,
+    /// Interface → the address we configured on it (and must remove).
+    configured: BTreeMap<String, (Ipv4Addr, u8)>,
+    /// Interfaces shown in the statuses (to remove those that are no longer wanted).
+    shown: BTreeMap<String, Wanted>,
+}
+
+impl Serving {
+    /// Serves from `table`; with `setup`, gives each interface its server address.
+    pub fn new(table: Arc<LeaseTable>, setup: Option<InterfaceSetup>) -> Self {
+        Serving {
+            servers: Servers::new(table),
+            setup,
+            configured: BTreeMap::new(),
+            shown: BTreeMap::new(),
+        }
+    }
+
+    /// The servers, for the HTTP endpoints' statuses and counters.
+    pub fn servers(&self) -> &Servers {
+        &self.servers
+    }
+
+    /// Whether any interface is answering or configured.
+    pub fn is_active(&self) -> bool {
+        self.servers.running().next().is_some() || !self.configured.is_empty()
+    }
+
+    /// Brings servers and addresses to `wanted` (as leader) or to nothing (as standby).
+    pub async fn converge(&mut self, leading: bool, wanted: &WantedSet) {
+        if !leading {
+            if self.is_active() {
+                info!(
+                    interfaces = self.configured.len(),
+                    "not leading: stopping every DHCP server and removing server addresses"
+                );
+            }
+            // Silence first, for every interface at once; addresses after.
+            self.servers.stop_all(Some(InterfaceStatus::Standby)).await;
+            for name in self.configured.keys().cloned().collect::<Vec<_>>() {
+                self.unconfigure(&name).await;
+            }
+            self.show(wanted, true);
+            return;
+        }
+        // Interfaces to stop: gone, or serving another pool or address.
+        let stale: Vec<String> = self
+            .servers
+            .running()
+            .map(|i| i.name.clone())
+            .chain(self.configured.keys().cloned())
+            .filter(|name| match (wanted.get(name), self.configured.get(name)) {
+                (None, _) => true,
+                (Some(w), Some((ip, prefix))) => (w.server_ip, w.prefix) != (*ip, *prefix),
+                (Some(w), None) => self
+                    .servers
+                    .running()
+                    .any(|i| &i.name == name && i.pool != w.pool),
+            })
+            .collect();
+        for name in stale {
+            self.servers.stop(&name, None).await;
+            self.unconfigure(&name).await;
+        }
+        for (name, w) in wanted {
+            if let Some(setup) = &self.setup
+                && !self.configured.contains_key(name)
+            {
+                match setup.configure(name, w.server_ip, w.prefix).await {
+                    Ok(changes) => {
+                        info!(interface = %name, pool = %w.pool, ip = %w.server_ip, prefix = w.prefix, removed = ?changes.removed, added = changes.added, brought_up = changes.brought_up, "interface configured");
+                        self.configured
+                            .insert(name.clone(), (w.server_ip, w.prefix));
+                    }
+                    Err(error) => {
+                        // Retried on the next convergence; the other pools go on.
+                        warn!(interface = %name, pool = %w.pool, %error, "interface not configured");
+                        self.servers.set_status(
+                            name,
+                            Some(InterfaceStatus::Failed {
+                                error: error.to_string(),
+                            }),
+                        );
+                        continue;
+                    }
+                }
+            }
+            self.servers.start(Interface {
+                name: name.clone(),
+                pool: w.pool.clone(),
+            });
+        }
+        self.show(wanted, false);
+    }
+
+    /// Stops everything and removes every address we configured (shutdown).
+    pub async fn stop(&mut self) {
+        self.converge(false, &WantedSet::new()).await;
+    }
+
+    /// Statuses: standby for each wanted interface when not leading; removed for the unwanted.
+    fn show(&mut self, wanted: &WantedSet, standby: bool) {
+        for name in self.shown.keys() {
+            if !wanted.contains_key(name) {
+                self.servers.set_status(name, None);
+            }
+        }
+        if standby {
+            for name in wanted.keys() {
+                self.servers
+                    .set_status(name, Some(InterfaceStatus::Standby));
+            }
+        }
+        self.shown = wanted.clone();
+    }
+
+    async fn unconfigure(&mut self, name: &str) {
+        let (Some(setup), Some((ip, prefix))) = (&self.setup, self.configured.remove(name)) else {
+            return;
+        };
+        match setup.undo(name, ip, prefix).await {
+            Ok(_) => info!(interface = %name, %ip, "server address removed"),
+            Err(error) => warn!(interface = %name, %ip, %error, "server address not removed"),
+        }
+    }
+}

@@ -1,0 +1,444 @@
+//! Where the served leases come from, and which source wins.
+//!
+//! Two sources feed the one [`LeaseTable`]: the controller's config stream, and, while the stream
+//! is unavailable, the IPPools named in `IPPOOL_REFS_JSON` read directly from the API server
+//! (their `status.ipv4.allocated`, which is what the controller streams anyway: etcd is the only
+//! source of truth). The stream wins whenever it is live; the fallback fills in when it is not,
+//! so that an agent restarted while the controller is down still serves every lease recorded in
+//! etcd. Switching is done under one lock, so a late fallback update can never overwrite a state
+//! the stream has just applied.
+//!
+//! This module owns that arbitration ([`Sources`]) and the IPPool watch feeding the fallback
+//! ([`follow_ippools`]).
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::Duration;
+
+use futures_util::StreamExt;
+use kube::api::Api;
+use kube::runtime::{WatchStreamExt, reflector, watcher};
+use tokio::sync::watch;
+use tracing::{debug, info, warn};
+use vmdhcp_core::NamespacedName;
+use vmdhcp_core::crd::IPPool;
+use vmdhcp_core::pool::{PoolConfig, is_served, leases_from_status};
+
+use crate::lease_table::{LeaseTable, PoolLeases};
+use crate::stream::{AppliedState, ConfigSink, PoolDelta};
+
+/// Which source the table holds now.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Source {
+    /// Nothing loaded yet.
+    #[default]
+    None,
+    /// The controller's config stream.
+    Stream,
+    /// The IPPools' status, read directly while the stream is unavailable.
+    IPPoolStatus,
+}
+
+impl Source {
+    /// The name shown on `/readyz`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Source::None => "none",
+            Source::Stream => "stream",
+            Source::IPPoolStatus => "ippool-status",
+        }
+    }
+}
+
+/// What the table holds, as the rest of the agent follows it.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct SourceView {
+    /// Where the table's content comes from.
+    pub source: Source,
+    /// Whether a complete state has been loaded (from either source); readiness waits for it.
+    pub loaded: bool,
+    /// Bumped on every change of the table, so followers wake up on each one.
+    pub generation: u64,
+}
+
+#[derive(Default)]
+struct State {
+    /// The stream has delivered something since it last (re)connected.
+    stream_live: bool,
+    /// The last complete fallback state.
+    fallback: Option<Vec<PoolLeases>>,
+}
+
+/// The arbiter: the stream's [`ConfigSink`], and the entry point of the fallback.
+pub struct Sources {
+    table: Arc<LeaseTable>,
+    state: Mutex<State>,
+    view: watch::Sender<SourceView>,
+}
+
+impl Sources {
+    /// Arbitrates writes to `table`. `loaded` starts true for an agent with nothing to load
+    /// (no pools in its bootstrap).
+    pub fn new(table: Arc<LeaseTable>, loaded: bool) -> Self {
+        Sources {
+            table,
+            state: Mutex::new(State::default()),
+            view: watch::channel(SourceView {
+                loaded,
+                ..SourceView::default()
+            })
+            .0,
+        }
+    }
+
+    /// Follows every change of the table and its source.
+    pub fn subscribe(&self) -> watch::Receiver<SourceView> {
+        self.view.subscribe()
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, State> {
+        // The state is a flag and a cloneable vector: a panic elsewhere cannot leave it torn.
+        self.state.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    fn changed(&self, source: Source) {
+        self.view.send_modify(|v| {
+            v.source = source;
+            v.loaded = true;
+            v.generation += 1;
+        });
+    }
+
+    fn apply_fallback(&self, pools: Vec<PoolLeases>) {
+        for error in self.table.apply_snapshot(pools) {
+            warn!(%error, "lease from IPPool status skipped");
+        }
+        self.changed(Source::IPPoolStatus);
+    }
+
+    /// The stream is gone: from now on the fallback, when it has a state, is served; until it
+    /// has one, the stream's last applied state stays.
+    pub fn stream_lost(&self) {
+        let mut state = self.lock();
+        if !state.stream_live {
+            return;
+        }
+        state.stream_live = false;
+        if let Some(pools) = state.fallback.clone() {
+            info!("config stream lost; serving leases from IPPool status");
+            self.apply_fallback(pools);
+        }
+    }
+
+    /// A complete state read from IPPool status; served unless the stream is live.
+    pub fn fallback(&self, pools: Vec<PoolLeases>) {
+        let mut state = self.lock();
+        state.fallback = Some(pools.clone());
+        if !state.stream_live {
+            self.apply_fallback(pools);
+        }
+    }
+
+    /// The stream is current again: its whole state replaces whatever the fallback served.
+    fn stream_is_back(&self, state: &mut State, applied: &AppliedState) {
+        if !state.stream_live {
+            state.stream_live = true;
+            ConfigSink::snapshot(&*self.table, applied);
+            self.changed(Source::Stream);
+        }
+    }
+}
+
+impl ConfigSink for Sources {
+    fn snapshot(&self, applied: &AppliedState) {
+        let mut state = self.lock();
+        state.stream_live = true;
+        ConfigSink::snapshot(&*self.table, applied);
+        self.changed(Source::Stream);
+    }
+
+    fn delta(&self, delta: &PoolDelta, applied: &AppliedState) {
+        let mut state = self.lock();
+        if state.stream_live {
+            ConfigSink::delta(&*self.table, delta, applied);
+            self.changed(Source::Stream);
+        } else {
+            // Resumed with a delta while the fallback was served: the table does not hold the
+            // delta's base, so the whole stream state goes in.
+            self.stream_is_back(&mut state, applied);
+        }
+    }
+
+    fn resumed(&self, applied: &AppliedState) {
+        let mut state = self.lock();
+        self.stream_is_back(&mut state, applied);
+    }
+}
+
+/// The pools to serve from IPPool objects: those in `refs` that are served (not paused, stopped
+/// or being deleted; see [`is_served`]), each on the interface its bootstrap names, with the
+/// leases of its status. A pool whose spec is invalid is skipped with a warning, as the
+/// controller skips it.
+pub fn pools_from_ippools<'a>(
+    ippools: impl IntoIterator<Item = &'a IPPool>,
+    interfaces: &BTreeMap<NamespacedName, String>,
+) -> Vec<PoolLeases> {
+    let mut out = Vec::new();
+    for pool in ippools {
+        let (Some(ns), Some(name)) = (&pool.metadata.namespace, &pool.metadata.name) else {
+            continue;
+        };
+        let Ok(pool_ref) = NamespacedName::new(ns, name) else {
+            continue;
+        };
+        let Some(interface) = interfaces.get(&pool_ref) else {
+            continue;
+        };
+        if !is_served(pool) {
+            continue;
+        }
+        let config = match PoolConfig::from_ippool(pool, interface) {
+            Ok(c) => c,
+            Err(error) => {
+                warn!(pool = %pool_ref, %error, "IPPool not served from status: invalid spec");
+                continue;
+            }
+        };
+        match leases_from_status(pool) {
+            Ok((leases, errors)) => {
+                for error in errors.iter().take(5) {
+                    warn!(pool = %pool_ref, %error, "status entry skipped");
+                }
+                out.push(PoolLeases { config, leases });
+            }
+            Err(error) => warn!(pool = %pool_ref, %error, "IPPool status not readable"),
+        }
+    }
+    out
+}
+
+/// How long a burst of IPPool events is collected before the fallback state is recomputed.
+const SETTLE: Duration = Duration::from_millis(100);
+
+/// Watches IPPools and hands [`Sources::fallback`] the state of the pools in `interfaces`
+/// (pool → interface) after every change, until `shutdown` turns true. Watch errors are logged
+/// and retried with backoff; the last good state stays meanwhile.
+pub async fn follow_ippools(
+    client: kube::Client,
+    interfaces: BTreeMap<NamespacedName, String>,
+    sources: Arc<Sources>,
+    mut shutdown: watch::Receiver<bool>,
+) {
+    let namespaces: BTreeSet<&str> = interfaces.keys().map(|p| p.namespace.as_str()).collect();
+    info!(
+        pools = interfaces.len(),
+        namespaces = namespaces.len(),
+        "watching IPPools for the fallback lease source"
+    );
+    let (store, writer) = reflector::store::<IPPool>();
+    let events = reflector(
+        writer,
+        watcher(Api::<IPPool>::all(client), watcher::Config::default()).default_backoff(),
+    );
+    let mut events = std::pin::pin!(events);
+    let mut ready = false;
+    loop {
+        let event = tokio::select! {
+            event = events.next() => event,
+            _ = shutdown.changed() => return,
+        };
+        let mut dirty = false;
+        let mut note = |event: Option<Result<watcher::Event<IPPool>, watcher::Error>>| match event {
+            Some(Ok(watcher::Event::InitDone)) => {
+                ready = true;
+                dirty = true;
+            }
+            Some(Ok(watcher::Event::Apply(_) | watcher::Event::Delete(_))) => dirty = true,
+            Some(Ok(_)) => {}
+            Some(Err(error)) => warn!(%error, "IPPool watch failed; retrying"),
+            None => {}
+        };
+        let Some(event) = event else { return };
+        note(Some(event));
+        // Take the rest of a burst before recomputing.
+        while let Ok(next) = tokio::time::timeout(SETTLE, events.next()).await {
+            let end = next.is_none();
+            note(next);
+            if end {
+                break;
+            }
+        }
+        if ready && dirty {
+            let state = store.state();
+            let pools = pools_from_ippools(state.iter().map(|p| &**p), &interfaces);
+            debug!(
+                pools = pools.len(),
+                "fallback state recomputed from IPPools"
+            );
+            sources.fallback(pools);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::stream::PoolState;
+    use vmdhcp_core::MacAddr;
+    use vmdhcp_core::crd::{
+        CONDITION_CACHE_READY, CONDITION_REGISTERED, Condition, IPPoolStatus, IPv4Status,
+    };
+
+    fn ippool(name: &str, allocated: &[(&str, &str)], paused: bool) -> IPPool {
+        let mut p: IPPool =
+            serde_yaml_ng::from_str(include_str!("../../examples/ippool.yaml")).unwrap();
+        p.metadata.name = Some(name.into());
+        p.metadata.namespace = Some("default".into());
+        p.spec.paused = Some(paused);
+        let cond = |t: &str| Condition {
+            type_: t.into(),
+            status: "True".into(),
+            ..Condition::default()
+        };
+        p.status = Some(IPPoolStatus {
+            ipv4: Some(IPv4Status {
+                allocated: allocated
+                    .iter()
+                    .map(|(k, v)| ((*k).into(), (*v).into()))
+                    .collect(),
+                used: 0,
+                available: 0,
+            }),
+            conditions: vec![cond(CONDITION_REGISTERED), cond(CONDITION_CACHE_READY)],
+            ..Default::default()
+        });
+        p
+    }
+
+    fn refs(names: &[&str]) -> BTreeMap<NamespacedName, String> {
+        names
+            .iter()
+            .map(|n| {
+                (
+                    NamespacedName::new("default", n).unwrap(),
+                    format!("if-{n}"),
+                )
+            })
+            .collect()
+    }
+
+    fn addr_of(table: &LeaseTable, pool: &str, mac: &str) -> Option<String> {
+        let mac: MacAddr = mac.parse().unwrap();
+        table
+            .pool(&NamespacedName::new("default", pool).unwrap())
+            .and_then(|p| p.address_of(&mac))
+            .map(|ip| ip.to_string())
+    }
+
+    fn example_ip(n: u8) -> String {
+        let p: IPPool =
+            serde_yaml_ng::from_str(include_str!("../../examples/ippool.yaml")).unwrap();
+        let net: ipnet::Ipv4Net = p.spec.ipv4_config.cidr.parse().unwrap();
+        let base = u32::from(net.network());
+        std::net::Ipv4Addr::from(base + 81 + u32::from(n)).to_string()
+    }
+
+    #[test]
+    fn only_referenced_served_pools_with_their_status_leases() {
+        let ip = example_ip(1);
+        let pools = [
+            ippool("a", &[(ip.as_str(), "02:00:00:00:00:01")], false),
+            ippool("b", &[(ip.as_str(), "02:00:00:00:00:02")], true),
+            ippool("c", &[(ip.as_str(), "02:00:00:00:00:03")], false),
+        ];
+        let out = pools_from_ippools(&pools, &refs(&["a", "b"]));
+        assert_eq!(out.len(), 1, "{out:?}");
+        assert_eq!(out[0].config.pool.name, "a");
+        assert_eq!(out[0].config.interface_name, "if-a");
+        assert_eq!(out[0].leases.len(), 1);
+        assert_eq!(out[0].leases[0].ip.to_string(), ip);
+    }
+
+    fn stream_state(pools: &[PoolLeases], revision: u64) -> AppliedState {
+        AppliedState {
+            epoch: "e".into(),
+            revision,
+            pools: pools
+                .iter()
+                .map(|p| {
+                    (
+                        p.config.pool.clone(),
+                        PoolState {
+                            config: p.config.clone(),
+                            leases: p.leases.iter().map(|l| (l.mac, l.ip)).collect(),
+                        },
+                    )
+                })
+                .collect(),
+        }
+    }
+
+    #[test]
+    fn the_stream_wins_while_live_and_the_fallback_fills_in_when_it_is_not() {
+        let (ip1, ip2) = (example_ip(1), example_ip(2));
+        let table = Arc::new(LeaseTable::new());
+        let sources = Sources::new(Arc::clone(&table), false);
+        let view = sources.subscribe();
+        assert!(!view.borrow().loaded);
+
+        // Fallback first (agent restarted, controller down): served.
+        let from_status = pools_from_ippools(
+            &[ippool("a", &[(ip1.as_str(), "02:00:00:00:00:01")], false)],
+            &refs(&["a"]),
+        );
+        sources.fallback(from_status.clone());
+        assert_eq!(view.borrow().source, Source::IPPoolStatus);
+        assert!(view.borrow().loaded);
+        assert_eq!(addr_of(&table, "a", "02:00:00:00:00:01"), Some(ip1.clone()));
+
+        // The stream's snapshot replaces it; a later fallback update does not.
+        let mut streamed = from_status.clone();
+        streamed[0].leases[0].ip = ip2.parse().unwrap();
+        let applied = stream_state(&streamed, 5);
+        ConfigSink::snapshot(&sources, &applied);
+        assert_eq!(view.borrow().source, Source::Stream);
+        assert_eq!(addr_of(&table, "a", "02:00:00:00:00:01"), Some(ip2.clone()));
+        sources.fallback(from_status.clone());
+        assert_eq!(addr_of(&table, "a", "02:00:00:00:00:01"), Some(ip2.clone()));
+
+        // Stream lost: the last fallback state is served.
+        sources.stream_lost();
+        assert_eq!(view.borrow().source, Source::IPPoolStatus);
+        assert_eq!(addr_of(&table, "a", "02:00:00:00:00:01"), Some(ip1.clone()));
+
+        // Resumed by a heartbeat: the stream's whole state comes back.
+        sources.resumed(&applied);
+        assert_eq!(view.borrow().source, Source::Stream);
+        assert_eq!(addr_of(&table, "a", "02:00:00:00:00:01"), Some(ip2.clone()));
+
+        // Resumed by a delta: again the whole state, not the delta on top of the fallback.
+        sources.stream_lost();
+        let delta = PoolDelta {
+            revision: 6,
+            ..PoolDelta::default()
+        };
+        sources.delta(&delta, &stream_state(&streamed, 6));
+        assert_eq!(view.borrow().source, Source::Stream);
+        assert_eq!(addr_of(&table, "a", "02:00:00:00:00:01"), Some(ip2));
+    }
+
+    #[test]
+    fn losing_the_stream_without_a_fallback_keeps_the_stream_state() {
+        let table = Arc::new(LeaseTable::new());
+        let sources = Sources::new(Arc::clone(&table), false);
+        let ip = example_ip(3);
+        let pools = pools_from_ippools(
+            &[ippool("a", &[(ip.as_str(), "02:00:00:00:00:01")], false)],
+            &refs(&["a"]),
+        );
+        ConfigSink::snapshot(&sources, &stream_state(&pools, 1));
+        sources.stream_lost();
+        assert_eq!(sources.subscribe().borrow().source, Source::Stream);
+        assert_eq!(addr_of(&table, "a", "02:00:00:00:00:01"), Some(ip));
+    }
+}
