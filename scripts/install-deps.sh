@@ -23,7 +23,7 @@ log() { printf '[install-deps] %s\n' "$*" >&2; }
 need_apt=()
 for pair in etcd:etcd-server etcdctl:etcd-client ip:iproute2 openssl:openssl \
             go:golang-go rsync:rsync make:make dpkg-source:dpkg-dev \
-            dhclient:isc-dhcp-client udhcpc:udhcpc; do
+            dhclient:isc-dhcp-client udhcpc:udhcpc socat:socat tcpdump:tcpdump; do
   cmd="${pair%%:*}"; pkg="${pair#*:}"
   command -v "$cmd" >/dev/null 2>&1 || need_apt+=("$pkg")
 done

@@ -10,7 +10,7 @@
 //! This module owns the servers and the addresses it configured; the pools come from the lease
 //! table (or, before anything is loaded, from the bootstrap env).
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::net::Ipv4Addr;
 use std::sync::Arc;
 
@@ -80,6 +80,8 @@ pub struct Serving {
     configured: BTreeMap<String, (Ipv4Addr, u8)>,
     /// Interfaces shown in the statuses (to remove those that are no longer wanted).
     shown: BTreeMap<String, Wanted>,
+    /// Interfaces known to carry no server address of ours while standby.
+    cleared: BTreeSet<String>,
 }
 
 impl Serving {
@@ -90,6 +92,7 @@ impl Serving {
             setup,
             configured: BTreeMap::new(),
             shown: BTreeMap::new(),
+            cleared: BTreeSet::new(),
         }
     }
 
@@ -117,6 +120,7 @@ impl Serving {
             for name in self.configured.keys().cloned().collect::<Vec<_>>() {
                 self.unconfigure(&name).await;
             }
+            self.clear_leftovers(wanted).await;
             self.show(wanted, true);
             return;
         }
@@ -148,6 +152,7 @@ impl Serving {
                         info!(interface = %name, pool = %w.pool, ip = %w.server_ip, prefix = w.prefix, removed = ?changes.removed, added = changes.added, brought_up = changes.brought_up, "interface configured");
                         self.configured
                             .insert(name.clone(), (w.server_ip, w.prefix));
+                        self.cleared.remove(name);
                     }
                     Err(error) => {
                         // Retried on the next convergence; the other pools go on.
@@ -189,6 +194,32 @@ impl Serving {
             }
         }
         self.shown = wanted.clone();
+    }
+
+    /// Removes server addresses this process did not configure but finds on a wanted interface:
+    /// left by a previous run of the agent in the same pod that crashed while leading (the pod's
+    /// network namespace outlives the container). Each interface is checked once per run, and
+    /// again after we configured and removed it ourselves.
+    async fn clear_leftovers(&mut self, wanted: &WantedSet) {
+        let Some(setup) = &self.setup else { return };
+        for (name, w) in wanted {
+            if self.cleared.contains(name) {
+                continue;
+            }
+            match setup.undo(name, w.server_ip, w.prefix).await {
+                Ok(true) => {
+                    info!(interface = %name, ip = %w.server_ip, "leftover server address removed (standby)");
+                    self.cleared.insert(name.clone());
+                }
+                Ok(false) => {
+                    self.cleared.insert(name.clone());
+                }
+                // Interface not there yet or netlink trouble: tried again next time.
+                Err(error) => {
+                    warn!(interface = %name, %error, "cannot check for a leftover server address")
+                }
+            }
+        }
     }
 
     async fn unconfigure(&mut self, name: &str) {

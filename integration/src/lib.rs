@@ -1,6 +1,7 @@
 //! Test harnesses for vmdhcp's end-to-end tests and benchmarks, built on real components only.
 //!
 //! - [`control_plane`]: etcd + kube-apiserver as processes, with our CRDs installed.
+//! - [`dhcp_client`]: real DHCP clients (dhclient, udhcpc) and their recorded events.
 //! - [`http`]: plain GETs of local endpoints.
 //! - [`netns`]: network namespaces, veth pairs and bridges, cleaned up on every exit path.
 //! - [`process`]: child processes that cannot outlive the test process.
@@ -9,6 +10,7 @@
 #![forbid(unsafe_code)]
 
 pub mod control_plane;
+pub mod dhcp_client;
 pub mod http;
 pub mod netns;
 pub mod process;

@@ -25,6 +25,7 @@ const SUPERVISOR: &str = r#"
 log="$1"; cleanup="$2"; shift 2
 "$@" >"$log" 2>&1 </dev/null &
 child=$!
+echo "$child" >"$log.pid"
 while read -r _; do :; done
 kill -KILL "$child" 2>/dev/null
 wait "$child" 2>/dev/null
@@ -88,6 +89,47 @@ impl Supervised {
             self.log.display(),
             all[all.len().saturating_sub(lines)..].join("\n")
         )
+    }
+
+    /// The child's process id (as written by the supervisor once it started the child).
+    pub fn pid(&self) -> Option<u32> {
+        let path = format!("{}.pid", self.log.display());
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+        loop {
+            if let Some(pid) = std::fs::read_to_string(&path)
+                .ok()
+                .and_then(|s| s.trim().parse().ok())
+            {
+                return Some(pid);
+            }
+            if std::time::Instant::now() > deadline {
+                return None;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        }
+    }
+
+    /// Sends `signal` (`TERM`, `KILL`, ...) to the child; whether it was delivered.
+    pub fn signal(&self, signal: &str) -> bool {
+        self.pid().is_some_and(|pid| {
+            Command::new("kill")
+                .args(["-s", signal, &pid.to_string()])
+                .stderr(Stdio::null())
+                .status()
+                .is_ok_and(|s| s.success())
+        })
+    }
+
+    /// Whether the child has exited (its pid no longer exists).
+    pub fn exited(&self) -> bool {
+        // A child that died stays a zombie until the supervisor reaps it: that counts as exited.
+        self.pid().is_none_or(|pid| {
+            std::fs::read_to_string(format!("/proc/{pid}/stat")).map_or(true, |stat| {
+                stat.rsplit(')')
+                    .next()
+                    .is_some_and(|r| r.trim_start().starts_with('Z'))
+            })
+        })
     }
 
     /// Stops the child and waits for the supervisor to finish its cleanup.

@@ -3,14 +3,16 @@
 //! joined to it by veth pairs. Addresses are TEST-NET ranges that exist only inside the lab.
 #![allow(clippy::unwrap_used)]
 
-use std::collections::BTreeMap;
 use std::fs;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::sync::OnceLock;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use serde_json::{Value, json};
+use vmdhcp_integration::dhcp_client::{
+    dhclient_lease, events, hook_script, http_get, start_dhclient, udhcpc, wait_event, wait_for,
+};
 use vmdhcp_integration::netns::{Lab, Netns};
 
 const SERVER_A: &str = "192.0.2.1";
@@ -27,18 +29,6 @@ fn agent_bin() -> &'static Path {
     BIN.get_or_init(|| {
         vmdhcp_integration::process::workspace_binary("vmdhcp-agent", "vm-dhcp-agent")
     })
-}
-
-/// Polls `f` every 50 ms until it returns `Some` or `limit` passes.
-fn wait_for<T>(what: &str, limit: Duration, mut f: impl FnMut() -> Option<T>) -> T {
-    let deadline = Instant::now() + limit;
-    loop {
-        if let Some(v) = f() {
-            return v;
-        }
-        assert!(Instant::now() < deadline, "timed out waiting for {what}");
-        std::thread::sleep(Duration::from_millis(50));
-    }
 }
 
 fn pool(name: &str, interface: &str, server: &str, cidr: &str, extra: Value) -> Value {
@@ -193,118 +183,6 @@ fn rig() -> Rig {
     }
 }
 
-/// The hook both clients call: configures the address (so unicast renewals work) and appends
-/// the whole environment it was given, one file per event, numbered in order.
-fn hook_script(dir: &Path) -> PathBuf {
-    let path = dir.join("hook.sh");
-    let events = dir.join("events");
-    fs::create_dir_all(&events).unwrap();
-    fs::write(
-        &path,
-        format!(
-            r#"#!/bin/sh
-# dhclient passes $reason and new_*; udhcpc passes the event as $1 and ip/mask/...
-ev="${{reason:-$1}}"
-case "$ev" in
-  BOUND|RENEW|REBIND|REBOOT) ip addr replace "$new_ip_address/$new_subnet_mask" dev "$interface" ;;
-  bound|renew) ip addr replace "$ip/$mask" dev "$interface" ;;
-esac
-n=$(ls {events} | wc -l)
-env > {events}/tmp.$$
-mv {events}/tmp.$$ {events}/$(printf %04d "$n")-"$ev"
-exit 0
-"#,
-            events = events.display()
-        ),
-    )
-    .unwrap();
-    Command::new("chmod")
-        .args(["+x", path.to_str().unwrap()])
-        .status()
-        .unwrap();
-    path
-}
-
-/// Events the hook recorded so far: (event name, environment), in order.
-fn events(dir: &Path) -> Vec<(String, BTreeMap<String, String>)> {
-    let mut names: Vec<String> = fs::read_dir(dir.join("events"))
-        .map(|d| {
-            d.filter_map(|e| e.ok())
-                .map(|e| e.file_name().to_string_lossy().into_owned())
-                .filter(|n| !n.starts_with("tmp."))
-                .collect()
-        })
-        .unwrap_or_default();
-    names.sort();
-    names
-        .into_iter()
-        .map(|n| {
-            let text = fs::read_to_string(dir.join("events").join(&n)).unwrap_or_default();
-            let env = text
-                .lines()
-                .filter_map(|l| l.split_once('='))
-                .map(|(k, v)| (k.to_owned(), v.to_owned()))
-                .collect();
-            let ev = n.split_once('-').map(|(_, e)| e.to_owned()).unwrap_or(n);
-            (ev, env)
-        })
-        .collect()
-}
-
-/// Waits for the `nth` (0-based) event named `name`.
-fn wait_event(dir: &Path, name: &str, nth: usize, limit: Duration) -> BTreeMap<String, String> {
-    wait_for(&format!("{name} event #{nth}"), limit, || {
-        events(dir)
-            .into_iter()
-            .filter(|(e, _)| e == name)
-            .nth(nth)
-            .map(|(_, env)| env)
-    })
-}
-
-const DHCLIENT_CONF: &str = "request subnet-mask, broadcast-address, routers, domain-name, \
-     domain-name-servers, domain-search, ntp-servers, dhcp-lease-time, dhcp-renewal-time, \
-     dhcp-rebinding-time;\n";
-
-/// Starts `dhclient` in the foreground on `vm`'s eth0, with its own config, lease and pid files.
-fn start_dhclient(rig: &mut Rig, vm: &Netns, dir: &Path) {
-    let script = hook_script(dir);
-    fs::write(dir.join("dhclient.conf"), DHCLIENT_CONF).unwrap();
-    let log = fs::File::create(dir.join("dhclient.log")).unwrap();
-    let mut cmd = vm.command("dhclient");
-    cmd.args(["-4", "-d", "-v", "-cf"])
-        .arg(dir.join("dhclient.conf"))
-        .arg("-lf")
-        .arg(dir.join("dhclient.leases"))
-        .arg("-pf")
-        .arg(dir.join("dhclient.pid"))
-        .arg("-sf")
-        .arg(&script)
-        .arg("eth0")
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(log);
-    rig.lab.spawn(cmd).unwrap();
-}
-
-/// The last lease block of a dhclient lease file: `fixed-address` and each `option`, by name.
-fn dhclient_lease(path: &Path) -> BTreeMap<String, String> {
-    let text = fs::read_to_string(path).unwrap_or_default();
-    let last = text.rsplit("lease {").next().unwrap_or_default();
-    let mut out = BTreeMap::new();
-    for line in last.lines() {
-        let line = line.trim().trim_end_matches(';');
-        if let Some(addr) = line.strip_prefix("fixed-address ") {
-            out.insert("fixed-address".to_owned(), addr.to_owned());
-        } else if let Some(opt) = line.strip_prefix("option ")
-            && let Some((name, value)) = opt.split_once(' ')
-        {
-            out.insert(name.to_owned(), value.to_owned());
-        }
-    }
-    out
-}
-
 #[test]
 fn dhclient_gets_its_reservation_with_exact_options_renews_and_sees_option_changes() {
     let mut rig = rig();
@@ -315,7 +193,7 @@ fn dhclient_gets_its_reservation_with_exact_options_renews_and_sees_option_chang
     rig.wait_serving(&["srv0"]);
 
     let dir = tempfile::tempdir().unwrap();
-    start_dhclient(&mut rig, &vm, dir.path());
+    start_dhclient(&mut rig.lab, &vm, dir.path());
     let bound = wait_event(dir.path(), "BOUND", 0, Duration::from_secs(20));
     assert_eq!(bound["new_ip_address"], IP_1);
     assert_eq!(bound["new_subnet_mask"], "255.255.255.0");
@@ -395,7 +273,7 @@ fn dhclient_asking_for_another_address_is_naked_then_gets_its_own() {
          rebind 4 2037/12/30 00:00:00;\n  expire 4 2037/12/31 00:00:00;\n}\n",
     )
     .unwrap();
-    start_dhclient(&mut rig, &vm, dir.path());
+    start_dhclient(&mut rig.lab, &vm, dir.path());
     let bound = wait_event(dir.path(), "BOUND", 0, Duration::from_secs(30));
     assert_eq!(bound["new_ip_address"], IP_1);
     let log = fs::read_to_string(dir.path().join("dhclient.log")).unwrap();
@@ -410,20 +288,6 @@ fn dhclient_asking_for_another_address_is_naked_then_gets_its_own() {
             .any(|(_, env)| env.get("new_ip_address").map(String::as_str) == Some("192.0.2.99")),
         "the wrong address was acknowledged"
     );
-}
-
-fn udhcpc(vm: &Netns, dir: &Path, extra: &[&str]) -> std::process::Output {
-    let script = hook_script(dir);
-    let mut cmd = vm.command("udhcpc");
-    cmd.args([
-        "-i", "eth0", "-f", "-q", "-n", "-t", "4", "-T", "1", "-A", "1",
-    ])
-    .args(["-O", "search", "-O", "ntpsrv", "-O", "broadcast"])
-    .arg("-s")
-    .arg(&script)
-    .args(extra)
-    .stdin(Stdio::null());
-    cmd.output().unwrap()
 }
 
 #[test]
@@ -585,20 +449,6 @@ fn bootrequest(kind: u8, mac: [u8; 6], giaddr: [u8; 4], xid: [u8; 4], options: &
 
 fn hex(bytes: &[u8]) -> String {
     bytes.iter().map(|b| format!("{b:02x}")).collect()
-}
-
-/// An HTTP GET run inside `ns`: (status, body).
-fn http_get(lab: &Lab, ns: &Netns, url: &str) -> (u16, String) {
-    let script = format!(
-        "import urllib.request,urllib.error\n\
-         try:\n\
-         \x20 r=urllib.request.urlopen('{url}',timeout=5); print(r.status); print(r.read().decode())\n\
-         except urllib.error.HTTPError as e:\n\
-         \x20 print(e.code); print(e.read().decode())\n"
-    );
-    let out = lab.exec(ns, "python3", &["-c", &script]).unwrap();
-    let (code, body) = out.split_once('\n').unwrap();
-    (code.trim().parse().unwrap(), body.to_owned())
 }
 
 #[test]

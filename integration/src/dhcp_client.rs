@@ -1,0 +1,169 @@
+//! Real DHCP clients in network namespaces, for the end-to-end tests: ISC `dhclient` and busybox
+//! `udhcpc` with a hook script that records every event (and configures the address, so unicast
+//! renewals work), lease-file parsing, and HTTP GETs run inside a namespace.
+//!
+//! These helpers fail the calling test on any error: they are test code, not product code.
+#![allow(clippy::unwrap_used, clippy::panic)]
+
+use std::collections::BTreeMap;
+use std::fs;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use crate::netns::{Lab, Netns};
+
+/// Polls `f` every 50 ms until it returns `Some` or `limit` passes.
+pub fn wait_for<T>(what: &str, limit: Duration, mut f: impl FnMut() -> Option<T>) -> T {
+    let deadline = Instant::now() + limit;
+    loop {
+        if let Some(v) = f() {
+            return v;
+        }
+        assert!(Instant::now() < deadline, "timed out waiting for {what}");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// The hook both clients call: configures the address (so unicast renewals work) and appends
+/// the whole environment it was given, one file per event, numbered in order.
+pub fn hook_script(dir: &Path) -> PathBuf {
+    let path = dir.join("hook.sh");
+    let events = dir.join("events");
+    fs::create_dir_all(&events).unwrap();
+    fs::write(
+        &path,
+        format!(
+            r#"#!/bin/sh
+# dhclient passes $reason and new_*; udhcpc passes the event as $1 and ip/mask/...
+ev="${{reason:-$1}}"
+case "$ev" in
+  BOUND|RENEW|REBIND|REBOOT) ip addr replace "$new_ip_address/$new_subnet_mask" dev "$interface" ;;
+  bound|renew) ip addr replace "$ip/$mask" dev "$interface" ;;
+esac
+n=$(ls {events} | wc -l)
+env > {events}/tmp.$$
+mv {events}/tmp.$$ {events}/$(printf %04d "$n")-"$ev"
+exit 0
+"#,
+            events = events.display()
+        ),
+    )
+    .unwrap();
+    Command::new("chmod")
+        .args(["+x", path.to_str().unwrap()])
+        .status()
+        .unwrap();
+    path
+}
+
+/// Events the hook recorded so far: (event name, environment), in order.
+pub fn events(dir: &Path) -> Vec<(String, BTreeMap<String, String>)> {
+    let mut names: Vec<String> = fs::read_dir(dir.join("events"))
+        .map(|d| {
+            d.filter_map(|e| e.ok())
+                .map(|e| e.file_name().to_string_lossy().into_owned())
+                .filter(|n| !n.starts_with("tmp."))
+                .collect()
+        })
+        .unwrap_or_default();
+    names.sort();
+    names
+        .into_iter()
+        .map(|n| {
+            let text = fs::read_to_string(dir.join("events").join(&n)).unwrap_or_default();
+            let env = text
+                .lines()
+                .filter_map(|l| l.split_once('='))
+                .map(|(k, v)| (k.to_owned(), v.to_owned()))
+                .collect();
+            let ev = n.split_once('-').map(|(_, e)| e.to_owned()).unwrap_or(n);
+            (ev, env)
+        })
+        .collect()
+}
+
+/// Waits for the `nth` (0-based) event named `name`.
+pub fn wait_event(dir: &Path, name: &str, nth: usize, limit: Duration) -> BTreeMap<String, String> {
+    wait_for(&format!("{name} event #{nth}"), limit, || {
+        events(dir)
+            .into_iter()
+            .filter(|(e, _)| e == name)
+            .nth(nth)
+            .map(|(_, env)| env)
+    })
+}
+
+/// The options dhclient asks for: everything the agent can answer.
+pub const DHCLIENT_CONF: &str = "request subnet-mask, broadcast-address, routers, domain-name, \
+     domain-name-servers, domain-search, ntp-servers, dhcp-lease-time, dhcp-renewal-time, \
+     dhcp-rebinding-time;\n";
+
+/// Starts `dhclient` (killed when `lab` drops) in the foreground on `vm`'s eth0, with its own config, lease and pid files.
+pub fn start_dhclient(lab: &mut Lab, vm: &Netns, dir: &Path) {
+    let script = hook_script(dir);
+    fs::write(dir.join("dhclient.conf"), DHCLIENT_CONF).unwrap();
+    let log = fs::File::create(dir.join("dhclient.log")).unwrap();
+    let mut cmd = vm.command("dhclient");
+    cmd.args(["-4", "-d", "-v", "-cf"])
+        .arg(dir.join("dhclient.conf"))
+        .arg("-lf")
+        .arg(dir.join("dhclient.leases"))
+        .arg("-pf")
+        .arg(dir.join("dhclient.pid"))
+        .arg("-sf")
+        .arg(&script)
+        .arg("eth0")
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(log);
+    lab.spawn(cmd).unwrap();
+}
+
+/// The last lease block of a dhclient lease file: `fixed-address` and each `option`, by name.
+pub fn dhclient_lease(path: &Path) -> BTreeMap<String, String> {
+    let text = fs::read_to_string(path).unwrap_or_default();
+    let last = text.rsplit("lease {").next().unwrap_or_default();
+    let mut out = BTreeMap::new();
+    for line in last.lines() {
+        let line = line.trim().trim_end_matches(';');
+        if let Some(addr) = line.strip_prefix("fixed-address ") {
+            out.insert("fixed-address".to_owned(), addr.to_owned());
+        } else if let Some(opt) = line.strip_prefix("option ")
+            && let Some((name, value)) = opt.split_once(' ')
+        {
+            out.insert(name.to_owned(), value.to_owned());
+        }
+    }
+    out
+}
+
+/// Runs busybox `udhcpc` once on `vm`'s eth0 (quit after lease, up to 4 discovers 1 s apart),
+/// with the recording hook; `extra` adds arguments (e.g. `-r` to ask for an address).
+pub fn udhcpc(vm: &Netns, dir: &Path, extra: &[&str]) -> std::process::Output {
+    let script = hook_script(dir);
+    let mut cmd = vm.command("udhcpc");
+    cmd.args([
+        "-i", "eth0", "-f", "-q", "-n", "-t", "4", "-T", "1", "-A", "1",
+    ])
+    .args(["-O", "search", "-O", "ntpsrv", "-O", "broadcast"])
+    .arg("-s")
+    .arg(&script)
+    .args(extra)
+    .stdin(Stdio::null());
+    cmd.output().unwrap()
+}
+
+/// An HTTP GET run inside `ns`: (status, body).
+pub fn http_get(lab: &Lab, ns: &Netns, url: &str) -> (u16, String) {
+    let script = format!(
+        "import urllib.request,urllib.error\n\
+         try:\n\
+         \x20 r=urllib.request.urlopen('{url}',timeout=5); print(r.status); print(r.read().decode())\n\
+         except urllib.error.HTTPError as e:\n\
+         \x20 print(e.code); print(e.read().decode())\n"
+    );
+    let out = lab.exec(ns, "python3", &["-c", &script]).unwrap();
+    let (code, body) = out.split_once('\n').unwrap();
+    (code.trim().parse().unwrap(), body.to_owned())
+}
