@@ -2,6 +2,7 @@
 //!
 //! - [`control_plane`]: etcd + kube-apiserver as processes, with our CRDs installed.
 //! - [`dhcp_client`]: real DHCP clients (dhclient, udhcpc) and their recorded events.
+//! - [`fleet`]: the whole system (controller, agents, VMs) on one machine.
 //! - [`http`]: plain GETs of local endpoints.
 //! - [`netns`]: network namespaces, veth pairs and bridges, cleaned up on every exit path.
 //! - [`process`]: child processes that cannot outlive the test process.
@@ -11,6 +12,7 @@
 
 pub mod control_plane;
 pub mod dhcp_client;
+pub mod fleet;
 pub mod http;
 pub mod netns;
 pub mod process;

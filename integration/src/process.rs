@@ -151,11 +151,13 @@ impl Drop for Supervised {
 #[allow(clippy::panic)]
 pub fn workspace_binary(package: &str, bin: &str) -> PathBuf {
     let exe = std::env::current_exe().unwrap_or_default();
-    let profile_dir = exe
-        .parent()
-        .and_then(Path::parent)
-        .map(Path::to_owned)
-        .unwrap_or_default();
+    // Tests and benches run from target/<profile>/deps, binaries (the demo) from target/<profile>.
+    let parent = exe.parent().unwrap_or(Path::new("."));
+    let profile_dir = if parent.file_name().is_some_and(|n| n == "deps") {
+        parent.parent().unwrap_or(parent).to_owned()
+    } else {
+        parent.to_owned()
+    };
     let mut cmd = Command::new(option_env!("CARGO").unwrap_or("cargo"));
     cmd.args(["build", "--quiet", "-p", package, "--bin", bin])
         .current_dir(env!("CARGO_MANIFEST_DIR"));

@@ -1,0 +1,422 @@
+//! The whole system on one machine, for the end-to-end tests and the local demo: a real API
+//! server, the controller and agents as processes, and VMs as network namespaces with real DHCP
+//! clients.
+//!
+//! Topology: one namespace holds a bridge standing for the VM network; each agent replica runs in
+//! a namespace of its own with a veth on the bridge named as the controller's bootstrap env says
+//! (the interface Multus would have given it); each VM is a namespace with a veth on the bridge.
+//! Agents reach the API server and the controller, which listen on the host's loopback, through
+//! `socat` relays over Unix sockets (paths are not namespaced), so the agent binary runs unchanged
+//! and nothing is added to the host's network. Addresses are 10.123.45.0/24, inside the lab only.
+//!
+//! Helpers fail the caller on any error: this is test code, not product code.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+use std::collections::BTreeMap;
+use std::fs;
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use serde_json::{Value, json};
+
+use crate::control_plane::ControlPlane;
+use crate::dhcp_client::{udhcpc, wait_for};
+use crate::netns::{Lab, Netns};
+use crate::process::{Supervised, workspace_binary};
+
+/// Namespace of the pools and VMs.
+pub const NS: &str = "fleet";
+/// Namespace of the agent Deployment and Lease.
+pub const AGENT_NS: &str = "vmdhcp-system";
+/// The pool's server address.
+pub const SERVER_IP: &str = "10.123.45.2";
+/// Agents' leader-election Lease duration.
+pub const LEASE_SECONDS: u64 = 6;
+/// Agents' election retry period.
+pub const RETRY_SECONDS: u64 = 1;
+/// The first VM's NIC.
+pub const VM1_MAC: &str = "02:12:34:00:00:01";
+/// The second VM's NIC.
+pub const VM2_MAC: &str = "02:12:34:00:00:02";
+const AGENT_HTTP: &str = "http://127.0.0.1:8080";
+
+/// A free TCP port on the host loopback.
+pub fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+/// One agent replica: its namespace (its pod), process and identity.
+pub struct Agent {
+    /// The namespace standing for its pod's network.
+    pub ns: Netns,
+    /// The process.
+    pub process: Supervised,
+    /// Its pod name.
+    pub identity: String,
+}
+
+/// The control plane, the controller, the lab and the relays of one end-to-end run.
+pub struct Fleet {
+    /// The API server.
+    pub cp: ControlPlane,
+    /// Namespaces and their processes.
+    pub lab: Lab,
+    /// Logs, sockets, client files.
+    pub dir: tempfile::TempDir,
+    /// The namespace holding the VM network's bridge `br0`.
+    pub net: Netns,
+    /// The controller's gRPC port on the host loopback.
+    pub grpc: u16,
+    /// The controller, while running.
+    pub controller: Option<Supervised>,
+    relays: Vec<Supervised>,
+    /// `AGENT_NETWORK_CONFIGS` and `IPPOOL_REFS_JSON` as the controller wrote them.
+    pub env: (String, String),
+    /// The pool's interface name in agent namespaces.
+    pub interface: String,
+    starts: usize,
+}
+
+impl Fleet {
+    /// `kubectl ARGS -o json`, parsed.
+    pub fn kubectl_json(&self, args: &[&str]) -> Value {
+        let out = self
+            .cp
+            .kubectl()
+            .args(args)
+            .args(["-o", "json"])
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "kubectl {args:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        serde_json::from_slice(&out.stdout).unwrap()
+    }
+
+    /// `kubectl apply` of one manifest.
+    pub fn apply(&self, manifest: &Value) {
+        self.cp
+            .kubectl_stdin(&["apply", "-f", "-"], &manifest.to_string())
+            .unwrap();
+    }
+
+    /// Starts (or restarts) the controller process.
+    pub fn start_controller(&mut self) {
+        let log = self
+            .dir
+            .path()
+            .join(format!("controller-{}.log", self.starts));
+        self.starts += 1;
+        let args: Vec<String> = vec![
+            "run".into(),
+            format!("--kubeconfig={}", self.cp.kubeconfig().display()),
+            "--identity=controller-0".into(),
+            format!("--grpc-listen=127.0.0.1:{}", self.grpc),
+            format!("--http-listen=127.0.0.1:{}", free_port()),
+            format!("--agent-deployment={AGENT_NS}/vm-dhcp-agent"),
+            "--no-leader-election".into(),
+            "--heartbeat-seconds=2".into(),
+        ];
+        let bin = workspace_binary("vmdhcp-controller", "vm-dhcp-controller");
+        self.controller = Some(Supervised::spawn(&bin, &args, &log, None).unwrap());
+    }
+
+    /// Host side of the relays: Unix sockets forwarding to the API server and the controller.
+    pub fn relay_sockets(&mut self) {
+        for (name, port) in [("api", self.api_port()), ("grpc", self.grpc)] {
+            let sock = self.dir.path().join(format!("{name}.sock"));
+            let args = vec![
+                format!("UNIX-LISTEN:{},fork,unlink-early", sock.display()),
+                format!("TCP:127.0.0.1:{port}"),
+            ];
+            let log = self.dir.path().join(format!("relay-{name}.log"));
+            self.relays
+                .push(Supervised::spawn(Path::new("socat"), &args, &log, None).unwrap());
+        }
+    }
+
+    /// The API server's port.
+    pub fn api_port(&self) -> u16 {
+        self.cp
+            .server()
+            .rsplit(':')
+            .next()
+            .unwrap()
+            .parse()
+            .unwrap()
+    }
+
+    /// A namespace for agent `n`, plugged into the bridge, with relays to the API server and
+    /// the controller on its loopback.
+    pub fn agent_netns(&mut self, n: usize) -> Netns {
+        let ns = self.lab.netns(&format!("a{n}")).unwrap();
+        let (net, iface) = (self.net.clone(), self.interface.clone());
+        self.lab
+            .plug(&net, "br0", &format!("pa{n}"), &ns, &iface)
+            .unwrap();
+        for (name, port) in [("api", self.api_port()), ("grpc", self.grpc)] {
+            let sock = self.dir.path().join(format!("{name}.sock"));
+            let args = vec![
+                "netns".into(),
+                "exec".into(),
+                ns.name().to_owned(),
+                "socat".into(),
+                format!("TCP-LISTEN:{port},bind=127.0.0.1,fork,reuseaddr"),
+                format!("UNIX-CONNECT:{}", sock.display()),
+            ];
+            let log = self.dir.path().join(format!("relay-{name}-a{n}.log"));
+            self.relays
+                .push(Supervised::spawn(Path::new("ip"), &args, &log, None).unwrap());
+        }
+        ns
+    }
+
+    /// Starts agent `identity` in `ns`, booting from the Deployment's env.
+    pub fn start_agent(&mut self, ns: &Netns, identity: &str) -> Agent {
+        let log = self
+            .dir
+            .path()
+            .join(format!("{identity}-{}.log", self.starts));
+        self.starts += 1;
+        let args: Vec<String> = vec![
+            "RUST_LOG=info".into(),
+            "ip".into(),
+            "netns".into(),
+            "exec".into(),
+            ns.name().to_owned(),
+            workspace_binary("vmdhcp-agent", "vm-dhcp-agent")
+                .display()
+                .to_string(),
+            "run".into(),
+            format!("--controller=http://127.0.0.1:{}", self.grpc),
+            format!("--kubeconfig={}", self.cp.kubeconfig().display()),
+            format!("--identity={identity}"),
+            format!("--namespace={AGENT_NS}"),
+            format!("--node=node-{identity}"),
+            format!("--agent-network-configs={}", self.env.0),
+            format!("--ippool-refs-json={}", self.env.1),
+            format!("--lease-duration-seconds={LEASE_SECONDS}"),
+            "--renew-deadline-seconds=4".into(),
+            format!("--retry-period-seconds={RETRY_SECONDS}"),
+            "--report-interval-seconds=2".into(),
+            "--http-listen=127.0.0.1:8080".into(),
+        ];
+        let process = Supervised::spawn(Path::new("env"), &args, &log, None).unwrap();
+        Agent {
+            ns: ns.clone(),
+            process,
+            identity: identity.to_owned(),
+        }
+    }
+
+    /// The agent's `/readyz` body, read inside its namespace.
+    pub fn readyz(&self, agent: &Agent) -> Option<Value> {
+        let script = format!(
+            "import urllib.request,urllib.error\n\
+             try:\n\
+             \x20 r=urllib.request.urlopen('{AGENT_HTTP}/readyz',timeout=2); print(r.read().decode())\n\
+             except urllib.error.HTTPError as e:\n\
+             \x20 print(e.read().decode())\n"
+        );
+        let out = self.lab.exec(&agent.ns, "python3", &["-c", &script]).ok()?;
+        serde_json::from_str(out.trim()).ok()
+    }
+
+    /// The one agent that says it leads (and serves), once exactly one does.
+    pub fn leader<'a>(&self, agents: &[&'a Agent]) -> &'a Agent {
+        wait_for(
+            "exactly one serving leader",
+            Duration::from_secs(60),
+            || {
+                let views: Vec<Option<Value>> = agents.iter().map(|a| self.readyz(a)).collect();
+                let leaders: Vec<usize> = views
+                    .iter()
+                    .enumerate()
+                    .filter(|(_, v)| {
+                        v.as_ref().is_some_and(|v| {
+                            v["agent"]["leader"] == true
+                                && v["interfaces"].as_object().is_some_and(|i| {
+                                    !i.is_empty() && i.values().all(|s| s["state"] == "serving")
+                                })
+                        })
+                    })
+                    .map(|(i, _)| i)
+                    .collect();
+                (leaders.len() == 1).then(|| agents[leaders[0]])
+            },
+        )
+    }
+
+    /// A VM namespace with `eth0` (MAC `mac`) on the bridge.
+    pub fn vm(&mut self, name: &str, mac: &str) -> Netns {
+        let vm = self.lab.netns(name).unwrap();
+        let net = self.net.clone();
+        self.lab
+            .plug(&net, "br0", &format!("p{name}"), &vm, "eth0")
+            .unwrap();
+        self.lab
+            .exec(&vm, "ip", &["link", "set", "eth0", "address", mac])
+            .unwrap();
+        vm
+    }
+
+    /// The pool's allocations, MAC → address, from its status.
+    pub fn allocated(&self) -> BTreeMap<String, String> {
+        let pool = self.kubectl_json(&["-n", NS, "get", "ippool", "pool-a"]);
+        pool["status"]["ipv4"]["allocated"]
+            .as_object()
+            .map(|m| {
+                m.iter()
+                    .map(|(ip, mac)| (mac.as_str().unwrap_or_default().to_owned(), ip.clone()))
+                    .collect()
+            })
+            .unwrap_or_default()
+    }
+}
+
+/// Probes with one-shot udhcpc runs until one gets `ip`; returns the time it took.
+pub fn probe_until_leased(vm: &Netns, dir: &Path, ip: &str, limit: Duration) -> Duration {
+    let start = Instant::now();
+    loop {
+        let out = udhcpc(vm, dir, &["-t", "1", "-T", "1", "-r", ip]);
+        let text = String::from_utf8_lossy(&out.stderr).into_owned()
+            + &String::from_utf8_lossy(&out.stdout);
+        if out.status.success() && text.contains(&format!("lease of {ip} obtained")) {
+            return start.elapsed();
+        }
+        assert!(
+            start.elapsed() < limit,
+            "no lease of {ip} within {limit:?}: {text}"
+        );
+    }
+}
+
+/// DHCP replies in a pcap file: (xid, message type, source MAC).
+pub fn replies(pcap: &Path) -> Vec<(u32, u8, [u8; 6])> {
+    let data = fs::read(pcap).unwrap_or_default();
+    let mut out = Vec::new();
+    let mut at = 24; // global header
+    while at + 16 <= data.len() {
+        let caplen = u32::from_le_bytes(data[at + 8..at + 12].try_into().unwrap()) as usize;
+        let frame = &data[(at + 16).min(data.len())..(at + 16 + caplen).min(data.len())];
+        at += 16 + caplen;
+        if frame.len() < 14 + 20 + 8 + 240 || frame[12..14] != [0x08, 0x00] {
+            continue;
+        }
+        let ihl = usize::from(frame[14] & 0x0f) * 4;
+        let dhcp = &frame[14 + ihl + 8..];
+        if dhcp.len() < 240 || dhcp[0] != 2 {
+            continue;
+        }
+        let xid = u32::from_be_bytes(dhcp[4..8].try_into().unwrap());
+        let mut kind = 0;
+        let mut i = 240;
+        while i + 1 < dhcp.len() && dhcp[i] != 255 {
+            if dhcp[i] == 0 {
+                i += 1;
+                continue;
+            }
+            let len = usize::from(dhcp[i + 1]);
+            if dhcp[i] == 53 && len == 1 && i + 2 < dhcp.len() {
+                kind = dhcp[i + 2];
+            }
+            i += 2 + len;
+        }
+        let src: [u8; 6] = frame[6..12].try_into().unwrap();
+        out.push((xid, kind, src));
+    }
+    out
+}
+
+/// Starts the control plane and the controller, applies the agent Deployment, a NAD, an IPPool
+/// and two VMs with kubectl, and returns once both VMs are allocated and the controller wrote the
+/// agents' bootstrap env.
+pub fn setup() -> Fleet {
+    let cp = ControlPlane::start().unwrap();
+    let mut lab = Lab::new().unwrap();
+    let net = lab.netns("net").unwrap();
+    lab.bridge(&net, "br0").unwrap();
+    let mut fleet = Fleet {
+        cp,
+        lab,
+        dir: tempfile::tempdir().unwrap(),
+        net,
+        grpc: free_port(),
+        controller: None,
+        relays: Vec::new(),
+        env: (String::new(), String::new()),
+        interface: String::new(),
+        starts: 0,
+    };
+    fleet.apply(&json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": NS}}));
+    fleet.apply(&json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": AGENT_NS}}));
+    fleet.apply(&json!({
+        "apiVersion": "apps/v1", "kind": "Deployment",
+        "metadata": {"name": "vm-dhcp-agent", "namespace": AGENT_NS},
+        "spec": {"selector": {"matchLabels": {"app": "agent"}}, "template": {
+            "metadata": {"labels": {"app": "agent"}},
+            "spec": {"containers": [{"name": "agent", "image": "vmdhcp/agent:test"}]}
+        }}
+    }));
+    fleet.start_controller();
+    fleet.relay_sockets();
+    fleet.apply(&json!({
+        "apiVersion": "k8s.cni.cncf.io/v1", "kind": "NetworkAttachmentDefinition",
+        "metadata": {"name": "net-a", "namespace": NS},
+        "spec": {"config": "{\"cniVersion\":\"0.3.1\",\"type\":\"bridge\",\"bridge\":\"br0\"}"}
+    }));
+    fleet.apply(&json!({
+        "apiVersion": "network.harvesterhci.io/v1alpha1", "kind": "IPPool",
+        "metadata": {"name": "pool-a", "namespace": NS},
+        "spec": {"networkName": format!("{NS}/net-a"), "ipv4Config": {
+            "serverIP": SERVER_IP, "cidr": "10.123.45.0/24",
+            "pool": {"start": "10.123.45.50", "end": "10.123.45.99"},
+            "router": "10.123.45.1", "dns": ["10.123.45.53"], "domainName": "fleet.test",
+            "leaseTime": 20
+        }}
+    }));
+    for (name, mac) in [("vm1", VM1_MAC), ("vm2", VM2_MAC)] {
+        fleet.apply(&json!({
+            "apiVersion": "kubevirt.io/v1", "kind": "VirtualMachine",
+            "metadata": {"name": name, "namespace": NS},
+            "spec": {"running": true, "template": {"spec": {
+                "domain": {"devices": {"interfaces": [{"name": "nic-0", "macAddress": mac, "bridge": {}}]}},
+                "networks": [{"name": "nic-0", "multus": {"networkName": format!("{NS}/net-a")}}]
+            }}}
+        }));
+    }
+    // The controller writes the pool's network into the agent Deployment: that is what the
+    // agents boot from, as pods of that Deployment would.
+    let env = wait_for(
+        "the bootstrap env in the agent Deployment",
+        Duration::from_secs(60),
+        || {
+            let d = fleet.kubectl_json(&["-n", AGENT_NS, "get", "deployment", "vm-dhcp-agent"]);
+            let env = d["spec"]["template"]["spec"]["containers"][0]["env"]
+                .as_array()?
+                .clone();
+            let get = |name: &str| {
+                env.iter()
+                    .find(|e| e["name"] == name)
+                    .and_then(|e| e["value"].as_str())
+                    .map(str::to_owned)
+            };
+            let configs = get("AGENT_NETWORK_CONFIGS")?;
+            (configs != "[]").then_some((configs, get("IPPOOL_REFS_JSON")?))
+        },
+    );
+    let configs: Value = serde_json::from_str(&env.0).unwrap();
+    fleet.interface = configs[0]["interfaceName"].as_str().unwrap().to_owned();
+    fleet.env = env;
+    wait_for("both VMs allocated", Duration::from_secs(60), || {
+        let a = fleet.allocated();
+        (a.contains_key(VM1_MAC) && a.contains_key(VM2_MAC)).then_some(())
+    });
+    fleet
+}
