@@ -72,21 +72,11 @@ struct RunArgs {
     /// Serve every pool the controller streams, on the interfaces it names (local runs).
     #[arg(long)]
     all_pools: bool,
-    /// Serve without election (a single replica).
-    #[arg(long)]
-    no_leader_election: bool,
-    /// Name of the leader-election Lease.
+    /// Name of the leader-election Lease (in the replica's namespace).
     #[arg(long, default_value = "vm-dhcp-agents")]
     leader_election_name: String,
-    /// Seconds a Lease stays valid without renewal.
-    #[arg(long, default_value_t = 15)]
-    lease_duration_seconds: u64,
-    /// Seconds a leader keeps trying to renew before it stops serving.
-    #[arg(long, default_value_t = 10)]
-    renew_deadline_seconds: u64,
-    /// Seconds between election attempts.
-    #[arg(long, default_value_t = 2)]
-    retry_period_seconds: u64,
+    #[command(flatten)]
+    election: vmdhcp_leader::ElectionArgs,
     /// Leave interface addresses alone (something else configures them).
     #[arg(long)]
     no_configure_interfaces: bool,
@@ -117,7 +107,7 @@ async fn kube_client(kubeconfig: Option<&std::path::Path>) -> anyhow::Result<kub
 async fn run_agent(args: RunArgs) -> anyhow::Result<()> {
     let client = match kube_client(args.kubeconfig.as_deref()).await {
         Ok(c) => Some(c),
-        Err(e) if args.no_leader_election => {
+        Err(e) if args.election.no_leader_election => {
             tracing::warn!(error = %format!("{e:#}"), "no Kubernetes client; running without the IPPool fallback");
             None
         }
@@ -134,13 +124,9 @@ async fn run_agent(args: RunArgs) -> anyhow::Result<()> {
         network_configs: args.agent_network_configs,
         pool_refs: args.ippool_refs_json,
         all_pools: args.all_pools,
-        election: (!args.no_leader_election).then(|| vmdhcp_agent::runtime::Election {
-            namespace: args.namespace.clone(),
-            name: args.leader_election_name.clone(),
-            lease_duration: secs(args.lease_duration_seconds),
-            renew_deadline: secs(args.renew_deadline_seconds),
-            retry_period: secs(args.retry_period_seconds),
-        }),
+        election: args
+            .election
+            .config(&args.namespace, &args.leader_election_name, &args.identity),
         configure_interfaces: !args.no_configure_interfaces,
         http: args.http_listen,
         report_interval: secs(args.report_interval_seconds.max(1)),

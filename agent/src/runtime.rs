@@ -53,21 +53,6 @@ pub enum RuntimeError {
     Http(#[from] crate::http::HttpError),
 }
 
-/// Leader election among agent replicas.
-#[derive(Clone, Debug)]
-pub struct Election {
-    /// Namespace of the Lease.
-    pub namespace: String,
-    /// Name of the Lease.
-    pub name: String,
-    /// How long a Lease stays valid without renewal.
-    pub lease_duration: Duration,
-    /// How long a leader tries to renew before it stops serving.
-    pub renew_deadline: Duration,
-    /// Time between election attempts.
-    pub retry_period: Duration,
-}
-
 /// Everything `run` needs to know.
 pub struct Settings {
     /// Who we are (pod, namespace, node).
@@ -81,8 +66,8 @@ pub struct Settings {
     /// Serve every pool the controller streams, whatever the bootstrap says (local runs, nodes
     /// whose interfaces are plumbed otherwise). No IPPool fallback in this mode.
     pub all_pools: bool,
-    /// Leader election; `None` serves unconditionally (a single replica).
-    pub election: Option<Election>,
+    /// Leader election among replicas; `None` serves unconditionally (a single replica).
+    pub election: Option<ElectionConfig>,
     /// Give each served interface its server address (rtnetlink).
     pub configure_interfaces: bool,
     /// Where `/healthz`, `/readyz`, `/leases`, `/metrics` listen.
@@ -218,16 +203,8 @@ pub async fn run(settings: Settings, client: Option<kube::Client>) -> Result<(),
             ),
             (_, true) => {}
         }
-        if let Some(election) = &settings.election {
+        if let Some(config) = settings.election.clone() {
             let client = client.clone().ok_or(RuntimeError::NoClientForElection)?;
-            let mut config = ElectionConfig::new(
-                &election.namespace,
-                &election.name,
-                &settings.identity.pod_name,
-            );
-            config.lease_duration = election.lease_duration;
-            config.renew_deadline = election.renew_deadline;
-            config.retry_period = election.retry_period;
             let elector = LeaderElector::new(client, config)?;
             leading = elector.subscribe();
             holder = elector.holder();

@@ -11,7 +11,7 @@ use vmdhcp_controller::config_service::StreamSettings;
 use vmdhcp_controller::context::AgentDeployment;
 use vmdhcp_controller::runtime::{Settings, run};
 use vmdhcp_core::NamespacedName;
-use vmdhcp_leader::{ElectionConfig, LeaderElector};
+use vmdhcp_leader::{ElectionArgs, LeaderElector};
 
 /// The vmdhcp controller.
 #[derive(Parser, Debug)]
@@ -56,24 +56,14 @@ struct RunArgs {
     /// Seconds between heartbeats on idle config streams.
     #[arg(long, default_value_t = 10)]
     heartbeat_seconds: u64,
-    /// Act as leader without election (single replica, local runs).
-    #[arg(long)]
-    no_leader_election: bool,
+    #[command(flatten)]
+    election: ElectionArgs,
     /// Namespace of the leader-election Lease.
     #[arg(long, env = "POD_NAMESPACE", default_value = "kube-system")]
     leader_election_namespace: String,
     /// Name of the leader-election Lease.
     #[arg(long, default_value = "vm-dhcp-controllers")]
     leader_election_name: String,
-    /// Seconds a Lease stays valid without renewal.
-    #[arg(long, default_value_t = 15)]
-    lease_duration_seconds: u64,
-    /// Seconds a leader keeps trying to renew before it stops writing.
-    #[arg(long, default_value_t = 10)]
-    renew_deadline_seconds: u64,
-    /// Seconds between election attempts.
-    #[arg(long, default_value_t = 2)]
-    retry_period_seconds: u64,
 }
 
 fn main() -> anyhow::Result<()> {
@@ -128,21 +118,18 @@ async fn run_controller(args: RunArgs) -> anyhow::Result<()> {
     };
     let (shutdown_tx, shutdown) = watch::channel(false);
     let (_always, leader) = watch::channel(true);
-    let (leader, election) = if args.no_leader_election {
-        (leader, None)
-    } else {
-        let mut election = ElectionConfig::new(
-            &args.leader_election_namespace,
-            &args.leader_election_name,
-            &args.identity,
-        );
-        election.lease_duration = Duration::from_secs(args.lease_duration_seconds);
-        election.renew_deadline = Duration::from_secs(args.renew_deadline_seconds);
-        election.retry_period = Duration::from_secs(args.retry_period_seconds);
-        let elector =
-            LeaderElector::new(client.clone(), election).context("leader election settings")?;
-        let leading = elector.subscribe();
-        (leading, Some(tokio::spawn(elector.run(shutdown.clone()))))
+    let (leader, election) = match args.election.config(
+        &args.leader_election_namespace,
+        &args.leader_election_name,
+        &args.identity,
+    ) {
+        None => (leader, None),
+        Some(election) => {
+            let elector =
+                LeaderElector::new(client.clone(), election).context("leader election settings")?;
+            let leading = elector.subscribe();
+            (leading, Some(tokio::spawn(elector.run(shutdown.clone()))))
+        }
     };
     let grpc = tokio::net::TcpListener::bind(args.grpc_listen)
         .await

@@ -1,7 +1,7 @@
 //! Leader election among replicas through a `coordination.k8s.io/v1` Lease, as client-go's
 //! `leaderelection` package does it, for the controller and the agents.
 //!
-//! - [`config`] holds the timing knobs and their validation.
+//! - [`config`] holds the timing knobs and their validation; [`cli`] the flags that set them.
 //! - [`record`] is the pure part: reading a Lease (who holds it, has it expired for us) and
 //!   computing the next Lease spec to write. No I/O, tested on plain data.
 //! - [`elector`] drives acquire / renew / release against the API server and publishes, through a
@@ -37,10 +37,12 @@
 //! ```
 #![forbid(unsafe_code)]
 
+pub mod cli;
 pub mod config;
 pub mod elector;
 pub mod record;
 
+pub use cli::ElectionArgs;
 pub use config::ElectionConfig;
 pub use elector::{LeaderElector, LeaseHolder};
 
