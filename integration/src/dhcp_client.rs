@@ -154,8 +154,9 @@ pub fn udhcpc(vm: &Netns, dir: &Path, extra: &[&str]) -> std::process::Output {
     cmd.output().unwrap()
 }
 
-/// An HTTP GET run inside `ns`: (status, body).
-pub fn http_get(lab: &Lab, ns: &Netns, url: &str) -> (u16, String) {
+/// An HTTP GET run inside `ns`: (status, body); `None` when there is no answer at all (nothing
+/// listening, timeout).
+pub fn try_http_get(lab: &Lab, ns: &Netns, url: &str) -> Option<(u16, String)> {
     let script = format!(
         "import urllib.request,urllib.error\n\
          try:\n\
@@ -163,7 +164,13 @@ pub fn http_get(lab: &Lab, ns: &Netns, url: &str) -> (u16, String) {
          except urllib.error.HTTPError as e:\n\
          \x20 print(e.code); print(e.read().decode())\n"
     );
-    let out = lab.exec(ns, "python3", &["-c", &script]).unwrap();
-    let (code, body) = out.split_once('\n').unwrap();
-    (code.trim().parse().unwrap(), body.to_owned())
+    let out = lab.exec(ns, "python3", &["-c", &script]).ok()?;
+    let (code, body) = out.split_once('\n')?;
+    Some((code.trim().parse().ok()?, body.to_owned()))
+}
+
+/// An HTTP GET run inside `ns` that must be answered: (status, body).
+pub fn http_get(lab: &Lab, ns: &Netns, url: &str) -> (u16, String) {
+    try_http_get(lab, ns, url)
+        .unwrap_or_else(|| panic!("no HTTP answer from {url} in {}", ns.name()))
 }

@@ -20,7 +20,7 @@ use std::time::{Duration, Instant};
 use serde_json::{Value, json};
 
 use crate::control_plane::ControlPlane;
-use crate::dhcp_client::{udhcpc, wait_for};
+use crate::dhcp_client::{try_http_get, udhcpc, wait_for};
 use crate::netns::{Lab, Netns};
 use crate::process::{Supervised, workspace_binary};
 
@@ -217,15 +217,8 @@ impl Fleet {
 
     /// The agent's `/readyz` body, read inside its namespace.
     pub fn readyz(&self, agent: &Agent) -> Option<Value> {
-        let script = format!(
-            "import urllib.request,urllib.error\n\
-             try:\n\
-             \x20 r=urllib.request.urlopen('{AGENT_HTTP}/readyz',timeout=2); print(r.read().decode())\n\
-             except urllib.error.HTTPError as e:\n\
-             \x20 print(e.read().decode())\n"
-        );
-        let out = self.lab.exec(&agent.ns, "python3", &["-c", &script]).ok()?;
-        serde_json::from_str(out.trim()).ok()
+        let (_, body) = try_http_get(&self.lab, &agent.ns, &format!("{AGENT_HTTP}/readyz"))?;
+        serde_json::from_str(body.trim()).ok()
     }
 
     /// The one agent that says it leads (and serves), once exactly one does.
