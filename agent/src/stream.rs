@@ -18,7 +18,10 @@ use std::net::Ipv4Addr;
 use std::sync::Arc;
 use std::time::Duration;
 
+use prost::Message as _;
+use prost::bytes::{Buf as _, Bytes};
 use tokio::sync::watch;
+use tonic::codec::{Codec, DecodeBuf, Decoder, EncodeBuf, Encoder};
 use tonic::transport::Endpoint;
 use tracing::{Instrument, debug, info, info_span, warn};
 /// The delta type the stream applies (shared with the controller's index).
@@ -26,7 +29,7 @@ pub use vmdhcp_core::pool::PoolDelta;
 use vmdhcp_core::pool::{Lease, PoolConfig};
 use vmdhcp_core::{MacAddr, NamespacedName};
 use vmdhcp_proto::agent::v1 as pb;
-use vmdhcp_proto::agent::v1::config_service_client::ConfigServiceClient;
+use vmdhcp_proto::agent::v1::config_service_server::SERVICE_NAME;
 use vmdhcp_proto::convert::{ConvertError, lease_from_entry, lease_key, removed_pool};
 
 /// Why a message was rejected or the stream failed.
@@ -41,6 +44,14 @@ pub enum StreamError {
     /// A message with no event.
     #[error("message at revision {0} carries no event")]
     Empty(u64),
+    /// A frame that does not decode as a `WatchResponse` (garbage or truncated bytes).
+    #[error("malformed frame of {len} bytes: {reason}")]
+    Malformed {
+        /// The frame's length.
+        len: usize,
+        /// What the protobuf decoder said.
+        reason: String,
+    },
     /// The transport failed or the server ended the stream with an error.
     #[error("stream to {endpoint} failed: {reason}")]
     Transport {
@@ -412,7 +423,10 @@ pub async fn run(
                 resync = false;
             }
             Err(
-                e @ (StreamError::Invalid(_) | StreamError::OutOfOrder(_) | StreamError::Empty(_)),
+                e @ (StreamError::Invalid(_)
+                | StreamError::OutOfOrder(_)
+                | StreamError::Empty(_)
+                | StreamError::Malformed { .. }),
             ) => {
                 warn!(error = %e, revision = applier.state().revision, "rejected a message; keeping the applied state and asking for a snapshot");
                 status.send_modify(|s| {
@@ -460,7 +474,7 @@ async fn session(
         .connect()
         .await
         .map_err(|e| transport(format!("connect: {e}")))?;
-    let mut client = ConfigServiceClient::new(channel).max_decoding_message_size(64 << 20);
+    let mut client = tonic::client::Grpc::new(channel).max_decoding_message_size(64 << 20);
     let (epoch, revision) = if resync || applier.state().epoch.is_empty() {
         (String::new(), 0)
     } else {
@@ -472,8 +486,15 @@ async fn session(
         revision,
         pool_refs: settings.pool_refs.iter().map(ToString::to_string).collect(),
     };
+    client
+        .ready()
+        .await
+        .map_err(|e| transport(format!("watch: {e}")))?;
+    let path = format!("/{SERVICE_NAME}/Watch")
+        .parse()
+        .map_err(|e| transport(format!("watch path: {e}")))?;
     let mut stream = client
-        .watch(request)
+        .server_streaming(tonic::Request::new(request), path, FrameCodec)
         .await
         .map_err(|s| transport(format!("watch: {s}")))?
         .into_inner();
@@ -493,7 +514,12 @@ async fn session(
             }
             Ok(Err(s)) => return Err(transport(s.to_string())),
             Ok(Ok(None)) => return Ok(false),
-            Ok(Ok(Some(msg))) => msg,
+            Ok(Ok(Some(frame))) => {
+                pb::WatchResponse::decode(frame.clone()).map_err(|e| StreamError::Malformed {
+                    len: frame.len(),
+                    reason: e.to_string(),
+                })?
+            }
         };
         let applied = applier.apply(&msg)?;
         match &applied {
@@ -528,6 +554,58 @@ async fn session(
             s.revision = st.revision;
             s.synced = !st.epoch.is_empty();
         });
+    }
+}
+
+/// The Watch call's codec: requests are encoded as protobuf, but responses come out as the raw
+/// bytes of each gRPC frame, decoded by [`session`] itself. With tonic's protobuf codec a frame
+/// that does not decode surfaces as a transport `Status`, indistinguishable from a broken
+/// connection; decoding here makes it a [`StreamError::Malformed`] message, which is rejected
+/// and answered with a request for a fresh snapshot.
+#[derive(Clone, Copy, Debug, Default)]
+struct FrameCodec;
+
+/// Encodes Watch requests (protobuf).
+struct RequestEncoder;
+
+/// Hands each response frame over undecoded.
+struct FrameDecoder;
+
+impl Codec for FrameCodec {
+    type Encode = pb::WatchRequest;
+    type Decode = Bytes;
+    type Encoder = RequestEncoder;
+    type Decoder = FrameDecoder;
+
+    fn encoder(&mut self) -> RequestEncoder {
+        RequestEncoder
+    }
+
+    fn decoder(&mut self) -> FrameDecoder {
+        FrameDecoder
+    }
+}
+
+impl Encoder for RequestEncoder {
+    type Item = pb::WatchRequest;
+    type Error = tonic::Status;
+
+    fn encode(
+        &mut self,
+        item: pb::WatchRequest,
+        dst: &mut EncodeBuf<'_>,
+    ) -> Result<(), Self::Error> {
+        item.encode(dst)
+            .map_err(|e| tonic::Status::internal(format!("encoding WatchRequest: {e}")))
+    }
+}
+
+impl Decoder for FrameDecoder {
+    type Item = Bytes;
+    type Error = tonic::Status;
+
+    fn decode(&mut self, src: &mut DecodeBuf<'_>) -> Result<Option<Bytes>, Self::Error> {
+        Ok(Some(src.copy_to_bytes(src.remaining())))
     }
 }
 

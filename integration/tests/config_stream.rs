@@ -6,12 +6,18 @@ use std::collections::BTreeMap;
 use std::net::{Ipv4Addr, SocketAddr};
 use std::pin::Pin;
 use std::sync::{Arc, Mutex};
+use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
 use futures_util::{Stream, StreamExt};
+use prost::Message as _;
+use prost::bytes::BufMut as _;
 use tokio::net::{TcpListener, TcpSocket};
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
+use tonic::codec::{Codec, DecodeBuf, Decoder, EncodeBuf, Encoder};
+use tonic::codegen::http;
+use tonic::server::NamedService;
 use vmdhcp_agent::stream::{AppliedState, Applier, ClientSettings, ConnectionStatus, run};
 use vmdhcp_controller::config_service::{Reports, StreamSettings, serve};
 use vmdhcp_controller::index::{Index, Op, PoolFilter};
@@ -19,7 +25,9 @@ use vmdhcp_core::MacAddr;
 use vmdhcp_core::pool::{Lease, PoolConfig};
 use vmdhcp_proto::agent::v1 as pb;
 use vmdhcp_proto::agent::v1::config_service_client::ConfigServiceClient;
-use vmdhcp_proto::agent::v1::config_service_server::{ConfigService, ConfigServiceServer};
+use vmdhcp_proto::agent::v1::config_service_server::{
+    ConfigService, ConfigServiceServer, SERVICE_NAME,
+};
 
 const DEADLINE: Duration = Duration::from_secs(20);
 
@@ -427,6 +435,24 @@ async fn controller_restart_resyncs_agents_without_losing_a_lease() {
     server.stop().await;
 }
 
+/// The one snapshot the test doubles below send first: pool `ns/a` with one lease.
+fn first_snapshot() -> pb::WatchResponse {
+    pb::WatchResponse {
+        epoch: "e1".into(),
+        revision: 1,
+        event: Some(pb::watch_response::Event::Snapshot(pb::Snapshot {
+            pools: vec![pb::PoolSnapshot {
+                config: Some(pb::PoolConfig::from(&pool("a", 1))),
+                leases: vec![pb::LeaseEntry {
+                    mac_address: "02:01:00:00:00:01".into(),
+                    ip_address: "10.1.0.10".into(),
+                }],
+            }],
+            more: false,
+        })),
+    }
+}
+
 /// Test double of a faulty controller (ours never sends such messages, so the real one cannot
 /// play this part): a valid snapshot, then whatever `script` says, and it records each request.
 #[derive(Clone)]
@@ -447,21 +473,7 @@ impl ConfigService for MisbehavingController {
         requests.push(request.into_inner());
         let first = requests.len() == 1;
         drop(requests);
-        let snapshot = pb::WatchResponse {
-            epoch: "e1".into(),
-            revision: 1,
-            event: Some(pb::watch_response::Event::Snapshot(pb::Snapshot {
-                pools: vec![pb::PoolSnapshot {
-                    config: Some(pb::PoolConfig::from(&pool("a", 1))),
-                    leases: vec![pb::LeaseEntry {
-                        mac_address: "02:01:00:00:00:01".into(),
-                        ip_address: "10.1.0.10".into(),
-                    }],
-                }],
-                more: false,
-            })),
-        };
-        let mut items = vec![Ok(snapshot)];
+        let mut items = vec![Ok(first_snapshot())];
         if first {
             items.extend(self.script.clone());
         }
@@ -556,6 +568,159 @@ async fn invalid_messages_are_rejected_not_applied_and_a_snapshot_is_requested()
             assert!(status.rejected >= 1, "{case}: {status:?}");
         }
         assert!(status.last_error.is_some(), "{case}: {status:?}");
+        agent.stop().await;
+        server.abort();
+    }
+}
+
+/// Test double of a controller that puts raw bytes on the wire (ours cannot: tonic encodes every
+/// message it sends): each Watch gets the snapshot, and the first one then gets `frames`, each sent
+/// verbatim as one gRPC message, and stays open.
+#[derive(Clone)]
+struct GarbageController {
+    frames: Vec<Vec<u8>>,
+    requests: Arc<Mutex<Vec<pb::WatchRequest>>>,
+}
+
+/// [`GarbageController`]'s codec: decodes requests, writes each response item as is.
+#[derive(Clone, Copy)]
+struct VerbatimCodec;
+
+impl Codec for VerbatimCodec {
+    type Encode = Vec<u8>;
+    type Decode = pb::WatchRequest;
+    type Encoder = VerbatimCodec;
+    type Decoder = VerbatimCodec;
+
+    fn encoder(&mut self) -> VerbatimCodec {
+        VerbatimCodec
+    }
+
+    fn decoder(&mut self) -> VerbatimCodec {
+        VerbatimCodec
+    }
+}
+
+impl Encoder for VerbatimCodec {
+    type Item = Vec<u8>;
+    type Error = tonic::Status;
+
+    fn encode(&mut self, item: Vec<u8>, dst: &mut EncodeBuf<'_>) -> Result<(), tonic::Status> {
+        dst.put_slice(&item);
+        Ok(())
+    }
+}
+
+impl Decoder for VerbatimCodec {
+    type Item = pb::WatchRequest;
+    type Error = tonic::Status;
+
+    fn decode(
+        &mut self,
+        src: &mut DecodeBuf<'_>,
+    ) -> Result<Option<pb::WatchRequest>, tonic::Status> {
+        pb::WatchRequest::decode(src)
+            .map(Some)
+            .map_err(|e| tonic::Status::internal(e.to_string()))
+    }
+}
+
+impl NamedService for GarbageController {
+    const NAME: &'static str = SERVICE_NAME;
+}
+
+impl tower::Service<http::Request<tonic::body::Body>> for GarbageController {
+    type Response = http::Response<tonic::body::Body>;
+    type Error = std::convert::Infallible;
+    type Future = Pin<Box<dyn Future<Output = Result<Self::Response, Self::Error>> + Send>>;
+
+    fn poll_ready(&mut self, _: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, request: http::Request<tonic::body::Body>) -> Self::Future {
+        let me = self.clone();
+        let watch = tower::service_fn(move |request: tonic::Request<pb::WatchRequest>| {
+            let mut requests = me.requests.lock().unwrap();
+            requests.push(request.into_inner());
+            let mut items = vec![Ok(first_snapshot().encode_to_vec())];
+            if requests.len() == 1 {
+                items.extend(me.frames.iter().cloned().map(Ok));
+            }
+            let stream = futures_util::stream::iter(items).chain(futures_util::stream::pending());
+            std::future::ready(Ok::<_, tonic::Status>(tonic::Response::new(stream)))
+        });
+        Box::pin(async move {
+            Ok(tonic::server::Grpc::new(VerbatimCodec)
+                .server_streaming(watch, request)
+                .await)
+        })
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn garbage_frames_are_rejected_not_applied_and_a_snapshot_is_requested() {
+    let delta = pb::WatchResponse {
+        epoch: "e1".into(),
+        revision: 2,
+        event: Some(pb::watch_response::Event::Delta(pb::Delta {
+            base_revision: 1,
+            upserted_leases: vec![pb::Lease {
+                pool_ref: "ns/a".into(),
+                mac_address: "02:01:00:00:00:02".into(),
+                ip_address: "10.1.0.11".into(),
+            }],
+            ..Default::default()
+        })),
+    }
+    .encode_to_vec();
+    let cases: Vec<(&str, Vec<u8>)> = vec![
+        ("random bytes", vec![0xff; 12]),
+        ("truncated message", delta[..delta.len() - 3].to_vec()),
+        // Field 2 (revision, a varint) sent as a length-delimited field running past the end.
+        ("wrong wire type", vec![0x12, 0x7f, 0x01]),
+    ];
+    for (case, frame) in cases {
+        assert!(
+            pb::WatchResponse::decode(frame.as_slice()).is_err(),
+            "{case} decodes"
+        );
+        let requests = Arc::new(Mutex::new(Vec::new()));
+        let fake = GarbageController {
+            // The valid delta after the garbage must not be applied either: the stream is dropped.
+            frames: vec![frame, delta.clone()],
+            requests: requests.clone(),
+        };
+        let listener = bind("127.0.0.1:0".parse().unwrap()).await;
+        let addr = listener.local_addr().unwrap();
+        let server = tokio::spawn(
+            tonic::transport::Server::builder()
+                .add_service(fake)
+                .serve_with_incoming(tokio_stream::wrappers::TcpListenerStream::new(listener)),
+        );
+        let mut agent = Agent::start(&format!("http://{addr}"), "agent-0");
+        agent.wait_for("the snapshot", |s| s.revision == 1).await;
+        let deadline = Instant::now() + DEADLINE;
+        while requests.lock().unwrap().len() < 2 {
+            assert!(Instant::now() < deadline, "{case}: agent never reconnected");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        let state = agent.state.borrow().clone();
+        assert_eq!(
+            (state.revision, state.lease_count()),
+            (1, 1),
+            "{case}: applied"
+        );
+        let second = requests.lock().unwrap()[1].clone();
+        assert_eq!(
+            (second.epoch.as_str(), second.revision),
+            ("", 0),
+            "{case}: asks for a fresh snapshot"
+        );
+        let status = agent.status.borrow().clone();
+        assert!(status.rejected >= 1, "{case}: {status:?}");
+        let error = status.last_error.clone().unwrap_or_default();
+        assert!(error.contains("malformed frame"), "{case}: {error}");
         agent.stop().await;
         server.abort();
     }
