@@ -2,9 +2,10 @@
 //! server, the controller and agents as processes, and VMs as network namespaces with real DHCP
 //! clients.
 //!
-//! Topology: one namespace holds a bridge standing for the VM network; each agent replica runs in
-//! a namespace of its own with a veth on the bridge named as the controller's bootstrap env says
-//! (the interface Multus would have given it); each VM is a namespace with a veth on the bridge.
+//! Topology: one namespace holds a bridge per VM network (`br0` for pool-a's); each agent replica
+//! runs in a namespace of its own with a veth on each network's bridge, named as the controller's
+//! bootstrap env says (the interfaces Multus would have given it); each VM is a namespace with a
+//! veth on its network's bridge.
 //! Agents reach the API server and the controller, which listen on the host's loopback, through
 //! `socat` relays over Unix sockets (paths are not namespaced), so the agent binary runs unchanged
 //! and nothing is added to the host's network. Addresses are 10.123.45.0/24, inside the lab only.
@@ -78,6 +79,8 @@ pub struct Fleet {
     pub env: (String, String),
     /// The pool's interface name in agent namespaces.
     pub interface: String,
+    /// The bridge in `net` standing for each network (NAD `ns/name`).
+    pub bridges: BTreeMap<String, String>,
     starts: usize,
 }
 
@@ -152,14 +155,24 @@ impl Fleet {
             .unwrap()
     }
 
-    /// A namespace for agent `n`, plugged into the bridge, with relays to the API server and
-    /// the controller on its loopback.
+    /// A namespace for agent `n` with one interface per network of the bootstrap env in
+    /// [`Fleet::env`], each plugged into that network's bridge, named as the env says (as Multus
+    /// would), and relays to the API server and the controller on its loopback.
     pub fn agent_netns(&mut self, n: usize) -> Netns {
         let ns = self.lab.netns(&format!("a{n}")).unwrap();
-        let (net, iface) = (self.net.clone(), self.interface.clone());
-        self.lab
-            .plug(&net, "br0", &format!("pa{n}"), &ns, &iface)
-            .unwrap();
+        let net = self.net.clone();
+        let configs: Vec<Value> = serde_json::from_str(&self.env.0).unwrap();
+        for (i, config) in configs.iter().enumerate() {
+            let nad = config["nadName"].as_str().unwrap();
+            let bridge = self
+                .bridges
+                .get(nad)
+                .unwrap_or_else(|| panic!("no bridge for {nad}"));
+            let iface = config["interfaceName"].as_str().unwrap();
+            self.lab
+                .plug(&net, bridge, &format!("pa{n}i{i}"), &ns, iface)
+                .unwrap();
+        }
         for (name, port) in [("api", self.api_port()), ("grpc", self.grpc)] {
             let sock = self.dir.path().join(format!("{name}.sock"));
             let args = vec![
@@ -246,12 +259,17 @@ impl Fleet {
         )
     }
 
-    /// A VM namespace with `eth0` (MAC `mac`) on the bridge.
+    /// A VM namespace with `eth0` (MAC `mac`) on pool-a's bridge.
     pub fn vm(&mut self, name: &str, mac: &str) -> Netns {
+        self.vm_on(name, mac, "br0")
+    }
+
+    /// A VM namespace with `eth0` (MAC `mac`) on `bridge`.
+    pub fn vm_on(&mut self, name: &str, mac: &str, bridge: &str) -> Netns {
         let vm = self.lab.netns(name).unwrap();
         let net = self.net.clone();
         self.lab
-            .plug(&net, "br0", &format!("p{name}"), &vm, "eth0")
+            .plug(&net, bridge, &format!("p{name}"), &vm, "eth0")
             .unwrap();
         self.lab
             .exec(&vm, "ip", &["link", "set", "eth0", "address", mac])
@@ -259,9 +277,28 @@ impl Fleet {
         vm
     }
 
-    /// The pool's allocations, MAC → address, from its status.
+    /// pool-a's allocations, MAC → address, from its status.
     pub fn allocated(&self) -> BTreeMap<String, String> {
-        let pool = self.kubectl_json(&["-n", NS, "get", "ippool", "pool-a"]);
+        self.allocated_in("pool-a")
+    }
+
+    /// The bootstrap env the controller wrote into the agent Deployment:
+    /// (`AGENT_NETWORK_CONFIGS`, `IPPOOL_REFS_JSON`).
+    pub fn bootstrap_env(&self) -> Option<(String, String)> {
+        let d = self.kubectl_json(&["-n", AGENT_NS, "get", "deployment", "vm-dhcp-agent"]);
+        let env = d["spec"]["template"]["spec"]["containers"][0]["env"].as_array()?;
+        let get = |name: &str| {
+            env.iter()
+                .find(|e| e["name"] == name)
+                .and_then(|e| e["value"].as_str())
+                .map(str::to_owned)
+        };
+        Some((get("AGENT_NETWORK_CONFIGS")?, get("IPPOOL_REFS_JSON")?))
+    }
+
+    /// A pool's allocations, MAC → address, from its status.
+    pub fn allocated_in(&self, pool: &str) -> BTreeMap<String, String> {
+        let pool = self.kubectl_json(&["-n", NS, "get", "ippool", pool]);
         pool["status"]["ipv4"]["allocated"]
             .as_object()
             .map(|m| {
@@ -345,6 +382,7 @@ pub fn setup() -> Fleet {
         relays: Vec::new(),
         env: (String::new(), String::new()),
         interface: String::new(),
+        bridges: BTreeMap::from([(format!("{NS}/net-a"), "br0".to_owned())]),
         starts: 0,
     };
     fleet.apply(&json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": NS}}));
@@ -389,20 +427,7 @@ pub fn setup() -> Fleet {
     let env = wait_for(
         "the bootstrap env in the agent Deployment",
         Duration::from_secs(60),
-        || {
-            let d = fleet.kubectl_json(&["-n", AGENT_NS, "get", "deployment", "vm-dhcp-agent"]);
-            let env = d["spec"]["template"]["spec"]["containers"][0]["env"]
-                .as_array()?
-                .clone();
-            let get = |name: &str| {
-                env.iter()
-                    .find(|e| e["name"] == name)
-                    .and_then(|e| e["value"].as_str())
-                    .map(str::to_owned)
-            };
-            let configs = get("AGENT_NETWORK_CONFIGS")?;
-            (configs != "[]").then_some((configs, get("IPPOOL_REFS_JSON")?))
-        },
+        || fleet.bootstrap_env().filter(|(configs, _)| configs != "[]"),
     );
     let configs: Value = serde_json::from_str(&env.0).unwrap();
     fleet.interface = configs[0]["interfaceName"].as_str().unwrap().to_owned();
