@@ -7,14 +7,19 @@
 //! what it already carries: an unchanged set of pools writes nothing (a write rolls the agents).
 //! A missing Deployment is reported on every served pool (AgentReady=False + event).
 
+use std::collections::BTreeSet;
 use std::sync::Arc;
 use std::time::Duration;
 
+use futures_util::StreamExt;
 use k8s_openapi::api::apps::v1::Deployment;
 use kube::api::{Api, Patch, PatchParams};
+use kube::runtime::WatchStreamExt;
 use kube::runtime::events::EventType;
+use kube::runtime::watcher::{self, watcher};
 use serde_json::json;
 use tracing::{info, warn};
+use vmdhcp_core::NamespacedName;
 use vmdhcp_core::bootstrap::{
     Bootstrap, ENV_AGENT_NETWORK_CONFIGS, ENV_IPPOOL_REFS_JSON, MULTUS_NETWORKS_ANNOTATION,
 };
@@ -66,7 +71,18 @@ pub fn patch_for(bootstrap: &Bootstrap, container: &str) -> serde_json::Value {
 pub async fn run(ctx: Arc<Context>, index: Arc<Index>, target: AgentDeployment) {
     let api: Api<Deployment> = Api::namespaced(ctx.client.clone(), &target.deployment.namespace);
     let mut revisions = index.subscribe();
-    let mut missing_reported = false;
+    // Changes to the Deployment itself (created at last, or its env reset by a `helm upgrade`)
+    // are acted on at once, not at the next index change.
+    let mut deployment_changes = std::pin::pin!(
+        watcher(
+            api.clone(),
+            watcher::Config::default().fields(&format!("metadata.name={}", target.deployment.name)),
+        )
+        .default_backoff()
+    );
+    // Pools told (condition + event) that the Deployment is missing, so each pool hears it once
+    // per absence, including pools that start being served while it is still missing.
+    let mut missing_reported: BTreeSet<NamespacedName> = BTreeSet::new();
     loop {
         let snapshot = index.snapshot(&PoolFilter::all());
         let bootstrap = Bootstrap::from_pools(snapshot.pools.iter().map(|(c, _)| c));
@@ -77,14 +93,16 @@ pub async fn run(ctx: Arc<Context>, index: Arc<Index>, target: AgentDeployment) 
         );
         let outcome = match api.get_opt(&target.deployment.name).await {
             Ok(Some(deploy)) => {
-                missing_reported = false;
+                missing_reported.clear();
                 ctx.agent_deployment_missing
                     .store(false, std::sync::atomic::Ordering::Relaxed);
                 if current(&deploy, &target.container) == desired {
+                    ctx.metrics.bootstrap_checked("unchanged");
                     Ok(())
                 } else if ctx.ensure_leader().is_ok() {
                     let patch = patch_for(&bootstrap, &target.container);
                     api.patch(&target.deployment.name, &PatchParams::default(), &Patch::Strategic(&patch)).await.map(|_| {
+                        ctx.metrics.bootstrap_checked("written");
                         info!(deployment = %target.deployment, pools = bootstrap.pool_refs.len(), "agent Deployment bootstrap updated");
                     })
                 } else {
@@ -92,40 +110,39 @@ pub async fn run(ctx: Arc<Context>, index: Arc<Index>, target: AgentDeployment) 
                 }
             }
             Ok(None) => {
+                ctx.metrics.bootstrap_checked("missing");
                 ctx.agent_deployment_missing
                     .store(true, std::sync::atomic::Ordering::Relaxed);
-                if !missing_reported {
-                    report_missing(
-                        &ctx,
-                        &target,
-                        &snapshot
-                            .pools
-                            .iter()
-                            .map(|(c, _)| c.pool.clone())
-                            .collect::<Vec<_>>(),
-                    )
-                    .await;
-                    missing_reported = true;
+                let unreported: Vec<NamespacedName> = snapshot
+                    .pools
+                    .iter()
+                    .map(|(c, _)| c.pool.clone())
+                    .filter(|p| !missing_reported.contains(p))
+                    .collect();
+                if !unreported.is_empty() {
+                    report_missing(&ctx, &target, &unreported).await;
+                    missing_reported.extend(unreported);
                 }
                 Ok(())
             }
             Err(e) => Err(e),
         };
         if let Err(e) = outcome {
+            ctx.metrics.bootstrap_checked("error");
             warn!(deployment = %target.deployment, error = %e, "cannot update the agent Deployment; retrying");
             tokio::time::sleep(Duration::from_secs(5)).await;
             continue;
         }
-        // Re-check on every index change, and now and then in case someone edited the Deployment.
-        let _ = tokio::time::timeout(Duration::from_secs(60), revisions.changed()).await;
+        // Re-check on every index change and Deployment change, and now and then regardless.
+        tokio::select! {
+            _ = revisions.changed() => {}
+            _ = deployment_changes.next() => {}
+            () = tokio::time::sleep(Duration::from_secs(60)) => {}
+        }
     }
 }
 
-async fn report_missing(
-    ctx: &Context,
-    target: &AgentDeployment,
-    pools: &[vmdhcp_core::NamespacedName],
-) {
+async fn report_missing(ctx: &Context, target: &AgentDeployment, pools: &[NamespacedName]) {
     let message = format!(
         "agent Deployment {} not found; agents cannot be bootstrapped",
         target.deployment

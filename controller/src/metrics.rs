@@ -46,6 +46,11 @@ struct ReconcileLabels {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ResultLabel {
+    result: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct ControllerLabel {
     controller: String,
 }
@@ -58,6 +63,7 @@ pub struct Metrics {
     vmnetcfg_status: Family<VmnetcfgLabels, Gauge>,
     reconciles: Family<ReconcileLabels, Counter>,
     durations: Family<ControllerLabel, Histogram>,
+    bootstrap_checks: Family<ResultLabel, Counter>,
     pool_series: Mutex<HashMap<String, PoolLabels>>,
     vmnetcfg_series: Mutex<HashMap<String, BTreeSet<VmnetcfgLabels>>>,
 }
@@ -97,8 +103,16 @@ impl Default for Metrics {
             "Reconcile duration by controller",
             durations.clone(),
         );
+        let bootstrap_checks = Family::<ResultLabel, Counter>::default();
+        registry.register(
+            "vmdhcpcontroller_agent_bootstrap_checks",
+            "Checks of the agent Deployment's bootstrap against the served pools, by result \
+             (unchanged, written, missing, error)",
+            bootstrap_checks.clone(),
+        );
         Metrics {
             registry,
+            bootstrap_checks,
             ippool_used,
             ippool_available,
             vmnetcfg_status,
@@ -184,6 +198,16 @@ impl Metrics {
                 controller: controller.into(),
             })
             .observe(took.as_secs_f64());
+    }
+
+    /// Counts one check of the agent Deployment's bootstrap: `unchanged` (nothing written),
+    /// `written`, `missing` (no such Deployment) or `error`.
+    pub fn bootstrap_checked(&self, result: &str) {
+        self.bootstrap_checks
+            .get_or_create(&ResultLabel {
+                result: result.into(),
+            })
+            .inc();
     }
 
     /// The exposition text for `/metrics`.

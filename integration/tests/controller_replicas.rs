@@ -7,7 +7,9 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::net::TcpListener;
 use std::time::{Duration, Instant};
 
+use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::coordination::v1::Lease;
+use k8s_openapi::api::core::v1::Event;
 use kube::api::{Api, ApiResource, DynamicObject, GroupVersionKind, PostParams};
 use kube::{Client, ResourceExt};
 use serde_json::json;
@@ -27,11 +29,21 @@ fn free_port() -> u16 {
 
 /// A controller process; killed with SIGKILL when dropped (through its supervisor).
 struct Replica {
-    _process: Supervised,
+    process: Supervised,
     http: u16,
 }
 
 fn start(cp: &ControlPlane, identity: &str, lease_ns: &str, elect: bool) -> Replica {
+    start_with(cp, identity, lease_ns, elect, &[])
+}
+
+fn start_with(
+    cp: &ControlPlane,
+    identity: &str,
+    lease_ns: &str,
+    elect: bool,
+    extra: &[String],
+) -> Replica {
     let http = free_port();
     let mut args = vec![
         "run".to_owned(),
@@ -47,22 +59,26 @@ fn start(cp: &ControlPlane, identity: &str, lease_ns: &str, elect: bool) -> Repl
     if !elect {
         args.push("--no-leader-election".into());
     }
+    args.extend_from_slice(extra);
     let log = cp.dir().join(format!("controller-{identity}.log"));
     let bin =
         vmdhcp_integration::process::workspace_binary("vmdhcp-controller", "vm-dhcp-controller");
     let process = Supervised::spawn(&bin, &args, &log, None).unwrap();
-    Replica {
-        _process: process,
-        http,
-    }
+    Replica { process, http }
 }
 
 impl Replica {
+    /// GET `path`: (status, body), or None while nothing listens.
+    fn get(&self, path: &str) -> Option<(u16, String)> {
+        let raw = vmdhcp_integration::http::get(&format!("127.0.0.1:{}", self.http), path).ok()?;
+        let (head, body) = raw.split_once("\r\n\r\n")?;
+        let status = head.split(' ').nth(1)?.parse().ok()?;
+        Some((status, body.to_owned()))
+    }
+
     fn metric(&self, needle: &str) -> f64 {
         // A replica that does not answer has reconciled nothing this test can see.
-        let Ok(out) =
-            vmdhcp_integration::http::get(&format!("127.0.0.1:{}", self.http), "/metrics")
-        else {
+        let Some((_, out)) = self.get("/metrics") else {
             return 0.0;
         };
         out.lines()
@@ -226,7 +242,156 @@ async fn only_the_leader_writes_and_killing_it_hands_the_work_over() {
         logs("replica-b")
     );
     assert!(follower.metric(metric) > 0.0);
+
+    // SIGTERM the new leader with a third replica waiting: it stops writing and releases the
+    // Lease before it exits (without the release the Lease would name it for 3 more seconds).
+    let third = start(cp, "replica-c", &ns, true);
+    poll("the third replica up", async || third.get("/healthz")).await;
+    assert!(follower.process.signal("TERM"));
+    poll("the leader to exit", async || {
+        follower.process.exited().then_some(())
+    })
+    .await;
+    let after_exit = leases
+        .get("vm-dhcp-controllers")
+        .await
+        .unwrap()
+        .spec
+        .unwrap()
+        .holder_identity
+        .unwrap_or_default();
+    assert_ne!(
+        after_exit, holder_now,
+        "the Lease was not released on SIGTERM"
+    );
+    vm(&client, &ns, "vm-third", "net-ha", "02:00:00:14:00:03").await;
+    poll("third VM allocated by the third replica", async || {
+        allocated_configs(&client, &ns)
+            .await
+            .get("vm-third")
+            .cloned()
+    })
+    .await;
+    assert!(third.metric(metric) > 0.0);
     drop(follower);
+}
+
+#[tokio::test]
+async fn missing_agent_deployment_is_reported_and_an_unchanged_bootstrap_writes_nothing() {
+    let cp = &ControlPlane::start().unwrap();
+    let client = cp.client().await.unwrap();
+    let ns = cp.namespace(&client, "boot").await.unwrap();
+    let replica = start_with(
+        cp,
+        "boot-1",
+        &ns,
+        false,
+        &[
+            format!("--agent-deployment={ns}/vm-dhcp-agent"),
+            "--enable-cache-dump-api".into(),
+        ],
+    );
+    network_and_pool(&client, &ns, "net-boot", 30).await;
+    let pools: Api<IPPool> = Api::namespaced(client.clone(), &ns);
+
+    // No Deployment yet: a condition on the pool and a Warning event, not just a log line.
+    poll("AgentReady=False AgentDeploymentNotFound", async || {
+        let pool = pools.get("net-boot").await.ok()?;
+        let c = find_condition(&pool.status?.conditions, "AgentReady")?.clone();
+        (c.status == "False" && c.reason.as_deref() == Some("AgentDeploymentNotFound"))
+            .then_some(())
+    })
+    .await;
+    let events: Api<Event> = Api::namespaced(client.clone(), &ns);
+    poll("an AgentDeploymentNotFound event on the pool", async || {
+        events
+            .list(&Default::default())
+            .await
+            .ok()?
+            .items
+            .into_iter()
+            .find(|e| {
+                e.reason.as_deref() == Some("AgentDeploymentNotFound")
+                    && e.involved_object.name.as_deref() == Some("net-boot")
+                    && e.type_.as_deref() == Some("Warning")
+            })
+    })
+    .await;
+
+    // The Deployment appears: the bootstrap is written once.
+    let deployments: Api<Deployment> = Api::namespaced(client.clone(), &ns);
+    deployments
+        .create(
+            &PostParams::default(),
+            &serde_json::from_value(json!({
+                "apiVersion": "apps/v1", "kind": "Deployment",
+                "metadata": {"name": "vm-dhcp-agent", "namespace": ns},
+                "spec": {"selector": {"matchLabels": {"app": "agent"}}, "template": {
+                    "metadata": {"labels": {"app": "agent"}},
+                    "spec": {"containers": [{"name": "agent", "image": "vmdhcp/agent:test"}]}
+                }}
+            }))
+            .unwrap(),
+        )
+        .await
+        .unwrap();
+    let written = poll("the bootstrap written", async || {
+        let d = deployments.get("vm-dhcp-agent").await.ok()?;
+        let annotated = d
+            .spec
+            .as_ref()?
+            .template
+            .metadata
+            .as_ref()?
+            .annotations
+            .as_ref()?
+            .get("k8s.v1.cni.cncf.io/networks")?
+            .contains(&format!("{ns}/net-boot@"));
+        annotated.then_some(d)
+    })
+    .await;
+    let checks = |result: &str| {
+        replica.metric(&format!(
+            "vmdhcpcontroller_agent_bootstrap_checks_total{{result=\"{result}\"}}"
+        ))
+    };
+    assert_eq!(checks("written"), 1.0);
+    let unchanged_before = checks("unchanged");
+
+    // Allocations change the index but not the set of pools: checks run, nothing is written.
+    vm(&client, &ns, "vm-boot", "net-boot", "02:00:00:1e:00:01").await;
+    let (_, ip) = poll("VM allocated", async || {
+        allocated_configs(&client, &ns)
+            .await
+            .get("vm-boot")
+            .cloned()
+    })
+    .await;
+    poll("a bootstrap check after the allocation", async || {
+        (checks("unchanged") > unchanged_before).then_some(())
+    })
+    .await;
+    let now = deployments.get("vm-dhcp-agent").await.unwrap();
+    assert_eq!(
+        now.resource_version(),
+        written.resource_version(),
+        "an unchanged bootstrap was written"
+    );
+    assert_eq!(checks("written"), 1.0);
+
+    // The debug endpoints (behind --enable-cache-dump-api) show the allocation.
+    let (status, ipams) = replica.get(&format!("/ipams/{ns}/net-boot")).unwrap();
+    assert_eq!(status, 200, "{ipams}");
+    assert!(
+        ipams.contains(&ip) && ipams.contains("02:00:00:1e:00:01"),
+        "{ipams}"
+    );
+    let (status, caches) = replica.get(&format!("/caches/{ns}/net-boot")).unwrap();
+    assert_eq!(status, 200, "{caches}");
+    let caches: BTreeMap<String, String> = serde_json::from_str(&caches).unwrap();
+    assert_eq!(caches.get("02:00:00:1e:00:01"), Some(&ip), "{caches:?}");
+    let (status, _) = replica.get(&format!("/caches/{ns}/no-such-pool")).unwrap();
+    assert_eq!(status, 404);
 }
 
 #[tokio::test]
