@@ -168,9 +168,9 @@ pub fn handle(
         Ok(m) => m,
         Err(_) => return Outcome::drop(DropReason::BadOptions),
     };
-    let mut mac = [0u8; 6];
-    mac.copy_from_slice(&packet[28..34]);
-    let mac = MacAddr(mac);
+    let mut chaddr = [0u8; 6];
+    chaddr.copy_from_slice(&packet[28..34]);
+    let mac = reservation_key(&request, MacAddr(chaddr), pool);
     let Some(kind) = request.opts().msg_type() else {
         return Outcome::drop(DropReason::NoMessageType);
     };
@@ -179,6 +179,31 @@ pub fn handle(
         request: Some(kind),
         mac: Some(mac),
         action,
+    }
+}
+
+/// The MAC whose reservation answers this client: its hardware address (`chaddr`) when the pool
+/// has a reservation for it, else the hardware address inside its client identifier (option 61,
+/// type 1 = Ethernet, RFC 2132 §9.14) when that has one, else `chaddr` (an unknown client).
+/// Reservations come from the VM NIC's MAC; a client that names itself by that MAC in option 61
+/// while its frames carry another (a bond, a rewritten or regenerated NIC address) still gets its
+/// address. Other identifiers (DUIDs, RFC 4361) cannot be mapped to a NIC and are ignored.
+fn reservation_key(request: &Message, chaddr: MacAddr, pool: &PoolSnapshot) -> MacAddr {
+    if pool.address_of(&chaddr).is_some() {
+        return chaddr;
+    }
+    match request.opts().get(OptionCode::ClientIdentifier) {
+        Some(DhcpOption::ClientIdentifier(id)) if id.len() == 7 && id[0] == 1 => {
+            let mut mac = [0u8; 6];
+            mac.copy_from_slice(&id[1..]);
+            let mac = MacAddr(mac);
+            if pool.address_of(&mac).is_some() {
+                mac
+            } else {
+                chaddr
+            }
+        }
+        _ => chaddr,
     }
 }
 
@@ -889,6 +914,36 @@ mod tests {
             offer.opts().get(OptionCode::ClientIdentifier),
             Some(&DhcpOption::ClientIdentifier(id))
         );
+    }
+
+    #[test]
+    fn a_client_identifier_naming_a_reserved_mac_is_honoured() {
+        const OTHER: [u8; 6] = [0x02, 0, 0, 0, 0x0b, 0x0b];
+        let with_id = |chaddr: [u8; 6], id: Vec<u8>| {
+            let mut req = request(MessageType::Discover, chaddr);
+            req.opts_mut().insert(DhcpOption::ClientIdentifier(id));
+            run(&req)
+        };
+        let type1 = |mac: [u8; 6]| [vec![1], mac.to_vec()].concat();
+        // Unknown chaddr, identifier naming the reserved NIC: its address, to the sender.
+        let outcome = with_id(OTHER, type1(KNOWN));
+        assert_eq!(outcome.mac, Some(MacAddr(KNOWN)));
+        let (kind, _, offer) = reply_of(&outcome);
+        assert_eq!(kind, MessageType::Offer);
+        assert_eq!(offer.yiaddr(), LEASED);
+        assert_eq!(offer.chaddr(), OTHER);
+        // A reserved chaddr wins over whatever the identifier names.
+        let outcome = with_id(KNOWN, type1(OTHER));
+        assert_eq!(outcome.mac, Some(MacAddr(KNOWN)));
+        // A DUID (type 255) or an identifier naming no reservation: still unknown.
+        let duid = [vec![255, 0, 0, 0, 1], KNOWN.to_vec()].concat();
+        for id in [duid, type1(OTHER), vec![1, 2, 3]] {
+            let outcome = with_id(OTHER, id.clone());
+            assert!(
+                matches!(outcome.action, Action::Silent(Silence::UnknownMac)),
+                "{id:?}"
+            );
+        }
     }
 
     #[test]
