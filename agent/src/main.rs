@@ -10,6 +10,8 @@ use vmdhcp_core::bootstrap::{Bootstrap, ENV_AGENT_NETWORK_CONFIGS, ENV_IPPOOL_RE
 struct Cli {
     #[command(subcommand)]
     command: Command,
+    #[command(flatten)]
+    log: vmdhcp_telemetry::LogArgs,
 }
 
 #[derive(Subcommand, Debug)]
@@ -137,11 +139,9 @@ async fn run_agent(args: RunArgs) -> anyhow::Result<()> {
 }
 
 fn main() -> anyhow::Result<()> {
-    tracing_subscriber::fmt()
-        .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
-        .with_writer(std::io::stderr)
-        .init();
-    match Cli::parse().command {
+    let cli = Cli::parse();
+    vmdhcp_telemetry::init(&cli.log).context("setting up logging")?;
+    match cli.command {
         Command::CheckBootstrap {
             agent_network_configs,
             ippool_refs_json,

@@ -19,6 +19,8 @@ use vmdhcp_leader::{ElectionArgs, LeaderElector};
 struct Cli {
     #[command(subcommand)]
     command: Command,
+    #[command(flatten)]
+    log: vmdhcp_telemetry::LogArgs,
 }
 
 #[derive(Subcommand, Debug)]
@@ -67,13 +69,9 @@ struct RunArgs {
 }
 
 fn main() -> anyhow::Result<()> {
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()),
-        )
-        .with_writer(std::io::stderr)
-        .init();
-    match Cli::parse().command {
+    let cli = Cli::parse();
+    vmdhcp_telemetry::init(&cli.log).context("setting up logging")?;
+    match cli.command {
         Command::Crds => {
             let manifests = vmdhcp_core::crd::crd_manifests().context("rendering CRDs")?;
             let out = manifests
