@@ -89,6 +89,16 @@ pub struct AgentReport {
 pub struct Reports {
     by_agent: Mutex<BTreeMap<String, AgentReport>>,
     changed: watch::Sender<u64>,
+    streams: Arc<std::sync::atomic::AtomicUsize>,
+}
+
+/// Counts one open Watch stream for as long as it lives.
+struct OpenStream(Arc<std::sync::atomic::AtomicUsize>);
+
+impl Drop for OpenStream {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, std::sync::atomic::Ordering::Relaxed);
+    }
 }
 
 impl Reports {
@@ -98,6 +108,17 @@ impl Reports {
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
             .clone()
+    }
+
+    /// Watch streams open right now (agents connected to this replica).
+    pub fn open_streams(&self) -> usize {
+        self.streams.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    fn stream_opened(&self) -> OpenStream {
+        self.streams
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        OpenStream(self.streams.clone())
     }
 
     /// A receiver that wakes whenever a report arrives.
@@ -179,6 +200,7 @@ impl ConfigService for ConfigServer {
             sent: resume,
             greet: true,
             pending: VecDeque::new(),
+            _open: self.reports.stream_opened(),
         };
         info!(%agent, ?peer, epoch = %req.epoch, revision = req.revision, resume = resume.is_some(), "agent watching");
         let span = info_span!("watch", %agent);
@@ -240,6 +262,8 @@ struct Session {
     greet: bool,
     /// Remaining parts of a snapshot being sent.
     pending: VecDeque<pb::WatchResponse>,
+    /// Keeps this stream counted in [`Reports::open_streams`].
+    _open: OpenStream,
 }
 
 impl Session {

@@ -14,6 +14,8 @@ use tokio::net::TcpListener;
 use tokio::sync::watch;
 use vmdhcp_core::NamespacedName;
 
+use crate::config_service::Reports;
+use crate::index::Index;
 use crate::ipam::Ipam;
 use crate::metrics::Metrics;
 
@@ -28,6 +30,12 @@ pub struct HttpState {
     pub ipam: Arc<RwLock<Option<Arc<Ipam>>>>,
     /// Whether the debug dumps are served.
     pub dumps: bool,
+    /// The index the stream serves (its revision is a gauge).
+    pub index: Arc<Index>,
+    /// Agents' reports and open streams.
+    pub reports: Arc<Reports>,
+    /// Whether this replica leads.
+    pub leader: watch::Receiver<bool>,
 }
 
 async fn readyz(State(s): State<HttpState>) -> Response {
@@ -39,6 +47,11 @@ async fn readyz(State(s): State<HttpState>) -> Response {
 }
 
 async fn metrics(State(s): State<HttpState>) -> Response {
+    s.metrics.set_live(
+        s.reports.open_streams(),
+        s.index.revision(),
+        *s.leader.borrow(),
+    );
     (
         [(
             "content-type",

@@ -1,6 +1,7 @@
 //! The controller's Prometheus metrics: upstream's names and labels, removed together with their
 //! object (upstream leaked pool series by deleting them under the wrong label), plus reconcile
-//! counts, errors and durations.
+//! counts, errors and durations, agent-bootstrap checks, and gauges of live state read at scrape
+//! time (open config streams, index revision, leadership).
 
 use std::collections::{BTreeSet, HashMap};
 use std::sync::{Mutex, PoisonError};
@@ -64,6 +65,9 @@ pub struct Metrics {
     reconciles: Family<ReconcileLabels, Counter>,
     durations: Family<ControllerLabel, Histogram>,
     bootstrap_checks: Family<ResultLabel, Counter>,
+    stream_clients: Gauge,
+    index_revision: Gauge,
+    leader: Gauge,
     pool_series: Mutex<HashMap<String, PoolLabels>>,
     vmnetcfg_series: Mutex<HashMap<String, BTreeSet<VmnetcfgLabels>>>,
 }
@@ -110,9 +114,30 @@ impl Default for Metrics {
              (unchanged, written, missing, error)",
             bootstrap_checks.clone(),
         );
+        let stream_clients = Gauge::default();
+        registry.register(
+            "vmdhcpcontroller_stream_clients",
+            "Agents with a config stream open to this replica",
+            stream_clients.clone(),
+        );
+        let index_revision = Gauge::default();
+        registry.register(
+            "vmdhcpcontroller_index_revision",
+            "Latest revision of the index the config stream serves",
+            index_revision.clone(),
+        );
+        let leader = Gauge::default();
+        registry.register(
+            "vmdhcpcontroller_leader",
+            "1 while this replica leads (reconciles and writes), else 0",
+            leader.clone(),
+        );
         Metrics {
             registry,
             bootstrap_checks,
+            stream_clients,
+            index_revision,
+            leader,
             ippool_used,
             ippool_available,
             vmnetcfg_status,
@@ -208,6 +233,15 @@ impl Metrics {
                 result: result.into(),
             })
             .inc();
+    }
+
+    /// Sets the gauges read from live state at scrape time.
+    pub fn set_live(&self, stream_clients: usize, index_revision: u64, leader: bool) {
+        self.stream_clients
+            .set(i64::try_from(stream_clients).unwrap_or(i64::MAX));
+        self.index_revision
+            .set(i64::try_from(index_revision).unwrap_or(i64::MAX));
+        self.leader.set(i64::from(leader));
     }
 
     /// The exposition text for `/metrics`.

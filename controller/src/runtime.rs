@@ -416,6 +416,9 @@ pub async fn run(
         ready,
         ipam: ipam_slot.clone(),
         dumps: settings.dumps,
+        index: index.clone(),
+        reports: reports.clone(),
+        leader: leader.clone(),
     };
     let http_task = tokio::spawn(crate::http::serve(http, http_state, shutdown.clone()));
     let sync_task = tokio::spawn(sync_index(client.clone(), index.clone(), ready_tx));

@@ -72,6 +72,8 @@ pub struct Fleet {
     pub net: Netns,
     /// The controller's gRPC port on the host loopback.
     pub grpc: u16,
+    /// The controller's HTTP port (`/metrics`) on the host loopback.
+    pub controller_http: u16,
     /// The controller, while running.
     pub controller: Option<Supervised>,
     relays: Vec<Supervised>,
@@ -121,7 +123,7 @@ impl Fleet {
             format!("--kubeconfig={}", self.cp.kubeconfig().display()),
             "--identity=controller-0".into(),
             format!("--grpc-listen=127.0.0.1:{}", self.grpc),
-            format!("--http-listen=127.0.0.1:{}", free_port()),
+            format!("--http-listen=127.0.0.1:{}", self.controller_http),
             format!("--agent-deployment={AGENT_NS}/vm-dhcp-agent"),
             "--no-leader-election".into(),
             "--heartbeat-seconds=2".into(),
@@ -234,6 +236,19 @@ impl Fleet {
         serde_json::from_str(body.trim()).ok()
     }
 
+    /// The controller's `/metrics` text (empty while it does not answer).
+    pub fn controller_metrics(&self) -> String {
+        crate::http::get(&format!("127.0.0.1:{}", self.controller_http), "/metrics")
+            .unwrap_or_default()
+    }
+
+    /// The agent's `/metrics` text, read inside its namespace (empty while it does not answer).
+    pub fn agent_metrics(&self, agent: &Agent) -> String {
+        try_http_get(&self.lab, &agent.ns, &format!("{AGENT_HTTP}/metrics"))
+            .map(|(_, body)| body)
+            .unwrap_or_default()
+    }
+
     /// The one agent that says it leads (and serves), once exactly one does.
     pub fn leader<'a>(&self, agents: &[&'a Agent]) -> &'a Agent {
         wait_for(
@@ -310,6 +325,45 @@ impl Fleet {
     }
 }
 
+/// The sum of the samples in Prometheus `text` whose line starts with `series` (a name, or a
+/// name and the start of its labels); `None` when there is no such sample.
+pub fn metric(text: &str, series: &str) -> Option<f64> {
+    let values: Vec<f64> = text
+        .lines()
+        .filter(|l| l.starts_with(series))
+        .filter_map(|l| l.rsplit(' ').next()?.parse().ok())
+        .collect();
+    (!values.is_empty()).then(|| values.iter().sum())
+}
+
+/// Server replies that answer the same client request packet from more than one server: each
+/// reply is paired with the latest request with its xid captured before it (clients such as ISC
+/// dhclient reuse one xid for every renewal of a lease, so an xid alone is not one request).
+pub fn doubled_replies(messages: &[Captured]) -> Vec<Vec<Captured>> {
+    let mut by_request: BTreeMap<(usize, u32, u8), Vec<Captured>> = BTreeMap::new();
+    for (i, reply) in messages.iter().enumerate().filter(|(_, m)| m.op == 2) {
+        let request = messages[..i]
+            .iter()
+            .rposition(|m| m.op == 1 && m.xid == reply.xid)
+            .unwrap_or(usize::MAX);
+        by_request
+            .entry((request, reply.xid, reply.kind))
+            .or_default()
+            .push(reply.clone());
+    }
+    by_request
+        .into_values()
+        .filter(|replies| {
+            replies
+                .iter()
+                .map(|r| r.src)
+                .collect::<std::collections::BTreeSet<_>>()
+                .len()
+                > 1
+        })
+        .collect()
+}
+
 /// Probes with one-shot udhcpc runs until one gets `ip`; returns the time it took.
 pub fn probe_until_leased(vm: &Netns, dir: &Path, ip: &str, limit: Duration) -> Duration {
     let start = Instant::now();
@@ -327,12 +381,35 @@ pub fn probe_until_leased(vm: &Netns, dir: &Path, ip: &str, limit: Duration) -> 
     }
 }
 
-/// DHCP replies in a pcap file: (xid, message type, source MAC).
-pub fn replies(pcap: &Path) -> Vec<(u32, u8, [u8; 6])> {
+/// One DHCP message seen in a capture.
+#[derive(Clone, Debug)]
+pub struct Captured {
+    /// Capture time, seconds since the epoch.
+    pub at: f64,
+    /// BOOTP op: 1 request (client), 2 reply (server).
+    pub op: u8,
+    /// Transaction id.
+    pub xid: u32,
+    /// Message type (1 discover, 3 request, 2 offer, 5 ack, 6 nak, …).
+    pub kind: u8,
+    /// Source MAC (which client or server).
+    pub src: [u8; 6],
+    /// Destination MAC.
+    pub dst: [u8; 6],
+    /// The client's hardware address.
+    pub chaddr: [u8; 6],
+    /// The address offered or acknowledged.
+    pub yiaddr: [u8; 4],
+}
+
+/// DHCP messages in a pcap file, in capture order, with when, from and to whom and for what.
+pub fn captured(pcap: &Path) -> Vec<Captured> {
     let data = fs::read(pcap).unwrap_or_default();
     let mut out = Vec::new();
     let mut at = 24; // global header
     while at + 16 <= data.len() {
+        let secs = u32::from_le_bytes(data[at..at + 4].try_into().unwrap());
+        let usecs = u32::from_le_bytes(data[at + 4..at + 8].try_into().unwrap());
         let caplen = u32::from_le_bytes(data[at + 8..at + 12].try_into().unwrap()) as usize;
         let frame = &data[(at + 16).min(data.len())..(at + 16 + caplen).min(data.len())];
         at += 16 + caplen;
@@ -341,7 +418,7 @@ pub fn replies(pcap: &Path) -> Vec<(u32, u8, [u8; 6])> {
         }
         let ihl = usize::from(frame[14] & 0x0f) * 4;
         let dhcp = &frame[14 + ihl + 8..];
-        if dhcp.len() < 240 || dhcp[0] != 2 {
+        if dhcp.len() < 240 || !(dhcp[0] == 1 || dhcp[0] == 2) {
             continue;
         }
         let xid = u32::from_be_bytes(dhcp[4..8].try_into().unwrap());
@@ -358,8 +435,16 @@ pub fn replies(pcap: &Path) -> Vec<(u32, u8, [u8; 6])> {
             }
             i += 2 + len;
         }
-        let src: [u8; 6] = frame[6..12].try_into().unwrap();
-        out.push((xid, kind, src));
+        out.push(Captured {
+            at: f64::from(secs) + f64::from(usecs) / 1e6,
+            op: dhcp[0],
+            xid,
+            kind,
+            src: frame[6..12].try_into().unwrap(),
+            dst: frame[0..6].try_into().unwrap(),
+            chaddr: dhcp[28..34].try_into().unwrap(),
+            yiaddr: dhcp[16..20].try_into().unwrap(),
+        });
     }
     out
 }
@@ -378,6 +463,7 @@ pub fn setup() -> Fleet {
         dir: tempfile::tempdir().unwrap(),
         net,
         grpc: free_port(),
+        controller_http: free_port(),
         controller: None,
         relays: Vec::new(),
         env: (String::new(), String::new()),
@@ -437,4 +523,41 @@ pub fn setup() -> Fleet {
         (a.contains_key(VM1_MAC) && a.contains_key(VM2_MAC)).then_some(())
     });
     fleet
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn msg(op: u8, kind: u8, xid: u32, src: u8) -> Captured {
+        Captured {
+            at: 0.0,
+            op,
+            xid,
+            kind,
+            src: [2, 0, 0, 0, 0, src],
+            dst: [0xff; 6],
+            chaddr: [2, 0, 0, 0, 0, 1],
+            yiaddr: [10, 0, 0, 10],
+        }
+    }
+
+    #[test]
+    fn replies_are_doubled_only_when_two_servers_answer_one_request() {
+        // dhclient renews with the xid of its first exchange: one server per request is fine.
+        let renewals = [
+            msg(1, 3, 7, 1),
+            msg(2, 5, 7, 0xa),
+            msg(1, 3, 7, 1),
+            msg(2, 5, 7, 0xb),
+        ];
+        assert!(doubled_replies(&renewals).is_empty());
+        let split_brain = [msg(1, 3, 7, 1), msg(2, 5, 7, 0xa), msg(2, 5, 7, 0xb)];
+        assert_eq!(doubled_replies(&split_brain).len(), 1);
+        // A reply with no captured request still counts, grouped by xid alone.
+        let orphans = [msg(2, 2, 9, 0xa), msg(2, 2, 9, 0xb)];
+        assert_eq!(doubled_replies(&orphans).len(), 1);
+        let unrelated = [msg(2, 2, 9, 0xa), msg(2, 2, 10, 0xb)];
+        assert!(doubled_replies(&unrelated).is_empty());
+    }
 }

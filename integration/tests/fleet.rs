@@ -2,19 +2,26 @@
 //! real DHCP clients (see [`vmdhcp_integration::fleet`] for the topology).
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
-use std::collections::{BTreeMap, BTreeSet};
 use std::fs;
 use std::process::Stdio;
 use std::time::Duration;
 
 use vmdhcp_integration::dhcp_client::{start_dhclient, wait_event, wait_for};
 use vmdhcp_integration::fleet::{
-    LEASE_SECONDS, NS, SERVER_IP, VM1_MAC, VM2_MAC, probe_until_leased, replies, setup,
+    LEASE_SECONDS, NS, SERVER_IP, VM1_MAC, VM2_MAC, captured, doubled_replies, metric,
+    probe_until_leased, setup,
 };
 
 #[test]
 fn kubectl_apply_to_lease_then_failover_fallback_and_resume() {
     let mut fleet = setup();
+    let now = || {
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_secs_f64()
+    };
+    let mut timeline: Vec<(&str, f64)> = vec![("setup done", now())];
     let allocated = fleet.allocated();
     let (ip1, ip2) = (allocated[VM1_MAC].clone(), allocated[VM2_MAC].clone());
 
@@ -64,12 +71,72 @@ fn kubectl_apply_to_lease_then_failover_fallback_and_resume() {
             .map(|_| ())
     });
 
+    // Both /metrics show the system at work, and their series move with it.
+    timeline.push(("metrics and probe", now()));
+    let leading = if leader == a0.identity { &a0 } else { &a1 };
+    let c = fleet.controller_metrics();
+    assert_eq!(metric(&c, "vmdhcpcontroller_leader "), Some(1.0), "{c}");
+    assert_eq!(
+        metric(&c, "vmdhcpcontroller_stream_clients "),
+        Some(2.0),
+        "{c}"
+    );
+    assert!(
+        metric(&c, "vmdhcpcontroller_index_revision ").unwrap_or(0.0) > 0.0,
+        "{c}"
+    );
+    assert_eq!(
+        metric(&c, "vmdhcpcontroller_ippool_used{ippool=\"fleet/pool-a\""),
+        Some(2.0),
+        "{c}"
+    );
+    assert!(
+        metric(
+            &c,
+            "vmdhcpcontroller_reconciles_total{controller=\"vmnetcfg\",result=\"ok\"}"
+        )
+        .unwrap_or(0.0)
+            > 0.0,
+        "{c}"
+    );
+    let requests = |text: &str| metric(text, "vmdhcp_agent_dhcp_requests_total").unwrap_or(0.0);
+    let m = fleet.agent_metrics(leading);
+    assert_eq!(metric(&m, "vmdhcp_agent_leader "), Some(1.0), "{m}");
+    assert_eq!(
+        metric(&m, "vmdhcp_agent_leases{pool=\"fleet/pool-a\"}"),
+        Some(2.0),
+        "{m}"
+    );
+    assert_eq!(
+        metric(&m, "vmdhcp_agent_stream_connected "),
+        Some(1.0),
+        "{m}"
+    );
+    assert!(requests(&m) > 0.0, "{m}");
+    let before = (
+        requests(&m),
+        metric(&m, "vmdhcp_agent_dhcp_replies_total").unwrap_or(0.0),
+    );
+    probe_until_leased(
+        &vm2,
+        &fleet.dir.path().join("probe"),
+        &ip2,
+        Duration::from_secs(10),
+    );
+    let m = fleet.agent_metrics(leading);
+    assert!(requests(&m) > before.0, "requests did not move: {m}");
+    assert!(
+        metric(&m, "vmdhcp_agent_dhcp_replies_total").unwrap_or(0.0) > before.1,
+        "replies did not move: {m}"
+    );
+
     // kill -9 the leader: the standby answers within lease duration + 2 s (+1 s of probe).
     let (mut killed, survivor) = if leader == a0.identity {
         (a0, a1)
     } else {
         (a1, a0)
     };
+    timeline.push(("kill -9 leader", now()));
     assert!(killed.process.signal("KILL"));
     let probe_dir = fleet.dir.path().join("probe");
     let took = probe_until_leased(
@@ -83,6 +150,7 @@ fn kubectl_apply_to_lease_then_failover_fallback_and_resume() {
 
     // The killed replica comes back in the same pod network: a standby, with the address it
     // left behind removed.
+    timeline.push(("restart killed", now()));
     killed = fleet.start_agent(&killed.ns.clone(), &killed.identity.clone());
     wait_for(
         "the restarted agent to be a ready standby",
@@ -102,6 +170,7 @@ fn kubectl_apply_to_lease_then_failover_fallback_and_resume() {
     );
 
     // SIGTERM the leader: handoff within 3 s (+1 s of probe).
+    timeline.push(("SIGTERM leader", now()));
     assert!(survivor.process.signal("TERM"));
     let took = probe_until_leased(&vm2, &probe_dir, &ip2, Duration::from_secs(3 + 1));
     eprintln!("graceful failover: a renewal answered {took:?} after SIGTERM");
@@ -112,10 +181,12 @@ fn kubectl_apply_to_lease_then_failover_fallback_and_resume() {
 
     // The controller dies; agents keep serving; a freshly started agent with no stream serves
     // every lease recorded in etcd from IPPool status.
+    timeline.push(("controller stopped", now()));
     fleet.controller.take().unwrap().stop();
     probe_until_leased(&vm2, &probe_dir, &ip2, Duration::from_secs(10));
     let fresh_ns = killed.ns.clone();
     drop(killed);
+    timeline.push(("fresh agent (old leader killed)", now()));
     let fresh = fleet.start_agent(&fresh_ns, "agent-2");
     let fresh = {
         let leader = fleet.leader(&[&fresh]);
@@ -127,6 +198,7 @@ fn kubectl_apply_to_lease_then_failover_fallback_and_resume() {
     probe_until_leased(&vm1, &probe_dir, &ip1, Duration::from_secs(15));
 
     // The controller returns: the stream takes over again, nothing lost or changed.
+    timeline.push(("controller restarted", now()));
     fleet.start_controller();
     wait_for(
         "the agent back on the stream",
@@ -140,15 +212,15 @@ fn kubectl_apply_to_lease_then_failover_fallback_and_resume() {
     probe_until_leased(&vm2, &probe_dir, &ip2, Duration::from_secs(15));
     assert_eq!(fleet.allocated(), allocated, "allocations changed");
 
-    // Never two servers answering one client transaction.
-    let mut by_xid: BTreeMap<(u32, u8), BTreeSet<[u8; 6]>> = BTreeMap::new();
-    for (xid, kind, src) in replies(&pcap) {
-        by_xid.entry((xid, kind)).or_default().insert(src);
-    }
-    assert!(!by_xid.is_empty(), "no DHCP replies captured");
-    let doubled: Vec<_> = by_xid.iter().filter(|(_, s)| s.len() > 1).collect();
+    // Never two servers answering one client request.
+    let messages = captured(&pcap);
+    assert!(
+        messages.iter().any(|m| m.op == 2),
+        "no DHCP replies captured"
+    );
+    let doubled = doubled_replies(&messages);
     assert!(
         doubled.is_empty(),
-        "replies from two servers to one transaction: {doubled:?}"
+        "replies from two servers to one request: {doubled:#?}\ntimeline (unix s): {timeline:#?}"
     );
 }
