@@ -35,10 +35,15 @@ fn current(
     container: &str,
 ) -> (Option<String>, Option<String>, Option<String>) {
     let template = deploy.spec.as_ref().map(|s| &s.template);
-    let annotation = template
-        .and_then(|t| t.metadata.as_ref())
-        .and_then(|m| m.annotations.as_ref())
-        .and_then(|a| a.get(MULTUS_NETWORKS_ANNOTATION).cloned());
+    // No annotation and an empty one both attach no network: a freshly installed Deployment
+    // (none yet) is not patched, and its agents not rolled, while no pool is served.
+    let annotation = Some(
+        template
+            .and_then(|t| t.metadata.as_ref())
+            .and_then(|m| m.annotations.as_ref())
+            .and_then(|a| a.get(MULTUS_NETWORKS_ANNOTATION).cloned())
+            .unwrap_or_default(),
+    );
     let env = template
         .and_then(|t| t.spec.as_ref())
         .and_then(|s| s.containers.iter().find(|c| c.name == container))
@@ -185,6 +190,27 @@ async fn report_missing(ctx: &Context, target: &AgentDeployment, pools: &[Namesp
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_fresh_deployment_with_no_pools_needs_no_patch() {
+        let fresh: Deployment =
+            serde_json::from_value(json!({"spec": {"selector": {}, "template": {
+                "spec": {"containers": [{"name": "agent", "env": [
+                    {"name": ENV_AGENT_NETWORK_CONFIGS, "value": "[]"},
+                    {"name": ENV_IPPOOL_REFS_JSON, "value": "[]"},
+                ]}]}
+            }}}))
+            .unwrap();
+        let none = Bootstrap::from_pools(std::iter::empty());
+        assert_eq!(
+            current(&fresh, "agent"),
+            (
+                Some(none.render_multus_networks()),
+                Some(none.render_network_configs()),
+                Some(none.render_pool_refs())
+            )
+        );
+    }
 
     #[test]
     fn patch_sets_annotation_and_env_of_the_agent_container() {
