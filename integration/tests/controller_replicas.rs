@@ -147,6 +147,33 @@ async fn poll<T>(what: &str, mut f: impl AsyncFnMut() -> Option<T>) -> T {
     }
 }
 
+/// Creates a VM with one NIC on `net` and waits until its config says Allocated: (mac, ip).
+async fn vm_allocated(
+    client: &Client,
+    ns: &str,
+    name: &str,
+    net: &str,
+    mac: &str,
+    what: &str,
+) -> (String, String) {
+    vm(client, ns, name, net, mac).await;
+    poll(what, async || {
+        allocated_configs(client, ns).await.get(name).cloned()
+    })
+    .await
+}
+
+/// Who holds the controllers' Lease (None once it was released).
+async fn lease_holder(leases: &Api<Lease>) -> Option<String> {
+    leases
+        .get("vm-dhcp-controllers")
+        .await
+        .unwrap()
+        .spec
+        .unwrap()
+        .holder_identity
+}
+
 /// (vmnetcfg → (mac, ip)) of every config whose status says Allocated.
 async fn allocated_configs(client: &Client, ns: &str) -> BTreeMap<String, (String, String)> {
     let cfgs: Api<VirtualMachineNetworkConfig> = Api::namespaced(client.clone(), ns);
@@ -181,24 +208,18 @@ async fn only_the_leader_writes_and_killing_it_hands_the_work_over() {
         pools.get("net-ha").await.ok().filter(pool_ready)
     })
     .await;
-    vm(&client, &ns, "vm-before", "net-ha", "02:00:00:14:00:01").await;
-    poll("first VM allocated", async || {
-        allocated_configs(&client, &ns)
-            .await
-            .get("vm-before")
-            .cloned()
-    })
+    vm_allocated(
+        &client,
+        &ns,
+        "vm-before",
+        "net-ha",
+        "02:00:00:14:00:01",
+        "first VM allocated",
+    )
     .await;
 
     let leases: Api<Lease> = Api::namespaced(client.clone(), &ns);
-    let holder = leases
-        .get("vm-dhcp-controllers")
-        .await
-        .unwrap()
-        .spec
-        .unwrap()
-        .holder_identity
-        .unwrap();
+    let holder = lease_holder(&leases).await.unwrap();
     let (leader, follower) = if holder == "replica-a" {
         (a, b)
     } else {
@@ -214,23 +235,17 @@ async fn only_the_leader_writes_and_killing_it_hands_the_work_over() {
 
     // Kill -9 the leader; work arriving afterwards is done by the other replica.
     drop(leader);
-    vm(&client, &ns, "vm-after", "net-ha", "02:00:00:14:00:02").await;
-    let (_, ip) = poll("second VM allocated by the new leader", async || {
-        allocated_configs(&client, &ns)
-            .await
-            .get("vm-after")
-            .cloned()
-    })
+    let (_, ip) = vm_allocated(
+        &client,
+        &ns,
+        "vm-after",
+        "net-ha",
+        "02:00:00:14:00:02",
+        "second VM allocated by the new leader",
+    )
     .await;
     assert_eq!(ip, "10.20.0.3");
-    let holder_now = leases
-        .get("vm-dhcp-controllers")
-        .await
-        .unwrap()
-        .spec
-        .unwrap()
-        .holder_identity
-        .unwrap();
+    let holder_now = lease_holder(&leases).await.unwrap();
     let logs = |id: &str| {
         std::fs::read_to_string(cp.dir().join(format!("controller-{id}.log"))).unwrap_or_default()
     };
@@ -252,25 +267,19 @@ async fn only_the_leader_writes_and_killing_it_hands_the_work_over() {
         follower.process.exited().then_some(())
     })
     .await;
-    let after_exit = leases
-        .get("vm-dhcp-controllers")
-        .await
-        .unwrap()
-        .spec
-        .unwrap()
-        .holder_identity
-        .unwrap_or_default();
+    let after_exit = lease_holder(&leases).await.unwrap_or_default();
     assert_ne!(
         after_exit, holder_now,
         "the Lease was not released on SIGTERM"
     );
-    vm(&client, &ns, "vm-third", "net-ha", "02:00:00:14:00:03").await;
-    poll("third VM allocated by the third replica", async || {
-        allocated_configs(&client, &ns)
-            .await
-            .get("vm-third")
-            .cloned()
-    })
+    vm_allocated(
+        &client,
+        &ns,
+        "vm-third",
+        "net-ha",
+        "02:00:00:14:00:03",
+        "third VM allocated by the third replica",
+    )
     .await;
     assert!(third.metric(metric) > 0.0);
     drop(follower);
@@ -359,13 +368,14 @@ async fn missing_agent_deployment_is_reported_and_an_unchanged_bootstrap_writes_
     let unchanged_before = checks("unchanged");
 
     // Allocations change the index but not the set of pools: checks run, nothing is written.
-    vm(&client, &ns, "vm-boot", "net-boot", "02:00:00:1e:00:01").await;
-    let (_, ip) = poll("VM allocated", async || {
-        allocated_configs(&client, &ns)
-            .await
-            .get("vm-boot")
-            .cloned()
-    })
+    let (_, ip) = vm_allocated(
+        &client,
+        &ns,
+        "vm-boot",
+        "net-boot",
+        "02:00:00:1e:00:01",
+        "VM allocated",
+    )
     .await;
     poll("a bootstrap check after the allocation", async || {
         (checks("unchanged") > unchanged_before).then_some(())
