@@ -6,8 +6,10 @@
 //! - [`pool`]: what an agent serves for one pool ([`pool::PoolConfig`]) and to whom ([`pool::Lease`]).
 //! - [`ifname`]: stable per-pool interface names.
 //! - [`bootstrap`]: the agent Deployment's env and Multus annotation.
+//! - [`admission`]: the admission webhook's decisions (IPPool defaults, what is refused and why).
 #![forbid(unsafe_code)]
 
+pub mod admission;
 pub mod bootstrap;
 pub mod crd;
 pub mod ifname;
