@@ -53,6 +53,13 @@ struct RunArgs {
     /// The controller's config stream; unset, the agent serves from IPPool status only.
     #[arg(long, env = "CONTROLLER_ENDPOINT")]
     controller: Option<String>,
+    /// The controller's CA bundle (PEM), to verify an `https://` endpoint; read at every connect.
+    #[arg(long, env = "CONTROLLER_CA_FILE")]
+    controller_ca_file: Option<std::path::PathBuf>,
+    /// A ServiceAccount token for the controller's audience, sent on the stream; read at every
+    /// connect (the kubelet rotates it).
+    #[arg(long, env = "TOKEN_FILE")]
+    token_file: Option<std::path::PathBuf>,
     /// Kubeconfig to use; in-cluster config (or $KUBECONFIG) when unset.
     #[arg(long, env = "KUBECONFIG")]
     kubeconfig: Option<std::path::PathBuf>,
@@ -123,6 +130,10 @@ async fn run_agent(args: RunArgs) -> anyhow::Result<()> {
             node_name: args.node.clone(),
         },
         controller: args.controller,
+        credentials: vmdhcp_agent::credentials::Credentials {
+            ca_file: args.controller_ca_file,
+            token_file: args.token_file,
+        },
         network_configs: args.agent_network_configs,
         pool_refs: args.ippool_refs_json,
         all_pools: args.all_pools,

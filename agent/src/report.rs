@@ -9,8 +9,8 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
+use crate::credentials::{Credentials, CredentialsError};
 use tokio::sync::watch;
-use tonic::transport::Endpoint;
 use tracing::{debug, warn};
 use vmdhcp_proto::agent::v1 as pb;
 use vmdhcp_proto::agent::v1::config_service_client::ConfigServiceClient;
@@ -76,24 +76,28 @@ pub fn build(inputs: &ReportInputs) -> pb::ReportRequest {
 /// How long changes are collected before a report goes out.
 const DEBOUNCE: Duration = Duration::from_millis(500);
 
+/// A lazily connecting client; the CA file is read here, so a failed report rebuilds it.
+fn connect(
+    endpoint: &str,
+    credentials: &Credentials,
+) -> Result<ConfigServiceClient<tonic::transport::Channel>, CredentialsError> {
+    let channel = credentials
+        .endpoint(endpoint)?
+        .connect_timeout(Duration::from_secs(5))
+        .timeout(Duration::from_secs(10))
+        .connect_lazy();
+    Ok(ConfigServiceClient::new(channel))
+}
+
 /// Sends reports to `endpoint` until `shutdown` turns true.
 pub async fn run(
     endpoint: String,
+    credentials: Credentials,
     mut inputs: ReportInputs,
     interval: Duration,
     mut shutdown: watch::Receiver<bool>,
 ) {
-    let channel = match Endpoint::from_shared(endpoint.clone()) {
-        Ok(e) => e
-            .connect_timeout(Duration::from_secs(5))
-            .timeout(Duration::from_secs(10))
-            .connect_lazy(),
-        Err(error) => {
-            warn!(%endpoint, %error, "invalid controller endpoint; not reporting");
-            return;
-        }
-    };
-    let mut client = ConfigServiceClient::new(channel);
+    let mut client = None;
     let mut last: Option<pb::ReportRequest> = None;
     let mut tick = tokio::time::interval(interval);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -115,7 +119,21 @@ pub async fn run(
         if !forced && last.as_ref() == Some(&report) {
             continue;
         }
-        match client.report(report.clone()).await {
+        let mut request = tonic::Request::new(report.clone());
+        let sent = match credentials
+            .authorize(&mut request)
+            .and_then(|()| match client.take() {
+                Some(c) => Ok(c),
+                None => connect(&endpoint, &credentials),
+            }) {
+            Ok(mut c) => {
+                let result = c.report(request).await;
+                client = Some(c);
+                result
+            }
+            Err(e) => Err(tonic::Status::unavailable(e.to_string())),
+        };
+        match sent {
             Ok(_) => {
                 debug!(
                     revision = report.applied_revision,
@@ -128,6 +146,7 @@ pub async fn run(
             Err(status) => {
                 warn!(%endpoint, error = %status, "report not delivered; retrying later");
                 last = None;
+                client = None;
             }
         }
     }

@@ -59,6 +59,8 @@ pub struct Settings {
     pub identity: pb::AgentIdentity,
     /// The controller's gRPC endpoint; `None` runs without a stream (fallback only).
     pub controller: Option<String>,
+    /// CA and token for a secured stream (both unset: plaintext).
+    pub credentials: crate::credentials::Credentials,
     /// `AGENT_NETWORK_CONFIGS`, as read.
     pub network_configs: Option<String>,
     /// `IPPOOL_REFS_JSON`, as read.
@@ -149,6 +151,7 @@ pub async fn run(settings: Settings, client: Option<kube::Client>) -> Result<(),
         if let Some(endpoint) = &settings.controller {
             let mut client_settings =
                 ClientSettings::new(endpoint.clone(), settings.identity.clone());
+            client_settings.credentials = settings.credentials.clone();
             if !settings.all_pools {
                 client_settings.pool_refs = bootstrap.pool_refs.clone();
             }
@@ -173,6 +176,7 @@ pub async fn run(settings: Settings, client: Option<kube::Client>) -> Result<(),
             )));
             tasks.push(tokio::spawn(crate::report::run(
                 endpoint.clone(),
+                settings.credentials.clone(),
                 crate::report::ReportInputs {
                     agent: settings.identity.clone(),
                     stream: stream_status.clone(),

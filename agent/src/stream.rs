@@ -22,7 +22,6 @@ use prost::Message as _;
 use prost::bytes::{Buf as _, Bytes};
 use tokio::sync::watch;
 use tonic::codec::{Codec, DecodeBuf, Decoder, EncodeBuf, Encoder};
-use tonic::transport::Endpoint;
 use tracing::{Instrument, debug, info, info_span, warn};
 /// The delta type the stream applies (shared with the controller's index).
 pub use vmdhcp_core::pool::PoolDelta;
@@ -350,6 +349,8 @@ pub struct ClientSettings {
     pub backoff_max: Duration,
     /// Silence (no message, not even a heartbeat) after which the stream is considered dead.
     pub idle_timeout: Duration,
+    /// CA and token for a secured stream.
+    pub credentials: crate::credentials::Credentials,
 }
 
 impl ClientSettings {
@@ -363,6 +364,7 @@ impl ClientSettings {
             backoff_min: Duration::from_millis(200),
             backoff_max: Duration::from_secs(30),
             idle_timeout: Duration::from_secs(35),
+            credentials: crate::credentials::Credentials::default(),
         }
     }
 }
@@ -464,7 +466,9 @@ async fn session(
         endpoint: settings.endpoint.clone(),
         reason,
     };
-    let endpoint = Endpoint::from_shared(settings.endpoint.clone())
+    let endpoint = settings
+        .credentials
+        .endpoint(&settings.endpoint)
         .map_err(|e| transport(e.to_string()))?
         .connect_timeout(settings.connect_timeout)
         .http2_keep_alive_interval(Duration::from_secs(10))
@@ -493,8 +497,13 @@ async fn session(
     let path = format!("/{SERVICE_NAME}/Watch")
         .parse()
         .map_err(|e| transport(format!("watch path: {e}")))?;
+    let mut request = tonic::Request::new(request);
+    settings
+        .credentials
+        .authorize(&mut request)
+        .map_err(|e| transport(e.to_string()))?;
     let mut stream = client
-        .server_streaming(tonic::Request::new(request), path, FrameCodec)
+        .server_streaming(request, path, FrameCodec)
         .await
         .map_err(|s| transport(format!("watch: {s}")))?
         .into_inner();

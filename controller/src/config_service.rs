@@ -26,6 +26,7 @@ use vmdhcp_core::NamespacedName;
 use vmdhcp_proto::agent::v1 as pb;
 use vmdhcp_proto::agent::v1::config_service_server::{ConfigService, ConfigServiceServer};
 
+use crate::auth::TokenAuth;
 use crate::index::{Index, PoolFilter, Snapshot};
 use vmdhcp_core::pool::PoolDelta;
 
@@ -54,6 +55,33 @@ pub struct StreamSettings {
     pub keepalive_interval: Duration,
     /// How long a PING may go unanswered before the connection is closed.
     pub keepalive_timeout: Duration,
+    /// TLS and caller authentication.
+    pub security: Security,
+}
+
+/// How the config stream is exposed.
+#[derive(Clone, Default)]
+pub enum Security {
+    /// No TLS and no authentication: for local use and `grpcurl -plaintext` only, since anyone
+    /// who can connect reads every pool's MACs and addresses.
+    #[default]
+    Plaintext,
+    /// TLS with the controller's certificate; `Watch` and `Report` require an agent token.
+    Tls {
+        /// The server configuration (certificate resolver, ALPN `h2`).
+        config: Arc<rustls::ServerConfig>,
+        /// The token check.
+        auth: Arc<TokenAuth>,
+    },
+}
+
+impl std::fmt::Debug for Security {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Security::Plaintext => f.write_str("Plaintext"),
+            Security::Tls { auth, .. } => f.debug_struct("Tls").field("auth", auth).finish(),
+        }
+    }
 }
 
 impl Default for StreamSettings {
@@ -63,6 +91,7 @@ impl Default for StreamSettings {
             snapshot_part_leases: 16_384,
             keepalive_interval: Duration::from_secs(10),
             keepalive_timeout: Duration::from_secs(5),
+            security: Security::Plaintext,
         }
     }
 }
@@ -162,6 +191,16 @@ impl ConfigServer {
     }
 }
 
+impl ConfigServer {
+    /// Refuses callers without an agent token when the stream is secured.
+    async fn authorize(&self, metadata: &tonic::metadata::MetadataMap) -> Result<(), Status> {
+        match &self.settings.security {
+            Security::Plaintext => Ok(()),
+            Security::Tls { auth, .. } => Ok(auth.check(metadata).await?),
+        }
+    }
+}
+
 fn invalid(field: &str, value: &str, reason: impl std::fmt::Display) -> Status {
     Status::invalid_argument(format!("{field} = {value:?}: {reason}"))
 }
@@ -176,6 +215,7 @@ impl ConfigService for ConfigServer {
         &self,
         request: Request<pb::WatchRequest>,
     ) -> Result<Response<WatchStream>, Status> {
+        self.authorize(request.metadata()).await?;
         let peer = request.remote_addr();
         let req = request.into_inner();
         let pools = req
@@ -213,6 +253,7 @@ impl ConfigService for ConfigServer {
         &self,
         request: Request<pb::ReportRequest>,
     ) -> Result<Response<pb::ReportResponse>, Status> {
+        self.authorize(request.metadata()).await?;
         let req = request.into_inner();
         let agent = req
             .agent
@@ -444,7 +485,7 @@ pub async fn serve(
         shutdown.clone(),
     ))
     .max_encoding_message_size(64 << 20);
-    info!(%addr, "config stream serving");
+    info!(%addr, tls = matches!(settings.security, Security::Tls { .. }), "config stream serving");
     let stop = async move {
         while !*shutdown.borrow_and_update() {
             if shutdown.changed().await.is_err() {
@@ -456,16 +497,26 @@ pub async fn serve(
             .await;
         info!("config stream draining");
     };
-    let result = tonic::transport::Server::builder()
+    let server = tonic::transport::Server::builder()
         .http2_keepalive_interval(Some(settings.keepalive_interval))
         .http2_keepalive_timeout(Some(settings.keepalive_timeout))
         .tcp_keepalive(Some(settings.keepalive_interval))
         .add_service(health_service)
         .add_service(reflection_v1)
         .add_service(reflection_v1alpha)
-        .add_service(service)
-        .serve_with_incoming_shutdown(TcpListenerStream::new(listener), stop)
-        .await;
+        .add_service(service);
+    let result = match &settings.security {
+        Security::Plaintext => {
+            server
+                .serve_with_incoming_shutdown(TcpListenerStream::new(listener), stop)
+                .await
+        }
+        Security::Tls { config, .. } => {
+            server
+                .serve_with_incoming_shutdown(crate::tls::accept(listener, config.clone()), stop)
+                .await
+        }
+    };
     if let Err(e) = &result {
         warn!(error = %e, "config stream server failed");
     }

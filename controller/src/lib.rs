@@ -9,10 +9,16 @@
 //! - [`status`]: conditions and the batched IPAM → `IPPool.status` writer.
 //! - [`agent_bootstrap`]: the agent Deployment's Multus annotation and env.
 //! - [`metrics`], [`http`]: Prometheus metrics and the HTTP endpoints.
+//! - [`certs`], [`tls`]: the controller's CA and serving certificate, kept in a Secret, renewed
+//!   before expiry and published (CA ConfigMap, webhook caBundles).
+//! - [`auth`]: who may read the config stream (agent ServiceAccount tokens, via TokenReview).
+//! - [`webhook`]: the admission webhook server (decisions in `vmdhcp_core::admission`).
 //! - [`runtime`]: the wiring, with leadership gating every writer.
 #![forbid(unsafe_code)]
 
 pub mod agent_bootstrap;
+pub mod auth;
+pub mod certs;
 pub mod config_service;
 pub mod context;
 pub mod http;
@@ -23,5 +29,7 @@ pub mod ippool;
 pub mod metrics;
 pub mod runtime;
 pub mod status;
+pub mod tls;
 pub mod vm;
 pub mod vmnetcfg;
+pub mod webhook;

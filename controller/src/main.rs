@@ -5,11 +5,15 @@ use std::time::Duration;
 
 use anyhow::Context as _;
 use clap::{Parser, Subcommand};
+use std::sync::Arc;
 use tokio::sync::watch;
 use tracing::info;
-use vmdhcp_controller::config_service::StreamSettings;
+use tracing::warn;
+use vmdhcp_controller::auth::TokenAuth;
+use vmdhcp_controller::config_service::{Security, StreamSettings};
 use vmdhcp_controller::context::AgentDeployment;
 use vmdhcp_controller::runtime::{Settings, run};
+use vmdhcp_controller::tls::{ServingCerts, TlsSettings};
 use vmdhcp_core::NamespacedName;
 use vmdhcp_leader::{ElectionArgs, LeaderElector};
 
@@ -66,6 +70,91 @@ struct RunArgs {
     /// Name of the leader-election Lease.
     #[arg(long, default_value = "vm-dhcp-controllers")]
     leader_election_name: String,
+    #[command(flatten)]
+    security: SecurityArgs,
+}
+
+/// TLS, authentication and the admission webhook.
+#[derive(clap::Args, Debug)]
+struct SecurityArgs {
+    /// Serve the config stream WITHOUT TLS OR AUTHENTICATION, for local use and
+    /// `grpcurl -plaintext`: anyone who can connect reads every pool's MACs and addresses.
+    #[arg(long, env = "GRPC_PLAINTEXT")]
+    grpc_plaintext: bool,
+    /// Secret (in the controller's namespace) holding its CA and serving certificate; the leader
+    /// creates it and renews both before they expire.
+    #[arg(long, env = "TLS_SECRET")]
+    tls_secret: Option<String>,
+    /// Service whose DNS names the serving certificate carries: NAME, NAME.NS, NAME.NS.svc and
+    /// NAME.NS.svc.cluster.local.
+    #[arg(long, env = "SERVICE_NAME")]
+    service_name: Option<String>,
+    /// More DNS names or IP addresses for the serving certificate (comma-separated).
+    #[arg(long = "tls-san", env = "TLS_SANS", value_delimiter = ',')]
+    tls_sans: Vec<String>,
+    /// ConfigMap (in the controller's namespace) to publish the CA bundle in, as `ca.crt`.
+    #[arg(long, env = "CA_CONFIGMAP")]
+    ca_configmap: Option<String>,
+    /// Lifetime of a serving certificate in seconds; it is renewed when a third is left.
+    #[arg(long, default_value_t = 365 * 86_400)]
+    cert_validity_seconds: u64,
+    /// Lifetime of a CA in seconds; a new one is added to the bundle when a third is left.
+    #[arg(long, default_value_t = 10 * 365 * 86_400)]
+    ca_validity_seconds: u64,
+    /// Audience the agents' ServiceAccount tokens must be issued for.
+    #[arg(long, env = "TOKEN_AUDIENCE", default_value = "vm-dhcp-controller")]
+    token_audience: String,
+    /// The agents' ServiceAccount as `namespace:name`: only its tokens may read the stream.
+    #[arg(long, env = "AGENT_SERVICE_ACCOUNT")]
+    agent_service_account: Option<String>,
+    /// Address of the admission webhook (HTTPS); unset, no webhook is served.
+    #[arg(long, env = "WEBHOOK_LISTEN")]
+    webhook_listen: Option<SocketAddr>,
+    /// Mutating and Validating webhook configurations (one name) to inject the CA bundle into.
+    #[arg(long, env = "WEBHOOK_NAME")]
+    webhook_name: Option<String>,
+    /// The cluster's Service CIDR: IPPools overlapping it are refused.
+    #[arg(long, env = "SERVICE_CIDR")]
+    service_cidr: Option<ipnet::Ipv4Net>,
+}
+
+impl SecurityArgs {
+    /// The certificate settings, when TLS is configured.
+    fn tls(&self, namespace: &str) -> anyhow::Result<Option<TlsSettings>> {
+        let Some(secret) = &self.tls_secret else {
+            anyhow::ensure!(
+                self.grpc_plaintext && self.webhook_listen.is_none(),
+                "the config stream and the webhook are served over TLS: set --tls-secret (with \
+                 --service-name or --tls-san), or --grpc-plaintext for local use without a webhook"
+            );
+            return Ok(None);
+        };
+        let mut names: Vec<String> = match &self.service_name {
+            Some(svc) => vec![
+                svc.clone(),
+                format!("{svc}.{namespace}"),
+                format!("{svc}.{namespace}.svc"),
+                format!("{svc}.{namespace}.svc.cluster.local"),
+            ],
+            None => Vec::new(),
+        };
+        names.extend(self.tls_sans.iter().filter(|n| !n.is_empty()).cloned());
+        anyhow::ensure!(
+            !names.is_empty(),
+            "--tls-secret needs names for the certificate: --service-name or --tls-san"
+        );
+        Ok(Some(TlsSettings {
+            namespace: namespace.to_owned(),
+            secret: secret.clone(),
+            ca_configmap: self.ca_configmap.clone(),
+            webhook: self.webhook_name.clone(),
+            policy: vmdhcp_controller::certs::Policy {
+                ca_validity: Duration::from_secs(self.ca_validity_seconds.max(3)),
+                cert_validity: Duration::from_secs(self.cert_validity_seconds.max(3)),
+                names,
+            },
+        }))
+    }
 }
 
 fn main() -> anyhow::Result<()> {
@@ -129,6 +218,55 @@ async fn run_controller(args: RunArgs) -> anyhow::Result<()> {
             (leading, Some(tokio::spawn(elector.run(shutdown.clone()))))
         }
     };
+    let tls = args.security.tls(&args.leader_election_namespace)?;
+    let certs = Arc::new(ServingCerts::new());
+    let security = if args.security.grpc_plaintext {
+        warn!("config stream served in plaintext without authentication (--grpc-plaintext)");
+        Security::Plaintext
+    } else {
+        let account = args.security.agent_service_account.as_deref().context(
+            "the config stream authenticates agents: set --agent-service-account NAMESPACE:NAME \
+             (or --grpc-plaintext for local use)",
+        )?;
+        anyhow::ensure!(
+            account
+                .split_once(':')
+                .is_some_and(|(ns, n)| !ns.is_empty() && !n.is_empty()),
+            "--agent-service-account {account:?}: expected NAMESPACE:NAME"
+        );
+        Security::Tls {
+            config: certs.server_config(&[b"h2"]),
+            auth: Arc::new(TokenAuth::new(
+                client.clone(),
+                args.security.token_audience.clone(),
+                account,
+            )),
+        }
+    };
+    let tls_task = tls.map(|settings| {
+        tokio::spawn(vmdhcp_controller::tls::run(
+            client.clone(),
+            settings,
+            certs.clone(),
+            leader.clone(),
+            shutdown.clone(),
+        ))
+    });
+    let webhook_task = match args.security.webhook_listen {
+        Some(addr) => {
+            let listener = tokio::net::TcpListener::bind(addr)
+                .await
+                .with_context(|| format!("binding {addr}"))?;
+            Some(tokio::spawn(vmdhcp_controller::webhook::serve(
+                listener,
+                certs.server_config(&[b"h2", b"http/1.1"]),
+                client.clone(),
+                args.security.service_cidr,
+                shutdown.clone(),
+            )))
+        }
+        None => None,
+    };
     let grpc = tokio::net::TcpListener::bind(args.grpc_listen)
         .await
         .with_context(|| format!("binding {}", args.grpc_listen))?;
@@ -139,6 +277,7 @@ async fn run_controller(args: RunArgs) -> anyhow::Result<()> {
         identity: args.identity.clone(),
         stream: StreamSettings {
             heartbeat: Duration::from_secs(args.heartbeat_seconds.max(1)),
+            security,
             ..StreamSettings::default()
         },
         agent,
@@ -164,6 +303,14 @@ async fn run_controller(args: RunArgs) -> anyhow::Result<()> {
         |h| info!(grpc = %h.grpc, http = %h.http, "controller up"),
     )
     .await?;
+    if let Some(task) = tls_task {
+        let _ = task.await;
+    }
+    if let Some(task) = webhook_task
+        && let Ok(Err(e)) = task.await
+    {
+        warn!(error = %e, "webhook server failed");
+    }
     // Writes have stopped; the elector releases the Lease on the same shutdown.
     if let Some(election) = election {
         let _ = election.await;

@@ -127,6 +127,7 @@ impl Fleet {
             format!("--agent-deployment={AGENT_NS}/vm-dhcp-agent"),
             "--no-leader-election".into(),
             "--heartbeat-seconds=2".into(),
+            "--grpc-plaintext".into(),
         ];
         let bin = workspace_binary("vmdhcp-controller", "vm-dhcp-controller");
         self.controller = Some(Supervised::spawn(&bin, &args, &log, None).unwrap());

@@ -55,6 +55,7 @@ fn start_with(
         "--lease-duration-seconds=3".into(),
         "--renew-deadline-seconds=2".into(),
         "--retry-period-seconds=1".into(),
+        "--grpc-plaintext".into(),
     ];
     if !elect {
         args.push("--no-leader-election".into());

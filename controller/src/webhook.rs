@@ -1,0 +1,480 @@
+//! The admission webhook's HTTPS server: AdmissionReviews for IPPools and
+//! VirtualMachineNetworkConfigs in, decisions out. The decisions themselves are
+//! [`vmdhcp_core::admission`]'s; this module fetches the cluster facts they need and speaks the
+//! AdmissionReview protocol.
+//!
+//! Facts that must be exact are read from the API server per request (the pools on a network
+//! when a pool is created or changed, the configs using a network when its pool is deleted: both
+//! rare); the hot path (a config per VM) reads reflector caches, as upstream does.
+
+use std::net::Ipv4Addr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::extract::State;
+use axum::routing::{get, post};
+use axum::{Json, Router};
+use futures_util::StreamExt;
+use hyper_util::rt::{TokioExecutor, TokioIo};
+use hyper_util::server::conn::auto;
+use hyper_util::service::TowerToHyperService;
+use ipnet::Ipv4Net;
+use kube::api::{ApiResource, DynamicObject, GroupVersionKind};
+use kube::core::admission::{AdmissionRequest, AdmissionResponse, AdmissionReview, Operation};
+use kube::runtime::WatchStreamExt;
+use kube::runtime::reflector::{self, Store};
+use kube::runtime::watcher::{self, watcher};
+use kube::{Api, Client, ResourceExt};
+use rustls::ServerConfig;
+use serde_json::{Value, json};
+use tokio::net::TcpListener;
+use tokio::sync::watch;
+use tracing::{Instrument, debug, info, info_span, warn};
+use vmdhcp_core::NamespacedName;
+use vmdhcp_core::admission::{self, Nad, PoolFacts, VmNetCfgFacts};
+use vmdhcp_core::crd::{IPPool, VirtualMachineNetworkConfig};
+
+/// Why the webhook server could not run.
+#[derive(Debug, thiserror::Error)]
+pub enum WebhookError {
+    /// The listener failed.
+    #[error("webhook listener: {0}")]
+    Io(#[from] std::io::Error),
+}
+
+/// What the handlers share.
+#[derive(Clone)]
+pub struct WebhookState {
+    client: Client,
+    service_cidr: Option<Ipv4Net>,
+    pools: Store<IPPool>,
+    configs: Store<VirtualMachineNetworkConfig>,
+}
+
+/// The NetworkAttachmentDefinition resource (Multus), read as a dynamic object.
+fn nad_resource() -> ApiResource {
+    ApiResource::from_gvk_with_plural(
+        &GroupVersionKind::gvk("k8s.cni.cncf.io", "v1", "NetworkAttachmentDefinition"),
+        "network-attachment-definitions",
+    )
+}
+
+/// Keeps a reflector store of `api` filled until aborted.
+async fn cache<K>(api: Api<K>, writer: reflector::store::Writer<K>)
+where
+    K: kube::Resource<DynamicType = ()>
+        + Clone
+        + std::fmt::Debug
+        + serde::de::DeserializeOwned
+        + Send
+        + Sync
+        + 'static,
+{
+    reflector::reflector(writer, watcher(api, watcher::Config::default()))
+        .default_backoff()
+        .for_each(|_| async {})
+        .await;
+}
+
+/// Serves `/mutate`, `/validate` and `/healthz` over TLS on `listener` until shutdown.
+pub async fn serve(
+    listener: TcpListener,
+    tls: Arc<ServerConfig>,
+    client: Client,
+    service_cidr: Option<Ipv4Net>,
+    mut shutdown: watch::Receiver<bool>,
+) -> Result<(), WebhookError> {
+    let addr = listener.local_addr()?;
+    let (pools, pools_writer) = reflector::store();
+    let (configs, configs_writer) = reflector::store();
+    let pool_cache = tokio::spawn(cache(Api::<IPPool>::all(client.clone()), pools_writer));
+    let config_cache = tokio::spawn(cache(
+        Api::<VirtualMachineNetworkConfig>::all(client.clone()),
+        configs_writer,
+    ));
+    let state = WebhookState {
+        client,
+        service_cidr,
+        pools,
+        configs,
+    };
+    let app = Router::new()
+        .route("/mutate", post(mutate))
+        .route("/validate", post(validate))
+        .route("/healthz", get(|| async { "ok" }))
+        .with_state(state);
+    info!(%addr, "admission webhook serving");
+    let mut connections = std::pin::pin!(crate::tls::accept(listener, tls));
+    loop {
+        tokio::select! {
+            conn = connections.next() => {
+                let Some(Ok(stream)) = conn else { continue };
+                let service = TowerToHyperService::new(app.clone());
+                tokio::spawn(async move {
+                    if let Err(e) = auto::Builder::new(TokioExecutor::new())
+                        .serve_connection(TokioIo::new(stream), service)
+                        .await
+                    {
+                        debug!(error = %e, "webhook connection ended");
+                    }
+                });
+            }
+            _ = shutdown.changed() => if *shutdown.borrow() { break },
+        }
+    }
+    pool_cache.abort();
+    config_cache.abort();
+    Ok(())
+}
+
+type Review = Json<AdmissionReview<DynamicObject>>;
+
+async fn mutate(State(state): State<WebhookState>, Json(review): Review) -> Review {
+    respond(review, |req| async move { mutate_request(&state, &req) }).await
+}
+
+async fn validate(State(state): State<WebhookState>, Json(review): Review) -> Review {
+    respond(
+        review,
+        |req| async move { validate_request(&state, &req).await },
+    )
+    .await
+}
+
+/// Runs `decide` on the request inside a span and wraps its answer in an AdmissionReview.
+async fn respond<F, Fut>(review: AdmissionReview<DynamicObject>, decide: F) -> Review
+where
+    F: FnOnce(AdmissionRequest<DynamicObject>) -> Fut,
+    Fut: std::future::Future<Output = AdmissionResponse>,
+{
+    let req: AdmissionRequest<DynamicObject> = match review.try_into() {
+        Ok(r) => r,
+        Err(e) => {
+            warn!(error = %e, "malformed AdmissionReview");
+            return Json(AdmissionResponse::invalid(e.to_string()).into_review());
+        }
+    };
+    let span = info_span!(
+        "admission",
+        kind = %req.kind.kind,
+        operation = ?req.operation,
+        object = %format!("{}/{}", req.namespace.as_deref().unwrap_or_default(), req.name),
+        allowed = tracing::field::Empty,
+    );
+    let response = decide(req).instrument(span.clone()).await;
+    span.record("allowed", response.allowed);
+    if !response.allowed {
+        info!(parent: &span, reason = %response.result.message, "admission denied");
+    }
+    Json(response.into_review())
+}
+
+fn verb(op: &Operation) -> &'static str {
+    match op {
+        Operation::Create => "create",
+        Operation::Update => "update",
+        Operation::Delete => "delete",
+        Operation::Connect => "connect",
+    }
+}
+
+/// A denial in upstream's words: "cannot create IPPool ns/name because …".
+fn deny(
+    req: &AdmissionRequest<DynamicObject>,
+    reason: impl std::fmt::Display,
+) -> AdmissionResponse {
+    AdmissionResponse::from(req).deny(format!(
+        "cannot {} {} {}/{} because {reason}",
+        verb(&req.operation),
+        req.kind.kind,
+        req.namespace.as_deref().unwrap_or_default(),
+        req.name
+    ))
+}
+
+fn parse<K: serde::de::DeserializeOwned + kube::Resource>(
+    obj: Option<&DynamicObject>,
+    which: &str,
+) -> Result<K, String> {
+    let obj = obj.ok_or_else(|| format!("the request has no {which}"))?;
+    obj.clone()
+        .try_parse::<K>()
+        .map_err(|e| format!("its {which} does not parse: {e}"))
+}
+
+fn mutate_request(
+    _state: &WebhookState,
+    req: &AdmissionRequest<DynamicObject>,
+) -> AdmissionResponse {
+    if req.kind.kind != "IPPool" || req.operation != Operation::Create {
+        return AdmissionResponse::from(req);
+    }
+    let pool: IPPool = match parse(req.object.as_ref(), "object") {
+        Ok(p) => p,
+        Err(reason) => return deny(req, reason),
+    };
+    let defaults = match admission::ippool_defaults(&pool.spec) {
+        Ok(d) => d,
+        Err(rejection) => return deny(req, rejection),
+    };
+    let raw = req
+        .object
+        .as_ref()
+        .map(|o| o.data.clone())
+        .unwrap_or(Value::Null);
+    let ops = defaults_patch(&raw, &defaults);
+    if ops.is_empty() {
+        return AdmissionResponse::from(req);
+    }
+    match serde_json::from_value::<json_patch::Patch>(Value::Array(ops))
+        .map_err(|e| e.to_string())
+        .and_then(|p| {
+            AdmissionResponse::from(req)
+                .with_patch(p)
+                .map_err(|e| e.to_string())
+        }) {
+        Ok(resp) => resp,
+        Err(e) => deny(req, format!("its defaults cannot be encoded: {e}")),
+    }
+}
+
+/// JSON patch operations that set the defaulted fields, creating missing parents first.
+fn defaults_patch(raw: &Value, d: &admission::PoolDefaults) -> Vec<Value> {
+    let mut ops = Vec::new();
+    let fields: [(&str, Option<Ipv4Addr>); 3] = [
+        ("/spec/ipv4Config/pool/start", d.start),
+        ("/spec/ipv4Config/pool/end", d.end),
+        ("/spec/ipv4Config/serverIP", d.server_ip),
+    ];
+    if fields.iter().all(|(_, v)| v.is_none()) {
+        return ops;
+    }
+    if raw.pointer("/spec/ipv4Config").is_none() {
+        ops.push(json!({"op": "add", "path": "/spec/ipv4Config", "value": {}}));
+    }
+    if (d.start.is_some() || d.end.is_some()) && raw.pointer("/spec/ipv4Config/pool").is_none() {
+        ops.push(json!({"op": "add", "path": "/spec/ipv4Config/pool", "value": {}}));
+    }
+    for (path, value) in fields {
+        if let Some(ip) = value {
+            ops.push(json!({"op": "add", "path": path, "value": ip.to_string()}));
+        }
+    }
+    ops
+}
+
+async fn validate_request(
+    state: &WebhookState,
+    req: &AdmissionRequest<DynamicObject>,
+) -> AdmissionResponse {
+    let verdict = match (req.kind.kind.as_str(), &req.operation) {
+        ("IPPool", Operation::Create | Operation::Update) => {
+            let new: IPPool = match parse(req.object.as_ref(), "object") {
+                Ok(p) => p,
+                Err(reason) => return deny(req, reason),
+            };
+            let facts = match pool_facts(state, &new).await {
+                Ok(f) => f,
+                Err(resp) => return deny(req, resp),
+            };
+            let facts = PoolFacts {
+                nad: facts.0.as_ref(),
+                pools: &facts.1,
+                service_cidr: state.service_cidr,
+            };
+            if req.operation == Operation::Create {
+                admission::validate_ippool_create(&new, &facts)
+            } else {
+                let old: IPPool = match parse(req.old_object.as_ref(), "old object") {
+                    Ok(p) => p,
+                    Err(reason) => return deny(req, reason),
+                };
+                admission::validate_ippool_update(&old, &new, &facts)
+            }
+        }
+        ("IPPool", Operation::Delete) => {
+            let old: IPPool = match parse(req.old_object.as_ref(), "old object") {
+                Ok(p) => p,
+                Err(reason) => return deny(req, reason),
+            };
+            // Exact: a stale cache could let a pool in use be deleted.
+            let users = match Api::<VirtualMachineNetworkConfig>::all(state.client.clone())
+                .list(&Default::default())
+                .await
+            {
+                Ok(list) => list.items,
+                Err(e) => return deny(req, format!("its users cannot be listed: {e}")),
+            };
+            admission::validate_ippool_delete(&old, &users)
+        }
+        ("VirtualMachineNetworkConfig", Operation::Create | Operation::Update) => {
+            let new: VirtualMachineNetworkConfig = match parse(req.object.as_ref(), "object") {
+                Ok(c) => c,
+                Err(reason) => return deny(req, reason),
+            };
+            let (nads, pools, configs) = match config_facts(state, &new).await {
+                Ok(f) => f,
+                Err(reason) => return deny(req, reason),
+            };
+            let facts = VmNetCfgFacts {
+                nads: &nads,
+                pools: &pools,
+                configs: &configs,
+            };
+            if req.operation == Operation::Create {
+                admission::validate_vmnetcfg_create(&new, &facts)
+            } else {
+                let old: VirtualMachineNetworkConfig =
+                    match parse(req.old_object.as_ref(), "old object") {
+                        Ok(c) => c,
+                        Err(reason) => return deny(req, reason),
+                    };
+                admission::validate_vmnetcfg_update(&old, &new, &facts)
+            }
+        }
+        _ => Ok(()),
+    };
+    match verdict {
+        Ok(()) => AdmissionResponse::from(req),
+        Err(rejection) => deny(req, &rejection),
+    }
+}
+
+/// Reads a NAD by `namespace/name`; `Ok(None)` when it does not exist.
+async fn get_nad(client: &Client, name: &str) -> Result<Option<Nad>, String> {
+    let Ok(nn) = name.parse::<NamespacedName>() else {
+        return Ok(None);
+    };
+    let api: Api<DynamicObject> =
+        Api::namespaced_with(client.clone(), &nn.namespace, &nad_resource());
+    match api.get_opt(&nn.name).await {
+        Ok(Some(obj)) => Ok(Some(Nad {
+            labels: obj.labels().clone(),
+            name: nn,
+        })),
+        Ok(None) => Ok(None),
+        Err(e) => Err(format!(
+            "NetworkAttachmentDefinition {name} cannot be read: {e}"
+        )),
+    }
+}
+
+async fn pool_facts(
+    state: &WebhookState,
+    pool: &IPPool,
+) -> Result<(Option<Nad>, Vec<IPPool>), String> {
+    let nad = get_nad(&state.client, &pool.spec.network_name).await?;
+    // Exact: two pools on one network must not both get in.
+    let pools = Api::<IPPool>::all(state.client.clone())
+        .list(&Default::default())
+        .await
+        .map_err(|e| format!("IPPools cannot be listed: {e}"))?
+        .items;
+    Ok((nad, pools))
+}
+
+type ConfigFacts = (Vec<Nad>, Vec<IPPool>, Vec<VirtualMachineNetworkConfig>);
+
+async fn config_facts(
+    state: &WebhookState,
+    cfg: &VirtualMachineNetworkConfig,
+) -> Result<ConfigFacts, String> {
+    // The first decisions after a start wait for the caches rather than refuse on empty ones.
+    let ready = async {
+        let _ = state.pools.wait_until_ready().await;
+        let _ = state.configs.wait_until_ready().await;
+    };
+    if tokio::time::timeout(CACHE_WAIT, ready).await.is_err() {
+        return Err("the webhook's caches are not ready yet; retry".to_owned());
+    }
+    let mut nads = Vec::new();
+    for nc in &cfg.spec.network_configs {
+        if nads
+            .iter()
+            .any(|n: &Nad| n.name.to_string() == nc.network_name)
+        {
+            continue;
+        }
+        if let Some(nad) = get_nad(&state.client, &nc.network_name).await? {
+            nads.push(nad);
+        }
+    }
+    let networks: Vec<&str> = cfg
+        .spec
+        .network_configs
+        .iter()
+        .map(|n| n.network_name.as_str())
+        .collect();
+    // Only the objects on the same networks: cloning every config per request would not scale.
+    let pools = state
+        .pools
+        .state()
+        .iter()
+        .filter(|p| {
+            networks.contains(&p.spec.network_name.as_str())
+                || nads.iter().any(|n| {
+                    n.labels
+                        .get("network.harvesterhci.io/ippool-namespace")
+                        .map(String::as_str)
+                        == p.metadata.namespace.as_deref()
+                        && n.labels
+                            .get("network.harvesterhci.io/ippool-name")
+                            .map(String::as_str)
+                            == p.metadata.name.as_deref()
+                })
+        })
+        .map(|p| (**p).clone())
+        .collect();
+    let configs = state
+        .configs
+        .state()
+        .iter()
+        .filter(|c| {
+            c.spec
+                .network_configs
+                .iter()
+                .any(|n| networks.contains(&n.network_name.as_str()))
+        })
+        .map(|c| (**c).clone())
+        .collect();
+    Ok((nads, pools, configs))
+}
+
+/// How long a request waits for the caches before the first decision.
+const CACHE_WAIT: Duration = Duration::from_secs(10);
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used, clippy::expect_used)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn defaults_patch_creates_missing_parents_then_sets_fields() {
+        let d = admission::PoolDefaults {
+            start: Some("10.0.0.1".parse().unwrap()),
+            end: None,
+            server_ip: Some("10.0.0.2".parse().unwrap()),
+        };
+        let ops = defaults_patch(&json!({"spec": {"networkName": "a/b"}}), &d);
+        let paths: Vec<&str> = ops.iter().map(|o| o["path"].as_str().unwrap()).collect();
+        assert_eq!(
+            paths,
+            [
+                "/spec/ipv4Config",
+                "/spec/ipv4Config/pool",
+                "/spec/ipv4Config/pool/start",
+                "/spec/ipv4Config/serverIP"
+            ]
+        );
+        let mut doc = json!({"spec": {"networkName": "a/b"}});
+        let patch: json_patch::Patch = serde_json::from_value(Value::Array(ops)).unwrap();
+        json_patch::patch(&mut doc, &patch).unwrap();
+        assert_eq!(doc["spec"]["ipv4Config"]["pool"]["start"], "10.0.0.1");
+        assert_eq!(doc["spec"]["ipv4Config"]["serverIP"], "10.0.0.2");
+    }
+
+    #[test]
+    fn nothing_to_default_is_no_patch() {
+        assert!(defaults_patch(&json!({}), &admission::PoolDefaults::default()).is_empty());
+    }
+}
