@@ -1,0 +1,967 @@
+//! The controller's security through the real kube-apiserver, with one `vm-dhcp-controller`
+//! process (TLS, token authentication, admission webhook, serving certificates renewed every
+//! few seconds) shared by the tests:
+//! - the admission webhook, registered by URL with no caBundle: the controller injects its CA,
+//!   then every rule is exercised by creating, updating and deleting objects through the API;
+//! - the config stream refuses plaintext, a foreign CA, no token, a token for another audience
+//!   and another ServiceAccount's token, and serves the agent's token;
+//! - the serving certificate is renewed in the Secret and the new one is what clients get, under
+//!   the same CA.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::path::PathBuf;
+use std::sync::{Arc, OnceLock};
+use std::time::{Duration, Instant};
+
+use k8s_openapi::api::core::v1::{ConfigMap, Secret};
+use kube::api::{Api, ApiResource, DeleteParams, DynamicObject, GroupVersionKind, PostParams};
+use kube::{Client, ResourceExt};
+use serde_json::{Value, json};
+use vmdhcp_agent::credentials::Credentials;
+use vmdhcp_core::crd::{IPPool, VirtualMachineNetworkConfig};
+use vmdhcp_integration::control_plane::ControlPlane;
+use vmdhcp_integration::process::{Supervised, workspace_binary};
+use vmdhcp_proto::agent::v1 as pb;
+use vmdhcp_proto::agent::v1::config_service_client::ConfigServiceClient;
+
+/// The controller's namespace (Secret, ConfigMap, ServiceAccounts).
+const NS: &str = "vmdhcp-system";
+const WEBHOOK: &str = "vmdhcp-test";
+const SECRET: &str = "vmdhcp-tls";
+const CA_CONFIGMAP: &str = "vmdhcp-ca";
+const AUDIENCE: &str = "vm-dhcp-controller";
+/// Namespaces carrying this label are under the webhook.
+const WEBHOOK_LABEL: &str = "vmdhcp.io/webhook-test";
+/// Serving certificates live this long, so the suite sees renewals.
+const CERT_SECONDS: u64 = 9;
+
+struct Shared {
+    _controller: Supervised,
+    grpc: u16,
+    dir: PathBuf,
+}
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+fn kubectl(args: &[&str]) -> String {
+    vmdhcp_integration::control_plane::run(ControlPlane::shared().kubectl().args(args)).unwrap()
+}
+
+fn poll<T>(what: &str, limit: Duration, mut f: impl FnMut() -> Option<T>) -> T {
+    let deadline = Instant::now() + limit;
+    loop {
+        if let Some(v) = f() {
+            return v;
+        }
+        assert!(Instant::now() < deadline, "timed out waiting for {what}");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+/// Starts the controller once: webhook configurations registered by URL, then the process.
+fn shared() -> &'static Shared {
+    static SHARED: OnceLock<Shared> = OnceLock::new();
+    SHARED.get_or_init(|| {
+        let cp = ControlPlane::shared();
+        let webhook_port = free_port();
+        let grpc = free_port();
+        let manifest = json!({"apiVersion": "v1", "kind": "List", "items": [
+            {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": NS}},
+            {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": {"name": "agent", "namespace": NS}},
+            {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": {"name": "intruder", "namespace": NS}},
+            webhook_config("MutatingWebhookConfiguration", "mutate", webhook_port, &["CREATE"], false),
+            webhook_config("ValidatingWebhookConfiguration", "validate", webhook_port, &["CREATE", "UPDATE", "DELETE"], true),
+        ]});
+        cp.kubectl_stdin(&["apply", "-f", "-"], &manifest.to_string())
+            .unwrap();
+        let dir = cp.dir().join("security");
+        std::fs::create_dir_all(&dir).unwrap();
+        let args: Vec<String> = vec![
+            "run".into(),
+            format!("--kubeconfig={}", cp.kubeconfig().display()),
+            "--identity=secure-0".into(),
+            format!("--grpc-listen=127.0.0.1:{grpc}"),
+            format!("--http-listen=127.0.0.1:{}", free_port()),
+            format!("--webhook-listen=127.0.0.1:{webhook_port}"),
+            "--no-leader-election".into(),
+            format!("--leader-election-namespace={NS}"),
+            format!("--tls-secret={SECRET}"),
+            "--service-name=vmdhcp-controller".into(),
+            "--tls-san=127.0.0.1".into(),
+            format!("--ca-configmap={CA_CONFIGMAP}"),
+            format!("--webhook-name={WEBHOOK}"),
+            format!("--cert-validity-seconds={CERT_SECONDS}"),
+            format!("--token-audience={AUDIENCE}"),
+            format!("--agent-service-account={NS}:agent"),
+            "--service-cidr=10.53.0.0/16".into(),
+        ];
+        let bin = workspace_binary("vmdhcp-controller", "vm-dhcp-controller");
+        let controller = Supervised::spawn(&bin, &args, &dir.join("controller.log"), None).unwrap();
+        // The controller injects its CA into both configurations.
+        for kind in ["mutatingwebhookconfiguration", "validatingwebhookconfiguration"] {
+            poll(&format!("caBundle in {kind}"), Duration::from_secs(60), || {
+                let out = kubectl(&["get", kind, WEBHOOK, "-o", "jsonpath={.webhooks[0].clientConfig.caBundle}"]);
+                (!out.trim().is_empty()).then_some(())
+            });
+        }
+        Shared {
+            _controller: controller,
+            grpc,
+            dir,
+        }
+    })
+}
+
+fn webhook_config(kind: &str, path: &str, port: u16, ops: &[&str], validating: bool) -> Value {
+    let mut rules = vec![json!({
+        "apiGroups": ["network.harvesterhci.io"], "apiVersions": ["v1alpha1"],
+        "resources": ["ippools"], "operations": ops, "scope": "Namespaced"})];
+    if validating {
+        rules.push(json!({
+            "apiGroups": ["network.harvesterhci.io"], "apiVersions": ["v1alpha1"],
+            "resources": ["virtualmachinenetworkconfigs"], "operations": ["CREATE", "UPDATE"],
+            "scope": "Namespaced"}));
+    }
+    json!({
+        "apiVersion": "admissionregistration.k8s.io/v1", "kind": kind,
+        "metadata": {"name": WEBHOOK},
+        "webhooks": [{
+            "name": format!("{path}.vmdhcp.network.harvesterhci.io"),
+            "admissionReviewVersions": ["v1"], "sideEffects": "None", "failurePolicy": "Fail",
+            "timeoutSeconds": 10,
+            "clientConfig": {"url": format!("https://127.0.0.1:{port}/{path}")},
+            "namespaceSelector": {"matchLabels": {WEBHOOK_LABEL: "on"}},
+            "rules": rules,
+        }]
+    })
+}
+
+async fn test_namespace(client: &Client, prefix: &str, under_webhook: bool) -> String {
+    let ns = ControlPlane::shared()
+        .namespace(client, prefix)
+        .await
+        .unwrap();
+    if under_webhook {
+        kubectl(&["label", "namespace", &ns, &format!("{WEBHOOK_LABEL}=on")]);
+    }
+    ns
+}
+
+fn nad_api(client: &Client, ns: &str) -> Api<DynamicObject> {
+    let ar = ApiResource::from_gvk_with_plural(
+        &GroupVersionKind::gvk("k8s.cni.cncf.io", "v1", "NetworkAttachmentDefinition"),
+        "network-attachment-definitions",
+    );
+    Api::namespaced_with(client.clone(), ns, &ar)
+}
+
+async fn create_nad(client: &Client, ns: &str, name: &str, pool: Option<&str>) {
+    let mut labels = serde_json::Map::new();
+    if let Some(pool) = pool {
+        labels.insert("network.harvesterhci.io/ippool-namespace".into(), ns.into());
+        labels.insert("network.harvesterhci.io/ippool-name".into(), pool.into());
+    }
+    let nad: DynamicObject = serde_json::from_value(json!({
+        "apiVersion": "k8s.cni.cncf.io/v1", "kind": "NetworkAttachmentDefinition",
+        "metadata": {"name": name, "namespace": ns, "labels": labels},
+        "spec": {"config": "{\"cniVersion\":\"0.3.1\",\"type\":\"bridge\"}"}
+    }))
+    .unwrap();
+    nad_api(client, ns)
+        .create(&PostParams::default(), &nad)
+        .await
+        .unwrap();
+}
+
+fn dynamic<K: kube::Resource<DynamicType = ()>>(client: &Client, ns: &str) -> Api<DynamicObject> {
+    Api::namespaced_with(client.clone(), ns, &ApiResource::erase::<K>(&()))
+}
+
+/// Creates an object from JSON; `Err` is the API server's message.
+async fn create(api: &Api<DynamicObject>, obj: Value) -> Result<DynamicObject, String> {
+    let obj: DynamicObject = serde_json::from_value(obj).unwrap();
+    api.create(&PostParams::default(), &obj)
+        .await
+        .map_err(|e| e.to_string())
+}
+
+fn pool(ns: &str, name: &str, network: &str, ipv4: Value) -> Value {
+    json!({
+        "apiVersion": "network.harvesterhci.io/v1alpha1", "kind": "IPPool",
+        "metadata": {"name": name, "namespace": ns},
+        "spec": {"networkName": format!("{ns}/{network}"), "ipv4Config": ipv4}
+    })
+}
+
+fn config(ns: &str, name: &str, nics: Value) -> Value {
+    json!({
+        "apiVersion": "network.harvesterhci.io/v1alpha1", "kind": "VirtualMachineNetworkConfig",
+        "metadata": {"name": name, "namespace": ns},
+        "spec": {"vmName": name, "networkConfigs": nics}
+    })
+}
+
+fn base_ipv4() -> Value {
+    json!({"cidr": "10.70.0.0/24", "serverIP": "10.70.0.2", "router": "10.70.0.1",
+           "pool": {"start": "10.70.0.10", "end": "10.70.0.100", "exclude": ["10.70.0.50"]}})
+}
+
+fn with(mut base: Value, pointer: &str, value: Value) -> Value {
+    let (parent, key) = pointer.rsplit_once('/').unwrap();
+    base.pointer_mut(parent)
+        .unwrap()
+        .as_object_mut()
+        .unwrap()
+        .insert(key.to_owned(), value);
+    base
+}
+
+#[track_caller]
+fn assert_denied(result: Result<DynamicObject, String>, needles: &[&str]) {
+    let message = match result {
+        Ok(o) => panic!(
+            "accepted {}, expected a denial with {needles:?}",
+            o.name_any()
+        ),
+        Err(m) => m,
+    };
+    assert!(
+        message.contains("denied the request"),
+        "not a webhook denial: {message}"
+    );
+    for needle in needles {
+        assert!(message.contains(needle), "{needle:?} not in {message:?}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn the_webhook_defaults_and_enforces_every_ippool_rule() {
+    let _shared = tokio::task::spawn_blocking(shared).await.unwrap();
+    let client = ControlPlane::shared().client().await.unwrap();
+    let ns = test_namespace(&client, "webhook-pools", true).await;
+    let pools = dynamic::<IPPool>(&client, &ns);
+    create_nad(&client, &ns, "net-a", None).await;
+    create_nad(&client, &ns, "net-b", None).await;
+    create_nad(&client, &ns, "net-c", None).await;
+    let reject = |name: &'static str, ipv4: Value| pool(&ns, name, "net-a", ipv4);
+
+    // Rejections (the accepted base pool below satisfies every one of these rules).
+    let cases: Vec<(Value, Vec<&str>)> = vec![
+        (
+            pool(&ns, "no-nad", "missing", base_ipv4()),
+            vec![
+                "cannot create IPPool",
+                "NetworkAttachmentDefinition",
+                "not found",
+            ],
+        ),
+        (
+            reject(
+                "svc",
+                json!({"cidr": "10.53.7.0/24", "serverIP": "10.53.7.2", "pool": {"start": "10.53.7.10", "end": "10.53.7.20"}}),
+            ),
+            vec![
+                "spec.ipv4Config.cidr",
+                "overlaps cluster service cidr 10.53.0.0/16",
+            ],
+        ),
+        (
+            reject(
+                "outside",
+                with(base_ipv4(), "/pool/end", json!("10.70.1.5")),
+            ),
+            vec!["spec.ipv4Config.pool.end", "outside"],
+        ),
+        (
+            reject(
+                "network-addr",
+                with(base_ipv4(), "/pool/start", json!("10.70.0.0")),
+            ),
+            vec!["spec.ipv4Config.pool.start", "network address"],
+        ),
+        (
+            reject(
+                "broadcast",
+                with(base_ipv4(), "/pool/end", json!("10.70.0.255")),
+            ),
+            vec!["spec.ipv4Config.pool.end", "broadcast address"],
+        ),
+        (
+            reject(
+                "server-router",
+                with(base_ipv4(), "/serverIP", json!("10.70.0.1")),
+            ),
+            vec!["spec.ipv4Config.serverIP", "router"],
+        ),
+        (
+            reject(
+                "reversed",
+                with(
+                    with(base_ipv4(), "/pool/start", json!("10.70.0.90")),
+                    "/pool/end",
+                    json!("10.70.0.20"),
+                ),
+            ),
+            vec!["invalid pool range"],
+        ),
+        (
+            reject(
+                "exclude-out",
+                with(base_ipv4(), "/pool/exclude", json!(["10.70.0.200"])),
+            ),
+            vec!["spec.ipv4Config.pool.exclude[0]", "outside pool range"],
+        ),
+        (
+            reject(
+                "router-excl",
+                with(
+                    with(base_ipv4(), "/router", json!("10.70.0.20")),
+                    "/pool/exclude",
+                    json!(["10.70.0.20"]),
+                ),
+            ),
+            vec!["spec.ipv4Config.router", "excluded"],
+        ),
+        (
+            reject(
+                "server-excl",
+                with(
+                    with(base_ipv4(), "/serverIP", json!("10.70.0.50")),
+                    "/pool/exclude",
+                    json!(["10.70.0.50"]),
+                ),
+            ),
+            vec!["spec.ipv4Config.serverIP", "excluded"],
+        ),
+        (
+            reject(
+                "ntp",
+                with(base_ipv4(), "/ntp", json!(["pool.ntp.org", "bad_host!"])),
+            ),
+            vec!["spec.ipv4Config.ntp[1]"],
+        ),
+        (
+            reject(
+                "domain",
+                with(base_ipv4(), "/domainName", json!("-bad-.example")),
+            ),
+            vec!["spec.ipv4Config.domainName"],
+        ),
+        (
+            reject("lease", with(base_ipv4(), "/leaseTime", json!(-5))),
+            vec!["spec.ipv4Config.leaseTime"],
+        ),
+    ];
+    for (obj, needles) in cases {
+        assert_denied(create(&pools, obj).await, &needles);
+    }
+
+    // Accepted: the base pool; then a second pool on the same network is refused.
+    create(&pools, pool(&ns, "base", "net-a", base_ipv4()))
+        .await
+        .unwrap();
+    assert_denied(
+        create(
+            &pools,
+            pool(
+                &ns,
+                "second",
+                "net-a",
+                with(base_ipv4(), "/cidr", json!("10.70.0.0/24")),
+            ),
+        )
+        .await,
+        &["spec.networkName", "already served by IPPool", "/base"],
+    );
+
+    // Mutation: start, end and server IP default like upstream's.
+    let defaulted = create(&pools, pool(&ns, "defaults", "net-b", json!({"cidr": "10.71.0.0/24", "router": "10.71.0.1", "serverIP": "", "pool": {"start": "", "end": ""}}))).await.unwrap();
+    let ipv4 = &defaulted.data["spec"]["ipv4Config"];
+    assert_eq!(ipv4["pool"]["start"], "10.71.0.1");
+    assert_eq!(ipv4["pool"]["end"], "10.71.0.254");
+    assert_eq!(
+        ipv4["serverIP"], "10.71.0.2",
+        "first address that is not the router"
+    );
+    // No server address left: refused at mutation.
+    assert_denied(
+        create(&pools, pool(&ns, "full", "net-c", json!({"cidr": "10.72.0.0/30", "router": "10.72.0.1", "serverIP": "", "pool": {"start": "10.72.0.1", "end": "10.72.0.2", "exclude": ["10.72.0.2"]}}))).await,
+        &["fail to assign ip for dhcp server"],
+    );
+
+    // Updates: options are mutable, the rest is not (the 1.20 API server has no CEL).
+    let typed: Api<IPPool> = Api::namespaced(client.clone(), &ns);
+    let mut base = typed.get("base").await.unwrap();
+    base.spec.ipv4_config.dns = vec!["10.70.0.53".into()];
+    base.spec.ipv4_config.lease_time = Some(600);
+    base = typed
+        .replace("base", &PostParams::default(), &base)
+        .await
+        .unwrap();
+    for (field, change) in [
+        (
+            "spec.ipv4Config.cidr",
+            Box::new(|p: &mut IPPool| p.spec.ipv4_config.cidr = "10.70.0.0/23".into())
+                as Box<dyn Fn(&mut IPPool)>,
+        ),
+        (
+            "spec.ipv4Config.serverIP",
+            Box::new(|p: &mut IPPool| p.spec.ipv4_config.server_ip = "10.70.0.3".into()),
+        ),
+        (
+            "spec.ipv4Config.pool.start",
+            Box::new(|p: &mut IPPool| p.spec.ipv4_config.pool.start = "10.70.0.11".into()),
+        ),
+        (
+            "spec.ipv4Config.pool.end",
+            Box::new(|p: &mut IPPool| p.spec.ipv4_config.pool.end = "10.70.0.99".into()),
+        ),
+        (
+            "spec.ipv4Config.pool.exclude",
+            Box::new(|p: &mut IPPool| p.spec.ipv4_config.pool.exclude.clear()),
+        ),
+        (
+            "spec.ipv4Config.router",
+            Box::new(|p: &mut IPPool| p.spec.ipv4_config.router = None),
+        ),
+        (
+            "spec.networkName",
+            Box::new(|p: &mut IPPool| {
+                p.spec.network_name = format!("{}/net-c", p.namespace().unwrap())
+            }),
+        ),
+    ] {
+        let mut changed = base.clone();
+        change(&mut changed);
+        let err = typed
+            .replace("base", &PostParams::default(), &changed)
+            .await
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("cannot update IPPool")
+                && err.contains(field)
+                && err.contains("immutable"),
+            "{field}: {err}"
+        );
+    }
+    // Excludes may be added where there were none.
+    let mut defaults = typed.get("defaults").await.unwrap();
+    defaults.spec.ipv4_config.pool.exclude = vec!["10.71.0.200".into()];
+    typed
+        .replace("defaults", &PostParams::default(), &defaults)
+        .await
+        .unwrap();
+
+    // Deletion: refused while a config uses the network (keyed by network, not by pool name).
+    let configs = dynamic::<VirtualMachineNetworkConfig>(&client, &ns);
+    kubectl(&[
+        "label",
+        "-n",
+        &ns,
+        "network-attachment-definitions.k8s.cni.cncf.io",
+        "net-a",
+        &format!("network.harvesterhci.io/ippool-namespace={ns}"),
+        "network.harvesterhci.io/ippool-name=base",
+        "--overwrite",
+    ]);
+    create(
+        &configs,
+        config(
+            &ns,
+            "user",
+            json!([{"networkName": format!("{ns}/net-a"), "macAddress": "02:00:00:00:70:01"}]),
+        ),
+    )
+    .await
+    .unwrap();
+    let err = typed
+        .delete("base", &DeleteParams::default())
+        .await
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.contains("cannot delete IPPool")
+            && err.contains(&format!("{ns}/user"))
+            && err.contains("must be removed at first"),
+        "{err}"
+    );
+    configs
+        .delete("user", &DeleteParams::default())
+        .await
+        .unwrap();
+    poll_async("config gone", || {
+        let configs = configs.clone();
+        async move {
+            configs
+                .get_opt("user")
+                .await
+                .unwrap()
+                .is_none()
+                .then_some(())
+        }
+    })
+    .await;
+    typed
+        .delete("base", &DeleteParams::default())
+        .await
+        .unwrap();
+}
+
+async fn poll_async<T, F, Fut>(what: &str, mut f: F) -> T
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Option<T>>,
+{
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        if let Some(v) = f().await {
+            return v;
+        }
+        assert!(Instant::now() < deadline, "timed out waiting for {what}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn the_webhook_enforces_every_vmnetcfg_rule() {
+    let _shared = tokio::task::spawn_blocking(shared).await.unwrap();
+    let client = ControlPlane::shared().client().await.unwrap();
+    let ns = test_namespace(&client, "webhook-configs", true).await;
+    create_nad(&client, &ns, "net", Some("pool")).await;
+    create_nad(&client, &ns, "unlabelled", None).await;
+    create_nad(&client, &ns, "orphan", Some("no-such-pool")).await;
+    create(
+        &dynamic::<IPPool>(&client, &ns),
+        pool(
+            &ns,
+            "pool",
+            "net",
+            with(base_ipv4(), "/serverIP", json!("10.70.0.30")),
+        ),
+    )
+    .await
+    .unwrap();
+    let configs = dynamic::<VirtualMachineNetworkConfig>(&client, &ns);
+    let net = format!("{ns}/net");
+    let nic = |mac: &str, ip: Option<&str>| match ip {
+        Some(ip) => json!({"networkName": net, "macAddress": mac, "ipAddress": ip}),
+        None => json!({"networkName": net, "macAddress": mac}),
+    };
+
+    let cases: Vec<(Value, Vec<&str>)> = vec![
+        (
+            config(
+                &ns,
+                "no-nad",
+                json!([{"networkName": format!("{ns}/missing"), "macAddress": "02:00:00:00:71:01"}]),
+            ),
+            vec![
+                "cannot create VirtualMachineNetworkConfig",
+                "spec.networkConfigs[0].networkName",
+                "not found",
+            ],
+        ),
+        (
+            config(
+                &ns,
+                "no-labels",
+                json!([{"networkName": format!("{ns}/unlabelled"), "macAddress": "02:00:00:00:71:01"}]),
+            ),
+            vec!["label network.harvesterhci.io/ippool-namespace not found"],
+        ),
+        (
+            config(
+                &ns,
+                "no-pool",
+                json!([{"networkName": format!("{ns}/orphan"), "macAddress": "02:00:00:00:71:01"}]),
+            ),
+            vec!["IPPool", "no-such-pool", "not found"],
+        ),
+        (
+            config(&ns, "bad-mac", json!([nic("02:00:00:00:71", None)])),
+            vec!["spec.networkConfigs[0].macAddress", "not a MAC address"],
+        ),
+        (
+            config(
+                &ns,
+                "dup-mac",
+                json!([nic("02:00:00:00:71:01", None), {"networkName": format!("{ns}/unlabelled"), "macAddress": "02:00:00:00:71:01"}]),
+            ),
+            vec!["spec.networkConfigs[1].macAddress", "duplicates"],
+        ),
+        (
+            config(
+                &ns,
+                "ip-outside",
+                json!([nic("02:00:00:00:71:01", Some("10.70.0.200"))]),
+            ),
+            vec!["spec.networkConfigs[0].ipAddress", "outside pool range"],
+        ),
+        (
+            config(
+                &ns,
+                "ip-excluded",
+                json!([nic("02:00:00:00:71:01", Some("10.70.0.50"))]),
+            ),
+            vec!["spec.networkConfigs[0].ipAddress", "excluded"],
+        ),
+        (
+            config(
+                &ns,
+                "ip-server",
+                json!([nic("02:00:00:00:71:01", Some("10.70.0.30"))]),
+            ),
+            vec!["spec.networkConfigs[0].ipAddress", "server ip"],
+        ),
+    ];
+    for (obj, needles) in cases {
+        assert_denied(create(&configs, obj).await, &needles);
+    }
+
+    // Accepted: a static address in the pool; the controller allocates it.
+    create(
+        &configs,
+        config(
+            &ns,
+            "vm-a",
+            json!([nic("02:00:00:00:71:0a", Some("10.70.0.20"))]),
+        ),
+    )
+    .await
+    .unwrap();
+    let typed: Api<IPPool> = Api::namespaced(client.clone(), &ns);
+    poll_async("10.70.0.20 allocated", || {
+        let typed = typed.clone();
+        async move {
+            let p = typed.get("pool").await.ok()?;
+            (p.status?.ipv4?.allocated.get("10.70.0.20")? == "02:00:00:00:71:0a").then_some(())
+        }
+    })
+    .await;
+    // The same address for another MAC, and the same MAC in another config, are refused.
+    assert_denied(
+        create(
+            &configs,
+            config(
+                &ns,
+                "vm-b",
+                json!([nic("02:00:00:00:71:0b", Some("10.70.0.20"))]),
+            ),
+        )
+        .await,
+        &["spec.networkConfigs[0].ipAddress", "already"],
+    );
+    assert_denied(
+        create(
+            &configs,
+            config(&ns, "vm-c", json!([nic("02:00:00:00:71:0a", None)])),
+        )
+        .await,
+        &[
+            "spec.networkConfigs[0].macAddress",
+            "already used on network",
+            &format!("{ns}/vm-a"),
+        ],
+    );
+    create(
+        &configs,
+        config(
+            &ns,
+            "vm-b",
+            json!([nic("02:00:00:00:71:0b", Some("10.70.0.21"))]),
+        ),
+    )
+    .await
+    .unwrap();
+
+    // Updates: vmName is immutable; NICs may change.
+    let typed_cfg: Api<VirtualMachineNetworkConfig> = Api::namespaced(client.clone(), &ns);
+    let mut a = typed_cfg.get("vm-a").await.unwrap();
+    a.spec.vm_name = "renamed".into();
+    let err = typed_cfg
+        .replace("vm-a", &PostParams::default(), &a)
+        .await
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.contains("cannot update VirtualMachineNetworkConfig")
+            && err.contains("spec.vmName")
+            && err.contains("immutable"),
+        "{err}"
+    );
+    let mut a = typed_cfg.get("vm-a").await.unwrap();
+    a.spec.network_configs[0].mac_address = "02:00:00:00:71:0c".into();
+    a.spec.network_configs[0].ip_address = None;
+    typed_cfg
+        .replace("vm-a", &PostParams::default(), &a)
+        .await
+        .unwrap();
+}
+
+/// A client of the config stream on the shared controller.
+async fn stream_client(
+    credentials: &Credentials,
+    scheme: &str,
+) -> Result<ConfigServiceClient<tonic::transport::Channel>, String> {
+    let uri = format!("{scheme}://127.0.0.1:{}", shared().grpc);
+    let channel = credentials
+        .endpoint(&uri)
+        .map_err(|e| e.to_string())?
+        .connect_timeout(Duration::from_secs(5))
+        .connect()
+        .await
+        .map_err(|e| format!("connect: {e:?}"))?;
+    Ok(ConfigServiceClient::new(channel))
+}
+
+/// The first message of a Watch, or the refusal.
+async fn first_watch_message(
+    credentials: &Credentials,
+    scheme: &str,
+) -> Result<pb::WatchResponse, String> {
+    let mut client = stream_client(credentials, scheme).await?;
+    let mut request = tonic::Request::new(pb::WatchRequest {
+        agent: Some(pb::AgentIdentity {
+            pod_name: "probe".into(),
+            namespace: NS.into(),
+            node_name: String::new(),
+        }),
+        ..Default::default()
+    });
+    credentials
+        .authorize(&mut request)
+        .map_err(|e| e.to_string())?;
+    let mut stream = client
+        .watch(request)
+        .await
+        .map_err(|s| format!("{:?}: {}", s.code(), s.message()))?
+        .into_inner();
+    match tokio::time::timeout(Duration::from_secs(10), stream.message()).await {
+        Ok(Ok(Some(m))) => Ok(m),
+        other => Err(format!("no first message: {other:?}")),
+    }
+}
+
+fn token(account: &str, audience: Option<&str>) -> String {
+    let mut args = vec!["create", "token", account, "-n", NS];
+    if let Some(a) = audience {
+        args.extend(["--audience", a]);
+    }
+    kubectl(&args).trim().to_owned()
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn the_config_stream_serves_only_the_agent_service_account_over_tls() {
+    let shared = tokio::task::spawn_blocking(shared).await.unwrap();
+    let client = ControlPlane::shared().client().await.unwrap();
+    // Inventory to protect: a pool with a lease, outside the webhook's namespaces.
+    let ns = test_namespace(&client, "stream-auth", false).await;
+    create_nad(&client, &ns, "net", Some("pool")).await;
+    create(
+        &dynamic::<IPPool>(&client, &ns),
+        pool(&ns, "pool", "net", base_ipv4()),
+    )
+    .await
+    .unwrap();
+    create(
+        &dynamic::<VirtualMachineNetworkConfig>(&client, &ns),
+        config(
+            &ns,
+            "vm",
+            json!([{"networkName": format!("{ns}/net"), "macAddress": "02:00:00:00:72:01"}]),
+        ),
+    )
+    .await
+    .unwrap();
+
+    let ca_pem = poll_async("CA ConfigMap", || {
+        let maps = Api::<ConfigMap>::namespaced(client.clone(), NS);
+        async move {
+            maps.get_opt(CA_CONFIGMAP)
+                .await
+                .ok()??
+                .data?
+                .get("ca.crt")
+                .cloned()
+        }
+    })
+    .await;
+    let ca = shared.dir.join("ca.crt");
+    std::fs::write(&ca, &ca_pem).unwrap();
+    let write_token = |name: &str, value: &str| {
+        let p = shared.dir.join(name);
+        std::fs::write(&p, value).unwrap();
+        Some(p)
+    };
+    let creds = |token_file: Option<PathBuf>| Credentials {
+        ca_file: Some(ca.clone()),
+        token_file,
+    };
+
+    // Plaintext to a TLS port: nothing.
+    let plain = first_watch_message(&Credentials::default(), "http").await;
+    assert!(plain.is_err(), "plaintext caller served: {plain:?}");
+    // A foreign CA: the handshake fails.
+    let foreign = vmdhcp_controller::certs::reconcile(
+        None,
+        &vmdhcp_controller::certs::Policy::default(),
+        time::OffsetDateTime::now_utc(),
+    )
+    .unwrap();
+    let foreign_ca = shared.dir.join("foreign-ca.crt");
+    std::fs::write(&foreign_ca, foreign.material.ca_bundle).unwrap();
+    let agent_token = write_token("agent.token", &token("agent", Some(AUDIENCE)));
+    let result = first_watch_message(
+        &Credentials {
+            ca_file: Some(foreign_ca),
+            token_file: agent_token.clone(),
+        },
+        "https",
+    )
+    .await;
+    assert!(
+        result.as_ref().is_err_and(|e| e.starts_with("connect")),
+        "foreign CA: {result:?}"
+    );
+    // No token, a token for the API server's audience, another ServiceAccount's token.
+    let result = first_watch_message(&creds(None), "https").await;
+    assert!(
+        result
+            .as_ref()
+            .is_err_and(|e| e.contains("Unauthenticated") && e.contains("missing bearer token")),
+        "{result:?}"
+    );
+    let wrong_audience = write_token("apiserver.token", &token("agent", None));
+    let result = first_watch_message(&creds(wrong_audience), "https").await;
+    assert!(
+        result
+            .as_ref()
+            .is_err_and(|e| e.contains("Unauthenticated") && e.contains(AUDIENCE)),
+        "{result:?}"
+    );
+    let intruder = write_token("intruder.token", &token("intruder", Some(AUDIENCE)));
+    let result = first_watch_message(&creds(intruder.clone()), "https").await;
+    assert!(
+        result
+            .as_ref()
+            .is_err_and(|e| e.contains("PermissionDenied")
+                && e.contains(&format!("system:serviceaccount:{NS}:intruder"))),
+        "{result:?}"
+    );
+    // Report is refused the same way.
+    let mut c = stream_client(&creds(intruder.clone()), "https")
+        .await
+        .unwrap();
+    let mut req = tonic::Request::new(pb::ReportRequest::default());
+    creds(intruder).authorize(&mut req).unwrap();
+    assert_eq!(
+        c.report(req).await.unwrap_err().code(),
+        tonic::Code::PermissionDenied
+    );
+
+    // The agent is served the inventory: the pool and its lease.
+    let agent = creds(agent_token);
+    let mac = poll_async("the lease streamed to the agent", || {
+        let agent = agent.clone();
+        async move {
+            let m = first_watch_message(&agent, "https").await.unwrap();
+            let Some(pb::watch_response::Event::Snapshot(s)) = m.event else {
+                return None;
+            };
+            s.pools
+                .iter()
+                .flat_map(|p| &p.leases)
+                .find(|l| l.mac_address == "02:00:00:00:72:01")
+                .map(|l| l.mac_address.clone())
+        }
+    })
+    .await;
+    assert_eq!(mac, "02:00:00:00:72:01");
+}
+
+/// The leaf certificate the gRPC port presents, DER.
+async fn presented_certificate(port: u16, ca_pem: &str) -> Vec<u8> {
+    use rustls::pki_types::{CertificateDer, ServerName, pem::PemObject};
+    let mut roots = rustls::RootCertStore::empty();
+    for cert in CertificateDer::pem_slice_iter(ca_pem.as_bytes()) {
+        roots.add(cert.unwrap()).unwrap();
+    }
+    let config = rustls::ClientConfig::builder_with_provider(Arc::new(
+        rustls::crypto::ring::default_provider(),
+    ))
+    .with_safe_default_protocol_versions()
+    .unwrap()
+    .with_root_certificates(roots)
+    .with_no_client_auth();
+    let tcp = tokio::net::TcpStream::connect(("127.0.0.1", port))
+        .await
+        .unwrap();
+    let tls = tokio_rustls::TlsConnector::from(Arc::new(config))
+        .connect(ServerName::try_from("127.0.0.1").unwrap(), tcp)
+        .await
+        .unwrap();
+    tls.get_ref().1.peer_certificates().unwrap()[0].to_vec()
+}
+
+fn secret_pem(secret: &Secret, key: &str) -> String {
+    String::from_utf8(secret.data.as_ref().unwrap()[key].0.clone()).unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn serving_certificates_are_renewed_before_expiry_under_the_same_ca() {
+    use rustls::pki_types::{CertificateDer, pem::PemObject};
+    let shared = tokio::task::spawn_blocking(shared).await.unwrap();
+    let client = ControlPlane::shared().client().await.unwrap();
+    let secrets: Api<Secret> = Api::namespaced(client.clone(), NS);
+    let first = secrets.get(SECRET).await.unwrap();
+    let first_cert = vmdhcp_controller::certs::inspect(&secret_pem(&first, "tls.crt")).unwrap();
+    assert!(
+        first_cert.names.contains("127.0.0.1")
+            && first_cert
+                .names
+                .contains("vmdhcp-controller.vmdhcp-system.svc"),
+        "{:?}",
+        first_cert.names
+    );
+    // Renewed at two thirds of its life, before it expires, by the same CA.
+    let renewed = poll_async("a renewed serving certificate", || {
+        let secrets = secrets.clone();
+        let serial = first_cert.serial.clone();
+        async move {
+            let s = secrets.get(SECRET).await.ok()?;
+            let info = vmdhcp_controller::certs::inspect(&secret_pem(&s, "tls.crt")).ok()?;
+            (info.serial != serial).then_some((s, info))
+        }
+    })
+    .await;
+    assert!(
+        time::OffsetDateTime::now_utc() < first_cert.not_after,
+        "renewed only after the first certificate expired"
+    );
+    let ca = secret_pem(&renewed.0, "ca.crt");
+    assert_eq!(ca, secret_pem(&first, "ca.crt"), "the CA must not change");
+    // What the server presents follows the Secret (a later renewal may have happened meanwhile:
+    // the presented certificate is always one the Secret held, never an older one).
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let presented = presented_certificate(shared.grpc, &ca).await;
+        let current = secrets.get(SECRET).await.unwrap();
+        let stored =
+            CertificateDer::from_pem_slice(secret_pem(&current, "tls.crt").as_bytes()).unwrap();
+        if presented == stored.to_vec() {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the server never presented the stored certificate"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
