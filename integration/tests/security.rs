@@ -884,6 +884,51 @@ async fn the_config_stream_serves_only_the_agent_service_account_over_tls() {
     })
     .await;
     assert_eq!(mac, "02:00:00:00:72:01");
+
+    // The chart NOTES' grpcurl recipe: the CA, the service name, the agent's token.
+    let addr = format!("127.0.0.1:{}", shared.grpc);
+    let refused = {
+        let (ca, addr) = (ca.clone(), addr.clone());
+        tokio::task::spawn_blocking(move || grpcurl_watch(&ca, &addr, None))
+            .await
+            .unwrap()
+    };
+    assert!(
+        refused.contains("Unauthenticated") && !refused.contains("02:00:00:00:72:01"),
+        "{refused}"
+    );
+    let agent_token = std::fs::read_to_string(agent.token_file.as_ref().unwrap()).unwrap();
+    let served = tokio::task::spawn_blocking(move || grpcurl_watch(&ca, &addr, Some(&agent_token)))
+        .await
+        .unwrap();
+    assert!(served.contains("02:00:00:00:72:01"), "{served}");
+}
+
+/// `grpcurl` on the Watch for 3 s, verifying the server by its Service name: stdout + stderr.
+fn grpcurl_watch(ca: &std::path::Path, addr: &str, token: Option<&str>) -> String {
+    let mut cmd =
+        std::process::Command::new(vmdhcp_integration::control_plane::bin_dir().join("grpcurl"));
+    cmd.arg("-cacert").arg(ca).args([
+        "-servername",
+        "vmdhcp-controller.vmdhcp-system.svc",
+        "-max-time",
+        "3",
+    ]);
+    if let Some(t) = token {
+        cmd.args(["-H", &format!("authorization: Bearer {t}")]);
+    }
+    cmd.args([
+        "-d",
+        r#"{"agent":{"podName":"grpcurl","namespace":"vmdhcp-system"}}"#,
+        addr,
+        "vmdhcp.agent.v1.ConfigService/Watch",
+    ]);
+    let out = cmd.output().unwrap();
+    format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    )
 }
 
 /// The leaf certificate the gRPC port presents, DER.
