@@ -210,6 +210,78 @@ expect "helm upgrade applied the new values" \
 before="$(generation)"
 expect "a no-op helm upgrade succeeds" helm_ upgrade vmdhcp "$chart" --reuse-values
 expect "a no-op helm upgrade does not roll the agents" test "$(generation)" = "$before"
+# --- the binaries, as the chart configures them, under the chart's ServiceAccounts --------------
+# Each runs with its Deployment's args and env (read back from the API), a kubeconfig holding a
+# token of its ServiceAccount, and only the listen addresses moved to loopback ports: the
+# controller must create its Secret and ConfigMap, inject the webhook CA, take its Lease and reset
+# the agent bootstrap; the agent must take its Lease and be served the TLS stream with its
+# projected-style token (TokenReview by the controller's identity).
+target="${CARGO_TARGET_DIR:-$repo/target}/debug"
+(cd "$repo" && cargo build --quiet --locked -p vmdhcp-controller -p vmdhcp-agent)
+sa_kubeconfig() { # sa_kubeconfig NAME -> path of a kubeconfig with a token of that ServiceAccount
+  local t; t="$(kubectl -n "$ns" create token "$1")"
+  sed "s|token: \".*\"|token: \"$t\"|" "$KUBECONFIG" >"$tmp/$1.kubeconfig"
+  echo "$tmp/$1.kubeconfig"
+}
+pod_env() { # pod_env DEPLOYMENT POD_NAME: the container's env as NAME=VALUE lines, then its args
+  k -n "$ns" get deployment "$1" -o json | python3 -c '
+import json, sys
+c = json.load(sys.stdin)["spec"]["template"]["spec"]["containers"][0]
+field = {"metadata.name": sys.argv[1], "metadata.namespace": sys.argv[2], "spec.nodeName": "node-0"}
+for e in c.get("env", []):
+    if "value" in e: print(e["name"] + "=" + e["value"])
+    elif "fieldRef" in e.get("valueFrom", {}): print(e["name"] + "=" + field[e["valueFrom"]["fieldRef"]["fieldPath"]])
+print("ARGS=" + " ".join(c.get("args", [])))' "$2" "$ns"
+}
+run_as() { # run_as DEPLOYMENT POD_NAME BINARY LOG [KEY=VALUE | --flag]...: start it in the background
+  local deploy="$1" pod="$2" binary="$3" log="$4"; shift 4
+  local -a envs=() args=() more=()
+  while IFS= read -r line; do
+    case "$line" in ARGS=*) read -r -a args <<<"${line#ARGS=}" ;; *) envs+=("$line") ;; esac
+  done < <(pod_env "$deploy" "$pod")
+  for a in "$@"; do case "$a" in --*) more+=("$a") ;; *) envs+=("$a") ;; esac; done
+  env -i PATH="$PATH" "${envs[@]}" "$target/$binary" "${args[@]}" "${more[@]}" >"$log" 2>&1 &
+  pids+=($!)
+}
+wait_for() { # wait_for DESCRIPTION COMMAND...: polls up to 60 s
+  local what="$1"; shift
+  for _ in $(seq 1 300); do "$@" >/dev/null 2>&1 && { ok "$what"; return; }; sleep 0.2; done
+  not_ok "$what"
+}
+grpc="$(free_port)"; chttp="$(free_port)"; ahttp="$(free_port)"
+run_as vmdhcp-controller vmdhcp-controller-0 vm-dhcp-controller "$tmp/controller.log" \
+  KUBECONFIG="$(sa_kubeconfig vmdhcp-controller)" GRPC_LISTEN="127.0.0.1:$grpc" \
+  HTTP_LISTEN="127.0.0.1:$chttp" WEBHOOK_LISTEN="127.0.0.1:$(free_port)" TLS_SANS=127.0.0.1
+wait_for "controller (as its ServiceAccount) creates its CA and certificate Secret" k -n "$ns" get secret vmdhcp-controller-tls
+wait_for "controller publishes its CA in ConfigMap vmdhcp-controller-ca" k -n "$ns" get configmap vmdhcp-controller-ca
+has_ca_bundle() { test -n "$(k get "$1" vmdhcp-webhook -o jsonpath='{.webhooks[0].clientConfig.caBundle}')"; }
+wait_for "controller injects the CA into the MutatingWebhookConfiguration" has_ca_bundle mutatingwebhookconfiguration
+wait_for "controller injects the CA into the ValidatingWebhookConfiguration" has_ca_bundle validatingwebhookconfiguration
+holder() { test "$(k -n "$ns" get lease "$1" -o jsonpath='{.spec.holderIdentity}')" = "$2"; }
+wait_for "controller holds its Lease" holder vm-dhcp-controllers vmdhcp-controller-0
+bootstrap_empty() { case "$(state)" in '[null, "[]", "[]"]' | '["", "[]", "[]"]') ;; *) false ;; esac; }
+wait_for "controller resets the agent bootstrap to its (empty) set of pools" bootstrap_empty
+k -n "$ns" get configmap vmdhcp-controller-ca -o jsonpath='{.data.ca\.crt}' >"$tmp/ca.crt"
+kubectl -n "$ns" create token vmdhcp-agent --audience vm-dhcp-controller >"$tmp/agent.token"
+# One pool in its bootstrap (an agent with none idles); its interface is absent here, which only
+# that pool's server reports.
+run_as vmdhcp-agent vmdhcp-agent-0 vm-dhcp-agent "$tmp/agent.log" \
+  KUBECONFIG="$(sa_kubeconfig vmdhcp-agent)" HTTP_LISTEN="127.0.0.1:$ahttp" \
+  CONTROLLER_ENDPOINT="https://127.0.0.1:$grpc" CONTROLLER_CA_FILE="$tmp/ca.crt" TOKEN_FILE="$tmp/agent.token" \
+  AGENT_NETWORK_CONFIGS='[{"interfaceName":"vmd3a2b1c0d9e","serverIP":"192.168.48.77","cidr":"192.168.48.0/24","ipPoolName":"default/net-48","ipPoolRef":"default/net-48","nadName":"default/net-48"}]' \
+  IPPOOL_REFS_JSON='["default/net-48"]' --no-configure-interfaces
+wait_for "agent (as its ServiceAccount) holds its Lease" holder vm-dhcp-agents vmdhcp-agent-0
+stream_clients() { curl -sf "http://127.0.0.1:$chttp/metrics" | grep -q '^vmdhcpcontroller_stream_clients 1$'; }
+wait_for "agent is served the TLS config stream with its token" stream_clients
+if grep -qi 'forbidden' "$tmp/controller.log" "$tmp/agent.log"; then
+  not_ok "no API call of either binary was forbidden"; grep -hi 'forbidden' "$tmp/controller.log" "$tmp/agent.log" | head -5 | sed 's/^/      /'
+else
+  ok "no API call of either binary was forbidden"
+fi
+if [ "$failed" -gt 0 ]; then
+  echo "--- controller log"; tail -20 "$tmp/controller.log"; echo "--- agent log"; tail -20 "$tmp/agent.log"
+fi
+
 expect "helm uninstall" helm_ uninstall vmdhcp --wait
 expect "uninstall leaves no Deployment, webhook or ClusterRole behind" \
   test -z "$(k get deployments -n "$ns" -o name; k get mutatingwebhookconfigurations,validatingwebhookconfigurations,clusterroles -o name | grep vmdhcp)"

@@ -222,6 +222,23 @@ fn with(mut base: Value, pointer: &str, value: Value) -> Value {
     base
 }
 
+/// Reads `name`, applies `change` and replaces it, again after a write conflict (the controller
+/// writes the same objects); `Err` is the API server's message for any other refusal.
+async fn update<K>(api: &Api<K>, name: &str, change: impl Fn(&mut K)) -> Result<K, String>
+where
+    K: kube::Resource + Clone + serde::de::DeserializeOwned + serde::Serialize + std::fmt::Debug,
+{
+    for _ in 0..50 {
+        let mut obj = api.get(name).await.map_err(|e| e.to_string())?;
+        change(&mut obj);
+        match api.replace(name, &PostParams::default(), &obj).await {
+            Err(kube::Error::Api(status)) if status.code == 409 => continue,
+            other => return other.map_err(|e| e.to_string()),
+        }
+    }
+    Err(format!("{name}: conflicting writes never stopped"))
+}
+
 #[track_caller]
 fn assert_denied(result: Result<DynamicObject, String>, needles: &[&str]) {
     let message = match result {
@@ -397,13 +414,12 @@ async fn the_webhook_defaults_and_enforces_every_ippool_rule() {
 
     // Updates: options are mutable, the rest is not (the 1.20 API server has no CEL).
     let typed: Api<IPPool> = Api::namespaced(client.clone(), &ns);
-    let mut base = typed.get("base").await.unwrap();
-    base.spec.ipv4_config.dns = vec!["10.70.0.53".into()];
-    base.spec.ipv4_config.lease_time = Some(600);
-    base = typed
-        .replace("base", &PostParams::default(), &base)
-        .await
-        .unwrap();
+    update(&typed, "base", |p| {
+        p.spec.ipv4_config.dns = vec!["10.70.0.53".into()];
+        p.spec.ipv4_config.lease_time = Some(600);
+    })
+    .await
+    .unwrap();
     for (field, change) in [
         (
             "spec.ipv4Config.cidr",
@@ -437,13 +453,7 @@ async fn the_webhook_defaults_and_enforces_every_ippool_rule() {
             }),
         ),
     ] {
-        let mut changed = base.clone();
-        change(&mut changed);
-        let err = typed
-            .replace("base", &PostParams::default(), &changed)
-            .await
-            .unwrap_err()
-            .to_string();
+        let err = update(&typed, "base", change).await.unwrap_err();
         assert!(
             err.contains("cannot update IPPool")
                 && err.contains(field)
@@ -452,12 +462,11 @@ async fn the_webhook_defaults_and_enforces_every_ippool_rule() {
         );
     }
     // Excludes may be added where there were none.
-    let mut defaults = typed.get("defaults").await.unwrap();
-    defaults.spec.ipv4_config.pool.exclude = vec!["10.71.0.200".into()];
-    typed
-        .replace("defaults", &PostParams::default(), &defaults)
-        .await
-        .unwrap();
+    update(&typed, "defaults", |p| {
+        p.spec.ipv4_config.pool.exclude = vec!["10.71.0.200".into()];
+    })
+    .await
+    .unwrap();
 
     // Deletion: refused while a config uses the network (keyed by network, not by pool name).
     let configs = dynamic::<VirtualMachineNetworkConfig>(&client, &ns);
@@ -683,26 +692,21 @@ async fn the_webhook_enforces_every_vmnetcfg_rule() {
 
     // Updates: vmName is immutable; NICs may change.
     let typed_cfg: Api<VirtualMachineNetworkConfig> = Api::namespaced(client.clone(), &ns);
-    let mut a = typed_cfg.get("vm-a").await.unwrap();
-    a.spec.vm_name = "renamed".into();
-    let err = typed_cfg
-        .replace("vm-a", &PostParams::default(), &a)
+    let err = update(&typed_cfg, "vm-a", |c| c.spec.vm_name = "renamed".into())
         .await
-        .unwrap_err()
-        .to_string();
+        .unwrap_err();
     assert!(
         err.contains("cannot update VirtualMachineNetworkConfig")
             && err.contains("spec.vmName")
             && err.contains("immutable"),
         "{err}"
     );
-    let mut a = typed_cfg.get("vm-a").await.unwrap();
-    a.spec.network_configs[0].mac_address = "02:00:00:00:71:0c".into();
-    a.spec.network_configs[0].ip_address = None;
-    typed_cfg
-        .replace("vm-a", &PostParams::default(), &a)
-        .await
-        .unwrap();
+    update(&typed_cfg, "vm-a", |c| {
+        c.spec.network_configs[0].mac_address = "02:00:00:00:71:0c".into();
+        c.spec.network_configs[0].ip_address = None;
+    })
+    .await
+    .unwrap();
 }
 
 /// A client of the config stream on the shared controller.
