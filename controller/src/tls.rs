@@ -406,36 +406,52 @@ async fn publish(client: &Client, settings: &TlsSettings, bundle: &str) -> Resul
     }
     if let Some(name) = &settings.webhook {
         let want = ByteString(bundle.as_bytes().to_vec());
-        let mutating: Api<MutatingWebhookConfiguration> = Api::all(client.clone());
-        if let Some(mut cfg) = mutating.get_opt(name).await.map_err(api_err(format!(
-            "reading MutatingWebhookConfiguration {name}"
-        )))? {
-            let hooks = cfg.webhooks.iter_mut().flatten();
-            if inject(hooks.map(|h| &mut h.client_config.ca_bundle), &want) {
-                mutating
-                    .replace(name, &PostParams::default(), &cfg)
-                    .await
-                    .map_err(api_err(format!(
-                        "updating MutatingWebhookConfiguration {name}"
-                    )))?;
-                info!(webhook = %name, "CA bundle injected into MutatingWebhookConfiguration");
-            }
-        }
-        let validating: Api<ValidatingWebhookConfiguration> = Api::all(client.clone());
-        if let Some(mut cfg) = validating.get_opt(name).await.map_err(api_err(format!(
-            "reading ValidatingWebhookConfiguration {name}"
-        )))? {
-            let hooks = cfg.webhooks.iter_mut().flatten();
-            if inject(hooks.map(|h| &mut h.client_config.ca_bundle), &want) {
-                validating
-                    .replace(name, &PostParams::default(), &cfg)
-                    .await
-                    .map_err(api_err(format!(
-                        "updating ValidatingWebhookConfiguration {name}"
-                    )))?;
-                info!(webhook = %name, "CA bundle injected into ValidatingWebhookConfiguration");
-            }
-        }
+        inject_into(client, name, mutating_bundles, &want).await?;
+        inject_into(client, name, validating_bundles, &want).await?;
+    }
+    Ok(())
+}
+
+fn mutating_bundles(c: &mut MutatingWebhookConfiguration) -> Vec<&mut Option<ByteString>> {
+    let hooks = c.webhooks.iter_mut().flatten();
+    hooks.map(|h| &mut h.client_config.ca_bundle).collect()
+}
+
+fn validating_bundles(c: &mut ValidatingWebhookConfiguration) -> Vec<&mut Option<ByteString>> {
+    let hooks = c.webhooks.iter_mut().flatten();
+    hooks.map(|h| &mut h.client_config.ca_bundle).collect()
+}
+
+/// Writes `want` into every caBundle of the webhook configuration `name` (kind `K`), if it exists
+/// and any differs.
+async fn inject_into<K>(
+    client: &Client,
+    name: &str,
+    bundles: fn(&mut K) -> Vec<&mut Option<ByteString>>,
+    want: &ByteString,
+) -> Result<(), TlsError>
+where
+    K: kube::Resource<DynamicType = (), Scope = k8s_openapi::ClusterResourceScope>
+        + Clone
+        + std::fmt::Debug
+        + serde::Serialize
+        + serde::de::DeserializeOwned,
+{
+    let kind = K::kind(&());
+    let api: Api<K> = Api::all(client.clone());
+    let api_err = |action: String| move |source| TlsError::Api { action, source };
+    let Some(mut cfg) = api
+        .get_opt(name)
+        .await
+        .map_err(api_err(format!("reading {kind} {name}")))?
+    else {
+        return Ok(());
+    };
+    if inject(bundles(&mut cfg).into_iter(), want) {
+        api.replace(name, &PostParams::default(), &cfg)
+            .await
+            .map_err(api_err(format!("updating {kind} {name}")))?;
+        info!(webhook = %name, %kind, "CA bundle injected");
     }
     Ok(())
 }
