@@ -151,7 +151,13 @@ async fn run_agent(args: RunArgs) -> anyhow::Result<()> {
 
 fn main() -> anyhow::Result<()> {
     let cli = Cli::parse();
-    vmdhcp_telemetry::init(&cli.log).context("setting up logging")?;
+    let runtime = tokio::runtime::Runtime::new().context("cannot start the async runtime")?;
+    // Telemetry is set up inside the runtime (the OTLP exporter's gRPC client runs on it) and
+    // dropped before it, flushing the spans not yet exported.
+    let _telemetry = {
+        let _in = runtime.enter();
+        vmdhcp_telemetry::init(&cli.log, "vm-dhcp-agent").context("setting up telemetry")?
+    };
     match cli.command {
         Command::CheckBootstrap {
             agent_network_configs,
@@ -164,9 +170,7 @@ fn main() -> anyhow::Result<()> {
                 println!("{}", bootstrap.render_network_configs());
             }
         }
-        Command::Run(args) => tokio::runtime::Runtime::new()
-            .context("cannot start the async runtime")?
-            .block_on(run_agent(*args))?,
+        Command::Run(args) => runtime.block_on(run_agent(*args))?,
         Command::ServeStatic {
             config,
             status_file,

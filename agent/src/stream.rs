@@ -30,6 +30,7 @@ use vmdhcp_core::{MacAddr, NamespacedName};
 use vmdhcp_proto::agent::v1 as pb;
 use vmdhcp_proto::agent::v1::config_service_server::SERVICE_NAME;
 use vmdhcp_proto::convert::{ConvertError, lease_from_entry, lease_key, removed_pool};
+use vmdhcp_telemetry::trace;
 
 /// Why a message was rejected or the stream failed.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -530,29 +531,71 @@ async fn session(
                 })?
             }
         };
-        let applied = applier.apply(&msg)?;
-        match &applied {
-            Applied::Snapshot => {
-                let st = applier.state();
-                info!(epoch = %st.epoch, revision = st.revision, pools = st.pools.len(), leases = st.lease_count(), "applied snapshot");
-                sink.snapshot(st);
-            }
-            Applied::Delta(d) => {
-                debug!(
-                    revision = d.revision,
-                    pools = d.upserted_pools.len() + d.removed_pools.len(),
-                    leases = d.upserted_leases.len() + d.removed_leases.len(),
-                    "applied delta"
-                );
-                sink.delta(d, applier.state());
-            }
-            Applied::SnapshotPart => {}
-            Applied::Heartbeat => {
-                if first {
-                    sink.resumed(applier.state());
+        let kind = match &msg.event {
+            Some(pb::watch_response::Event::Snapshot(s)) if s.more => "snapshot_part",
+            Some(pb::watch_response::Event::Snapshot(_)) => "snapshot",
+            Some(pb::watch_response::Event::Delta(_)) => "delta",
+            Some(pb::watch_response::Event::Heartbeat(_)) => "heartbeat",
+            None => "empty",
+        };
+        let span = if kind == "heartbeat" {
+            tracing::Span::none()
+        } else {
+            tracing::info_span!(
+                "apply",
+                kind,
+                epoch = %msg.epoch,
+                revision = msg.revision,
+                pools = tracing::field::Empty,
+                leases = tracing::field::Empty,
+                outcome = tracing::field::Empty,
+                error = tracing::field::Empty,
+                otel.status_code = tracing::field::Empty,
+            )
+        };
+        // The controller's send span: this apply is the last step of its trace.
+        if let Some(parent) = trace::extract(&msg.trace_context) {
+            trace::continue_from(&span, &[parent]);
+        }
+        let applied = span.in_scope(|| -> Result<Applied, StreamError> {
+            let applied = applier.apply(&msg)?;
+            match &applied {
+                Applied::Snapshot => {
+                    let st = applier.state();
+                    span.record("pools", st.pools.len());
+                    span.record("leases", st.lease_count());
+                    info!(epoch = %st.epoch, revision = st.revision, pools = st.pools.len(), leases = st.lease_count(), "applied snapshot");
+                    sink.snapshot(st);
+                }
+                Applied::Delta(d) => {
+                    let pools = d.upserted_pools.len() + d.removed_pools.len();
+                    let leases = d.upserted_leases.len() + d.removed_leases.len();
+                    span.record("pools", pools);
+                    span.record("leases", leases);
+                    debug!(revision = d.revision, pools, leases, "applied delta");
+                    sink.delta(d, applier.state());
+                }
+                Applied::SnapshotPart => {}
+                Applied::Heartbeat => {
+                    if first {
+                        sink.resumed(applier.state());
+                    }
                 }
             }
-        }
+            Ok(applied)
+        });
+        let applied = match applied {
+            Ok(a) => {
+                span.record("outcome", "applied");
+                a
+            }
+            Err(e) => {
+                span.record("outcome", "rejected");
+                span.record("error", tracing::field::display(&e));
+                span.record("otel.status_code", "ERROR");
+                return Err(e);
+            }
+        };
         if !matches!(applied, Applied::SnapshotPart) {
             first = false;
         }
@@ -639,6 +682,7 @@ mod tests {
             epoch: epoch.into(),
             revision,
             event: Some(event),
+            trace_context: Default::default(),
         }
     }
 
@@ -769,6 +813,7 @@ mod tests {
                 epoch: "e1".into(),
                 revision: 6,
                 event: None,
+                trace_context: Default::default(),
             },
             snapshot(
                 "e1",

@@ -25,6 +25,7 @@ use tracing::{Instrument, debug, info, info_span, warn};
 use vmdhcp_core::NamespacedName;
 use vmdhcp_proto::agent::v1 as pb;
 use vmdhcp_proto::agent::v1::config_service_server::{ConfigService, ConfigServiceServer};
+use vmdhcp_telemetry::trace;
 
 use crate::auth::TokenAuth;
 use crate::index::{Index, PoolFilter, Snapshot};
@@ -313,6 +314,7 @@ impl Session {
             epoch: self.index.epoch().to_string(),
             revision,
             event: Some(event),
+            trace_context: Default::default(),
         }
     }
 
@@ -329,12 +331,25 @@ impl Session {
                 let snapshot = self.index.snapshot(&self.filter);
                 self.sent = Some(snapshot.revision);
                 self.greet = false;
-                self.pending = snapshot_parts(&snapshot, self.settings.snapshot_part_leases).into();
-                debug!(
+                let mut parts = snapshot_parts(&snapshot, self.settings.snapshot_part_leases);
+                let span = info_span!(
+                    "stream.send",
+                    kind = "snapshot",
                     revision = snapshot.revision,
-                    parts = self.pending.len(),
-                    "sending snapshot"
+                    parts = parts.len(),
+                    pools = snapshot.pools.len(),
+                    leases = snapshot.pools.iter().map(|(_, l)| l.len()).sum::<usize>(),
                 );
+                // A snapshot carries the state every revision so far made: it continues the
+                // latest one's trace.
+                let causes = self.index.causes(0, snapshot.revision);
+                trace::continue_from(&span, &causes[..causes.len().min(1)]);
+                let carrier = trace::inject(&span);
+                for part in &mut parts {
+                    part.trace_context = carrier.clone();
+                }
+                span.in_scope(|| debug!(parts = parts.len(), "sending snapshot"));
+                self.pending = parts.into();
                 let first = self.pending.pop_front()?;
                 return Some((Ok(first), self));
             };
@@ -349,10 +364,22 @@ impl Session {
                     Some(changes) => {
                         self.sent = Some(changes.revision);
                         self.greet = false;
-                        let msg = self.message(
+                        let span = info_span!(
+                            "stream.send",
+                            kind = "delta",
+                            revision = changes.revision,
+                            base_revision = changes.base_revision,
+                            pools = changes.upserted_pools.len() + changes.removed_pools.len(),
+                            leases = changes.upserted_leases.len() + changes.removed_leases.len(),
+                        );
+                        // The revisions this delta carries: the newest is the parent, the
+                        // others (coalesced into it) are linked.
+                        trace::continue_from(&span, &self.index.causes(sent, changes.revision));
+                        let mut msg = self.message(
                             changes.revision,
                             pb::watch_response::Event::Delta(delta(&changes)),
                         );
+                        msg.trace_context = trace::inject(&span);
                         return Some((Ok(msg), self));
                     }
                 }
@@ -433,6 +460,7 @@ pub fn snapshot_parts(snapshot: &Snapshot, part_leases: usize) -> Vec<pb::WatchR
                 pools,
                 more: i != last,
             })),
+            trace_context: Default::default(),
         })
         .collect()
 }

@@ -31,6 +31,26 @@ pub struct AgentDeployment {
     pub container: String,
 }
 
+/// Which span produced state that another task acts on later, so traces continue across the
+/// API server: the VM reconcile that wrote a config (read by the config's reconcile) and the
+/// allocation that recorded a lease (read by the index revision that publishes it).
+pub struct TraceCauses {
+    /// VirtualMachineNetworkConfig → the VM reconcile that created or changed it.
+    pub vmnetcfgs: vmdhcp_telemetry::trace::Causes<NamespacedName>,
+    /// (pool, MAC) → the allocation that gave the MAC its address.
+    pub leases: vmdhcp_telemetry::trace::Causes<(NamespacedName, vmdhcp_core::MacAddr)>,
+}
+
+impl Default for TraceCauses {
+    fn default() -> Self {
+        // Bounded: a burst larger than this only loses the oldest links, never memory.
+        TraceCauses {
+            vmnetcfgs: vmdhcp_telemetry::trace::Causes::new(10_000),
+            leases: vmdhcp_telemetry::trace::Causes::new(10_000),
+        }
+    }
+}
+
 /// Shared by all reconcilers.
 pub struct Context {
     /// The API client.
@@ -59,6 +79,8 @@ pub struct Context {
     pub reports: Arc<crate::config_service::Reports>,
     /// Set by the bootstrap writer while the agent Deployment is missing.
     pub agent_deployment_missing: std::sync::atomic::AtomicBool,
+    /// Spans whose work later reconciles and index revisions continue.
+    pub causes: Arc<TraceCauses>,
     /// The status last written per config, with the resourceVersion it was computed from.
     pub written: std::sync::Mutex<std::collections::HashMap<String, (String, serde_json::Value)>>,
 }

@@ -15,6 +15,7 @@ use std::net::Ipv4Addr;
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{SystemTime, UNIX_EPOCH};
 
+use opentelemetry::trace::SpanContext;
 use tokio::sync::watch;
 use vmdhcp_core::pool::{Lease, PoolConfig, PoolDelta};
 use vmdhcp_core::{MacAddr, NamespacedName};
@@ -46,6 +47,17 @@ struct Touched {
     revision: u64,
     pools: BTreeSet<NamespacedName>,
     leases: BTreeSet<(NamespacedName, MacAddr)>,
+    /// The span that published the revision (when tracing), which stream sends continue.
+    cause: Option<SpanContext>,
+}
+
+/// What one revision changed, shown to the caller of [`Index::apply_with`] before it is
+/// published.
+pub struct Change<'a> {
+    /// Pools added, changed or removed.
+    pub pools: &'a BTreeSet<NamespacedName>,
+    /// Leases added, changed or removed.
+    pub leases: &'a BTreeSet<(NamespacedName, MacAddr)>,
 }
 
 #[derive(Debug)]
@@ -154,6 +166,16 @@ impl Index {
     /// Applies `ops` as one atomic change. Returns the new revision, or `None` when the ops
     /// changed nothing (then no revision is made and no reader wakes).
     pub fn apply(&self, ops: impl IntoIterator<Item = Op>) -> Option<u64> {
+        self.apply_with(ops, |_| None)
+    }
+
+    /// [`Index::apply`], recording as the revision's cause the span `cause` returns for what
+    /// changed (called only when something did, before readers wake).
+    pub fn apply_with(
+        &self,
+        ops: impl IntoIterator<Item = Op>,
+        cause: impl FnOnce(Change<'_>) -> Option<SpanContext>,
+    ) -> Option<u64> {
         let mut st = self.lock();
         let mut touched = Touched::default();
         for op in ops {
@@ -212,6 +234,10 @@ impl Index {
         }
         st.revision += 1;
         touched.revision = st.revision;
+        touched.cause = cause(Change {
+            pools: &touched.pools,
+            leases: &touched.leases,
+        });
         st.history_keys += touched.pools.len() + touched.leases.len();
         st.history.push_back(touched);
         while st.history.len() > st.history_limit
@@ -296,6 +322,18 @@ impl Index {
         Some(changes)
     }
 
+    /// The spans that published the revisions after `since` up to `upto`, newest first (those
+    /// still in the history and recorded while tracing).
+    pub fn causes(&self, since: u64, upto: u64) -> Vec<SpanContext> {
+        let st = self.lock();
+        st.history
+            .iter()
+            .rev()
+            .filter(|t| t.revision > since && t.revision <= upto)
+            .filter_map(|t| t.cause.clone())
+            .collect()
+    }
+
     /// Revisions of history currently kept (bounded by the configured limit).
     pub fn history_len(&self) -> usize {
         self.lock().history.len()
@@ -334,6 +372,45 @@ mod tests {
             mac: MacAddr([2, 0, 0, 0, 0, m]),
             ip: Ipv4Addr::new(192, 0, 2, ip),
         }
+    }
+
+    fn cause(n: u8) -> SpanContext {
+        use opentelemetry::trace::{SpanId, TraceFlags, TraceId, TraceState};
+        SpanContext::new(
+            TraceId::from_bytes([n; 16]),
+            SpanId::from_bytes([n; 8]),
+            TraceFlags::SAMPLED,
+            false,
+            TraceState::default(),
+        )
+    }
+
+    #[test]
+    fn revisions_remember_their_cause_for_the_stream_sends() {
+        let index = Index::new();
+        index.apply([Op::UpsertPool(pool("a"))]);
+        let mut seen = None;
+        let r2 = index.apply_with([Op::UpsertLease(lease("a", 1, 10))], |change| {
+            seen = Some((change.pools.len(), change.leases.len()));
+            Some(cause(2))
+        });
+        assert_eq!(
+            seen,
+            Some((0, 1)),
+            "the callback sees what the revision changed"
+        );
+        assert_eq!(
+            index.apply_with([Op::UpsertLease(lease("a", 1, 10))], |_| {
+                panic!("no change, no callback")
+            }),
+            None
+        );
+        let r3 = index
+            .apply_with([Op::UpsertLease(lease("a", 2, 11))], |_| Some(cause(3)))
+            .unwrap();
+        assert_eq!(index.causes(0, r3), [cause(3), cause(2)], "newest first");
+        assert_eq!(index.causes(r2.unwrap(), r3), [cause(3)]);
+        assert_eq!(index.causes(r3, r3), []);
     }
 
     #[test]

@@ -11,16 +11,19 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 
 use kube::ResourceExt;
-use tracing::{debug, warn};
+use tracing::{debug, field, info_span, warn};
 use vmdhcp_core::crd::IPPool;
 use vmdhcp_core::pool::{PoolConfig, is_served, leases_from_status};
 use vmdhcp_core::{NamespacedName, ifname};
+use vmdhcp_telemetry::trace;
 
+use crate::context::TraceCauses;
 use crate::index::{Index, Op};
 
 /// Applies IPPool state to the index.
 pub struct IndexSync {
     index: Arc<Index>,
+    causes: Arc<TraceCauses>,
     /// Served pools → (resourceVersion, interface name) as last applied.
     served: BTreeMap<NamespacedName, (String, String)>,
 }
@@ -28,8 +31,15 @@ pub struct IndexSync {
 impl IndexSync {
     /// A sync feeding `index`.
     pub fn new(index: Arc<Index>) -> Self {
+        Self::with_causes(index, Arc::default())
+    }
+
+    /// A sync feeding `index` whose revisions continue the traces of the allocations in
+    /// `causes` (the leader's; other replicas publish revisions as traces of their own).
+    pub fn with_causes(index: Arc<Index>, causes: Arc<TraceCauses>) -> Self {
         IndexSync {
             index,
+            causes,
             served: BTreeMap::new(),
         }
     }
@@ -83,13 +93,40 @@ impl IndexSync {
             .collect();
         ops.extend(gone.into_iter().map(|p| Op::RemovePool(p.clone())));
         self.served = served;
-        let revision = self.index.apply(ops);
+        if ops.is_empty() {
+            return None;
+        }
+        let span = info_span!(
+            "index.publish",
+            revision = field::Empty,
+            pools = field::Empty,
+            leases = field::Empty
+        );
+        let causes = &self.causes;
+        let revision = self.index.apply_with(ops, |change| {
+            span.record("pools", change.pools.len());
+            span.record("leases", change.leases.len());
+            if !trace::enabled() {
+                return None;
+            }
+            // The allocations whose leases this revision publishes: the first is the parent.
+            let from: Vec<_> = change
+                .leases
+                .iter()
+                .filter_map(|key| causes.leases.take(key))
+                .collect();
+            trace::continue_from(&span, &from);
+            trace::span_context(&span)
+        });
         if let Some(r) = revision {
-            debug!(
-                revision = r,
-                pools = self.served.len(),
-                "index updated from IPPools"
-            );
+            span.record("revision", r);
+            span.in_scope(|| {
+                debug!(
+                    revision = r,
+                    pools = self.served.len(),
+                    "index updated from IPPools"
+                )
+            });
         }
         revision
     }

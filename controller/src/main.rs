@@ -159,7 +159,13 @@ impl SecurityArgs {
 
 fn main() -> anyhow::Result<()> {
     let cli = Cli::parse();
-    vmdhcp_telemetry::init(&cli.log).context("setting up logging")?;
+    let runtime = tokio::runtime::Runtime::new().context("starting tokio")?;
+    // Telemetry is set up inside the runtime (the OTLP exporter's gRPC client runs on it) and
+    // dropped before it, flushing the spans not yet exported.
+    let _telemetry = {
+        let _in = runtime.enter();
+        vmdhcp_telemetry::init(&cli.log, "vm-dhcp-controller").context("setting up telemetry")?
+    };
     match cli.command {
         Command::Crds => {
             let manifests = vmdhcp_core::crd::crd_manifests().context("rendering CRDs")?;
@@ -174,9 +180,7 @@ fn main() -> anyhow::Result<()> {
             }
             Ok(())
         }
-        Command::Run(args) => tokio::runtime::Runtime::new()
-            .context("starting tokio")?
-            .block_on(run_controller(*args)),
+        Command::Run(args) => runtime.block_on(run_controller(*args)),
     }
 }
 

@@ -18,12 +18,12 @@ use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Client, ResourceExt};
 use tokio::net::TcpListener;
 use tokio::sync::watch;
-use tracing::{error, info, warn};
+use tracing::{Instrument, error, field, info, info_span, warn};
 use vmdhcp_core::NamespacedName;
 use vmdhcp_core::crd::{IPPool, VirtualMachineNetworkConfig};
 
 use crate::config_service::{Reports, StreamSettings};
-use crate::context::{AgentDeployment, Context};
+use crate::context::{AgentDeployment, Context, TraceCauses};
 use crate::http::HttpState;
 use crate::index::Index;
 use crate::index_sync::IndexSync;
@@ -137,8 +137,39 @@ async fn timed<T: ResourceExt, E: Into<ReconcileError>>(
     // waiter (the controller's own runner), so a reconcile waiting on it could sleep forever.
     // Each controller's own cache is complete before its first reconcile; reads of the others
     // are either self-healing (requeue) or confirmed with a GET.
+    let object = format!("{}/{}", obj.namespace().unwrap_or_default(), obj.name_any());
+    let span = info_span!(
+        "reconcile",
+        kind,
+        object = %object,
+        outcome = field::Empty,
+        error = field::Empty,
+        otel.status_code = field::Empty,
+    );
+    if kind == "vmnetcfg"
+        && let Ok(name) = object.parse::<NamespacedName>()
+        && let Some(cause) = term.ctx.causes.vmnetcfgs.get(&name)
+    {
+        // The VM reconcile that wrote this config: one trace from VM to lease.
+        vmdhcp_telemetry::trace::continue_from(&span, &[cause]);
+    }
     let started = Instant::now();
-    let result = fut.await.map_err(Into::into);
+    let result = fut.instrument(span.clone()).await.map_err(Into::into);
+    match &result {
+        Ok(_) => {
+            span.record("outcome", "ok");
+        }
+        Err(ReconcileError::IPPool(crate::ippool::Error::NotLeader(_)))
+        | Err(ReconcileError::Vmnetcfg(crate::vmnetcfg::Error::NotLeader(_)))
+        | Err(ReconcileError::Vm(crate::vm::Error::NotLeader(_))) => {
+            span.record("outcome", "not_leader");
+        }
+        Err(e) => {
+            span.record("outcome", "error");
+            span.record("error", field::display(e));
+            span.record("otel.status_code", "ERROR");
+        }
+    }
     term.ctx
         .metrics
         .reconciled(kind, result.is_ok(), started.elapsed());
@@ -183,16 +214,25 @@ fn log_outcome<K: kube::Resource, E: std::fmt::Display>(
     }
 }
 
-/// Runs the writers for one leadership term (until the future is dropped).
-async fn lead(
-    client: Client,
-    settings: Settings,
+/// What every leadership term shares with the replica's always-on parts.
+#[derive(Clone)]
+struct Shared {
     index: Arc<Index>,
     reports: Arc<Reports>,
     metrics: Arc<Metrics>,
-    leader: watch::Receiver<bool>,
     ipam_slot: Arc<RwLock<Option<Arc<Ipam>>>>,
-) {
+    causes: Arc<TraceCauses>,
+}
+
+/// Runs the writers for one leadership term (until the future is dropped).
+async fn lead(client: Client, settings: Settings, shared: Shared, leader: watch::Receiver<bool>) {
+    let Shared {
+        index,
+        reports,
+        metrics,
+        ipam_slot,
+        causes,
+    } = shared;
     let wc = watcher::Config::default();
     let pool_api: Api<IPPool> = Api::all(client.clone());
     let cfg_api: Api<VirtualMachineNetworkConfig> = Api::all(client.clone());
@@ -299,6 +339,7 @@ async fn lead(
         mac_owners: MacOwners::default(),
         reports: reports.clone(),
         agent_deployment_missing: Default::default(),
+        causes,
         written: Default::default(),
     });
     let term = Arc::new(Term {
@@ -361,9 +402,14 @@ async fn lead(
 }
 
 /// Feeds the index from the IPPool watch (every replica); flips `ready` after the first sync.
-async fn sync_index(client: Client, index: Arc<Index>, ready: watch::Sender<bool>) {
+async fn sync_index(
+    client: Client,
+    index: Arc<Index>,
+    causes: Arc<TraceCauses>,
+    ready: watch::Sender<bool>,
+) {
     let (reader, writer) = reflector::store::<IPPool>();
-    let mut sync = IndexSync::new(index);
+    let mut sync = IndexSync::with_causes(index, causes);
     let stream = reflector::reflector(
         writer,
         watcher(Api::<IPPool>::all(client), watcher::Config::default()).default_backoff(),
@@ -395,6 +441,7 @@ pub async fn run(
     let reports = Arc::new(Reports::default());
     let metrics = Arc::new(Metrics::default());
     let ipam_slot: Arc<RwLock<Option<Arc<Ipam>>>> = Arc::default();
+    let causes: Arc<TraceCauses> = Arc::default();
     let (ready_tx, ready) = watch::channel(false);
     started(Handles {
         index: index.clone(),
@@ -421,7 +468,19 @@ pub async fn run(
         leader: leader.clone(),
     };
     let http_task = tokio::spawn(crate::http::serve(http, http_state, shutdown.clone()));
-    let sync_task = tokio::spawn(sync_index(client.clone(), index.clone(), ready_tx));
+    let shared = Shared {
+        index: index.clone(),
+        reports: reports.clone(),
+        metrics: metrics.clone(),
+        ipam_slot: ipam_slot.clone(),
+        causes: causes.clone(),
+    };
+    let sync_task = tokio::spawn(sync_index(
+        client.clone(),
+        index.clone(),
+        causes.clone(),
+        ready_tx,
+    ));
 
     let mut stop = shutdown.clone();
     loop {
@@ -442,11 +501,8 @@ pub async fn run(
         let term = lead(
             client.clone(),
             settings.clone(),
-            index.clone(),
-            reports.clone(),
-            metrics.clone(),
+            shared.clone(),
             leader.clone(),
-            ipam_slot.clone(),
         );
         let lost = async {
             while *leader.borrow_and_update() {

@@ -169,6 +169,11 @@ pub async fn reconcile(vm: Arc<DynamicObject>, ctx: Arc<Context>) -> Result<Acti
     body["apiVersion"] = "network.harvesterhci.io/v1alpha1".into();
     body["kind"] = "VirtualMachineNetworkConfig".into();
     ctx.ensure_leader()?;
+    if let Ok(config) = NamespacedName::new(&ns, &name) {
+        // The config's reconcile continues this trace. Recorded before the write: its watch
+        // event may start that reconcile before this call returns.
+        ctx.causes.vmnetcfgs.record_current(config);
+    }
     api.patch(
         &name,
         &PatchParams::apply(FIELD_MANAGER).force(),

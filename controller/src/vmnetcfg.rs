@@ -20,7 +20,7 @@ use kube::runtime::controller::Action;
 use kube::runtime::events::EventType;
 use kube::runtime::finalizer::{Event as Finalizer, finalizer};
 use serde_json::json;
-use tracing::info;
+use tracing::{debug, field, info, info_span};
 use vmdhcp_core::crd::{
     CONDITION_ALLOCATED, CONDITION_DISABLED, CONDITION_IN_SYNCED, NetworkConfigState,
     NetworkConfigStatus, VirtualMachineNetworkConfig,
@@ -435,10 +435,44 @@ async fn apply(cfg: Arc<VirtualMachineNetworkConfig>, ctx: Arc<Context>) -> Resu
             continue;
         }
         let held_before = ctx.ipam.with_pool(&pool, |a| a.lookup(&mac)).ok().flatten();
-        match ctx
-            .ipam
-            .with_pool(&pool, |a| allocate_nic(a, mac, requested, prev_ip))
-        {
+        let span = info_span!(
+            "allocate",
+            pool = %pool,
+            network = %network,
+            mac = %mac,
+            requested = field::Empty,
+            ip = field::Empty,
+            result = field::Empty,
+            otel.status_code = field::Empty,
+        );
+        if let Some(r) = requested {
+            span.record("requested", field::display(r));
+        }
+        let outcome = span.in_scope(|| {
+            ctx.ipam
+                .with_pool(&pool, |a| allocate_nic(a, mac, requested, prev_ip))
+        });
+        match &outcome {
+            Ok(Ok(ip)) if held_before == Some(*ip) => {
+                span.record("ip", field::display(ip));
+                span.record("result", "kept");
+            }
+            Ok(Ok(ip)) => {
+                span.record("ip", field::display(ip));
+                span.record("result", "allocated");
+                // The index revision that publishes this lease continues this trace.
+                if let Some(cause) = vmdhcp_telemetry::trace::span_context(&span) {
+                    ctx.causes.leases.record((pool.clone(), mac), cause);
+                }
+            }
+            Ok(Err(e)) | Err(e) => {
+                span.record("result", "refused");
+                span.record("otel.status_code", "ERROR");
+                span.in_scope(|| debug!(error = %e, "allocation refused"));
+            }
+        }
+        drop(span);
+        match outcome {
             Ok(Ok(ip)) => {
                 if held_before != Some(ip) {
                     touched.insert(pool.clone());
@@ -513,6 +547,10 @@ async fn apply(cfg: Arc<VirtualMachineNetworkConfig>, ctx: Arc<Context>) -> Resu
     // The pool records the allocation first; only then does this object say Allocated.
     persist(&ctx, &touched).await?;
     let allocated = problems.is_empty();
+    if allocated {
+        // Later reconciles of an allocated config are traces of their own.
+        ctx.causes.vmnetcfgs.take(&me);
+    }
     let message = problems.join("; ");
     write_status(
         &ctx,

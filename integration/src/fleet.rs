@@ -83,7 +83,17 @@ pub struct Fleet {
     pub interface: String,
     /// The bridge in `net` standing for each network (NAD `ns/name`).
     pub bridges: BTreeMap<String, String>,
+    /// The OTLP receiver's port on the host loopback, when the run exports traces.
+    pub otlp: Option<u16>,
     starts: usize,
+}
+
+/// How [`setup_with`] differs from [`setup`].
+#[derive(Clone, Debug, Default)]
+pub struct Options {
+    /// Export both binaries' traces to an OTLP/gRPC receiver on this host loopback port
+    /// (relayed into agent namespaces like the controller's port).
+    pub otlp: Option<u16>,
 }
 
 impl Fleet {
@@ -129,13 +139,30 @@ impl Fleet {
             "--heartbeat-seconds=2".into(),
             "--grpc-plaintext".into(),
         ];
+        let args = [args, self.otlp_args()].concat();
         let bin = workspace_binary("vmdhcp-controller", "vm-dhcp-controller");
         self.controller = Some(Supervised::spawn(&bin, &args, &log, None).unwrap());
     }
 
+    /// `--otlp-endpoint` when the run exports traces (the same loopback address works in agent
+    /// namespaces, through their relay).
+    fn otlp_args(&self) -> Vec<String> {
+        self.otlp
+            .map(|port| vec![format!("--otlp-endpoint=http://127.0.0.1:{port}")])
+            .unwrap_or_default()
+    }
+
+    /// The host loopback ports agents reach through relays: the API server, the controller's
+    /// gRPC and, when tracing, the OTLP receiver.
+    fn relayed(&self) -> Vec<(&'static str, u16)> {
+        let mut ports = vec![("api", self.api_port()), ("grpc", self.grpc)];
+        ports.extend(self.otlp.map(|p| ("otlp", p)));
+        ports
+    }
+
     /// Host side of the relays: Unix sockets forwarding to the API server and the controller.
     pub fn relay_sockets(&mut self) {
-        for (name, port) in [("api", self.api_port()), ("grpc", self.grpc)] {
+        for (name, port) in self.relayed() {
             let sock = self.dir.path().join(format!("{name}.sock"));
             let args = vec![
                 format!("UNIX-LISTEN:{},fork,unlink-early", sock.display()),
@@ -176,7 +203,7 @@ impl Fleet {
                 .plug(&net, bridge, &format!("pa{n}i{i}"), &ns, iface)
                 .unwrap();
         }
-        for (name, port) in [("api", self.api_port()), ("grpc", self.grpc)] {
+        for (name, port) in self.relayed() {
             let sock = self.dir.path().join(format!("{name}.sock"));
             let args = vec![
                 "netns".into(),
@@ -223,6 +250,7 @@ impl Fleet {
             "--report-interval-seconds=2".into(),
             "--http-listen=127.0.0.1:8080".into(),
         ];
+        let args = [args, self.otlp_args()].concat();
         let process = Supervised::spawn(Path::new("env"), &args, &log, None).unwrap();
         Agent {
             ns: ns.clone(),
@@ -454,6 +482,11 @@ pub fn captured(pcap: &Path) -> Vec<Captured> {
 /// and two VMs with kubectl, and returns once both VMs are allocated and the controller wrote the
 /// agents' bootstrap env.
 pub fn setup() -> Fleet {
+    setup_with(Options::default())
+}
+
+/// [`setup`], with `options`.
+pub fn setup_with(options: Options) -> Fleet {
     let cp = ControlPlane::start().unwrap();
     let mut lab = Lab::new().unwrap();
     let net = lab.netns("net").unwrap();
@@ -470,6 +503,7 @@ pub fn setup() -> Fleet {
         env: (String::new(), String::new()),
         interface: String::new(),
         bridges: BTreeMap::from([(format!("{NS}/net-a"), "br0".to_owned())]),
+        otlp: options.otlp,
         starts: 0,
     };
     fleet.apply(&json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": NS}}));

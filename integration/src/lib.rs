@@ -5,6 +5,7 @@
 //! - [`fleet`]: the whole system (controller, agents, VMs) on one machine.
 //! - [`http`]: plain GETs of local endpoints.
 //! - [`netns`]: network namespaces, veth pairs and bridges, cleaned up on every exit path.
+//! - [`otlp`]: a real OTLP/gRPC trace receiver, keeping the spans it is sent.
 //! - [`process`]: child processes that cannot outlive the test process.
 //!
 //! The tests themselves live in `tests/`; each test binary shares one control plane.
@@ -15,4 +16,5 @@ pub mod dhcp_client;
 pub mod fleet;
 pub mod http;
 pub mod netns;
+pub mod otlp;
 pub mod process;

@@ -440,6 +440,7 @@ fn first_snapshot() -> pb::WatchResponse {
     pb::WatchResponse {
         epoch: "e1".into(),
         revision: 1,
+        trace_context: Default::default(),
         event: Some(pb::watch_response::Event::Snapshot(pb::Snapshot {
             pools: vec![pb::PoolSnapshot {
                 config: Some(pb::PoolConfig::from(&pool("a", 1))),
@@ -494,6 +495,7 @@ async fn invalid_messages_are_rejected_not_applied_and_a_snapshot_is_requested()
     let bad_delta = |base: u64, revision: u64, ip: &str| pb::WatchResponse {
         epoch: "e1".into(),
         revision,
+        trace_context: Default::default(),
         event: Some(pb::watch_response::Event::Delta(pb::Delta {
             base_revision: base,
             upserted_leases: vec![pb::Lease {
@@ -515,6 +517,7 @@ async fn invalid_messages_are_rejected_not_applied_and_a_snapshot_is_requested()
             vec![Ok(pb::WatchResponse {
                 epoch: "e1".into(),
                 revision: 2,
+                trace_context: Default::default(),
                 event: None,
             })],
         ),
@@ -663,6 +666,7 @@ async fn garbage_frames_are_rejected_not_applied_and_a_snapshot_is_requested() {
     let delta = pb::WatchResponse {
         epoch: "e1".into(),
         revision: 2,
+        trace_context: Default::default(),
         event: Some(pb::watch_response::Event::Delta(pb::Delta {
             base_revision: 1,
             upserted_leases: vec![pb::Lease {

@@ -15,6 +15,7 @@ use socket2::{Domain, Protocol, Socket, Type};
 use tokio::sync::watch;
 use tracing::{Instrument, debug, info, info_span, warn};
 use vmdhcp_core::NamespacedName;
+use vmdhcp_telemetry::trace;
 
 use super::SERVER_PORT;
 use super::counters::Counters;
@@ -449,11 +450,38 @@ fn serve(
             debug!(%peer, "no config for this pool yet; packet ignored");
             continue;
         };
+        // One span per exchange, only while traces are exported: the packet path pays nothing
+        // otherwise. A root of its own (not a child of the interface's lifelong span).
+        let span = if trace::enabled() {
+            info_span!(
+                parent: None,
+                "dhcp.transaction",
+                interface = %interface.name,
+                pool = %interface.pool,
+                message_type = tracing::field::Empty,
+                mac = tracing::field::Empty,
+                result = tracing::field::Empty,
+            )
+        } else {
+            tracing::Span::none()
+        };
+        let _in = span.enter();
         let outcome = handle(&buf[..len], &pool, |ip| {
             table.is_conflicted(&interface.pool, ip)
         });
         counters.record(&outcome);
         let mac = MacField(outcome.mac);
+        if !span.is_none() {
+            if let Some(request) = outcome.request {
+                span.record("message_type", tracing::field::debug(request));
+            }
+            span.record("mac", tracing::field::display(&mac));
+            match &outcome.action {
+                Action::Reply(reply) => span.record("result", tracing::field::debug(reply.kind)),
+                Action::Silent(silence) => span.record("result", silence.as_str()),
+                Action::Drop(reason) => span.record("result", reason.as_str()),
+            };
+        }
         match outcome.action {
             Action::Reply(reply) => {
                 if let Err(error) = socket.send_to(&reply.bytes, reply.to) {
