@@ -80,6 +80,14 @@ impl HttpState {
         counters: watch::Receiver<Vec<InterfaceCounters>>,
     ) -> Self {
         let mut registry = Registry::default();
+        registry.register(
+            "vmdhcp_agent_build",
+            "The running version",
+            prometheus_client::metrics::info::Info::new(vec![(
+                "version".to_owned(),
+                env!("CARGO_PKG_VERSION").to_owned(),
+            )]),
+        );
         registry.register_collector(Box::new(DataPlaneMetrics {
             table: Arc::clone(&table),
             statuses: statuses.clone(),
@@ -663,6 +671,10 @@ mod tests {
             r#"vmdhcp_agent_interface_serving{interface="eth1",pool="default/a"} 1"#,
             r#"vmdhcp_agent_leases{pool="default/a"} 1"#,
             r#"vmdhcp_agent_conflicted_addresses{pool="default/a"} 0"#,
+            &format!(
+                r#"vmdhcp_agent_build_info{{version="{}"}} 1"#,
+                env!("CARGO_PKG_VERSION")
+            ),
         ] {
             assert!(text.lines().any(|l| l == line), "missing {line}\n{text}");
         }

@@ -47,6 +47,12 @@ struct ReconcileLabels {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct AllocationLabels {
+    ippool: String,
+    result: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct ResultLabel {
     result: String,
 }
@@ -65,6 +71,7 @@ pub struct Metrics {
     reconciles: Family<ReconcileLabels, Counter>,
     durations: Family<ControllerLabel, Histogram>,
     bootstrap_checks: Family<ResultLabel, Counter>,
+    allocations: Family<AllocationLabels, Counter>,
     stream_clients: Gauge,
     index_revision: Gauge,
     leader: Gauge,
@@ -99,8 +106,22 @@ impl Default for Metrics {
         );
         registry.register(
             "vmdhcpcontroller_reconciles",
-            "Reconciles by controller and result (ok, error)",
+            "Reconciles by controller and result (ok, error, not_leader)",
             reconciles.clone(),
+        );
+        let allocations = Family::<AllocationLabels, Counter>::default();
+        registry.register(
+            "vmdhcpcontroller_allocations",
+            "Address allocations by pool and result (allocated, released, refused)",
+            allocations.clone(),
+        );
+        registry.register(
+            "vmdhcpcontroller_build",
+            "The running version",
+            prometheus_client::metrics::info::Info::new(vec![(
+                "version".to_owned(),
+                env!("CARGO_PKG_VERSION").to_owned(),
+            )]),
         );
         registry.register(
             "vmdhcpcontroller_reconcile_duration_seconds",
@@ -135,6 +156,7 @@ impl Default for Metrics {
         Metrics {
             registry,
             bootstrap_checks,
+            allocations,
             stream_clients,
             index_revision,
             leader,
@@ -209,9 +231,9 @@ impl Metrics {
             .remove(vmnetcfg);
     }
 
-    /// Counts one reconcile and its duration.
-    pub fn reconciled(&self, controller: &str, ok: bool, took: Duration) {
-        let result = if ok { "ok" } else { "error" };
+    /// Counts one reconcile, by `result` (`ok`, `error`, `not_leader`: leadership was lost
+    /// under it), and its duration.
+    pub fn reconciled(&self, controller: &str, result: &str, took: Duration) {
         self.reconciles
             .get_or_create(&ReconcileLabels {
                 controller: controller.into(),
@@ -223,6 +245,17 @@ impl Metrics {
                 controller: controller.into(),
             })
             .observe(took.as_secs_f64());
+    }
+
+    /// Counts one allocation outcome on `ippool`: `allocated` (a NIC got a new address),
+    /// `released` (an address went back to the pool) or `refused`.
+    pub fn allocation(&self, ippool: &str, result: &str) {
+        self.allocations
+            .get_or_create(&AllocationLabels {
+                ippool: ippool.into(),
+                result: result.into(),
+            })
+            .inc();
     }
 
     /// Counts one check of the agent Deployment's bootstrap: `unchanged` (nothing written),
@@ -288,11 +321,27 @@ mod tests {
         );
         m.remove_vmnetcfg("default/vm");
         assert!(!m.encode().contains("default/vm"));
-        m.reconciled("ippool", true, Duration::from_millis(3));
+        m.reconciled("ippool", "ok", Duration::from_millis(3));
         assert!(
             m.encode().contains(
                 r#"vmdhcpcontroller_reconciles_total{controller="ippool",result="ok"} 1"#
             )
+        );
+        m.allocation("default/net-48", "allocated");
+        m.allocation("default/net-48", "allocated");
+        let text = m.encode();
+        assert!(
+            text.contains(
+                r#"vmdhcpcontroller_allocations_total{ippool="default/net-48",result="allocated"} 2"#
+            ),
+            "{text}"
+        );
+        assert!(
+            text.contains(&format!(
+                r#"vmdhcpcontroller_build_info{{version="{}"}} 1"#,
+                env!("CARGO_PKG_VERSION")
+            )),
+            "{text}"
         );
     }
 }

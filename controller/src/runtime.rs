@@ -155,24 +155,21 @@ async fn timed<T: ResourceExt, E: Into<ReconcileError>>(
     }
     let started = Instant::now();
     let result = fut.instrument(span.clone()).await.map_err(Into::into);
-    match &result {
-        Ok(_) => {
-            span.record("outcome", "ok");
-        }
+    let outcome = match &result {
+        Ok(_) => "ok",
         Err(ReconcileError::IPPool(crate::ippool::Error::NotLeader(_)))
         | Err(ReconcileError::Vmnetcfg(crate::vmnetcfg::Error::NotLeader(_)))
-        | Err(ReconcileError::Vm(crate::vm::Error::NotLeader(_))) => {
-            span.record("outcome", "not_leader");
-        }
+        | Err(ReconcileError::Vm(crate::vm::Error::NotLeader(_))) => "not_leader",
         Err(e) => {
-            span.record("outcome", "error");
             span.record("error", field::display(e));
             span.record("otel.status_code", "ERROR");
+            "error"
         }
-    }
+    };
+    span.record("outcome", outcome);
     term.ctx
         .metrics
-        .reconciled(kind, result.is_ok(), started.elapsed());
+        .reconciled(kind, outcome, started.elapsed());
     if result.is_ok() {
         term.backoff.succeeded(&key(kind, obj));
     }

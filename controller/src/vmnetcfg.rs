@@ -178,11 +178,15 @@ fn release(
 ) -> Option<NamespacedName> {
     let pool = crate::status::object_ref(ctx.pool_for_network(network)?.as_ref())?;
     ctx.mac_owners.release(&pool, mac, owner);
-    ctx.ipam
+    let released = ctx
+        .ipam
         .with_pool(&pool, |a| a.release_mac(&mac))
         .ok()
-        .flatten()
-        .map(|_| pool)
+        .flatten();
+    released.map(|_| {
+        ctx.metrics.allocation(&pool.to_string(), "released");
+        pool
+    })
 }
 
 async fn persist(ctx: &Context, pools: &BTreeSet<NamespacedName>) -> Result<(), Error> {
@@ -460,6 +464,7 @@ async fn apply(cfg: Arc<VirtualMachineNetworkConfig>, ctx: Arc<Context>) -> Resu
             Ok(Ok(ip)) => {
                 span.record("ip", field::display(ip));
                 span.record("result", "allocated");
+                ctx.metrics.allocation(&pool.to_string(), "allocated");
                 // The index revision that publishes this lease continues this trace.
                 if let Some(cause) = vmdhcp_telemetry::trace::span_context(&span) {
                     ctx.causes.leases.record((pool.clone(), mac), cause);
@@ -467,6 +472,7 @@ async fn apply(cfg: Arc<VirtualMachineNetworkConfig>, ctx: Arc<Context>) -> Resu
             }
             Ok(Err(e)) | Err(e) => {
                 span.record("result", "refused");
+                ctx.metrics.allocation(&pool.to_string(), "refused");
                 span.record("otel.status_code", "ERROR");
                 span.in_scope(|| debug!(error = %e, "allocation refused"));
             }

@@ -99,8 +99,18 @@ fn kubectl_apply_to_lease_then_failover_fallback_and_resume() {
             > 0.0,
         "{c}"
     );
+    assert_eq!(
+        metric(
+            &c,
+            "vmdhcpcontroller_allocations_total{ippool=\"fleet/pool-a\",result=\"allocated\"}"
+        ),
+        Some(2.0),
+        "{c}"
+    );
+    assert_eq!(metric(&c, "vmdhcpcontroller_build_info{"), Some(1.0), "{c}");
     let requests = |text: &str| metric(text, "vmdhcp_agent_dhcp_requests_total").unwrap_or(0.0);
     let m = fleet.agent_metrics(leading);
+    assert_eq!(metric(&m, "vmdhcp_agent_build_info{"), Some(1.0), "{m}");
     assert_eq!(metric(&m, "vmdhcp_agent_leader "), Some(1.0), "{m}");
     assert_eq!(
         metric(&m, "vmdhcp_agent_leases{pool=\"fleet/pool-a\"}"),

@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use serde_json::{Value, json};
 use vmdhcp_integration::dhcp_client::{try_http_get, udhcpc, wait_for};
-use vmdhcp_integration::fleet::{NS, Options, setup_with};
+use vmdhcp_integration::fleet::{NS, Options, metric, setup_with};
 use vmdhcp_integration::otlp::{Receiver, Span};
 
 const VM3_MAC: &str = "02:12:34:00:00:03";
@@ -42,6 +42,14 @@ fn one_trace_follows_a_vm_from_creation_to_the_agent_and_each_dhcp_exchange_is_a
         (r["agent"]["source"] == "stream").then_some(())
     });
 
+    let allocations = |fleet: &vmdhcp_integration::fleet::Fleet| {
+        metric(
+            &fleet.controller_metrics(),
+            "vmdhcpcontroller_allocations_total{ippool=\"fleet/pool-a\",result=\"allocated\"}",
+        )
+        .unwrap_or(0.0)
+    };
+    let allocated_before = allocations(&fleet);
     fleet.apply(&json!({
         "apiVersion": "kubevirt.io/v1", "kind": "VirtualMachine",
         "metadata": {"name": "vm3", "namespace": NS},
@@ -58,6 +66,11 @@ fn one_trace_follows_a_vm_from_creation_to_the_agent_and_each_dhcp_exchange_is_a
         let leases: Value = serde_json::from_str(body.trim()).ok()?;
         (leases[format!("{NS}/pool-a")][VM3_MAC]["ip"] == ip.as_str()).then_some(())
     });
+    assert_eq!(
+        allocations(&fleet),
+        allocated_before + 1.0,
+        "the allocation counter moved"
+    );
     let vm3 = fleet.vm("vm3", VM3_MAC);
     let dir = fleet.dir.path().join("vm3");
     std::fs::create_dir_all(&dir).unwrap();
