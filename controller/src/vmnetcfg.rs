@@ -317,25 +317,27 @@ async fn vm_gone(ctx: &Context, cfg: &VirtualMachineNetworkConfig) -> Result<boo
     Ok(found.is_none_or(|vm| vm.metadata.uid.as_deref() != Some(owner.uid.as_str())))
 }
 
+/// Deletes the config `me`, whose VirtualMachine is gone (no garbage collector may run).
+async fn delete_orphan(ctx: &Context, me: &NamespacedName) -> Result<(), Error> {
+    ctx.ensure_leader()?;
+    let api: Api<VirtualMachineNetworkConfig> = Api::namespaced(ctx.client.clone(), &me.namespace);
+    info!(vmnetcfg = %me, "its VirtualMachine is gone; deleting it");
+    match api.delete(&me.name, &Default::default()).await {
+        Ok(_) => Ok(()),
+        Err(kube::Error::Api(s)) if s.is_not_found() => Ok(()),
+        Err(source) => Err(Error::Kube {
+            action: format!("deleting {me}"),
+            source,
+        }),
+    }
+}
+
 async fn apply(cfg: Arc<VirtualMachineNetworkConfig>, ctx: Arc<Context>) -> Result<Action, Error> {
     let Some(me) = crate::status::object_ref(cfg.as_ref()) else {
         return Err(Error::Unnamespaced);
     };
     if vm_gone(&ctx, &cfg).await? {
-        ctx.ensure_leader()?;
-        let api: Api<VirtualMachineNetworkConfig> =
-            Api::namespaced(ctx.client.clone(), &me.namespace);
-        info!(vmnetcfg = %me, "its VirtualMachine is gone; deleting it");
-        match api.delete(&me.name, &Default::default()).await {
-            Ok(_) => {}
-            Err(kube::Error::Api(s)) if s.is_not_found() => {}
-            Err(source) => {
-                return Err(Error::Kube {
-                    action: format!("deleting {me}"),
-                    source,
-                });
-            }
-        }
+        delete_orphan(&ctx, &me).await?;
         return Ok(Action::await_change());
     }
     let previous = recorded(&cfg);
@@ -588,17 +590,27 @@ fn claimed_elsewhere(
     network: &NamespacedName,
     mac: MacAddr,
 ) -> Option<NamespacedName> {
+    // Runs for every NIC of every reconcile over every config in the cache: the cheap tests
+    // (state, MAC) come first and allocate nothing; names are parsed only for a MAC that matches.
     ctx.vmnetcfgs.state().into_iter().find_map(|other| {
-        let key = crate::status::object_ref(other.as_ref())?;
-        if &key == me || other.metadata.deletion_timestamp.is_some() {
+        if other.metadata.deletion_timestamp.is_some() {
             return None;
         }
-        recorded(&other)
-            .iter()
-            .any(|(n, m, _, s)| {
-                n == network && *m == mac && *s == Some(NetworkConfigState::Allocated)
-            })
-            .then_some(key)
+        let ns = other.metadata.namespace.as_deref()?;
+        let holds = other.status.as_ref()?.network_configs.iter().any(|e| {
+            e.state == Some(NetworkConfigState::Allocated)
+                && e.mac_address.as_deref().and_then(|m| m.parse().ok()) == Some(mac)
+                && e.network_name
+                    .as_deref()
+                    .and_then(|n| NamespacedName::parse_in(n, ns).ok())
+                    .as_ref()
+                    == Some(network)
+        });
+        if !holds {
+            return None;
+        }
+        let key = crate::status::object_ref(other.as_ref())?;
+        (&key != me).then_some(key)
     })
 }
 
