@@ -6,12 +6,15 @@
 #
 # For each server: request->ack latency (p50/p99) and server CPU per DORA at a fixed 2 000/s;
 # then the rate is stepped up until drops reach 0.1%, giving the highest sustained rate, CPU per
-# DORA there, and RSS (idle, after the run, peak). The server is pinned to core 0 and perfdhcp to
+# DORA there, and RSS (idle, after the run, peak). Each step also prints how busy each core was and
+# how many datagrams each side's kernel dropped because its receiver was too slow (UDP
+# RcvbufErrors per namespace), which tells whether the server or the generator set the limit. The server is pinned to core 0 and perfdhcp to
 # core 1 (in its multi-thread mode, so its receiver is not starved by its sender). Ratios
 # ours/coredhcp and ours/kea close the report.
 #
 #   integration/bench/perfdhcp.sh            # as root; installs what it needs (apt)
 #   STEP_SECONDS=5 RATES="2000 10000 20000 30000" integration/bench/perfdhcp.sh
+#   RAW_DIR=/tmp integration/bench/perfdhcp.sh   # also keeps perfdhcp's own reports (perfdhcp-raw.txt)
 #
 # perfdhcp's clients: with -b mac=02:00:00:00:00:00 -R 10000 it uses MACs 02:00:00:00:<i>>8>:<i&255>
 # for i in 0..9999 (the counter is added to the low octets), so every request has a reservation.
@@ -44,6 +47,7 @@ cleanup() {
   [ -n "$server_pid" ] && kill "$server_pid" 2>/dev/null && wait "$server_pid" 2>/dev/null || true
   ip netns del "$SRV" 2>/dev/null || true
   ip netns del "$GEN" 2>/dev/null || true
+  [ -n "${RAW_DIR:-}" ] && cp "$work/perfdhcp-raw.txt" "$RAW_DIR/" 2>/dev/null
   rm -rf "$work"
 }
 trap cleanup EXIT
@@ -96,7 +100,7 @@ export KEA_PIDFILE_DIR="$work" KEA_LOCKFILE_DIR="$work"
 perf() { # rate seconds [extra perfdhcp args]
   local rate="$1" secs="$2"; shift 2
   ip netns exec "$GEN" taskset -c 1 perfdhcp -4 -g multi -l 198.18.0.2 -r "$rate" -R "$CLIENTS" \
-    -b mac=02:00:00:00:00:00 -p "$secs" "$@" 198.18.0.1 2>&1 || true
+    -b mac=02:00:00:00:00:00 -p "$secs" "$@" 198.18.0.1 2>&1 | tee -a "$work/perfdhcp-raw.txt" || true
 }
 # perfdhcp output -> "do_sent do_recv ra_sent ra_recv p50_ms p99_ms" (percentiles only with -x t).
 parse() {
@@ -120,6 +124,16 @@ print(do[0], do[1], ra[0], ra[1], pct(0.5), pct(0.99))
 '
 }
 cpu_ticks() { awk '{print $14 + $15}' "/proc/$1/stat"; }
+# Busy and total jiffies of one core (everything but idle and iowait), to tell whose core saturates.
+core_ticks() { awk -v c="cpu$1" '$1 == c {print $2+$3+$4+$7+$8+$9, $2+$3+$4+$5+$6+$7+$8+$9}' /proc/stat; }
+busy_pct() { # "busy0 total0" "busy1 total1"
+  read -r b0 t0 <<<"$1"; read -r b1 t1 <<<"$2"
+  echo $(( (t1 > t0) ? (b1 - b0) * 100 / (t1 - t0) : 0 ))
+}
+# UDP datagrams a namespace's kernel dropped because its receiver did not read them in time.
+udp_rcvbuf_errors() {
+  ip netns exec "$1" awk '$1 == "Udp:" && $2 ~ /^[0-9]/ {print $6; exit}' /proc/net/snmp
+}
 rss_kb() { awk -v k="$2" '$1 == k":" {print $2}' "/proc/$1/status"; }
 TICK_US=$((1000000 / $(getconf CLK_TCK)))
 
@@ -146,19 +160,27 @@ measure() { # name command...
   R[$name.cpu2000]=$(( (c1 - c0) * TICK_US / (ra_recv > 0 ? ra_recv : 1) ))
 
   # Step the rate up until drops reach 0.1%.
-  R[$name.rate]=0; R[$name.cpu_sustained]="-"
+  R[$name.rate]=0; R[$name.cpu_sustained]="-"; R[$name.limit]="sustained every step"
   for rate in $RATES; do
+    local srv_drops0 gen_drops0 core0_0 core1_0
+    srv_drops0=$(udp_rcvbuf_errors "$SRV"); gen_drops0=$(udp_rcvbuf_errors "$GEN")
+    core0_0=$(core_ticks 0); core1_0=$(core_ticks 1)
     c0=$(cpu_ticks "$server_pid")
     out=$(perf "$rate" "$STEP_SECONDS" | parse)
     c1=$(cpu_ticks "$server_pid")
+    local core0 core1 srv_drops gen_drops
+    core0=$(busy_pct "$core0_0" "$(core_ticks 0)"); core1=$(busy_pct "$core1_0" "$(core_ticks 1)")
+    srv_drops=$(( $(udp_rcvbuf_errors "$SRV") - srv_drops0 )); gen_drops=$(( $(udp_rcvbuf_errors "$GEN") - gen_drops0 ))
     read -r do_sent _ _ ra_recv _ _ <<<"$out"
     local achieved=$(( ra_recv / STEP_SECONDS ))
     local drop_permille=$(( do_sent > 0 ? (do_sent - ra_recv) * 1000 / do_sent : 1000 ))
-    echo "   offered $rate/s (perfdhcp sent $(( do_sent / STEP_SECONDS ))/s): $achieved DORA/s completed, $(( (c1 - c0) * TICK_US / (ra_recv > 0 ? ra_recv : 1) )) us CPU/DORA, drops $drop_permille permille" >&2
+    echo "   offered $rate/s (perfdhcp sent $(( do_sent / STEP_SECONDS ))/s): $achieved DORA/s completed, $(( (c1 - c0) * TICK_US / (ra_recv > 0 ? ra_recv : 1) )) us CPU/DORA, drops $drop_permille permille; server core ${core0}% busy, generator core ${core1}% busy; datagrams the receiver was too slow for: server $srv_drops, generator $gen_drops" >&2
+    R[$name.last]="$rate/s: server core ${core0}%, generator core ${core1}%, receive-buffer drops server $srv_drops / generator $gen_drops"
     if (( drop_permille < 1 && achieved * 100 >= rate * 97 )); then
       R[$name.rate]=$achieved
       R[$name.cpu_sustained]=$(( (c1 - c0) * TICK_US / (ra_recv > 0 ? ra_recv : 1) ))
     else
+      R[$name.limit]="${R[$name.last]}"
       break
     fi
   done
@@ -186,3 +208,5 @@ for other in coredhcp kea; do
     "$(ratio "${R[ours.cpu_sustained]}" "${R[$other.cpu_sustained]}")" "$(ratio "${R[ours.p99]}" "${R[$other.p99]}") (p99)" \
     "$(ratio "${R[ours.rss_peak]}" "${R[$other.rss_peak]}") (peak)"
 done
+printf '\nAt the first rate each server did not sustain (who ran out: a core at ~100%% is saturated; receive-buffer drops name the side that could not keep up):\n'
+for s in ours coredhcp kea; do printf -- '- %s: %s\n' "$s" "${R[$s.limit]}"; done
