@@ -121,6 +121,19 @@ impl Fleet {
             .unwrap();
     }
 
+    /// `kubectl apply` of a VirtualMachine `name` in [`NS`] with one NIC (`mac`) on the Multus
+    /// network `network` (a NAD in [`NS`]).
+    pub fn apply_vm(&self, name: &str, mac: &str, network: &str) {
+        self.apply(&json!({
+            "apiVersion": "kubevirt.io/v1", "kind": "VirtualMachine",
+            "metadata": {"name": name, "namespace": NS},
+            "spec": {"running": true, "template": {"spec": {
+                "domain": {"devices": {"interfaces": [{"name": "nic-0", "macAddress": mac, "bridge": {}}]}},
+                "networks": [{"name": "nic-0", "multus": {"networkName": format!("{NS}/{network}")}}]
+            }}}
+        }));
+    }
+
     /// Starts (or restarts) the controller process.
     pub fn start_controller(&mut self) {
         let log = self
@@ -534,14 +547,7 @@ pub fn setup_with(options: Options) -> Fleet {
         }}
     }));
     for (name, mac) in [("vm1", VM1_MAC), ("vm2", VM2_MAC)] {
-        fleet.apply(&json!({
-            "apiVersion": "kubevirt.io/v1", "kind": "VirtualMachine",
-            "metadata": {"name": name, "namespace": NS},
-            "spec": {"running": true, "template": {"spec": {
-                "domain": {"devices": {"interfaces": [{"name": "nic-0", "macAddress": mac, "bridge": {}}]}},
-                "networks": [{"name": "nic-0", "multus": {"networkName": format!("{NS}/net-a")}}]
-            }}}
-        }));
+        fleet.apply_vm(name, mac, "net-a");
     }
     // The controller writes the pool's network into the agent Deployment: that is what the
     // agents boot from, as pods of that Deployment would.

@@ -106,14 +106,7 @@ fn pools_added_paused_and_removed_without_interrupting_other_pools() {
             "leaseTime": 20
         }}
     }));
-    fleet.apply(&json!({
-        "apiVersion": "kubevirt.io/v1", "kind": "VirtualMachine",
-        "metadata": {"name": "vm3", "namespace": NS},
-        "spec": {"running": true, "template": {"spec": {
-            "domain": {"devices": {"interfaces": [{"name": "nic-0", "macAddress": VM3_MAC, "bridge": {}}]}},
-            "networks": [{"name": "nic-0", "multus": {"networkName": format!("{NS}/net-b")}}]
-        }}}
-    }));
+    fleet.apply_vm("vm3", VM3_MAC, "net-b");
     let ip3 = wait_for("vm3 allocated on pool-b", Duration::from_secs(30), || {
         fleet.allocated_in("pool-b").get(VM3_MAC).cloned()
     });

@@ -7,7 +7,7 @@
 
 use std::time::Duration;
 
-use serde_json::{Value, json};
+use serde_json::Value;
 use vmdhcp_integration::dhcp_client::{try_http_get, udhcpc, wait_for};
 use vmdhcp_integration::fleet::{NS, Options, metric, setup_with};
 use vmdhcp_integration::otlp::{Receiver, Span};
@@ -50,14 +50,7 @@ fn one_trace_follows_a_vm_from_creation_to_the_agent_and_each_dhcp_exchange_is_a
         .unwrap_or(0.0)
     };
     let allocated_before = allocations(&fleet);
-    fleet.apply(&json!({
-        "apiVersion": "kubevirt.io/v1", "kind": "VirtualMachine",
-        "metadata": {"name": "vm3", "namespace": NS},
-        "spec": {"running": true, "template": {"spec": {
-            "domain": {"devices": {"interfaces": [{"name": "nic-0", "macAddress": VM3_MAC, "bridge": {}}]}},
-            "networks": [{"name": "nic-0", "multus": {"networkName": format!("{NS}/net-a")}}]
-        }}}
-    }));
+    fleet.apply_vm("vm3", VM3_MAC, "net-a");
     let ip = wait_for("vm3 allocated", Duration::from_secs(30), || {
         fleet.allocated().get(VM3_MAC).cloned()
     });
