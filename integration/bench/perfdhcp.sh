@@ -100,9 +100,11 @@ export KEA_PIDFILE_DIR="$work" KEA_LOCKFILE_DIR="$work"
 perf() { # rate seconds [extra perfdhcp args]
   local rate="$1" secs="$2"; shift 2
   ip netns exec "$GEN" taskset -c 1 perfdhcp -4 -g multi -l 198.18.0.2 -r "$rate" -R "$CLIENTS" \
-    -b mac=02:00:00:00:00:00 -p "$secs" "$@" 198.18.0.1 2>&1 | tee -a "$work/perfdhcp-raw.txt" || true
+    -b mac=02:00:00:00:00:00 -p "$secs" -W 500000 "$@" 198.18.0.1 2>&1 | tee -a "$work/perfdhcp-raw.txt" || true
 }
-# perfdhcp output -> "do_sent do_recv ra_sent ra_recv p50_ms p99_ms" (percentiles only with -x t).
+# perfdhcp output -> "do_sent do_recv ra_sent ra_recv p50_ms p99_ms drops" (percentiles only with
+# -x t). Drops are perfdhcp's own count over both exchanges; with -W it waits half a second after
+# the period for outstanding replies, so exchanges still in flight at the cutoff are not drops.
 parse() {
   python3 -c '
 import sys, re
@@ -111,7 +113,7 @@ def section(name):
     m = re.search(r"Statistics for: " + name + r"\*\*\*(.*?)(?=\*\*\*|\Z)", text, re.S)
     body = m.group(1) if m else ""
     get = lambda k: int(re.search(k + r": (\d+)", body).group(1)) if re.search(k + r": (\d+)", body) else 0
-    return get("sent packets"), get("received packets")
+    return get("sent packets"), get("received packets"), get("drops")
 do, ra = section("DISCOVER-OFFER"), section("REQUEST-ACK")
 lat = []
 m = re.search(r"Timestamps for packets: REQUEST-ACK\*\*\*(.*)", text, re.S)
@@ -120,7 +122,7 @@ if m:
         lat.append(float(b) - float(a))
 lat.sort()
 pct = lambda p: "%.3f" % (lat[min(len(lat) - 1, int(p * len(lat)))] * 1e3) if lat else "-"
-print(do[0], do[1], ra[0], ra[1], pct(0.5), pct(0.99))
+print(do[0], do[1], ra[0], ra[1], pct(0.5), pct(0.99), do[2] + ra[2])
 '
 }
 cpu_ticks() { awk '{print $14 + $15}' "/proc/$1/stat"; }
@@ -155,7 +157,7 @@ measure() { # name command...
   c0=$(cpu_ticks "$server_pid")
   out=$(perf 2000 "$FIXED_SECONDS" -x t | parse)
   c1=$(cpu_ticks "$server_pid")
-  read -r _ _ _ ra_recv p50 p99 <<<"$out"
+  read -r _ _ _ ra_recv p50 p99 _ <<<"$out"
   R[$name.p50]=$p50; R[$name.p99]=$p99
   R[$name.cpu2000]=$(( (c1 - c0) * TICK_US / (ra_recv > 0 ? ra_recv : 1) ))
 
@@ -171,9 +173,10 @@ measure() { # name command...
     local core0 core1 srv_drops gen_drops
     core0=$(busy_pct "$core0_0" "$(core_ticks 0)"); core1=$(busy_pct "$core1_0" "$(core_ticks 1)")
     srv_drops=$(( $(udp_rcvbuf_errors "$SRV") - srv_drops0 )); gen_drops=$(( $(udp_rcvbuf_errors "$GEN") - gen_drops0 ))
-    read -r do_sent _ _ ra_recv _ _ <<<"$out"
+    local do_sent ra_recv drops
+    read -r do_sent _ _ ra_recv _ _ drops <<<"$out"
     local achieved=$(( ra_recv / STEP_SECONDS ))
-    local drop_permille=$(( do_sent > 0 ? (do_sent - ra_recv) * 1000 / do_sent : 1000 ))
+    local drop_permille=$(( do_sent > 0 ? drops * 1000 / do_sent : 1000 ))
     echo "   offered $rate/s (perfdhcp sent $(( do_sent / STEP_SECONDS ))/s): $achieved DORA/s completed, $(( (c1 - c0) * TICK_US / (ra_recv > 0 ? ra_recv : 1) )) us CPU/DORA, drops $drop_permille permille; server core ${core0}% busy, generator core ${core1}% busy; datagrams the receiver was too slow for: server $srv_drops, generator $gen_drops" >&2
     R[$name.last]="$rate/s: server core ${core0}%, generator core ${core1}%, receive-buffer drops server $srv_drops / generator $gen_drops"
     if (( drop_permille < 1 && achieved * 100 >= rate * 97 )); then
