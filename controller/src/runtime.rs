@@ -57,6 +57,18 @@ pub enum ReconcileError {
     Vm(#[from] crate::vm::Error),
 }
 
+impl ReconcileError {
+    /// Leadership was lost under the reconcile: not a failure, the write was just not made.
+    fn is_not_leader(&self) -> bool {
+        matches!(
+            self,
+            ReconcileError::IPPool(crate::ippool::Error::NotLeader(_))
+                | ReconcileError::Vmnetcfg(crate::vmnetcfg::Error::NotLeader(_))
+                | ReconcileError::Vm(crate::vm::Error::NotLeader(_))
+        )
+    }
+}
+
 /// Controller settings.
 #[derive(Clone, Debug)]
 pub struct Settings {
@@ -137,18 +149,18 @@ async fn timed<T: ResourceExt, E: Into<ReconcileError>>(
     // waiter (the controller's own runner), so a reconcile waiting on it could sleep forever.
     // Each controller's own cache is complete before its first reconcile; reads of the others
     // are either self-healing (requeue) or confirmed with a GET.
-    let object = format!("{}/{}", obj.namespace().unwrap_or_default(), obj.name_any());
+    let name = crate::status::object_ref(obj);
     let span = info_span!(
         "reconcile",
         kind,
-        object = %object,
+        object = %name.as_ref().map_or_else(|| obj.name_any(), ToString::to_string),
         outcome = field::Empty,
         error = field::Empty,
         otel.status_code = field::Empty,
     );
     if kind == "vmnetcfg"
-        && let Ok(name) = object.parse::<NamespacedName>()
-        && let Some(cause) = term.ctx.causes.vmnetcfgs.get(&name)
+        && let Some(name) = &name
+        && let Some(cause) = term.ctx.causes.vmnetcfgs.get(name)
     {
         // The VM reconcile that wrote this config: one trace from VM to lease.
         vmdhcp_telemetry::trace::continue_from(&span, &[cause]);
@@ -157,9 +169,7 @@ async fn timed<T: ResourceExt, E: Into<ReconcileError>>(
     let result = fut.instrument(span.clone()).await.map_err(Into::into);
     let outcome = match &result {
         Ok(_) => "ok",
-        Err(ReconcileError::IPPool(crate::ippool::Error::NotLeader(_)))
-        | Err(ReconcileError::Vmnetcfg(crate::vmnetcfg::Error::NotLeader(_)))
-        | Err(ReconcileError::Vm(crate::vm::Error::NotLeader(_))) => "not_leader",
+        Err(e) if e.is_not_leader() => "not_leader",
         Err(e) => {
             span.record("error", field::display(e));
             span.record("otel.status_code", "ERROR");
@@ -181,13 +191,8 @@ fn error_policy<K: ResourceExt>(
 ) -> impl Fn(Arc<K>, &ReconcileError, Arc<Term>) -> Action {
     move |obj, err, term| {
         let delay = term.backoff.failed(key(kind, obj.as_ref()));
-        match err {
-            ReconcileError::IPPool(crate::ippool::Error::NotLeader(_))
-            | ReconcileError::Vmnetcfg(crate::vmnetcfg::Error::NotLeader(_))
-            | ReconcileError::Vm(crate::vm::Error::NotLeader(_)) => {}
-            _ => {
-                warn!(object = %key(kind, obj.as_ref()), error = %err, retry_in = ?delay, "reconcile failed")
-            }
+        if !err.is_not_leader() {
+            warn!(object = %key(kind, obj.as_ref()), error = %err, retry_in = ?delay, "reconcile failed")
         }
         Action::requeue(delay)
     }

@@ -458,31 +458,18 @@ async fn apply(cfg: Arc<VirtualMachineNetworkConfig>, ctx: Arc<Context>) -> Resu
             ctx.ipam
                 .with_pool(&pool, |a| allocate_nic(a, mac, requested, prev_ip))
         });
-        match &outcome {
-            Ok(Ok(ip)) if held_before == Some(*ip) => {
-                span.record("ip", field::display(ip));
-                span.record("result", "kept");
-            }
-            Ok(Ok(ip)) => {
-                span.record("ip", field::display(ip));
-                span.record("result", "allocated");
-                ctx.metrics.allocation(&pool.to_string(), "allocated");
-                // The index revision that publishes this lease continues this trace.
-                if let Some(cause) = vmdhcp_telemetry::trace::span_context(&span) {
-                    ctx.causes.leases.record((pool.clone(), mac), cause);
-                }
-            }
-            Ok(Err(e)) | Err(e) => {
-                span.record("result", "refused");
-                ctx.metrics.allocation(&pool.to_string(), "refused");
-                span.record("otel.status_code", "ERROR");
-                span.in_scope(|| debug!(error = %e, "allocation refused"));
-            }
-        }
-        drop(span);
         match outcome {
             Ok(Ok(ip)) => {
-                if held_before != Some(ip) {
+                span.record("ip", field::display(ip));
+                if held_before == Some(ip) {
+                    span.record("result", "kept");
+                } else {
+                    span.record("result", "allocated");
+                    ctx.metrics.allocation(&pool.to_string(), "allocated");
+                    // The index revision that publishes this lease continues this trace.
+                    if let Some(cause) = vmdhcp_telemetry::trace::span_context(&span) {
+                        ctx.causes.leases.record((pool.clone(), mac), cause);
+                    }
                     touched.insert(pool.clone());
                     ctx.event(
                         cfg.as_ref(),
@@ -501,6 +488,10 @@ async fn apply(cfg: Arc<VirtualMachineNetworkConfig>, ctx: Arc<Context>) -> Resu
                 ));
             }
             Ok(Err(e)) | Err(e) => {
+                span.record("result", "refused");
+                span.record("otel.status_code", "ERROR");
+                ctx.metrics.allocation(&pool.to_string(), "refused");
+                span.in_scope(|| debug!(error = %e, "allocation refused"));
                 if held_before.is_none() {
                     ctx.mac_owners.release(&pool, mac, &me);
                 }
