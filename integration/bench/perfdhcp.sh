@@ -4,16 +4,19 @@
 # all with reservations for the same 10 000 MACs, on the same veth pair between two network
 # namespaces, in one run. perfdhcp (from kea-admin) acts as a relay from the generator namespace.
 #
-# For each server: request->ack latency (p50/p99) and server CPU per DORA at a fixed 2 000/s;
+# For each server: request->ack latency (p50/p99) and server CPU per DORA at a fixed 2 000/s, in
+# ROUNDS interleaved rounds (median and range reported: this shared machine's speed drifts by 2x
+# between runs, so one sequential pass can favour whichever server ran in a quiet moment);
 # then the rate is stepped up until drops reach 0.1%, giving the highest sustained rate, CPU per
-# DORA there, and RSS (idle, after the run, peak). Each step also prints how busy each core was and
-# how many datagrams each side's kernel dropped because its receiver was too slow (UDP
-# RcvbufErrors per namespace), which tells whether the server or the generator set the limit. The server is pinned to core 0 and perfdhcp to
-# core 1 (in its multi-thread mode, so its receiver is not starved by its sender). Ratios
-# ours/coredhcp and ours/kea close the report.
+# DORA there, and RSS (idle, after the run, peak). Each step also prints how busy each core was
+# and how many datagrams each side's kernel dropped because its receiver was too slow (UDP
+# RcvbufErrors per namespace), which tells whether the server or the generator set the limit.
+# The server is pinned to core 0 and perfdhcp to core 1 (in its multi-thread mode, so its receiver
+# is not starved by its sender). Ratios ours/coredhcp and ours/kea close the report.
 #
 #   integration/bench/perfdhcp.sh            # as root; installs what it needs (apt)
 #   STEP_SECONDS=5 RATES="2000 10000 20000 30000" integration/bench/perfdhcp.sh
+#   ROUNDS=5 FIXED_SECONDS=10 integration/bench/perfdhcp.sh   # more rounds of the fixed-rate phase
 #   RAW_DIR=/tmp integration/bench/perfdhcp.sh   # also keeps perfdhcp's own reports (perfdhcp-raw.txt)
 #
 # perfdhcp's clients: with -b mac=02:00:00:00:00:00 -R 10000 it uses MACs 02:00:00:00:<i>>8>:<i&255>
@@ -23,6 +26,7 @@ cd "$(dirname "$0")/../.."
 
 STEP_SECONDS="${STEP_SECONDS:-5}"
 FIXED_SECONDS="${FIXED_SECONDS:-10}"
+ROUNDS="${ROUNDS:-3}"
 RATES="${RATES:-2000 5000 10000 15000 20000 25000 30000 40000 60000}"
 CLIENTS=10000
 
@@ -140,28 +144,38 @@ rss_kb() { awk -v k="$2" '$1 == k":" {print $2}' "/proc/$1/status"; }
 TICK_US=$((1000000 / $(getconf CLK_TCK)))
 
 declare -A R
-measure() { # name command...
-  local name="$1"; shift
-  echo "== $name" >&2
-  ip netns exec "$SRV" taskset -c 0 "$@" >"$work/$name.log" 2>&1 &
+# Starts server $1 on core 0 and waits until it answers.
+launch() {
+  local name="$1"
+  case "$name" in
+    ours) set -- "$AGENT" serve-static --config "$work/agent.json" ;;
+    coredhcp) set -- coredhcp -c "$work/coredhcp.yml" -L warning ;;
+    kea) set -- kea-dhcp4 -c "$work/kea.json" ;;
+  esac
+  ip netns exec "$SRV" taskset -c 0 "$@" >>"$work/$name.log" 2>&1 &
   server_pid=$!
-  local ok=""
   for _ in $(seq 1 40); do
-    if perf 20 1 | parse | awk '{exit !($4 >= 1)}'; then ok=1; break; fi
+    if perf 20 1 | parse | awk '{exit !($4 >= 1)}'; then return; fi
   done
-  [ -n "$ok" ] || { echo "$name never answered; log:" >&2; tail -20 "$work/$name.log" >&2; exit 1; }
-  R[$name.rss_idle]=$(rss_kb "$server_pid" VmRSS)
+  echo "$name never answered; log:" >&2; tail -20 "$work/$name.log" >&2; exit 1
+}
+halt() { kill "$server_pid"; wait "$server_pid" 2>/dev/null || true; server_pid=""; }
 
-  # Fixed 2 000/s, per-exchange timestamps for latency percentiles.
-  local c0 c1 out
+# Fixed 2 000/s with per-exchange timestamps for latency percentiles; appends this round's figures.
+fixed() { # name round
+  local name="$1" round="$2" c0 c1 out
   c0=$(cpu_ticks "$server_pid")
   out=$(perf 2000 "$FIXED_SECONDS" -x t | parse)
   c1=$(cpu_ticks "$server_pid")
   read -r _ _ _ ra_recv p50 p99 _ <<<"$out"
-  R[$name.p50]=$p50; R[$name.p99]=$p99
-  R[$name.cpu2000]=$(( (c1 - c0) * TICK_US / (ra_recv > 0 ? ra_recv : 1) ))
+  local cpu=$(( (c1 - c0) * TICK_US / (ra_recv > 0 ? ra_recv : 1) ))
+  echo "   round $round, fixed 2000/s: $cpu us CPU/DORA, request->ack p50 $p50 ms, p99 $p99 ms" >&2
+  R[$name.cpu2000]+="$cpu "; R[$name.p50]+="$p50 "; R[$name.p99]+="$p99 "
+}
 
-  # Step the rate up until drops reach 0.1%.
+# Steps the rate up until drops reach 0.1%.
+steps() { # name
+  local name="$1" c0 c1 out
   R[$name.rate]=0; R[$name.cpu_sustained]="-"; R[$name.limit]="sustained every step"
   for rate in $RATES; do
     local srv_drops0 gen_drops0 core0_0 core1_0
@@ -187,29 +201,54 @@ measure() { # name command...
       break
     fi
   done
-  R[$name.rss_after]=$(rss_kb "$server_pid" VmRSS)
-  R[$name.rss_peak]=$(rss_kb "$server_pid" VmHWM)
-  kill "$server_pid"; wait "$server_pid" 2>/dev/null || true; server_pid=""
 }
 
-measure ours "$AGENT" serve-static --config "$work/agent.json"
-measure coredhcp coredhcp -c "$work/coredhcp.yml" -L warning
-measure kea kea-dhcp4 -c "$work/kea.json"
+# The fixed-rate phase runs in ROUNDS rounds, the servers interleaved and their order rotated each
+# round, so a slow spell of a shared machine (CPU steal) falls on all of them rather than on
+# whichever ran at that moment; the report gives each figure's median and range over the rounds,
+# and the ratios of each round's adjacent measurements. The rate steps run once, in the last round.
+SERVERS=(ours coredhcp kea)
+for round in $(seq 1 "$ROUNDS"); do
+  for i in 0 1 2; do
+    name="${SERVERS[$(( (i + round - 1) % 3 ))]}"
+    echo "== $name (round $round of $ROUNDS)" >&2
+    launch "$name"
+    [ "$round" -eq 1 ] && R[$name.rss_idle]=$(rss_kb "$server_pid" VmRSS)
+    fixed "$name" "$round"
+    if [ "$round" -eq "$ROUNDS" ]; then
+      steps "$name"
+      R[$name.rss_after]=$(rss_kb "$server_pid" VmRSS)
+      R[$name.rss_peak]=$(rss_kb "$server_pid" VmHWM)
+    fi
+    halt
+  done
+done
 
 mb() { awk -v kb="$1" 'BEGIN {print kb / 1024}'; }
 ratio() { python3 -c "a,b='$1','$2'; print('%.2f' % (float(a)/float(b)) if a not in ('-','0') and b not in ('-','0') else '-')"; }
+# Median of the rounds' figures ("12 15 11 " -> 12; "-" when there are none).
+median() { python3 -c "import statistics, sys; v = [float(x) for x in sys.argv[1:] if x != '-']; print(('%g' % statistics.median(v)) if v else '-')" $1; }
+# "median (min–max)" of the rounds' figures.
+spread() { python3 -c "import statistics, sys; v = [float(x) for x in sys.argv[1:] if x != '-']; print(('%g (%g–%g)' % (statistics.median(v), min(v), max(v))) if v else '-')" $1; }
+# Each round's ratio of two servers' figures, in round order.
+per_round() { python3 -c "import sys; a, b = sys.argv[1].split(), sys.argv[2].split(); print(' '.join('%.2f' % (float(x) / float(y)) if x != '-' and y not in ('-', '0') else '-' for x, y in zip(a, b)))" "$1" "$2"; }
+printf '\n%s rounds of %s s at 2 000/s per server (median, range); rate steps of %s s in the last round.\n' "$ROUNDS" "$FIXED_SECONDS" "$STEP_SECONDS"
 printf '\n| server | sustained DORA/s (<0.1%% drops) | CPU µs/DORA @2000/s | CPU µs/DORA @sustained | req→ack p50 / p99 ms @2000/s | RSS idle / after / peak MB |\n'
 printf '|---|---|---|---|---|---|\n'
 for s in ours coredhcp kea; do
-  printf '| %s | %s | %s | %s | %s / %s | %.1f / %.1f / %.1f |\n' "$s" "${R[$s.rate]}" "${R[$s.cpu2000]}" \
-    "${R[$s.cpu_sustained]}" "${R[$s.p50]}" "${R[$s.p99]}" \
+  printf '| %s | %s | %s | %s | %s / %s | %.1f / %.1f / %.1f |\n' "$s" "${R[$s.rate]}" "$(spread "${R[$s.cpu2000]}")" \
+    "${R[$s.cpu_sustained]}" "$(median "${R[$s.p50]}")" "$(spread "${R[$s.p99]}")" \
     "$(mb "${R[$s.rss_idle]}")" "$(mb "${R[$s.rss_after]}")" "$(mb "${R[$s.rss_peak]}")"
 done
 for other in coredhcp kea; do
   printf '| ours/%s | %s | %s | %s | %s | %s |\n' "$other" \
-    "$(ratio "${R[ours.rate]}" "${R[$other.rate]}")" "$(ratio "${R[ours.cpu2000]}" "${R[$other.cpu2000]}")" \
-    "$(ratio "${R[ours.cpu_sustained]}" "${R[$other.cpu_sustained]}")" "$(ratio "${R[ours.p99]}" "${R[$other.p99]}") (p99)" \
+    "$(ratio "${R[ours.rate]}" "${R[$other.rate]}")" \
+    "$(ratio "$(median "${R[ours.cpu2000]}")" "$(median "${R[$other.cpu2000]}")")" \
+    "$(ratio "${R[ours.cpu_sustained]}" "${R[$other.cpu_sustained]}")" \
+    "$(ratio "$(median "${R[ours.p99]}")" "$(median "${R[$other.p99]}")") (p99)" \
     "$(ratio "${R[ours.rss_peak]}" "${R[$other.rss_peak]}") (peak)"
 done
+printf '\nEach round on its own, ours/coredhcp at 2 000/s: CPU/DORA %s; p99 %s\n' \
+  "$(per_round "${R[ours.cpu2000]}" "${R[coredhcp.cpu2000]}")" "$(per_round "${R[ours.p99]}" "${R[coredhcp.p99]}")"
 printf '\nAt the first rate each server did not sustain (who ran out: a core at ~100%% is saturated; receive-buffer drops name the side that could not keep up):\n'
 for s in ours coredhcp kea; do printf -- '- %s: %s\n' "$s" "${R[$s.limit]}"; done
