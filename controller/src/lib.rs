@@ -13,6 +13,7 @@
 //!   before expiry and published (CA ConfigMap, webhook caBundles).
 //! - [`auth`]: who may read the config stream (agent ServiceAccount tokens, via TokenReview).
 //! - [`webhook`]: the admission webhook server (decisions in `vmdhcp_core::admission`).
+//! - [`shared_watch`]: one watch (and cache) feeding several controllers.
 //! - [`runtime`]: the wiring, with leadership gating every writer.
 #![forbid(unsafe_code)]
 
@@ -28,6 +29,7 @@ pub mod ipam;
 pub mod ippool;
 pub mod metrics;
 pub mod runtime;
+pub mod shared_watch;
 pub mod status;
 pub mod tls;
 pub mod vm;

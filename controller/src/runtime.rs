@@ -29,6 +29,7 @@ use crate::index::Index;
 use crate::index_sync::IndexSync;
 use crate::ipam::Ipam;
 use crate::metrics::Metrics;
+use crate::shared_watch;
 use crate::status::PoolStatusWriter;
 use crate::vmnetcfg::MacOwners;
 
@@ -240,8 +241,13 @@ async fn lead(client: Client, settings: Settings, shared: Shared, leader: watch:
     let cfg_api: Api<VirtualMachineNetworkConfig> = Api::all(client.clone());
     let vm_api: Api<DynamicObject> = Api::all_with(client.clone(), &crate::vm::vm_resource());
 
-    let pool_ctrl = Controller::new(pool_api.clone(), wc.clone());
-    let pools = pool_ctrl.store();
+    // One watch per kind the reconcilers share, so a reconcile woken by an event always reads a
+    // cache that has applied it (see `shared_watch`), and the API server sends each event once.
+    let (pools, pool_watch, [pool_self, pool_siblings, pool_for_cfgs]) =
+        shared_watch::watch(pool_api, (), wc.clone());
+    let (vms, vm_watch, [vm_self, vm_for_cfgs]) =
+        shared_watch::watch(vm_api, crate::vm::vm_resource(), wc.clone());
+    let pool_ctrl = Controller::for_stream(pool_self, pools.clone());
     // A pool waits on its network (NAD) and on the other pools claiming the same network.
     let pools_on = |store: reflector::Store<IPPool>| {
         move |network: Option<NamespacedName>| {
@@ -278,7 +284,7 @@ async fn lead(client: Client, settings: Settings, shared: Shared, leader: watch:
                 )
             },
         )
-        .watches(pool_api.clone(), wc.clone(), move |pool: IPPool| {
+        .watches_stream(pool_siblings, move |pool: IPPool| {
             by_sibling(
                 NamespacedName::parse_in(
                     &pool.spec.network_name,
@@ -287,21 +293,19 @@ async fn lead(client: Client, settings: Settings, shared: Shared, leader: watch:
                 .ok(),
             )
         });
-    let cfg_ctrl = Controller::new(cfg_api, wc.clone());
+    let cfg_ctrl = Controller::new(cfg_api, wc);
     let cfgs = cfg_ctrl.store();
-    let vm_ctrl = Controller::new_with(vm_api.clone(), wc.clone(), crate::vm::vm_resource());
-    let vms = vm_ctrl.store();
+    let vm_ctrl = Controller::for_stream_with(vm_self, vms.clone(), crate::vm::vm_resource());
     let cfgs_for_pools = cfgs.clone();
     let cfg_ctrl = cfg_ctrl
-        .watches_with(
-            vm_api,
-            crate::vm::vm_resource(),
-            wc.clone(),
+        .watches_stream_with(
+            vm_for_cfgs,
             |vm: DynamicObject| {
                 Some(ObjectRef::new(&vm.name_any()).within(&vm.namespace().unwrap_or_default()))
             },
+            crate::vm::vm_resource(),
         )
-        .watches(pool_api, wc, move |pool: IPPool| {
+        .watches_stream(pool_for_cfgs, move |pool: IPPool| {
             let ns = pool.namespace().unwrap_or_default();
             let network = NamespacedName::parse_in(&pool.spec.network_name, &ns).ok();
             cfgs_for_pools
@@ -400,7 +404,9 @@ async fn lead(client: Client, settings: Settings, shared: Shared, leader: watch:
             None => std::future::pending::<()>().await,
         }
     };
-    tokio::join!(pools_run, cfgs_run, vms_run, bootstrap);
+    tokio::join!(
+        pool_watch, vm_watch, pools_run, cfgs_run, vms_run, bootstrap
+    );
 }
 
 /// Feeds the index from the IPPool watch (every replica); flips `ready` after the first sync.
