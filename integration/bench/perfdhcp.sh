@@ -142,6 +142,8 @@ udp_rcvbuf_errors() {
 }
 rss_kb() { awk -v k="$2" '$1 == k":" {print $2}' "/proc/$1/status"; }
 TICK_US=$((1000000 / $(getconf CLK_TCK)))
+# Server CPU microseconds per completed DORA: cpu_ticks before, after, and the ACKs received.
+us_per_dora() { echo $(( ($2 - $1) * TICK_US / ($3 > 0 ? $3 : 1) )); }
 
 declare -A R
 # Starts server $1 on core 0 and waits until it answers.
@@ -168,7 +170,7 @@ fixed() { # name round
   out=$(perf 2000 "$FIXED_SECONDS" -x t | parse)
   c1=$(cpu_ticks "$server_pid")
   read -r _ _ _ ra_recv p50 p99 _ <<<"$out"
-  local cpu=$(( (c1 - c0) * TICK_US / (ra_recv > 0 ? ra_recv : 1) ))
+  local cpu; cpu=$(us_per_dora "$c0" "$c1" "$ra_recv")
   echo "   round $round, fixed 2000/s: $cpu us CPU/DORA, request->ack p50 $p50 ms, p99 $p99 ms" >&2
   R[$name.cpu2000]+="$cpu "; R[$name.p50]+="$p50 "; R[$name.p99]+="$p99 "
 }
@@ -189,13 +191,14 @@ steps() { # name
     srv_drops=$(( $(udp_rcvbuf_errors "$SRV") - srv_drops0 )); gen_drops=$(( $(udp_rcvbuf_errors "$GEN") - gen_drops0 ))
     local do_sent ra_recv drops
     read -r do_sent _ _ ra_recv _ _ drops <<<"$out"
-    local achieved=$(( ra_recv / STEP_SECONDS ))
+    local achieved=$(( ra_recv / STEP_SECONDS )) cpu
+    cpu=$(us_per_dora "$c0" "$c1" "$ra_recv")
     local drop_permille=$(( do_sent > 0 ? drops * 1000 / do_sent : 1000 ))
-    echo "   offered $rate/s (perfdhcp sent $(( do_sent / STEP_SECONDS ))/s): $achieved DORA/s completed, $(( (c1 - c0) * TICK_US / (ra_recv > 0 ? ra_recv : 1) )) us CPU/DORA, drops $drop_permille permille; server core ${core0}% busy, generator core ${core1}% busy; datagrams the receiver was too slow for: server $srv_drops, generator $gen_drops" >&2
+    echo "   offered $rate/s (perfdhcp sent $(( do_sent / STEP_SECONDS ))/s): $achieved DORA/s completed, $cpu us CPU/DORA, drops $drop_permille permille; server core ${core0}% busy, generator core ${core1}% busy; datagrams the receiver was too slow for: server $srv_drops, generator $gen_drops" >&2
     R[$name.last]="$rate/s: server core ${core0}%, generator core ${core1}%, receive-buffer drops server $srv_drops / generator $gen_drops"
     if (( drop_permille < 1 && achieved * 100 >= rate * 97 )); then
       R[$name.rate]=$achieved
-      R[$name.cpu_sustained]=$(( (c1 - c0) * TICK_US / (ra_recv > 0 ? ra_recv : 1) ))
+      R[$name.cpu_sustained]=$cpu
     else
       R[$name.limit]="${R[$name.last]}"
       break
