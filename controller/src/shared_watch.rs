@@ -39,13 +39,14 @@ where
     K: Resource + Clone + Debug + DeserializeOwned + Send + Sync + 'static,
     <K as Resource>::DynamicType: Clone + Eq + Hash + Send + Sync,
 {
+    let kind = K::kind(&dyntype).into_owned();
     let writer = reflector::store::Writer::new(dyntype);
     let store = writer.as_reader();
     let touched = watcher(api, config)
         .default_backoff()
         .reflect(writer)
         .touched_objects();
-    let (drive, triggers) = fan_out(touched, std::any::type_name::<K>());
+    let (drive, triggers) = fan_out(touched, kind);
     (store, drive, triggers)
 }
 
@@ -55,7 +56,7 @@ where
 /// subscriber that has gone away is skipped.
 fn fan_out<K, E, S, const N: usize>(
     source: S,
-    what: &'static str,
+    kind: String,
 ) -> (impl Future<Output = ()> + Send, [Trigger<K>; N])
 where
     K: Clone + Send + 'static,
@@ -78,7 +79,7 @@ where
                         let _ = sender.send(Ok(obj.clone())).await;
                     }
                 }
-                Err(error) => warn!(resource = what, %error, "watch failed; retrying"),
+                Err(error) => warn!(%kind, %error, "watch failed; retrying"),
             }
         }
     };
@@ -117,7 +118,7 @@ mod tests {
     async fn every_subscriber_gets_every_object_in_order_and_errors_stay_here() {
         let source =
             futures_util::stream::iter(vec![Ok(cm("a")), Err("boom"), Ok(cm("b")), Ok(cm("c"))]);
-        let (drive, [one, two]) = fan_out::<_, _, _, 2>(source, "ConfigMap");
+        let (drive, [one, two]) = fan_out::<_, _, _, 2>(source, "ConfigMap".into());
         drive.await;
         assert_eq!(names(one.collect().await), ["a", "b", "c"]);
         assert_eq!(names(two.collect().await), ["a", "b", "c"]);
@@ -129,7 +130,7 @@ mod tests {
         let total = 2 * BUFFER;
         let source =
             futures_util::stream::iter((0..total).map(|i| Ok::<_, String>(cm(&i.to_string()))));
-        let (drive, [gone, kept]) = fan_out::<_, _, _, 2>(source, "ConfigMap");
+        let (drive, [gone, kept]) = fan_out::<_, _, _, 2>(source, "ConfigMap".into());
         drop(gone);
         let driver = tokio::spawn(drive);
         assert_eq!(kept.collect::<Vec<_>>().await.len(), total);
@@ -144,7 +145,7 @@ mod tests {
         let (store, writer) = reflector::store::<ConfigMap>();
         let (events, rx) = mpsc::channel::<Result<watcher::Event<ConfigMap>, watcher::Error>>(1);
         let touched = ReceiverStream::new(rx).reflect(writer).touched_objects();
-        let (drive, [trigger]) = fan_out::<_, _, _, 1>(touched, "ConfigMap");
+        let (drive, [trigger]) = fan_out::<_, _, _, 1>(touched, "ConfigMap".into());
         let driver = tokio::spawn(drive);
         let mut trigger = std::pin::pin!(trigger);
         for e in [watcher::Event::Init, watcher::Event::InitDone] {
