@@ -143,6 +143,15 @@ pub async fn run(settings: Settings, client: Option<kube::Client>) -> Result<(),
     info!(http = %settings.http, pools = bootstrap.pool_refs.len(), "agent up");
 
     let mut tasks = Vec::new();
+    if active {
+        // Host names in pools' NTP lists become option 42 addresses, resolved off the packet
+        // path whenever the table changes and periodically (`run` used to skip this).
+        tasks.push(tokio::spawn(crate::dhcp::ntp::run(
+            Arc::clone(&table),
+            sources.subscribe(),
+            stop.clone(),
+        )));
+    }
     let (election_stop_tx, election_stop) = watch::channel(false);
     let (_always, mut leading) = watch::channel(true);
     let (_holder_tx, mut holder) = watch::channel(LeaseHolder::default());

@@ -35,6 +35,11 @@ pub const SERVER_IP: &str = "10.123.45.2";
 pub const LEASE_SECONDS: u64 = 6;
 /// Agents' election retry period.
 pub const RETRY_SECONDS: u64 = 1;
+/// The NTP server pool-a names by host; it resolves only inside agent namespaces (their own
+/// `/etc/hosts`), as a cluster-internal name would.
+pub const NTP_HOST: &str = "ntp.fleet.test";
+/// What [`NTP_HOST`] resolves to.
+pub const NTP_IP: &str = "10.123.45.123";
 /// The first VM's NIC.
 pub const VM1_MAC: &str = "02:12:34:00:00:01";
 /// The second VM's NIC.
@@ -203,6 +208,9 @@ impl Fleet {
     /// would), and relays to the API server and the controller on its loopback.
     pub fn agent_netns(&mut self, n: usize) -> Netns {
         let ns = self.lab.netns(&format!("a{n}")).unwrap();
+        self.lab
+            .hosts_file(&ns, &format!("127.0.0.1 localhost\n{NTP_IP} {NTP_HOST}\n"))
+            .unwrap();
         let net = self.net.clone();
         let configs: Vec<Value> = serde_json::from_str(&self.env.0).unwrap();
         for (i, config) in configs.iter().enumerate() {
@@ -543,7 +551,7 @@ pub fn setup_with(options: Options) -> Fleet {
             "serverIP": SERVER_IP, "cidr": "10.123.45.0/24",
             "pool": {"start": "10.123.45.50", "end": "10.123.45.99"},
             "router": "10.123.45.1", "dns": ["10.123.45.53"], "domainName": "fleet.test",
-            "leaseTime": 20
+            "ntp": [NTP_HOST], "leaseTime": 20
         }}
     }));
     for (name, mac) in [("vm1", VM1_MAC), ("vm2", VM2_MAC)] {

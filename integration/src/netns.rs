@@ -163,6 +163,19 @@ impl Lab {
         Ok(())
     }
 
+    /// Gives `ns` its own `/etc/hosts` (`ip netns exec` bind-mounts `/etc/netns/<ns>/hosts`
+    /// over it for programs started in `ns`), so names resolve there and nowhere else; removed
+    /// with the namespace.
+    pub fn hosts_file(&self, ns: &Netns, content: &str) -> Result<(), NetnsError> {
+        let dir = netns_etc(&ns.name);
+        let write =
+            std::fs::create_dir_all(&dir).and_then(|()| std::fs::write(dir.join("hosts"), content));
+        write.map_err(|source| NetnsError::Spawn {
+            command: format!("writing {}/hosts", dir.display()),
+            source,
+        })
+    }
+
     /// Runs `program args…` inside `ns` to completion; fails with its stderr if it fails.
     pub fn exec(&self, ns: &Netns, program: &str, args: &[&str]) -> Result<String, NetnsError> {
         let out = run(ns.command(program).args(args))?;
@@ -195,8 +208,14 @@ impl Drop for Lab {
         for ns in self.namespaces.drain(..).rev() {
             kill_namespace_processes(&ns.name);
             let _ = ip(&["netns", "del", &ns.name]);
+            let _ = std::fs::remove_dir_all(netns_etc(&ns.name));
         }
     }
+}
+
+/// Where `ip netns exec` finds per-namespace files for `/etc`.
+fn netns_etc(name: &str) -> std::path::PathBuf {
+    std::path::Path::new("/etc/netns").join(name)
 }
 
 /// Kills anything still running inside a namespace (daemons a test started with `exec`).
@@ -228,6 +247,7 @@ fn sweep_stale() -> Result<(), NetnsError> {
         {
             kill_namespace_processes(name);
             let _ = ip(&["netns", "del", name]);
+            let _ = std::fs::remove_dir_all(netns_etc(name));
         }
     }
     Ok(())

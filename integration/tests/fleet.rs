@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use vmdhcp_integration::dhcp_client::{start_dhclient, wait_event, wait_for};
 use vmdhcp_integration::fleet::{
-    LEASE_SECONDS, NS, SERVER_IP, VM1_MAC, VM2_MAC, captured, doubled_replies, metric,
+    LEASE_SECONDS, NS, NTP_IP, SERVER_IP, VM1_MAC, VM2_MAC, captured, doubled_replies, metric,
     probe_until_leased, setup,
 };
 
@@ -59,6 +59,8 @@ fn kubectl_apply_to_lease_then_failover_fallback_and_resume() {
     assert_eq!(bound["new_domain_name_servers"], "10.123.45.53");
     assert_eq!(bound["new_domain_name"], "fleet.test");
     assert_eq!(bound["new_dhcp_server_identifier"], SERVER_IP);
+    // The pool names its NTP server by host: `run` resolves it (option 42 carries addresses).
+    assert_eq!(bound["new_ntp_servers"], NTP_IP);
 
     // The pool says which agent serves it.
     wait_for("AgentReady on the pool", Duration::from_secs(30), || {

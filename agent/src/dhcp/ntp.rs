@@ -47,15 +47,22 @@ async fn lookup(host: &str) -> Option<Vec<Ipv4Addr>> {
     }
 }
 
-/// Resolves every pool's NTP host names once and records the results. `known` carries each
-/// name's last good answer from one pass to the next.
-pub async fn resolve_once(table: &LeaseTable, known: &mut BTreeMap<String, Vec<Ipv4Addr>>) {
+/// Resolves every pool's NTP host names and records the results. `known` carries each name's
+/// last good answer from one pass to the next; with `only_new`, names already known are not
+/// looked up again (a table change: new pools get their addresses at once, without a DNS
+/// query per lease delta).
+pub async fn resolve_once(
+    table: &LeaseTable,
+    known: &mut BTreeMap<String, Vec<Ipv4Addr>>,
+    only_new: bool,
+) {
     let pools = table.pools();
     let names: BTreeSet<&str> = pools
         .values()
         .flat_map(|p| p.config().ntp.iter())
         .map(String::as_str)
         .filter(|n| n.parse::<Ipv4Addr>().is_err())
+        .filter(|n| !only_new || !known.contains_key(*n))
         .collect();
     for name in names {
         if let Some(addrs) = lookup(name).await {
@@ -83,13 +90,27 @@ pub async fn resolve_once(table: &LeaseTable, known: &mut BTreeMap<String, Vec<I
     }
 }
 
-/// Resolves every [`REFRESH`] until `shutdown` turns true (or its sender goes away).
-pub async fn run(table: Arc<LeaseTable>, mut shutdown: watch::Receiver<bool>) {
+/// Resolves every [`REFRESH`], and on each change `changes` signals (the lease table was
+/// written: a pool may name a new host), until `shutdown` turns true (or its sender goes away).
+pub async fn run<T>(
+    table: Arc<LeaseTable>,
+    mut changes: watch::Receiver<T>,
+    mut shutdown: watch::Receiver<bool>,
+) {
     let mut known = BTreeMap::new();
+    let mut refresh = tokio::time::interval(REFRESH);
+    refresh.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut changes_open = true;
     loop {
-        resolve_once(&table, &mut known).await;
         tokio::select! {
-            _ = tokio::time::sleep(REFRESH) => {}
+            _ = refresh.tick() => resolve_once(&table, &mut known, false).await,
+            changed = changes.changed(), if changes_open => {
+                if changed.is_ok() {
+                    resolve_once(&table, &mut known, true).await;
+                } else {
+                    changes_open = false;
+                }
+            }
             changed = shutdown.changed() => {
                 if changed.is_err() || *shutdown.borrow() {
                     return;
@@ -134,12 +155,12 @@ mod tests {
             leases: vec![],
         }]);
         let mut known = BTreeMap::new();
-        resolve_once(&table, &mut known).await;
+        resolve_once(&table, &mut known, false).await;
         let want: [Ipv4Addr; 2] = ["192.0.2.123".parse().unwrap(), Ipv4Addr::LOCALHOST];
         assert_eq!(table.pool(&name).unwrap().ntp_addresses(), want);
         // A later failure keeps the last answer.
         known.insert("ntp.invalid".into(), vec!["192.0.2.9".parse().unwrap()]);
-        resolve_once(&table, &mut known).await;
+        resolve_once(&table, &mut known, false).await;
         assert_eq!(
             table.pool(&name).unwrap().ntp_addresses(),
             [want[0], want[1], "192.0.2.9".parse().unwrap()]

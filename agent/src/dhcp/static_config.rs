@@ -208,7 +208,13 @@ pub async fn serve_file(path: &Path, options: ServeOptions) -> Result<(), Static
     apply(&table, pools);
     let (stop, stopped) = watch::channel(false);
     let servers = Servers::spawn(Arc::clone(&table), interfaces, stopped);
-    let ntp_task = tokio::spawn(super::ntp::run(Arc::clone(&table), stop.subscribe()));
+    // The static table changes only on reload (SIGHUP), which signals the resolver.
+    let (table_changed, changes) = watch::channel(());
+    let ntp_task = tokio::spawn(super::ntp::run(
+        Arc::clone(&table),
+        changes,
+        stop.subscribe(),
+    ));
     let mut statuses = servers.statuses();
     let (_loaded_tx, loaded) = watch::channel(true);
     let http_task = http.map(|addr| {
@@ -251,6 +257,7 @@ pub async fn serve_file(path: &Path, options: ServeOptions) -> Result<(), Static
                 match load(path) {
                     Ok(pools) => {
                         apply(&table, pools);
+                        table_changed.send_replace(());
                         reloads += 1;
                         info!(reloads, "config reloaded");
                     }
