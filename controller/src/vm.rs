@@ -15,7 +15,6 @@ use kube::api::{
 };
 use kube::runtime::controller::Action;
 use kube::{Resource, ResourceExt};
-use serde_json::Value;
 use tracing::{debug, warn};
 use vmdhcp_core::crd::{
     LABEL_VM_NAME, NetworkConfig, VirtualMachineNetworkConfig, VirtualMachineNetworkConfigSpec,
@@ -103,6 +102,44 @@ pub fn network_configs(vm: &DynamicObject) -> Vec<NetworkConfig> {
     out
 }
 
+/// The config a VM asks for, as this controller applies it (server-side, owning the spec's
+/// NICs): named after the VM, owned by it, created with the finalizer. An empty `configs`
+/// serialises without `networkConfigs`, so the apply drops the NICs this manager owned.
+pub fn desired_config(
+    vm: &DynamicObject,
+    ns: &str,
+    name: &str,
+    configs: Vec<NetworkConfig>,
+    paused: Option<bool>,
+) -> VirtualMachineNetworkConfig {
+    let owner = OwnerReference {
+        api_version: "kubevirt.io/v1".into(),
+        kind: "VirtualMachine".into(),
+        name: name.to_owned(),
+        uid: vm.uid().unwrap_or_default(),
+        controller: Some(true),
+        block_owner_deletion: Some(true),
+    };
+    VirtualMachineNetworkConfig {
+        metadata: ObjectMeta {
+            name: Some(name.to_owned()),
+            namespace: Some(ns.to_owned()),
+            labels: Some([(LABEL_VM_NAME.to_owned(), name.to_owned())].into()),
+            owner_references: Some(vec![owner]),
+            // Created with the finalizer, so the config reconciler need not add it in a second
+            // write (which races the create under a burst).
+            finalizers: Some(vec![crate::context::VMNETCFG_FINALIZER.to_owned()]),
+            ..Default::default()
+        },
+        spec: VirtualMachineNetworkConfigSpec {
+            vm_name: name.to_owned(),
+            paused,
+            network_configs: configs,
+        },
+        status: None,
+    }
+}
+
 /// Reconciles one VirtualMachine.
 pub async fn reconcile(vm: Arc<DynamicObject>, ctx: Arc<Context>) -> Result<Action, Error> {
     ctx.ensure_leader()?;
@@ -116,7 +153,13 @@ pub async fn reconcile(vm: Arc<DynamicObject>, ctx: Arc<Context>) -> Result<Acti
     if vm.meta().deletion_timestamp.is_some() {
         return Ok(Action::await_change());
     }
-    if configs.is_empty() {
+    // A VM without Multus NICs needs no config; one that lost its last NIC keeps its config,
+    // emptied, so the config's reconcile releases the addresses (upstream kept them).
+    if configs.is_empty()
+        && existing
+            .as_ref()
+            .is_none_or(|e| e.spec.network_configs.is_empty())
+    {
         return Ok(Action::await_change());
     }
     // Keep static addresses set on the config by an operator.
@@ -139,35 +182,13 @@ pub async fn reconcile(vm: Arc<DynamicObject>, ctx: Arc<Context>) -> Result<Acti
             return Ok(Action::await_change());
         }
     }
-    let owner = OwnerReference {
-        api_version: "kubevirt.io/v1".into(),
-        kind: "VirtualMachine".into(),
-        name: name.clone(),
-        uid: vm.uid().unwrap_or_default(),
-        controller: Some(true),
-        block_owner_deletion: Some(true),
-    };
-    let desired = VirtualMachineNetworkConfig {
-        metadata: ObjectMeta {
-            name: Some(name.clone()),
-            namespace: Some(ns.clone()),
-            labels: Some([(LABEL_VM_NAME.to_owned(), name.clone())].into()),
-            owner_references: Some(vec![owner]),
-            // Created with the finalizer, so the config reconciler need not add it in a second
-            // write (which races the create under a burst).
-            finalizers: Some(vec![crate::context::VMNETCFG_FINALIZER.to_owned()]),
-            ..Default::default()
-        },
-        spec: VirtualMachineNetworkConfigSpec {
-            vm_name: name.clone(),
-            paused: existing.as_ref().and_then(|e| e.spec.paused),
-            network_configs: configs,
-        },
-        status: None,
-    };
-    let mut body = serde_json::to_value(&desired).unwrap_or(Value::Null);
-    body["apiVersion"] = "network.harvesterhci.io/v1alpha1".into();
-    body["kind"] = "VirtualMachineNetworkConfig".into();
+    let desired = desired_config(
+        &vm,
+        &ns,
+        &name,
+        configs,
+        existing.as_ref().and_then(|e| e.spec.paused),
+    );
     ctx.ensure_leader()?;
     if let Ok(config) = NamespacedName::new(&ns, &name) {
         // The config's reconcile continues this trace. Recorded before the write: its watch
@@ -177,7 +198,8 @@ pub async fn reconcile(vm: Arc<DynamicObject>, ctx: Arc<Context>) -> Result<Acti
     api.patch(
         &name,
         &PatchParams::apply(FIELD_MANAGER).force(),
-        &Patch::Apply(&body),
+        // The typed object: its serialisation cannot fail, and it carries apiVersion and kind.
+        &Patch::Apply(&desired),
     )
     .await
     .map_err(|source| Error::Kube {
@@ -190,7 +212,7 @@ pub async fn reconcile(vm: Arc<DynamicObject>, ctx: Arc<Context>) -> Result<Acti
 #[cfg(test)]
 mod tests {
     use super::*;
-    use serde_json::json;
+    use serde_json::{Value, json};
 
     fn vm(annotations: Value, interfaces: Value, networks: Value) -> DynamicObject {
         serde_json::from_value(json!({
@@ -231,5 +253,31 @@ mod tests {
             json!([{"name": "nic-1", "multus": {"networkName": "net-a"}}, {"name": "nic-2", "multus": {"networkName": "net-b"}}]),
         );
         assert!(network_configs(&v).is_empty());
+    }
+
+    #[test]
+    fn the_applied_config_is_typed_and_an_empty_nic_list_is_left_out() {
+        let v = vm(json!({}), json!([]), json!([]));
+        let nic = NetworkConfig {
+            network_name: "vms/net-a".into(),
+            mac_address: "aa:bb:cc:00:00:01".into(),
+            ip_address: None,
+        };
+        let body = serde_json::to_value(desired_config(&v, "vms", "vm1", vec![nic], None)).unwrap();
+        assert_eq!(body["apiVersion"], "network.harvesterhci.io/v1alpha1");
+        assert_eq!(body["kind"], "VirtualMachineNetworkConfig");
+        assert_eq!(
+            body["spec"]["networkConfigs"][0]["networkName"],
+            "vms/net-a"
+        );
+        assert!(body.get("status").is_none(), "{body}");
+        // The VM lost its last NIC: the apply carries no list, so the NICs this manager owned go.
+        let body = serde_json::to_value(desired_config(&v, "vms", "vm1", vec![], None)).unwrap();
+        assert!(body["spec"].get("networkConfigs").is_none(), "{body}");
+        assert_eq!(body["spec"]["vmName"], "vm1");
+        assert_eq!(
+            body["metadata"]["finalizers"][0],
+            crate::context::VMNETCFG_FINALIZER
+        );
     }
 }

@@ -66,6 +66,7 @@ fn controller() -> &'static Handles {
                         container: "agent".into(),
                     }),
                     dumps: true,
+                    reports: None,
                 };
                 let grpc = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
                 let http = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
@@ -586,6 +587,34 @@ async fn vm_gets_an_address_recorded_in_the_pool_first_and_released_on_every_pat
     })
     .await;
     assert!(!allocated(&pool).values().any(|m| m == "02:00:00:00:05:01"));
+
+    // A VM that loses its last Multus NIC (only the pod network left): the config drops the NIC
+    // and the address goes back to the pool (upstream kept it until the VM was deleted).
+    vms.patch(
+        "vm1",
+        &PatchParams::default(),
+        &Patch::Merge(json!({"spec": {"template": {"spec": {
+            "domain": {"devices": {"interfaces": [{"name": "default", "masquerade": {}}]}},
+            "networks": [{"name": "default", "pod": {}}]
+        }}}})),
+    )
+    .await
+    .unwrap();
+    let cfg = wait_for(&cfgs, "vm1", "emptied of NICs", |c| {
+        c.spec.network_configs.is_empty()
+            && cfg_ips(c)
+                .iter()
+                .any(|e| e.0 == "02:00:00:00:05:09" && e.2 == "Some(Stale)")
+    })
+    .await;
+    assert_eq!(
+        cfg_condition(&cfg, "Allocated").map(|c| c.0).as_deref(),
+        Some("False")
+    );
+    wait_for(&pools, "pool-a", "released the last NIC's address", |p| {
+        !allocated(p).values().any(|m| m == "02:00:00:00:05:09")
+    })
+    .await;
 
     // Deleting the VM removes its config (no garbage collector runs here) and frees the address.
     vms.delete("vm1", &DeleteParams::default()).await.unwrap();
