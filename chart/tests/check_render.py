@@ -258,12 +258,14 @@ def check(set_name, path, release, namespace):
     c.check(dep_rules and all(k == "Role" and r.get("resourceNames") == [agent_name] for k, r in dep_rules)
             and any("patch" in r.get("verbs", []) for _, r in dep_rules),
             f"{tag} controller may patch Deployments only by name, only {agent_name}", dep_rules)
-    for res, name in (("secrets", tls_secret), ("configmaps", ca_cm),
-                      ("leases", flag(ctrl, "leader-election-name"))):
+    lease = flag(ctrl, "leader-election-name")
+    # The agents' reports are shared between replicas in a ConfigMap named after the Lease.
+    for res, names in (("secrets", [tls_secret]), ("configmaps", [ca_cm, f"{lease}-agent-reports"]),
+                       ("leases", [lease])):
         rs = [(k, r) for k, r in ctrl_rules if res in r.get("resources", [])]
         bad = [r for k, r in rs if k != "Role"
-               or (set(r.get("verbs", [])) - {"create"} and r.get("resourceNames") != [name])]
-        c.check(rs and not bad, f"{tag} controller {res}: namespaced, all but create restricted to {name}", bad)
+               or (set(r.get("verbs", [])) - {"create"} and r.get("resourceNames") != names)]
+        c.check(rs and not bad, f"{tag} controller {res}: namespaced, all but create restricted to {names}", bad)
     tokenreview = any("tokenreviews" in r.get("resources", []) for _, r in ctrl_rules)
     c.check(tokenreview == (not plaintext), f"{tag} tokenreviews granted only with TLS")
 

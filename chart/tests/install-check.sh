@@ -144,6 +144,7 @@ can yes $C update "" secrets "$ns" vmdhcp-controller-tls
 can no  $C get "" secrets "$ns" other
 can no  $C get "" secrets default vmdhcp-controller-tls
 can yes $C update "" configmaps "$ns" vmdhcp-controller-ca
+can yes $C patch "" configmaps "$ns" vm-dhcp-controllers-agent-reports
 can no  $C get "" configmaps "$ns" other
 can yes $C create authentication.k8s.io tokenreviews
 can yes $C patch admissionregistration.k8s.io validatingwebhookconfigurations "" vmdhcp-webhook

@@ -18,6 +18,7 @@ use kube::runtime::WatchStreamExt;
 use kube::runtime::events::EventType;
 use kube::runtime::watcher::{self, watcher};
 use serde_json::json;
+use tokio::sync::watch;
 use tracing::{info, warn};
 use vmdhcp_core::NamespacedName;
 use vmdhcp_core::bootstrap::{
@@ -72,8 +73,14 @@ pub fn patch_for(bootstrap: &Bootstrap, container: &str) -> serde_json::Value {
     }}})
 }
 
-/// Keeps the Deployment's bootstrap equal to the index's pools until the term ends.
-pub async fn run(ctx: Arc<Context>, index: Arc<Index>, target: AgentDeployment) {
+/// Keeps the Deployment's bootstrap equal to the index's pools until `stop` turns true (it
+/// returns between two writes, never in the middle of one) or the term is dropped.
+pub async fn run(
+    ctx: Arc<Context>,
+    index: Arc<Index>,
+    target: AgentDeployment,
+    mut stop: watch::Receiver<bool>,
+) {
     let api: Api<Deployment> = Api::namespaced(ctx.client.clone(), &target.deployment.namespace);
     let mut revisions = index.subscribe();
     // Changes to the Deployment itself (created at last, or its env reset by a `helm upgrade`)
@@ -135,14 +142,19 @@ pub async fn run(ctx: Arc<Context>, index: Arc<Index>, target: AgentDeployment) 
         if let Err(e) = outcome {
             ctx.metrics.bootstrap_checked("error");
             warn!(deployment = %target.deployment, error = %e, "cannot update the agent Deployment; retrying");
-            tokio::time::sleep(Duration::from_secs(5)).await;
+            tokio::select! {
+                () = tokio::time::sleep(Duration::from_secs(5)) => {}
+                _ = stop.wait_for(|s| *s) => return,
+            }
             continue;
         }
-        // Re-check on every index change and Deployment change, and now and then regardless.
+        // Re-check on every index change and Deployment change, and now and then regardless;
+        // on shutdown, stop here, between writes, never in the middle of one.
         tokio::select! {
             _ = revisions.changed() => {}
             _ = deployment_changes.next() => {}
             () = tokio::time::sleep(Duration::from_secs(60)) => {}
+            _ = stop.wait_for(|s| *s) => return,
         }
     }
 }

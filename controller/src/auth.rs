@@ -2,16 +2,18 @@
 //! Bearer …`), which the API server verifies (TokenReview) for our audience; only the agent
 //! ServiceAccount is served. Anyone else learns nothing about pools, MACs or addresses.
 //!
-//! Verdicts are cached briefly per token, so a reconnecting fleet costs one TokenReview per agent
-//! per minute at most, and an API server outage does not cut agents that were already verified.
+//! Verdicts are cached per token (by its SHA-256, never the token itself), so a reconnecting
+//! fleet costs one TokenReview per agent per minute at most, and an API server outage does not
+//! cut agents that were already verified. The cache is bounded and cannot be flooded away:
+//! verified tokens live in a cache of their own that only the agents' tokens enter, refusals in
+//! another (bounded, short-lived), and concurrent checks of one token share one TokenReview.
 
-use std::collections::HashMap;
-use std::sync::{Mutex, PoisonError};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use k8s_openapi::api::authentication::v1::{TokenReview, TokenReviewSpec};
 use kube::api::PostParams;
 use kube::{Api, Client};
+use moka::future::Cache;
 use tonic::Status;
 use tonic::metadata::MetadataMap;
 use tracing::{debug, warn};
@@ -20,8 +22,12 @@ use tracing::{debug, warn};
 const ALLOW_TTL: Duration = Duration::from_secs(60);
 /// How long a refusal is remembered (bounds the TokenReviews a hostile caller can cause).
 const DENY_TTL: Duration = Duration::from_secs(10);
-/// Cached verdicts at most; the cache is cleared when full.
-const CACHE_MAX: usize = 4096;
+/// Verified tokens kept at most (agents' tokens only: a few per agent pod per hour).
+const VERIFIED_MAX: u64 = 4096;
+/// Refusals kept at most.
+const REFUSED_MAX: u64 = 16_384;
+/// The TokenReview extra naming the pod a bound token belongs to.
+const POD_NAME_EXTRA: &str = "authentication.kubernetes.io/pod-name";
 
 /// Why a caller is refused; each maps to a gRPC status.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -62,8 +68,74 @@ impl From<AuthError> for Status {
     }
 }
 
-/// A cached decision and until when it holds.
-type Verdict = (Instant, Result<(), AuthError>);
+/// Who a verified token belongs to.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct Verified {
+    /// The pod the token is bound to (`namespace`-less name), when the token says so: the
+    /// identity reports are keyed by, whatever name the caller claims.
+    pub pod: Option<String>,
+}
+
+/// SHA-256 of a token: the cache key (tokens themselves are not kept).
+type TokenHash = [u8; 32];
+
+fn token_hash(token: &str) -> TokenHash {
+    let digest = ring::digest::digest(&ring::digest::SHA256, token.as_bytes());
+    let mut out = [0u8; 32];
+    out.copy_from_slice(digest.as_ref());
+    out
+}
+
+/// The verdict cache: verified tokens apart from refusals, one review in flight per token.
+struct Verdicts {
+    verified: Cache<TokenHash, Verified>,
+    reviews: Cache<TokenHash, Result<Verified, AuthError>>,
+}
+
+impl Verdicts {
+    fn new() -> Self {
+        Verdicts {
+            verified: Cache::builder()
+                .max_capacity(VERIFIED_MAX)
+                .time_to_live(ALLOW_TTL)
+                .build(),
+            reviews: Cache::builder()
+                .max_capacity(REFUSED_MAX)
+                .time_to_live(DENY_TTL)
+                .build(),
+        }
+    }
+
+    /// The verdict on `token`, from the cache or from `review` (called at most once at a time
+    /// per token; an `Unavailable` answer is not cached).
+    async fn check<F>(&self, token: &str, review: F) -> Result<Verified, AuthError>
+    where
+        F: Future<Output = Result<Verified, AuthError>>,
+    {
+        let key = token_hash(token);
+        if let Some(who) = self.verified.get(&key).await {
+            return Ok(who);
+        }
+        let outcome = self
+            .reviews
+            .try_get_with(key, async {
+                match review.await {
+                    Err(e @ AuthError::Unavailable(_)) => Err(e),
+                    verdict => Ok(verdict),
+                }
+            })
+            .await;
+        let verdict = match outcome {
+            Ok(verdict) => verdict,
+            Err(unavailable) => Err(AuthError::clone(&unavailable)),
+        };
+        if let Ok(who) = &verdict {
+            self.verified.insert(key, who.clone()).await;
+            self.reviews.invalidate(&key).await;
+        }
+        verdict
+    }
+}
 
 /// Verifies callers' tokens through the API server.
 pub struct TokenAuth {
@@ -71,7 +143,7 @@ pub struct TokenAuth {
     audience: String,
     /// `system:serviceaccount:<namespace>:<name>` of the agents.
     allowed: String,
-    cache: Mutex<HashMap<String, Verdict>>,
+    verdicts: Verdicts,
 }
 
 impl std::fmt::Debug for TokenAuth {
@@ -90,40 +162,21 @@ impl TokenAuth {
             client,
             audience,
             allowed: format!("system:serviceaccount:{service_account}"),
-            cache: Mutex::default(),
+            verdicts: Verdicts::new(),
         }
     }
 
-    /// Checks the caller behind `metadata`.
-    pub async fn check(&self, metadata: &MetadataMap) -> Result<(), AuthError> {
+    /// Checks the caller behind `metadata`; on success, says who it is.
+    pub async fn check(&self, metadata: &MetadataMap) -> Result<Verified, AuthError> {
         let token = bearer(metadata).ok_or(AuthError::Missing)?;
-        if let Some(verdict) = self.cached(token) {
-            return verdict;
-        }
-        let verdict = self.review(token).await;
-        if !matches!(verdict, Err(AuthError::Unavailable(_))) {
-            let ttl = if verdict.is_ok() { ALLOW_TTL } else { DENY_TTL };
-            let mut cache = self.cache.lock().unwrap_or_else(PoisonError::into_inner);
-            if cache.len() >= CACHE_MAX {
-                cache.clear();
-            }
-            cache.insert(token.to_owned(), (Instant::now() + ttl, verdict.clone()));
-        }
+        let verdict = self.verdicts.check(token, self.review(token)).await;
         if let Err(e) = &verdict {
             warn!(error = %e, "config stream caller refused");
         }
         verdict
     }
 
-    fn cached(&self, token: &str) -> Option<Result<(), AuthError>> {
-        let cache = self.cache.lock().unwrap_or_else(PoisonError::into_inner);
-        cache
-            .get(token)
-            .filter(|(until, _)| *until > Instant::now())
-            .map(|(_, v)| v.clone())
-    }
-
-    async fn review(&self, token: &str) -> Result<(), AuthError> {
+    async fn review(&self, token: &str) -> Result<Verified, AuthError> {
         let review = TokenReview {
             spec: TokenReviewSpec {
                 token: Some(token.to_owned()),
@@ -155,15 +208,22 @@ impl TokenAuth {
                 reason: format!("token audiences are {:?}", status.audiences),
             });
         }
-        let user = status.user.and_then(|u| u.username).unwrap_or_default();
-        if user != self.allowed {
+        let user = status.user.unwrap_or_default();
+        let name = user.username.unwrap_or_default();
+        if name != self.allowed {
             return Err(AuthError::Forbidden {
-                user,
+                user: name,
                 allowed: self.allowed.clone(),
             });
         }
-        debug!(%user, "config stream caller verified");
-        Ok(())
+        let pod = user
+            .extra
+            .as_ref()
+            .and_then(|e| e.get(POD_NAME_EXTRA))
+            .and_then(|v| v.first())
+            .cloned();
+        debug!(user = %name, ?pod, "config stream caller verified");
+        Ok(Verified { pod })
     }
 }
 
@@ -179,6 +239,7 @@ fn bearer(metadata: &MetadataMap) -> Option<&str> {
 #[allow(clippy::unwrap_used, clippy::expect_used)]
 mod tests {
     use super::*;
+    use std::sync::Arc;
 
     fn md(value: &str) -> MetadataMap {
         let mut m = MetadataMap::new();
@@ -213,5 +274,102 @@ mod tests {
             Status::from(AuthError::Unavailable("x".into())).code(),
             tonic::Code::Unavailable
         );
+    }
+
+    #[tokio::test]
+    async fn a_flood_of_bad_tokens_neither_evicts_verdicts_nor_repeats_reviews() {
+        use std::sync::atomic::{AtomicUsize, Ordering};
+        let verdicts = Verdicts::new();
+        let reviews = AtomicUsize::new(0);
+        let review = |ok: bool| {
+            let reviews = &reviews;
+            async move {
+                reviews.fetch_add(1, Ordering::SeqCst);
+                if ok {
+                    Ok(Verified {
+                        pod: Some("agent-0".into()),
+                    })
+                } else {
+                    Err(AuthError::Rejected {
+                        audience: "a".into(),
+                        reason: "no".into(),
+                    })
+                }
+            }
+        };
+        let good = "agent-token";
+        assert_eq!(
+            verdicts
+                .check(good, review(true))
+                .await
+                .unwrap()
+                .pod
+                .as_deref(),
+            Some("agent-0")
+        );
+        // A refused token asked again within its time is answered from the cache.
+        assert!(verdicts.check("forged", review(false)).await.is_err());
+        assert!(verdicts.check("forged", review(false)).await.is_err());
+        assert_eq!(reviews.load(Ordering::SeqCst), 2);
+        // Far more distinct bad tokens than either cache holds.
+        let flood = usize::try_from(REFUSED_MAX + VERIFIED_MAX).unwrap() + 1000;
+        for i in 0..flood {
+            let token = format!("forged-{i}");
+            assert!(verdicts.check(&token, review(false)).await.is_err());
+        }
+        verdicts.reviews.run_pending_tasks().await;
+        verdicts.verified.run_pending_tasks().await;
+        assert_eq!(
+            reviews.load(Ordering::SeqCst),
+            flood + 2,
+            "one review per token"
+        );
+        assert!(verdicts.reviews.entry_count() <= REFUSED_MAX);
+        // The agent's verdict survived: no new review for it.
+        let before = reviews.load(Ordering::SeqCst);
+        let pod = verdicts.check(good, review(true)).await.unwrap().pod;
+        assert_eq!(pod.as_deref(), Some("agent-0"));
+        assert_eq!(reviews.load(Ordering::SeqCst), before);
+    }
+
+    #[tokio::test]
+    async fn concurrent_checks_of_one_token_share_one_review_and_outages_are_not_cached() {
+        use std::sync::atomic::{AtomicUsize, Ordering};
+        let verdicts = Arc::new(Verdicts::new());
+        let reviews = Arc::new(AtomicUsize::new(0));
+        let (release, released) = tokio::sync::watch::channel(false);
+        let mut checks = Vec::new();
+        for _ in 0..50 {
+            let (verdicts, reviews, mut released) =
+                (verdicts.clone(), reviews.clone(), released.clone());
+            checks.push(tokio::spawn(async move {
+                verdicts
+                    .check("new-token", async move {
+                        reviews.fetch_add(1, Ordering::SeqCst);
+                        let _ = released.wait_for(|r| *r).await;
+                        Ok(Verified::default())
+                    })
+                    .await
+            }));
+        }
+        tokio::task::yield_now().await;
+        release.send_replace(true);
+        for c in checks {
+            assert!(c.await.unwrap().is_ok());
+        }
+        assert_eq!(reviews.load(Ordering::SeqCst), 1);
+        // The API server is down: the error reaches the caller and the next check asks again.
+        let down = || async { Err(AuthError::Unavailable("connection refused".into())) };
+        assert!(matches!(
+            verdicts.check("other", down()).await,
+            Err(AuthError::Unavailable(_))
+        ));
+        let asked = AtomicUsize::new(0);
+        let up = async {
+            asked.fetch_add(1, Ordering::SeqCst);
+            Ok(Verified::default())
+        };
+        assert!(verdicts.check("other", up).await.is_ok());
+        assert_eq!(asked.load(Ordering::SeqCst), 1);
     }
 }

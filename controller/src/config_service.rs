@@ -10,10 +10,10 @@
 //! Shutdown ends every stream (the agents resume elsewhere by revision or snapshot) so that the
 //! server can drain; HTTP/2 keepalive and heartbeats detect dead peers on both sides.
 
-use std::collections::{BTreeMap, VecDeque};
+use std::collections::VecDeque;
 use std::net::SocketAddr;
 use std::pin::Pin;
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use futures_util::Stream;
@@ -27,8 +27,10 @@ use vmdhcp_proto::agent::v1 as pb;
 use vmdhcp_proto::agent::v1::config_service_server::{ConfigService, ConfigServiceServer};
 use vmdhcp_telemetry::trace;
 
-use crate::auth::TokenAuth;
+use crate::auth::{TokenAuth, Verified};
 use crate::index::{Index, PoolFilter, Snapshot};
+use crate::listener::Limits;
+use crate::reports::{AgentReport, OpenStream, ReportError, Reports};
 use vmdhcp_core::pool::PoolDelta;
 
 /// Why the server could not run.
@@ -97,75 +99,6 @@ impl Default for StreamSettings {
     }
 }
 
-/// The last report of one agent.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct AgentReport {
-    /// The agent's identity.
-    pub agent: pb::AgentIdentity,
-    /// The epoch it applied from.
-    pub epoch: String,
-    /// The revision it applied.
-    pub applied_revision: u64,
-    /// Whether it leads (answers DHCP).
-    pub leader: bool,
-    /// Per-pool interface states.
-    pub interfaces: Vec<pb::InterfaceReport>,
-    /// When it arrived.
-    pub received_at: SystemTime,
-}
-
-/// Reports of every agent, by pod `namespace/name`; the reconcilers read them for `AgentReady`.
-#[derive(Default)]
-pub struct Reports {
-    by_agent: Mutex<BTreeMap<String, AgentReport>>,
-    changed: watch::Sender<u64>,
-    streams: Arc<std::sync::atomic::AtomicUsize>,
-}
-
-/// Counts one open Watch stream for as long as it lives.
-struct OpenStream(Arc<std::sync::atomic::AtomicUsize>);
-
-impl Drop for OpenStream {
-    fn drop(&mut self) {
-        self.0.fetch_sub(1, std::sync::atomic::Ordering::Relaxed);
-    }
-}
-
-impl Reports {
-    /// The latest report of every agent.
-    pub fn all(&self) -> BTreeMap<String, AgentReport> {
-        self.by_agent
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .clone()
-    }
-
-    /// Watch streams open right now (agents connected to this replica).
-    pub fn open_streams(&self) -> usize {
-        self.streams.load(std::sync::atomic::Ordering::Relaxed)
-    }
-
-    fn stream_opened(&self) -> OpenStream {
-        self.streams
-            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        OpenStream(self.streams.clone())
-    }
-
-    /// A receiver that wakes whenever a report arrives.
-    pub fn subscribe(&self) -> watch::Receiver<u64> {
-        self.changed.subscribe()
-    }
-
-    fn record(&self, report: AgentReport) {
-        let key = format!("{}/{}", report.agent.namespace, report.agent.pod_name);
-        self.by_agent
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .insert(key, report);
-        self.changed.send_modify(|n| *n += 1);
-    }
-}
-
 /// The service implementation.
 #[derive(Clone)]
 pub struct ConfigServer {
@@ -193,10 +126,11 @@ impl ConfigServer {
 }
 
 impl ConfigServer {
-    /// Refuses callers without an agent token when the stream is secured.
-    async fn authorize(&self, metadata: &tonic::metadata::MetadataMap) -> Result<(), Status> {
+    /// Refuses callers without an agent token when the stream is secured; says who the caller
+    /// is when its token tells (plaintext: nobody is known).
+    async fn authorize(&self, metadata: &tonic::metadata::MetadataMap) -> Result<Verified, Status> {
         match &self.settings.security {
-            Security::Plaintext => Ok(()),
+            Security::Plaintext => Ok(Verified::default()),
             Security::Tls { auth, .. } => Ok(auth.check(metadata).await?),
         }
     }
@@ -254,11 +188,21 @@ impl ConfigService for ConfigServer {
         &self,
         request: Request<pb::ReportRequest>,
     ) -> Result<Response<pb::ReportResponse>, Status> {
-        self.authorize(request.metadata()).await?;
+        let caller = self.authorize(request.metadata()).await?;
         let req = request.into_inner();
         let agent = req
             .agent
             .ok_or_else(|| invalid("agent", "", "is required"))?;
+        // Reports are keyed by the agent's pod: a token bound to a pod may report only as that
+        // pod, so one agent cannot speak (or fill the table) in the names of others.
+        if let Some(pod) = &caller.pod
+            && *pod != agent.pod_name
+        {
+            return Err(Status::permission_denied(format!(
+                "this token belongs to pod {pod:?}; it may not report as {:?}",
+                agent.pod_name
+            )));
+        }
         if agent.pod_name.is_empty() || agent.namespace.is_empty() {
             return Err(invalid(
                 "agent",
@@ -279,7 +223,7 @@ impl ConfigService for ConfigServer {
             }
         }
         info!(agent = %format!("{}/{}", agent.namespace, agent.pod_name), revision = req.applied_revision, leader = req.leader, interfaces = req.interfaces.len(), "agent report");
-        self.reports.record(AgentReport {
+        let recorded = self.reports.record(AgentReport {
             agent,
             epoch: req.epoch,
             applied_revision: req.applied_revision,
@@ -287,7 +231,11 @@ impl ConfigService for ConfigServer {
             interfaces: req.interfaces,
             received_at: SystemTime::now(),
         });
-        Ok(Response::new(pb::ReportResponse {}))
+        match recorded {
+            Ok(()) => Ok(Response::new(pb::ReportResponse {})),
+            Err(e @ ReportError::Identity { .. }) => Err(Status::invalid_argument(e.to_string())),
+            Err(e) => Err(Status::resource_exhausted(e.to_string())),
+        }
     }
 }
 
@@ -541,7 +489,10 @@ pub async fn serve(
         }
         Security::Tls { config, .. } => {
             server
-                .serve_with_incoming_shutdown(crate::tls::accept(listener, config.clone()), stop)
+                .serve_with_incoming_shutdown(
+                    crate::listener::accept(listener, config.clone(), Limits::default()).0,
+                    stop,
+                )
                 .await
         }
     };

@@ -1,14 +1,16 @@
 //! What every reconciler shares: the API client, the caches (reflector stores), the IPAM, the
-//! pool-status writer, the event recorder, and the leadership flag that gates every write.
+//! pool-status writer, the bounded event queue, and the leadership flag that gates every write.
 
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 
+use k8s_openapi::api::core::v1::ObjectReference;
 use k8s_openapi::jiff::Timestamp;
 use kube::api::DynamicObject;
 use kube::runtime::events::{Event, EventType, Recorder};
 use kube::runtime::reflector::Store;
 use kube::{Client, Resource, ResourceExt};
-use tokio::sync::watch;
+use tokio::sync::{mpsc, watch};
 use tracing::warn;
 use vmdhcp_core::NamespacedName;
 use vmdhcp_core::crd::{IPPool, VirtualMachineNetworkConfig};
@@ -65,8 +67,8 @@ pub struct Context {
     pub ipam: Arc<Ipam>,
     /// Batches IPAM → IPPool status writes.
     pub writer: PoolStatusWriter,
-    /// Kubernetes events.
-    pub recorder: Recorder,
+    /// Kubernetes events, published in order by one task.
+    pub events: Events,
     /// Prometheus metrics.
     pub metrics: Arc<Metrics>,
     /// True while this replica leads; every write checks it.
@@ -76,13 +78,60 @@ pub struct Context {
     /// Which config owns each MAC on each pool.
     pub mac_owners: crate::vmnetcfg::MacOwners,
     /// What agents report over the config stream (feeds `AgentReady`).
-    pub reports: Arc<crate::config_service::Reports>,
+    pub reports: Arc<crate::reports::Reports>,
     /// Set by the bootstrap writer while the agent Deployment is missing.
     pub agent_deployment_missing: std::sync::atomic::AtomicBool,
     /// Spans whose work later reconciles and index revisions continue.
     pub causes: Arc<TraceCauses>,
     /// The status last written per config, with the resourceVersion it was computed from.
     pub written: std::sync::Mutex<std::collections::HashMap<String, (String, serde_json::Value)>>,
+}
+
+/// Events waiting to be published at most; more are dropped (and counted in the log).
+pub const EVENT_QUEUE: usize = 1024;
+
+/// A bounded queue of Kubernetes events, drained by one publisher task ([`Events::run`]).
+pub struct Events {
+    tx: mpsc::Sender<(Event, ObjectReference)>,
+    dropped: AtomicU64,
+}
+
+impl Events {
+    /// A queue of at most `capacity` events and its receiving end, for [`Events::run`].
+    pub fn new(capacity: usize) -> (Self, mpsc::Receiver<(Event, ObjectReference)>) {
+        let (tx, rx) = mpsc::channel(capacity.max(1));
+        (
+            Events {
+                tx,
+                dropped: AtomicU64::new(0),
+            },
+            rx,
+        )
+    }
+
+    /// Queues an event; drops it when the queue is full (the API server is slow or down).
+    pub fn send(&self, event: Event, about: ObjectReference) {
+        if self.tx.try_send((event, about)).is_err() {
+            let n = self.dropped.fetch_add(1, Ordering::Relaxed) + 1;
+            if n.is_power_of_two() {
+                warn!(dropped = n, "event queue full; events dropped");
+            }
+        }
+    }
+
+    /// Events dropped so far.
+    pub fn dropped(&self) -> u64 {
+        self.dropped.load(Ordering::Relaxed)
+    }
+
+    /// Publishes queued events one at a time until every sender is gone.
+    pub async fn run(recorder: Recorder, mut rx: mpsc::Receiver<(Event, ObjectReference)>) {
+        while let Some((event, about)) = rx.recv().await {
+            if let Err(e) = recorder.publish(&event, &about).await {
+                warn!(error = %e, reason = %event.reason, "could not record event");
+            }
+        }
+    }
 }
 
 /// This replica lost leadership: the write was not made.
@@ -101,7 +150,8 @@ impl Context {
     }
 
     /// Publishes a Kubernetes event about `obj` in the background: events are best-effort and
-    /// must not slow allocation (kube's recorder serialises publishes); failures are logged.
+    /// must not slow allocation. They go through the term's bounded [`Events`] queue; when it
+    /// is full the event is dropped and counted, never a task or memory per event.
     pub async fn event<K: Resource<DynamicType = ()>>(
         &self,
         obj: &K,
@@ -117,16 +167,7 @@ impl Context {
             action: action.into(),
             secondary: None,
         };
-        let (recorder, reference, reason) = (
-            self.recorder.clone(),
-            obj.object_ref(&()),
-            reason.to_owned(),
-        );
-        tokio::spawn(async move {
-            if let Err(e) = recorder.publish(&ev, &reference).await {
-                warn!(error = %e, reason, "could not record event");
-            }
-        });
+        self.events.send(ev, obj.object_ref(&()));
     }
 
     /// The IPPool that serves `network`: among live pools naming it, the oldest (then by name).
@@ -152,5 +193,34 @@ impl Context {
                     .map_or(Timestamp::MAX, |t| t.0);
                 (created, p.namespace().unwrap_or_default(), p.name_any())
             })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn a_flood_of_events_is_bounded_and_counted() {
+        let (events, mut rx) = Events::new(8);
+        let ev = || Event {
+            type_: EventType::Normal,
+            reason: "Allocated".into(),
+            note: None,
+            action: "Allocate".into(),
+            secondary: None,
+        };
+        for _ in 0..10_000 {
+            events.send(ev(), ObjectReference::default());
+        }
+        assert_eq!(events.dropped(), 10_000 - 8);
+        let mut queued = 0;
+        while rx.try_recv().is_ok() {
+            queued += 1;
+        }
+        assert_eq!(queued, 8);
+        // Room again once drained.
+        events.send(ev(), ObjectReference::default());
+        assert!(rx.try_recv().is_ok());
     }
 }

@@ -14,10 +14,10 @@ use tokio::net::TcpListener;
 use tokio::sync::watch;
 use vmdhcp_core::NamespacedName;
 
-use crate::config_service::Reports;
 use crate::index::Index;
 use crate::ipam::Ipam;
 use crate::metrics::Metrics;
+use crate::reports::Reports;
 
 /// What the endpoints read.
 #[derive(Clone)]

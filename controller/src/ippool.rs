@@ -25,10 +25,10 @@ use vmdhcp_core::crd::{
 };
 use vmdhcp_core::pool::PoolConfig;
 
-use crate::config_service::AgentReport;
 use crate::context::{Context, IPPOOL_FINALIZER, NotLeader};
 use crate::ipam::{IpamError, PoolAllocator, PoolRange};
 use crate::metrics::PoolLabels;
+use crate::reports::AgentReport;
 use crate::status::{StatusError, fill_ipv4, set_condition, update_pool_status};
 use vmdhcp_proto::agent::v1::InterfaceState;
 

@@ -5,6 +5,8 @@
 //! - [`index`]: the versioned pool configs and leases the config stream serves.
 //! - [`config_service`]: the gRPC `ConfigService` (Watch stream, Report) built on the index.
 //! - [`index_sync`]: IPPool status → index, on every replica.
+//! - [`reports`]: what agents report (for `AgentReady`), shared through the API so the leader
+//!   sees reports that reached any replica.
 //! - [`ippool`], [`vmnetcfg`], [`vm`]: the reconcilers (leader only), sharing a [`context::Context`].
 //! - [`status`]: conditions and the batched IPAM → `IPPool.status` writer.
 //! - [`agent_bootstrap`]: the agent Deployment's Multus annotation and env.
@@ -12,6 +14,7 @@
 //! - [`certs`], [`tls`]: the controller's CA and serving certificate, kept in a Secret, renewed
 //!   before expiry and published (CA ConfigMap, webhook caBundles).
 //! - [`auth`]: who may read the config stream (agent ServiceAccount tokens, via TokenReview).
+//! - [`listener`]: TLS accept loops bounded in handshakes, connections and time.
 //! - [`webhook`]: the admission webhook server (decisions in `vmdhcp_core::admission`).
 //! - [`shared_watch`]: one watch (and cache) feeding several controllers.
 //! - [`runtime`]: the wiring, with leadership gating every writer.
@@ -27,7 +30,9 @@ pub mod index;
 pub mod index_sync;
 pub mod ipam;
 pub mod ippool;
+pub mod listener;
 pub mod metrics;
+pub mod reports;
 pub mod runtime;
 pub mod shared_watch;
 pub mod status;

@@ -12,6 +12,7 @@ use tracing::warn;
 use vmdhcp_controller::auth::TokenAuth;
 use vmdhcp_controller::config_service::{Security, StreamSettings};
 use vmdhcp_controller::context::AgentDeployment;
+use vmdhcp_controller::reports::ReportsObject;
 use vmdhcp_controller::runtime::{Settings, run};
 use vmdhcp_controller::tls::{ServingCerts, TlsSettings};
 use vmdhcp_core::NamespacedName;
@@ -208,6 +209,8 @@ async fn run_controller(args: RunArgs) -> anyhow::Result<()> {
         None => None,
     };
     let (shutdown_tx, shutdown) = watch::channel(false);
+    // The Lease is released only after every writer stopped (see the end of this function).
+    let (release_tx, release) = watch::channel(false);
     let (_always, leader) = watch::channel(true);
     let (leader, election) = match args.election.config(
         &args.leader_election_namespace,
@@ -219,7 +222,7 @@ async fn run_controller(args: RunArgs) -> anyhow::Result<()> {
             let elector =
                 LeaderElector::new(client.clone(), election).context("leader election settings")?;
             let leading = elector.subscribe();
-            (leading, Some(tokio::spawn(elector.run(shutdown.clone()))))
+            (leading, Some(tokio::spawn(elector.run(release))))
         }
     };
     let tls = args.security.tls(&args.leader_election_namespace)?;
@@ -286,6 +289,11 @@ async fn run_controller(args: RunArgs) -> anyhow::Result<()> {
         },
         agent,
         dumps: args.enable_cache_dump_api,
+        // Beside the controllers' Lease: the namespace and name RBAC already scopes.
+        reports: Some(ReportsObject::beside_lease(
+            &args.leader_election_namespace,
+            &args.leader_election_name,
+        )),
     };
     tokio::spawn(async move {
         let mut term =
@@ -315,7 +323,9 @@ async fn run_controller(args: RunArgs) -> anyhow::Result<()> {
     {
         warn!(error = %e, "webhook server failed");
     }
-    // Writes have stopped; the elector releases the Lease on the same shutdown.
+    // Every writer has stopped (reconcilers drained, certificates written): only now may a
+    // successor start, so only now is the Lease released.
+    release_tx.send_replace(true);
     if let Some(election) = election {
         let _ = election.await;
     }

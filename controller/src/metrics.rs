@@ -231,6 +231,30 @@ impl Metrics {
             .remove(vmnetcfg);
     }
 
+    /// Removes every per-object series (pools and configs): called when a leadership term ends,
+    /// so that only the leader exports them and sums across replicas do not double-count.
+    pub fn clear_objects(&self) {
+        let pools = std::mem::take(
+            &mut *self
+                .pool_series
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner),
+        );
+        for labels in pools.values() {
+            self.ippool_used.remove(labels);
+            self.ippool_available.remove(labels);
+        }
+        let configs = std::mem::take(
+            &mut *self
+                .vmnetcfg_series
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner),
+        );
+        for labels in configs.values().flatten() {
+            self.vmnetcfg_status.remove(labels);
+        }
+    }
+
     /// Counts one reconcile, by `result` (`ok`, `error`, `not_leader`: leadership was lost
     /// under it), and its duration.
     pub fn reconciled(&self, controller: &str, result: &str, took: Duration) {
@@ -343,5 +367,43 @@ mod tests {
             )),
             "{text}"
         );
+    }
+
+    #[test]
+    fn a_term_end_clears_every_per_object_series_and_keeps_the_counters() {
+        let m = Metrics::default();
+        let pool = PoolLabels {
+            ippool: "default/net-48".into(),
+            cidr: "192.168.48.0/24".into(),
+            network: "default/net-48".into(),
+        };
+        m.set_pool(pool.clone(), 2, 6);
+        let cfg = VmnetcfgLabels {
+            vmnetcfg: "default/vm".into(),
+            network: "default/net-48".into(),
+            mac: "aa:bb:cc:dd:ee:ff".into(),
+            ip: "192.168.48.86".into(),
+            state: "Allocated".into(),
+        };
+        m.set_vmnetcfg("default/vm", [cfg].into());
+        m.allocation("default/net-48", "allocated");
+        m.clear_objects();
+        let text = m.encode();
+        assert!(!text.contains("vmdhcpcontroller_ippool_used{"), "{text}");
+        assert!(
+            !text.contains("vmdhcpcontroller_ippool_available{"),
+            "{text}"
+        );
+        assert!(
+            !text.contains("vmdhcpcontroller_vmnetcfg_status{"),
+            "{text}"
+        );
+        assert!(
+            text.contains("vmdhcpcontroller_allocations_total{"),
+            "{text}"
+        );
+        // The next term exports them again from scratch.
+        m.set_pool(pool, 3, 5);
+        assert!(m.encode().contains("vmdhcpcontroller_ippool_used{"));
     }
 }

@@ -22,13 +22,14 @@ use tracing::{Instrument, error, field, info, info_span, warn};
 use vmdhcp_core::NamespacedName;
 use vmdhcp_core::crd::{IPPool, VirtualMachineNetworkConfig};
 
-use crate::config_service::{Reports, StreamSettings};
+use crate::config_service::StreamSettings;
 use crate::context::{AgentDeployment, Context, TraceCauses};
 use crate::http::HttpState;
 use crate::index::Index;
 use crate::index_sync::IndexSync;
 use crate::ipam::Ipam;
 use crate::metrics::Metrics;
+use crate::reports::{Reports, ReportsObject};
 use crate::shared_watch;
 use crate::status::PoolStatusWriter;
 use crate::vmnetcfg::MacOwners;
@@ -70,6 +71,9 @@ impl ReconcileError {
     }
 }
 
+/// The longest a shutdown waits for the reconciles in flight (the chart's grace period is 30 s).
+const DRAIN: Duration = Duration::from_secs(15);
+
 /// Controller settings.
 #[derive(Clone, Debug)]
 pub struct Settings {
@@ -81,6 +85,9 @@ pub struct Settings {
     pub agent: Option<AgentDeployment>,
     /// Serve `/ipams` and `/caches`.
     pub dumps: bool,
+    /// Where agent reports are shared between replicas (see [`crate::reports`]); `None` keeps
+    /// them in this replica's memory only (a single replica, tests).
+    pub reports: Option<ReportsObject>,
 }
 
 /// What a running controller exposes to its embedder (tests, main).
@@ -227,8 +234,21 @@ struct Shared {
     causes: Arc<TraceCauses>,
 }
 
-/// Runs the writers for one leadership term (until the future is dropped).
-async fn lead(client: Client, settings: Settings, shared: Shared, leader: watch::Receiver<bool>) {
+/// Resolves once `stop` turns true (or its sender is gone).
+async fn stopped(mut stop: watch::Receiver<bool>) {
+    let _ = stop.wait_for(|s| *s).await;
+}
+
+/// Runs the writers for one leadership term, until the future is dropped (leadership lost:
+/// writes stop at once) or `stop` turns true (shutdown: no new reconcile starts, those in
+/// flight finish their writes, then it returns).
+async fn lead(
+    client: Client,
+    settings: Settings,
+    shared: Shared,
+    leader: watch::Receiver<bool>,
+    stop: watch::Receiver<bool>,
+) {
     let Shared {
         index,
         reports,
@@ -273,6 +293,7 @@ async fn lead(client: Client, settings: Settings, shared: Shared, leader: watch:
     let by_nad = pools_on(pools.clone());
     let by_sibling = pools_on(pools.clone());
     let pool_ctrl = pool_ctrl
+        .graceful_shutdown_on(stopped(stop.clone()))
         .reconcile_all_on(report_changes)
         .watches_with(
             Api::<DynamicObject>::all_with(client.clone(), &crate::ippool::nad_resource()),
@@ -295,9 +316,11 @@ async fn lead(client: Client, settings: Settings, shared: Shared, leader: watch:
         });
     let cfg_ctrl = Controller::new(cfg_api, wc);
     let cfgs = cfg_ctrl.store();
-    let vm_ctrl = Controller::for_stream_with(vm_self, vms.clone(), crate::vm::vm_resource());
+    let vm_ctrl = Controller::for_stream_with(vm_self, vms.clone(), crate::vm::vm_resource())
+        .graceful_shutdown_on(stopped(stop.clone()));
     let cfgs_for_pools = cfgs.clone();
     let cfg_ctrl = cfg_ctrl
+        .graceful_shutdown_on(stopped(stop.clone()))
         .watches_stream_with(
             vm_for_cfgs,
             |vm: DynamicObject| {
@@ -331,6 +354,7 @@ async fn lead(client: Client, settings: Settings, shared: Shared, leader: watch:
         controller: "vm-dhcp-controller".into(),
         instance: Some(settings.identity.clone()),
     };
+    let (events, queued_events) = crate::context::Events::new(crate::context::EVENT_QUEUE);
     let ctx = Arc::new(Context {
         client: client.clone(),
         pools,
@@ -338,7 +362,7 @@ async fn lead(client: Client, settings: Settings, shared: Shared, leader: watch:
         vms,
         ipam,
         writer: PoolStatusWriter::default(),
-        recorder: Recorder::new(client, reporter),
+        events,
         metrics,
         leader,
         agent: settings.agent.clone(),
@@ -400,13 +424,24 @@ async fn lead(client: Client, settings: Settings, shared: Shared, leader: watch:
         .for_each(|r| async move { log_outcome("vm", r) });
     let bootstrap = async {
         match settings.agent.clone() {
-            Some(target) => crate::agent_bootstrap::run(ctx.clone(), index, target).await,
-            None => std::future::pending::<()>().await,
+            Some(target) => {
+                crate::agent_bootstrap::run(ctx.clone(), index, target, stop.clone()).await
+            }
+            None => stopped(stop.clone()).await,
         }
     };
-    tokio::join!(
-        pool_watch, vm_watch, pools_run, cfgs_run, vms_run, bootstrap
-    );
+    // Events are published by one task per term, from a bounded queue.
+    let events_task =
+        crate::context::Events::run(Recorder::new(client.clone(), reporter), queued_events);
+    // The writers end together on `stop`, each after its last write; the watches feeding them
+    // never end on their own.
+    let writers = async {
+        tokio::join!(pools_run, cfgs_run, vms_run, bootstrap);
+    };
+    tokio::select! {
+        () = writers => info!("reconcilers stopped; their writes are finished"),
+        _ = async { tokio::join!(pool_watch, vm_watch, events_task) } => error!("shared watches ended"),
+    }
 }
 
 /// Feeds the index from the IPPool watch (every replica); flips `ready` after the first sync.
@@ -483,6 +518,23 @@ pub async fn run(
         ipam_slot: ipam_slot.clone(),
         causes: causes.clone(),
     };
+    let report_tasks = settings.reports.clone().map(|object| {
+        [
+            tokio::spawn(crate::reports::publish(
+                client.clone(),
+                object.clone(),
+                reports.clone(),
+                shutdown.clone(),
+            )),
+            tokio::spawn(crate::reports::follow(
+                client.clone(),
+                object,
+                reports.clone(),
+                leader.clone(),
+                shutdown.clone(),
+            )),
+        ]
+    });
     let sync_task = tokio::spawn(sync_index(
         client.clone(),
         index.clone(),
@@ -511,7 +563,9 @@ pub async fn run(
             settings.clone(),
             shared.clone(),
             leader.clone(),
+            shutdown.clone(),
         );
+        let mut term = std::pin::pin!(term);
         let lost = async {
             while *leader.borrow_and_update() {
                 if leader.changed().await.is_err() {
@@ -519,17 +573,36 @@ pub async fn run(
                 }
             }
         };
-        tokio::select! {
-            () = term => error!("reconcilers ended unexpectedly"),
-            () = lost => warn!(identity = %settings.identity, "leadership lost: writes stopped"),
-            _ = stop.changed() => {}
+        let stopping = tokio::select! {
+            () = &mut term => {
+                error!("reconcilers ended unexpectedly");
+                false
+            }
+            () = lost => {
+                warn!(identity = %settings.identity, "leadership lost: writes stopped");
+                false
+            }
+            _ = stop.changed() => true,
+        };
+        if stopping {
+            // Shutdown while leading: let the reconciles in flight finish their writes (bounded)
+            // before the caller releases the Lease, so no write of ours lands after a successor
+            // started.
+            if tokio::time::timeout(DRAIN, &mut term).await.is_err() {
+                warn!(limit = ?DRAIN, "reconciles still running at shutdown; abandoning them");
+            }
         }
+        // This replica no longer leads: only the leader exports per-object series.
+        shared.metrics.clear_objects();
         *ipam_slot.write().unwrap_or_else(PoisonError::into_inner) = None;
         if *stop.borrow() {
             break;
         }
     }
     sync_task.abort();
+    for task in report_tasks.into_iter().flatten() {
+        let _ = task.await;
+    }
     if let Ok(result) = grpc_task.await {
         result?;
     }

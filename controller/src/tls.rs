@@ -175,48 +175,6 @@ impl ResolvesServerCert for ServingCerts {
     }
 }
 
-/// How long a client may take to complete its TLS handshake.
-const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
-
-/// TLS connections accepted on `listener`: handshakes run concurrently, so a slow or broken client
-/// delays no one, and a failed handshake is logged and skipped, never fatal to the server.
-pub fn accept(
-    listener: tokio::net::TcpListener,
-    config: Arc<ServerConfig>,
-) -> impl futures_util::Stream<
-    Item = std::io::Result<tokio_rustls::server::TlsStream<tokio::net::TcpStream>>,
-> {
-    let acceptor = tokio_rustls::TlsAcceptor::from(config);
-    let (tx, rx) = tokio::sync::mpsc::channel(64);
-    tokio::spawn(async move {
-        loop {
-            let (tcp, peer) = match listener.accept().await {
-                Ok(c) => c,
-                Err(e) => {
-                    warn!(error = %e, "accept failed");
-                    tokio::time::sleep(Duration::from_millis(100)).await;
-                    continue;
-                }
-            };
-            if tx.is_closed() {
-                return;
-            }
-            let acceptor = acceptor.clone();
-            let tx = tx.clone();
-            tokio::spawn(async move {
-                match tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(tcp)).await {
-                    Ok(Ok(tls)) => {
-                        let _ = tx.send(Ok(tls)).await;
-                    }
-                    Ok(Err(e)) => debug!(%peer, error = %e, "TLS handshake failed"),
-                    Err(_) => debug!(%peer, "TLS handshake timed out"),
-                }
-            });
-        }
-    });
-    tokio_stream::wrappers::ReceiverStream::new(rx)
-}
-
 /// Reads the material out of a Secret.
 pub fn material_of(secret: &Secret) -> Result<Material, TlsError> {
     let name = format!(

@@ -15,8 +15,9 @@ use axum::extract::State;
 use axum::routing::{get, post};
 use axum::{Json, Router};
 use futures_util::StreamExt;
-use hyper_util::rt::{TokioExecutor, TokioIo};
+use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use hyper_util::server::conn::auto;
+use hyper_util::server::graceful::GracefulShutdown;
 use hyper_util::service::TowerToHyperService;
 use ipnet::Ipv4Net;
 use kube::api::{ApiResource, DynamicObject, GroupVersionKind};
@@ -33,6 +34,13 @@ use tracing::{Instrument, debug, info, info_span, warn};
 use vmdhcp_core::NamespacedName;
 use vmdhcp_core::admission::{self, Nad, PoolFacts, VmNetCfgFacts};
 use vmdhcp_core::crd::{IPPool, VirtualMachineNetworkConfig};
+
+use crate::listener::Limits;
+
+/// How long a client may take to send a request's headers.
+const HEADER_READ_TIMEOUT: Duration = Duration::from_secs(10);
+/// How long shutdown waits for requests in flight.
+const DRAIN: Duration = Duration::from_secs(5);
 
 /// Why the webhook server could not run.
 #[derive(Debug, thiserror::Error)]
@@ -104,23 +112,41 @@ pub async fn serve(
         .route("/healthz", get(|| async { "ok" }))
         .with_state(state);
     info!(%addr, "admission webhook serving");
-    let mut connections = std::pin::pin!(crate::tls::accept(listener, tls));
+    let (connections, _usage) = crate::listener::accept(listener, tls, Limits::default());
+    let mut connections = std::pin::pin!(connections);
+    let mut builder = auto::Builder::new(TokioExecutor::new());
+    // A client that opens a connection and sends nothing holds it for a bounded time only.
+    builder
+        .http1()
+        .timer(TokioTimer::new())
+        .header_read_timeout(HEADER_READ_TIMEOUT);
+    builder.http2().timer(TokioTimer::new());
+    let graceful = GracefulShutdown::new();
     loop {
         tokio::select! {
-            conn = connections.next() => {
-                let Some(Ok(stream)) = conn else { continue };
-                let service = TowerToHyperService::new(app.clone());
-                tokio::spawn(async move {
-                    if let Err(e) = auto::Builder::new(TokioExecutor::new())
-                        .serve_connection(TokioIo::new(stream), service)
-                        .await
-                    {
-                        debug!(error = %e, "webhook connection ended");
-                    }
-                });
-            }
-            _ = shutdown.changed() => if *shutdown.borrow() { break },
+            conn = connections.next() => match conn {
+                Some(Ok(stream)) => {
+                    let service = TowerToHyperService::new(app.clone());
+                    let connection = builder.serve_connection(TokioIo::new(stream), service);
+                    let connection = graceful.watch(connection.into_owned());
+                    tokio::spawn(async move {
+                        if let Err(e) = connection.await {
+                            debug!(error = %e, "webhook connection ended");
+                        }
+                    });
+                }
+                Some(Err(e)) => debug!(error = %e, "webhook connection not accepted"),
+                None => break,
+            },
+            _ = shutdown.wait_for(|s| *s) => break,
         }
+    }
+    // Requests in flight are answered (the API server would otherwise retry or fail them).
+    if tokio::time::timeout(DRAIN, graceful.shutdown())
+        .await
+        .is_err()
+    {
+        warn!(limit = ?DRAIN, "webhook connections still open at shutdown");
     }
     pool_cache.abort();
     config_cache.abort();

@@ -90,6 +90,7 @@ async fn main() {
         stream: Default::default(),
         agent: None,
         dumps: false,
+        reports: None,
     };
     let grpc = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let http = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();

@@ -16,6 +16,8 @@ use serde_json::json;
 use vmdhcp_core::crd::{IPPool, VirtualMachineNetworkConfig, find_condition};
 use vmdhcp_integration::control_plane::ControlPlane;
 use vmdhcp_integration::process::Supervised;
+use vmdhcp_proto::agent::v1 as pb;
+use vmdhcp_proto::agent::v1::config_service_client::ConfigServiceClient;
 
 const DEADLINE: Duration = Duration::from_secs(60);
 
@@ -31,6 +33,7 @@ fn free_port() -> u16 {
 struct Replica {
     process: Supervised,
     http: u16,
+    grpc: u16,
 }
 
 fn start(cp: &ControlPlane, identity: &str, lease_ns: &str, elect: bool) -> Replica {
@@ -44,12 +47,12 @@ fn start_with(
     elect: bool,
     extra: &[String],
 ) -> Replica {
-    let http = free_port();
+    let (http, grpc) = (free_port(), free_port());
     let mut args = vec![
         "run".to_owned(),
         format!("--kubeconfig={}", cp.kubeconfig().display()),
         format!("--identity={identity}"),
-        format!("--grpc-listen=127.0.0.1:{}", free_port()),
+        format!("--grpc-listen=127.0.0.1:{grpc}"),
         format!("--http-listen=127.0.0.1:{http}"),
         format!("--leader-election-namespace={lease_ns}"),
         "--lease-duration-seconds=3".into(),
@@ -65,7 +68,11 @@ fn start_with(
     let bin =
         vmdhcp_integration::process::workspace_binary("vmdhcp-controller", "vm-dhcp-controller");
     let process = Supervised::spawn(&bin, &args, &log, None).unwrap();
-    Replica { process, http }
+    Replica {
+        process,
+        http,
+        grpc,
+    }
 }
 
 impl Replica {
@@ -484,4 +491,235 @@ async fn a_controller_killed_mid_burst_never_hands_out_an_address_twice() {
             "{name}: status disagrees with {pool}"
         );
     }
+}
+
+/// The highest resourceVersion among the objects of `ns` the controller writes (IPPools and
+/// VirtualMachineNetworkConfigs). One etcd: resourceVersions are its global revision, so they
+/// order writes across kinds.
+async fn last_controller_write(client: &Client, ns: &str) -> u64 {
+    let rv = |o: &kube::api::ObjectMeta| {
+        o.resource_version
+            .as_deref()
+            .and_then(|v| v.parse::<u64>().ok())
+            .unwrap_or(0)
+    };
+    let pools: Api<IPPool> = Api::namespaced(client.clone(), ns);
+    let cfgs: Api<VirtualMachineNetworkConfig> = Api::namespaced(client.clone(), ns);
+    let p = pools.list(&Default::default()).await.unwrap().items;
+    let c = cfgs.list(&Default::default()).await.unwrap().items;
+    p.iter()
+        .map(|o| rv(&o.metadata))
+        .chain(c.iter().map(|o| rv(&o.metadata)))
+        .max()
+        .unwrap_or(0)
+}
+
+#[tokio::test]
+async fn sigterm_mid_burst_releases_the_lease_only_after_the_last_write() {
+    let cp = &ControlPlane::start().unwrap();
+    let client = cp.client().await.unwrap();
+    let ns = cp.namespace(&client, "drain").await.unwrap();
+    network_and_pool(&client, &ns, "net-d", 23).await;
+    let leader = start(cp, "drain-1", &ns, true);
+    let pools: Api<IPPool> = Api::namespaced(client.clone(), &ns);
+    poll("pool ready", async || {
+        pools.get("net-d").await.ok().filter(pool_ready)
+    })
+    .await;
+    let n = 300u32;
+    let creates = (0..n).map(|i| {
+        let (client, ns) = (client.clone(), ns.clone());
+        async move {
+            let mac = format!("02:00:00:17:{:02x}:{:02x}", i / 256, i % 256);
+            vm(&client, &ns, &format!("vm-{i}"), "net-d", &mac).await
+        }
+    });
+    futures_util::future::join_all(creates).await;
+    poll("some allocated", async || {
+        (allocated_configs(&client, &ns).await.len() >= 30).then_some(())
+    })
+    .await;
+    // SIGTERM in the middle of the burst: reconciles are in flight.
+    assert!(leader.process.signal("TERM"));
+    poll("the controller to exit", async || {
+        leader.process.exited().then_some(())
+    })
+    .await;
+    let leases: Api<Lease> = Api::namespaced(client.clone(), &ns);
+    let lease = leases.get("vm-dhcp-controllers").await.unwrap();
+    assert_ne!(
+        lease
+            .spec
+            .as_ref()
+            .and_then(|s| s.holder_identity.as_deref()),
+        Some("drain-1"),
+        "the Lease was not released"
+    );
+    let released_at: u64 = lease
+        .metadata
+        .resource_version
+        .as_deref()
+        .unwrap()
+        .parse()
+        .unwrap();
+    let last_write = last_controller_write(&client, &ns).await;
+    let log = leader.process.log_tail(400);
+    assert!(
+        last_write < released_at,
+        "a write (revision {last_write}) landed after the Lease was released (revision \
+         {released_at}): a successor could have been writing already\n{log}"
+    );
+    assert!(
+        log.contains("their writes are finished"),
+        "the reconcilers were not drained before the release:\n{log}"
+    );
+}
+
+#[tokio::test]
+async fn a_deposed_leader_stops_exporting_per_object_series() {
+    let cp = &ControlPlane::start().unwrap();
+    let client = cp.client().await.unwrap();
+    let ns = cp.namespace(&client, "deposed").await.unwrap();
+    let a = start(cp, "deposed-a", &ns, true);
+    let b = start(cp, "deposed-b", &ns, true);
+    network_and_pool(&client, &ns, "net-dp", 24).await;
+    vm_allocated(
+        &client,
+        &ns,
+        "vm-1",
+        "net-dp",
+        "02:00:00:18:00:01",
+        "a VM allocated",
+    )
+    .await;
+    let leases: Api<Lease> = Api::namespaced(client.clone(), &ns);
+    let holder = lease_holder(&leases).await.unwrap();
+    let (old, new, successor) = if holder == "deposed-a" {
+        (a, b, "deposed-b")
+    } else {
+        (b, a, "deposed-a")
+    };
+    let series = [
+        "vmdhcpcontroller_ippool_used{",
+        "vmdhcpcontroller_vmnetcfg_status{",
+    ];
+    poll("the leader exports per-object series", async || {
+        series
+            .iter()
+            .all(|s| old.get("/metrics").is_some_and(|(_, m)| m.contains(s)))
+            .then_some(())
+    })
+    .await;
+    // Freeze the leader past its Lease (as a long GC pause or a partition would): the other
+    // replica takes over; thawed, the old one finds itself deposed.
+    assert!(old.process.signal("STOP"));
+    poll("the other replica to take the Lease", async || {
+        (lease_holder(&leases).await.as_deref() == Some(successor)).then_some(())
+    })
+    .await;
+    assert!(old.process.signal("CONT"));
+    poll("the new leader exports the series", async || {
+        series
+            .iter()
+            .all(|s| new.get("/metrics").is_some_and(|(_, m)| m.contains(s)))
+            .then_some(())
+    })
+    .await;
+    let text = poll("the deposed replica to stop exporting them", async || {
+        let (_, text) = old.get("/metrics")?;
+        (text.contains("vmdhcpcontroller_leader 0") && !series.iter().any(|s| text.contains(s)))
+            .then_some(text)
+    })
+    .await;
+    assert!(
+        text.contains("vmdhcpcontroller_reconciles_total"),
+        "counters stay: {text}"
+    );
+}
+
+/// An agent's report of serving `pool` on `interface`, as `vm-dhcp-agent` sends it.
+fn serving_report(ns: &str, pod: &str, pool: &str) -> pb::ReportRequest {
+    pb::ReportRequest {
+        agent: Some(pb::AgentIdentity {
+            pod_name: pod.into(),
+            namespace: ns.into(),
+            node_name: "node-1".into(),
+        }),
+        epoch: String::new(),
+        applied_revision: 0,
+        leader: true,
+        interfaces: vec![pb::InterfaceReport {
+            pool_ref: pool.into(),
+            interface_name: "vmd0000000001".into(),
+            state: pb::InterfaceState::Serving as i32,
+            error: String::new(),
+            lease_count: 0,
+        }],
+    }
+}
+
+#[tokio::test]
+async fn agent_ready_holds_whichever_replica_the_agent_reports_to() {
+    let cp = &ControlPlane::start().unwrap();
+    let client = cp.client().await.unwrap();
+    let ns = cp.namespace(&client, "ready").await.unwrap();
+    let a = start(cp, "ready-a", &ns, true);
+    let b = start(cp, "ready-b", &ns, true);
+    network_and_pool(&client, &ns, "net-ar", 25).await;
+    let pools: Api<IPPool> = Api::namespaced(client.clone(), &ns);
+    poll("pool ready", async || {
+        pools.get("net-ar").await.ok().filter(pool_ready)
+    })
+    .await;
+    let leases: Api<Lease> = Api::namespaced(client.clone(), &ns);
+    let holder = lease_holder(&leases).await.unwrap();
+    let follower = if holder == "ready-a" { &b } else { &a };
+
+    // The agent's stream and reports landed on the follower (one Service, two replicas).
+    let url = format!("http://127.0.0.1:{}", follower.grpc);
+    let mut grpc = poll("the follower's gRPC port", async || {
+        ConfigServiceClient::connect(url.clone()).await.ok()
+    })
+    .await;
+    let pool_ref = format!("{ns}/net-ar");
+    grpc.report(serving_report(&ns, "agent-x", &pool_ref))
+        .await
+        .unwrap();
+    let pool = poll("AgentReady=True, written by the leader", async || {
+        pools.get("net-ar").await.ok().filter(|p| {
+            p.status.as_ref().is_some_and(|s| {
+                find_condition(&s.conditions, "AgentReady").is_some_and(|c| c.status == "True")
+            })
+        })
+    })
+    .await;
+    let status = pool.status.unwrap();
+    let ready = find_condition(&status.conditions, "AgentReady").unwrap();
+    assert!(
+        ready
+            .message
+            .as_deref()
+            .unwrap_or_default()
+            .contains("agent-x"),
+        "{ready:?}"
+    );
+    // The report is shared through one ConfigMap beside the controllers' Lease, one key per agent.
+    let cms: Api<k8s_openapi::api::core::v1::ConfigMap> = Api::namespaced(client.clone(), &ns);
+    let shared = cms.get("vm-dhcp-controllers-agent-reports").await.unwrap();
+    assert!(
+        shared
+            .data
+            .unwrap_or_default()
+            .contains_key(&format!("{ns}.agent-x")),
+        "the report is not in the shared ConfigMap"
+    );
+
+    // Bad input is refused with the reason, and keeps nothing.
+    let mut bad = serving_report(&ns, "Not_A_Pod", &pool_ref);
+    let refused = grpc.report(bad.clone()).await.unwrap_err();
+    assert_eq!(refused.code(), tonic::Code::InvalidArgument, "{refused:?}");
+    assert!(refused.message().contains("Not_A_Pod"), "{refused:?}");
+    bad.agent = None;
+    let refused = grpc.report(bad).await.unwrap_err();
+    assert_eq!(refused.code(), tonic::Code::InvalidArgument, "{refused:?}");
 }

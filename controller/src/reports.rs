@@ -1,0 +1,624 @@
+//! What agents report about their interfaces (it feeds the pools' `AgentReady`), and how a
+//! report reaches the leader whichever replica received it.
+//!
+//! An agent reports to the controller replica its connection reached (the chart runs two behind
+//! one Service), but only the leader writes pool status. So the receiving replica records the
+//! report in memory ([`Reports::record`]) and publishes it to the API ([`publish`]): one key per
+//! agent in the ConfigMap `<controller Lease name>-agent-reports` of the controller's namespace,
+//! each written with a merge patch of its own key, so replicas never conflict and RBAC names the
+//! one object. Every replica follows that ConfigMap ([`follow`]), so the leader sees each report
+//! within one watch event of its arrival anywhere.
+//!
+//! Bounded whatever the callers send: at most [`MAX_AGENTS`] agents and [`MAX_INTERFACES`]
+//! interfaces per report (more is refused); an unchanged report is written at most once per
+//! [`REFRESH`]; entries older than [`STALE_AFTER`] are dropped from memory and, by the leader,
+//! from the ConfigMap.
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, OnceLock, PoisonError};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use futures_util::StreamExt;
+use k8s_openapi::api::core::v1::ConfigMap;
+use kube::api::{Api, ObjectMeta, Patch, PatchParams, PostParams};
+use kube::runtime::{WatchStreamExt, watcher};
+use serde::{Deserialize, Serialize};
+use tokio::sync::{mpsc, watch};
+use tracing::{debug, info, warn};
+use vmdhcp_core::NamespacedName;
+use vmdhcp_proto::agent::v1 as pb;
+
+/// Most agents whose reports are kept (the chart runs 2; a Deployment scaled far beyond this is
+/// not a DHCP fleet).
+pub const MAX_AGENTS: usize = 64;
+/// Most interfaces in one report (one per pool the agent serves).
+pub const MAX_INTERFACES: usize = 1024;
+/// An unchanged report is published again after this long, so its age stays below
+/// [`STALE_AFTER`] and the `AgentReady` freshness window.
+pub const REFRESH: Duration = Duration::from_secs(30);
+/// A report older than this is dropped (its agent is gone or moved to another name).
+pub const STALE_AFTER: Duration = Duration::from_secs(600);
+/// How often stale reports are swept.
+const SWEEP: Duration = Duration::from_secs(60);
+/// Reports waiting to be published; more are dropped (the agent reports again within its
+/// interval).
+const OUTBOX: usize = 256;
+
+/// Why a report was refused or could not be stored.
+#[derive(Debug, thiserror::Error)]
+pub enum ReportError {
+    /// The agent's namespace or pod name is not a Kubernetes name.
+    #[error("agent {namespace:?}/{pod:?}: {source}")]
+    Identity {
+        /// The namespace sent.
+        namespace: String,
+        /// The pod name sent.
+        pod: String,
+        /// What is wrong with them.
+        source: vmdhcp_core::names::NameError,
+    },
+    /// A new agent beyond [`MAX_AGENTS`].
+    #[error("reports of {0} agents are kept already; refusing a new one")]
+    TooManyAgents(usize),
+    /// A report with more than [`MAX_INTERFACES`] interfaces.
+    #[error("{0} interfaces in one report; at most {MAX_INTERFACES}")]
+    TooManyInterfaces(usize),
+    /// An entry of the ConfigMap does not decode.
+    #[error("entry {key:?} of the agent reports ConfigMap: {source}")]
+    Decode {
+        /// The entry's key.
+        key: String,
+        /// The JSON error.
+        source: serde_json::Error,
+    },
+    /// An API call failed.
+    #[error("{action}: {source}")]
+    Kube {
+        /// What was being done.
+        action: String,
+        /// The API error.
+        source: kube::Error,
+    },
+}
+
+/// The last report of one agent.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct AgentReport {
+    /// The agent's identity.
+    pub agent: pb::AgentIdentity,
+    /// The epoch it applied from.
+    pub epoch: String,
+    /// The revision it applied.
+    pub applied_revision: u64,
+    /// Whether it leads (answers DHCP).
+    pub leader: bool,
+    /// Per-pool interface states.
+    pub interfaces: Vec<pb::InterfaceReport>,
+    /// When it arrived (at whichever replica received it).
+    pub received_at: SystemTime,
+}
+
+impl AgentReport {
+    /// The agent as `namespace/pod`, validated (it names a ConfigMap key).
+    pub fn key(&self) -> Result<NamespacedName, ReportError> {
+        NamespacedName::new(&self.agent.namespace, &self.agent.pod_name).map_err(|source| {
+            ReportError::Identity {
+                namespace: self.agent.namespace.clone(),
+                pod: self.agent.pod_name.clone(),
+                source,
+            }
+        })
+    }
+
+    /// Same content, whenever it arrived.
+    fn same_content(&self, other: &AgentReport) -> bool {
+        AgentReport {
+            received_at: UNIX_EPOCH,
+            ..self.clone()
+        } == AgentReport {
+            received_at: UNIX_EPOCH,
+            ..other.clone()
+        }
+    }
+}
+
+/// Reports of every agent, by `namespace/pod`; the IPPool reconciler reads them for
+/// `AgentReady`.
+#[derive(Default)]
+pub struct Reports {
+    by_agent: Mutex<BTreeMap<NamespacedName, AgentReport>>,
+    changed: watch::Sender<u64>,
+    streams: Arc<AtomicUsize>,
+    outbox: OnceLock<mpsc::Sender<AgentReport>>,
+}
+
+/// Counts one open Watch stream for as long as it lives.
+pub struct OpenStream(Arc<AtomicUsize>);
+
+impl Drop for OpenStream {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
+impl Reports {
+    /// The latest report of every agent, keyed `namespace/pod`.
+    pub fn all(&self) -> BTreeMap<String, AgentReport> {
+        self.lock()
+            .iter()
+            .map(|(k, r)| (k.to_string(), r.clone()))
+            .collect()
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, BTreeMap<NamespacedName, AgentReport>> {
+        // Plain values replaced whole: a panic elsewhere cannot leave one torn.
+        self.by_agent.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Watch streams open right now (agents connected to this replica).
+    pub fn open_streams(&self) -> usize {
+        self.streams.load(Ordering::Relaxed)
+    }
+
+    /// Counts a Watch stream until the returned guard drops.
+    pub fn stream_opened(&self) -> OpenStream {
+        self.streams.fetch_add(1, Ordering::Relaxed);
+        OpenStream(self.streams.clone())
+    }
+
+    /// A receiver that wakes whenever the reports change.
+    pub fn subscribe(&self) -> watch::Receiver<u64> {
+        self.changed.subscribe()
+    }
+
+    /// Records a report an agent sent to this replica, and hands it to the publisher (if one
+    /// runs) so that the leader sees it too.
+    pub fn record(&self, report: AgentReport) -> Result<(), ReportError> {
+        if report.interfaces.len() > MAX_INTERFACES {
+            return Err(ReportError::TooManyInterfaces(report.interfaces.len()));
+        }
+        let key = report.key()?;
+        self.insert(key, report.clone())?;
+        if let Some(outbox) = self.outbox.get()
+            && outbox.try_send(report).is_err()
+        {
+            warn!("agent report not published: the publisher is behind (the agent reports again)");
+        }
+        Ok(())
+    }
+
+    /// Records a report read from the API (published by any replica); older than what is held:
+    /// ignored.
+    pub fn observe(&self, report: AgentReport) -> Result<(), ReportError> {
+        let key = report.key()?;
+        self.insert(key, report)
+    }
+
+    fn insert(&self, key: NamespacedName, report: AgentReport) -> Result<(), ReportError> {
+        let mut all = self.lock();
+        match all.get(&key) {
+            Some(held) if held.received_at >= report.received_at => return Ok(()),
+            Some(_) => {}
+            None if all.len() >= MAX_AGENTS => return Err(ReportError::TooManyAgents(all.len())),
+            None => {}
+        }
+        all.insert(key, report);
+        drop(all);
+        self.changed.send_modify(|n| *n += 1);
+        Ok(())
+    }
+
+    /// Drops reports older than [`STALE_AFTER`] at `now`; returns how many.
+    pub fn retain_fresh(&self, now: SystemTime) -> usize {
+        let mut all = self.lock();
+        let before = all.len();
+        all.retain(|_, r| !is_stale(r.received_at, now));
+        let dropped = before - all.len();
+        drop(all);
+        if dropped > 0 {
+            self.changed.send_modify(|n| *n += 1);
+        }
+        dropped
+    }
+
+    /// Sends every report [`Reports::record`]s from now on to `outbox` (set once).
+    fn attach_outbox(&self, outbox: mpsc::Sender<AgentReport>) {
+        let _ = self.outbox.set(outbox);
+    }
+}
+
+fn is_stale(at: SystemTime, now: SystemTime) -> bool {
+    now.duration_since(at).is_ok_and(|age| age > STALE_AFTER)
+}
+
+/// One report as stored in the ConfigMap (short keys: one entry per agent, one line per pool).
+#[derive(Serialize, Deserialize, Debug, PartialEq)]
+#[serde(rename_all = "camelCase")]
+struct Stored {
+    pod: String,
+    namespace: String,
+    #[serde(default)]
+    node: String,
+    #[serde(default)]
+    epoch: String,
+    #[serde(default)]
+    revision: u64,
+    #[serde(default)]
+    leader: bool,
+    /// Milliseconds since the Unix epoch.
+    received_ms: u64,
+    #[serde(default)]
+    interfaces: Vec<StoredInterface>,
+}
+
+#[derive(Serialize, Deserialize, Debug, PartialEq)]
+#[serde(rename_all = "camelCase")]
+struct StoredInterface {
+    pool: String,
+    name: String,
+    state: i32,
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    error: String,
+    #[serde(default)]
+    leases: u32,
+}
+
+/// The ConfigMap key of an agent: `namespace.pod` (a namespace has no dots, so it splits back).
+fn data_key(agent: &NamespacedName) -> String {
+    format!("{}.{}", agent.namespace, agent.name)
+}
+
+/// A report as the ConfigMap value stored under its agent's key.
+fn encode(report: &AgentReport) -> String {
+    let millis = report
+        .received_at
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX));
+    let stored = Stored {
+        pod: report.agent.pod_name.clone(),
+        namespace: report.agent.namespace.clone(),
+        node: report.agent.node_name.clone(),
+        epoch: report.epoch.clone(),
+        revision: report.applied_revision,
+        leader: report.leader,
+        received_ms: millis,
+        interfaces: report
+            .interfaces
+            .iter()
+            .map(|i| StoredInterface {
+                pool: i.pool_ref.clone(),
+                name: i.interface_name.clone(),
+                state: i.state,
+                error: i.error.clone(),
+                leases: i.lease_count,
+            })
+            .collect(),
+    };
+    // Strings, numbers and booleans only: serialisation cannot fail; "{}" would decode as an
+    // error on the reading side rather than as a wrong report.
+    serde_json::to_string(&stored).unwrap_or_else(|_| "{}".to_owned())
+}
+
+/// A ConfigMap value back into a report.
+fn decode(key: &str, value: &str) -> Result<AgentReport, ReportError> {
+    let stored: Stored = serde_json::from_str(value).map_err(|source| ReportError::Decode {
+        key: key.to_owned(),
+        source,
+    })?;
+    Ok(AgentReport {
+        agent: pb::AgentIdentity {
+            pod_name: stored.pod,
+            namespace: stored.namespace,
+            node_name: stored.node,
+        },
+        epoch: stored.epoch,
+        applied_revision: stored.revision,
+        leader: stored.leader,
+        interfaces: stored
+            .interfaces
+            .into_iter()
+            .map(|i| pb::InterfaceReport {
+                pool_ref: i.pool,
+                interface_name: i.name,
+                state: i.state,
+                error: i.error,
+                lease_count: i.leases,
+            })
+            .collect(),
+        received_at: UNIX_EPOCH + Duration::from_millis(stored.received_ms),
+    })
+}
+
+/// Where reports are published: the ConfigMap `name` in `namespace`.
+#[derive(Clone, Debug)]
+pub struct ReportsObject {
+    /// The controller's namespace.
+    pub namespace: String,
+    /// `<controller Lease name>-agent-reports`.
+    pub name: String,
+}
+
+impl ReportsObject {
+    /// The object next to the controllers' Lease `lease` in `namespace`.
+    pub fn beside_lease(namespace: &str, lease: &str) -> Self {
+        ReportsObject {
+            namespace: namespace.to_owned(),
+            name: format!("{lease}-agent-reports"),
+        }
+    }
+}
+
+/// Field manager of the reports ConfigMap.
+const FIELD_MANAGER: &str = "vm-dhcp-controller-reports";
+
+/// Writes one agent's entry (creating the ConfigMap the first time).
+async fn put(
+    api: &Api<ConfigMap>,
+    object: &ReportsObject,
+    key: &str,
+    value: Option<String>,
+) -> Result<(), ReportError> {
+    let kube_err = |action: &str| {
+        let action = format!(
+            "{action} {key} in ConfigMap {}/{}",
+            object.namespace, object.name
+        );
+        move |source| ReportError::Kube { action, source }
+    };
+    let patch = serde_json::json!({"data": {key: value}});
+    match api
+        .patch(&object.name, &PatchParams::default(), &Patch::Merge(&patch))
+        .await
+    {
+        Ok(_) => return Ok(()),
+        Err(kube::Error::Api(s)) if s.is_not_found() && value.is_some() => {}
+        Err(kube::Error::Api(s)) if s.is_not_found() => return Ok(()),
+        Err(e) => return Err(kube_err("writing")(e)),
+    }
+    let cm = ConfigMap {
+        metadata: ObjectMeta {
+            name: Some(object.name.clone()),
+            namespace: Some(object.namespace.clone()),
+            labels: Some(
+                [(
+                    "app.kubernetes.io/managed-by".to_owned(),
+                    "vm-dhcp-controller".to_owned(),
+                )]
+                .into(),
+            ),
+            ..Default::default()
+        },
+        data: value.map(|v| [(key.to_owned(), v)].into()),
+        ..Default::default()
+    };
+    let params = PostParams {
+        field_manager: Some(FIELD_MANAGER.to_owned()),
+        ..Default::default()
+    };
+    match api.create(&params, &cm).await {
+        Ok(_) => Ok(()),
+        // Another replica created it in between: our key goes in by patch after all.
+        Err(kube::Error::Api(s)) if s.is_already_exists() => api
+            .patch(&object.name, &PatchParams::default(), &Patch::Merge(&patch))
+            .await
+            .map(|_| ())
+            .map_err(kube_err("writing")),
+        Err(e) => Err(kube_err("creating")(e)),
+    }
+}
+
+/// Publishes the reports this replica receives until `stop`: a changed report at once, an
+/// unchanged one at most every [`REFRESH`].
+pub async fn publish(
+    client: kube::Client,
+    object: ReportsObject,
+    reports: Arc<Reports>,
+    mut stop: watch::Receiver<bool>,
+) {
+    let api: Api<ConfigMap> = Api::namespaced(client, &object.namespace);
+    let (tx, mut rx) = mpsc::channel(OUTBOX);
+    reports.attach_outbox(tx);
+    let mut written: HashMap<NamespacedName, (AgentReport, tokio::time::Instant)> = HashMap::new();
+    loop {
+        let report = tokio::select! {
+            r = rx.recv() => match r { Some(r) => r, None => return },
+            () = stop_requested(&mut stop) => return,
+        };
+        let Ok(agent) = report.key() else { continue };
+        let due = written
+            .get(&agent)
+            .is_none_or(|(last, at)| !last.same_content(&report) || at.elapsed() >= REFRESH);
+        if !due {
+            continue;
+        }
+        match put(&api, &object, &data_key(&agent), Some(encode(&report))).await {
+            Ok(()) => {
+                debug!(%agent, "agent report published");
+                written.insert(agent, (report, tokio::time::Instant::now()));
+            }
+            Err(error) => warn!(%error, "agent report not published; the agent reports again"),
+        }
+        written.retain(|_, (_, at)| at.elapsed() < STALE_AFTER);
+    }
+}
+
+/// Feeds `reports` from the ConfigMap until `stop`; while this replica leads, also deletes
+/// entries older than [`STALE_AFTER`].
+pub async fn follow(
+    client: kube::Client,
+    object: ReportsObject,
+    reports: Arc<Reports>,
+    leader: watch::Receiver<bool>,
+    mut stop: watch::Receiver<bool>,
+) {
+    let api: Api<ConfigMap> = Api::namespaced(client, &object.namespace);
+    let config = watcher::Config::default().fields(&format!("metadata.name={}", object.name));
+    let mut events = std::pin::pin!(watcher(api.clone(), config).default_backoff());
+    let mut sweep = tokio::time::interval(SWEEP);
+    sweep.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    // When each entry of the ConfigMap was received, as last seen.
+    let mut entries: BTreeMap<String, SystemTime> = BTreeMap::new();
+    loop {
+        tokio::select! {
+            event = events.next() => match event {
+                Some(Ok(watcher::Event::Apply(cm) | watcher::Event::InitApply(cm))) => {
+                    entries = absorb(&cm, &reports);
+                }
+                Some(Ok(_)) => {}
+                Some(Err(error)) => warn!(%error, "agent reports watch failed; retrying"),
+                None => return,
+            },
+            _ = sweep.tick() => {
+                let now = SystemTime::now();
+                let dropped = reports.retain_fresh(now);
+                if dropped > 0 {
+                    info!(dropped, "stale agent reports dropped");
+                }
+                let leading = *leader.borrow();
+                if leading {
+                    for (key, _) in entries.iter().filter(|(_, at)| is_stale(**at, now)) {
+                        match put(&api, &object, key, None).await {
+                            Ok(()) => info!(entry = %key, "stale agent report removed"),
+                            Err(error) => warn!(%error, "stale agent report not removed"),
+                        }
+                    }
+                }
+            }
+            () = stop_requested(&mut stop) => return,
+        }
+    }
+}
+
+/// Resolves once `stop` turns true or its sender is gone (holds no borrow of the channel).
+async fn stop_requested(stop: &mut watch::Receiver<bool>) {
+    let _ = stop.wait_for(|s| *s).await;
+}
+
+/// Records every entry of the ConfigMap; returns when each was received. An entry that does
+/// not decode is skipped with a warning (the others still count).
+fn absorb(cm: &ConfigMap, reports: &Reports) -> BTreeMap<String, SystemTime> {
+    let mut seen = BTreeMap::new();
+    for (key, value) in cm.data.iter().flatten() {
+        let report = match decode(key, value) {
+            Ok(r) => r,
+            Err(error) => {
+                warn!(%error, "agent report skipped");
+                continue;
+            }
+        };
+        seen.insert(key.clone(), report.received_at);
+        if let Err(error) = reports.observe(report) {
+            warn!(%error, "agent report from the API not kept");
+        }
+    }
+    seen
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn report(pod: &str, at_secs: u64, state: pb::InterfaceState) -> AgentReport {
+        AgentReport {
+            agent: pb::AgentIdentity {
+                pod_name: pod.into(),
+                namespace: "vmdhcp-system".into(),
+                node_name: "node-1".into(),
+            },
+            epoch: "e1".into(),
+            applied_revision: 7,
+            leader: true,
+            interfaces: vec![pb::InterfaceReport {
+                pool_ref: "default/pool-a".into(),
+                interface_name: "vmd0123456789".into(),
+                state: state as i32,
+                error: String::new(),
+                lease_count: 3,
+            }],
+            received_at: UNIX_EPOCH + Duration::from_secs(at_secs),
+        }
+    }
+
+    #[test]
+    fn a_stored_report_decodes_to_the_same_report() {
+        let r = report("agent-0", 1_700_000_000, pb::InterfaceState::Serving);
+        let key = data_key(&r.key().unwrap());
+        assert_eq!(key, "vmdhcp-system.agent-0");
+        assert_eq!(decode(&key, &encode(&r)).unwrap(), r);
+        let err = decode(&key, "{not json").unwrap_err();
+        assert!(err.to_string().contains("vmdhcp-system.agent-0"), "{err}");
+    }
+
+    #[test]
+    fn newer_reports_win_from_either_path_and_stale_ones_go() {
+        let reports = Reports::default();
+        let mut changes = reports.subscribe();
+        reports
+            .record(report("agent-0", 100, pb::InterfaceState::Standby))
+            .unwrap();
+        assert!(changes.has_changed().unwrap());
+        changes.borrow_and_update();
+        // An older copy read back from the API changes nothing.
+        reports
+            .observe(report("agent-0", 90, pb::InterfaceState::Serving))
+            .unwrap();
+        assert!(!changes.has_changed().unwrap());
+        // A newer one received by another replica replaces it.
+        reports
+            .observe(report("agent-0", 110, pb::InterfaceState::Serving))
+            .unwrap();
+        let all = reports.all();
+        assert_eq!(
+            all["vmdhcp-system/agent-0"].interfaces[0].state,
+            pb::InterfaceState::Serving as i32
+        );
+        let now = UNIX_EPOCH + Duration::from_secs(110) + STALE_AFTER;
+        assert_eq!(reports.retain_fresh(now), 0);
+        assert_eq!(reports.retain_fresh(now + Duration::from_secs(1)), 1);
+        assert!(reports.all().is_empty());
+    }
+
+    #[test]
+    fn callers_cannot_grow_the_reports_without_bound() {
+        let reports = Reports::default();
+        for i in 0..MAX_AGENTS {
+            reports
+                .record(report(
+                    &format!("agent-{i}"),
+                    100,
+                    pb::InterfaceState::Serving,
+                ))
+                .unwrap();
+        }
+        let refused = reports.record(report("one-more", 100, pb::InterfaceState::Serving));
+        assert!(
+            matches!(refused, Err(ReportError::TooManyAgents(n)) if n == MAX_AGENTS),
+            "{refused:?}"
+        );
+        // Known agents still report.
+        reports
+            .record(report("agent-0", 101, pb::InterfaceState::Serving))
+            .unwrap();
+        let mut huge = report("agent-1", 102, pb::InterfaceState::Serving);
+        huge.interfaces = vec![huge.interfaces[0].clone(); MAX_INTERFACES + 1];
+        assert!(matches!(
+            reports.record(huge),
+            Err(ReportError::TooManyInterfaces(_))
+        ));
+        let mut bad = report("Not_A_Pod", 100, pb::InterfaceState::Serving);
+        bad.agent.namespace = "a.b".into();
+        let err = reports.record(bad).unwrap_err();
+        assert!(err.to_string().contains("Not_A_Pod"), "{err}");
+        assert_eq!(reports.all().len(), MAX_AGENTS);
+    }
+
+    #[test]
+    fn an_unchanged_report_is_the_same_content_whenever_it_arrived() {
+        let a = report("agent-0", 100, pb::InterfaceState::Serving);
+        let b = report("agent-0", 200, pb::InterfaceState::Serving);
+        let c = report("agent-0", 200, pb::InterfaceState::Error);
+        assert!(a.same_content(&b));
+        assert!(!a.same_content(&c));
+    }
+}
