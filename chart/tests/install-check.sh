@@ -146,6 +146,8 @@ can no  $C get "" secrets default vmdhcp-controller-tls
 can yes $C update "" configmaps "$ns" vmdhcp-controller-ca
 can yes $C patch "" configmaps "$ns" vm-dhcp-controllers-agent-reports
 can no  $C get "" configmaps "$ns" other
+can yes $C delete "" pods harvester-system default-net-48-agent
+can no  $C create "" pods "$ns"
 can yes $C create authentication.k8s.io tokenreviews
 can yes $C patch admissionregistration.k8s.io validatingwebhookconfigurations "" vmdhcp-webhook
 can yes $C patch admissionregistration.k8s.io mutatingwebhookconfigurations "" vmdhcp-webhook

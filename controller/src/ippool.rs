@@ -58,6 +58,9 @@ pub enum Error {
     /// The object has no namespace.
     #[error("IPPool without namespace")]
     Unnamespaced,
+    /// Retiring upstream's agent pod failed.
+    #[error(transparent)]
+    UpstreamAgent(crate::upstream_agent::UpstreamAgentError),
 }
 
 /// The NetworkAttachmentDefinition resource (Multus).
@@ -357,6 +360,15 @@ async fn apply(pool: Arc<IPPool>, ctx: Arc<Context>) -> Result<Action, Error> {
         true,
     )
     .await?;
+    if agent.0 {
+        // Our agent serves the pool: upstream's agent pod, if the Go controller left one, goes.
+        crate::upstream_agent::retire(&ctx, &pool, &pool_ref)
+            .await
+            .map_err(|e| match e {
+                crate::upstream_agent::UpstreamAgentError::NotLeader(n) => Error::NotLeader(n),
+                other => Error::UpstreamAgent(other),
+            })?;
+    }
     let (used, available) = ctx
         .ipam
         .with_pool(&pool_ref, |a| (a.used(), a.available()))?;

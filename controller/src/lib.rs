@@ -17,6 +17,7 @@
 //! - [`listener`]: TLS accept loops bounded in handshakes, connections and time.
 //! - [`webhook`]: the admission webhook server (decisions in `vmdhcp_core::admission`).
 //! - [`shared_watch`]: one watch (and cache) feeding several controllers.
+//! - [`upstream_agent`]: retiring the Go controller's per-pool agent pod once ours serves.
 //! - [`runtime`]: the wiring, with leadership gating every writer.
 #![forbid(unsafe_code)]
 
@@ -37,6 +38,7 @@ pub mod runtime;
 pub mod shared_watch;
 pub mod status;
 pub mod tls;
+pub mod upstream_agent;
 pub mod vm;
 pub mod vmnetcfg;
 pub mod webhook;

@@ -723,3 +723,161 @@ async fn agent_ready_holds_whichever_replica_the_agent_reports_to() {
     let refused = grpc.report(bad).await.unwrap_err();
     assert_eq!(refused.code(), tonic::Code::InvalidArgument, "{refused:?}");
 }
+
+#[tokio::test]
+async fn upstream_agent_pods_are_retired_only_once_our_agent_serves() {
+    use k8s_openapi::api::core::v1::Pod;
+    use kube::api::{Patch, PatchParams};
+    let cp = &ControlPlane::start().unwrap();
+    let client = cp.client().await.unwrap();
+    let ns = cp.namespace(&client, "upgrade").await.unwrap();
+    // What upstream's Go controller leaves behind: pools with allocations and an agentPodRef,
+    // and its bare agent pod per pool, still answering DHCP.
+    network_and_pool(&client, &ns, "net-up", 26).await;
+    network_and_pool(&client, &ns, "net-other", 27).await;
+    let pods: Api<Pod> = Api::namespaced(client.clone(), &ns);
+    let pod = |name: &str, labels: serde_json::Value| -> Pod {
+        serde_json::from_value(json!({
+            "apiVersion": "v1", "kind": "Pod",
+            "metadata": {"name": name, "namespace": ns, "labels": labels},
+            "spec": {"containers": [{"name": "agent", "image": "rancher/harvester-vm-dhcp-agent:v0.3.3"}]}
+        }))
+        .unwrap()
+    };
+    let agent_name = format!("{ns}-net-up-agent");
+    let agent = pods
+        .create(
+            &PostParams::default(),
+            &pod(
+                &agent_name,
+                json!({"network.harvesterhci.io/vm-dhcp-controller": "agent",
+                       "network.harvesterhci.io/ippool-namespace": ns,
+                       "network.harvesterhci.io/ippool-name": "net-up"}),
+            ),
+        )
+        .await
+        .unwrap();
+    // Another pool's reference names a pod that is not upstream's agent: it must survive.
+    let bystander = pods
+        .create(&PostParams::default(), &pod("web-0", json!({"app": "web"})))
+        .await
+        .unwrap();
+    let pools: Api<IPPool> = Api::namespaced(client.clone(), &ns);
+    let go_status = |pod: &Pod, allocated: serde_json::Value| {
+        json!({"status": {
+            "ipv4": {"allocated": allocated, "used": 1, "available": 65532},
+            "agentPodRef": {"namespace": ns, "name": pod.name_any(),
+                            "image": "rancher/harvester-vm-dhcp-agent:v0.3.3", "uid": pod.uid().unwrap()},
+            "conditions": [{"type": "AgentReady", "status": "True"}]
+        }})
+    };
+    pools
+        .patch_status(
+            "net-up",
+            &PatchParams::default(),
+            &Patch::Merge(go_status(
+                &agent,
+                json!({"10.26.0.5": "02:00:00:1a:00:05", "10.26.0.1": "RESERVED"}),
+            )),
+        )
+        .await
+        .unwrap();
+    pools
+        .patch_status(
+            "net-other",
+            &PatchParams::default(),
+            &Patch::Merge(go_status(
+                &bystander,
+                json!({"10.27.0.9": "02:00:00:1b:00:09"}),
+            )),
+        )
+        .await
+        .unwrap();
+
+    let controller = start(cp, "upgrade-1", &ns, false);
+    let pool_ref_set = |p: &IPPool| p.status.as_ref().and_then(|s| s.agent_pod_ref.clone());
+    let pool = poll("our controller took the pool over", async || {
+        pools.get("net-up").await.ok().filter(pool_ready)
+    })
+    .await;
+    // No agent of ours serves yet: upstream's keeps answering (no gap).
+    assert!(
+        pool_ref_set(&pool).is_some(),
+        "agentPodRef cleared too early"
+    );
+    assert!(
+        pods.get_opt(&agent_name).await.unwrap().is_some(),
+        "upstream agent deleted before ours serves"
+    );
+
+    // Our agent reports both pools served.
+    let url = format!("http://127.0.0.1:{}", controller.grpc);
+    let mut grpc = poll("the controller's gRPC port", async || {
+        ConfigServiceClient::connect(url.clone()).await.ok()
+    })
+    .await;
+    let mut report = serving_report(&ns, "agent-0", &format!("{ns}/net-up"));
+    let mut other = report.interfaces[0].clone();
+    other.pool_ref = format!("{ns}/net-other");
+    report.interfaces.push(other);
+    grpc.report(report).await.unwrap();
+
+    poll("upstream's agent retired", async || {
+        let gone = pods.get_opt(&agent_name).await.unwrap().is_none();
+        let cleared = pools
+            .get("net-up")
+            .await
+            .ok()
+            .is_some_and(|p| pool_ref_set(&p).is_none());
+        (gone && cleared).then_some(())
+    })
+    .await;
+    poll("the other pool's stale reference cleared", async || {
+        pools
+            .get("net-other")
+            .await
+            .ok()
+            .filter(|p| pool_ref_set(p).is_none())
+    })
+    .await;
+    assert!(
+        pods.get_opt("web-0").await.unwrap().is_some(),
+        "a pod that is not upstream's agent was deleted"
+    );
+    // Every allocation the Go controller recorded is kept.
+    for (pool, ip, mac) in [
+        ("net-up", "10.26.0.5", "02:00:00:1a:00:05"),
+        ("net-other", "10.27.0.9", "02:00:00:1b:00:09"),
+    ] {
+        let allocated = pools
+            .get(pool)
+            .await
+            .unwrap()
+            .status
+            .unwrap()
+            .ipv4
+            .unwrap()
+            .allocated;
+        assert_eq!(
+            allocated.get(ip).map(String::as_str),
+            Some(mac),
+            "{pool}: {allocated:?}"
+        );
+    }
+    let events: Api<Event> = Api::namespaced(client.clone(), &ns);
+    let reasons = poll("the events", async || {
+        let reasons: BTreeSet<String> = events
+            .list(&Default::default())
+            .await
+            .ok()?
+            .items
+            .into_iter()
+            .filter_map(|e| e.reason)
+            .collect();
+        (reasons.contains("UpstreamAgentRetired")
+            && reasons.contains("AgentPodRefNotUpstreamAgent"))
+        .then_some(reasons)
+    })
+    .await;
+    assert!(!reasons.is_empty());
+}
