@@ -144,6 +144,40 @@ fn pool_ready(p: &IPPool) -> bool {
     })
 }
 
+/// A control plane of its own (controllers watch every namespace), a namespace `ns_prefix-…`,
+/// two electing replicas `<replicas>-a` and `<replicas>-b`, and the pool `net` on 10.<octet>/16.
+async fn two_replicas(
+    ns_prefix: &str,
+    replicas: &str,
+    net: &str,
+    octet: u8,
+) -> (ControlPlane, Client, String, Replica, Replica) {
+    let cp = ControlPlane::start().unwrap();
+    let client = cp.client().await.unwrap();
+    let ns = cp.namespace(&client, ns_prefix).await.unwrap();
+    let a = start(&cp, &format!("{replicas}-a"), &ns, true);
+    let b = start(&cp, &format!("{replicas}-b"), &ns, true);
+    network_and_pool(&client, &ns, net, octet).await;
+    (cp, client, ns, a, b)
+}
+
+/// Waits until pool `name` says CacheReady.
+async fn wait_pool_ready(pools: &Api<IPPool>, name: &str) -> IPPool {
+    poll(&format!("pool {name} ready"), async || {
+        pools.get(name).await.ok().filter(pool_ready)
+    })
+    .await
+}
+
+/// A gRPC client of `replica`'s config stream, once it listens.
+async fn grpc_client(replica: &Replica) -> ConfigServiceClient<tonic::transport::Channel> {
+    let url = format!("http://127.0.0.1:{}", replica.grpc);
+    poll("the replica's gRPC port", async || {
+        ConfigServiceClient::connect(url.clone()).await.ok()
+    })
+    .await
+}
+
 async fn poll<T>(what: &str, mut f: impl AsyncFnMut() -> Option<T>) -> T {
     let deadline = Instant::now() + DEADLINE;
     loop {
@@ -204,18 +238,10 @@ async fn allocated_configs(client: &Client, ns: &str) -> BTreeMap<String, (Strin
 
 #[tokio::test]
 async fn only_the_leader_writes_and_killing_it_hands_the_work_over() {
-    // Controllers watch every namespace: each test here needs a control plane of its own.
-    let cp = &ControlPlane::start().unwrap();
-    let client = cp.client().await.unwrap();
-    let ns = cp.namespace(&client, "ha").await.unwrap();
-    let a = start(cp, "replica-a", &ns, true);
-    let b = start(cp, "replica-b", &ns, true);
-    network_and_pool(&client, &ns, "net-ha", 20).await;
+    let (cp, client, ns, a, b) = two_replicas("ha", "replica", "net-ha", 20).await;
+    let cp = &cp;
     let pools: Api<IPPool> = Api::namespaced(client.clone(), &ns);
-    poll("pool ready", async || {
-        pools.get("net-ha").await.ok().filter(pool_ready)
-    })
-    .await;
+    wait_pool_ready(&pools, "net-ha").await;
     vm_allocated(
         &client,
         &ns,
@@ -422,10 +448,7 @@ async fn a_controller_killed_mid_burst_never_hands_out_an_address_twice() {
     let first = start(cp, "restart-1", &ns, false);
     let pools: Api<IPPool> = Api::namespaced(client.clone(), &ns);
     for p in ["net-r1", "net-r2"] {
-        poll("pool ready", async || {
-            pools.get(p).await.ok().filter(pool_ready)
-        })
-        .await;
+        wait_pool_ready(&pools, p).await;
     }
     let n = 500u32;
     let creates = (0..n).map(|i| {
@@ -522,10 +545,7 @@ async fn sigterm_mid_burst_releases_the_lease_only_after_the_last_write() {
     network_and_pool(&client, &ns, "net-d", 23).await;
     let leader = start(cp, "drain-1", &ns, true);
     let pools: Api<IPPool> = Api::namespaced(client.clone(), &ns);
-    poll("pool ready", async || {
-        pools.get("net-d").await.ok().filter(pool_ready)
-    })
-    .await;
+    wait_pool_ready(&pools, "net-d").await;
     let n = 300u32;
     let creates = (0..n).map(|i| {
         let (client, ns) = (client.clone(), ns.clone());
@@ -577,12 +597,7 @@ async fn sigterm_mid_burst_releases_the_lease_only_after_the_last_write() {
 
 #[tokio::test]
 async fn a_deposed_leader_stops_exporting_per_object_series() {
-    let cp = &ControlPlane::start().unwrap();
-    let client = cp.client().await.unwrap();
-    let ns = cp.namespace(&client, "deposed").await.unwrap();
-    let a = start(cp, "deposed-a", &ns, true);
-    let b = start(cp, "deposed-b", &ns, true);
-    network_and_pool(&client, &ns, "net-dp", 24).await;
+    let (_cp, client, ns, a, b) = two_replicas("deposed", "deposed", "net-dp", 24).await;
     vm_allocated(
         &client,
         &ns,
@@ -660,27 +675,15 @@ fn serving_report(ns: &str, pod: &str, pool: &str) -> pb::ReportRequest {
 
 #[tokio::test]
 async fn agent_ready_holds_whichever_replica_the_agent_reports_to() {
-    let cp = &ControlPlane::start().unwrap();
-    let client = cp.client().await.unwrap();
-    let ns = cp.namespace(&client, "ready").await.unwrap();
-    let a = start(cp, "ready-a", &ns, true);
-    let b = start(cp, "ready-b", &ns, true);
-    network_and_pool(&client, &ns, "net-ar", 25).await;
+    let (_cp, client, ns, a, b) = two_replicas("ready", "ready", "net-ar", 25).await;
     let pools: Api<IPPool> = Api::namespaced(client.clone(), &ns);
-    poll("pool ready", async || {
-        pools.get("net-ar").await.ok().filter(pool_ready)
-    })
-    .await;
+    wait_pool_ready(&pools, "net-ar").await;
     let leases: Api<Lease> = Api::namespaced(client.clone(), &ns);
     let holder = lease_holder(&leases).await.unwrap();
     let follower = if holder == "ready-a" { &b } else { &a };
 
     // The agent's stream and reports landed on the follower (one Service, two replicas).
-    let url = format!("http://127.0.0.1:{}", follower.grpc);
-    let mut grpc = poll("the follower's gRPC port", async || {
-        ConfigServiceClient::connect(url.clone()).await.ok()
-    })
-    .await;
+    let mut grpc = grpc_client(follower).await;
     let pool_ref = format!("{ns}/net-ar");
     grpc.report(serving_report(&ns, "agent-x", &pool_ref))
         .await
@@ -796,10 +799,7 @@ async fn upstream_agent_pods_are_retired_only_once_our_agent_serves() {
 
     let controller = start(cp, "upgrade-1", &ns, false);
     let pool_ref_set = |p: &IPPool| p.status.as_ref().and_then(|s| s.agent_pod_ref.clone());
-    let pool = poll("our controller took the pool over", async || {
-        pools.get("net-up").await.ok().filter(pool_ready)
-    })
-    .await;
+    let pool = wait_pool_ready(&pools, "net-up").await;
     // No agent of ours serves yet: upstream's keeps answering (no gap).
     assert!(
         pool_ref_set(&pool).is_some(),
@@ -811,11 +811,7 @@ async fn upstream_agent_pods_are_retired_only_once_our_agent_serves() {
     );
 
     // Our agent reports both pools served.
-    let url = format!("http://127.0.0.1:{}", controller.grpc);
-    let mut grpc = poll("the controller's gRPC port", async || {
-        ConfigServiceClient::connect(url.clone()).await.ok()
-    })
-    .await;
+    let mut grpc = grpc_client(&controller).await;
     let mut report = serving_report(&ns, "agent-0", &format!("{ns}/net-up"));
     let mut other = report.interfaces[0].clone();
     other.pool_ref = format!("{ns}/net-other");
