@@ -64,6 +64,8 @@ target_dir="$(cargo metadata --format-version 1 --no-deps --locked \
 out="${out:-$target_dir/images}"
 mkdir -p "$out"
 out="$(cd "$out" && pwd)"
+# A failed build must not leave the previous build's list behind for the tests to find.
+rm -f "$out/images.tsv"
 
 # --- Inputs that end up in the images: the commit, its time (SOURCE_DATE_EPOCH, default the
 # commit's), the toolchain.
@@ -120,7 +122,7 @@ step() {
   fi
 }
 
-: >"$out/images.tsv.tmp"
+: >"$work/images.tsv"
 for name in "${IMAGES[@]}"; do
   ref="$prefix/$name:$tag"
   ctx="$work/context-$name"
@@ -158,9 +160,9 @@ PY
   [ "$digest" = "$(cat "$work/$name.digest")" ] \
     || die "$name: the archive's manifest $digest is not the pushed digest $(cat "$work/$name.digest")"
   printf '%s\t%s\t%s\t%s\t%s\t%s\t%s\n' "$name" "$ref" "$digest" "$compressed" "$unpacked" \
-    "$binary_sha" "$archive" >>"$out/images.tsv.tmp"
+    "$binary_sha" "$archive" >>"$work/images.tsv"
 done
-mv "$out/images.tsv.tmp" "$out/images.tsv"
+cp "$work/images.tsv" "$out/images.tsv"
 
 mb() { awk -v b="$1" 'BEGIN { printf "%.1f MB", b / 1000000 }'; }
 while IFS=$'\t' read -r name ref digest compressed unpacked _ archive; do
