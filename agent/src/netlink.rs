@@ -17,6 +17,8 @@ use rtnetlink::packet_route::address::{AddressAttribute, AddressMessage};
 use rtnetlink::packet_route::link::LinkFlags;
 use rtnetlink::{Handle, LinkUnspec};
 
+use crate::capability::{Capability, Missing};
+
 /// Why an interface could not be configured; it concerns that interface (that pool) only.
 #[derive(Debug, thiserror::Error)]
 pub enum NetlinkError {
@@ -30,7 +32,7 @@ pub enum NetlinkError {
         interface: String,
     },
     /// A request was refused.
-    #[error("interface {interface}: cannot {step}: {source}")]
+    #[error("interface {interface}: cannot {step}: {source}{missing}")]
     Request {
         /// The interface.
         interface: String,
@@ -38,7 +40,36 @@ pub enum NetlinkError {
         step: &'static str,
         /// The kernel's answer.
         source: rtnetlink::Error,
+        /// CAP_NET_ADMIN, when the kernel refused a change for want of it.
+        missing: Missing,
     },
+}
+
+impl NetlinkError {
+    /// A refused change to `interface` (address, link state): these need CAP_NET_ADMIN, which
+    /// the error names when the kernel refused for want of it.
+    fn change(interface: &str, step: &'static str, source: rtnetlink::Error) -> Self {
+        let errno = match &source {
+            rtnetlink::Error::NetlinkError(message) => Some(message.raw_code().abs()),
+            _ => None,
+        };
+        NetlinkError::Request {
+            interface: interface.to_owned(),
+            step,
+            missing: Capability::NetAdmin.lacking_errno(errno),
+            source,
+        }
+    }
+
+    /// A failed read-only request about `interface` (lookups need no capability).
+    fn query(interface: &str, step: &'static str, source: rtnetlink::Error) -> Self {
+        NetlinkError::Request {
+            interface: interface.to_owned(),
+            step,
+            source,
+            missing: Missing(None),
+        }
+    }
 }
 
 /// What [`InterfaceSetup::configure`] had to change; all empty/false when it was already right.
@@ -92,11 +123,11 @@ impl InterfaceSetup {
                     interface: interface.to_owned(),
                 })
             }
-            Err(source) => Err(NetlinkError::Request {
-                interface: interface.to_owned(),
-                step: "look the interface up",
+            Err(source) => Err(NetlinkError::query(
+                interface,
+                "look the interface up",
                 source,
-            }),
+            )),
         }
     }
 
@@ -117,11 +148,7 @@ impl InterfaceSetup {
                 Ok(Some(msg)) => msg,
                 Ok(None) => break,
                 Err(source) => {
-                    return Err(NetlinkError::Request {
-                        interface: interface.to_owned(),
-                        step: "list its addresses",
-                        source,
-                    });
+                    return Err(NetlinkError::query(interface, "list its addresses", source));
                 }
             };
             if msg.header.family != AddressFamily::Inet || msg.header.index != index {
@@ -153,18 +180,14 @@ impl InterfaceSetup {
         server_ip: Ipv4Addr,
         prefix: u8,
     ) -> Result<Changes, NetlinkError> {
-        let err = |step: &'static str| {
-            move |source| NetlinkError::Request {
-                interface: interface.to_owned(),
-                step,
-                source,
-            }
-        };
+        let err = |step: &'static str| move |source| NetlinkError::change(interface, step, source);
         let (index, up) = self.link(interface).await?;
-        let wanted = Ipv4Net::new(server_ip, prefix).map_err(|_| NetlinkError::Request {
-            interface: interface.to_owned(),
-            step: "build the server address",
-            source: rtnetlink::Error::RequestFailed,
+        let wanted = Ipv4Net::new(server_ip, prefix).map_err(|_| {
+            NetlinkError::query(
+                interface,
+                "build the server address",
+                rtnetlink::Error::RequestFailed,
+            )
         })?;
         let mut changes = Changes::default();
         let mut present = false;
@@ -223,10 +246,8 @@ impl InterfaceSetup {
                     .del(msg)
                     .execute()
                     .await
-                    .map_err(|source| NetlinkError::Request {
-                        interface: interface.to_owned(),
-                        step: "remove the server address",
-                        source,
+                    .map_err(|source| {
+                        NetlinkError::change(interface, "remove the server address", source)
                     })?;
                 return Ok(true);
             }

@@ -1,5 +1,7 @@
 //! Test harnesses for vmdhcp's end-to-end tests and benchmarks, built on real components only.
 //!
+//! - [`containerd`]: a private containerd + runc that imports our images and runs them under a
+//!   Kubernetes-like security context.
 //! - [`control_plane`]: etcd + kube-apiserver as processes, with our CRDs installed.
 //! - [`dhcp_client`]: real DHCP clients (dhclient, udhcpc) and their recorded events.
 //! - [`fleet`]: the whole system (controller, agents, VMs) on one machine.
@@ -11,6 +13,7 @@
 //! The tests themselves live in `tests/`; each test binary shares one control plane.
 #![forbid(unsafe_code)]
 
+pub mod containerd;
 pub mod control_plane;
 pub mod dhcp_client;
 pub mod fleet;

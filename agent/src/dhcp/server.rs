@@ -20,13 +20,14 @@ use vmdhcp_telemetry::trace;
 use super::SERVER_PORT;
 use super::counters::Counters;
 use super::handler::{Action, MAX_PACKET, Silence, handle};
+use crate::capability::{Capability, Missing};
 use crate::lease_table::LeaseTable;
 
 /// Why an interface is not serving.
 #[derive(Debug, thiserror::Error)]
 pub enum ServerError {
     /// The socket could not be created, configured or bound.
-    #[error("interface {interface}: cannot {step}: {source}")]
+    #[error("interface {interface}: cannot {step}: {source}{missing}")]
     Socket {
         /// The interface.
         interface: String,
@@ -34,6 +35,8 @@ pub enum ServerError {
         step: &'static str,
         /// The OS error.
         source: io::Error,
+        /// The capability the step lacked, when the kernel refused it for that.
+        missing: Missing,
     },
     /// Receiving failed; the socket is re-created.
     #[error("interface {interface}: receive failed: {source}")]
@@ -89,35 +92,40 @@ pub enum InterfaceStatus {
 /// broadcasts are heard and answered only on its own network, broadcast allowed for replies to
 /// clients without an address, and address reuse so several interfaces can each bind port 67.
 pub fn bind(interface: &str) -> Result<std::net::UdpSocket, ServerError> {
-    let err = |step: &'static str| {
-        move |source| ServerError::Socket {
+    // `needs`: the capability the step requires, named in the error when the kernel refuses it.
+    let err = |step: &'static str, needs: Option<Capability>| {
+        move |source: io::Error| ServerError::Socket {
             interface: interface.to_owned(),
             step,
+            missing: needs.map(|cap| cap.lacking(&source)).unwrap_or_default(),
             source,
         }
     };
     let socket = Socket::new(Domain::IPV4, Type::DGRAM, Some(Protocol::UDP))
-        .map_err(err("create a UDP socket"))?;
+        .map_err(err("create a UDP socket", None))?;
     socket
         .set_reuse_address(true)
-        .map_err(err("set SO_REUSEADDR"))?;
+        .map_err(err("set SO_REUSEADDR", None))?;
     socket
         .set_broadcast(true)
-        .map_err(err("set SO_BROADCAST"))?;
+        .map_err(err("set SO_BROADCAST", None))?;
     // Room for bursts (a rack of VMs booting at once, relays flushing queues): the kernel caps
     // this at net.core.rmem_max, which is fine, it only has to beat the small default.
     socket
         .set_recv_buffer_size(RECV_BUFFER)
-        .map_err(err("set SO_RCVBUF"))?;
-    socket
-        .bind_device(Some(interface.as_bytes()))
-        .map_err(err("bind to the device (SO_BINDTODEVICE)"))?;
+        .map_err(err("set SO_RCVBUF", None))?;
+    // Unprivileged since Linux 5.7; before, it needs CAP_NET_RAW.
+    socket.bind_device(Some(interface.as_bytes())).map_err(err(
+        "bind to the device (SO_BINDTODEVICE)",
+        Some(Capability::NetRaw),
+    ))?;
+    // Port 67 is below net.ipv4.ip_unprivileged_port_start (1024 unless the runtime lowers it).
     socket
         .bind(&SocketAddr::V4(SocketAddrV4::new(Ipv4Addr::UNSPECIFIED, SERVER_PORT)).into())
-        .map_err(err("bind 0.0.0.0:67"))?;
+        .map_err(err("bind 0.0.0.0:67", Some(Capability::NetBindService)))?;
     socket
         .set_nonblocking(true)
-        .map_err(err("set non-blocking"))?;
+        .map_err(err("set non-blocking", None))?;
     Ok(socket.into())
 }
 
@@ -318,6 +326,7 @@ async fn run_interface(
                 interface: interface.name.clone(),
                 step: "find the interface",
                 source: io::Error::from(io::ErrorKind::NotFound),
+                missing: Missing(None),
             })
             .and_then(|index| Ok((index, bind(&interface.name)?)));
         let error = match bound {
@@ -396,6 +405,7 @@ fn serve(
             interface: interface.name.clone(),
             step,
             source,
+            missing: Missing(None),
         }
     };
     socket

@@ -3,7 +3,8 @@
 //! run the real server with nothing else around it.
 //!
 //! The file is re-read on SIGHUP (a whole snapshot, as the stream's resync would deliver); the
-//! set of interfaces is fixed at start. Interface statuses, reload count and declined addresses
+//! set of interfaces is fixed at start. With `--configure-interfaces`, an interface that cannot be
+//! configured is not served, as in `run`, and its status carries the error (not retried here). Interface statuses, reload count and declined addresses
 //! are written to a status file, atomically, whenever they change.
 
 use std::collections::BTreeMap;
@@ -179,6 +180,8 @@ pub async fn serve_file(path: &Path, options: ServeOptions) -> Result<(), Static
         None
     };
     let mut configured = Vec::new();
+    // Interfaces that could not be configured are not served (as in `run`): their status says why.
+    let mut unconfigured = BTreeMap::new();
     if let Some(setup) = &setup {
         for p in &pools {
             let c = &p.config;
@@ -192,13 +195,17 @@ pub async fn serve_file(path: &Path, options: ServeOptions) -> Result<(), Static
                     info!(interface = %name, %ip, prefix, removed = ?changes.removed, added = changes.added, brought_up = changes.brought_up, "interface configured");
                     configured.push((name.clone(), ip, prefix));
                 }
-                // That pool's server will report the interface as failed; the others go on.
-                Err(error) => warn!(pool = %c.pool, %error, "interface not configured"),
+                // That pool is not served; the others go on.
+                Err(error) => {
+                    warn!(pool = %c.pool, %error, "interface not configured");
+                    unconfigured.insert(name.clone(), error.to_string());
+                }
             }
         }
     }
     let interfaces = pools
         .iter()
+        .filter(|p| !unconfigured.contains_key(&p.config.interface_name))
         .map(|p| Interface {
             name: p.config.interface_name.clone(),
             pool: p.config.pool.clone(),
@@ -208,6 +215,9 @@ pub async fn serve_file(path: &Path, options: ServeOptions) -> Result<(), Static
     apply(&table, pools);
     let (stop, stopped) = watch::channel(false);
     let servers = Servers::spawn(Arc::clone(&table), interfaces, stopped);
+    for (name, error) in unconfigured {
+        servers.set_status(&name, Some(InterfaceStatus::Failed { error }));
+    }
     // The static table changes only on reload (SIGHUP), which signals the resolver.
     let (table_changed, changes) = watch::channel(());
     let ntp_task = tokio::spawn(super::ntp::run(
