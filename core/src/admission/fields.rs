@@ -1,0 +1,187 @@
+//! What the admission rules of both kinds share: the JSON paths of the fields they name, the
+//! parsers and checks of single fields (each refusing with a [`Rejection`] that names the field),
+//! and the lookups of objects by `namespace/name` and network.
+
+use std::collections::BTreeMap;
+use std::net::Ipv4Addr;
+
+use ipnet::Ipv4Net;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+
+use super::Rejection;
+use crate::crd::IPPool;
+use crate::names::{NameError, NamespacedName};
+use crate::pool::{Holder, is_host_of, parse_allocated};
+
+// The JSON paths of the fields the rules name in their rejections.
+pub(super) const F_NETWORK: &str = "spec.networkName";
+pub(super) const F_CIDR: &str = "spec.ipv4Config.cidr";
+pub(super) const F_SERVER: &str = "spec.ipv4Config.serverIP";
+pub(super) const F_ROUTER: &str = "spec.ipv4Config.router";
+pub(super) const F_START: &str = "spec.ipv4Config.pool.start";
+pub(super) const F_END: &str = "spec.ipv4Config.pool.end";
+pub(super) const F_EXCLUDE: &str = "spec.ipv4Config.pool.exclude";
+pub(super) const F_DNS: &str = "spec.ipv4Config.dns";
+pub(super) const F_NTP: &str = "spec.ipv4Config.ntp";
+pub(super) const F_DOMAIN: &str = "spec.ipv4Config.domainName";
+pub(super) const F_SEARCH: &str = "spec.ipv4Config.domainSearch";
+pub(super) const F_LEASE: &str = "spec.ipv4Config.leaseTime";
+pub(super) const F_VM_NAME: &str = "spec.vmName";
+pub(super) const F_CONFIGS: &str = "spec.networkConfigs";
+
+/// An object's `namespace/name`, unvalidated (objects from the API always have both).
+pub(super) fn key_of(meta: &ObjectMeta) -> NamespacedName {
+    NamespacedName {
+        namespace: meta.namespace.clone().unwrap_or_default(),
+        name: meta.name.clone().unwrap_or_default(),
+    }
+}
+
+/// Whether a network name written in an object of namespace `ns` names `network`. Objects
+/// already stored are read as the controller reads them (a bare name lives in their namespace).
+pub(super) fn same_network(raw: &str, ns: &str, network: &NamespacedName) -> bool {
+    NamespacedName::parse_in(raw, ns).is_ok_and(|n| n == *network)
+}
+
+/// The parsed `status.ipv4.allocated` of a pool; malformed entries are ignored (they block
+/// nothing, as they serve nothing).
+pub(super) fn allocated_of(pool: &IPPool) -> BTreeMap<Ipv4Addr, Holder> {
+    match pool.status.as_ref().and_then(|s| s.ipv4.as_ref()) {
+        Some(v4) => parse_allocated(&key_of(&pool.metadata), &v4.allocated).0,
+        None => BTreeMap::new(),
+    }
+}
+
+pub(super) fn is_missing(value: &str) -> bool {
+    value.trim().is_empty()
+}
+
+/// An optional string field, with an empty string meaning unset (as the controller reads it).
+pub(super) fn optional(value: Option<&str>) -> Option<&str> {
+    value.filter(|s| !s.is_empty())
+}
+
+pub(super) fn immutable(field: &str, value: &str, before: &str) -> Rejection {
+    Rejection::new(
+        field,
+        value,
+        if value.is_empty() {
+            format!("is immutable and cannot be removed once set (was {before:?})")
+        } else {
+            format!("is immutable (was {before:?})")
+        },
+    )
+}
+
+/// A network reference written by the user: `namespace/name` in full, since the NAD it names
+/// must be found without guessing.
+pub(super) fn parse_network(field: &str, value: &str) -> Result<NamespacedName, Rejection> {
+    if is_missing(value) {
+        return Err(Rejection::new(field, value, "is required"));
+    }
+    value.parse().map_err(|e| {
+        let rule = match e {
+            NameError::MissingNamespace { .. } => {
+                "must name a NetworkAttachmentDefinition as namespace/name".to_owned()
+            }
+            NameError::BadNamespace { part, .. } => format!(
+                "has namespace {part:?}, which is not a DNS-1123 label (lowercase alphanumerics and '-', at most 63)"
+            ),
+            NameError::BadName { part, .. } => format!(
+                "has name {part:?}, which is not a DNS-1123 subdomain (lowercase alphanumerics, '-' and '.', at most 253)"
+            ),
+        };
+        Rejection::new(field, value, rule)
+    })
+}
+
+pub(super) fn parse_cidr(value: &str) -> Result<Ipv4Net, Rejection> {
+    if is_missing(value) {
+        return Err(Rejection::new(F_CIDR, value, "is required"));
+    }
+    value
+        .parse::<Ipv4Net>()
+        .map(|n| n.trunc())
+        .map_err(|_| Rejection::new(F_CIDR, value, "is not an IPv4 CIDR (e.g. 192.168.48.0/24)"))
+}
+
+pub(super) fn parse_ip(field: &str, value: &str) -> Result<Ipv4Addr, Rejection> {
+    if is_missing(value) {
+        return Err(Rejection::new(field, value, "is required"));
+    }
+    value
+        .parse()
+        .map_err(|_| Rejection::new(field, value, "is not an IPv4 address"))
+}
+
+/// The addresses of `subnet` a host may use, under the same rule as [`is_host_of`]: all but the
+/// network and broadcast addresses, or every address of a /31 or /32 (RFC 3021).
+pub(super) fn host_range(subnet: Ipv4Net) -> (Ipv4Addr, Ipv4Addr) {
+    let (network, broadcast) = (u32::from(subnet.network()), u32::from(subnet.broadcast()));
+    if subnet.prefix_len() >= 31 {
+        (network.into(), broadcast.into())
+    } else {
+        // prefix ≤ 30: broadcast ≥ network + 3, so neither step wraps.
+        (
+            network.saturating_add(1).into(),
+            broadcast.saturating_sub(1).into(),
+        )
+    }
+}
+
+pub(super) fn check_host(
+    field: &str,
+    raw: &str,
+    ip: Ipv4Addr,
+    subnet: Ipv4Net,
+) -> Result<(), Rejection> {
+    if !subnet.contains(&ip) {
+        return Err(Rejection::new(
+            field,
+            raw,
+            format!("is outside cidr {subnet}"),
+        ));
+    }
+    if !is_host_of(subnet, ip) {
+        return Err(Rejection::new(field, raw, not_host_rule(subnet, ip)));
+    }
+    Ok(())
+}
+
+pub(super) fn not_host_rule(subnet: Ipv4Net, ip: Ipv4Addr) -> String {
+    if ip == subnet.network() {
+        format!("is the network address of {subnet}")
+    } else {
+        format!("is the broadcast address of {subnet}")
+    }
+}
+
+pub(super) fn check_count(field: &str, items: &[String], max: usize) -> Result<(), Rejection> {
+    if items.len() > max {
+        return Err(Rejection::new(
+            field,
+            items.join(","),
+            format!("has {} entries, at most {max} are allowed", items.len()),
+        ));
+    }
+    Ok(())
+}
+
+/// Whether `s` is a DNS name under RFC 1123: dot-separated labels of 1 to 63 letters, digits and
+/// inner hyphens, at most 253 characters. A last label of only digits is refused too (no
+/// top-level domain is numeric, RFC 3696), so a mistyped address such as `10.0.0` is not taken
+/// for a host name.
+pub(super) fn is_dns_name(s: &str) -> bool {
+    let label_ok = |l: &str| {
+        !l.is_empty()
+            && l.len() <= 63
+            && l.bytes().all(|c| c.is_ascii_alphanumeric() || c == b'-')
+            && !l.starts_with('-')
+            && !l.ends_with('-')
+    };
+    s.len() <= 253
+        && s.split('.').all(label_ok)
+        && s.rsplit('.')
+            .next()
+            .is_some_and(|last| !last.bytes().all(|c| c.is_ascii_digit()))
+}

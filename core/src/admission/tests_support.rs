@@ -1,0 +1,202 @@
+//! Fixtures shared by the admission unit tests of every kind: the README's objects, a cluster of
+//! two labelled networks, builders of pools and configs, and the `refused` assertion.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::collections::BTreeMap;
+use std::net::Ipv4Addr;
+
+use ipnet::Ipv4Net;
+
+use super::{
+    Nad, PoolFacts, Rejection, VmNetCfgFacts, validate_ippool_create, validate_ippool_update,
+    validate_vmnetcfg_create,
+};
+use crate::crd::{
+    IPPool, IPPoolStatus, IPv4Status, LABEL_IPPOOL_NAME, LABEL_IPPOOL_NAMESPACE, NetworkConfig,
+    VirtualMachineNetworkConfig, VirtualMachineNetworkConfigSpec,
+};
+use crate::names::NamespacedName;
+
+const README_IPPOOL: &str = include_str!("../../../examples/ippool.yaml");
+const README_VMNETCFG: &str = include_str!("../../../examples/vmnetcfg.yaml");
+pub(super) const MAC_A: &str = "fa:cf:8e:50:82:fc";
+pub(super) const MAC_B: &str = "c6:d6:82:39:d3:c3";
+
+// === fixtures ===
+
+/// The README pool: default/net-48 on default/net-48, 192.168.48.0/24, range .81-.90 with
+/// both ends excluded, server .77, router .1.
+pub(super) fn readme_pool() -> IPPool {
+    serde_yaml_ng::from_str(README_IPPOOL).unwrap()
+}
+
+pub(super) fn readme_cfg() -> VirtualMachineNetworkConfig {
+    serde_yaml_ng::from_str(README_VMNETCFG).unwrap()
+}
+
+pub(super) fn nn(s: &str) -> NamespacedName {
+    s.parse().unwrap()
+}
+
+/// A NAD labelled with the pool serving it (`None`: no labels).
+pub(super) fn nad(name: &str, pool: Option<&str>) -> Nad {
+    let mut labels = BTreeMap::new();
+    if let Some(pool) = pool {
+        let p = nn(pool);
+        labels.insert(LABEL_IPPOOL_NAMESPACE.to_owned(), p.namespace);
+        labels.insert(LABEL_IPPOOL_NAME.to_owned(), p.name);
+    }
+    Nad {
+        name: nn(name),
+        labels,
+    }
+}
+
+pub(super) fn net48() -> Nad {
+    nad("default/net-48", Some("default/net-48"))
+}
+
+pub(super) fn service() -> Option<Ipv4Net> {
+    Some("10.53.0.0/16".parse().unwrap())
+}
+
+/// A pool `ns/name` on `network` with the README's addressing.
+pub(super) fn pool_on(key: &str, network: &str) -> IPPool {
+    let k = nn(key);
+    let mut pool = readme_pool();
+    pool.metadata.namespace = Some(k.namespace);
+    pool.metadata.name = Some(k.name);
+    pool.spec.network_name = network.to_owned();
+    pool
+}
+
+/// A minimal pool on default/net-48 with only the required fields.
+pub(super) fn bare_pool(cidr: &str) -> IPPool {
+    let mut pool = readme_pool();
+    pool.spec.ipv4_config = crate::crd::IPv4Config {
+        cidr: cidr.to_owned(),
+        ..Default::default()
+    };
+    pool
+}
+
+pub(super) fn with_allocated(mut pool: IPPool, entries: &[(&str, &str)]) -> IPPool {
+    pool.status = Some(IPPoolStatus {
+        ipv4: Some(IPv4Status {
+            allocated: entries
+                .iter()
+                .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+                .collect(),
+            used: 0,
+            available: 0,
+        }),
+        ..Default::default()
+    });
+    pool
+}
+
+pub(super) fn create(pool: &IPPool) -> Result<(), Rejection> {
+    let nad = net48();
+    validate_ippool_create(
+        pool,
+        &PoolFacts {
+            nad: Some(&nad),
+            pools: &[],
+            service_cidr: service(),
+        },
+    )
+}
+
+pub(super) fn update(old: &IPPool, new: &IPPool) -> Result<(), Rejection> {
+    let nad = net48();
+    validate_ippool_update(
+        old,
+        new,
+        &PoolFacts {
+            nad: Some(&nad),
+            pools: std::slice::from_ref(old),
+            service_cidr: service(),
+        },
+    )
+}
+
+/// A vmnetcfg `ns/name` for VM `name` with `(network, mac, ip)` NICs.
+pub(super) fn cfg(key: &str, nics: &[(&str, &str, Option<&str>)]) -> VirtualMachineNetworkConfig {
+    let k = nn(key);
+    let mut cfg = VirtualMachineNetworkConfig::new(
+        &k.name,
+        VirtualMachineNetworkConfigSpec {
+            vm_name: k.name.clone(),
+            paused: None,
+            network_configs: nics
+                .iter()
+                .map(|(net, mac, ip)| NetworkConfig {
+                    network_name: (*net).to_owned(),
+                    mac_address: (*mac).to_owned(),
+                    ip_address: ip.map(str::to_owned),
+                })
+                .collect(),
+        },
+    );
+    cfg.metadata.namespace = Some(k.namespace);
+    cfg
+}
+
+/// The cluster of the README: NAD and pool default/net-48, plus default/net-49 likewise.
+pub(super) struct Cluster {
+    pub(super) nads: Vec<Nad>,
+    pub(super) pools: Vec<IPPool>,
+    pub(super) configs: Vec<VirtualMachineNetworkConfig>,
+}
+
+impl Cluster {
+    pub(super) fn new() -> Self {
+        let mut net49 = pool_on("default/net-49", "default/net-49");
+        net49.spec.ipv4_config.cidr = "192.168.49.0/24".into();
+        net49.spec.ipv4_config.server_ip = "192.168.49.77".into();
+        net49.spec.ipv4_config.router = Some("192.168.49.1".into());
+        net49.spec.ipv4_config.pool = crate::crd::Pool {
+            start: "192.168.49.81".into(),
+            end: "192.168.49.90".into(),
+            exclude: vec![],
+        };
+        Cluster {
+            nads: vec![net48(), nad("default/net-49", Some("default/net-49"))],
+            pools: vec![readme_pool(), net49],
+            configs: vec![],
+        }
+    }
+
+    pub(super) fn facts(&self) -> VmNetCfgFacts<'_> {
+        VmNetCfgFacts {
+            nads: &self.nads,
+            pools: &self.pools,
+            configs: &self.configs,
+        }
+    }
+
+    pub(super) fn create(&self, cfg: &VirtualMachineNetworkConfig) -> Result<(), Rejection> {
+        validate_vmnetcfg_create(cfg, &self.facts())
+    }
+}
+
+/// Asserts a refusal of `field` whose rule contains `rule`, and returns it.
+#[track_caller]
+pub(super) fn refused<T: std::fmt::Debug>(
+    r: Result<T, Rejection>,
+    field: &str,
+    rule: &str,
+) -> Rejection {
+    let err = r.expect_err("expected a rejection");
+    assert_eq!(err.field, field, "{err}");
+    assert!(
+        err.rule.contains(rule),
+        "rule {:?} lacks {rule:?}",
+        err.rule
+    );
+    err
+}
+
+pub(super) fn ip(s: &str) -> Ipv4Addr {
+    s.parse().unwrap()
+}
