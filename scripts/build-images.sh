@@ -79,12 +79,15 @@ epoch="${SOURCE_DATE_EPOCH:-$(git log -1 --format=%ct 2>/dev/null || echo 0)}"
 source_url="$(sed -n 's/^repository[[:space:]]*=[[:space:]]*"\(.*\)"/\1/p' Cargo.toml | head -n1)"
 rustc_version="$(rustc --version)"
 
-# --- The binaries. Paths of the checkout and of the cargo home are remapped, so the binaries do
-# not depend on where they were built; RUSTFLAGS from the caller would replace these, so unset.
+# --- The binaries. Paths of the checkout, of the target directory (generated code is included
+# from OUT_DIR there, wherever CARGO_TARGET_DIR points) and of the cargo home are remapped, so
+# the binaries do not depend on where they were built (the last matching prefix wins: the
+# default target/ gets the same name either way). RUSTFLAGS from the caller would replace
+# these, so unset.
 cargo_home="${CARGO_HOME:-$HOME/.cargo}"
 unset RUSTFLAGS CARGO_ENCODED_RUSTFLAGS SOURCE_DATE_EPOCH
 export CC_x86_64_unknown_linux_musl=musl-gcc
-export CARGO_TARGET_X86_64_UNKNOWN_LINUX_MUSL_RUSTFLAGS="--remap-path-prefix=$root=/vmdhcp --remap-path-prefix=$cargo_home=/cargo"
+export CARGO_TARGET_X86_64_UNKNOWN_LINUX_MUSL_RUSTFLAGS="--remap-path-prefix=$root=/vmdhcp --remap-path-prefix=$target_dir=/vmdhcp/target --remap-path-prefix=$cargo_home=/cargo"
 cargo_args=(--locked --profile "$PROFILE" --target "$TARGET")
 for name in "${IMAGES[@]}"; do cargo_args+=(-p "${PACKAGE[$name]}" --bin "$name"); done
 started=$SECONDS
