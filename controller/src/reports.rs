@@ -14,7 +14,7 @@
 //! [`REFRESH`]; entries older than [`STALE_AFTER`] are dropped from memory and, by the leader,
 //! from the ConfigMap.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, OnceLock, PoisonError};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
@@ -128,6 +128,9 @@ impl AgentReport {
 #[derive(Default)]
 pub struct Reports {
     by_agent: Mutex<BTreeMap<NamespacedName, AgentReport>>,
+    /// Pools named by reports whose content changed since the last [`Reports::take_touched`]:
+    /// each report re-checks only the pools it names (a set: bounded by the pools named).
+    touched: Mutex<BTreeSet<NamespacedName>>,
     changed: watch::Sender<u64>,
     streams: Arc<AtomicUsize>,
     outbox: OnceLock<mpsc::Sender<AgentReport>>,
@@ -197,27 +200,52 @@ impl Reports {
 
     fn insert(&self, key: NamespacedName, report: AgentReport) -> Result<(), ReportError> {
         let mut all = self.lock();
-        match all.get(&key) {
+        let touched = match all.get(&key) {
             Some(held) if held.received_at >= report.received_at => return Ok(()),
-            Some(_) => {}
+            Some(held) if held.same_content(&report) => Vec::new(),
+            Some(held) => pools_named(held).chain(pools_named(&report)).collect(),
             None if all.len() >= MAX_AGENTS => return Err(ReportError::TooManyAgents(all.len())),
-            None => {}
-        }
+            None => pools_named(&report).collect(),
+        };
         all.insert(key, report);
         drop(all);
-        self.changed.send_modify(|n| *n += 1);
+        self.touch(touched);
         Ok(())
+    }
+
+    fn touch(&self, pools: Vec<NamespacedName>) {
+        if !pools.is_empty() {
+            self.touched
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .extend(pools);
+        }
+        self.changed.send_modify(|n| *n += 1);
+    }
+
+    /// The pools whose reports changed since the last call (each once), for their
+    /// `AgentReady` to be re-checked.
+    pub fn take_touched(&self) -> Vec<NamespacedName> {
+        std::mem::take(&mut *self.touched.lock().unwrap_or_else(PoisonError::into_inner))
+            .into_iter()
+            .collect()
     }
 
     /// Drops reports older than [`STALE_AFTER`] at `now`; returns how many.
     pub fn retain_fresh(&self, now: SystemTime) -> usize {
         let mut all = self.lock();
-        let before = all.len();
-        all.retain(|_, r| !is_stale(r.received_at, now));
-        let dropped = before - all.len();
+        let (mut dropped, mut touched) = (0, Vec::new());
+        all.retain(|_, r| {
+            let stale = is_stale(r.received_at, now);
+            if stale {
+                dropped += 1;
+                touched.extend(pools_named(r));
+            }
+            !stale
+        });
         drop(all);
         if dropped > 0 {
-            self.changed.send_modify(|n| *n += 1);
+            self.touch(touched);
         }
         dropped
     }
@@ -226,6 +254,14 @@ impl Reports {
     fn attach_outbox(&self, outbox: mpsc::Sender<AgentReport>) {
         let _ = self.outbox.set(outbox);
     }
+}
+
+/// The pools a report names (entries that do not parse name none: they were refused on receipt).
+fn pools_named(report: &AgentReport) -> impl Iterator<Item = NamespacedName> + '_ {
+    report
+        .interfaces
+        .iter()
+        .filter_map(|i| i.pool_ref.parse().ok())
 }
 
 fn is_stale(at: SystemTime, now: SystemTime) -> bool {
@@ -620,5 +656,35 @@ mod tests {
         let c = report("agent-0", 200, pb::InterfaceState::Error);
         assert!(a.same_content(&b));
         assert!(!a.same_content(&c));
+    }
+
+    #[test]
+    fn a_report_re_checks_only_the_pools_it_names_and_only_when_it_changed() {
+        let reports = Reports::default();
+        let pool = |n: &str| NamespacedName::new("default", n).unwrap();
+        reports
+            .record(report("agent-0", 100, pb::InterfaceState::Standby))
+            .unwrap();
+        assert_eq!(reports.take_touched(), [pool("pool-a")]);
+        assert!(reports.take_touched().is_empty(), "drained");
+        // The same content again (a refresh): nothing to re-check.
+        reports
+            .record(report("agent-0", 130, pb::InterfaceState::Standby))
+            .unwrap();
+        assert!(reports.take_touched().is_empty());
+        // It moves to another pool: the one it left and the one it serves.
+        let mut moved = report("agent-0", 160, pb::InterfaceState::Serving);
+        moved.interfaces[0].pool_ref = "default/pool-b".into();
+        reports.record(moved).unwrap();
+        assert_eq!(reports.take_touched(), [pool("pool-a"), pool("pool-b")]);
+        // Another agent's report names only its own pools.
+        let mut other = report("agent-1", 170, pb::InterfaceState::Serving);
+        other.interfaces[0].pool_ref = "default/pool-c".into();
+        reports.record(other).unwrap();
+        assert_eq!(reports.take_touched(), [pool("pool-c")]);
+        // A report going stale re-checks its pools (AgentReady turns False).
+        let later = UNIX_EPOCH + Duration::from_secs(165) + STALE_AFTER;
+        assert_eq!(reports.retain_fresh(later), 1);
+        assert_eq!(reports.take_touched(), [pool("pool-b")]);
     }
 }

@@ -286,15 +286,22 @@ async fn lead(
                 .collect::<Vec<_>>()
         }
     };
-    let report_changes = tokio_stream::StreamExt::map(
-        tokio_stream::wrappers::WatchStream::from_changes(reports.subscribe()),
-        |_| (),
-    );
+    // A report re-checks only the pools it names (and only when its content changed).
+    let touched_by = reports.clone();
+    let report_changes = tokio_stream::wrappers::WatchStream::from_changes(reports.subscribe())
+        .flat_map(move |_| {
+            futures_util::stream::iter(
+                touched_by
+                    .take_touched()
+                    .into_iter()
+                    .map(|p| ObjectRef::<IPPool>::new(&p.name).within(&p.namespace)),
+            )
+        });
     let by_nad = pools_on(pools.clone());
     let by_sibling = pools_on(pools.clone());
     let pool_ctrl = pool_ctrl
         .graceful_shutdown_on(stopped(stop.clone()))
-        .reconcile_all_on(report_changes)
+        .reconcile_on(report_changes)
         .watches_with(
             Api::<DynamicObject>::all_with(client.clone(), &crate::ippool::nad_resource()),
             crate::ippool::nad_resource(),
