@@ -9,6 +9,7 @@
 //! - [`netns`]: network namespaces, veth pairs and bridges, cleaned up on every exit path.
 //! - [`otlp`]: a real OTLP/gRPC trace receiver, keeping the spans it is sent.
 //! - [`process`]: child processes that cannot outlive the test process.
+//! - [`tls`]: TLS client handshakes verified against the controller's published CA.
 //!
 //! The tests themselves live in `tests/`; each test binary shares one control plane.
 #![forbid(unsafe_code)]
@@ -21,3 +22,4 @@ pub mod http;
 pub mod netns;
 pub mod otlp;
 pub mod process;
+pub mod tls;

@@ -18,7 +18,7 @@
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::process::Command;
-use std::sync::{Arc, OnceLock};
+use std::sync::OnceLock;
 use std::time::Duration;
 
 use k8s_openapi::api::coordination::v1::Lease;
@@ -626,26 +626,7 @@ where
 }
 
 async fn tls_handshake(port: u16, ca_pem: &str, server_name: &str) {
-    use rustls::pki_types::{CertificateDer, ServerName, pem::PemObject};
-    let mut roots = rustls::RootCertStore::empty();
-    for cert in CertificateDer::pem_slice_iter(ca_pem.as_bytes()) {
-        roots.add(cert.unwrap()).unwrap();
-    }
-    let config = rustls::ClientConfig::builder_with_provider(Arc::new(
-        rustls::crypto::ring::default_provider(),
-    ))
-    .with_safe_default_protocol_versions()
-    .unwrap()
-    .with_root_certificates(roots)
-    .with_no_client_auth();
-    let tcp = tokio::net::TcpStream::connect(("127.0.0.1", port))
-        .await
-        .unwrap();
-    let name = ServerName::try_from(server_name.to_owned()).unwrap();
-    let tls = tokio_rustls::TlsConnector::from(Arc::new(config))
-        .connect(name, tcp)
-        .await
-        .unwrap_or_else(|e| panic!("TLS handshake with the webhook port {port}: {e}"));
+    let tls = vmdhcp_integration::tls::connect(port, ca_pem, server_name).await;
     assert!(tls.get_ref().1.peer_certificates().is_some());
 }
 

@@ -10,7 +10,7 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use std::path::PathBuf;
-use std::sync::{Arc, OnceLock};
+use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
 use k8s_openapi::api::core::v1::{ConfigMap, Secret};
@@ -937,25 +937,7 @@ fn grpcurl_watch(ca: &std::path::Path, addr: &str, token: Option<&str>) -> Strin
 
 /// The leaf certificate the gRPC port presents, DER.
 async fn presented_certificate(port: u16, ca_pem: &str) -> Vec<u8> {
-    use rustls::pki_types::{CertificateDer, ServerName, pem::PemObject};
-    let mut roots = rustls::RootCertStore::empty();
-    for cert in CertificateDer::pem_slice_iter(ca_pem.as_bytes()) {
-        roots.add(cert.unwrap()).unwrap();
-    }
-    let config = rustls::ClientConfig::builder_with_provider(Arc::new(
-        rustls::crypto::ring::default_provider(),
-    ))
-    .with_safe_default_protocol_versions()
-    .unwrap()
-    .with_root_certificates(roots)
-    .with_no_client_auth();
-    let tcp = tokio::net::TcpStream::connect(("127.0.0.1", port))
-        .await
-        .unwrap();
-    let tls = tokio_rustls::TlsConnector::from(Arc::new(config))
-        .connect(ServerName::try_from("127.0.0.1").unwrap(), tcp)
-        .await
-        .unwrap();
+    let tls = vmdhcp_integration::tls::connect(port, ca_pem, "127.0.0.1").await;
     tls.get_ref().1.peer_certificates().unwrap()[0].to_vec()
 }
 
