@@ -4,7 +4,6 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::net::TcpListener;
 use std::time::{Duration, Instant};
 
 use k8s_openapi::api::apps::v1::Deployment;
@@ -15,19 +14,12 @@ use kube::{Client, ResourceExt};
 use serde_json::json;
 use vmdhcp_core::crd::{IPPool, VirtualMachineNetworkConfig, find_condition};
 use vmdhcp_integration::control_plane::ControlPlane;
+use vmdhcp_integration::fleet::free_port;
 use vmdhcp_integration::process::Supervised;
 use vmdhcp_proto::agent::v1 as pb;
 use vmdhcp_proto::agent::v1::config_service_client::ConfigServiceClient;
 
 const DEADLINE: Duration = Duration::from_secs(60);
-
-fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
 
 /// A controller process; killed with SIGKILL when dropped (through its supervisor).
 struct Replica {

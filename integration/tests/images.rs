@@ -31,6 +31,7 @@ use vmdhcp_integration::containerd::{
 };
 use vmdhcp_integration::control_plane::{ControlPlane, bin_dir, repo_root};
 use vmdhcp_integration::dhcp_client::{start_dhclient, udhcpc, wait_event, wait_for};
+use vmdhcp_integration::fleet::free_port;
 use vmdhcp_integration::netns::{Lab, Netns};
 
 /// The size budget of each image, compressed and unpacked.
@@ -344,14 +345,6 @@ impl ProcessView {
             self.root_mount_options
         );
     }
-}
-
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
 }
 
 fn unique_id(what: &str) -> String {
