@@ -263,9 +263,21 @@ def check(set_name, path, release, namespace):
     for res, names in (("secrets", [tls_secret]), ("configmaps", [ca_cm, f"{lease}-agent-reports"]),
                        ("leases", [lease])):
         rs = [(k, r) for k, r in ctrl_rules if res in r.get("resources", [])]
-        bad = [r for k, r in rs if k != "Role"
-               or (set(r.get("verbs", [])) - {"create"} and r.get("resourceNames") != names)]
-        c.check(rs and not bad, f"{tag} controller {res}: namespaced, all but create restricted to {names}", bad)
+        bad = [r for k, r in rs if k != "Role" or r.get("resourceNames") != names
+               or "create" in r.get("verbs", [])]
+        c.check(rs and not bad, f"{tag} controller {res}: namespaced, restricted to {names}, no create", bad)
+    # Those objects and the agents' Lease are the chart's (empty; filled at run time), so that
+    # `helm uninstall` removes them and nobody needs `create`.
+    kind_of = {"secrets": "Secret", "configmaps": "ConfigMap", "leases": "Lease"}
+    for res, names in (("secrets", [tls_secret]), ("configmaps", [ca_cm, f"{lease}-agent-reports"]),
+                       ("leases", [lease, agent_lease])):
+        objs = {o["metadata"]["name"]: o for o in by_kind.get(kind_of[res], [])
+                if o["metadata"].get("namespace") == namespace}
+        missing = [n for n in names if n not in objs]
+        filled = [n for n in names if n in objs and (objs[n].get("data") or objs[n].get("spec"))]
+        c.check(not missing and not filled, f"{tag} chart creates {names} empty", missing + filled)
+    bad = [r for _, r in agent_rules if "create" in r.get("verbs", [])]
+    c.check(not bad, f"{tag} agent has no create verb", bad)
     tokenreview = any("tokenreviews" in r.get("resources", []) for _, r in ctrl_rules)
     c.check(tokenreview == (not plaintext), f"{tag} tokenreviews granted only with TLS")
 

@@ -136,10 +136,10 @@ can yes $C patch apps deployments "$ns" vmdhcp-agent
 can no  $C patch apps deployments "$ns" vmdhcp-controller
 can no  $C list apps deployments "$ns"
 can no  $C patch apps deployments default vmdhcp-agent
-can yes $C create coordination.k8s.io leases "$ns"
+can no  $C create coordination.k8s.io leases "$ns"
 can yes $C update coordination.k8s.io leases "$ns" vm-dhcp-controllers
 can no  $C update coordination.k8s.io leases "$ns" vm-dhcp-agents
-can yes $C create "" secrets "$ns"
+can no  $C create "" secrets "$ns"
 can yes $C update "" secrets "$ns" vmdhcp-controller-tls
 can no  $C get "" secrets "$ns" other
 can no  $C get "" secrets default vmdhcp-controller-tls
@@ -162,7 +162,7 @@ can yes $C create "" events default
 can yes $C create events.k8s.io events default
 can no  $A patch apps deployments "$ns" vmdhcp-agent
 can no  $A get apps deployments "$ns" vmdhcp-agent
-can yes $A create coordination.k8s.io leases "$ns"
+can no  $A create coordination.k8s.io leases "$ns"
 can yes $A update coordination.k8s.io leases "$ns" vm-dhcp-agents
 can no  $A update coordination.k8s.io leases "$ns" vm-dhcp-controllers
 can yes $A list network.harvesterhci.io ippools
@@ -255,8 +255,11 @@ grpc="$(free_port)"; chttp="$(free_port)"; ahttp="$(free_port)"
 run_as vmdhcp-controller vmdhcp-controller-0 vm-dhcp-controller "$tmp/controller.log" \
   KUBECONFIG="$(sa_kubeconfig vmdhcp-controller)" GRPC_LISTEN="127.0.0.1:$grpc" \
   HTTP_LISTEN="127.0.0.1:$chttp" WEBHOOK_LISTEN="127.0.0.1:$(free_port)" TLS_SANS=127.0.0.1
-wait_for "controller (as its ServiceAccount) creates its CA and certificate Secret" k -n "$ns" get secret vmdhcp-controller-tls
-wait_for "controller publishes its CA in ConfigMap vmdhcp-controller-ca" k -n "$ns" get configmap vmdhcp-controller-ca
+filled() { test -n "$(k -n "$ns" get "$1" -o jsonpath="$2")"; }
+wait_for "controller (as its ServiceAccount) issues its CA and certificate into the chart's Secret" \
+  filled secret/vmdhcp-controller-tls '{.data.tls\.crt}'
+wait_for "controller publishes its CA in the chart's ConfigMap vmdhcp-controller-ca" \
+  filled configmap/vmdhcp-controller-ca '{.data.ca\.crt}'
 has_ca_bundle() { test -n "$(k get "$1" vmdhcp-webhook -o jsonpath='{.webhooks[0].clientConfig.caBundle}')"; }
 wait_for "controller injects the CA into the MutatingWebhookConfiguration" has_ca_bundle mutatingwebhookconfiguration
 wait_for "controller injects the CA into the ValidatingWebhookConfiguration" has_ca_bundle validatingwebhookconfiguration
@@ -286,8 +289,9 @@ if [ "$failed" -gt 0 ]; then
 fi
 
 expect "helm uninstall" helm_ uninstall vmdhcp --wait
-expect "uninstall leaves no Deployment, webhook or ClusterRole behind" \
-  test -z "$(k get deployments -n "$ns" -o name; k get mutatingwebhookconfigurations,validatingwebhookconfigurations,clusterroles -o name | grep vmdhcp)"
+expect "uninstall leaves no Deployment, webhook, ClusterRole, Secret, ConfigMap or Lease behind" \
+  test -z "$(k get deployments -n "$ns" -o name; k get mutatingwebhookconfigurations,validatingwebhookconfigurations,clusterroles -o name | grep vmdhcp
+             k -n "$ns" get secrets,configmaps,leases -o name | grep -E 'vmdhcp|vm-dhcp')"
 
 echo "$passed passed, $failed failed"
 [ "$failed" -eq 0 ]

@@ -175,6 +175,12 @@ impl ResolvesServerCert for ServingCerts {
     }
 }
 
+/// Whether a Secret holds material at all: the chart creates it empty (so that `helm uninstall`
+/// removes it), and an empty Secret means "not issued yet", not "unusable".
+pub fn issued(secret: &Secret) -> bool {
+    secret.data.as_ref().is_some_and(|d| !d.is_empty())
+}
+
 /// Reads the material out of a Secret.
 pub fn material_of(secret: &Secret) -> Result<Material, TlsError> {
     let name = format!(
@@ -235,6 +241,9 @@ pub async fn run(
     loop {
         tokio::select! {
             event = changes.next() => match event {
+                Some(Ok(secret)) if !issued(&secret) => {
+                    debug!(secret = %settings.secret, "no certificate issued yet");
+                }
                 Some(Ok(secret)) => match material_of(&secret).and_then(|m| certs.load(&m)) {
                     Ok(()) => debug!(secret = %settings.secret, "serving certificate loaded"),
                     Err(e) => warn!(secret = %settings.secret, error = %e, "cannot serve the stored certificate"),
@@ -277,7 +286,7 @@ pub async fn ensure(
         .get_opt(&settings.secret)
         .await
         .map_err(api_err(format!("reading Secret {}", settings.secret)))?;
-    let current = existing.as_ref().map(material_of);
+    let current = existing.as_ref().filter(|s| issued(s)).map(material_of);
     if let Some(Err(e)) = &current {
         warn!(error = %e, "stored TLS material unusable; replacing it");
     }
@@ -439,6 +448,16 @@ mod tests {
             ..Secret::default()
         };
         assert_eq!(material_of(&secret).unwrap(), out.material);
+    }
+
+    #[test]
+    fn the_charts_empty_secret_is_not_issued_yet() {
+        let mut secret = Secret::default();
+        assert!(!issued(&secret));
+        secret.data = Some(BTreeMap::new());
+        assert!(!issued(&secret));
+        secret.data = Some([(KEY_CERT.to_owned(), ByteString(b"x".to_vec()))].into());
+        assert!(issued(&secret));
     }
 
     #[test]
