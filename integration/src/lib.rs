@@ -6,6 +6,8 @@
 //! - [`dhcp_client`]: real DHCP clients (dhclient, udhcpc) and their recorded events.
 //! - [`fleet`]: the whole system (controller, agents, VMs) on one machine.
 //! - [`http`]: plain GETs of local endpoints.
+//! - [`node`]: a real single-node Kubernetes cluster (kubelet, containerd, kube-proxy, …) that
+//!   runs the Helm chart's pods, with a Multus stand-in (`src/bin/vmdhcp-multus-standin.rs`).
 //! - [`netns`]: network namespaces, veth pairs and bridges, cleaned up on every exit path.
 //! - [`otlp`]: a real OTLP/gRPC trace receiver, keeping the spans it is sent.
 //! - [`process`]: child processes that cannot outlive the test process.
@@ -20,6 +22,7 @@ pub mod dhcp_client;
 pub mod fleet;
 pub mod http;
 pub mod netns;
+pub mod node;
 pub mod otlp;
 pub mod process;
 pub mod tls;

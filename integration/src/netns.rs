@@ -44,6 +44,14 @@ pub struct Netns {
 }
 
 impl Netns {
+    /// A namespace made by someone else (e.g. the single node's), so a [`Lab`] can plug its
+    /// namespaces into it; the lab does not delete it.
+    pub fn adopt(name: &str) -> Self {
+        Netns {
+            name: name.to_owned(),
+        }
+    }
+
     /// The namespace's name, as `ip netns` knows it.
     pub fn name(&self) -> &str {
         &self.name

@@ -1,0 +1,677 @@
+//! What a user installs, running as pods: `helm install` of the chart with its default values
+//! (2 controller and 2 agent replicas, TLS, token-authenticated stream, webhook) on a real
+//! single-node Kubernetes ([`vmdhcp_integration::node`]: kubelet, containerd, kube-proxy,
+//! scheduler, controller-manager), our container images, and VMs that are network namespaces
+//! with real `dhclient`s on a NetworkAttachmentDefinition's bridge.
+//!
+//! One test walks the whole life of an installation, in order: install → webhook → pools and VMs
+//! → leases from the agent pod → agent and controller pod deletion → upgrade → uninstall, and
+//! prints a timeline and each pod's memory and restarts.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+use std::collections::BTreeMap;
+use std::io::Write;
+use std::path::Path;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use serde_json::{Value, json};
+use vmdhcp_integration::control_plane::repo_root;
+use vmdhcp_integration::dhcp_client::{dhclient_lease, start_dhclient, wait_event};
+use vmdhcp_integration::fleet::probe_until_leased;
+use vmdhcp_integration::netns::{Lab, Netns};
+use vmdhcp_integration::node::{Node, images_dir};
+
+const RELEASE: &str = "vmdhcp";
+const SYSTEM: &str = "vmdhcp-system";
+const VMS: &str = "vms";
+/// The NAD's bridge, in the node's network namespace; agent pods (through the Multus stand-in)
+/// and VM namespaces plug into it.
+const BRIDGE: &str = "brvm";
+const SERVER_IP: &str = "10.77.0.2";
+const VM1_MAC: &str = "02:77:00:00:00:01";
+const VM2_MAC: &str = "02:77:00:00:00:02";
+const VM3_MAC: &str = "02:77:00:00:00:03";
+/// The pool's lease time: dhclient renews at half of it, so renewals happen during the test.
+const LEASE_SECONDS: u64 = 20;
+
+fn output(cmd: &mut Command) -> (bool, String) {
+    let out = cmd.stdin(Stdio::null()).output().unwrap();
+    (
+        out.status.success(),
+        format!(
+            "{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        ),
+    )
+}
+
+struct Cluster {
+    node: Node,
+}
+
+impl Cluster {
+    fn kubectl(&self, args: &[&str]) -> String {
+        let (ok, text) = output(self.node.kubectl().args(args));
+        assert!(ok, "kubectl {args:?}: {text}");
+        text
+    }
+
+    fn json(&self, args: &[&str]) -> Value {
+        let out = self
+            .node
+            .kubectl()
+            .args(args)
+            .args(["-o", "json"])
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "kubectl {args:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        serde_json::from_slice(&out.stdout).unwrap()
+    }
+
+    fn try_json(&self, args: &[&str]) -> Option<Value> {
+        let out = self
+            .node
+            .kubectl()
+            .args(args)
+            .args(["-o", "json"])
+            .output()
+            .ok()?;
+        out.status
+            .success()
+            .then(|| serde_json::from_slice(&out.stdout).ok())
+            .flatten()
+    }
+
+    /// `kubectl apply -f -`; the error text when refused.
+    fn apply(&self, manifest: &Value) -> Result<String, String> {
+        let mut child = self
+            .node
+            .kubectl()
+            .args(["apply", "-f", "-"])
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        child
+            .stdin
+            .take()
+            .unwrap()
+            .write_all(manifest.to_string().as_bytes())
+            .unwrap();
+        let out = child.wait_with_output().unwrap();
+        let text = format!(
+            "{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        if out.status.success() {
+            Ok(text)
+        } else {
+            Err(text)
+        }
+    }
+
+    fn helm(&self, args: &[&str]) -> String {
+        let (ok, text) = output(self.node.helm().args(args));
+        assert!(ok, "helm {args:?}: {text}\n{}", self.diagnose());
+        text
+    }
+
+    fn pods(&self, component: &str) -> Vec<Value> {
+        let list = self.json(&[
+            "get",
+            "pods",
+            "-n",
+            SYSTEM,
+            "-l",
+            &format!("app.kubernetes.io/component={component}"),
+        ]);
+        list["items"].as_array().cloned().unwrap_or_default()
+    }
+
+    /// Names of the component's pods that are Ready and not being deleted.
+    fn ready_pods(&self, component: &str) -> Vec<String> {
+        self.pods(component)
+            .into_iter()
+            .filter(|p| {
+                p["metadata"]["deletionTimestamp"].is_null()
+                    && p["status"]["conditions"]
+                        .as_array()
+                        .into_iter()
+                        .flatten()
+                        .any(|c| c["type"] == "Ready" && c["status"] == "True")
+            })
+            .filter_map(|p| p["metadata"]["name"].as_str().map(str::to_owned))
+            .collect()
+    }
+
+    fn lease_holder(&self, lease: &str) -> Option<String> {
+        self.try_json(&["get", "lease", "-n", SYSTEM, lease])?["spec"]["holderIdentity"]
+            .as_str()
+            .map(str::to_owned)
+    }
+
+    /// A metric of a pod, read through the API server's pod proxy.
+    fn pod_metrics(&self, pod: &str) -> String {
+        let (_, text) = output(self.node.kubectl().args([
+            "get",
+            "--raw",
+            &format!("/api/v1/namespaces/{SYSTEM}/pods/{pod}:8080/proxy/metrics"),
+        ]));
+        text
+    }
+
+    /// The controller pod whose log shows `agent` opening its config stream (last one wins).
+    fn stream_replica(&self, agent: &str) -> Option<String> {
+        let mut found = None;
+        for pod in self.ready_pods("controller") {
+            let (_, logs) = output(self.node.kubectl().args(["logs", "-n", SYSTEM, &pod]));
+            if logs
+                .lines()
+                .any(|l| l.contains("agent watching") && l.contains(agent))
+            {
+                found = Some(pod);
+            }
+        }
+        found
+    }
+
+    fn allocations(&self) -> BTreeMap<String, String> {
+        self.try_json(&["get", "ippool", "-n", VMS, "net-a"])
+            .and_then(|p| {
+                p["status"]["ipv4"]["allocated"].as_object().map(|m| {
+                    m.iter()
+                        .filter_map(|(ip, mac)| Some((mac.as_str()?.to_owned(), ip.clone())))
+                        .collect()
+                })
+            })
+            .unwrap_or_default()
+    }
+
+    fn condition(&self, kind: &str, name: &str, condition: &str) -> Option<(String, String)> {
+        let obj = self.try_json(&["get", kind, "-n", VMS, name])?;
+        obj["status"]["conditions"]
+            .as_array()?
+            .iter()
+            .find(|c| c["type"] == condition)
+            .map(|c| {
+                (
+                    c["status"].as_str().unwrap_or_default().to_owned(),
+                    c["reason"].as_str().unwrap_or_default().to_owned(),
+                )
+            })
+    }
+
+    /// What helps when a step fails: pods, recent events, the tails of the node's logs.
+    fn diagnose(&self) -> String {
+        let (_, pods) = output(
+            self.node
+                .kubectl()
+                .args(["get", "pods", "-A", "-o", "wide"]),
+        );
+        let (_, events) =
+            output(
+                self.node
+                    .kubectl()
+                    .args(["get", "events", "-A", "--sort-by=.lastTimestamp"]),
+            );
+        let events: Vec<&str> = events.lines().collect();
+        let mut text = format!(
+            "--- pods\n{pods}--- last events\n{}\n",
+            events[events.len().saturating_sub(30)..].join("\n")
+        );
+        for pod in self.pods("controller").iter().chain(&self.pods("agent")) {
+            if let Some(name) = pod["metadata"]["name"].as_str() {
+                let (_, logs) =
+                    output(
+                        self.node
+                            .kubectl()
+                            .args(["logs", "-n", SYSTEM, name, "--tail=15"]),
+                    );
+                text.push_str(&format!("--- logs of {name}\n{logs}\n"));
+            }
+        }
+        text.push_str(&format!(
+            "--- kubelet\n{}\n",
+            self.node.log_tail("kubelet", 15)
+        ));
+        text
+    }
+
+    fn wait<T>(&self, what: &str, limit: Duration, mut f: impl FnMut() -> Option<T>) -> T {
+        let deadline = Instant::now() + limit;
+        loop {
+            if let Err(e) = self.node.check() {
+                panic!("waiting for {what}: {e}");
+            }
+            if let Some(v) = f() {
+                return v;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "timed out after {limit:?} waiting for {what}\n{}",
+                self.diagnose()
+            );
+            std::thread::sleep(Duration::from_millis(250));
+        }
+    }
+}
+
+fn vm_manifest(name: &str, mac: &str) -> Value {
+    json!({
+        "apiVersion": "kubevirt.io/v1", "kind": "VirtualMachine",
+        "metadata": {"name": name, "namespace": VMS},
+        "spec": {"running": true, "template": {"spec": {
+            "domain": {"devices": {"interfaces": [{"name": "nic-0", "macAddress": mac, "bridge": {}}]}},
+            "networks": [{"name": "nic-0", "multus": {"networkName": format!("{VMS}/net-a")}}]
+        }}}
+    })
+}
+
+fn pool_manifest(server_ip: &str) -> Value {
+    json!({
+        "apiVersion": "network.harvesterhci.io/v1alpha1", "kind": "IPPool",
+        "metadata": {"name": "net-a", "namespace": VMS},
+        "spec": {"networkName": format!("{VMS}/net-a"), "ipv4Config": {
+            "serverIP": server_ip, "cidr": "10.77.0.0/24",
+            "pool": {"start": "10.77.0.50", "end": "10.77.0.99"},
+            "router": "10.77.0.1", "dns": ["10.77.0.53"], "leaseTime": LEASE_SECONDS
+        }}
+    })
+}
+
+/// A VM: a namespace whose `eth0` (MAC `mac`) is plugged into the NAD's bridge on the node.
+fn plug_vm(lab: &mut Lab, node_ns: &Netns, name: &str, mac: &str) -> Netns {
+    let ns = lab.netns(name).unwrap();
+    lab.plug(node_ns, BRIDGE, &format!("p{name}"), &ns, "eth0")
+        .unwrap();
+    lab.exec(&ns, "ip", &["link", "set", "eth0", "address", mac])
+        .unwrap();
+    ns
+}
+
+/// Each pod's working-set memory and restarts, from the kubelet's summary API.
+fn pod_figures(c: &Cluster) -> Vec<(String, u64, u64)> {
+    let summary: Value = serde_json::from_str(&c.kubectl(&[
+        "get",
+        "--raw",
+        "/api/v1/nodes/node1/proxy/stats/summary",
+    ]))
+    .unwrap();
+    let mut out = Vec::new();
+    for component in ["controller", "agent"] {
+        for pod in c.pods(component) {
+            let name = pod["metadata"]["name"]
+                .as_str()
+                .unwrap_or_default()
+                .to_owned();
+            let restarts = pod["status"]["containerStatuses"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .filter_map(|s| s["restartCount"].as_u64())
+                .sum();
+            // The container's own figure (the pod's adds the pause container).
+            let working_set = summary["pods"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .find(|p| p["podRef"]["name"] == name.as_str())
+                .and_then(|p| p["containers"].as_array().cloned())
+                .into_iter()
+                .flatten()
+                .filter_map(|c| c["memory"]["workingSetBytes"].as_u64())
+                .sum();
+            out.push((name, working_set, restarts));
+        }
+    }
+    out
+}
+
+#[test]
+fn helm_install_on_a_real_node_serves_vms_fails_over_upgrades_and_uninstalls_cleanly() {
+    let t0 = Instant::now();
+    let mut timeline: Vec<(String, Duration)> = Vec::new();
+    let mut mark = |what: &str| {
+        let at = t0.elapsed();
+        eprintln!("[{:>7.1} s] {what}", at.as_secs_f64());
+        timeline.push((what.to_owned(), at));
+    };
+    let node = Node::start(
+        &images_dir(),
+        Path::new(env!("CARGO_BIN_EXE_vmdhcp-multus-standin")),
+    )
+    .unwrap_or_else(|e| panic!("{e}"));
+    let c = Cluster { node };
+    mark("node Ready, images imported");
+
+    // KubeVirt's and Multus's CRDs (minimal, ours: neither runs here), the VMs' namespace, and
+    // the NAD's bridge in the node's network namespace.
+    c.kubectl(&[
+        "apply",
+        "-f",
+        repo_root().join("integration/manifests").to_str().unwrap(),
+    ]);
+    c.kubectl(&["create", "namespace", VMS]);
+    c.node
+        .ip(&["link", "add", BRIDGE, "type", "bridge"])
+        .unwrap();
+    c.node.ip(&["link", "set", BRIDGE, "up"]).unwrap();
+
+    // 1. helm install --wait with the default values.
+    let chart = repo_root().join("chart");
+    let install_started = Instant::now();
+    c.helm(&[
+        "install",
+        RELEASE,
+        chart.to_str().unwrap(),
+        "--namespace",
+        SYSTEM,
+        "--create-namespace",
+        "--wait",
+        "--timeout",
+        "5m",
+    ]);
+    let install_to_ready = install_started.elapsed();
+    mark("helm install --wait returned");
+    assert_eq!(c.ready_pods("controller").len(), 2, "{}", c.diagnose());
+    assert_eq!(c.ready_pods("agent").len(), 2, "{}", c.diagnose());
+    println!(
+        "helm install (default values) → every pod Ready: {:.1} s",
+        install_to_ready.as_secs_f64()
+    );
+
+    // 2. The webhook, reached through its Service, refuses a bad IPPool with upstream's words.
+    c.apply(&json!({
+        "apiVersion": "k8s.cni.cncf.io/v1", "kind": "NetworkAttachmentDefinition",
+        "metadata": {"name": "net-a", "namespace": VMS},
+        "spec": {"config": format!("{{\"cniVersion\":\"0.3.1\",\"type\":\"bridge\",\"bridge\":\"{BRIDGE}\"}}")}
+    }))
+    .unwrap();
+    let refused = c.wait("the webhook to answer", Duration::from_secs(60), || {
+        match c.apply(&pool_manifest("10.99.0.2")) {
+            Err(text) if text.contains("denied the request") => Some(text),
+            Err(_) => None, // webhook not reachable yet (failurePolicy Fail)
+            Ok(text) => panic!("a server IP outside the CIDR was accepted: {text}"),
+        }
+    });
+    assert!(
+        refused.contains("cannot create IPPool vms/net-a because"),
+        "upstream's message: {refused}"
+    );
+    mark("webhook refused a bad IPPool through its Service");
+
+    // 3. A NAD, an IPPool and two VMs: configs Allocated, the agents roll with the network, a
+    // VM's dhclient gets its reserved address from the agent pod, AgentReady=True.
+    let agents_before: Vec<String> = c.ready_pods("agent");
+    c.apply(&pool_manifest(SERVER_IP)).unwrap();
+    c.apply(&vm_manifest("vm1", VM1_MAC)).unwrap();
+    c.apply(&vm_manifest("vm2", VM2_MAC)).unwrap();
+    let allocated = c.wait("both VMs allocated", Duration::from_secs(60), || {
+        let a = c.allocations();
+        (a.contains_key(VM1_MAC) && a.contains_key(VM2_MAC)).then_some(a)
+    });
+    for vm in ["vm1", "vm2"] {
+        c.wait(
+            &format!("{vm}'s config Allocated"),
+            Duration::from_secs(60),
+            || {
+                (c.condition("virtualmachinenetworkconfig", vm, "Allocated")?
+                    .0
+                    == "True")
+                    .then_some(())
+            },
+        );
+    }
+    mark("configs Allocated");
+    c.wait(
+        "the agent Deployment to roll with the network",
+        Duration::from_secs(180),
+        || {
+            let ready = c.ready_pods("agent");
+            (ready.len() == 2 && ready.iter().all(|p| !agents_before.contains(p))).then_some(())
+        },
+    );
+    mark("agent pods rolled with the pool's network");
+    let mut lab = Lab::new().unwrap();
+    let node_ns = c.node.netns();
+    let vm1 = plug_vm(&mut lab, &node_ns, "vm1", VM1_MAC);
+    let vm3 = plug_vm(&mut lab, &node_ns, "vm3", VM3_MAC);
+    let dir = tempfile::tempdir().unwrap();
+    let vm1_dir = dir.path().join("vm1");
+    std::fs::create_dir_all(&vm1_dir).unwrap();
+    let dhcp_started = Instant::now();
+    start_dhclient(&mut lab, &vm1, &vm1_dir);
+    let bound = wait_event(&vm1_dir, "BOUND", 0, Duration::from_secs(60));
+    println!(
+        "first lease from the agent pod: {:.1} s after dhclient started",
+        dhcp_started.elapsed().as_secs_f64()
+    );
+    assert_eq!(bound["new_ip_address"], allocated[VM1_MAC], "{bound:?}");
+    assert_eq!(bound["new_routers"], "10.77.0.1", "{bound:?}");
+    assert_eq!(bound["new_domain_name_servers"], "10.77.0.53", "{bound:?}");
+    mark("vm1's dhclient bound its reserved address");
+    c.wait("AgentReady=True", Duration::from_secs(60), || {
+        (c.condition("ippool", "net-a", "AgentReady")?.0 == "True").then_some(())
+    });
+    // Which controller replica each agent streams from: AgentReady must hold whichever it is.
+    let streams: Vec<(String, f64)> = c
+        .ready_pods("controller")
+        .into_iter()
+        .map(|p| {
+            let m = c.pod_metrics(&p);
+            let n = vmdhcp_integration::fleet::metric(&m, "vmdhcpcontroller_stream_clients")
+                .unwrap_or(0.0);
+            (p, n)
+        })
+        .collect();
+    let leader = c.lease_holder("vm-dhcp-controllers").unwrap_or_default();
+    println!("config streams per controller replica (leader {leader}): {streams:?}");
+    mark("AgentReady=True");
+
+    // 4. Deleting the leading agent pod: the standby serves within 3 s, vm1 renews on its address.
+    // First make sure the standby streams from the controller replica that does not lead (the
+    // Service balances at random: replace the standby until it lands there), so that after the
+    // failover the serving agent reports to the follower, and AgentReady must still hold.
+    let agent_leader = c.wait("an agent leader", Duration::from_secs(30), || {
+        c.lease_holder("vm-dhcp-agents")
+    });
+    let mut attempts = 0;
+    let standby = loop {
+        let standby = c.wait("a Ready standby agent", Duration::from_secs(120), || {
+            c.ready_pods("agent")
+                .into_iter()
+                .find(|p| *p != agent_leader)
+        });
+        let controller_leader = c.lease_holder("vm-dhcp-controllers").unwrap_or_default();
+        let replica = c.wait("the standby's stream", Duration::from_secs(60), || {
+            c.stream_replica(&standby)
+        });
+        println!(
+            "standby {standby} streams from {replica} (controller leader {controller_leader})"
+        );
+        if replica != controller_leader {
+            break standby;
+        }
+        attempts += 1;
+        assert!(
+            attempts < 8,
+            "the standby never landed on the follower replica"
+        );
+        c.kubectl(&["delete", "pod", "-n", SYSTEM, &standby, "--wait=false"]);
+        c.wait("the standby's pod to go", Duration::from_secs(60), || {
+            (!c.ready_pods("agent").contains(&standby)).then_some(())
+        });
+    };
+    c.kubectl(&["delete", "pod", "-n", SYSTEM, &agent_leader, "--wait=false"]);
+    // vm2 asks for its reserved address (one udhcpc try per second) until a leader answers.
+    let vm2 = plug_vm(&mut lab, &node_ns, "vm2", VM2_MAC);
+    let vm2_dir = dir.path().join("vm2");
+    std::fs::create_dir_all(&vm2_dir).unwrap();
+    let outage = probe_until_leased(&vm2, &vm2_dir, &allocated[VM2_MAC], Duration::from_secs(30));
+    let new_leader = c.lease_holder("vm-dhcp-agents").unwrap_or_default();
+    println!(
+        "agent leader {agent_leader} deleted → {new_leader} answered vm2 after {:.2} s (probe: one udhcpc try per second)",
+        outage.as_secs_f64()
+    );
+    assert_ne!(new_leader, agent_leader);
+    assert_eq!(new_leader, standby);
+    c.wait(
+        "AgentReady=True served by the agent on the follower replica",
+        Duration::from_secs(60),
+        || {
+            let obj = c.try_json(&["get", "ippool", "-n", VMS, "net-a"])?;
+            obj["status"]["conditions"]
+                .as_array()?
+                .iter()
+                .find(|c| {
+                    c["type"] == "AgentReady"
+                        && c["status"] == "True"
+                        && c["message"].as_str().is_some_and(|m| m.contains(&standby))
+                })
+                .map(|_| ())
+        },
+    );
+    assert!(
+        outage < Duration::from_secs(3),
+        "the standby did not serve within 3 s of the leader's deletion: {outage:?}"
+    );
+    let renewals_before = vmdhcp_integration::dhcp_client::events(&vm1_dir).len();
+    let renewed = c.wait(
+        "vm1 to renew with the new leader",
+        Duration::from_secs(LEASE_SECONDS * 2),
+        || {
+            let events = vmdhcp_integration::dhcp_client::events(&vm1_dir);
+            events[renewals_before..]
+                .iter()
+                .find(|(name, _)| name == "RENEW" || name == "REBIND")
+                .map(|(_, env)| env.clone())
+        },
+    );
+    assert_eq!(renewed["new_ip_address"], allocated[VM1_MAC], "{renewed:?}");
+    mark("agent leader deleted: standby served, vm1 renewed on the same address");
+
+    // Deleting the leading controller pod: a new VM still gets its address.
+    let controller_leader = c.lease_holder("vm-dhcp-controllers").unwrap();
+    c.kubectl(&[
+        "delete",
+        "pod",
+        "-n",
+        SYSTEM,
+        &controller_leader,
+        "--wait=false",
+    ]);
+    let vm3_dir = dir.path().join("vm3");
+    std::fs::create_dir_all(&vm3_dir).unwrap();
+    c.apply(&vm_manifest("vm3", VM3_MAC)).unwrap();
+    let vm3_ip = c.wait("vm3 allocated", Duration::from_secs(90), || {
+        c.allocations().get(VM3_MAC).cloned()
+    });
+    probe_until_leased(&vm3, &vm3_dir, &vm3_ip, Duration::from_secs(60));
+    assert_ne!(
+        c.lease_holder("vm-dhcp-controllers").as_deref(),
+        Some(controller_leader.as_str())
+    );
+    mark("controller leader deleted: vm3 allocated and leased");
+
+    // 5. helm upgrade with a changed value keeps every lease.
+    let before = c.allocations();
+    c.helm(&[
+        "upgrade",
+        RELEASE,
+        chart.to_str().unwrap(),
+        "--namespace",
+        SYSTEM,
+        "--set",
+        "agent.reportIntervalSeconds=10",
+        "--set",
+        "controller.logLevel=debug",
+        "--wait",
+        "--timeout",
+        "5m",
+    ]);
+    c.wait(
+        "every pod Ready after the upgrade",
+        Duration::from_secs(180),
+        || {
+            (c.ready_pods("controller").len() == 2 && c.ready_pods("agent").len() == 2)
+                .then_some(())
+        },
+    );
+    assert_eq!(c.allocations(), before, "the upgrade moved an allocation");
+    let renewals_before = vmdhcp_integration::dhcp_client::events(&vm1_dir).len();
+    let renewed = c.wait(
+        "vm1 to renew after the upgrade",
+        Duration::from_secs(LEASE_SECONDS * 2),
+        || {
+            let events = vmdhcp_integration::dhcp_client::events(&vm1_dir);
+            events[renewals_before..]
+                .iter()
+                .find(|(name, _)| name == "RENEW" || name == "REBIND")
+                .map(|(_, env)| env.clone())
+        },
+    );
+    assert_eq!(renewed["new_ip_address"], allocated[VM1_MAC], "{renewed:?}");
+    assert_eq!(
+        dhclient_lease(&vm1_dir.join("dhclient.leases"))["fixed-address"],
+        allocated[VM1_MAC]
+    );
+    mark("helm upgrade: every allocation kept, vm1 renewed on the same address");
+
+    // 6. Figures.
+    println!("pod                                    working set   restarts");
+    for (pod, bytes, restarts) in pod_figures(&c) {
+        println!(
+            "{pod:<38} {:>8.1} MiB {restarts:>10}",
+            bytes as f64 / 1048576.0
+        );
+    }
+
+    // 5b. helm uninstall leaves nothing of ours behind.
+    c.helm(&[
+        "uninstall",
+        RELEASE,
+        "--namespace",
+        SYSTEM,
+        "--wait",
+        "--timeout",
+        "3m",
+    ]);
+    let ours = |text: &str| -> Vec<String> {
+        text.lines()
+            .filter(|l| l.contains("vmdhcp") || l.contains("vm-dhcp"))
+            .map(str::to_owned)
+            .collect()
+    };
+    let left = c.wait("nothing of ours left", Duration::from_secs(120), || {
+        let (_, ns_objects) = output(c.node.kubectl().args([
+            "get",
+            "pods,deployments,services,secrets,configmaps,leases,serviceaccounts,roles,rolebindings",
+            "-n",
+            SYSTEM,
+            "-o",
+            "name",
+        ]));
+        let (_, cluster_objects) = output(c.node.kubectl().args([
+            "get",
+            "mutatingwebhookconfigurations,validatingwebhookconfigurations,clusterroles,clusterrolebindings",
+            "-o",
+            "name",
+        ]));
+        let left = [ours(&ns_objects), ours(&cluster_objects)].concat();
+        left.is_empty().then_some(left)
+    });
+    assert!(left.is_empty());
+    mark("helm uninstall: nothing of ours left");
+    println!("timeline:");
+    for (what, at) in &timeline {
+        println!("  {:>7.1} s  {what}", at.as_secs_f64());
+    }
+}
