@@ -153,12 +153,18 @@ pub fn agent_ready(
     now: SystemTime,
 ) -> (bool, &'static str, String) {
     let pool_ref = pool.to_string();
-    let leaders = reports.iter().filter(|(_, r)| {
-        r.leader
-            && now
-                .duration_since(r.received_at)
-                .is_ok_and(|age| age < REPORT_FRESHNESS)
-    });
+    // Right after a failover two agents have a fresh report saying they lead (the old leader's
+    // last one and the new leader's first): the latest is the one that holds the Lease now.
+    let mut leaders: Vec<_> = reports
+        .iter()
+        .filter(|(_, r)| {
+            r.leader
+                && now
+                    .duration_since(r.received_at)
+                    .is_ok_and(|age| age < REPORT_FRESHNESS)
+        })
+        .collect();
+    leaders.sort_by_key(|(_, r)| std::cmp::Reverse(r.received_at));
     let mut seen_leader = None;
     for (agent, report) in leaders {
         seen_leader = Some(agent.clone());
@@ -497,5 +503,26 @@ mod tests {
             "NotServed"
         );
         assert_eq!(agent_ready(&BTreeMap::new(), &pool, now).1, "NoAgentReport");
+    }
+
+    #[test]
+    fn after_a_failover_the_latest_leader_report_counts() {
+        let pool: NamespacedName = "ns/pool".parse().unwrap();
+        let now = SystemTime::now();
+        // The old leader ("agent-a", first in key order) reported 20 s ago, still fresh; the new
+        // one 1 s ago.
+        let reports = BTreeMap::from([
+            (
+                "vmdhcp/agent-a".to_owned(),
+                report(true, 20, InterfaceState::Serving, ""),
+            ),
+            (
+                "vmdhcp/agent-b".to_owned(),
+                report(true, 1, InterfaceState::Error, "no such device"),
+            ),
+        ]);
+        let (ok, reason, msg) = agent_ready(&reports, &pool, now);
+        assert_eq!((ok, reason), (false, "InterfaceError"), "{msg}");
+        assert!(msg.contains("agent-b"), "{msg}");
     }
 }
