@@ -19,6 +19,7 @@ use vmdhcp_telemetry::trace;
 
 use crate::context::TraceCauses;
 use crate::index::{Index, Op};
+use crate::kinds::object_ref;
 
 /// Applies IPPool state to the index.
 pub struct IndexSync {
@@ -50,7 +51,7 @@ impl IndexSync {
         let live: BTreeMap<NamespacedName, &Arc<IPPool>> = pools
             .iter()
             .filter(|p| is_served(p))
-            .filter_map(|p| Some((NamespacedName::new(&p.namespace()?, &p.name_any()).ok()?, p)))
+            .filter_map(|p| Some((object_ref(p.as_ref())?, p)))
             .collect();
         let names = ifname::assign(live.keys());
         let mut ops = Vec::new();

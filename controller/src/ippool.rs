@@ -12,7 +12,7 @@ use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
 use kube::ResourceExt;
-use kube::api::{Api, ApiResource, DynamicObject, GroupVersionKind, Patch, PatchParams};
+use kube::api::{Api, DynamicObject, Patch, PatchParams};
 use kube::runtime::controller::Action;
 use kube::runtime::events::EventType;
 use kube::runtime::finalizer::{Event as Finalizer, finalizer};
@@ -27,6 +27,7 @@ use vmdhcp_core::pool::PoolConfig;
 
 use crate::context::{Context, IPPOOL_FINALIZER, NotLeader};
 use crate::ipam::{IpamError, PoolAllocator, PoolRange};
+use crate::kinds::{nad_resource, object_ref};
 use crate::metrics::PoolLabels;
 use crate::reports::AgentReport;
 use crate::status::{StatusError, fill_ipv4, set_condition, update_pool_status};
@@ -61,14 +62,6 @@ pub enum Error {
     /// Retiring upstream's agent pod failed.
     #[error(transparent)]
     UpstreamAgent(crate::upstream_agent::UpstreamAgentError),
-}
-
-/// The NetworkAttachmentDefinition resource (Multus).
-pub fn nad_resource() -> ApiResource {
-    ApiResource::from_gvk_with_plural(
-        &GroupVersionKind::gvk("k8s.cni.cncf.io", "v1", "NetworkAttachmentDefinition"),
-        "network-attachment-definitions",
-    )
 }
 
 /// The pool's allocation range, parsed and checked; errors name the field.
@@ -229,7 +222,7 @@ async fn refuse(
 }
 
 async fn apply(pool: Arc<IPPool>, ctx: Arc<Context>) -> Result<Action, Error> {
-    let Some(pool_ref) = crate::status::object_ref(pool.as_ref()) else {
+    let Some(pool_ref) = object_ref(pool.as_ref()) else {
         return Err(Error::Unnamespaced);
     };
     let range = match pool_range(&pool) {
@@ -246,7 +239,7 @@ async fn apply(pool: Arc<IPPool>, ctx: Arc<Context>) -> Result<Action, Error> {
 
     // One pool per network.
     if let Some(owner) = ctx.pool_for_network(&network)
-        && crate::status::object_ref(owner.as_ref()).as_ref() != Some(&pool_ref)
+        && object_ref(owner.as_ref()).as_ref() != Some(&pool_ref)
     {
         let owner = format!(
             "{}/{}",
@@ -378,7 +371,7 @@ async fn apply(pool: Arc<IPPool>, ctx: Arc<Context>) -> Result<Action, Error> {
 }
 
 async fn cleanup(pool: Arc<IPPool>, ctx: Arc<Context>) -> Result<Action, Error> {
-    let Some(pool_ref) = crate::status::object_ref(pool.as_ref()) else {
+    let Some(pool_ref) = object_ref(pool.as_ref()) else {
         return Err(Error::Unnamespaced);
     };
     ctx.ensure_leader()?;

@@ -31,6 +31,7 @@ pub mod index;
 pub mod index_sync;
 pub mod ipam;
 pub mod ippool;
+pub mod kinds;
 pub mod listener;
 pub mod metrics;
 pub mod reports;

@@ -28,6 +28,7 @@ use crate::http::HttpState;
 use crate::index::Index;
 use crate::index_sync::IndexSync;
 use crate::ipam::Ipam;
+use crate::kinds::{nad_resource, object_ref, store_key, vm_resource};
 use crate::metrics::Metrics;
 use crate::reports::{Reports, ReportsObject};
 use crate::shared_watch;
@@ -157,7 +158,7 @@ async fn timed<T: ResourceExt, E: Into<ReconcileError>>(
     // waiter (the controller's own runner), so a reconcile waiting on it could sleep forever.
     // Each controller's own cache is complete before its first reconcile; reads of the others
     // are either self-healing (requeue) or confirmed with a GET.
-    let name = crate::status::object_ref(obj);
+    let name = object_ref(obj);
     let span = info_span!(
         "reconcile",
         kind,
@@ -259,14 +260,14 @@ async fn lead(
     let wc = watcher::Config::default();
     let pool_api: Api<IPPool> = Api::all(client.clone());
     let cfg_api: Api<VirtualMachineNetworkConfig> = Api::all(client.clone());
-    let vm_api: Api<DynamicObject> = Api::all_with(client.clone(), &crate::vm::vm_resource());
+    let vm_api: Api<DynamicObject> = Api::all_with(client.clone(), &vm_resource());
 
     // One watch per kind the reconcilers share, so a reconcile woken by an event always reads a
     // cache that has applied it (see `shared_watch`), and the API server sends each event once.
     let (pools, pool_watch, [pool_self, pool_siblings, pool_for_cfgs]) =
         shared_watch::watch(pool_api, (), wc.clone());
     let (vms, vm_watch, [vm_self, vm_for_cfgs]) =
-        shared_watch::watch(vm_api, crate::vm::vm_resource(), wc.clone());
+        shared_watch::watch(vm_api, vm_resource(), wc.clone());
     let pool_ctrl = Controller::for_stream(pool_self, pools.clone());
     // A pool waits on its network (NAD) and on the other pools claiming the same network.
     let pools_on = |store: reflector::Store<IPPool>| {
@@ -294,7 +295,7 @@ async fn lead(
                 touched_by
                     .take_touched()
                     .into_iter()
-                    .map(|p| ObjectRef::<IPPool>::new(&p.name).within(&p.namespace)),
+                    .map(|p| store_key::<IPPool>(&p)),
             )
         });
     let by_nad = pools_on(pools.clone());
@@ -303,14 +304,10 @@ async fn lead(
         .graceful_shutdown_on(stopped(stop.clone()))
         .reconcile_on(report_changes)
         .watches_with(
-            Api::<DynamicObject>::all_with(client.clone(), &crate::ippool::nad_resource()),
-            crate::ippool::nad_resource(),
+            Api::<DynamicObject>::all_with(client.clone(), &nad_resource()),
+            nad_resource(),
             wc.clone(),
-            move |nad: DynamicObject| {
-                by_nad(
-                    NamespacedName::new(&nad.namespace().unwrap_or_default(), &nad.name_any()).ok(),
-                )
-            },
+            move |nad: DynamicObject| by_nad(object_ref(&nad)),
         )
         .watches_stream(pool_siblings, move |pool: IPPool| {
             by_sibling(
@@ -323,7 +320,7 @@ async fn lead(
         });
     let cfg_ctrl = Controller::new(cfg_api, wc);
     let cfgs = cfg_ctrl.store();
-    let vm_ctrl = Controller::for_stream_with(vm_self, vms.clone(), crate::vm::vm_resource())
+    let vm_ctrl = Controller::for_stream_with(vm_self, vms.clone(), vm_resource())
         .graceful_shutdown_on(stopped(stop.clone()));
     let cfgs_for_pools = cfgs.clone();
     let cfg_ctrl = cfg_ctrl
@@ -333,7 +330,7 @@ async fn lead(
             |vm: DynamicObject| {
                 Some(ObjectRef::new(&vm.name_any()).within(&vm.namespace().unwrap_or_default()))
             },
-            crate::vm::vm_resource(),
+            vm_resource(),
         )
         .watches_stream(pool_for_cfgs, move |pool: IPPool| {
             let ns = pool.namespace().unwrap_or_default();

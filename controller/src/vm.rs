@@ -10,9 +10,7 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
-use kube::api::{
-    Api, ApiResource, DynamicObject, GroupVersionKind, ObjectMeta, Patch, PatchParams,
-};
+use kube::api::{Api, DynamicObject, ObjectMeta, Patch, PatchParams};
 use kube::runtime::controller::Action;
 use kube::{Resource, ResourceExt};
 use tracing::{debug, warn};
@@ -45,14 +43,6 @@ pub enum Error {
     /// The object has no namespace.
     #[error("VirtualMachine without namespace")]
     Unnamespaced,
-}
-
-/// KubeVirt's `VirtualMachine` (read as JSON: we need a few fields, not KubeVirt's types).
-pub fn vm_resource() -> ApiResource {
-    ApiResource::from_gvk_with_plural(
-        &GroupVersionKind::gvk("kubevirt.io", "v1", "VirtualMachine"),
-        "virtualmachines",
-    )
 }
 
 /// The network configs a VM's spec asks for, in its network order (at most 4, as the CRD allows).

@@ -29,6 +29,7 @@ use vmdhcp_core::{MacAddr, NamespacedName};
 
 use crate::context::{Context, NotLeader, VMNETCFG_FINALIZER};
 use crate::ipam::{IpamError, PoolAllocator};
+use crate::kinds::{object_ref, vm_resource};
 use crate::metrics::VmnetcfgLabels;
 use crate::status::{StatusError, set_condition};
 
@@ -176,7 +177,7 @@ fn release(
     mac: MacAddr,
     owner: &NamespacedName,
 ) -> Option<NamespacedName> {
-    let pool = crate::status::object_ref(ctx.pool_for_network(network)?.as_ref())?;
+    let pool = object_ref(ctx.pool_for_network(network)?.as_ref())?;
     ctx.mac_owners.release(&pool, mac, owner);
     let released = ctx
         .ipam
@@ -297,16 +298,13 @@ async fn vm_gone(ctx: &Context, cfg: &VirtualMachineNetworkConfig) -> Result<boo
     let ns = cfg.namespace().unwrap_or_default();
     if ctx
         .vms
-        .get(
-            &kube::runtime::reflector::ObjectRef::new_with(&owner.name, crate::vm::vm_resource())
-                .within(&ns),
-        )
+        .get(&kube::runtime::reflector::ObjectRef::new_with(&owner.name, vm_resource()).within(&ns))
         .is_some()
     {
         return Ok(false);
     }
     let vms: Api<kube::api::DynamicObject> =
-        Api::namespaced_with(ctx.client.clone(), &ns, &crate::vm::vm_resource());
+        Api::namespaced_with(ctx.client.clone(), &ns, &vm_resource());
     let found = vms
         .get_opt(&owner.name)
         .await
@@ -333,7 +331,7 @@ async fn delete_orphan(ctx: &Context, me: &NamespacedName) -> Result<(), Error> 
 }
 
 async fn apply(cfg: Arc<VirtualMachineNetworkConfig>, ctx: Arc<Context>) -> Result<Action, Error> {
-    let Some(me) = crate::status::object_ref(cfg.as_ref()) else {
+    let Some(me) = object_ref(cfg.as_ref()) else {
         return Err(Error::Unnamespaced);
     };
     if vm_gone(&ctx, &cfg).await? {
@@ -404,7 +402,7 @@ async fn apply(cfg: Arc<VirtualMachineNetworkConfig>, ctx: Arc<Context>) -> Resu
             .and_then(|(_, _, ip, _)| *ip);
         let Some(pool) = ctx
             .pool_for_network(&network)
-            .and_then(|p| crate::status::object_ref(p.as_ref()))
+            .and_then(|p| object_ref(p.as_ref()))
         else {
             problems.push(format!("no IPPool serves network {network}"));
             entries.push(entry(&network, mac, prev_ip, NetworkConfigState::Pending));
@@ -600,7 +598,7 @@ fn claimed_elsewhere(
         if !holds {
             return None;
         }
-        let key = crate::status::object_ref(other.as_ref())?;
+        let key = object_ref(other.as_ref())?;
         (&key != me).then_some(key)
     })
 }
@@ -609,7 +607,7 @@ async fn cleanup(
     cfg: Arc<VirtualMachineNetworkConfig>,
     ctx: Arc<Context>,
 ) -> Result<Action, Error> {
-    let Some(me) = crate::status::object_ref(cfg.as_ref()) else {
+    let Some(me) = object_ref(cfg.as_ref()) else {
         return Err(Error::Unnamespaced);
     };
     let mut touched = BTreeSet::new();

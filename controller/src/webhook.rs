@@ -20,7 +20,7 @@ use hyper_util::server::conn::auto;
 use hyper_util::server::graceful::GracefulShutdown;
 use hyper_util::service::TowerToHyperService;
 use ipnet::Ipv4Net;
-use kube::api::{ApiResource, DynamicObject, GroupVersionKind};
+use kube::api::DynamicObject;
 use kube::core::admission::{AdmissionRequest, AdmissionResponse, AdmissionReview, Operation};
 use kube::runtime::WatchStreamExt;
 use kube::runtime::reflector::{self, Store};
@@ -35,6 +35,7 @@ use vmdhcp_core::NamespacedName;
 use vmdhcp_core::admission::{self, Nad, PoolFacts, VmNetCfgFacts};
 use vmdhcp_core::crd::{IPPool, VirtualMachineNetworkConfig};
 
+use crate::kinds::nad_resource;
 use crate::listener::Limits;
 
 /// How long a client may take to send a request's headers.
@@ -57,14 +58,6 @@ pub struct WebhookState {
     service_cidr: Option<Ipv4Net>,
     pools: Store<IPPool>,
     configs: Store<VirtualMachineNetworkConfig>,
-}
-
-/// The NetworkAttachmentDefinition resource (Multus), read as a dynamic object.
-fn nad_resource() -> ApiResource {
-    ApiResource::from_gvk_with_plural(
-        &GroupVersionKind::gvk("k8s.cni.cncf.io", "v1", "NetworkAttachmentDefinition"),
-        "network-attachment-definitions",
-    )
 }
 
 /// Keeps a reflector store of `api` filled until aborted.
