@@ -17,7 +17,7 @@ use vmdhcp_core::pool::{PoolConfig, is_served, leases_from_status};
 use vmdhcp_core::{NamespacedName, ifname};
 use vmdhcp_telemetry::trace;
 
-use crate::context::TraceCauses;
+use crate::causes::TraceCauses;
 use crate::index::{Index, Op};
 use crate::kinds::object_ref;
 

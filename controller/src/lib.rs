@@ -23,6 +23,7 @@
 
 pub mod agent_bootstrap;
 pub mod auth;
+pub mod causes;
 pub mod certs;
 pub mod config_service;
 pub mod context;

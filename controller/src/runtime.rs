@@ -22,18 +22,18 @@ use tracing::{Instrument, error, field, info, info_span, warn};
 use vmdhcp_core::NamespacedName;
 use vmdhcp_core::crd::{IPPool, VirtualMachineNetworkConfig};
 
+use crate::causes::TraceCauses;
 use crate::config_service::StreamSettings;
-use crate::context::{AgentDeployment, Context, TraceCauses};
+use crate::context::{AgentDeployment, Context};
 use crate::http::HttpState;
 use crate::index::Index;
 use crate::index_sync::IndexSync;
-use crate::ipam::Ipam;
+use crate::ipam::{Ipam, MacOwners};
 use crate::kinds::{nad_resource, object_ref, store_key, vm_resource};
 use crate::metrics::Metrics;
 use crate::reports::{Reports, ReportsObject};
 use crate::shared_watch;
 use crate::status::PoolStatusWriter;
-use crate::vmnetcfg::MacOwners;
 
 /// Why the controller stopped.
 #[derive(Debug, thiserror::Error)]

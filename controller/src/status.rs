@@ -13,9 +13,9 @@ use std::sync::{Arc, Mutex, PoisonError};
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use k8s_openapi::jiff::Timestamp;
+use kube::Client;
 use kube::api::{Api, PostParams};
 use kube::runtime::reflector::Store;
-use kube::Client;
 use tracing::debug;
 use vmdhcp_core::NamespacedName;
 use vmdhcp_core::crd::{Condition, IPPool, IPPoolStatus, IPv4Status};

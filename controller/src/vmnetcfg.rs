@@ -9,9 +9,9 @@
 //! again in the pool's status when it rebuilds. A MAC claimed by one config on a network is
 //! refused to any other (upstream shared the address).
 
-use std::collections::{BTreeSet, HashMap};
+use std::collections::BTreeSet;
 use std::net::Ipv4Addr;
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::{Arc, PoisonError};
 use std::time::Duration;
 
 use kube::ResourceExt;
@@ -56,44 +56,6 @@ pub enum Error {
     /// The object has no namespace.
     #[error("VirtualMachineNetworkConfig without namespace")]
     Unnamespaced,
-}
-
-/// Which config owns each MAC on each pool, so a MAC is never shared between two configs.
-#[derive(Default)]
-pub struct MacOwners(Mutex<HashMap<(NamespacedName, MacAddr), NamespacedName>>);
-
-impl MacOwners {
-    /// Claims `mac` on `pool` for `owner`; returns the other owner if someone else has it.
-    fn claim(
-        &self,
-        pool: &NamespacedName,
-        mac: MacAddr,
-        owner: &NamespacedName,
-    ) -> Result<(), NamespacedName> {
-        let mut map = self.0.lock().unwrap_or_else(PoisonError::into_inner);
-        match map.get(&(pool.clone(), mac)) {
-            Some(other) if other != owner => Err(other.clone()),
-            _ => {
-                map.insert((pool.clone(), mac), owner.clone());
-                Ok(())
-            }
-        }
-    }
-
-    fn release(&self, pool: &NamespacedName, mac: MacAddr, owner: &NamespacedName) {
-        let mut map = self.0.lock().unwrap_or_else(PoisonError::into_inner);
-        if map.get(&(pool.clone(), mac)) == Some(owner) {
-            map.remove(&(pool.clone(), mac));
-        }
-    }
-
-    /// Forgets every claim on a pool (its IPAM was dropped or rebuilt).
-    pub fn forget_pool(&self, pool: &NamespacedName) {
-        self.0
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .retain(|(p, _), _| p != pool);
-    }
 }
 
 /// The address a NIC gets, as a pure decision on the pool's allocator:
@@ -708,26 +670,5 @@ mod tests {
         let err = allocate_nic(&mut a, A, Some(ip("192.0.2.99")), None).unwrap_err();
         assert!(matches!(err, IpamError::OutsideRange { .. }), "{err}");
         assert_eq!(a.lookup(&A), Some(ip("192.0.2.13")));
-    }
-
-    #[test]
-    fn mac_owners_refuse_a_second_config() {
-        let owners = MacOwners::default();
-        let (pool, one, two): (NamespacedName, NamespacedName, NamespacedName) = (
-            "ns/p".parse().unwrap(),
-            "ns/vm1".parse().unwrap(),
-            "ns/vm2".parse().unwrap(),
-        );
-        owners.claim(&pool, A, &one).unwrap();
-        owners.claim(&pool, A, &one).unwrap();
-        assert_eq!(owners.claim(&pool, A, &two), Err(one.clone()));
-        owners.release(&pool, A, &two);
-        assert_eq!(
-            owners.claim(&pool, A, &two),
-            Err(one.clone()),
-            "only the owner releases"
-        );
-        owners.release(&pool, A, &one);
-        owners.claim(&pool, A, &two).unwrap();
     }
 }
