@@ -29,9 +29,8 @@ use crate::context::{Context, IPPOOL_FINALIZER, NotLeader};
 use crate::ipam::{IpamError, PoolAllocator, PoolRange};
 use crate::kinds::{nad_resource, object_ref};
 use crate::metrics::PoolLabels;
-use crate::reports::AgentReport;
+use crate::reports::{AgentReport, InterfaceState};
 use crate::status::{StatusError, fill_ipv4, set_condition, update_pool_status};
-use vmdhcp_proto::agent::v1::InterfaceState;
 
 /// Why an IPPool reconcile failed (it is retried with per-object backoff).
 #[derive(Debug, thiserror::Error)]
@@ -156,15 +155,15 @@ pub fn agent_ready(
     for (agent, report) in leaders {
         seen_leader = Some(agent.clone());
         for i in report.interfaces.iter().filter(|i| i.pool_ref == pool_ref) {
-            match InterfaceState::try_from(i.state) {
-                Ok(InterfaceState::Serving) => {
+            match i.state {
+                InterfaceState::Serving => {
                     let msg = format!(
                         "served by {agent} on {} at revision {}",
                         i.interface_name, report.applied_revision
                     );
                     return (true, "", msg);
                 }
-                Ok(InterfaceState::Error) => {
+                InterfaceState::Error => {
                     return (
                         false,
                         "InterfaceError",
@@ -411,11 +410,11 @@ async fn cleanup(pool: Arc<IPPool>, ctx: Arc<Context>) -> Result<Action, Error> 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use vmdhcp_proto::agent::v1 as pb;
+    use crate::reports::{AgentIdentity, InterfaceReport};
 
     fn report(leader: bool, age: u64, state: InterfaceState, error: &str) -> AgentReport {
         AgentReport {
-            agent: pb::AgentIdentity {
+            agent: AgentIdentity {
                 pod_name: "agent-0".into(),
                 namespace: "vmdhcp".into(),
                 node_name: "n".into(),
@@ -423,10 +422,10 @@ mod tests {
             epoch: "e".into(),
             applied_revision: 7,
             leader,
-            interfaces: vec![pb::InterfaceReport {
+            interfaces: vec![InterfaceReport {
                 pool_ref: "ns/pool".into(),
                 interface_name: "vmd1".into(),
-                state: state.into(),
+                state,
                 error: error.into(),
                 lease_count: 3,
             }],
