@@ -9,12 +9,12 @@ use std::sync::Arc;
 use tokio::sync::watch;
 use tracing::info;
 use tracing::warn;
-use vmdhcp_controller::auth::TokenAuth;
-use vmdhcp_controller::config_service::{Security, StreamSettings};
-use vmdhcp_controller::context::AgentDeployment;
+use vmdhcp_controller::reconcile::context::AgentDeployment;
 use vmdhcp_controller::reports::ReportsObject;
 use vmdhcp_controller::runtime::{Settings, run};
-use vmdhcp_controller::tls::{ServingCerts, TlsSettings};
+use vmdhcp_controller::security::tls::{ServingCerts, TlsSettings};
+use vmdhcp_controller::stream::auth::TokenAuth;
+use vmdhcp_controller::stream::config_service::{Security, StreamSettings};
 use vmdhcp_core::NamespacedName;
 use vmdhcp_leader::{ElectionArgs, LeaderElector};
 
@@ -149,7 +149,7 @@ impl SecurityArgs {
             secret: secret.clone(),
             ca_configmap: self.ca_configmap.clone(),
             webhook: self.webhook_name.clone(),
-            policy: vmdhcp_controller::certs::Policy {
+            policy: vmdhcp_controller::security::certs::Policy {
                 ca_validity: Duration::from_secs(self.ca_validity_seconds.max(3)),
                 cert_validity: Duration::from_secs(self.cert_validity_seconds.max(3)),
                 names,
@@ -251,7 +251,7 @@ async fn run_controller(args: RunArgs) -> anyhow::Result<()> {
         }
     };
     let tls_task = tls.map(|settings| {
-        tokio::spawn(vmdhcp_controller::tls::run(
+        tokio::spawn(vmdhcp_controller::security::tls::run(
             client.clone(),
             settings,
             certs.clone(),
@@ -264,7 +264,7 @@ async fn run_controller(args: RunArgs) -> anyhow::Result<()> {
             let listener = tokio::net::TcpListener::bind(addr)
                 .await
                 .with_context(|| format!("binding {addr}"))?;
-            Some(tokio::spawn(vmdhcp_controller::webhook::serve(
+            Some(tokio::spawn(vmdhcp_controller::security::webhook::serve(
                 listener,
                 certs.server_config(&[b"h2", b"http/1.1"]),
                 client.clone(),

@@ -23,24 +23,24 @@ use vmdhcp_core::NamespacedName;
 use vmdhcp_core::crd::{IPPool, VirtualMachineNetworkConfig};
 
 use crate::causes::TraceCauses;
-use crate::config_service::StreamSettings;
-use crate::context::{AgentDeployment, Context};
 use crate::http::HttpState;
 use crate::index::Index;
-use crate::index_sync::IndexSync;
+use crate::index::shared_watch;
+use crate::index::sync::IndexSync;
 use crate::ipam::{Ipam, MacOwners};
 use crate::kinds::{nad_resource, object_ref, store_key, vm_resource};
 use crate::metrics::Metrics;
+use crate::reconcile::context::{AgentDeployment, Context};
+use crate::reconcile::status::PoolStatusWriter;
 use crate::reports::{Reports, ReportsObject};
-use crate::shared_watch;
-use crate::status::PoolStatusWriter;
+use crate::stream::config_service::StreamSettings;
 
 /// Why the controller stopped.
 #[derive(Debug, thiserror::Error)]
 pub enum RuntimeError {
     /// The config stream server failed.
     #[error(transparent)]
-    ConfigService(#[from] crate::config_service::ConfigServiceError),
+    ConfigService(#[from] crate::stream::config_service::ConfigServiceError),
     /// The HTTP server failed.
     #[error("HTTP server: {0}")]
     Http(#[from] std::io::Error),
@@ -51,13 +51,13 @@ pub enum RuntimeError {
 pub enum ReconcileError {
     /// IPPool.
     #[error(transparent)]
-    IPPool(#[from] crate::ippool::Error),
+    IPPool(#[from] crate::reconcile::ippool::Error),
     /// VirtualMachineNetworkConfig.
     #[error(transparent)]
-    Vmnetcfg(#[from] crate::vmnetcfg::Error),
+    Vmnetcfg(#[from] crate::reconcile::vmnetcfg::Error),
     /// VirtualMachine.
     #[error(transparent)]
-    Vm(#[from] crate::vm::Error),
+    Vm(#[from] crate::reconcile::vm::Error),
 }
 
 impl ReconcileError {
@@ -65,9 +65,9 @@ impl ReconcileError {
     fn is_not_leader(&self) -> bool {
         matches!(
             self,
-            ReconcileError::IPPool(crate::ippool::Error::NotLeader(_))
-                | ReconcileError::Vmnetcfg(crate::vmnetcfg::Error::NotLeader(_))
-                | ReconcileError::Vm(crate::vm::Error::NotLeader(_))
+            ReconcileError::IPPool(crate::reconcile::ippool::Error::NotLeader(_))
+                | ReconcileError::Vmnetcfg(crate::reconcile::vmnetcfg::Error::NotLeader(_))
+                | ReconcileError::Vm(crate::reconcile::vm::Error::NotLeader(_))
         )
     }
 }
@@ -358,7 +358,8 @@ async fn lead(
         controller: "vm-dhcp-controller".into(),
         instance: Some(settings.identity.clone()),
     };
-    let (events, queued_events) = crate::context::Events::new(crate::context::EVENT_QUEUE);
+    let (events, queued_events) =
+        crate::reconcile::context::Events::new(crate::reconcile::context::EVENT_QUEUE);
     let ctx = Arc::new(Context {
         client: client.clone(),
         pools,
@@ -388,7 +389,7 @@ async fn lead(
                     &t,
                     "ippool",
                     o.as_ref(),
-                    crate::ippool::reconcile(o.clone(), t.ctx.clone()),
+                    crate::reconcile::ippool::reconcile(o.clone(), t.ctx.clone()),
                 )
                 .await
             },
@@ -403,7 +404,7 @@ async fn lead(
                     &t,
                     "vmnetcfg",
                     o.as_ref(),
-                    crate::vmnetcfg::reconcile(o.clone(), t.ctx.clone()),
+                    crate::reconcile::vmnetcfg::reconcile(o.clone(), t.ctx.clone()),
                 )
                 .await
             },
@@ -418,7 +419,7 @@ async fn lead(
                     &t,
                     "vm",
                     o.as_ref(),
-                    crate::vm::reconcile(o.clone(), t.ctx.clone()),
+                    crate::reconcile::vm::reconcile(o.clone(), t.ctx.clone()),
                 )
                 .await
             },
@@ -429,14 +430,17 @@ async fn lead(
     let bootstrap = async {
         match settings.agent.clone() {
             Some(target) => {
-                crate::agent_bootstrap::run(ctx.clone(), index, target, stop.clone()).await
+                crate::reconcile::agent_bootstrap::run(ctx.clone(), index, target, stop.clone())
+                    .await
             }
             None => stopped(stop.clone()).await,
         }
     };
     // Events are published by one task per term, from a bounded queue.
-    let events_task =
-        crate::context::Events::run(Recorder::new(client.clone(), reporter), queued_events);
+    let events_task = crate::reconcile::context::Events::run(
+        Recorder::new(client.clone(), reporter),
+        queued_events,
+    );
     // The writers end together on `stop`, each after its last write; the watches feeding them
     // never end on their own.
     let writers = async {
@@ -498,7 +502,7 @@ pub async fn run(
         http: http.local_addr()?,
     });
 
-    let grpc_task = tokio::spawn(crate::config_service::serve(
+    let grpc_task = tokio::spawn(crate::stream::config_service::serve(
         grpc,
         index.clone(),
         reports.clone(),

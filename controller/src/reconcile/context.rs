@@ -18,7 +18,7 @@ use vmdhcp_core::crd::{IPPool, VirtualMachineNetworkConfig};
 use crate::causes::TraceCauses;
 use crate::ipam::{Ipam, MacOwners};
 use crate::metrics::Metrics;
-use crate::status::PoolStatusWriter;
+use crate::reconcile::status::PoolStatusWriter;
 
 /// Finalizer on IPPools (upstream's name, so objects created by upstream carry over).
 pub const IPPOOL_FINALIZER: &str = "wrangler.cattle.io/vm-dhcp-ippool-controller";

@@ -27,12 +27,12 @@ use vmdhcp_proto::agent::v1 as pb;
 use vmdhcp_proto::agent::v1::config_service_server::{ConfigService, ConfigServiceServer};
 use vmdhcp_telemetry::trace;
 
-use crate::auth::{TokenAuth, Verified};
 use crate::index::{Index, PoolFilter, Snapshot};
-use crate::listener::Limits;
 use crate::reports::{
     AgentIdentity, AgentReport, InterfaceReport, InterfaceState, OpenStream, ReportError, Reports,
 };
+use crate::security::listener::Limits;
+use crate::stream::auth::{TokenAuth, Verified};
 use vmdhcp_core::pool::PoolDelta;
 
 /// Why the server could not run.
@@ -512,7 +512,8 @@ pub async fn serve(
         Security::Tls { config, .. } => {
             server
                 .serve_with_incoming_shutdown(
-                    crate::listener::accept(listener, config.clone(), Limits::default()).0,
+                    crate::security::listener::accept(listener, config.clone(), Limits::default())
+                        .0,
                     stop,
                 )
                 .await

@@ -36,7 +36,7 @@ use vmdhcp_core::admission::{self, Nad, PoolFacts, VmNetCfgFacts};
 use vmdhcp_core::crd::{IPPool, VirtualMachineNetworkConfig};
 
 use crate::kinds::nad_resource;
-use crate::listener::Limits;
+use crate::security::listener::Limits;
 
 /// How long a client may take to send a request's headers.
 const HEADER_READ_TIMEOUT: Duration = Duration::from_secs(10);
@@ -105,7 +105,7 @@ pub async fn serve(
         .route("/healthz", get(|| async { "ok" }))
         .with_state(state);
     info!(%addr, "admission webhook serving");
-    let (connections, _usage) = crate::listener::accept(listener, tls, Limits::default());
+    let (connections, _usage) = crate::security::listener::accept(listener, tls, Limits::default());
     let mut connections = std::pin::pin!(connections);
     let mut builder = auto::Builder::new(TokioExecutor::new());
     // A client that opens a connection and sends nothing holds it for a bounded time only.

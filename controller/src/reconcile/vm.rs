@@ -19,7 +19,7 @@ use vmdhcp_core::crd::{
 };
 use vmdhcp_core::{MacAddr, NamespacedName};
 
-use crate::context::{Context, NotLeader};
+use crate::reconcile::context::{Context, NotLeader};
 
 /// Annotation in which Harvester records the MAC of each NIC (`{"nic-1": "aa:bb:…"}`).
 pub const MAC_ANNOTATION: &str = "harvesterhci.io/mac-address";
@@ -118,7 +118,9 @@ pub fn desired_config(
             owner_references: Some(vec![owner]),
             // Created with the finalizer, so the config reconciler need not add it in a second
             // write (which races the create under a burst).
-            finalizers: Some(vec![crate::context::VMNETCFG_FINALIZER.to_owned()]),
+            finalizers: Some(vec![
+                crate::reconcile::context::VMNETCFG_FINALIZER.to_owned(),
+            ]),
             ..Default::default()
         },
         spec: VirtualMachineNetworkConfigSpec {
@@ -267,7 +269,7 @@ mod tests {
         assert_eq!(body["spec"]["vmName"], "vm1");
         assert_eq!(
             body["metadata"]["finalizers"][0],
-            crate::context::VMNETCFG_FINALIZER
+            crate::reconcile::context::VMNETCFG_FINALIZER
         );
     }
 }

@@ -26,10 +26,10 @@ use vmdhcp_core::bootstrap::{
 };
 use vmdhcp_core::crd::CONDITION_AGENT_READY;
 
-use crate::context::{AgentDeployment, Context};
 use crate::index::{Index, PoolFilter};
 use crate::kinds::store_key;
-use crate::status::{set_condition, update_pool_status};
+use crate::reconcile::context::{AgentDeployment, Context};
+use crate::reconcile::status::{set_condition, update_pool_status};
 
 /// What the Deployment carries now: (annotation, configs env, refs env).
 fn current(

@@ -25,12 +25,12 @@ use vmdhcp_core::crd::{
 };
 use vmdhcp_core::pool::PoolConfig;
 
-use crate::context::{Context, IPPOOL_FINALIZER, NotLeader};
 use crate::ipam::{IpamError, PoolAllocator, PoolRange};
 use crate::kinds::{nad_resource, object_ref};
 use crate::metrics::PoolLabels;
+use crate::reconcile::context::{Context, IPPOOL_FINALIZER, NotLeader};
+use crate::reconcile::status::{StatusError, fill_ipv4, set_condition, update_pool_status};
 use crate::reports::{AgentReport, InterfaceState};
-use crate::status::{StatusError, fill_ipv4, set_condition, update_pool_status};
 
 /// Why an IPPool reconcile failed (it is retried with per-object backoff).
 #[derive(Debug, thiserror::Error)]
@@ -60,7 +60,7 @@ pub enum Error {
     Unnamespaced,
     /// Retiring upstream's agent pod failed.
     #[error(transparent)]
-    UpstreamAgent(crate::upstream_agent::UpstreamAgentError),
+    UpstreamAgent(crate::reconcile::upstream_agent::UpstreamAgentError),
 }
 
 /// The pool's allocation range, parsed and checked; errors name the field.
@@ -354,10 +354,12 @@ async fn apply(pool: Arc<IPPool>, ctx: Arc<Context>) -> Result<Action, Error> {
     .await?;
     if agent.0 {
         // Our agent serves the pool: upstream's agent pod, if the Go controller left one, goes.
-        crate::upstream_agent::retire(&ctx, &pool, &pool_ref)
+        crate::reconcile::upstream_agent::retire(&ctx, &pool, &pool_ref)
             .await
             .map_err(|e| match e {
-                crate::upstream_agent::UpstreamAgentError::NotLeader(n) => Error::NotLeader(n),
+                crate::reconcile::upstream_agent::UpstreamAgentError::NotLeader(n) => {
+                    Error::NotLeader(n)
+                }
                 other => Error::UpstreamAgent(other),
             })?;
     }

@@ -27,11 +27,11 @@ use vmdhcp_core::crd::{
 };
 use vmdhcp_core::{MacAddr, NamespacedName};
 
-use crate::context::{Context, NotLeader, VMNETCFG_FINALIZER};
 use crate::ipam::{IpamError, PoolAllocator};
 use crate::kinds::{object_ref, vm_resource};
 use crate::metrics::VmnetcfgLabels;
-use crate::status::{StatusError, set_condition};
+use crate::reconcile::context::{Context, NotLeader, VMNETCFG_FINALIZER};
+use crate::reconcile::status::{StatusError, set_condition};
 
 /// Why a VirtualMachineNetworkConfig reconcile failed (retried with per-object backoff).
 #[derive(Debug, thiserror::Error)]
