@@ -251,40 +251,8 @@ async fn apply(pool: Arc<IPPool>, ctx: Arc<Context>) -> Result<Action, Error> {
         return Ok(Action::requeue(Duration::from_secs(60)));
     }
 
-    // Label the network with the pool that serves it.
-    let nads: Api<DynamicObject> =
-        Api::namespaced_with(ctx.client.clone(), &network.namespace, &nad_resource());
-    match nads.get_opt(&network.name).await {
-        Err(source) => {
-            return Err(Error::Kube {
-                action: format!("reading NetworkAttachmentDefinition {network}"),
-                source,
-            });
-        }
-        Ok(None) => {
-            let message = format!("NetworkAttachmentDefinition {network} not found");
-            refuse(&ctx, &pool, &pool_ref, "NetworkNotFound", message).await?;
-            return Ok(Action::requeue(Duration::from_secs(30)));
-        }
-        Ok(Some(nad)) => {
-            let l = nad.labels();
-            if l.get(LABEL_IPPOOL_NAMESPACE) != Some(&pool_ref.namespace)
-                || l.get(LABEL_IPPOOL_NAME) != Some(&pool_ref.name)
-            {
-                ctx.ensure_leader()?;
-                let patch = json!({"metadata": {"labels": {LABEL_IPPOOL_NAMESPACE: pool_ref.namespace, LABEL_IPPOOL_NAME: pool_ref.name}}});
-                nads.patch(
-                    &network.name,
-                    &PatchParams::default(),
-                    &Patch::Merge(&patch),
-                )
-                .await
-                .map_err(|source| Error::Kube {
-                    action: format!("labelling {network}"),
-                    source,
-                })?;
-            }
-        }
+    if let Some(retry) = label_network(&ctx, &pool, &pool_ref, &network).await? {
+        return Ok(retry);
     }
 
     if pool.spec.paused == Some(true) {
@@ -303,43 +271,8 @@ async fn apply(pool: Arc<IPPool>, ctx: Arc<Context>) -> Result<Action, Error> {
         return Ok(Action::await_change());
     }
 
-    // (Re)build the IPAM from what etcd records whenever it is missing or the range changed.
-    let current = ctx.ipam.with_pool(&pool_ref, |a| a.range().clone()).ok();
-    if current.as_ref() != Some(&range) {
-        let allocated = pool
-            .status
-            .as_ref()
-            .and_then(|s| s.ipv4.as_ref())
-            .map(|v| v.allocated.clone())
-            .unwrap_or_default();
-        let (allocator, problems) = PoolAllocator::rebuild(range.clone(), &allocated)?;
-        for problem in problems.iter().take(5) {
-            warn!(pool = %pool_ref, %problem, "status entry not replayed");
-            ctx.event(
-                pool.as_ref(),
-                EventType::Warning,
-                "StatusEntry",
-                "Rebuild",
-                problem.to_string(),
-            )
-            .await;
-        }
-        ctx.mac_owners.forget_pool(&pool_ref);
-        ctx.ipam.insert(allocator);
-        info!(pool = %pool_ref, leases = ctx.ipam.with_pool(&pool_ref, |a| a.used()).unwrap_or(0), "IPAM rebuilt from status");
-    }
-    let agent = if ctx
-        .agent_deployment_missing
-        .load(std::sync::atomic::Ordering::Relaxed)
-    {
-        (
-            false,
-            "AgentDeploymentNotFound",
-            "the agent Deployment was not found".to_owned(),
-        )
-    } else {
-        agent_ready(&ctx.reports.all(), &pool_ref, SystemTime::now())
-    };
+    rebuild_ipam(&ctx, &pool, &pool_ref, &range).await?;
+    let agent = agent_condition(&ctx, &pool_ref);
     write_status(
         &ctx,
         &pool_ref,
@@ -369,6 +302,103 @@ async fn apply(pool: Arc<IPPool>, ctx: Arc<Context>) -> Result<Action, Error> {
     ctx.metrics
         .set_pool(labels(&range, &network), used, available);
     Ok(Action::requeue(Duration::from_secs(300)))
+}
+
+/// Labels the pool's network (NAD) with the pool that serves it. Returns when to look again if
+/// the network does not exist (the pool is refused meanwhile).
+async fn label_network(
+    ctx: &Context,
+    pool: &IPPool,
+    pool_ref: &NamespacedName,
+    network: &NamespacedName,
+) -> Result<Option<Action>, Error> {
+    let nads: Api<DynamicObject> =
+        Api::namespaced_with(ctx.client.clone(), &network.namespace, &nad_resource());
+    match nads.get_opt(&network.name).await {
+        Err(source) => {
+            return Err(Error::Kube {
+                action: format!("reading NetworkAttachmentDefinition {network}"),
+                source,
+            });
+        }
+        Ok(None) => {
+            let message = format!("NetworkAttachmentDefinition {network} not found");
+            refuse(ctx, pool, pool_ref, "NetworkNotFound", message).await?;
+            return Ok(Some(Action::requeue(Duration::from_secs(30))));
+        }
+        Ok(Some(nad)) => {
+            let l = nad.labels();
+            if l.get(LABEL_IPPOOL_NAMESPACE) != Some(&pool_ref.namespace)
+                || l.get(LABEL_IPPOOL_NAME) != Some(&pool_ref.name)
+            {
+                ctx.ensure_leader()?;
+                let patch = json!({"metadata": {"labels": {LABEL_IPPOOL_NAMESPACE: pool_ref.namespace, LABEL_IPPOOL_NAME: pool_ref.name}}});
+                nads.patch(
+                    &network.name,
+                    &PatchParams::default(),
+                    &Patch::Merge(&patch),
+                )
+                .await
+                .map_err(|source| Error::Kube {
+                    action: format!("labelling {network}"),
+                    source,
+                })?;
+            }
+        }
+    }
+    Ok(None)
+}
+
+/// (Re)builds the pool's IPAM from what etcd records whenever it is missing or the range changed.
+async fn rebuild_ipam(
+    ctx: &Context,
+    pool: &IPPool,
+    pool_ref: &NamespacedName,
+    range: &PoolRange,
+) -> Result<(), Error> {
+    let current = ctx.ipam.with_pool(pool_ref, |a| a.range().clone()).ok();
+    if current.as_ref() == Some(range) {
+        return Ok(());
+    }
+    let allocated = pool
+        .status
+        .as_ref()
+        .and_then(|s| s.ipv4.as_ref())
+        .map(|v| v.allocated.clone())
+        .unwrap_or_default();
+    let (allocator, problems) = PoolAllocator::rebuild(range.clone(), &allocated)?;
+    for problem in problems.iter().take(5) {
+        warn!(pool = %pool_ref, %problem, "status entry not replayed");
+        ctx.event(
+            pool,
+            EventType::Warning,
+            "StatusEntry",
+            "Rebuild",
+            problem.to_string(),
+        )
+        .await;
+    }
+    ctx.mac_owners.forget_pool(pool_ref);
+    ctx.ipam.insert(allocator);
+    info!(pool = %pool_ref, leases = ctx.ipam.with_pool(pool_ref, |a| a.used()).unwrap_or(0), "IPAM rebuilt from status");
+    Ok(())
+}
+
+/// `AgentReady` as (status, reason, message): the agent Deployment missing overrides whatever
+/// agents report.
+fn agent_condition(ctx: &Context, pool_ref: &NamespacedName) -> (bool, &'static str, String) {
+    if ctx
+        .agent_deployment_missing
+        .load(std::sync::atomic::Ordering::Relaxed)
+    {
+        (
+            false,
+            "AgentDeploymentNotFound",
+            "the agent Deployment was not found".to_owned(),
+        )
+    } else {
+        agent_ready(&ctx.reports.all(), pool_ref, SystemTime::now())
+    }
 }
 
 async fn cleanup(pool: Arc<IPPool>, ctx: Arc<Context>) -> Result<Action, Error> {
