@@ -22,8 +22,8 @@ use kube::runtime::finalizer::{Event as Finalizer, finalizer};
 use serde_json::json;
 use tracing::{debug, field, info, info_span};
 use vmdhcp_core::crd::{
-    CONDITION_ALLOCATED, CONDITION_DISABLED, CONDITION_IN_SYNCED, NetworkConfigState,
-    NetworkConfigStatus, VirtualMachineNetworkConfig,
+    CONDITION_ALLOCATED, CONDITION_DISABLED, CONDITION_IN_SYNCED, NetworkConfig,
+    NetworkConfigState, NetworkConfigStatus, VirtualMachineNetworkConfig,
 };
 use vmdhcp_core::{MacAddr, NamespacedName};
 
@@ -107,15 +107,8 @@ pub async fn reconcile(
     .map_err(|e| Error::Finalizer(Box::new(e)))
 }
 
-/// One recorded NIC: (network, MAC, address).
-fn recorded(
-    cfg: &VirtualMachineNetworkConfig,
-) -> Vec<(
-    NamespacedName,
-    MacAddr,
-    Option<Ipv4Addr>,
-    Option<NetworkConfigState>,
-)> {
+/// The NICs this config's status records.
+fn recorded(cfg: &VirtualMachineNetworkConfig) -> Vec<Recorded> {
     let ns = cfg.namespace().unwrap_or_default();
     cfg.status
         .iter()
@@ -301,189 +294,24 @@ async fn apply(cfg: Arc<VirtualMachineNetworkConfig>, ctx: Arc<Context>) -> Resu
         return Ok(Action::await_change());
     }
     let previous = recorded(&cfg);
-
     if cfg.spec.paused == Some(true) {
-        let mut touched = BTreeSet::new();
-        let mut entries = Vec::new();
-        for (network, mac, ip, _) in &previous {
-            touched.extend(release(&ctx, network, *mac, &me));
-            entries.push(entry(network, *mac, *ip, NetworkConfigState::Pending));
-        }
-        persist(&ctx, &touched).await?;
-        write_status(
-            &ctx,
-            &cfg,
-            entries,
-            &[(CONDITION_DISABLED, true, "Paused", String::new())],
-        )
-        .await?;
-        return Ok(Action::await_change());
+        return pause(&ctx, &cfg, &me, &previous).await;
     }
 
-    let mut touched = BTreeSet::new();
-    let mut entries = Vec::new();
-    let mut problems: Vec<String> = Vec::new();
-    let mut waiting = false;
+    let mut out = Outcome::default();
     let mut wanted = BTreeSet::new();
+    let facts = CacheFacts { ctx: &ctx, me: &me };
     for nc in &cfg.spec.network_configs {
-        let network = match NamespacedName::parse_in(&nc.network_name, &me.namespace) {
-            Ok(n) => n,
-            Err(e) => {
-                problems.push(format!("networkName {:?}: {e}", nc.network_name));
-                continue;
-            }
-        };
-        let mac: MacAddr = match nc.mac_address.parse() {
-            Ok(m) => m,
-            Err(e) => {
-                problems.push(format!("{network}: {e}"));
-                continue;
-            }
-        };
-        wanted.insert((network.clone(), mac));
-        let requested = match nc
-            .ip_address
-            .as_deref()
-            .filter(|s| !s.is_empty())
-            .map(str::parse::<Ipv4Addr>)
-        {
-            None => None,
-            Some(Ok(ip)) => Some(ip),
-            Some(Err(_)) => {
-                problems.push(format!(
-                    "{network} {mac}: ipAddress {:?} is not an IPv4 address",
-                    nc.ip_address.as_deref().unwrap_or_default()
-                ));
-                entries.push(entry(&network, mac, None, NetworkConfigState::Pending));
-                continue;
-            }
-        };
-        let prev_ip = previous
-            .iter()
-            .find(|(n, m, _, _)| *n == network && *m == mac)
-            .and_then(|(_, _, ip, _)| *ip);
-        let Some(pool) = ctx
-            .pool_for_network(&network)
-            .and_then(|p| object_ref(p.as_ref()))
-        else {
-            problems.push(format!("no IPPool serves network {network}"));
-            entries.push(entry(&network, mac, prev_ip, NetworkConfigState::Pending));
-            waiting = true;
-            continue;
-        };
-        if !ctx.ipam.contains(&pool) {
-            entries.push(entry(&network, mac, prev_ip, NetworkConfigState::Pending));
-            problems.push(format!("IPPool {pool} is not ready"));
-            waiting = true;
-            continue;
+        let plan = plan_nic(nc, &me.namespace, &previous, &facts);
+        if let Some(nic) = plan.nic() {
+            wanted.insert(nic);
         }
-        if let Some(other) = claimed_elsewhere(&ctx, &me, &network, mac) {
-            let msg = format!(
-                "{mac} on {network} is already allocated to VirtualMachineNetworkConfig {other}"
-            );
-            ctx.event(
-                cfg.as_ref(),
-                EventType::Warning,
-                "MacInUse",
-                "Allocate",
-                msg.clone(),
-            )
-            .await;
-            problems.push(msg);
-            entries.push(entry(&network, mac, None, NetworkConfigState::Pending));
-            continue;
-        }
-        if let Err(other) = ctx.mac_owners.claim(&pool, mac, &me) {
-            problems.push(format!(
-                "{mac} on {network} is already allocated to VirtualMachineNetworkConfig {other}"
-            ));
-            entries.push(entry(&network, mac, None, NetworkConfigState::Pending));
-            continue;
-        }
-        let held_before = ctx.ipam.with_pool(&pool, |a| a.lookup(&mac)).ok().flatten();
-        let span = info_span!(
-            "allocate",
-            pool = %pool,
-            network = %network,
-            mac = %mac,
-            requested = field::Empty,
-            ip = field::Empty,
-            result = field::Empty,
-            otel.status_code = field::Empty,
-        );
-        if let Some(r) = requested {
-            span.record("requested", field::display(r));
-        }
-        let outcome = span.in_scope(|| {
-            ctx.ipam
-                .with_pool(&pool, |a| allocate_nic(a, mac, requested, prev_ip))
-        });
-        match outcome {
-            Ok(Ok(ip)) => {
-                span.record("ip", field::display(ip));
-                if held_before == Some(ip) {
-                    span.record("result", "kept");
-                } else {
-                    span.record("result", "allocated");
-                    ctx.metrics.allocation(&pool.to_string(), "allocated");
-                    // The index revision that publishes this lease continues this trace.
-                    if let Some(cause) = vmdhcp_telemetry::trace::span_context(&span) {
-                        ctx.causes.leases.record((pool.clone(), mac), cause);
-                    }
-                    touched.insert(pool.clone());
-                    ctx.event(
-                        cfg.as_ref(),
-                        EventType::Normal,
-                        "Allocated",
-                        "Allocate",
-                        format!("{ip} allocated to {mac} on {network}"),
-                    )
-                    .await;
-                }
-                entries.push(entry(
-                    &network,
-                    mac,
-                    Some(ip),
-                    NetworkConfigState::Allocated,
-                ));
-            }
-            Ok(Err(e)) | Err(e) => {
-                span.record("result", "refused");
-                span.record("otel.status_code", "ERROR");
-                ctx.metrics.allocation(&pool.to_string(), "refused");
-                span.in_scope(|| debug!(error = %e, "allocation refused"));
-                if held_before.is_none() {
-                    ctx.mac_owners.release(&pool, mac, &me);
-                }
-                ctx.event(
-                    cfg.as_ref(),
-                    EventType::Warning,
-                    "AllocationRefused",
-                    "Allocate",
-                    e.to_string(),
-                )
-                .await;
-                problems.push(e.to_string());
-                entries.push(entry(
-                    &network,
-                    mac,
-                    held_before,
-                    if held_before.is_some() {
-                        NetworkConfigState::Allocated
-                    } else {
-                        NetworkConfigState::Pending
-                    },
-                ));
-            }
-        }
+        perform(&ctx, &cfg, &me, plan, &mut out).await;
     }
     // NICs gone from the spec: release and mark stale.
-    for (network, mac, ip, state) in &previous {
-        if wanted.contains(&(network.clone(), *mac)) {
-            continue;
-        }
-        if let Some(pool) = release(&ctx, network, *mac, &me) {
-            touched.insert(pool);
+    for (network, mac, ip, keep_entry) in plan_stale(&previous, &wanted) {
+        if let Some(pool) = release(&ctx, &network, mac, &me) {
+            out.touched.insert(pool);
             ctx.event(
                 cfg.as_ref(),
                 EventType::Normal,
@@ -496,25 +324,74 @@ async fn apply(cfg: Arc<VirtualMachineNetworkConfig>, ctx: Arc<Context>) -> Resu
             )
             .await;
         }
-        if *state != Some(NetworkConfigState::Stale) || ip.is_some() {
-            entries.push(entry(network, *mac, *ip, NetworkConfigState::Stale));
+        if keep_entry {
+            out.entries
+                .push(entry(&network, mac, ip, NetworkConfigState::Stale));
         }
     }
     if cfg.spec.network_configs.is_empty() {
-        problems.push("no network configs found".into());
+        out.problems.push("no network configs found".into());
     }
+    finish(&ctx, &cfg, &me, out).await
+}
+
+/// A paused config: every recorded address is released (kept in status as `Pending`, so the NIC
+/// gets it back on resume if still free).
+async fn pause(
+    ctx: &Context,
+    cfg: &VirtualMachineNetworkConfig,
+    me: &NamespacedName,
+    previous: &[Recorded],
+) -> Result<Action, Error> {
+    let mut touched = BTreeSet::new();
+    let mut entries = Vec::new();
+    for (network, mac, ip, _) in previous {
+        touched.extend(release(ctx, network, *mac, me));
+        entries.push(entry(network, *mac, *ip, NetworkConfigState::Pending));
+    }
+    persist(ctx, &touched).await?;
+    write_status(
+        ctx,
+        cfg,
+        entries,
+        &[(CONDITION_DISABLED, true, "Paused", String::new())],
+    )
+    .await?;
+    Ok(Action::await_change())
+}
+
+/// What one reconcile did so far: pools whose books changed, the status entries, the problems.
+#[derive(Default)]
+struct Outcome {
+    /// Pools whose allocations changed (their status is written before this config's).
+    touched: BTreeSet<NamespacedName>,
+    /// This config's status entries, one per NIC.
+    entries: Vec<NetworkConfigStatus>,
+    /// Why some NIC is not allocated (the `Allocated` condition's message).
+    problems: Vec<String>,
+    /// Some NIC waits for a pool to appear or get ready: look again soon.
+    waiting: bool,
+}
+
+/// Records the pools' books, then this config's status; says when to look again.
+async fn finish(
+    ctx: &Context,
+    cfg: &VirtualMachineNetworkConfig,
+    me: &NamespacedName,
+    out: Outcome,
+) -> Result<Action, Error> {
     // The pool records the allocation first; only then does this object say Allocated.
-    persist(&ctx, &touched).await?;
-    let allocated = problems.is_empty();
+    persist(ctx, &out.touched).await?;
+    let allocated = out.problems.is_empty();
     if allocated {
         // Later reconciles of an allocated config are traces of their own.
-        ctx.causes.vmnetcfgs.take(&me);
+        ctx.causes.vmnetcfgs.take(me);
     }
-    let message = problems.join("; ");
+    let message = out.problems.join("; ");
     write_status(
-        &ctx,
-        &cfg,
-        entries,
+        ctx,
+        cfg,
+        out.entries,
         &[
             (
                 CONDITION_ALLOCATED,
@@ -527,11 +404,328 @@ async fn apply(cfg: Arc<VirtualMachineNetworkConfig>, ctx: Arc<Context>) -> Resu
         ],
     )
     .await?;
-    Ok(match (allocated, waiting) {
+    Ok(match (allocated, out.waiting) {
         (true, _) => Action::requeue(Duration::from_secs(600)),
         (false, true) => Action::requeue(Duration::from_secs(5)),
         (false, false) => Action::requeue(Duration::from_secs(60)),
     })
+}
+
+/// One recorded NIC: (network, MAC, address, state).
+type Recorded = (
+    NamespacedName,
+    MacAddr,
+    Option<Ipv4Addr>,
+    Option<NetworkConfigState>,
+);
+
+/// What [`plan_nic`] needs to know about the cluster, asked only when the decision gets there.
+trait NicFacts {
+    /// The pool serving `network`, if any.
+    fn pool_serving(&self, network: &NamespacedName) -> Option<NamespacedName>;
+    /// Whether this term's IPAM holds the pool (its reconcile rebuilt it from status).
+    fn pool_ready(&self, pool: &NamespacedName) -> bool;
+    /// Another config whose status holds `mac` on `network`.
+    fn claimed_elsewhere(&self, network: &NamespacedName, mac: MacAddr) -> Option<NamespacedName>;
+}
+
+/// The reconciler's caches as [`NicFacts`], for the config `me`.
+struct CacheFacts<'a> {
+    ctx: &'a Context,
+    me: &'a NamespacedName,
+}
+
+impl NicFacts for CacheFacts<'_> {
+    fn pool_serving(&self, network: &NamespacedName) -> Option<NamespacedName> {
+        self.ctx
+            .pool_for_network(network)
+            .and_then(|p| object_ref(p.as_ref()))
+    }
+
+    fn pool_ready(&self, pool: &NamespacedName) -> bool {
+        self.ctx.ipam.contains(pool)
+    }
+
+    fn claimed_elsewhere(&self, network: &NamespacedName, mac: MacAddr) -> Option<NamespacedName> {
+        claimed_elsewhere(self.ctx, self.me, network, mac)
+    }
+}
+
+/// What to do with one NIC of the spec.
+#[derive(Debug, PartialEq)]
+enum NicPlan {
+    /// Its network or MAC does not parse: a problem, no status entry.
+    Invalid(String),
+    /// No address now: a `Pending` entry (with the address recorded before, if any) and a
+    /// problem; `waiting` when a pool may come or get ready soon.
+    Pending {
+        network: NamespacedName,
+        mac: MacAddr,
+        ip: Option<Ipv4Addr>,
+        problem: String,
+        waiting: bool,
+    },
+    /// Another config's status holds the MAC on this network: refused, with an event.
+    MacInUse {
+        network: NamespacedName,
+        mac: MacAddr,
+        other: NamespacedName,
+    },
+    /// Give it an address on `pool` ([`allocate_nic`]: keep, honour the static request or
+    /// refuse it, restore the recorded one, or the lowest free).
+    Allocate {
+        network: NamespacedName,
+        mac: MacAddr,
+        pool: NamespacedName,
+        requested: Option<Ipv4Addr>,
+        previous: Option<Ipv4Addr>,
+    },
+}
+
+impl NicPlan {
+    /// The (network, MAC) the spec asks for, when it could be read.
+    fn nic(&self) -> Option<(NamespacedName, MacAddr)> {
+        match self {
+            NicPlan::Invalid(_) => None,
+            NicPlan::Pending { network, mac, .. }
+            | NicPlan::MacInUse { network, mac, .. }
+            | NicPlan::Allocate { network, mac, .. } => Some((network.clone(), *mac)),
+        }
+    }
+}
+
+/// Decides, without writing anything, what one NIC of the spec gets.
+fn plan_nic(
+    nc: &NetworkConfig,
+    namespace: &str,
+    previous: &[Recorded],
+    facts: &impl NicFacts,
+) -> NicPlan {
+    let network = match NamespacedName::parse_in(&nc.network_name, namespace) {
+        Ok(n) => n,
+        Err(e) => return NicPlan::Invalid(format!("networkName {:?}: {e}", nc.network_name)),
+    };
+    let mac: MacAddr = match nc.mac_address.parse() {
+        Ok(m) => m,
+        Err(e) => return NicPlan::Invalid(format!("{network}: {e}")),
+    };
+    let pending = |ip, problem, waiting| NicPlan::Pending {
+        network: network.clone(),
+        mac,
+        ip,
+        problem,
+        waiting,
+    };
+    let requested = match nc
+        .ip_address
+        .as_deref()
+        .filter(|s| !s.is_empty())
+        .map(str::parse::<Ipv4Addr>)
+    {
+        None => None,
+        Some(Ok(ip)) => Some(ip),
+        Some(Err(_)) => {
+            let problem = format!(
+                "{network} {mac}: ipAddress {:?} is not an IPv4 address",
+                nc.ip_address.as_deref().unwrap_or_default()
+            );
+            return pending(None, problem, false);
+        }
+    };
+    let prev_ip = previous
+        .iter()
+        .find(|(n, m, _, _)| *n == network && *m == mac)
+        .and_then(|(_, _, ip, _)| *ip);
+    let Some(pool) = facts.pool_serving(&network) else {
+        return pending(prev_ip, format!("no IPPool serves network {network}"), true);
+    };
+    if !facts.pool_ready(&pool) {
+        return pending(prev_ip, format!("IPPool {pool} is not ready"), true);
+    }
+    if let Some(other) = facts.claimed_elsewhere(&network, mac) {
+        return NicPlan::MacInUse {
+            network,
+            mac,
+            other,
+        };
+    }
+    NicPlan::Allocate {
+        network,
+        mac,
+        pool,
+        requested,
+        previous: prev_ip,
+    }
+}
+
+/// NICs recorded in status but gone from the spec: each is released; its entry is kept (as
+/// `Stale`) unless it already says `Stale` without an address. (network, MAC, address, keep).
+fn plan_stale(
+    previous: &[Recorded],
+    wanted: &BTreeSet<(NamespacedName, MacAddr)>,
+) -> Vec<(NamespacedName, MacAddr, Option<Ipv4Addr>, bool)> {
+    previous
+        .iter()
+        .filter(|(network, mac, _, _)| !wanted.contains(&(network.clone(), *mac)))
+        .map(|(network, mac, ip, state)| {
+            let keep = *state != Some(NetworkConfigState::Stale) || ip.is_some();
+            (network.clone(), *mac, *ip, keep)
+        })
+        .collect()
+}
+
+/// Carries out one NIC's plan: events, MAC claim, allocation, its status entry and problems.
+async fn perform(
+    ctx: &Context,
+    cfg: &VirtualMachineNetworkConfig,
+    me: &NamespacedName,
+    plan: NicPlan,
+    out: &mut Outcome,
+) {
+    match plan {
+        NicPlan::Invalid(problem) => out.problems.push(problem),
+        NicPlan::Pending {
+            network,
+            mac,
+            ip,
+            problem,
+            waiting,
+        } => {
+            out.problems.push(problem);
+            out.entries
+                .push(entry(&network, mac, ip, NetworkConfigState::Pending));
+            out.waiting |= waiting;
+        }
+        NicPlan::MacInUse {
+            network,
+            mac,
+            other,
+        } => {
+            let msg = format!(
+                "{mac} on {network} is already allocated to VirtualMachineNetworkConfig {other}"
+            );
+            ctx.event(cfg, EventType::Warning, "MacInUse", "Allocate", msg.clone())
+                .await;
+            out.problems.push(msg);
+            out.entries
+                .push(entry(&network, mac, None, NetworkConfigState::Pending));
+        }
+        NicPlan::Allocate {
+            network,
+            mac,
+            pool,
+            requested,
+            previous,
+        } => {
+            if let Err(other) = ctx.mac_owners.claim(&pool, mac, me) {
+                out.problems.push(format!(
+                    "{mac} on {network} is already allocated to VirtualMachineNetworkConfig {other}"
+                ));
+                out.entries
+                    .push(entry(&network, mac, None, NetworkConfigState::Pending));
+                return;
+            }
+            let nic = Nic {
+                network: &network,
+                mac,
+                pool: &pool,
+            };
+            allocate(ctx, cfg, me, nic, requested, previous, out).await;
+        }
+    }
+}
+
+/// A NIC being given an address on `pool`.
+struct Nic<'a> {
+    network: &'a NamespacedName,
+    mac: MacAddr,
+    pool: &'a NamespacedName,
+}
+
+/// Allocates one NIC its address (a traced `allocate` span): an event and a metric when the
+/// address is new, the MAC claim undone and an event when refused.
+async fn allocate(
+    ctx: &Context,
+    cfg: &VirtualMachineNetworkConfig,
+    me: &NamespacedName,
+    nic: Nic<'_>,
+    requested: Option<Ipv4Addr>,
+    prev_ip: Option<Ipv4Addr>,
+    out: &mut Outcome,
+) {
+    let Nic { network, mac, pool } = nic;
+    let held_before = ctx.ipam.with_pool(pool, |a| a.lookup(&mac)).ok().flatten();
+    let span = info_span!(
+        "allocate",
+        pool = %pool,
+        network = %network,
+        mac = %mac,
+        requested = field::Empty,
+        ip = field::Empty,
+        result = field::Empty,
+        otel.status_code = field::Empty,
+    );
+    if let Some(r) = requested {
+        span.record("requested", field::display(r));
+    }
+    let outcome = span.in_scope(|| {
+        ctx.ipam
+            .with_pool(pool, |a| allocate_nic(a, mac, requested, prev_ip))
+    });
+    match outcome {
+        Ok(Ok(ip)) => {
+            span.record("ip", field::display(ip));
+            if held_before == Some(ip) {
+                span.record("result", "kept");
+            } else {
+                span.record("result", "allocated");
+                ctx.metrics.allocation(&pool.to_string(), "allocated");
+                // The index revision that publishes this lease continues this trace.
+                if let Some(cause) = vmdhcp_telemetry::trace::span_context(&span) {
+                    ctx.causes.leases.record((pool.clone(), mac), cause);
+                }
+                out.touched.insert(pool.clone());
+                ctx.event(
+                    cfg,
+                    EventType::Normal,
+                    "Allocated",
+                    "Allocate",
+                    format!("{ip} allocated to {mac} on {network}"),
+                )
+                .await;
+            }
+            out.entries
+                .push(entry(network, mac, Some(ip), NetworkConfigState::Allocated));
+        }
+        Ok(Err(e)) | Err(e) => {
+            span.record("result", "refused");
+            span.record("otel.status_code", "ERROR");
+            ctx.metrics.allocation(&pool.to_string(), "refused");
+            span.in_scope(|| debug!(error = %e, "allocation refused"));
+            if held_before.is_none() {
+                ctx.mac_owners.release(pool, mac, me);
+            }
+            ctx.event(
+                cfg,
+                EventType::Warning,
+                "AllocationRefused",
+                "Allocate",
+                e.to_string(),
+            )
+            .await;
+            out.problems.push(e.to_string());
+            out.entries.push(entry(
+                network,
+                mac,
+                held_before,
+                if held_before.is_some() {
+                    NetworkConfigState::Allocated
+                } else {
+                    NetworkConfigState::Pending
+                },
+            ));
+        }
+    }
 }
 
 /// Another config whose status records `mac` on `network` as allocated.
@@ -670,5 +864,178 @@ mod tests {
         let err = allocate_nic(&mut a, A, Some(ip("192.0.2.99")), None).unwrap_err();
         assert!(matches!(err, IpamError::OutsideRange { .. }), "{err}");
         assert_eq!(a.lookup(&A), Some(ip("192.0.2.13")));
+    }
+
+    /// A cluster as a table: which pool serves each network, which pools are ready, which
+    /// (network, MAC) another config holds.
+    #[derive(Default)]
+    struct Table {
+        pools: Vec<(&'static str, &'static str)>,
+        ready: Vec<&'static str>,
+        claimed: Vec<(&'static str, MacAddr, &'static str)>,
+    }
+
+    impl NicFacts for Table {
+        fn pool_serving(&self, network: &NamespacedName) -> Option<NamespacedName> {
+            let (_, pool) = self.pools.iter().find(|(n, _)| *n == network.to_string())?;
+            pool.parse().ok()
+        }
+
+        fn pool_ready(&self, pool: &NamespacedName) -> bool {
+            self.ready.iter().any(|p| *p == pool.to_string())
+        }
+
+        fn claimed_elsewhere(
+            &self,
+            network: &NamespacedName,
+            mac: MacAddr,
+        ) -> Option<NamespacedName> {
+            let (_, _, other) = self
+                .claimed
+                .iter()
+                .find(|(n, m, _)| *n == network.to_string() && *m == mac)?;
+            other.parse().ok()
+        }
+    }
+
+    fn nic(network: &str, mac: &str, ip: Option<&str>) -> NetworkConfig {
+        NetworkConfig {
+            network_name: network.into(),
+            mac_address: mac.into(),
+            ip_address: ip.map(Into::into),
+        }
+    }
+
+    fn name(s: &str) -> NamespacedName {
+        s.parse().unwrap()
+    }
+
+    #[test]
+    fn each_nic_is_planned_from_its_spec_and_the_cluster() {
+        let cluster = Table {
+            pools: vec![("vms/net-a", "vms/pool-a"), ("vms/net-b", "vms/pool-b")],
+            ready: vec!["vms/pool-a"],
+            claimed: vec![("vms/net-a", B, "vms/other")],
+        };
+        // The status recorded 192.0.2.15 for A on net-a and on net-b.
+        let previous: Vec<Recorded> = vec![
+            (name("vms/net-a"), A, Some(ip("192.0.2.15")), None),
+            (name("vms/net-b"), A, Some(ip("192.0.2.16")), None),
+        ];
+        let pending =
+            |network: &str, mac, ip_: Option<&str>, problem: &str, waiting| NicPlan::Pending {
+                network: name(network),
+                mac,
+                ip: ip_.map(ip),
+                problem: problem.into(),
+                waiting,
+            };
+        let allocate = |mac, requested: Option<&str>, previous: Option<&str>| NicPlan::Allocate {
+            network: name("vms/net-a"),
+            mac,
+            pool: name("vms/pool-a"),
+            requested: requested.map(ip),
+            previous: previous.map(ip),
+        };
+        let a = "02:00:00:00:00:01";
+        let b = "02:00:00:00:00:02";
+        let table: Vec<(&str, NetworkConfig, NicPlan)> = vec![
+            (
+                "a static address that is not IPv4: pending, nothing to wait for",
+                nic("net-a", a, Some("192.0.2")),
+                pending(
+                    "vms/net-a",
+                    A,
+                    None,
+                    "vms/net-a 02:00:00:00:00:01: ipAddress \"192.0.2\" is not an IPv4 address",
+                    false,
+                ),
+            ),
+            (
+                "no pool on the network: pending with the recorded address, waiting",
+                nic("vms/net-c", a, None),
+                pending(
+                    "vms/net-c",
+                    A,
+                    None,
+                    "no IPPool serves network vms/net-c",
+                    true,
+                ),
+            ),
+            (
+                "pool not ready: pending with the recorded address, waiting",
+                nic("net-b", a, None),
+                pending(
+                    "vms/net-b",
+                    A,
+                    Some("192.0.2.16"),
+                    "IPPool vms/pool-b is not ready",
+                    true,
+                ),
+            ),
+            (
+                "MAC held by another config on this network",
+                nic("net-a", b, None),
+                NicPlan::MacInUse {
+                    network: name("vms/net-a"),
+                    mac: B,
+                    other: name("vms/other"),
+                },
+            ),
+            (
+                "allocate, restoring the recorded address",
+                nic("net-a", a, None),
+                allocate(A, None, Some("192.0.2.15")),
+            ),
+            (
+                "an empty ipAddress asks for nothing",
+                nic("net-a", a, Some("")),
+                allocate(A, None, Some("192.0.2.15")),
+            ),
+            (
+                "a static address is requested (honoured or refused by allocate_nic)",
+                nic("vms/net-a", a, Some("192.0.2.12")),
+                allocate(A, Some("192.0.2.12"), Some("192.0.2.15")),
+            ),
+        ];
+        for (case, spec, want) in table {
+            assert_eq!(plan_nic(&spec, "vms", &previous, &cluster), want, "{case}");
+        }
+        // Unreadable network or MAC: only a problem, naming what is wrong.
+        let bad_network = plan_nic(&nic("a/b/c", a, None), "vms", &previous, &cluster);
+        assert!(
+            matches!(&bad_network, NicPlan::Invalid(p) if p.starts_with("networkName \"a/b/c\"")),
+            "{bad_network:?}"
+        );
+        assert_eq!(bad_network.nic(), None, "not wanted: nothing to keep");
+        let bad_mac = plan_nic(&nic("net-a", "zz", None), "vms", &previous, &cluster);
+        assert!(
+            matches!(&bad_mac, NicPlan::Invalid(p) if p.starts_with("vms/net-a: ")),
+            "{bad_mac:?}"
+        );
+    }
+
+    #[test]
+    fn nics_gone_from_the_spec_are_released_and_marked_stale_once() {
+        let previous: Vec<Recorded> = vec![
+            (name("vms/net-a"), A, Some(ip("192.0.2.10")), None),
+            (name("vms/net-b"), A, Some(ip("192.0.2.11")), None),
+            (name("vms/net-c"), A, None, Some(NetworkConfigState::Stale)),
+            (
+                name("vms/net-d"),
+                A,
+                Some(ip("192.0.2.12")),
+                Some(NetworkConfigState::Stale),
+            ),
+        ];
+        let wanted = BTreeSet::from([(name("vms/net-a"), A)]);
+        assert_eq!(
+            plan_stale(&previous, &wanted),
+            [
+                (name("vms/net-b"), A, Some(ip("192.0.2.11")), true),
+                (name("vms/net-c"), A, None, false),
+                (name("vms/net-d"), A, Some(ip("192.0.2.12")), true),
+            ]
+        );
     }
 }
