@@ -1,44 +1,48 @@
 //! The vmdhcp controller: it turns IPPools and VirtualMachines into allocations recorded in etcd,
 //! and serves the resulting pool configs and leases to the agents.
 //!
-//! - [`ipam`]: per-pool address allocation, rebuilt from `IPPool.status` after any restart.
-//! - [`index`]: the versioned pool configs and leases the config stream serves.
-//! - [`config_service`]: the gRPC `ConfigService` (Watch stream, Report) built on the index.
-//! - [`index_sync`]: IPPool status → index, on every replica.
-//! - [`reports`]: what agents report (for `AgentReady`), shared through the API so the leader
-//!   sees reports that reached any replica.
-//! - [`ippool`], [`vmnetcfg`], [`vm`]: the reconcilers (leader only), sharing a [`context::Context`].
-//! - [`status`]: conditions and the batched IPAM → `IPPool.status` writer.
-//! - [`agent_bootstrap`]: the agent Deployment's Multus annotation and env.
-//! - [`metrics`], [`http`]: Prometheus metrics and the HTTP endpoints.
-//! - [`certs`], [`tls`]: the controller's CA and serving certificate, kept in a Secret, renewed
-//!   before expiry and published (CA ConfigMap, webhook caBundles).
-//! - [`auth`]: who may read the config stream (agent ServiceAccount tokens, via TokenReview).
-//! - [`listener`]: TLS accept loops bounded in handshakes, connections and time.
-//! - [`webhook`]: the admission webhook server (decisions in `vmdhcp_core::admission`).
-//! - [`shared_watch`]: one watch (and cache) feeding several controllers.
-//! - [`upstream_agent`]: retiring the Go controller's per-pool agent pod once ours serves.
-//! - [`runtime`]: the wiring, with leadership gating every writer.
+//! # Layout
+//!
+//! | where | owns |
+//! |---|---|
+//! | [`runtime`] | the wiring: watches, servers, leadership gating every writer, TLS and webhook start-up |
+//! | [`reconcile`] | the reconcilers (leader only) and what they share: IPPool, VirtualMachine, VirtualMachineNetworkConfig, status writing, the agent Deployment bootstrap, retiring upstream's agent pods |
+//! | [`index`] | the versioned pool configs and leases agents are served; IPPool status → index on every replica; shared watches |
+//! | [`stream`] | the gRPC `ConfigService` (Watch stream, Report) and who may call it |
+//! | [`security`] | the CA and serving certificate, the bounded TLS accept loop, the admission webhook |
+//! | [`ipam`] | per-pool address allocation and MAC ownership, rebuilt from `IPPool.status` |
+//! | [`reports`] | what agents report (for `AgentReady`), shared between replicas through a ConfigMap |
+//! | [`kinds`] | the dynamic kinds (KubeVirt VM, Multus NAD) and object names |
+//! | [`causes`] | trace links from a write to the task that later acts on it |
+//! | [`metrics`], [`http`] | Prometheus metrics and the HTTP endpoints |
+//!
+//! Dependencies point one way: `runtime` → `reconcile` → `index`, `reports`, `ipam`; `runtime` →
+//! `stream` → `index`, `reports`, `security`. The index, IPAM, reports and kinds import none of
+//! the folders above them, and the reconcilers never import the gRPC layer.
+//!
+//! # One lease, from `kubectl apply` to the agent
+//!
+//! 1. `kubectl apply` a VirtualMachine with a NIC on a Multus network. [`reconcile::vm`] writes a
+//!    VirtualMachineNetworkConfig named after it, listing the NIC's MAC.
+//! 2. [`reconcile::vmnetcfg`] finds the IPPool serving that network, takes an address from the
+//!    pool's [`ipam`] allocator, records it in `IPPool.status.ipv4.allocated` (through
+//!    [`reconcile::status::PoolStatusWriter`]), and only then marks the config `Allocated`.
+//! 3. On every replica, [`index::sync`] sees the pool's status change and applies the lease to
+//!    the [`index::Index`] as one new revision.
+//! 4. [`stream::config_service`] sends that revision as a delta on every agent's Watch stream;
+//!    the leading agent adds the lease to its table and answers the VM's DHCP request.
+//! 5. The agent reports its interfaces back ([`reports`]); [`reconcile::ippool`] turns the report
+//!    into the pool's `AgentReady` condition.
 #![forbid(unsafe_code)]
 
-pub mod agent_bootstrap;
-pub mod auth;
-pub mod certs;
-pub mod config_service;
-pub mod context;
+pub mod causes;
 pub mod http;
 pub mod index;
-pub mod index_sync;
 pub mod ipam;
-pub mod ippool;
-pub mod listener;
+pub mod kinds;
 pub mod metrics;
+pub mod reconcile;
 pub mod reports;
 pub mod runtime;
-pub mod shared_watch;
-pub mod status;
-pub mod tls;
-pub mod upstream_agent;
-pub mod vm;
-pub mod vmnetcfg;
-pub mod webhook;
+pub mod security;
+pub mod stream;

@@ -5,18 +5,16 @@ use std::time::Duration;
 
 use anyhow::Context as _;
 use clap::{Parser, Subcommand};
-use std::sync::Arc;
 use tokio::sync::watch;
 use tracing::info;
-use tracing::warn;
-use vmdhcp_controller::auth::TokenAuth;
-use vmdhcp_controller::config_service::{Security, StreamSettings};
-use vmdhcp_controller::context::AgentDeployment;
+use vmdhcp_controller::reconcile::context::AgentDeployment;
 use vmdhcp_controller::reports::ReportsObject;
-use vmdhcp_controller::runtime::{Settings, run};
-use vmdhcp_controller::tls::{ServingCerts, TlsSettings};
+use vmdhcp_controller::runtime::Settings;
+use vmdhcp_controller::runtime::replica::{self, Replica, StreamAccess, WebhookSettings};
+use vmdhcp_controller::security::tls::TlsSettings;
+use vmdhcp_controller::stream::config_service::StreamSettings;
 use vmdhcp_core::NamespacedName;
-use vmdhcp_leader::{ElectionArgs, LeaderElector};
+use vmdhcp_leader::ElectionArgs;
 
 /// The vmdhcp controller.
 #[derive(Parser, Debug)]
@@ -120,6 +118,27 @@ struct SecurityArgs {
 }
 
 impl SecurityArgs {
+    /// Who may read the config stream.
+    fn access(&self) -> anyhow::Result<StreamAccess> {
+        if self.grpc_plaintext {
+            return Ok(StreamAccess::Plaintext);
+        }
+        let account = self.agent_service_account.as_deref().context(
+            "the config stream authenticates agents: set --agent-service-account NAMESPACE:NAME \
+             (or --grpc-plaintext for local use)",
+        )?;
+        anyhow::ensure!(
+            account
+                .split_once(':')
+                .is_some_and(|(ns, n)| !ns.is_empty() && !n.is_empty()),
+            "--agent-service-account {account:?}: expected NAMESPACE:NAME"
+        );
+        Ok(StreamAccess::Agents {
+            audience: self.token_audience.clone(),
+            service_account: account.to_owned(),
+        })
+    }
+
     /// The certificate settings, when TLS is configured.
     fn tls(&self, namespace: &str) -> anyhow::Result<Option<TlsSettings>> {
         let Some(secret) = &self.tls_secret else {
@@ -149,7 +168,7 @@ impl SecurityArgs {
             secret: secret.clone(),
             ca_configmap: self.ca_configmap.clone(),
             webhook: self.webhook_name.clone(),
-            policy: vmdhcp_controller::certs::Policy {
+            policy: vmdhcp_controller::security::certs::Policy {
                 ca_validity: Duration::from_secs(self.ca_validity_seconds.max(3)),
                 cert_validity: Duration::from_secs(self.cert_validity_seconds.max(3)),
                 names,
@@ -186,7 +205,26 @@ fn main() -> anyhow::Result<()> {
 }
 
 async fn run_controller(args: RunArgs) -> anyhow::Result<()> {
-    let config = match &args.kubeconfig {
+    let replica = args.replica()?;
+    let client = kube_client(args.kubeconfig.as_deref()).await?;
+    let (shutdown_tx, shutdown) = watch::channel(false);
+    tokio::spawn(async move {
+        let mut term =
+            tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).ok();
+        tokio::select! {
+            _ = tokio::signal::ctrl_c() => {}
+            _ = async { match term.as_mut() { Some(t) => { t.recv().await; } None => std::future::pending::<()>().await } } => {}
+        }
+        info!("shutting down");
+        shutdown_tx.send_replace(true);
+    });
+    replica::run(client, replica, shutdown).await?;
+    Ok(())
+}
+
+/// The API client: from `kubeconfig` if given, else in-cluster config (or `$KUBECONFIG`).
+async fn kube_client(kubeconfig: Option<&std::path::Path>) -> anyhow::Result<kube::Client> {
+    let config = match kubeconfig {
         Some(path) => {
             let kc = kube::config::Kubeconfig::read_from(path)
                 .with_context(|| format!("reading {}", path.display()))?;
@@ -198,136 +236,49 @@ async fn run_controller(args: RunArgs) -> anyhow::Result<()> {
             .await
             .context("inferring kube config")?,
     };
-    let client = kube::Client::try_from(config).context("building kube client")?;
-    let agent = match &args.agent_deployment {
-        Some(d) => Some(AgentDeployment {
-            deployment: d
-                .parse::<NamespacedName>()
-                .with_context(|| format!("--agent-deployment {d:?}"))?,
-            container: args.agent_container.clone(),
-        }),
-        None => None,
-    };
-    let (shutdown_tx, shutdown) = watch::channel(false);
-    // The Lease is released only after every writer stopped (see the end of this function).
-    let (release_tx, release) = watch::channel(false);
-    let (_always, leader) = watch::channel(true);
-    let (leader, election) = match args.election.config(
-        &args.leader_election_namespace,
-        &args.leader_election_name,
-        &args.identity,
-    ) {
-        None => (leader, None),
-        Some(election) => {
-            let elector =
-                LeaderElector::new(client.clone(), election).context("leader election settings")?;
-            let leading = elector.subscribe();
-            (leading, Some(tokio::spawn(elector.run(release))))
-        }
-    };
-    let tls = args.security.tls(&args.leader_election_namespace)?;
-    let certs = Arc::new(ServingCerts::new());
-    let security = if args.security.grpc_plaintext {
-        warn!("config stream served in plaintext without authentication (--grpc-plaintext)");
-        Security::Plaintext
-    } else {
-        let account = args.security.agent_service_account.as_deref().context(
-            "the config stream authenticates agents: set --agent-service-account NAMESPACE:NAME \
-             (or --grpc-plaintext for local use)",
-        )?;
-        anyhow::ensure!(
-            account
-                .split_once(':')
-                .is_some_and(|(ns, n)| !ns.is_empty() && !n.is_empty()),
-            "--agent-service-account {account:?}: expected NAMESPACE:NAME"
-        );
-        Security::Tls {
-            config: certs.server_config(&[b"h2"]),
-            auth: Arc::new(TokenAuth::new(
-                client.clone(),
-                args.security.token_audience.clone(),
-                account,
+    kube::Client::try_from(config).context("building kube client")
+}
+
+impl RunArgs {
+    /// The process the flags describe; refuses inconsistent flags before anything starts.
+    fn replica(&self) -> anyhow::Result<Replica> {
+        let agent = match &self.agent_deployment {
+            Some(d) => Some(AgentDeployment {
+                deployment: d
+                    .parse::<NamespacedName>()
+                    .with_context(|| format!("--agent-deployment {d:?}"))?,
+                container: self.agent_container.clone(),
+            }),
+            None => None,
+        };
+        let namespace = &self.leader_election_namespace;
+        let settings = Settings {
+            identity: self.identity.clone(),
+            stream: StreamSettings {
+                heartbeat: Duration::from_secs(self.heartbeat_seconds.max(1)),
+                ..StreamSettings::default()
+            },
+            agent,
+            dumps: self.enable_cache_dump_api,
+            // Beside the controllers' Lease: the namespace and name RBAC already scopes.
+            reports: Some(ReportsObject::beside_lease(
+                namespace,
+                &self.leader_election_name,
             )),
-        }
-    };
-    let tls_task = tls.map(|settings| {
-        tokio::spawn(vmdhcp_controller::tls::run(
-            client.clone(),
+        };
+        Ok(Replica {
             settings,
-            certs.clone(),
-            leader.clone(),
-            shutdown.clone(),
-        ))
-    });
-    let webhook_task = match args.security.webhook_listen {
-        Some(addr) => {
-            let listener = tokio::net::TcpListener::bind(addr)
-                .await
-                .with_context(|| format!("binding {addr}"))?;
-            Some(tokio::spawn(vmdhcp_controller::webhook::serve(
-                listener,
-                certs.server_config(&[b"h2", b"http/1.1"]),
-                client.clone(),
-                args.security.service_cidr,
-                shutdown.clone(),
-            )))
-        }
-        None => None,
-    };
-    let grpc = tokio::net::TcpListener::bind(args.grpc_listen)
-        .await
-        .with_context(|| format!("binding {}", args.grpc_listen))?;
-    let http = tokio::net::TcpListener::bind(args.http_listen)
-        .await
-        .with_context(|| format!("binding {}", args.http_listen))?;
-    let settings = Settings {
-        identity: args.identity.clone(),
-        stream: StreamSettings {
-            heartbeat: Duration::from_secs(args.heartbeat_seconds.max(1)),
-            security,
-            ..StreamSettings::default()
-        },
-        agent,
-        dumps: args.enable_cache_dump_api,
-        // Beside the controllers' Lease: the namespace and name RBAC already scopes.
-        reports: Some(ReportsObject::beside_lease(
-            &args.leader_election_namespace,
-            &args.leader_election_name,
-        )),
-    };
-    tokio::spawn(async move {
-        let mut term =
-            tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).ok();
-        tokio::select! {
-            _ = tokio::signal::ctrl_c() => {}
-            _ = async { match term.as_mut() { Some(t) => { t.recv().await; } None => std::future::pending::<()>().await } } => {}
-        }
-        info!("shutting down");
-        shutdown_tx.send_replace(true);
-    });
-    run(
-        client,
-        settings,
-        grpc,
-        http,
-        leader,
-        shutdown,
-        |h| info!(grpc = %h.grpc, http = %h.http, "controller up"),
-    )
-    .await?;
-    if let Some(task) = tls_task {
-        let _ = task.await;
+            grpc_listen: self.grpc_listen,
+            http_listen: self.http_listen,
+            election: self
+                .election
+                .config(namespace, &self.leader_election_name, &self.identity),
+            tls: self.security.tls(namespace)?,
+            access: self.security.access()?,
+            webhook: self.security.webhook_listen.map(|listen| WebhookSettings {
+                listen,
+                service_cidr: self.security.service_cidr,
+            }),
+        })
     }
-    if let Some(task) = webhook_task
-        && let Ok(Err(e)) = task.await
-    {
-        warn!(error = %e, "webhook server failed");
-    }
-    // Every writer has stopped (reconcilers drained, certificates written): only now may a
-    // successor start, so only now is the Lease released.
-    release_tx.send_replace(true);
-    if let Some(election) = election {
-        let _ = election.await;
-    }
-    Ok(())
 }

@@ -13,6 +13,10 @@
 //! interfaces per report (more is refused); an unchanged report is written at most once per
 //! [`REFRESH`]; entries older than [`STALE_AFTER`] are dropped from memory and, by the leader,
 //! from the ConfigMap.
+//!
+//! The types here are the controller's own, not the gRPC messages: the config stream translates
+//! an agent's `ReportRequest` into an [`AgentReport`], so the IPPool reconciler reads reports
+//! without depending on the stream layer.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -27,7 +31,6 @@ use serde::{Deserialize, Serialize};
 use tokio::sync::{mpsc, watch};
 use tracing::{debug, info, warn};
 use vmdhcp_core::NamespacedName;
-use vmdhcp_proto::agent::v1 as pb;
 
 /// Most agents whose reports are kept (the chart runs 2; a Deployment scaled far beyond this is
 /// not a DHCP fleet).
@@ -82,11 +85,65 @@ pub enum ReportError {
     },
 }
 
+/// Who reported: the agent pod, as Kubernetes knows it.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct AgentIdentity {
+    /// Pod name (the agent's leader-election identity).
+    pub pod_name: String,
+    /// Pod namespace.
+    pub namespace: String,
+    /// Node the pod runs on.
+    pub node_name: String,
+}
+
+/// How one pool's interface fares on one agent (numbered as the wire's `InterfaceState`, the
+/// numbers the reports ConfigMap stores).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum InterfaceState {
+    /// Not reported.
+    #[default]
+    Unspecified = 0,
+    /// Configured and answering DHCP (leader).
+    Serving = 1,
+    /// Leases loaded, not answering (standby).
+    Standby = 2,
+    /// Could not be configured or its socket failed; see [`InterfaceReport::error`].
+    Error = 3,
+}
+
+impl InterfaceState {
+    /// The state numbered `n`; `None` for a number no state has.
+    pub fn from_number(n: i32) -> Option<Self> {
+        match n {
+            0 => Some(InterfaceState::Unspecified),
+            1 => Some(InterfaceState::Serving),
+            2 => Some(InterfaceState::Standby),
+            3 => Some(InterfaceState::Error),
+            _ => None,
+        }
+    }
+}
+
+/// The state of one pool's interface on one agent.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct InterfaceReport {
+    /// The pool, as `namespace/name`.
+    pub pool_ref: String,
+    /// The interface serving it.
+    pub interface_name: String,
+    /// How it fares.
+    pub state: InterfaceState,
+    /// Why it is in error; empty otherwise.
+    pub error: String,
+    /// Leases loaded for the pool.
+    pub lease_count: u32,
+}
+
 /// The last report of one agent.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct AgentReport {
     /// The agent's identity.
-    pub agent: pb::AgentIdentity,
+    pub agent: AgentIdentity,
     /// The epoch it applied from.
     pub epoch: String,
     /// The revision it applied.
@@ -94,7 +151,7 @@ pub struct AgentReport {
     /// Whether it leads (answers DHCP).
     pub leader: bool,
     /// Per-pool interface states.
-    pub interfaces: Vec<pb::InterfaceReport>,
+    pub interfaces: Vec<InterfaceReport>,
     /// When it arrived (at whichever replica received it).
     pub received_at: SystemTime,
 }
@@ -325,7 +382,7 @@ fn encode(report: &AgentReport) -> String {
             .map(|i| StoredInterface {
                 pool: i.pool_ref.clone(),
                 name: i.interface_name.clone(),
-                state: i.state,
+                state: i.state as i32,
                 error: i.error.clone(),
                 leases: i.lease_count,
             })
@@ -343,7 +400,7 @@ fn decode(key: &str, value: &str) -> Result<AgentReport, ReportError> {
         source,
     })?;
     Ok(AgentReport {
-        agent: pb::AgentIdentity {
+        agent: AgentIdentity {
             pod_name: stored.pod,
             namespace: stored.namespace,
             node_name: stored.node,
@@ -354,10 +411,12 @@ fn decode(key: &str, value: &str) -> Result<AgentReport, ReportError> {
         interfaces: stored
             .interfaces
             .into_iter()
-            .map(|i| pb::InterfaceReport {
+            .map(|i| InterfaceReport {
                 pool_ref: i.pool,
                 interface_name: i.name,
-                state: i.state,
+                // A number this controller does not know (a newer replica wrote it) counts as
+                // not reported.
+                state: InterfaceState::from_number(i.state).unwrap_or_default(),
                 error: i.error,
                 lease_count: i.leases,
             })
@@ -555,9 +614,9 @@ fn absorb(cm: &ConfigMap, reports: &Reports) -> BTreeMap<String, SystemTime> {
 mod tests {
     use super::*;
 
-    fn report(pod: &str, at_secs: u64, state: pb::InterfaceState) -> AgentReport {
+    fn report(pod: &str, at_secs: u64, state: InterfaceState) -> AgentReport {
         AgentReport {
-            agent: pb::AgentIdentity {
+            agent: AgentIdentity {
                 pod_name: pod.into(),
                 namespace: "vmdhcp-system".into(),
                 node_name: "node-1".into(),
@@ -565,10 +624,10 @@ mod tests {
             epoch: "e1".into(),
             applied_revision: 7,
             leader: true,
-            interfaces: vec![pb::InterfaceReport {
+            interfaces: vec![InterfaceReport {
                 pool_ref: "default/pool-a".into(),
                 interface_name: "vmd0123456789".into(),
-                state: state as i32,
+                state,
                 error: String::new(),
                 lease_count: 3,
             }],
@@ -578,7 +637,7 @@ mod tests {
 
     #[test]
     fn a_stored_report_decodes_to_the_same_report() {
-        let r = report("agent-0", 1_700_000_000, pb::InterfaceState::Serving);
+        let r = report("agent-0", 1_700_000_000, InterfaceState::Serving);
         let key = data_key(&r.key().unwrap());
         assert_eq!(key, "vmdhcp-system.agent-0");
         assert_eq!(decode(&key, &encode(&r)).unwrap(), r);
@@ -591,23 +650,23 @@ mod tests {
         let reports = Reports::default();
         let mut changes = reports.subscribe();
         reports
-            .record(report("agent-0", 100, pb::InterfaceState::Standby))
+            .record(report("agent-0", 100, InterfaceState::Standby))
             .unwrap();
         assert!(changes.has_changed().unwrap());
         changes.borrow_and_update();
         // An older copy read back from the API changes nothing.
         reports
-            .observe(report("agent-0", 90, pb::InterfaceState::Serving))
+            .observe(report("agent-0", 90, InterfaceState::Serving))
             .unwrap();
         assert!(!changes.has_changed().unwrap());
         // A newer one received by another replica replaces it.
         reports
-            .observe(report("agent-0", 110, pb::InterfaceState::Serving))
+            .observe(report("agent-0", 110, InterfaceState::Serving))
             .unwrap();
         let all = reports.all();
         assert_eq!(
             all["vmdhcp-system/agent-0"].interfaces[0].state,
-            pb::InterfaceState::Serving as i32
+            InterfaceState::Serving
         );
         let now = UNIX_EPOCH + Duration::from_secs(110) + STALE_AFTER;
         assert_eq!(reports.retain_fresh(now), 0);
@@ -620,29 +679,25 @@ mod tests {
         let reports = Reports::default();
         for i in 0..MAX_AGENTS {
             reports
-                .record(report(
-                    &format!("agent-{i}"),
-                    100,
-                    pb::InterfaceState::Serving,
-                ))
+                .record(report(&format!("agent-{i}"), 100, InterfaceState::Serving))
                 .unwrap();
         }
-        let refused = reports.record(report("one-more", 100, pb::InterfaceState::Serving));
+        let refused = reports.record(report("one-more", 100, InterfaceState::Serving));
         assert!(
             matches!(refused, Err(ReportError::TooManyAgents(n)) if n == MAX_AGENTS),
             "{refused:?}"
         );
         // Known agents still report.
         reports
-            .record(report("agent-0", 101, pb::InterfaceState::Serving))
+            .record(report("agent-0", 101, InterfaceState::Serving))
             .unwrap();
-        let mut huge = report("agent-1", 102, pb::InterfaceState::Serving);
+        let mut huge = report("agent-1", 102, InterfaceState::Serving);
         huge.interfaces = vec![huge.interfaces[0].clone(); MAX_INTERFACES + 1];
         assert!(matches!(
             reports.record(huge),
             Err(ReportError::TooManyInterfaces(_))
         ));
-        let mut bad = report("Not_A_Pod", 100, pb::InterfaceState::Serving);
+        let mut bad = report("Not_A_Pod", 100, InterfaceState::Serving);
         bad.agent.namespace = "a.b".into();
         let err = reports.record(bad).unwrap_err();
         assert!(err.to_string().contains("Not_A_Pod"), "{err}");
@@ -651,9 +706,9 @@ mod tests {
 
     #[test]
     fn an_unchanged_report_is_the_same_content_whenever_it_arrived() {
-        let a = report("agent-0", 100, pb::InterfaceState::Serving);
-        let b = report("agent-0", 200, pb::InterfaceState::Serving);
-        let c = report("agent-0", 200, pb::InterfaceState::Error);
+        let a = report("agent-0", 100, InterfaceState::Serving);
+        let b = report("agent-0", 200, InterfaceState::Serving);
+        let c = report("agent-0", 200, InterfaceState::Error);
         assert!(a.same_content(&b));
         assert!(!a.same_content(&c));
     }
@@ -663,22 +718,22 @@ mod tests {
         let reports = Reports::default();
         let pool = |n: &str| NamespacedName::new("default", n).unwrap();
         reports
-            .record(report("agent-0", 100, pb::InterfaceState::Standby))
+            .record(report("agent-0", 100, InterfaceState::Standby))
             .unwrap();
         assert_eq!(reports.take_touched(), [pool("pool-a")]);
         assert!(reports.take_touched().is_empty(), "drained");
         // The same content again (a refresh): nothing to re-check.
         reports
-            .record(report("agent-0", 130, pb::InterfaceState::Standby))
+            .record(report("agent-0", 130, InterfaceState::Standby))
             .unwrap();
         assert!(reports.take_touched().is_empty());
         // It moves to another pool: the one it left and the one it serves.
-        let mut moved = report("agent-0", 160, pb::InterfaceState::Serving);
+        let mut moved = report("agent-0", 160, InterfaceState::Serving);
         moved.interfaces[0].pool_ref = "default/pool-b".into();
         reports.record(moved).unwrap();
         assert_eq!(reports.take_touched(), [pool("pool-a"), pool("pool-b")]);
         // Another agent's report names only its own pools.
-        let mut other = report("agent-1", 170, pb::InterfaceState::Serving);
+        let mut other = report("agent-1", 170, InterfaceState::Serving);
         other.interfaces[0].pool_ref = "default/pool-c".into();
         reports.record(other).unwrap();
         assert_eq!(reports.take_touched(), [pool("pool-c")]);

@@ -14,7 +14,7 @@ use kube::api::{
 use kube::{Client, ResourceExt};
 use serde_json::{Value, json};
 use tokio::sync::watch;
-use vmdhcp_controller::context::AgentDeployment;
+use vmdhcp_controller::reconcile::context::AgentDeployment;
 use vmdhcp_controller::runtime::{Handles, Settings, run};
 use vmdhcp_core::crd::{IPPool, VirtualMachineNetworkConfig, find_condition};
 use vmdhcp_integration::control_plane::ControlPlane;

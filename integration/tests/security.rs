@@ -806,9 +806,9 @@ async fn the_config_stream_serves_only_the_agent_service_account_over_tls() {
     let plain = first_watch_message(&Credentials::default(), "http").await;
     assert!(plain.is_err(), "plaintext caller served: {plain:?}");
     // A foreign CA: the handshake fails.
-    let foreign = vmdhcp_controller::certs::reconcile(
+    let foreign = vmdhcp_controller::security::certs::reconcile(
         None,
-        &vmdhcp_controller::certs::Policy::default(),
+        &vmdhcp_controller::security::certs::Policy::default(),
         time::OffsetDateTime::now_utc(),
     )
     .unwrap();
@@ -945,7 +945,8 @@ async fn serving_certificates_are_renewed_before_expiry_under_the_same_ca() {
     let client = ControlPlane::shared().client().await.unwrap();
     let secrets: Api<Secret> = Api::namespaced(client.clone(), NS);
     let first = secrets.get(SECRET).await.unwrap();
-    let first_cert = vmdhcp_controller::certs::inspect(&secret_pem(&first, "tls.crt")).unwrap();
+    let first_cert =
+        vmdhcp_controller::security::certs::inspect(&secret_pem(&first, "tls.crt")).unwrap();
     assert!(
         first_cert.names.contains("127.0.0.1")
             && first_cert
@@ -960,7 +961,8 @@ async fn serving_certificates_are_renewed_before_expiry_under_the_same_ca() {
         let serial = first_cert.serial.clone();
         async move {
             let s = secrets.get(SECRET).await.ok()?;
-            let info = vmdhcp_controller::certs::inspect(&secret_pem(&s, "tls.crt")).ok()?;
+            let info =
+                vmdhcp_controller::security::certs::inspect(&secret_pem(&s, "tls.crt")).ok()?;
             (info.serial != serial).then_some((s, info))
         }
     })

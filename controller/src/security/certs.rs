@@ -1,5 +1,5 @@
 //! The controller's certificate authority and serving certificate, as data: generating them,
-//! reading them back, and deciding when to renew. No I/O: [`crate::tls`] keeps the result in a
+//! reading them back, and deciding when to renew. No I/O: [`crate::security::tls`] keeps the result in a
 //! Secret, publishes the CA and serves the certificate.
 //!
 //! Renewal is staged so that no client ever sees a certificate it cannot verify:

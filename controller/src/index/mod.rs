@@ -1,6 +1,13 @@
-//! The versioned index of pool configs and leases: the only thing the config stream reads.
+//! The versioned index of pool configs and leases: the only thing the config stream reads, and
+//! the watches that feed in-memory views of the API.
 //!
-//! Reconcilers write to it with [`Index::apply`]: each call is one atomic change and, if it changes
+//! - this module: the [`Index`] itself (revisions, history, snapshots and deltas);
+//! - [`sync`]: IPPool status → index, on every replica, leader or not;
+//! - [`shared_watch`]: one watch and cache feeding several controllers' triggers.
+//!
+//! It must not reach into the reconcilers or the gRPC layer: both depend on it, not the reverse.
+//!
+//! The sync writes to it with [`Index::apply`]: each call is one atomic change and, if it changes
 //! anything, exactly one new revision. Readers take a [`Snapshot`] of the state or the
 //! [`PoolDelta`] since a revision, filtered to the pools an agent serves. History is a bounded ring
 //! of the keys each revision touched (not copies of values), so memory does not grow with churn,
@@ -19,6 +26,9 @@ use opentelemetry::trace::SpanContext;
 use tokio::sync::watch;
 use vmdhcp_core::pool::{Lease, PoolConfig, PoolDelta};
 use vmdhcp_core::{MacAddr, NamespacedName};
+
+pub mod shared_watch;
+pub mod sync;
 
 /// How many revisions of history an index keeps by default for resuming agents.
 pub const DEFAULT_HISTORY: usize = 4096;

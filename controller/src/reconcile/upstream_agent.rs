@@ -15,8 +15,8 @@ use tracing::{info, warn};
 use vmdhcp_core::NamespacedName;
 use vmdhcp_core::crd::{IPPool, LABEL_IPPOOL_NAME, LABEL_IPPOOL_NAMESPACE, PodReference};
 
-use crate::context::{Context, NotLeader};
-use crate::status::{StatusError, update_pool_status};
+use crate::reconcile::context::{Context, NotLeader};
+use crate::reconcile::status::{StatusError, update_pool_status};
 
 /// The label upstream puts on its agent pods.
 pub const LABEL_UPSTREAM_AGENT: &str = "network.harvesterhci.io/vm-dhcp-controller";

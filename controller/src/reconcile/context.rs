@@ -15,9 +15,10 @@ use tracing::warn;
 use vmdhcp_core::NamespacedName;
 use vmdhcp_core::crd::{IPPool, VirtualMachineNetworkConfig};
 
-use crate::ipam::Ipam;
+use crate::causes::TraceCauses;
+use crate::ipam::{Ipam, MacOwners};
 use crate::metrics::Metrics;
-use crate::status::PoolStatusWriter;
+use crate::reconcile::status::PoolStatusWriter;
 
 /// Finalizer on IPPools (upstream's name, so objects created by upstream carry over).
 pub const IPPOOL_FINALIZER: &str = "wrangler.cattle.io/vm-dhcp-ippool-controller";
@@ -31,26 +32,6 @@ pub struct AgentDeployment {
     pub deployment: NamespacedName,
     /// The agent container in it.
     pub container: String,
-}
-
-/// Which span produced state that another task acts on later, so traces continue across the
-/// API server: the VM reconcile that wrote a config (read by the config's reconcile) and the
-/// allocation that recorded a lease (read by the index revision that publishes it).
-pub struct TraceCauses {
-    /// VirtualMachineNetworkConfig → the VM reconcile that created or changed it.
-    pub vmnetcfgs: vmdhcp_telemetry::trace::Causes<NamespacedName>,
-    /// (pool, MAC) → the allocation that gave the MAC its address.
-    pub leases: vmdhcp_telemetry::trace::Causes<(NamespacedName, vmdhcp_core::MacAddr)>,
-}
-
-impl Default for TraceCauses {
-    fn default() -> Self {
-        // Bounded: a burst larger than this only loses the oldest links, never memory.
-        TraceCauses {
-            vmnetcfgs: vmdhcp_telemetry::trace::Causes::new(10_000),
-            leases: vmdhcp_telemetry::trace::Causes::new(10_000),
-        }
-    }
 }
 
 /// Shared by all reconcilers.
@@ -76,7 +57,7 @@ pub struct Context {
     /// The agent Deployment to bootstrap, if configured.
     pub agent: Option<AgentDeployment>,
     /// Which config owns each MAC on each pool.
-    pub mac_owners: crate::vmnetcfg::MacOwners,
+    pub mac_owners: MacOwners,
     /// What agents report over the config stream (feeds `AgentReady`).
     pub reports: Arc<crate::reports::Reports>,
     /// Set by the bootstrap writer while the agent Deployment is missing.

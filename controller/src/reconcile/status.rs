@@ -13,14 +13,15 @@ use std::sync::{Arc, Mutex, PoisonError};
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use k8s_openapi::jiff::Timestamp;
+use kube::Client;
 use kube::api::{Api, PostParams};
 use kube::runtime::reflector::Store;
-use kube::{Client, ResourceExt};
 use tracing::debug;
 use vmdhcp_core::NamespacedName;
 use vmdhcp_core::crd::{Condition, IPPool, IPPoolStatus, IPv4Status};
 
 use crate::ipam::{Ipam, IpamError};
+use crate::kinds::store_key;
 
 /// How many times a status write is retried after a conflict.
 const CONFLICT_RETRIES: usize = 8;
@@ -107,9 +108,7 @@ pub async fn update_pool_status(
         pool: pool.clone(),
         source,
     };
-    let cached = cache.and_then(|s| {
-        s.get(&kube::runtime::reflector::ObjectRef::new(&pool.name).within(&pool.namespace))
-    });
+    let cached = cache.and_then(|s| s.get(&store_key(pool)));
     let mut current: IPPool = match cached {
         Some(obj) => (*obj).clone(),
         None => api.get_status(&pool.name).await.map_err(api_err)?,
@@ -215,11 +214,6 @@ impl PoolStatusWriter {
             .unwrap_or_else(PoisonError::into_inner)
             .remove(pool);
     }
-}
-
-/// The `namespace/name` of any namespaced object.
-pub fn object_ref<K: ResourceExt>(obj: &K) -> Option<NamespacedName> {
-    NamespacedName::new(&obj.namespace()?, &obj.name_any()).ok()
 }
 
 #[cfg(test)]

@@ -3,7 +3,7 @@
 //! configurations, and every replica serves the current certificate from memory.
 //!
 //! Every replica watches the Secret and serves what it holds; only the leader creates, renews
-//! (see [`crate::certs`]) and publishes. All writes are optimistic (create, or replace at the read
+//! (see [`crate::security::certs`]) and publishes. All writes are optimistic (create, or replace at the read
 //! `resourceVersion`), so two replicas racing at a leadership change converge on one Secret.
 
 use std::collections::BTreeMap;
@@ -30,7 +30,7 @@ use time::OffsetDateTime;
 use tokio::sync::watch;
 use tracing::{debug, info, warn};
 
-use crate::certs::{self, Material, Policy};
+use crate::security::certs::{self, Material, Policy};
 
 /// Why TLS material could not be loaded, stored or published.
 #[derive(Debug, thiserror::Error)]

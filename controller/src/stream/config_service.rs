@@ -27,10 +27,12 @@ use vmdhcp_proto::agent::v1 as pb;
 use vmdhcp_proto::agent::v1::config_service_server::{ConfigService, ConfigServiceServer};
 use vmdhcp_telemetry::trace;
 
-use crate::auth::{TokenAuth, Verified};
 use crate::index::{Index, PoolFilter, Snapshot};
-use crate::listener::Limits;
-use crate::reports::{AgentReport, OpenStream, ReportError, Reports};
+use crate::reports::{
+    AgentIdentity, AgentReport, InterfaceReport, InterfaceState, OpenStream, ReportError, Reports,
+};
+use crate::security::listener::Limits;
+use crate::stream::auth::{TokenAuth, Verified};
 use vmdhcp_core::pool::PoolDelta;
 
 /// Why the server could not run.
@@ -224,11 +226,11 @@ impl ConfigService for ConfigServer {
         }
         info!(agent = %format!("{}/{}", agent.namespace, agent.pod_name), revision = req.applied_revision, leader = req.leader, interfaces = req.interfaces.len(), "agent report");
         let recorded = self.reports.record(AgentReport {
-            agent,
+            agent: identity(agent),
             epoch: req.epoch,
             applied_revision: req.applied_revision,
             leader: req.leader,
-            interfaces: req.interfaces,
+            interfaces: req.interfaces.into_iter().map(interface).collect(),
             received_at: SystemTime::now(),
         });
         match recorded {
@@ -236,6 +238,26 @@ impl ConfigService for ConfigServer {
             Err(e @ ReportError::Identity { .. }) => Err(Status::invalid_argument(e.to_string())),
             Err(e) => Err(Status::resource_exhausted(e.to_string())),
         }
+    }
+}
+
+/// The reporting agent, as the controller keeps it.
+fn identity(a: pb::AgentIdentity) -> AgentIdentity {
+    AgentIdentity {
+        pod_name: a.pod_name,
+        namespace: a.namespace,
+        node_name: a.node_name,
+    }
+}
+
+/// One interface of a report, as the controller keeps it (its state was checked on receipt).
+fn interface(i: pb::InterfaceReport) -> InterfaceReport {
+    InterfaceReport {
+        state: InterfaceState::from_number(i.state).unwrap_or_default(),
+        pool_ref: i.pool_ref,
+        interface_name: i.interface_name,
+        error: i.error,
+        lease_count: i.lease_count,
     }
 }
 
@@ -490,7 +512,8 @@ pub async fn serve(
         Security::Tls { config, .. } => {
             server
                 .serve_with_incoming_shutdown(
-                    crate::listener::accept(listener, config.clone(), Limits::default()).0,
+                    crate::security::listener::accept(listener, config.clone(), Limits::default())
+                        .0,
                     stop,
                 )
                 .await
@@ -523,6 +546,22 @@ mod tests {
             ntp: vec![],
             lease_seconds: 60,
         }
+    }
+
+    #[test]
+    fn interface_states_keep_their_wire_numbers() {
+        // The reports ConfigMap stores these numbers: they must stay the wire's.
+        for state in [
+            pb::InterfaceState::Unspecified,
+            pb::InterfaceState::Serving,
+            pb::InterfaceState::Standby,
+            pb::InterfaceState::Error,
+        ] {
+            let kept = InterfaceState::from_number(state as i32).unwrap();
+            assert_eq!(kept as i32, state as i32);
+            assert_eq!(format!("{kept:?}"), format!("{state:?}"));
+        }
+        assert_eq!(InterfaceState::from_number(4), None);
     }
 
     #[test]

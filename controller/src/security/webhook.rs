@@ -20,7 +20,7 @@ use hyper_util::server::conn::auto;
 use hyper_util::server::graceful::GracefulShutdown;
 use hyper_util::service::TowerToHyperService;
 use ipnet::Ipv4Net;
-use kube::api::{ApiResource, DynamicObject, GroupVersionKind};
+use kube::api::DynamicObject;
 use kube::core::admission::{AdmissionRequest, AdmissionResponse, AdmissionReview, Operation};
 use kube::runtime::WatchStreamExt;
 use kube::runtime::reflector::{self, Store};
@@ -35,7 +35,8 @@ use vmdhcp_core::NamespacedName;
 use vmdhcp_core::admission::{self, Nad, PoolFacts, VmNetCfgFacts};
 use vmdhcp_core::crd::{IPPool, VirtualMachineNetworkConfig};
 
-use crate::listener::Limits;
+use crate::kinds::nad_resource;
+use crate::security::listener::Limits;
 
 /// How long a client may take to send a request's headers.
 const HEADER_READ_TIMEOUT: Duration = Duration::from_secs(10);
@@ -57,14 +58,6 @@ pub struct WebhookState {
     service_cidr: Option<Ipv4Net>,
     pools: Store<IPPool>,
     configs: Store<VirtualMachineNetworkConfig>,
-}
-
-/// The NetworkAttachmentDefinition resource (Multus), read as a dynamic object.
-fn nad_resource() -> ApiResource {
-    ApiResource::from_gvk_with_plural(
-        &GroupVersionKind::gvk("k8s.cni.cncf.io", "v1", "NetworkAttachmentDefinition"),
-        "network-attachment-definitions",
-    )
 }
 
 /// Keeps a reflector store of `api` filled until aborted.
@@ -112,7 +105,7 @@ pub async fn serve(
         .route("/healthz", get(|| async { "ok" }))
         .with_state(state);
     info!(%addr, "admission webhook serving");
-    let (connections, _usage) = crate::listener::accept(listener, tls, Limits::default());
+    let (connections, _usage) = crate::security::listener::accept(listener, tls, Limits::default());
     let mut connections = std::pin::pin!(connections);
     let mut builder = auto::Builder::new(TokioExecutor::new());
     // A client that opens a connection and sends nothing holds it for a bounded time only.

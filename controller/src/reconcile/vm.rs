@@ -10,9 +10,7 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
-use kube::api::{
-    Api, ApiResource, DynamicObject, GroupVersionKind, ObjectMeta, Patch, PatchParams,
-};
+use kube::api::{Api, DynamicObject, ObjectMeta, Patch, PatchParams};
 use kube::runtime::controller::Action;
 use kube::{Resource, ResourceExt};
 use tracing::{debug, warn};
@@ -21,7 +19,7 @@ use vmdhcp_core::crd::{
 };
 use vmdhcp_core::{MacAddr, NamespacedName};
 
-use crate::context::{Context, NotLeader};
+use crate::reconcile::context::{Context, NotLeader};
 
 /// Annotation in which Harvester records the MAC of each NIC (`{"nic-1": "aa:bb:…"}`).
 pub const MAC_ANNOTATION: &str = "harvesterhci.io/mac-address";
@@ -45,14 +43,6 @@ pub enum Error {
     /// The object has no namespace.
     #[error("VirtualMachine without namespace")]
     Unnamespaced,
-}
-
-/// KubeVirt's `VirtualMachine` (read as JSON: we need a few fields, not KubeVirt's types).
-pub fn vm_resource() -> ApiResource {
-    ApiResource::from_gvk_with_plural(
-        &GroupVersionKind::gvk("kubevirt.io", "v1", "VirtualMachine"),
-        "virtualmachines",
-    )
 }
 
 /// The network configs a VM's spec asks for, in its network order (at most 4, as the CRD allows).
@@ -128,7 +118,9 @@ pub fn desired_config(
             owner_references: Some(vec![owner]),
             // Created with the finalizer, so the config reconciler need not add it in a second
             // write (which races the create under a burst).
-            finalizers: Some(vec![crate::context::VMNETCFG_FINALIZER.to_owned()]),
+            finalizers: Some(vec![
+                crate::reconcile::context::VMNETCFG_FINALIZER.to_owned(),
+            ]),
             ..Default::default()
         },
         spec: VirtualMachineNetworkConfigSpec {
@@ -277,7 +269,7 @@ mod tests {
         assert_eq!(body["spec"]["vmName"], "vm1");
         assert_eq!(
             body["metadata"]["finalizers"][0],
-            crate::context::VMNETCFG_FINALIZER
+            crate::reconcile::context::VMNETCFG_FINALIZER
         );
     }
 }

@@ -26,9 +26,10 @@ use vmdhcp_core::bootstrap::{
 };
 use vmdhcp_core::crd::CONDITION_AGENT_READY;
 
-use crate::context::{AgentDeployment, Context};
 use crate::index::{Index, PoolFilter};
-use crate::status::{set_condition, update_pool_status};
+use crate::kinds::store_key;
+use crate::reconcile::context::{AgentDeployment, Context};
+use crate::reconcile::status::{set_condition, update_pool_status};
 
 /// What the Deployment carries now: (annotation, configs env, refs env).
 fn current(
@@ -169,10 +170,7 @@ async fn report_missing(ctx: &Context, target: &AgentDeployment, pools: &[Namesp
         if ctx.ensure_leader().is_err() {
             return;
         }
-        if let Some(obj) = ctx
-            .pools
-            .get(&kube::runtime::reflector::ObjectRef::new(&pool.name).within(&pool.namespace))
-        {
+        if let Some(obj) = ctx.pools.get(&store_key(pool)) {
             ctx.event(
                 obj.as_ref(),
                 EventType::Warning,

@@ -12,7 +12,7 @@ use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
 use kube::ResourceExt;
-use kube::api::{Api, ApiResource, DynamicObject, GroupVersionKind, Patch, PatchParams};
+use kube::api::{Api, DynamicObject, Patch, PatchParams};
 use kube::runtime::controller::Action;
 use kube::runtime::events::EventType;
 use kube::runtime::finalizer::{Event as Finalizer, finalizer};
@@ -25,12 +25,12 @@ use vmdhcp_core::crd::{
 };
 use vmdhcp_core::pool::PoolConfig;
 
-use crate::context::{Context, IPPOOL_FINALIZER, NotLeader};
 use crate::ipam::{IpamError, PoolAllocator, PoolRange};
+use crate::kinds::{nad_resource, object_ref};
 use crate::metrics::PoolLabels;
-use crate::reports::AgentReport;
-use crate::status::{StatusError, fill_ipv4, set_condition, update_pool_status};
-use vmdhcp_proto::agent::v1::InterfaceState;
+use crate::reconcile::context::{Context, IPPOOL_FINALIZER, NotLeader};
+use crate::reconcile::status::{StatusError, fill_ipv4, set_condition, update_pool_status};
+use crate::reports::{AgentReport, InterfaceState};
 
 /// Why an IPPool reconcile failed (it is retried with per-object backoff).
 #[derive(Debug, thiserror::Error)]
@@ -60,15 +60,7 @@ pub enum Error {
     Unnamespaced,
     /// Retiring upstream's agent pod failed.
     #[error(transparent)]
-    UpstreamAgent(crate::upstream_agent::UpstreamAgentError),
-}
-
-/// The NetworkAttachmentDefinition resource (Multus).
-pub fn nad_resource() -> ApiResource {
-    ApiResource::from_gvk_with_plural(
-        &GroupVersionKind::gvk("k8s.cni.cncf.io", "v1", "NetworkAttachmentDefinition"),
-        "network-attachment-definitions",
-    )
+    UpstreamAgent(crate::reconcile::upstream_agent::UpstreamAgentError),
 }
 
 /// The pool's allocation range, parsed and checked; errors name the field.
@@ -169,15 +161,15 @@ pub fn agent_ready(
     for (agent, report) in leaders {
         seen_leader = Some(agent.clone());
         for i in report.interfaces.iter().filter(|i| i.pool_ref == pool_ref) {
-            match InterfaceState::try_from(i.state) {
-                Ok(InterfaceState::Serving) => {
+            match i.state {
+                InterfaceState::Serving => {
                     let msg = format!(
                         "served by {agent} on {} at revision {}",
                         i.interface_name, report.applied_revision
                     );
                     return (true, "", msg);
                 }
-                Ok(InterfaceState::Error) => {
+                InterfaceState::Error => {
                     return (
                         false,
                         "InterfaceError",
@@ -235,7 +227,7 @@ async fn refuse(
 }
 
 async fn apply(pool: Arc<IPPool>, ctx: Arc<Context>) -> Result<Action, Error> {
-    let Some(pool_ref) = crate::status::object_ref(pool.as_ref()) else {
+    let Some(pool_ref) = object_ref(pool.as_ref()) else {
         return Err(Error::Unnamespaced);
     };
     let range = match pool_range(&pool) {
@@ -252,7 +244,7 @@ async fn apply(pool: Arc<IPPool>, ctx: Arc<Context>) -> Result<Action, Error> {
 
     // One pool per network.
     if let Some(owner) = ctx.pool_for_network(&network)
-        && crate::status::object_ref(owner.as_ref()).as_ref() != Some(&pool_ref)
+        && object_ref(owner.as_ref()).as_ref() != Some(&pool_ref)
     {
         let owner = format!(
             "{}/{}",
@@ -265,7 +257,67 @@ async fn apply(pool: Arc<IPPool>, ctx: Arc<Context>) -> Result<Action, Error> {
         return Ok(Action::requeue(Duration::from_secs(60)));
     }
 
-    // Label the network with the pool that serves it.
+    if let Some(retry) = label_network(&ctx, &pool, &pool_ref, &network).await? {
+        return Ok(retry);
+    }
+
+    if pool.spec.paused == Some(true) {
+        forget(&ctx, &pool_ref);
+        write_status(
+            &ctx,
+            &pool_ref,
+            &[
+                (CONDITION_REGISTERED, true, "", String::new()),
+                (CONDITION_STOPPED, true, "Paused", String::new()),
+            ],
+            false,
+        )
+        .await?;
+        info!(pool = %pool_ref, "pool paused; allocations kept in status");
+        return Ok(Action::await_change());
+    }
+
+    rebuild_ipam(&ctx, &pool, &pool_ref, &range).await?;
+    let agent = agent_condition(&ctx, &pool_ref);
+    write_status(
+        &ctx,
+        &pool_ref,
+        &[
+            (CONDITION_REGISTERED, true, "", String::new()),
+            (CONDITION_STOPPED, false, "", String::new()),
+            (CONDITION_CACHE_READY, true, "", String::new()),
+            (CONDITION_AGENT_READY, agent.0, agent.1, agent.2),
+        ],
+        true,
+    )
+    .await?;
+    if agent.0 {
+        // Our agent serves the pool: upstream's agent pod, if the Go controller left one, goes.
+        crate::reconcile::upstream_agent::retire(&ctx, &pool, &pool_ref)
+            .await
+            .map_err(|e| match e {
+                crate::reconcile::upstream_agent::UpstreamAgentError::NotLeader(n) => {
+                    Error::NotLeader(n)
+                }
+                other => Error::UpstreamAgent(other),
+            })?;
+    }
+    let (used, available) = ctx
+        .ipam
+        .with_pool(&pool_ref, |a| (a.used(), a.available()))?;
+    ctx.metrics
+        .set_pool(labels(&range, &network), used, available);
+    Ok(Action::requeue(Duration::from_secs(300)))
+}
+
+/// Labels the pool's network (NAD) with the pool that serves it. Returns when to look again if
+/// the network does not exist (the pool is refused meanwhile).
+async fn label_network(
+    ctx: &Context,
+    pool: &IPPool,
+    pool_ref: &NamespacedName,
+    network: &NamespacedName,
+) -> Result<Option<Action>, Error> {
     let nads: Api<DynamicObject> =
         Api::namespaced_with(ctx.client.clone(), &network.namespace, &nad_resource());
     match nads.get_opt(&network.name).await {
@@ -277,8 +329,8 @@ async fn apply(pool: Arc<IPPool>, ctx: Arc<Context>) -> Result<Action, Error> {
         }
         Ok(None) => {
             let message = format!("NetworkAttachmentDefinition {network} not found");
-            refuse(&ctx, &pool, &pool_ref, "NetworkNotFound", message).await?;
-            return Ok(Action::requeue(Duration::from_secs(30)));
+            refuse(ctx, pool, pool_ref, "NetworkNotFound", message).await?;
+            return Ok(Some(Action::requeue(Duration::from_secs(30))));
         }
         Ok(Some(nad)) => {
             let l = nad.labels();
@@ -300,49 +352,48 @@ async fn apply(pool: Arc<IPPool>, ctx: Arc<Context>) -> Result<Action, Error> {
             }
         }
     }
+    Ok(None)
+}
 
-    if pool.spec.paused == Some(true) {
-        forget(&ctx, &pool_ref);
-        write_status(
-            &ctx,
-            &pool_ref,
-            &[
-                (CONDITION_REGISTERED, true, "", String::new()),
-                (CONDITION_STOPPED, true, "Paused", String::new()),
-            ],
-            false,
+/// (Re)builds the pool's IPAM from what etcd records whenever it is missing or the range changed.
+async fn rebuild_ipam(
+    ctx: &Context,
+    pool: &IPPool,
+    pool_ref: &NamespacedName,
+    range: &PoolRange,
+) -> Result<(), Error> {
+    let current = ctx.ipam.with_pool(pool_ref, |a| a.range().clone()).ok();
+    if current.as_ref() == Some(range) {
+        return Ok(());
+    }
+    let allocated = pool
+        .status
+        .as_ref()
+        .and_then(|s| s.ipv4.as_ref())
+        .map(|v| v.allocated.clone())
+        .unwrap_or_default();
+    let (allocator, problems) = PoolAllocator::rebuild(range.clone(), &allocated)?;
+    for problem in problems.iter().take(5) {
+        warn!(pool = %pool_ref, %problem, "status entry not replayed");
+        ctx.event(
+            pool,
+            EventType::Warning,
+            "StatusEntry",
+            "Rebuild",
+            problem.to_string(),
         )
-        .await?;
-        info!(pool = %pool_ref, "pool paused; allocations kept in status");
-        return Ok(Action::await_change());
+        .await;
     }
+    ctx.mac_owners.forget_pool(pool_ref);
+    ctx.ipam.insert(allocator);
+    info!(pool = %pool_ref, leases = ctx.ipam.with_pool(pool_ref, |a| a.used()).unwrap_or(0), "IPAM rebuilt from status");
+    Ok(())
+}
 
-    // (Re)build the IPAM from what etcd records whenever it is missing or the range changed.
-    let current = ctx.ipam.with_pool(&pool_ref, |a| a.range().clone()).ok();
-    if current.as_ref() != Some(&range) {
-        let allocated = pool
-            .status
-            .as_ref()
-            .and_then(|s| s.ipv4.as_ref())
-            .map(|v| v.allocated.clone())
-            .unwrap_or_default();
-        let (allocator, problems) = PoolAllocator::rebuild(range.clone(), &allocated)?;
-        for problem in problems.iter().take(5) {
-            warn!(pool = %pool_ref, %problem, "status entry not replayed");
-            ctx.event(
-                pool.as_ref(),
-                EventType::Warning,
-                "StatusEntry",
-                "Rebuild",
-                problem.to_string(),
-            )
-            .await;
-        }
-        ctx.mac_owners.forget_pool(&pool_ref);
-        ctx.ipam.insert(allocator);
-        info!(pool = %pool_ref, leases = ctx.ipam.with_pool(&pool_ref, |a| a.used()).unwrap_or(0), "IPAM rebuilt from status");
-    }
-    let agent = if ctx
+/// `AgentReady` as (status, reason, message): the agent Deployment missing overrides whatever
+/// agents report.
+fn agent_condition(ctx: &Context, pool_ref: &NamespacedName) -> (bool, &'static str, String) {
+    if ctx
         .agent_deployment_missing
         .load(std::sync::atomic::Ordering::Relaxed)
     {
@@ -352,39 +403,12 @@ async fn apply(pool: Arc<IPPool>, ctx: Arc<Context>) -> Result<Action, Error> {
             "the agent Deployment was not found".to_owned(),
         )
     } else {
-        agent_ready(&ctx.reports.all(), &pool_ref, SystemTime::now())
-    };
-    write_status(
-        &ctx,
-        &pool_ref,
-        &[
-            (CONDITION_REGISTERED, true, "", String::new()),
-            (CONDITION_STOPPED, false, "", String::new()),
-            (CONDITION_CACHE_READY, true, "", String::new()),
-            (CONDITION_AGENT_READY, agent.0, agent.1, agent.2),
-        ],
-        true,
-    )
-    .await?;
-    if agent.0 {
-        // Our agent serves the pool: upstream's agent pod, if the Go controller left one, goes.
-        crate::upstream_agent::retire(&ctx, &pool, &pool_ref)
-            .await
-            .map_err(|e| match e {
-                crate::upstream_agent::UpstreamAgentError::NotLeader(n) => Error::NotLeader(n),
-                other => Error::UpstreamAgent(other),
-            })?;
+        agent_ready(&ctx.reports.all(), pool_ref, SystemTime::now())
     }
-    let (used, available) = ctx
-        .ipam
-        .with_pool(&pool_ref, |a| (a.used(), a.available()))?;
-    ctx.metrics
-        .set_pool(labels(&range, &network), used, available);
-    Ok(Action::requeue(Duration::from_secs(300)))
 }
 
 async fn cleanup(pool: Arc<IPPool>, ctx: Arc<Context>) -> Result<Action, Error> {
-    let Some(pool_ref) = crate::status::object_ref(pool.as_ref()) else {
+    let Some(pool_ref) = object_ref(pool.as_ref()) else {
         return Err(Error::Unnamespaced);
     };
     ctx.ensure_leader()?;
@@ -424,11 +448,11 @@ async fn cleanup(pool: Arc<IPPool>, ctx: Arc<Context>) -> Result<Action, Error> 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use vmdhcp_proto::agent::v1 as pb;
+    use crate::reports::{AgentIdentity, InterfaceReport};
 
     fn report(leader: bool, age: u64, state: InterfaceState, error: &str) -> AgentReport {
         AgentReport {
-            agent: pb::AgentIdentity {
+            agent: AgentIdentity {
                 pod_name: "agent-0".into(),
                 namespace: "vmdhcp".into(),
                 node_name: "n".into(),
@@ -436,10 +460,10 @@ mod tests {
             epoch: "e".into(),
             applied_revision: 7,
             leader,
-            interfaces: vec![pb::InterfaceReport {
+            interfaces: vec![InterfaceReport {
                 pool_ref: "ns/pool".into(),
                 interface_name: "vmd1".into(),
-                state: state.into(),
+                state,
                 error: error.into(),
                 lease_count: 3,
             }],

@@ -17,8 +17,9 @@ use vmdhcp_core::pool::{PoolConfig, is_served, leases_from_status};
 use vmdhcp_core::{NamespacedName, ifname};
 use vmdhcp_telemetry::trace;
 
-use crate::context::TraceCauses;
+use crate::causes::TraceCauses;
 use crate::index::{Index, Op};
+use crate::kinds::object_ref;
 
 /// Applies IPPool state to the index.
 pub struct IndexSync {
@@ -50,7 +51,7 @@ impl IndexSync {
         let live: BTreeMap<NamespacedName, &Arc<IPPool>> = pools
             .iter()
             .filter(|p| is_served(p))
-            .filter_map(|p| Some((NamespacedName::new(&p.namespace()?, &p.name_any()).ok()?, p)))
+            .filter_map(|p| Some((object_ref(p.as_ref())?, p)))
             .collect();
         let names = ifname::assign(live.keys());
         let mut ops = Vec::new();
@@ -136,16 +137,29 @@ impl IndexSync {
 mod tests {
     use super::*;
     use crate::index::PoolFilter;
-    use crate::status::set_condition;
-    use vmdhcp_core::crd::{CONDITION_CACHE_READY, CONDITION_REGISTERED, IPPoolStatus, IPv4Status};
+    use vmdhcp_core::crd::{
+        CONDITION_CACHE_READY, CONDITION_REGISTERED, Condition, IPPoolStatus, IPv4Status,
+    };
+
+    /// A condition as the leader writes it (the index reads only type and status).
+    fn condition(type_: &str, status: bool) -> Condition {
+        Condition {
+            type_: type_.into(),
+            status: if status { "True" } else { "False" }.into(),
+            last_update_time: None,
+            last_transition_time: None,
+            reason: None,
+            message: None,
+        }
+    }
 
     fn pool(name: &str, ready: bool, allocated: &[(&str, &str)]) -> Arc<IPPool> {
         let mut p: IPPool =
-            serde_yaml_ng::from_str(include_str!("../../examples/ippool.yaml")).unwrap();
+            serde_yaml_ng::from_str(include_str!("../../../examples/ippool.yaml")).unwrap();
         p.metadata.name = Some(name.into());
         p.spec.network_name = format!("default/{name}");
         p.metadata.resource_version = Some(format!("{name}-{}", allocated.len()));
-        let mut status = IPPoolStatus {
+        let status = IPPoolStatus {
             ipv4: Some(IPv4Status {
                 allocated: allocated
                     .iter()
@@ -154,10 +168,12 @@ mod tests {
                 used: 0,
                 available: 0,
             }),
+            conditions: vec![
+                condition(CONDITION_REGISTERED, true),
+                condition(CONDITION_CACHE_READY, ready),
+            ],
             ..Default::default()
         };
-        set_condition(&mut status.conditions, CONDITION_REGISTERED, true, "", "");
-        set_condition(&mut status.conditions, CONDITION_CACHE_READY, ready, "", "");
         p.status = Some(status);
         Arc::new(p)
     }

@@ -1,0 +1,22 @@
+//! The reconcilers (leader only): they turn IPPools, VirtualMachines and
+//! VirtualMachineNetworkConfigs into allocations recorded in etcd, and keep the agent Deployment
+//! bootstrapped.
+//!
+//! - [`context`]: what every reconciler shares (client, caches, IPAM, events, leadership gate);
+//! - [`ippool`]: a pool's network label, IPAM and status (`AgentReady` from agent reports);
+//! - [`vm`]: a VirtualMachine → its VirtualMachineNetworkConfig (NICs and MACs);
+//! - [`vmnetcfg`]: a config's NICs → addresses, written to the pool's status first;
+//! - [`status`]: conditions and the batched IPAM → `IPPool.status` writer;
+//! - [`agent_bootstrap`]: the agent Deployment's Multus annotation and env;
+//! - [`upstream_agent`]: retiring the Go controller's per-pool agent pod once ours serves.
+//!
+//! Every write checks leadership first. Reconcilers read the index and agent reports, never the
+//! gRPC layer: what agents said reaches them as [`crate::reports`] types.
+
+pub mod agent_bootstrap;
+pub mod context;
+pub mod ippool;
+pub mod status;
+pub mod upstream_agent;
+pub mod vm;
+pub mod vmnetcfg;

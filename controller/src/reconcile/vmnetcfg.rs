@@ -1,0 +1,1041 @@
+//! The VirtualMachineNetworkConfig reconciler (leader only): gives each NIC its address.
+//!
+//! For every network config: find the pool serving its network, then keep the address the NIC
+//! already holds, or take the requested static `ipAddress` (honoured or refused with a reason,
+//! never silently replaced), or the address status last recorded for it, or the lowest free one.
+//! NICs gone from the spec are released and marked `Stale`. The pool's `status.ipv4.allocated`
+//! is written **before** this object's status says `Allocated`, so an address reaches an agent
+//! only once etcd records it, and a controller killed between the two writes finds the address
+//! again in the pool's status when it rebuilds. A MAC claimed by one config on a network is
+//! refused to any other (upstream shared the address).
+
+use std::collections::BTreeSet;
+use std::net::Ipv4Addr;
+use std::sync::{Arc, PoisonError};
+use std::time::Duration;
+
+use kube::ResourceExt;
+use kube::api::{Api, Patch, PatchParams};
+use kube::runtime::controller::Action;
+use kube::runtime::events::EventType;
+use kube::runtime::finalizer::{Event as Finalizer, finalizer};
+use serde_json::json;
+use tracing::{debug, field, info, info_span};
+use vmdhcp_core::crd::{
+    CONDITION_ALLOCATED, CONDITION_DISABLED, CONDITION_IN_SYNCED, NetworkConfig,
+    NetworkConfigState, NetworkConfigStatus, VirtualMachineNetworkConfig,
+};
+use vmdhcp_core::{MacAddr, NamespacedName};
+
+use crate::ipam::{IpamError, PoolAllocator};
+use crate::kinds::{object_ref, vm_resource};
+use crate::metrics::VmnetcfgLabels;
+use crate::reconcile::context::{Context, NotLeader, VMNETCFG_FINALIZER};
+use crate::reconcile::status::{StatusError, set_condition};
+
+/// Why a VirtualMachineNetworkConfig reconcile failed (retried with per-object backoff).
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// An API call failed.
+    #[error("{action}: {source}")]
+    Kube {
+        /// What was being done.
+        action: String,
+        /// The API error.
+        source: kube::Error,
+    },
+    /// Recording allocations in the pool's status failed.
+    #[error(transparent)]
+    Status(#[from] StatusError),
+    /// Leadership was lost.
+    #[error(transparent)]
+    NotLeader(#[from] NotLeader),
+    /// Adding or removing the finalizer failed.
+    #[error("finalizer: {0}")]
+    Finalizer(#[source] Box<kube::runtime::finalizer::Error<Error>>),
+    /// The object has no namespace.
+    #[error("VirtualMachineNetworkConfig without namespace")]
+    Unnamespaced,
+}
+
+/// The address a NIC gets, as a pure decision on the pool's allocator:
+/// held address (unless a different static one is requested) → requested → previously recorded
+/// → lowest free. A refused static request leaves the held address in place.
+pub fn allocate_nic(
+    alloc: &mut PoolAllocator,
+    mac: MacAddr,
+    requested: Option<Ipv4Addr>,
+    previous: Option<Ipv4Addr>,
+) -> Result<Ipv4Addr, IpamError> {
+    match (alloc.lookup(&mac), requested) {
+        (Some(held), Some(want)) if held != want => {
+            alloc.release(held)?;
+            match alloc.allocate_requested(mac, want) {
+                Ok(ip) => Ok(ip),
+                Err(e) => {
+                    alloc.allocate_requested(mac, held)?;
+                    Err(e)
+                }
+            }
+        }
+        (Some(held), _) => Ok(held),
+        (None, Some(want)) => alloc.allocate_requested(mac, want),
+        (None, None) => match previous {
+            Some(prev) => alloc
+                .allocate_requested(mac, prev)
+                .or_else(|_| alloc.allocate(mac)),
+            None => alloc.allocate(mac),
+        },
+    }
+}
+
+/// Reconciles one VirtualMachineNetworkConfig.
+pub async fn reconcile(
+    cfg: Arc<VirtualMachineNetworkConfig>,
+    ctx: Arc<Context>,
+) -> Result<Action, Error> {
+    ctx.ensure_leader()?;
+    let ns = cfg.namespace().ok_or(Error::Unnamespaced)?;
+    let api: Api<VirtualMachineNetworkConfig> = Api::namespaced(ctx.client.clone(), &ns);
+    finalizer(&api, VMNETCFG_FINALIZER, cfg, |event| async {
+        match event {
+            Finalizer::Apply(c) => apply(c, ctx.clone()).await,
+            Finalizer::Cleanup(c) => cleanup(c, ctx.clone()).await,
+        }
+    })
+    .await
+    .map_err(|e| Error::Finalizer(Box::new(e)))
+}
+
+/// The NICs this config's status records.
+fn recorded(cfg: &VirtualMachineNetworkConfig) -> Vec<Recorded> {
+    let ns = cfg.namespace().unwrap_or_default();
+    cfg.status
+        .iter()
+        .flat_map(|s| &s.network_configs)
+        .filter_map(|e| {
+            let network = NamespacedName::parse_in(e.network_name.as_deref()?, &ns).ok()?;
+            let mac = e.mac_address.as_deref()?.parse().ok()?;
+            let ip = e
+                .allocated_ip_address
+                .as_deref()
+                .and_then(|i| i.parse().ok());
+            Some((network, mac, ip, e.state))
+        })
+        .collect()
+}
+
+/// Releases `mac` on the pool serving `network`; returns the pool if something was released.
+fn release(
+    ctx: &Context,
+    network: &NamespacedName,
+    mac: MacAddr,
+    owner: &NamespacedName,
+) -> Option<NamespacedName> {
+    let pool = object_ref(ctx.pool_for_network(network)?.as_ref())?;
+    ctx.mac_owners.release(&pool, mac, owner);
+    let released = ctx
+        .ipam
+        .with_pool(&pool, |a| a.release_mac(&mac))
+        .ok()
+        .flatten();
+    released.map(|_| {
+        ctx.metrics.allocation(&pool.to_string(), "released");
+        pool
+    })
+}
+
+async fn persist(ctx: &Context, pools: &BTreeSet<NamespacedName>) -> Result<(), Error> {
+    for pool in pools {
+        ctx.ensure_leader()?;
+        ctx.writer
+            .persist(&ctx.client, Some(&ctx.pools), &ctx.ipam, pool)
+            .await?;
+    }
+    Ok(())
+}
+
+async fn write_status(
+    ctx: &Context,
+    cfg: &VirtualMachineNetworkConfig,
+    entries: Vec<NetworkConfigStatus>,
+    conditions: &[(&str, bool, &str, String)],
+) -> Result<(), Error> {
+    ctx.ensure_leader()?;
+    let (ns, name) = (cfg.namespace().unwrap_or_default(), cfg.name_any());
+    let mut all = cfg
+        .status
+        .as_ref()
+        .map(|s| s.conditions.clone())
+        .unwrap_or_default();
+    for (type_, value, reason, message) in conditions {
+        set_condition(&mut all, type_, *value, reason, message);
+    }
+    let key = format!("{ns}/{name}");
+    let series = entries
+        .iter()
+        .map(|e| VmnetcfgLabels {
+            vmnetcfg: key.clone(),
+            network: e.network_name.clone().unwrap_or_default(),
+            mac: e.mac_address.clone().unwrap_or_default(),
+            ip: e.allocated_ip_address.clone().unwrap_or_default(),
+            state: e.state.map(|s| format!("{s:?}")).unwrap_or_default(),
+        })
+        .collect();
+    let status = json!({"status": {"networkConfigs": entries, "conditions": all}});
+    let unchanged = cfg.status.as_ref().is_some_and(|s| {
+        serde_json::to_value(&s.network_configs).ok()
+            == Some(status["status"]["networkConfigs"].clone())
+            && serde_json::to_value(&s.conditions).ok()
+                == Some(status["status"]["conditions"].clone())
+    });
+    // A reconcile queued behind our own write may still see the version we computed it from:
+    // the same version and the same result mean the write is already done.
+    let version = cfg.resource_version().unwrap_or_default();
+    let mut timeless = status.clone();
+    for c in timeless["status"]["conditions"]
+        .as_array_mut()
+        .into_iter()
+        .flatten()
+    {
+        if let Some(c) = c.as_object_mut() {
+            c.remove("lastUpdateTime");
+            c.remove("lastTransitionTime");
+        }
+    }
+    let already = ctx
+        .written
+        .lock()
+        .unwrap_or_else(PoisonError::into_inner)
+        .get(&key)
+        == Some(&(version.clone(), timeless.clone()));
+    if !unchanged && !already {
+        let api: Api<VirtualMachineNetworkConfig> = Api::namespaced(ctx.client.clone(), &ns);
+        api.patch_status(&name, &PatchParams::default(), &Patch::Merge(&status))
+            .await
+            .map_err(|source| Error::Kube {
+                action: format!("writing status of {key}"),
+                source,
+            })?;
+        ctx.written
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .insert(key.clone(), (version, timeless));
+    }
+    ctx.metrics.set_vmnetcfg(&key, series);
+    Ok(())
+}
+
+fn entry(
+    network: &NamespacedName,
+    mac: MacAddr,
+    ip: Option<Ipv4Addr>,
+    state: NetworkConfigState,
+) -> NetworkConfigStatus {
+    NetworkConfigStatus {
+        allocated_ip_address: ip.map(|i| i.to_string()),
+        mac_address: Some(mac.to_string()),
+        network_name: Some(network.to_string()),
+        state: Some(state),
+    }
+}
+
+/// Whether a VM this config was made from is gone (KubeVirt's garbage collection stand-in for
+/// clusters without it; confirmed with a read, never from the cache alone).
+async fn vm_gone(ctx: &Context, cfg: &VirtualMachineNetworkConfig) -> Result<bool, Error> {
+    let Some(owner) = cfg
+        .owner_references()
+        .iter()
+        .find(|o| o.kind == "VirtualMachine" && o.api_version.starts_with("kubevirt.io/"))
+    else {
+        return Ok(false);
+    };
+    let ns = cfg.namespace().unwrap_or_default();
+    if ctx
+        .vms
+        .get(&kube::runtime::reflector::ObjectRef::new_with(&owner.name, vm_resource()).within(&ns))
+        .is_some()
+    {
+        return Ok(false);
+    }
+    let vms: Api<kube::api::DynamicObject> =
+        Api::namespaced_with(ctx.client.clone(), &ns, &vm_resource());
+    let found = vms
+        .get_opt(&owner.name)
+        .await
+        .map_err(|source| Error::Kube {
+            action: format!("reading VirtualMachine {ns}/{}", owner.name),
+            source,
+        })?;
+    Ok(found.is_none_or(|vm| vm.metadata.uid.as_deref() != Some(owner.uid.as_str())))
+}
+
+/// Deletes the config `me`, whose VirtualMachine is gone (no garbage collector may run).
+async fn delete_orphan(ctx: &Context, me: &NamespacedName) -> Result<(), Error> {
+    ctx.ensure_leader()?;
+    let api: Api<VirtualMachineNetworkConfig> = Api::namespaced(ctx.client.clone(), &me.namespace);
+    info!(vmnetcfg = %me, "its VirtualMachine is gone; deleting it");
+    match api.delete(&me.name, &Default::default()).await {
+        Ok(_) => Ok(()),
+        Err(kube::Error::Api(s)) if s.is_not_found() => Ok(()),
+        Err(source) => Err(Error::Kube {
+            action: format!("deleting {me}"),
+            source,
+        }),
+    }
+}
+
+async fn apply(cfg: Arc<VirtualMachineNetworkConfig>, ctx: Arc<Context>) -> Result<Action, Error> {
+    let Some(me) = object_ref(cfg.as_ref()) else {
+        return Err(Error::Unnamespaced);
+    };
+    if vm_gone(&ctx, &cfg).await? {
+        delete_orphan(&ctx, &me).await?;
+        return Ok(Action::await_change());
+    }
+    let previous = recorded(&cfg);
+    if cfg.spec.paused == Some(true) {
+        return pause(&ctx, &cfg, &me, &previous).await;
+    }
+
+    let mut out = Outcome::default();
+    let mut wanted = BTreeSet::new();
+    let facts = CacheFacts { ctx: &ctx, me: &me };
+    for nc in &cfg.spec.network_configs {
+        let plan = plan_nic(nc, &me.namespace, &previous, &facts);
+        if let Some(nic) = plan.nic() {
+            wanted.insert(nic);
+        }
+        perform(&ctx, &cfg, &me, plan, &mut out).await;
+    }
+    // NICs gone from the spec: release and mark stale.
+    for (network, mac, ip, keep_entry) in plan_stale(&previous, &wanted) {
+        if let Some(pool) = release(&ctx, &network, mac, &me) {
+            out.touched.insert(pool);
+            ctx.event(
+                cfg.as_ref(),
+                EventType::Normal,
+                "Released",
+                "Release",
+                format!(
+                    "{} released from {mac} on {network}",
+                    ip.map(|i| i.to_string()).unwrap_or_default()
+                ),
+            )
+            .await;
+        }
+        if keep_entry {
+            out.entries
+                .push(entry(&network, mac, ip, NetworkConfigState::Stale));
+        }
+    }
+    if cfg.spec.network_configs.is_empty() {
+        out.problems.push("no network configs found".into());
+    }
+    finish(&ctx, &cfg, &me, out).await
+}
+
+/// A paused config: every recorded address is released (kept in status as `Pending`, so the NIC
+/// gets it back on resume if still free).
+async fn pause(
+    ctx: &Context,
+    cfg: &VirtualMachineNetworkConfig,
+    me: &NamespacedName,
+    previous: &[Recorded],
+) -> Result<Action, Error> {
+    let mut touched = BTreeSet::new();
+    let mut entries = Vec::new();
+    for (network, mac, ip, _) in previous {
+        touched.extend(release(ctx, network, *mac, me));
+        entries.push(entry(network, *mac, *ip, NetworkConfigState::Pending));
+    }
+    persist(ctx, &touched).await?;
+    write_status(
+        ctx,
+        cfg,
+        entries,
+        &[(CONDITION_DISABLED, true, "Paused", String::new())],
+    )
+    .await?;
+    Ok(Action::await_change())
+}
+
+/// What one reconcile did so far: pools whose books changed, the status entries, the problems.
+#[derive(Default)]
+struct Outcome {
+    /// Pools whose allocations changed (their status is written before this config's).
+    touched: BTreeSet<NamespacedName>,
+    /// This config's status entries, one per NIC.
+    entries: Vec<NetworkConfigStatus>,
+    /// Why some NIC is not allocated (the `Allocated` condition's message).
+    problems: Vec<String>,
+    /// Some NIC waits for a pool to appear or get ready: look again soon.
+    waiting: bool,
+}
+
+/// Records the pools' books, then this config's status; says when to look again.
+async fn finish(
+    ctx: &Context,
+    cfg: &VirtualMachineNetworkConfig,
+    me: &NamespacedName,
+    out: Outcome,
+) -> Result<Action, Error> {
+    // The pool records the allocation first; only then does this object say Allocated.
+    persist(ctx, &out.touched).await?;
+    let allocated = out.problems.is_empty();
+    if allocated {
+        // Later reconciles of an allocated config are traces of their own.
+        ctx.causes.vmnetcfgs.take(me);
+    }
+    let message = out.problems.join("; ");
+    write_status(
+        ctx,
+        cfg,
+        out.entries,
+        &[
+            (
+                CONDITION_ALLOCATED,
+                allocated,
+                if allocated { "" } else { "Error" },
+                message,
+            ),
+            (CONDITION_DISABLED, false, "", String::new()),
+            (CONDITION_IN_SYNCED, true, "", String::new()),
+        ],
+    )
+    .await?;
+    Ok(match (allocated, out.waiting) {
+        (true, _) => Action::requeue(Duration::from_secs(600)),
+        (false, true) => Action::requeue(Duration::from_secs(5)),
+        (false, false) => Action::requeue(Duration::from_secs(60)),
+    })
+}
+
+/// One recorded NIC: (network, MAC, address, state).
+type Recorded = (
+    NamespacedName,
+    MacAddr,
+    Option<Ipv4Addr>,
+    Option<NetworkConfigState>,
+);
+
+/// What [`plan_nic`] needs to know about the cluster, asked only when the decision gets there.
+trait NicFacts {
+    /// The pool serving `network`, if any.
+    fn pool_serving(&self, network: &NamespacedName) -> Option<NamespacedName>;
+    /// Whether this term's IPAM holds the pool (its reconcile rebuilt it from status).
+    fn pool_ready(&self, pool: &NamespacedName) -> bool;
+    /// Another config whose status holds `mac` on `network`.
+    fn claimed_elsewhere(&self, network: &NamespacedName, mac: MacAddr) -> Option<NamespacedName>;
+}
+
+/// The reconciler's caches as [`NicFacts`], for the config `me`.
+struct CacheFacts<'a> {
+    ctx: &'a Context,
+    me: &'a NamespacedName,
+}
+
+impl NicFacts for CacheFacts<'_> {
+    fn pool_serving(&self, network: &NamespacedName) -> Option<NamespacedName> {
+        self.ctx
+            .pool_for_network(network)
+            .and_then(|p| object_ref(p.as_ref()))
+    }
+
+    fn pool_ready(&self, pool: &NamespacedName) -> bool {
+        self.ctx.ipam.contains(pool)
+    }
+
+    fn claimed_elsewhere(&self, network: &NamespacedName, mac: MacAddr) -> Option<NamespacedName> {
+        claimed_elsewhere(self.ctx, self.me, network, mac)
+    }
+}
+
+/// What to do with one NIC of the spec.
+#[derive(Debug, PartialEq)]
+enum NicPlan {
+    /// Its network or MAC does not parse: a problem, no status entry.
+    Invalid(String),
+    /// No address now: a `Pending` entry (with the address recorded before, if any) and a
+    /// problem; `waiting` when a pool may come or get ready soon.
+    Pending {
+        network: NamespacedName,
+        mac: MacAddr,
+        ip: Option<Ipv4Addr>,
+        problem: String,
+        waiting: bool,
+    },
+    /// Another config's status holds the MAC on this network: refused, with an event.
+    MacInUse {
+        network: NamespacedName,
+        mac: MacAddr,
+        other: NamespacedName,
+    },
+    /// Give it an address on `pool` ([`allocate_nic`]: keep, honour the static request or
+    /// refuse it, restore the recorded one, or the lowest free).
+    Allocate {
+        network: NamespacedName,
+        mac: MacAddr,
+        pool: NamespacedName,
+        requested: Option<Ipv4Addr>,
+        previous: Option<Ipv4Addr>,
+    },
+}
+
+impl NicPlan {
+    /// The (network, MAC) the spec asks for, when it could be read.
+    fn nic(&self) -> Option<(NamespacedName, MacAddr)> {
+        match self {
+            NicPlan::Invalid(_) => None,
+            NicPlan::Pending { network, mac, .. }
+            | NicPlan::MacInUse { network, mac, .. }
+            | NicPlan::Allocate { network, mac, .. } => Some((network.clone(), *mac)),
+        }
+    }
+}
+
+/// Decides, without writing anything, what one NIC of the spec gets.
+fn plan_nic(
+    nc: &NetworkConfig,
+    namespace: &str,
+    previous: &[Recorded],
+    facts: &impl NicFacts,
+) -> NicPlan {
+    let network = match NamespacedName::parse_in(&nc.network_name, namespace) {
+        Ok(n) => n,
+        Err(e) => return NicPlan::Invalid(format!("networkName {:?}: {e}", nc.network_name)),
+    };
+    let mac: MacAddr = match nc.mac_address.parse() {
+        Ok(m) => m,
+        Err(e) => return NicPlan::Invalid(format!("{network}: {e}")),
+    };
+    let pending = |ip, problem, waiting| NicPlan::Pending {
+        network: network.clone(),
+        mac,
+        ip,
+        problem,
+        waiting,
+    };
+    let requested = match nc
+        .ip_address
+        .as_deref()
+        .filter(|s| !s.is_empty())
+        .map(str::parse::<Ipv4Addr>)
+    {
+        None => None,
+        Some(Ok(ip)) => Some(ip),
+        Some(Err(_)) => {
+            let problem = format!(
+                "{network} {mac}: ipAddress {:?} is not an IPv4 address",
+                nc.ip_address.as_deref().unwrap_or_default()
+            );
+            return pending(None, problem, false);
+        }
+    };
+    let prev_ip = previous
+        .iter()
+        .find(|(n, m, _, _)| *n == network && *m == mac)
+        .and_then(|(_, _, ip, _)| *ip);
+    let Some(pool) = facts.pool_serving(&network) else {
+        return pending(prev_ip, format!("no IPPool serves network {network}"), true);
+    };
+    if !facts.pool_ready(&pool) {
+        return pending(prev_ip, format!("IPPool {pool} is not ready"), true);
+    }
+    if let Some(other) = facts.claimed_elsewhere(&network, mac) {
+        return NicPlan::MacInUse {
+            network,
+            mac,
+            other,
+        };
+    }
+    NicPlan::Allocate {
+        network,
+        mac,
+        pool,
+        requested,
+        previous: prev_ip,
+    }
+}
+
+/// NICs recorded in status but gone from the spec: each is released; its entry is kept (as
+/// `Stale`) unless it already says `Stale` without an address. (network, MAC, address, keep).
+fn plan_stale(
+    previous: &[Recorded],
+    wanted: &BTreeSet<(NamespacedName, MacAddr)>,
+) -> Vec<(NamespacedName, MacAddr, Option<Ipv4Addr>, bool)> {
+    previous
+        .iter()
+        .filter(|(network, mac, _, _)| !wanted.contains(&(network.clone(), *mac)))
+        .map(|(network, mac, ip, state)| {
+            let keep = *state != Some(NetworkConfigState::Stale) || ip.is_some();
+            (network.clone(), *mac, *ip, keep)
+        })
+        .collect()
+}
+
+/// Carries out one NIC's plan: events, MAC claim, allocation, its status entry and problems.
+async fn perform(
+    ctx: &Context,
+    cfg: &VirtualMachineNetworkConfig,
+    me: &NamespacedName,
+    plan: NicPlan,
+    out: &mut Outcome,
+) {
+    match plan {
+        NicPlan::Invalid(problem) => out.problems.push(problem),
+        NicPlan::Pending {
+            network,
+            mac,
+            ip,
+            problem,
+            waiting,
+        } => {
+            out.problems.push(problem);
+            out.entries
+                .push(entry(&network, mac, ip, NetworkConfigState::Pending));
+            out.waiting |= waiting;
+        }
+        NicPlan::MacInUse {
+            network,
+            mac,
+            other,
+        } => {
+            let msg = format!(
+                "{mac} on {network} is already allocated to VirtualMachineNetworkConfig {other}"
+            );
+            ctx.event(cfg, EventType::Warning, "MacInUse", "Allocate", msg.clone())
+                .await;
+            out.problems.push(msg);
+            out.entries
+                .push(entry(&network, mac, None, NetworkConfigState::Pending));
+        }
+        NicPlan::Allocate {
+            network,
+            mac,
+            pool,
+            requested,
+            previous,
+        } => {
+            if let Err(other) = ctx.mac_owners.claim(&pool, mac, me) {
+                out.problems.push(format!(
+                    "{mac} on {network} is already allocated to VirtualMachineNetworkConfig {other}"
+                ));
+                out.entries
+                    .push(entry(&network, mac, None, NetworkConfigState::Pending));
+                return;
+            }
+            let nic = Nic {
+                network: &network,
+                mac,
+                pool: &pool,
+            };
+            allocate(ctx, cfg, me, nic, requested, previous, out).await;
+        }
+    }
+}
+
+/// A NIC being given an address on `pool`.
+struct Nic<'a> {
+    network: &'a NamespacedName,
+    mac: MacAddr,
+    pool: &'a NamespacedName,
+}
+
+/// Allocates one NIC its address (a traced `allocate` span): an event and a metric when the
+/// address is new, the MAC claim undone and an event when refused.
+async fn allocate(
+    ctx: &Context,
+    cfg: &VirtualMachineNetworkConfig,
+    me: &NamespacedName,
+    nic: Nic<'_>,
+    requested: Option<Ipv4Addr>,
+    prev_ip: Option<Ipv4Addr>,
+    out: &mut Outcome,
+) {
+    let Nic { network, mac, pool } = nic;
+    let held_before = ctx.ipam.with_pool(pool, |a| a.lookup(&mac)).ok().flatten();
+    let span = info_span!(
+        "allocate",
+        pool = %pool,
+        network = %network,
+        mac = %mac,
+        requested = field::Empty,
+        ip = field::Empty,
+        result = field::Empty,
+        otel.status_code = field::Empty,
+    );
+    if let Some(r) = requested {
+        span.record("requested", field::display(r));
+    }
+    let outcome = span.in_scope(|| {
+        ctx.ipam
+            .with_pool(pool, |a| allocate_nic(a, mac, requested, prev_ip))
+    });
+    match outcome {
+        Ok(Ok(ip)) => {
+            span.record("ip", field::display(ip));
+            if held_before == Some(ip) {
+                span.record("result", "kept");
+            } else {
+                span.record("result", "allocated");
+                ctx.metrics.allocation(&pool.to_string(), "allocated");
+                // The index revision that publishes this lease continues this trace.
+                if let Some(cause) = vmdhcp_telemetry::trace::span_context(&span) {
+                    ctx.causes.leases.record((pool.clone(), mac), cause);
+                }
+                out.touched.insert(pool.clone());
+                ctx.event(
+                    cfg,
+                    EventType::Normal,
+                    "Allocated",
+                    "Allocate",
+                    format!("{ip} allocated to {mac} on {network}"),
+                )
+                .await;
+            }
+            out.entries
+                .push(entry(network, mac, Some(ip), NetworkConfigState::Allocated));
+        }
+        Ok(Err(e)) | Err(e) => {
+            span.record("result", "refused");
+            span.record("otel.status_code", "ERROR");
+            ctx.metrics.allocation(&pool.to_string(), "refused");
+            span.in_scope(|| debug!(error = %e, "allocation refused"));
+            if held_before.is_none() {
+                ctx.mac_owners.release(pool, mac, me);
+            }
+            ctx.event(
+                cfg,
+                EventType::Warning,
+                "AllocationRefused",
+                "Allocate",
+                e.to_string(),
+            )
+            .await;
+            out.problems.push(e.to_string());
+            out.entries.push(entry(
+                network,
+                mac,
+                held_before,
+                if held_before.is_some() {
+                    NetworkConfigState::Allocated
+                } else {
+                    NetworkConfigState::Pending
+                },
+            ));
+        }
+    }
+}
+
+/// Another config whose status records `mac` on `network` as allocated.
+fn claimed_elsewhere(
+    ctx: &Context,
+    me: &NamespacedName,
+    network: &NamespacedName,
+    mac: MacAddr,
+) -> Option<NamespacedName> {
+    // Runs for every NIC of every reconcile over every config in the cache: the cheap tests
+    // (state, MAC) come first and allocate nothing; names are parsed only for a MAC that matches.
+    ctx.vmnetcfgs.state().into_iter().find_map(|other| {
+        if other.metadata.deletion_timestamp.is_some() {
+            return None;
+        }
+        let ns = other.metadata.namespace.as_deref()?;
+        let holds = other.status.as_ref()?.network_configs.iter().any(|e| {
+            e.state == Some(NetworkConfigState::Allocated)
+                && e.mac_address.as_deref().and_then(|m| m.parse().ok()) == Some(mac)
+                && e.network_name
+                    .as_deref()
+                    .and_then(|n| NamespacedName::parse_in(n, ns).ok())
+                    .as_ref()
+                    == Some(network)
+        });
+        if !holds {
+            return None;
+        }
+        let key = object_ref(other.as_ref())?;
+        (&key != me).then_some(key)
+    })
+}
+
+async fn cleanup(
+    cfg: Arc<VirtualMachineNetworkConfig>,
+    ctx: Arc<Context>,
+) -> Result<Action, Error> {
+    let Some(me) = object_ref(cfg.as_ref()) else {
+        return Err(Error::Unnamespaced);
+    };
+    let mut touched = BTreeSet::new();
+    for (network, mac, _, _) in recorded(&cfg) {
+        touched.extend(release(&ctx, &network, mac, &me));
+    }
+    persist(&ctx, &touched).await?;
+    ctx.metrics.remove_vmnetcfg(&me.to_string());
+    ctx.written
+        .lock()
+        .unwrap_or_else(PoisonError::into_inner)
+        .remove(&me.to_string());
+    info!(vmnetcfg = %me, pools = touched.len(), "config deleted; addresses released");
+    Ok(Action::await_change())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::ipam::PoolRange;
+
+    fn alloc() -> PoolAllocator {
+        PoolAllocator::new(PoolRange {
+            pool: "ns/p".parse().unwrap(),
+            subnet: "192.0.2.0/24".parse().unwrap(),
+            start: "192.0.2.10".parse().unwrap(),
+            end: "192.0.2.20".parse().unwrap(),
+            server_ip: "192.0.2.1".parse().unwrap(),
+            router: None,
+            exclude: vec![],
+        })
+        .unwrap()
+    }
+
+    fn ip(s: &str) -> Ipv4Addr {
+        s.parse().unwrap()
+    }
+
+    const A: MacAddr = MacAddr([2, 0, 0, 0, 0, 1]);
+    const B: MacAddr = MacAddr([2, 0, 0, 0, 0, 2]);
+
+    #[test]
+    fn held_address_is_kept_and_previous_one_restored() {
+        let mut a = alloc();
+        assert_eq!(
+            allocate_nic(&mut a, A, None, None).unwrap(),
+            ip("192.0.2.10")
+        );
+        assert_eq!(
+            allocate_nic(&mut a, A, None, Some(ip("192.0.2.15"))).unwrap(),
+            ip("192.0.2.10"),
+            "held beats recorded"
+        );
+        // After a pause the NIC gets back the address its status recorded.
+        a.release_mac(&A);
+        assert_eq!(
+            allocate_nic(&mut a, B, None, None).unwrap(),
+            ip("192.0.2.10")
+        );
+        assert_eq!(
+            allocate_nic(&mut a, A, None, Some(ip("192.0.2.15"))).unwrap(),
+            ip("192.0.2.15")
+        );
+        // Recorded address taken meanwhile: the next free one.
+        let mut a = alloc();
+        allocate_nic(&mut a, B, Some(ip("192.0.2.15")), None).unwrap();
+        assert_eq!(
+            allocate_nic(&mut a, A, None, Some(ip("192.0.2.15"))).unwrap(),
+            ip("192.0.2.10")
+        );
+    }
+
+    #[test]
+    fn static_requests_are_honoured_or_refused_keeping_the_held_address() {
+        let mut a = alloc();
+        assert_eq!(
+            allocate_nic(&mut a, A, Some(ip("192.0.2.12")), None).unwrap(),
+            ip("192.0.2.12")
+        );
+        assert_eq!(
+            allocate_nic(&mut a, A, Some(ip("192.0.2.13")), None).unwrap(),
+            ip("192.0.2.13"),
+            "moves to a new static address"
+        );
+        assert_eq!(a.lookup(&A), Some(ip("192.0.2.13")));
+        assert!(
+            !a.status_allocated().contains_key("192.0.2.12"),
+            "old address released"
+        );
+        allocate_nic(&mut a, B, Some(ip("192.0.2.14")), None).unwrap();
+        let err = allocate_nic(&mut a, A, Some(ip("192.0.2.14")), None).unwrap_err();
+        assert!(matches!(err, IpamError::AlreadyAllocated { .. }), "{err}");
+        assert_eq!(
+            a.lookup(&A),
+            Some(ip("192.0.2.13")),
+            "refusal keeps the held address"
+        );
+        let err = allocate_nic(&mut a, A, Some(ip("192.0.2.99")), None).unwrap_err();
+        assert!(matches!(err, IpamError::OutsideRange { .. }), "{err}");
+        assert_eq!(a.lookup(&A), Some(ip("192.0.2.13")));
+    }
+
+    /// A cluster as a table: which pool serves each network, which pools are ready, which
+    /// (network, MAC) another config holds.
+    #[derive(Default)]
+    struct Table {
+        pools: Vec<(&'static str, &'static str)>,
+        ready: Vec<&'static str>,
+        claimed: Vec<(&'static str, MacAddr, &'static str)>,
+    }
+
+    impl NicFacts for Table {
+        fn pool_serving(&self, network: &NamespacedName) -> Option<NamespacedName> {
+            let (_, pool) = self.pools.iter().find(|(n, _)| *n == network.to_string())?;
+            pool.parse().ok()
+        }
+
+        fn pool_ready(&self, pool: &NamespacedName) -> bool {
+            self.ready.iter().any(|p| *p == pool.to_string())
+        }
+
+        fn claimed_elsewhere(
+            &self,
+            network: &NamespacedName,
+            mac: MacAddr,
+        ) -> Option<NamespacedName> {
+            let (_, _, other) = self
+                .claimed
+                .iter()
+                .find(|(n, m, _)| *n == network.to_string() && *m == mac)?;
+            other.parse().ok()
+        }
+    }
+
+    fn nic(network: &str, mac: &str, ip: Option<&str>) -> NetworkConfig {
+        NetworkConfig {
+            network_name: network.into(),
+            mac_address: mac.into(),
+            ip_address: ip.map(Into::into),
+        }
+    }
+
+    fn name(s: &str) -> NamespacedName {
+        s.parse().unwrap()
+    }
+
+    #[test]
+    fn each_nic_is_planned_from_its_spec_and_the_cluster() {
+        let cluster = Table {
+            pools: vec![("vms/net-a", "vms/pool-a"), ("vms/net-b", "vms/pool-b")],
+            ready: vec!["vms/pool-a"],
+            claimed: vec![("vms/net-a", B, "vms/other")],
+        };
+        // The status recorded 192.0.2.15 for A on net-a and on net-b.
+        let previous: Vec<Recorded> = vec![
+            (name("vms/net-a"), A, Some(ip("192.0.2.15")), None),
+            (name("vms/net-b"), A, Some(ip("192.0.2.16")), None),
+        ];
+        let pending =
+            |network: &str, mac, ip_: Option<&str>, problem: &str, waiting| NicPlan::Pending {
+                network: name(network),
+                mac,
+                ip: ip_.map(ip),
+                problem: problem.into(),
+                waiting,
+            };
+        let allocate = |mac, requested: Option<&str>, previous: Option<&str>| NicPlan::Allocate {
+            network: name("vms/net-a"),
+            mac,
+            pool: name("vms/pool-a"),
+            requested: requested.map(ip),
+            previous: previous.map(ip),
+        };
+        let a = "02:00:00:00:00:01";
+        let b = "02:00:00:00:00:02";
+        let table: Vec<(&str, NetworkConfig, NicPlan)> = vec![
+            (
+                "a static address that is not IPv4: pending, nothing to wait for",
+                nic("net-a", a, Some("192.0.2")),
+                pending(
+                    "vms/net-a",
+                    A,
+                    None,
+                    "vms/net-a 02:00:00:00:00:01: ipAddress \"192.0.2\" is not an IPv4 address",
+                    false,
+                ),
+            ),
+            (
+                "no pool on the network: pending with the recorded address, waiting",
+                nic("vms/net-c", a, None),
+                pending(
+                    "vms/net-c",
+                    A,
+                    None,
+                    "no IPPool serves network vms/net-c",
+                    true,
+                ),
+            ),
+            (
+                "pool not ready: pending with the recorded address, waiting",
+                nic("net-b", a, None),
+                pending(
+                    "vms/net-b",
+                    A,
+                    Some("192.0.2.16"),
+                    "IPPool vms/pool-b is not ready",
+                    true,
+                ),
+            ),
+            (
+                "MAC held by another config on this network",
+                nic("net-a", b, None),
+                NicPlan::MacInUse {
+                    network: name("vms/net-a"),
+                    mac: B,
+                    other: name("vms/other"),
+                },
+            ),
+            (
+                "allocate, restoring the recorded address",
+                nic("net-a", a, None),
+                allocate(A, None, Some("192.0.2.15")),
+            ),
+            (
+                "an empty ipAddress asks for nothing",
+                nic("net-a", a, Some("")),
+                allocate(A, None, Some("192.0.2.15")),
+            ),
+            (
+                "a static address is requested (honoured or refused by allocate_nic)",
+                nic("vms/net-a", a, Some("192.0.2.12")),
+                allocate(A, Some("192.0.2.12"), Some("192.0.2.15")),
+            ),
+        ];
+        for (case, spec, want) in table {
+            assert_eq!(plan_nic(&spec, "vms", &previous, &cluster), want, "{case}");
+        }
+        // Unreadable network or MAC: only a problem, naming what is wrong.
+        let bad_network = plan_nic(&nic("a/b/c", a, None), "vms", &previous, &cluster);
+        assert!(
+            matches!(&bad_network, NicPlan::Invalid(p) if p.starts_with("networkName \"a/b/c\"")),
+            "{bad_network:?}"
+        );
+        assert_eq!(bad_network.nic(), None, "not wanted: nothing to keep");
+        let bad_mac = plan_nic(&nic("net-a", "zz", None), "vms", &previous, &cluster);
+        assert!(
+            matches!(&bad_mac, NicPlan::Invalid(p) if p.starts_with("vms/net-a: ")),
+            "{bad_mac:?}"
+        );
+    }
+
+    #[test]
+    fn nics_gone_from_the_spec_are_released_and_marked_stale_once() {
+        let previous: Vec<Recorded> = vec![
+            (name("vms/net-a"), A, Some(ip("192.0.2.10")), None),
+            (name("vms/net-b"), A, Some(ip("192.0.2.11")), None),
+            (name("vms/net-c"), A, None, Some(NetworkConfigState::Stale)),
+            (
+                name("vms/net-d"),
+                A,
+                Some(ip("192.0.2.12")),
+                Some(NetworkConfigState::Stale),
+            ),
+        ];
+        let wanted = BTreeSet::from([(name("vms/net-a"), A)]);
+        assert_eq!(
+            plan_stale(&previous, &wanted),
+            [
+                (name("vms/net-b"), A, Some(ip("192.0.2.11")), true),
+                (name("vms/net-c"), A, None, false),
+                (name("vms/net-d"), A, Some(ip("192.0.2.12")), true),
+            ]
+        );
+    }
+}

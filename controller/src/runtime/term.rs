@@ -1,0 +1,393 @@
+//! One leadership term: the reconcilers and the agent bootstrap writer, over shared watches,
+//! with per-object backoff, a span and a metric per reconcile. Started when this replica gains
+//! leadership, dropped — with every reconcile in flight — the moment it is lost.
+
+use std::collections::HashMap;
+use std::fmt::Debug;
+use std::future::Future;
+use std::hash::Hash;
+use std::sync::{Arc, Mutex, PoisonError, RwLock};
+use std::time::{Duration, Instant};
+
+use futures_util::StreamExt;
+use kube::api::{Api, DynamicObject};
+use kube::runtime::controller::{Action, Controller};
+use kube::runtime::events::{Recorder, Reporter};
+use kube::runtime::reflector::{self, ObjectRef};
+use kube::runtime::watcher;
+use kube::{Client, ResourceExt};
+use serde::de::DeserializeOwned;
+use tokio::sync::watch;
+use tracing::{Instrument, error, field, info, info_span, warn};
+use vmdhcp_core::NamespacedName;
+use vmdhcp_core::crd::{IPPool, VirtualMachineNetworkConfig};
+
+use super::{Settings, stopped};
+use crate::causes::TraceCauses;
+use crate::index::Index;
+use crate::index::shared_watch::{self, Trigger};
+use crate::ipam::{Ipam, MacOwners};
+use crate::kinds::{nad_resource, object_ref, store_key, vm_resource};
+use crate::metrics::Metrics;
+use crate::reconcile::context::{Context, EVENT_QUEUE, Events};
+use crate::reconcile::status::PoolStatusWriter;
+use crate::reconcile::{agent_bootstrap, ippool, vm, vmnetcfg};
+use crate::reports::Reports;
+
+/// A reconcile failed (wraps each reconciler's own error).
+#[derive(Debug, thiserror::Error)]
+pub enum ReconcileError {
+    /// IPPool.
+    #[error(transparent)]
+    IPPool(#[from] ippool::Error),
+    /// VirtualMachineNetworkConfig.
+    #[error(transparent)]
+    Vmnetcfg(#[from] vmnetcfg::Error),
+    /// VirtualMachine.
+    #[error(transparent)]
+    Vm(#[from] vm::Error),
+}
+
+impl ReconcileError {
+    /// Leadership was lost under the reconcile: not a failure, the write was just not made.
+    fn is_not_leader(&self) -> bool {
+        matches!(
+            self,
+            ReconcileError::IPPool(ippool::Error::NotLeader(_))
+                | ReconcileError::Vmnetcfg(vmnetcfg::Error::NotLeader(_))
+                | ReconcileError::Vm(vm::Error::NotLeader(_))
+        )
+    }
+}
+
+/// Per-object retry backoff: 1 s, 2 s, 4 s … 5 min, reset by a success.
+#[derive(Default)]
+struct Backoff(Mutex<HashMap<String, u32>>);
+
+impl Backoff {
+    fn failed(&self, key: String) -> Duration {
+        let mut m = self.0.lock().unwrap_or_else(PoisonError::into_inner);
+        let n = m.entry(key).or_insert(0);
+        *n = n.saturating_add(1);
+        Duration::from_secs(1u64 << (*n - 1).min(8)).min(Duration::from_secs(300))
+    }
+
+    fn succeeded(&self, key: &str) {
+        self.0
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .remove(key);
+    }
+}
+
+/// Whether a config's status says every NIC is allocated.
+fn is_allocated(c: &VirtualMachineNetworkConfig) -> bool {
+    c.status.as_ref().is_some_and(|s| {
+        vmdhcp_core::crd::find_condition(&s.conditions, vmdhcp_core::crd::CONDITION_ALLOCATED)
+            .is_some_and(|a| a.status == "True")
+    })
+}
+
+/// A leadership term's context plus its backoff bookkeeping.
+struct Term {
+    ctx: Arc<Context>,
+    backoff: Backoff,
+}
+
+fn key<K: ResourceExt>(kind: &str, obj: &K) -> String {
+    format!(
+        "{kind}/{}/{}",
+        obj.namespace().unwrap_or_default(),
+        obj.name_any()
+    )
+}
+
+async fn timed<T: ResourceExt, E: Into<ReconcileError>>(
+    term: &Term,
+    kind: &'static str,
+    obj: &T,
+    fut: impl Future<Output = Result<Action, E>>,
+) -> Result<Action, ReconcileError> {
+    // No waiting on other controllers' caches here: kube's store readiness wakes only its last
+    // waiter (the controller's own runner), so a reconcile waiting on it could sleep forever.
+    // Each controller's own cache is complete before its first reconcile; reads of the others
+    // are either self-healing (requeue) or confirmed with a GET.
+    let name = object_ref(obj);
+    let span = info_span!(
+        "reconcile",
+        kind,
+        object = %name.as_ref().map_or_else(|| obj.name_any(), ToString::to_string),
+        outcome = field::Empty,
+        error = field::Empty,
+        otel.status_code = field::Empty,
+    );
+    if kind == "vmnetcfg"
+        && let Some(name) = &name
+        && let Some(cause) = term.ctx.causes.vmnetcfgs.get(name)
+    {
+        // The VM reconcile that wrote this config: one trace from VM to lease.
+        vmdhcp_telemetry::trace::continue_from(&span, &[cause]);
+    }
+    let started = Instant::now();
+    let result = fut.instrument(span.clone()).await.map_err(Into::into);
+    let outcome = match &result {
+        Ok(_) => "ok",
+        Err(e) if e.is_not_leader() => "not_leader",
+        Err(e) => {
+            span.record("error", field::display(e));
+            span.record("otel.status_code", "ERROR");
+            "error"
+        }
+    };
+    span.record("outcome", outcome);
+    term.ctx
+        .metrics
+        .reconciled(kind, outcome, started.elapsed());
+    if result.is_ok() {
+        term.backoff.succeeded(&key(kind, obj));
+    }
+    result
+}
+
+fn error_policy<K: ResourceExt>(
+    kind: &'static str,
+) -> impl Fn(Arc<K>, &ReconcileError, Arc<Term>) -> Action {
+    move |obj, err, term| {
+        let delay = term.backoff.failed(key(kind, obj.as_ref()));
+        if !err.is_not_leader() {
+            warn!(object = %key(kind, obj.as_ref()), error = %err, retry_in = ?delay, "reconcile failed")
+        }
+        Action::requeue(delay)
+    }
+}
+
+/// Logs what a controller stream yields besides successful reconciles (watch and queue errors;
+/// reconcile errors are logged by the error policy).
+fn log_outcome<K: kube::Resource, E: std::fmt::Display>(
+    kind: &str,
+    r: Result<(ObjectRef<K>, Action), kube::runtime::controller::Error<E, watcher::Error>>,
+) where
+    K::DynamicType: std::fmt::Debug,
+{
+    use kube::runtime::controller::Error as E2;
+    match r {
+        Ok(_) | Err(E2::ReconcilerFailed(..)) => {}
+        Err(E2::ObjectNotFound(obj)) => {
+            tracing::debug!(kind, object = %obj, "queued object no longer exists")
+        }
+        Err(e) => warn!(kind, error = %e, "controller stream error"),
+    }
+}
+
+/// What every leadership term shares with the replica's always-on parts.
+#[derive(Clone)]
+pub(super) struct Shared {
+    pub(super) index: Arc<Index>,
+    pub(super) reports: Arc<Reports>,
+    pub(super) metrics: Arc<Metrics>,
+    pub(super) ipam_slot: Arc<RwLock<Option<Arc<Ipam>>>>,
+    pub(super) causes: Arc<TraceCauses>,
+}
+
+/// Runs the writers for one leadership term, until the future is dropped (leadership lost:
+/// writes stop at once) or `stop` turns true (shutdown: no new reconcile starts, those in
+/// flight finish their writes, then it returns).
+pub(super) async fn lead(
+    client: Client,
+    settings: Settings,
+    shared: Shared,
+    leader: watch::Receiver<bool>,
+    stop: watch::Receiver<bool>,
+) {
+    let wc = watcher::Config::default();
+    // One watch per kind the reconcilers share, so a reconcile woken by an event always reads a
+    // cache that has applied it (see `shared_watch`), and the API server sends each event once.
+    let (pools, pool_watch, [pool_self, pool_siblings, pool_for_cfgs]) =
+        shared_watch::watch(Api::<IPPool>::all(client.clone()), (), wc.clone());
+    let vm_api: Api<DynamicObject> = Api::all_with(client.clone(), &vm_resource());
+    let (vms, vm_watch, [vm_self, vm_for_cfgs]) =
+        shared_watch::watch(vm_api, vm_resource(), wc.clone());
+    let pool_ctrl = pool_controller(&client, &pools, pool_self, pool_siblings, &shared.reports)
+        .graceful_shutdown_on(stopped(stop.clone()));
+    let cfg_ctrl = Controller::new(Api::<VirtualMachineNetworkConfig>::all(client.clone()), wc);
+    let cfgs = cfg_ctrl.store();
+    let vm_ctrl = Controller::for_stream_with(vm_self, vms.clone(), vm_resource())
+        .graceful_shutdown_on(stopped(stop.clone()));
+    let cfg_ctrl = config_triggers(
+        cfg_ctrl.graceful_shutdown_on(stopped(stop.clone())),
+        cfgs.clone(),
+        vm_for_cfgs,
+        pool_for_cfgs,
+    );
+
+    let ipam = Arc::new(Ipam::new());
+    *shared
+        .ipam_slot
+        .write()
+        .unwrap_or_else(PoisonError::into_inner) = Some(ipam.clone());
+    let reporter = Reporter {
+        controller: "vm-dhcp-controller".into(),
+        instance: Some(settings.identity.clone()),
+    };
+    let (events, queued_events) = Events::new(EVENT_QUEUE);
+    let ctx = Arc::new(Context {
+        client: client.clone(),
+        pools,
+        vmnetcfgs: cfgs,
+        vms,
+        ipam,
+        writer: PoolStatusWriter::default(),
+        events,
+        metrics: shared.metrics,
+        leader,
+        agent: settings.agent.clone(),
+        mac_owners: MacOwners::default(),
+        reports: shared.reports.clone(),
+        agent_deployment_missing: Default::default(),
+        causes: shared.causes,
+        written: Default::default(),
+    });
+    let term = Arc::new(Term {
+        ctx: ctx.clone(),
+        backoff: Backoff::default(),
+    });
+
+    let pools_run = drive(pool_ctrl, "ippool", term.clone(), ippool::reconcile);
+    let cfgs_run = drive(cfg_ctrl, "vmnetcfg", term.clone(), vmnetcfg::reconcile);
+    let vms_run = drive(vm_ctrl, "vm", term.clone(), vm::reconcile);
+    let bootstrap = async {
+        match settings.agent.clone() {
+            Some(target) => {
+                agent_bootstrap::run(ctx.clone(), shared.index, target, stop.clone()).await
+            }
+            None => stopped(stop.clone()).await,
+        }
+    };
+    // Events are published by one task per term, from a bounded queue.
+    let events_task = Events::run(Recorder::new(client.clone(), reporter), queued_events);
+    // The writers end together on `stop`, each after its last write; the watches feeding them
+    // never end on their own.
+    let writers = async {
+        tokio::join!(pools_run, cfgs_run, vms_run, bootstrap);
+    };
+    tokio::select! {
+        () = writers => info!("reconcilers stopped; their writes are finished"),
+        _ = async { tokio::join!(pool_watch, vm_watch, events_task) } => error!("shared watches ended"),
+    }
+}
+
+/// Runs one controller until it ends: every reconcile timed and traced ([`timed`]), failures
+/// retried with the term's per-object backoff, the rest of its stream logged.
+async fn drive<K, R, F, E>(ctrl: Controller<K>, kind: &'static str, term: Arc<Term>, reconcile: R)
+where
+    K: kube::Resource + Clone + DeserializeOwned + Debug + Send + Sync + 'static,
+    K::DynamicType: Debug + Eq + Hash + Clone + Unpin,
+    R: Fn(Arc<K>, Arc<Context>) -> F,
+    F: Future<Output = Result<Action, E>> + Send + 'static,
+    E: Into<ReconcileError>,
+{
+    ctrl.run(
+        move |o: Arc<K>, t: Arc<Term>| {
+            let fut = reconcile(o.clone(), t.ctx.clone());
+            async move { timed(&t, kind, o.as_ref(), fut).await }
+        },
+        error_policy(kind),
+        term,
+    )
+    .for_each(|r| async move { log_outcome(kind, r) })
+    .await
+}
+
+/// The IPPool controller: a pool is reconciled on its own changes, on its network's (NAD), on
+/// another pool claiming the same network, and when an agent report about it changed.
+fn pool_controller(
+    client: &Client,
+    pools: &reflector::Store<IPPool>,
+    own: Trigger<IPPool>,
+    siblings: Trigger<IPPool>,
+    reports: &Arc<Reports>,
+) -> Controller<IPPool> {
+    // A pool waits on its network (NAD) and on the other pools claiming the same network.
+    let pools_on = |store: reflector::Store<IPPool>| {
+        move |network: Option<NamespacedName>| {
+            store
+                .state()
+                .into_iter()
+                .filter(|p| {
+                    NamespacedName::parse_in(
+                        &p.spec.network_name,
+                        &p.namespace().unwrap_or_default(),
+                    )
+                    .ok()
+                        == network
+                })
+                .map(|p| ObjectRef::from_obj(p.as_ref()))
+                .collect::<Vec<_>>()
+        }
+    };
+    // A report re-checks only the pools it names (and only when its content changed).
+    let touched_by = reports.clone();
+    let report_changes = tokio_stream::wrappers::WatchStream::from_changes(reports.subscribe())
+        .flat_map(move |_| {
+            futures_util::stream::iter(
+                touched_by
+                    .take_touched()
+                    .into_iter()
+                    .map(|p| store_key::<IPPool>(&p)),
+            )
+        });
+    let by_nad = pools_on(pools.clone());
+    let by_sibling = pools_on(pools.clone());
+    Controller::for_stream(own, pools.clone())
+        .reconcile_on(report_changes)
+        .watches_with(
+            Api::<DynamicObject>::all_with(client.clone(), &nad_resource()),
+            nad_resource(),
+            watcher::Config::default(),
+            move |nad: DynamicObject| by_nad(object_ref(&nad)),
+        )
+        .watches_stream(siblings, move |pool: IPPool| {
+            by_sibling(
+                NamespacedName::parse_in(
+                    &pool.spec.network_name,
+                    &pool.namespace().unwrap_or_default(),
+                )
+                .ok(),
+            )
+        })
+}
+
+/// The config controller's triggers besides its own watch: the VM it is named after, and the
+/// pools on its networks while it still waits for an address.
+fn config_triggers(
+    ctrl: Controller<VirtualMachineNetworkConfig>,
+    cfgs: reflector::Store<VirtualMachineNetworkConfig>,
+    vms: Trigger<DynamicObject>,
+    pools: Trigger<IPPool>,
+) -> Controller<VirtualMachineNetworkConfig> {
+    ctrl.watches_stream_with(
+        vms,
+        |vm: DynamicObject| {
+            Some(ObjectRef::new(&vm.name_any()).within(&vm.namespace().unwrap_or_default()))
+        },
+        vm_resource(),
+    )
+    .watches_stream(pools, move |pool: IPPool| {
+        let ns = pool.namespace().unwrap_or_default();
+        let network = NamespacedName::parse_in(&pool.spec.network_name, &ns).ok();
+        cfgs.state()
+            .into_iter()
+            // Only configs still waiting for an address: the others do not depend on the
+            // pool's status, and re-queueing every config on every pool write is quadratic.
+            .filter(|c| !is_allocated(c))
+            .filter(|c| {
+                let cns = c.namespace().unwrap_or_default();
+                c.spec
+                    .network_configs
+                    .iter()
+                    .any(|n| NamespacedName::parse_in(&n.network_name, &cns).ok() == network)
+            })
+            .map(|c| ObjectRef::from_obj(c.as_ref()))
+            .collect::<Vec<_>>()
+    })
+}
