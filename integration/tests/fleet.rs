@@ -352,8 +352,10 @@ fn after_a_takeover_clients_renew_by_unicast_with_the_new_leader_at_once() {
             .collect::<Vec<_>>()
     };
     let unicast = |r: &Captured| r.dst == new_hw && r.dst_ip == server && r.ciaddr == client;
-    // Bounded by the lease: 20 s, so T1 10 s and T2 17.5 s; without announcements the first
-    // unicast ACK comes only after a broadcast REBIND let the new leader ARP for the client.
+    // Bounded by the lease: 20 s, so T1 10 s and T2 17.5 s. Without announcements, RENEWs go
+    // to the old MAC and are lost; the client may even let its lease expire and start over with
+    // a broadcast DISCOVER (seen: twice in 60 s); only a broadcast REBIND answered by unicast
+    // makes the new leader ARP for the client and so fixes the client's entry.
     let deadline = std::time::Instant::now() + Duration::from_secs(60);
     let first_unicast = loop {
         if neighbour_moved.is_none()
@@ -406,13 +408,11 @@ fn after_a_takeover_clients_renew_by_unicast_with_the_new_leader_at_once() {
         );
     }
 
+    // Generous: the announcements go out within 4 s of taking over.
     assert!(
-        !announcements.is_empty(),
-        "no ARP announcement of {SERVER_IP} by the new leader reached the client"
-    );
-    assert!(
-        neighbour_moved.is_some(),
-        "the client's ARP entry for {SERVER_IP} still points at the old leader: {:?}",
+        neighbour_moved.is_some_and(|t| t - takeover < 10.0),
+        "the client's ARP entry for {SERVER_IP} did not move to the new leader within 10 s of \
+         the takeover (moved: {neighbour_moved:?}, takeover {takeover}): {:?}",
         fleet.neighbour(&vm1, SERVER_IP)
     );
     let (first_ack, first_request) = acks
@@ -428,7 +428,11 @@ fn after_a_takeover_clients_renew_by_unicast_with_the_new_leader_at_once() {
     // Generous: the next renewal comes at most T1 (10 s) after the last one, plus a retry.
     let took = first_ack.at - takeover;
     assert!(took < 30.0, "first unicast ACK {took:.2} s after takeover");
-    // Announcements are counted on the new leader's /metrics.
+    // The announcements reached the client, and the new leader counted them.
+    assert!(
+        !announcements.is_empty(),
+        "no ARP announcement of {SERVER_IP} by the new leader reached the client"
+    );
     let m = fleet.agent_metrics(&new);
     assert!(
         metric(&m, "vmdhcp_agent_arp_announcements_total{").is_some_and(|n| n >= 1.0)
