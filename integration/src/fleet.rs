@@ -666,6 +666,49 @@ mod tests {
     }
 
     #[test]
+    fn arp_announcements_are_told_from_other_arp_frames() {
+        // pcap global header (24 bytes, little endian), then records of 16 + frame bytes.
+        let mut pcap = vec![0xd4, 0xc3, 0xb2, 0xa1, 2, 0, 4, 0];
+        pcap.resize(24, 0);
+        let arp = |op: u8, spa: [u8; 4], tpa: [u8; 4]| {
+            let mac = [2, 0, 0, 0, 0, 7];
+            let mut f = vec![0xff; 6];
+            f.extend(mac);
+            f.extend([8, 6, 0, 1, 8, 0, 6, 4, 0, op]);
+            f.extend(mac);
+            f.extend(spa);
+            f.extend([0; 6]);
+            f.extend(tpa);
+            f
+        };
+        let server = [10, 123, 45, 2];
+        for (secs, frame) in [
+            (1u32, arp(1, server, server)),         // announcement
+            (2, arp(1, server, [10, 123, 45, 50])), // an ordinary who-has
+            (3, arp(2, server, server)),            // a reply, not a request
+        ] {
+            pcap.extend(secs.to_le_bytes());
+            pcap.extend(0u32.to_le_bytes());
+            let len = u32::try_from(frame.len()).unwrap().to_le_bytes();
+            pcap.extend(len);
+            pcap.extend(len);
+            pcap.extend(frame);
+        }
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("arp.pcap");
+        fs::write(&path, pcap).unwrap();
+        assert_eq!(
+            arp_announcements(&path),
+            vec![Announced {
+                at: 1.0,
+                mac: [2, 0, 0, 0, 0, 7],
+                ip: server,
+                dst: [0xff; 6],
+            }]
+        );
+    }
+
+    #[test]
     fn replies_are_doubled_only_when_two_servers_answer_one_request() {
         // dhclient renews with the xid of its first exchange: one server per request is fine.
         let renewals = [
