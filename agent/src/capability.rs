@@ -1,7 +1,7 @@
 //! Which Linux capability a refused operation lacked.
 //!
 //! The agent runs as UID 0 with every capability dropped except the few the chart grants
-//! (`agent.capabilities`: NET_ADMIN, NET_BIND_SERVICE), so when the kernel refuses one of its
+//! (`agent.capabilities`: NET_ADMIN, NET_BIND_SERVICE, NET_RAW), so when the kernel refuses one of its
 //! privileged operations with EPERM or EACCES, the likely cause is a container started without
 //! the capability that operation needs. A bare "Permission denied" does not say which one; this
 //! module owns that mapping and the sentence that names the capability and where to grant it.
@@ -18,7 +18,8 @@ pub enum Capability {
     NetAdmin,
     /// Binding UDP port 67, below `net.ipv4.ip_unprivileged_port_start`.
     NetBindService,
-    /// `SO_BINDTODEVICE`, on kernels older than 5.7 only.
+    /// Packet sockets, for the ARP announcements after a takeover (see [`crate::arp`]); also
+    /// `SO_BINDTODEVICE`, on kernels older than 5.7.
     NetRaw,
 }
 
@@ -115,8 +116,8 @@ mod tests {
     use super::*;
 
     const NONE: Option<u64> = Some(0);
-    /// What the chart grants: NET_ADMIN and NET_BIND_SERVICE.
-    const CHART: Option<u64> = Some(0x1400);
+    /// What the chart grants: NET_ADMIN, NET_BIND_SERVICE and NET_RAW.
+    const CHART: Option<u64> = Some(0x3400);
 
     #[test]
     fn a_privilege_error_names_the_capability_the_process_lacks() {
@@ -130,6 +131,11 @@ mod tests {
             judge(Capability::NetAdmin, Some(EPERM), Some(0x400)),
             Missing(Some(Capability::NetAdmin)),
             "NET_BIND_SERVICE alone does not cover NET_ADMIN"
+        );
+        assert_eq!(
+            judge(Capability::NetRaw, Some(EPERM), Some(0x1400)),
+            Missing(Some(Capability::NetRaw)),
+            "NET_ADMIN and NET_BIND_SERVICE do not cover packet sockets"
         );
         // An unreadable capability set: the refusal is still blamed on the capability.
         assert_eq!(

@@ -1,6 +1,7 @@
 //! The agent's HTTP endpoints: `/healthz` (the process runs), `/readyz` (leases are loaded and
 //! every interface serves), `/leases` (what the table holds, pool → MAC → lease, with declined
-//! addresses) and `/metrics` (Prometheus text, read from the servers' counters at scrape time).
+//! addresses) and `/metrics` (Prometheus text, read from the servers' and the ARP announcer's
+//! counters at scrape time).
 //!
 //! It only reads: the lease table, the interface statuses and the counters. Nothing here is on the
 //! packet path; a scrape takes no lock the servers use.
@@ -23,6 +24,7 @@ use prometheus_client::registry::Registry;
 use serde::Serialize;
 use tokio::sync::watch;
 
+use crate::arp::ArpCounters;
 use crate::dhcp::counters::Reading;
 use crate::dhcp::server::{InterfaceCounters, InterfaceStatus};
 use crate::lease_table::{Conflict, LeaseTable};
@@ -116,6 +118,19 @@ impl HttpState {
         self
     }
 
+    /// Also reports the ARP announcements after takeovers: `vmdhcp_agent_arp_announcements`
+    /// per interface and result, and whether they are possible at all. Call it before the state
+    /// is cloned.
+    pub fn with_arp(mut self, counters: ArpCounters) -> Self {
+        match Arc::get_mut(&mut self.registry) {
+            Some(registry) => registry.register_collector(Box::new(ArpMetrics(counters))),
+            None => tracing::warn!(
+                "HttpState::with_arp called after the state was shared; ARP metrics not registered"
+            ),
+        }
+        self
+    }
+
     /// Also reports the config stream: its state on `/readyz` and `vmdhcp_agent_stream_*` on
     /// `/metrics`. Call it before the state is cloned (the registry is completed here).
     pub fn with_stream(mut self, status: watch::Receiver<ConnectionStatus>) -> Self {
@@ -200,6 +215,41 @@ impl Collector for StreamMetrics {
         for (name, help, value) in counters {
             let family = encoder.encode_descriptor(name, help, None, MetricType::Counter)?;
             ConstCounter::new(value).encode(family)?;
+        }
+        Ok(())
+    }
+}
+
+/// `vmdhcp_agent_arp_announcements*`: gratuitous ARP sent for the server addresses taken over.
+#[derive(Debug)]
+struct ArpMetrics(ArpCounters);
+
+impl Collector for ArpMetrics {
+    fn encode(&self, mut encoder: DescriptorEncoder) -> Result<(), std::fmt::Error> {
+        let family = encoder.encode_descriptor(
+            "vmdhcp_agent_arp_announcements_enabled",
+            "1 when the agent can send ARP announcements (0: it lacks CAP_NET_RAW, or does not \
+             configure interfaces).",
+            None,
+            MetricType::Gauge,
+        )?;
+        ConstGauge::new(i64::from(self.0.enabled())).encode(family)?;
+        let mut family = encoder.encode_descriptor(
+            "vmdhcp_agent_arp_announcements",
+            "ARP announcements of server addresses on taking an interface over, by result \
+             (sent, failed).",
+            None,
+            MetricType::Counter,
+        )?;
+        for r in self.0.read() {
+            for (result, value) in [("sent", r.sent), ("failed", r.failed)] {
+                let labels = [
+                    ("interface", r.interface.as_str()),
+                    ("pool", r.pool.as_str()),
+                    ("result", result),
+                ];
+                ConstCounter::new(value).encode(family.encode_family(&labels)?)?;
+            }
         }
         Ok(())
     }
@@ -598,6 +648,35 @@ mod tests {
                 .any(|l| l == "vmdhcp_agent_stream_connected 0"),
             "{metrics}"
         );
+    }
+
+    #[tokio::test]
+    async fn arp_announcements_are_on_metrics_per_interface_and_result() {
+        let (state, _, _) = setup(true, InterfaceStatus::Serving);
+        let counters = ArpCounters::default();
+        let state = state.with_arp(counters.clone());
+        let (_, metrics) = get(state.clone(), "/metrics").await;
+        assert!(
+            metrics
+                .lines()
+                .any(|l| l == "vmdhcp_agent_arp_announcements_enabled 0"),
+            "{metrics}"
+        );
+        assert!(
+            !metrics.contains("vmdhcp_agent_arp_announcements_total{"),
+            "{metrics}"
+        );
+        counters.record("eth1", &pool_name(), 3, 1);
+        let (_, metrics) = get(state, "/metrics").await;
+        for line in [
+            r#"vmdhcp_agent_arp_announcements_total{interface="eth1",pool="default/a",result="sent"} 3"#,
+            r#"vmdhcp_agent_arp_announcements_total{interface="eth1",pool="default/a",result="failed"} 1"#,
+        ] {
+            assert!(
+                metrics.lines().any(|l| l == line),
+                "{line} not in\n{metrics}"
+            );
+        }
     }
 
     #[tokio::test]

@@ -11,12 +11,17 @@
 //! - [`dhcp`]: the DHCPv4 server, one socket per interface, replies built by pure functions.
 //! - [`http`]: `/healthz`, `/readyz`, `/leases` and `/metrics`.
 //! - [`netlink`]: each served interface gets exactly its server address and is up.
+//! - [`arp`]: gratuitous ARP (RFC 5227 announcements) for the server addresses taken over.
 //! - [`capability`]: which Linux capability a refused operation lacked, named in its error.
 //! - [`credentials`]: the controller's CA and our ServiceAccount token for the stream.
 //! - [`stream`]: the config-stream client: snapshot then deltas from the controller, resumed by
 //!   revision after any disconnect, validated before anything is applied.
-#![forbid(unsafe_code)]
+//!
+//! `unsafe` is denied everywhere (workspace lint); the one exception, allowed on that function
+//! alone, is [`arp`] writing a `sockaddr_ll`, for which socket2 has no safe constructor.
+#![deny(unsafe_code)]
 
+pub mod arp;
 pub mod capability;
 pub mod credentials;
 pub mod dhcp;

@@ -6,8 +6,9 @@
 //!   takes no part in anything (it would otherwise hold the Lease while serving nothing). Empty
 //!   env: idle and ready.
 //! - Leases: the config stream, with IPPool status as the fallback ([`crate::sources`]).
-//! - Leadership: only the Lease holder configures interfaces and answers ([`crate::serving`]);
-//!   standbys keep the stream and the table hot.
+//! - Leadership: only the Lease holder configures interfaces, announces their server addresses
+//!   by gratuitous ARP and answers ([`crate::serving`]); standbys keep the stream and the table
+//!   hot. Without CAP_NET_RAW the agent still serves, without announcements (a warning says so).
 //! - SIGTERM/SIGINT: stop answering and remove the server addresses, then release the Lease (a
 //!   standby takes over within about one retry period), then close the stream and HTTP.
 
@@ -24,6 +25,7 @@ use vmdhcp_core::bootstrap::Bootstrap;
 use vmdhcp_leader::{ElectionConfig, LeaderElector, LeaseHolder};
 use vmdhcp_proto::agent::v1 as pb;
 
+use crate::arp::Announcer;
 use crate::http::{AgentStatus, HttpState};
 use crate::lease_table::LeaseTable;
 use crate::netlink::InterfaceSetup;
@@ -119,7 +121,13 @@ pub async fn run(settings: Settings, client: Option<kube::Client>) -> Result<(),
     } else {
         None
     };
-    let mut serving = Serving::new(Arc::clone(&table), setup);
+    // Only addresses we configure are announced; without CAP_NET_RAW, DHCP is served anyway.
+    let announcer = if setup.is_some() {
+        Announcer::open_or_warn()
+    } else {
+        Announcer::disabled()
+    };
+    let mut serving = Serving::new(Arc::clone(&table), setup, announcer);
 
     let http_state = HttpState::new(
         Arc::clone(&table),
@@ -128,7 +136,8 @@ pub async fn run(settings: Settings, client: Option<kube::Client>) -> Result<(),
         serving.servers().counters(),
     )
     .with_stream(stream_status.clone())
-    .with_agent(role.clone());
+    .with_agent(role.clone())
+    .with_arp(serving.arp_counters());
     let http_listener = tokio::net::TcpListener::bind(settings.http)
         .await
         .map_err(|source| crate::http::HttpError::Bind {

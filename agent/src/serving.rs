@@ -7,8 +7,12 @@
 //! stops every socket first, then removes the addresses, so a deposed leader is silent before a
 //! new one can start (the leader crate ends leadership before the Lease can expire elsewhere).
 //!
-//! This module owns the servers and the addresses it configured; the pools come from the lease
-//! table (or, before anything is loaded, from the bootstrap env).
+//! Every server address it configures is announced by gratuitous ARP ([`crate::arp`]), so clients
+//! that cached the previous leader's MAC renew by unicast with this one right away; stepping down
+//! cancels the announcements still running before anything else.
+//!
+//! This module owns the servers, the addresses it configured and their announcements; the pools
+//! come from the lease table (or, before anything is loaded, from the bootstrap env).
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::Ipv4Addr;
@@ -18,6 +22,7 @@ use tracing::{info, warn};
 use vmdhcp_core::NamespacedName;
 use vmdhcp_core::bootstrap::AgentNetworkConfig;
 
+use crate::arp::Announcer;
 use crate::dhcp::server::{Interface, InterfaceStatus, Servers};
 use crate::lease_table::LeaseTable;
 use crate::netlink::InterfaceSetup;
@@ -76,6 +81,8 @@ pub fn wanted_from_bootstrap(configs: &[AgentNetworkConfig]) -> WantedSet {
 pub struct Serving {
     servers: Servers,
     setup: Option<InterfaceSetup>,
+    /// Announces each server address we configure.
+    announcer: Announcer,
     /// Interface → the address we configured on it (and must remove).
     configured: BTreeMap<String, (Ipv4Addr, u8)>,
     /// Interfaces shown in the statuses (to remove those that are no longer wanted).
@@ -85,11 +92,17 @@ pub struct Serving {
 }
 
 impl Serving {
-    /// Serves from `table`; with `setup`, gives each interface its server address.
-    pub fn new(table: Arc<LeaseTable>, setup: Option<InterfaceSetup>) -> Self {
+    /// Serves from `table`; with `setup`, gives each interface its server address and announces
+    /// it with `announcer` (pass [`Announcer::disabled`] to announce nothing).
+    pub fn new(
+        table: Arc<LeaseTable>,
+        setup: Option<InterfaceSetup>,
+        announcer: Announcer,
+    ) -> Self {
         Serving {
             servers: Servers::new(table),
             setup,
+            announcer,
             configured: BTreeMap::new(),
             shown: BTreeMap::new(),
             cleared: BTreeSet::new(),
@@ -99,6 +112,11 @@ impl Serving {
     /// The servers, for the HTTP endpoints' statuses and counters.
     pub fn servers(&self) -> &Servers {
         &self.servers
+    }
+
+    /// The ARP announcement counters, for `/metrics`.
+    pub fn arp_counters(&self) -> crate::arp::ArpCounters {
+        self.announcer.counters()
     }
 
     /// Whether any interface is answering or configured.
@@ -115,7 +133,9 @@ impl Serving {
                     "not leading: stopping every DHCP server and removing server addresses"
                 );
             }
-            // Silence first, for every interface at once; addresses after.
+            // No more announcing an address we give up; then silence, for every interface at
+            // once; addresses after.
+            self.announcer.cancel_all();
             self.servers.stop_all(Some(InterfaceStatus::Standby)).await;
             for name in self.configured.keys().cloned().collect::<Vec<_>>() {
                 self.unconfigure(&name).await;
@@ -153,6 +173,9 @@ impl Serving {
                         self.configured
                             .insert(name.clone(), (w.server_ip, w.prefix));
                         self.cleared.remove(name);
+                        // Even when the address was already there (left by a crashed run of
+                        // ours): clients may still hold another replica's MAC for it.
+                        self.announcer.announce(name, &w.pool, w.server_ip);
                     }
                     Err(error) => {
                         // Retried on the next convergence; the other pools go on.
@@ -182,6 +205,7 @@ impl Serving {
 
     /// Statuses: standby for each wanted interface when not leading; removed for the unwanted.
     fn show(&mut self, wanted: &WantedSet, standby: bool) {
+        self.announcer.retain(|name| wanted.contains_key(name));
         for name in self.shown.keys() {
             if !wanted.contains_key(name) {
                 self.servers.set_status(name, None);
@@ -223,6 +247,7 @@ impl Serving {
     }
 
     async fn unconfigure(&mut self, name: &str) {
+        self.announcer.cancel(name);
         let (Some(setup), Some((ip, prefix))) = (&self.setup, self.configured.remove(name)) else {
             return;
         };

@@ -19,9 +19,9 @@ import yaml
 # The agent's capabilities, exactly (everything else is dropped). Changing them is a decision:
 # change values.yaml, this list and the README together.
 EXPECTED_CAPS = {
-    "default": ["NET_ADMIN", "NET_BIND_SERVICE"],
-    "kube120": ["NET_ADMIN", "NET_BIND_SERVICE"],
-    "plaintext": ["NET_ADMIN", "NET_BIND_SERVICE"],
+    "default": ["NET_ADMIN", "NET_BIND_SERVICE", "NET_RAW"],
+    "kube120": ["NET_ADMIN", "NET_BIND_SERVICE", "NET_RAW"],
+    "plaintext": ["NET_ADMIN", "NET_BIND_SERVICE", "NET_RAW"],
     "full": ["NET_ADMIN", "NET_BIND_SERVICE", "NET_RAW"],
 }
 SERVICE_MONITORS = {"default": 0, "kube120": 0, "plaintext": 0, "full": 2}

@@ -299,6 +299,27 @@ impl Fleet {
             .unwrap_or_default()
     }
 
+    /// The MAC of `interface` in `ns`, as `ip link` prints it (lowercase, colons).
+    pub fn mac_of(&self, ns: &Netns, interface: &str) -> String {
+        self.lab
+            .exec(ns, "cat", &[&format!("/sys/class/net/{interface}/address")])
+            .unwrap()
+            .trim()
+            .to_owned()
+    }
+
+    /// The MAC `ns`'s neighbour table holds for `ip` on eth0, and the entry's state
+    /// (`REACHABLE`, `STALE`, …); `None` without an entry or without a MAC (`INCOMPLETE`, `FAILED`).
+    pub fn neighbour(&self, ns: &Netns, ip: &str) -> Option<(String, String)> {
+        let out = self
+            .lab
+            .exec(ns, "ip", &["-4", "neigh", "show", ip, "dev", "eth0"])
+            .ok()?;
+        let words: Vec<&str> = out.split_whitespace().collect();
+        let at = words.iter().position(|w| *w == "lladdr")?;
+        Some((words.get(at + 1)?.to_string(), words.last()?.to_string()))
+    }
+
     /// The one agent that says it leads (and serves), once exactly one does.
     pub fn leader<'a>(&self, agents: &[&'a Agent]) -> &'a Agent {
         wait_for(
@@ -450,10 +471,28 @@ pub struct Captured {
     pub chaddr: [u8; 6],
     /// The address offered or acknowledged.
     pub yiaddr: [u8; 4],
+    /// The client's address as it says (set in RENEW/REBIND requests, zero otherwise).
+    pub ciaddr: [u8; 4],
+    /// Destination IP address (a broadcast, or a unicast to the server or client).
+    pub dst_ip: [u8; 4],
 }
 
-/// DHCP messages in a pcap file, in capture order, with when, from and to whom and for what.
-pub fn captured(pcap: &Path) -> Vec<Captured> {
+/// One ARP Announcement (RFC 5227: a request whose sender and target IP are the same) seen in a
+/// capture.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Announced {
+    /// Capture time, seconds since the epoch.
+    pub at: f64,
+    /// The announcing MAC (Ethernet source and ARP sender hardware address, which must agree).
+    pub mac: [u8; 6],
+    /// The address announced.
+    pub ip: [u8; 4],
+    /// The Ethernet destination (broadcast for an announcement).
+    pub dst: [u8; 6],
+}
+
+/// Frames of a pcap file: (capture time in seconds since the epoch, frame bytes).
+fn frames(pcap: &Path) -> Vec<(f64, Vec<u8>)> {
     let data = fs::read(pcap).unwrap_or_default();
     let mut out = Vec::new();
     let mut at = 24; // global header
@@ -463,6 +502,37 @@ pub fn captured(pcap: &Path) -> Vec<Captured> {
         let caplen = u32::from_le_bytes(data[at + 8..at + 12].try_into().unwrap()) as usize;
         let frame = &data[(at + 16).min(data.len())..(at + 16 + caplen).min(data.len())];
         at += 16 + caplen;
+        out.push((f64::from(secs) + f64::from(usecs) / 1e6, frame.to_vec()));
+    }
+    out
+}
+
+/// ARP Announcements in a pcap file, in capture order.
+pub fn arp_announcements(pcap: &Path) -> Vec<Announced> {
+    frames(pcap)
+        .into_iter()
+        .filter_map(|(at, frame)| {
+            // Ethernet/IPv4 ARP request with sender IP == target IP, sender MAC == source MAC.
+            let arp = frame.get(14..42)?;
+            let is_announcement = frame[12..14] == [0x08, 0x06]
+                && arp[0..8] == [0, 1, 8, 0, 6, 4, 0, 1]
+                && arp[14..18] == arp[24..28]
+                && arp[8..14] == frame[6..12];
+            is_announcement.then(|| Announced {
+                at,
+                mac: frame[6..12].try_into().unwrap(),
+                ip: arp[14..18].try_into().unwrap(),
+                dst: frame[0..6].try_into().unwrap(),
+            })
+        })
+        .collect()
+}
+
+/// DHCP messages in a pcap file, in capture order, with when, from and to whom and for what.
+pub fn captured(pcap: &Path) -> Vec<Captured> {
+    let mut out = Vec::new();
+    for (at, frame) in frames(pcap) {
+        let frame = frame.as_slice();
         if frame.len() < 14 + 20 + 8 + 240 || frame[12..14] != [0x08, 0x00] {
             continue;
         }
@@ -486,7 +556,7 @@ pub fn captured(pcap: &Path) -> Vec<Captured> {
             i += 2 + len;
         }
         out.push(Captured {
-            at: f64::from(secs) + f64::from(usecs) / 1e6,
+            at,
             op: dhcp[0],
             xid,
             kind,
@@ -494,6 +564,8 @@ pub fn captured(pcap: &Path) -> Vec<Captured> {
             dst: frame[0..6].try_into().unwrap(),
             chaddr: dhcp[28..34].try_into().unwrap(),
             yiaddr: dhcp[16..20].try_into().unwrap(),
+            ciaddr: dhcp[12..16].try_into().unwrap(),
+            dst_ip: frame[30..34].try_into().unwrap(),
         });
     }
     out
@@ -588,7 +660,52 @@ mod tests {
             dst: [0xff; 6],
             chaddr: [2, 0, 0, 0, 0, 1],
             yiaddr: [10, 0, 0, 10],
+            ciaddr: [0; 4],
+            dst_ip: [255; 4],
         }
+    }
+
+    #[test]
+    fn arp_announcements_are_told_from_other_arp_frames() {
+        // pcap global header (24 bytes, little endian), then records of 16 + frame bytes.
+        let mut pcap = vec![0xd4, 0xc3, 0xb2, 0xa1, 2, 0, 4, 0];
+        pcap.resize(24, 0);
+        let arp = |op: u8, spa: [u8; 4], tpa: [u8; 4]| {
+            let mac = [2, 0, 0, 0, 0, 7];
+            let mut f = vec![0xff; 6];
+            f.extend(mac);
+            f.extend([8, 6, 0, 1, 8, 0, 6, 4, 0, op]);
+            f.extend(mac);
+            f.extend(spa);
+            f.extend([0; 6]);
+            f.extend(tpa);
+            f
+        };
+        let server = [10, 123, 45, 2];
+        for (secs, frame) in [
+            (1u32, arp(1, server, server)),         // announcement
+            (2, arp(1, server, [10, 123, 45, 50])), // an ordinary who-has
+            (3, arp(2, server, server)),            // a reply, not a request
+        ] {
+            pcap.extend(secs.to_le_bytes());
+            pcap.extend(0u32.to_le_bytes());
+            let len = u32::try_from(frame.len()).unwrap().to_le_bytes();
+            pcap.extend(len);
+            pcap.extend(len);
+            pcap.extend(frame);
+        }
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("arp.pcap");
+        fs::write(&path, pcap).unwrap();
+        assert_eq!(
+            arp_announcements(&path),
+            vec![Announced {
+                at: 1.0,
+                mac: [2, 0, 0, 0, 0, 7],
+                ip: server,
+                dst: [0xff; 6],
+            }]
+        );
     }
 
     #[test]

@@ -8,8 +8,8 @@ use std::time::Duration;
 
 use vmdhcp_integration::dhcp_client::{start_dhclient, wait_event, wait_for};
 use vmdhcp_integration::fleet::{
-    LEASE_SECONDS, NS, NTP_IP, SERVER_IP, VM1_MAC, VM2_MAC, captured, doubled_replies, metric,
-    probe_until_leased, setup,
+    Captured, LEASE_SECONDS, NS, NTP_IP, SERVER_IP, VM1_MAC, VM2_MAC, arp_announcements, captured,
+    doubled_replies, metric, probe_until_leased, setup,
 };
 
 #[test]
@@ -234,5 +234,209 @@ fn kubectl_apply_to_lease_then_failover_fallback_and_resume() {
     assert!(
         doubled.is_empty(),
         "replies from two servers to one request: {doubled:#?}\ntimeline (unix s): {timeline:#?}"
+    );
+}
+
+/// Issue #18 item 2: a server address that moves to another agent moves to another MAC. A client
+/// that renewed with the old leader holds the old MAC in its ARP cache; the new leader's ARP
+/// announcements must update it, so the client's next RENEW, unicast, reaches the new leader
+/// instead of waiting for the entry to expire. The client keeps its ARP entries for minutes
+/// (base_reachable_time 10 min: the kernel's default entry lives 15-45 s, long enough to lose
+/// several renewals on a short lease, and a busy client keeps its entry confirmed indefinitely).
+#[test]
+fn after_a_takeover_clients_renew_by_unicast_with_the_new_leader_at_once() {
+    let mut fleet = setup();
+    let ip1 = fleet.allocated()[VM1_MAC].clone();
+    let ns0 = fleet.agent_netns(0);
+    let ns1 = fleet.agent_netns(1);
+    let a0 = fleet.start_agent(&ns0, "agent-0");
+    let a1 = fleet.start_agent(&ns1, "agent-1");
+    let vm1 = fleet.vm("vm1", VM1_MAC);
+    fleet
+        .lab
+        .exec(
+            &vm1,
+            "sysctl",
+            &["-qw", "net.ipv4.neigh.eth0.base_reachable_time_ms=600000"],
+        )
+        .unwrap();
+    let pcap = fleet.dir.path().join("vm1.pcap");
+    let mut tcpdump = vm1.command("tcpdump");
+    tcpdump
+        .args(["-i", "eth0", "-U", "-n", "-w"])
+        .arg(&pcap)
+        .args(["arp", "or", "udp", "port", "67", "or", "udp", "port", "68"])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null());
+    fleet.lab.spawn(tcpdump).unwrap();
+
+    let leader = fleet.leader(&[&a0, &a1]).identity.clone();
+    let (old, new) = if leader == a0.identity {
+        (a0, a1)
+    } else {
+        (a1, a0)
+    };
+    let old_mac = fleet.mac_of(&old.ns, &fleet.interface);
+    let new_mac = fleet.mac_of(&new.ns, &fleet.interface);
+    assert_ne!(old_mac, new_mac);
+
+    // The client binds, then renews by unicast with the old leader: its ARP cache now maps the
+    // server address to the old leader's MAC, for the next ten minutes.
+    let dir1 = fleet.dir.path().join("vm1");
+    fs::create_dir_all(&dir1).unwrap();
+    start_dhclient(&mut fleet.lab, &vm1, &dir1);
+    let bound = wait_event(&dir1, "BOUND", 0, Duration::from_secs(30));
+    assert_eq!(bound["new_ip_address"], ip1);
+    wait_event(&dir1, "RENEW", 0, Duration::from_secs(30));
+    let cached = fleet.neighbour(&vm1, SERVER_IP);
+    assert_eq!(
+        cached.as_ref().map(|(mac, _)| mac.as_str()),
+        Some(old_mac.as_str()),
+        "the client renewed with the old leader: {cached:?}"
+    );
+
+    // Graceful handoff: the old leader removes its address and releases the Lease; the standby
+    // takes over.
+    let now = || {
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_secs_f64()
+    };
+    let stopped_at = now();
+    assert!(old.process.signal("TERM"));
+    assert_eq!(fleet.leader(&[&new]).identity, new.identity);
+    let takeover = now();
+    eprintln!(
+        "takeover: {} serving {:.2} s after SIGTERM to {}",
+        new.identity,
+        takeover - stopped_at,
+        old.identity
+    );
+
+    // Measure first (printed with or without announcements), judge after. The client's neighbour
+    // entry for the server address: does it show the new MAC, and when did it first?
+    let mut neighbour_moved: Option<f64> = None;
+    let mac = |s: &str| -> [u8; 6] {
+        let bytes: Vec<u8> = s
+            .split(':')
+            .map(|b| u8::from_str_radix(b, 16).unwrap())
+            .collect();
+        bytes.try_into().unwrap()
+    };
+    let (new_hw, vm_hw) = (mac(&new_mac), mac(VM1_MAC));
+    let server: [u8; 4] = SERVER_IP.parse::<std::net::Ipv4Addr>().unwrap().octets();
+    let client: [u8; 4] = ip1.parse::<std::net::Ipv4Addr>().unwrap().octets();
+    // ACKs from the new leader to vm1 after the handoff began, each with the client request it
+    // answers (the latest one with its xid captured before it).
+    let acks = || {
+        let messages = captured(&pcap);
+        messages
+            .iter()
+            .enumerate()
+            .filter(|(_, m)| {
+                m.op == 2
+                    && m.kind == 5
+                    && m.src == new_hw
+                    && m.chaddr == vm_hw
+                    && m.at > stopped_at
+            })
+            .map(|(i, ack)| {
+                let request = messages[..i]
+                    .iter()
+                    .rev()
+                    .find(|r| r.op == 1 && r.xid == ack.xid && r.src == vm_hw)
+                    .cloned();
+                (ack.clone(), request)
+            })
+            .collect::<Vec<_>>()
+    };
+    let unicast = |r: &Captured| r.dst == new_hw && r.dst_ip == server && r.ciaddr == client;
+    // Bounded by the lease: 20 s, so T1 10 s and T2 17.5 s. Without announcements, RENEWs go
+    // to the old MAC and are lost; the client may even let its lease expire and start over with
+    // a broadcast DISCOVER (seen: once or twice in 60 s); only a broadcast REBIND answered by unicast
+    // makes the new leader ARP for the client and so fixes the client's entry.
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    let first_unicast = loop {
+        if neighbour_moved.is_none()
+            && fleet
+                .neighbour(&vm1, SERVER_IP)
+                .is_some_and(|(m, _)| m == new_mac)
+        {
+            neighbour_moved = Some(now());
+        }
+        let found = acks()
+            .into_iter()
+            .find(|(_, request)| request.as_ref().is_some_and(unicast));
+        if found.is_some() || std::time::Instant::now() > deadline {
+            break found;
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    };
+    let acks = acks();
+    let announcements: Vec<f64> = arp_announcements(&pcap)
+        .iter()
+        .filter(|a| a.mac == new_hw && a.ip == server && a.at > stopped_at)
+        .map(|a| a.at - takeover)
+        .collect();
+    eprintln!(
+        "ARP announcements of {SERVER_IP} by {new_mac} seen by the client, s after takeover: {announcements:.2?}"
+    );
+    eprintln!(
+        "client's neighbour entry for {SERVER_IP} moved to {new_mac}: {}",
+        neighbour_moved.map_or("never (within 60 s)".to_owned(), |t| format!(
+            "{:.2} s after takeover",
+            t - takeover
+        ))
+    );
+    eprintln!(
+        "takeover -> first unicast ACK (RENEW from {ip1} to {SERVER_IP} at {new_mac}): {}",
+        first_unicast
+            .as_ref()
+            .map_or("none within 60 s".to_owned(), |(ack, _)| format!(
+                "{:.2} s",
+                ack.at - takeover
+            ))
+    );
+    for (ack, request) in &acks {
+        eprintln!(
+            "  ACK by the new leader at +{:.2} s to a request to {:02x?} / {:?} (ciaddr {:?})",
+            ack.at - takeover,
+            request.as_ref().map(|r| r.dst),
+            request.as_ref().map(|r| r.dst_ip),
+            request.as_ref().map(|r| r.ciaddr),
+        );
+    }
+
+    // Generous: the announcements go out within 4 s of taking over.
+    assert!(
+        neighbour_moved.is_some_and(|t| t - takeover < 10.0),
+        "the client's ARP entry for {SERVER_IP} did not move to the new leader within 10 s of \
+         the takeover (moved: {neighbour_moved:?}, takeover {takeover}): {:?}",
+        fleet.neighbour(&vm1, SERVER_IP)
+    );
+    let (first_ack, first_request) = acks
+        .first()
+        .cloned()
+        .unwrap_or_else(|| panic!("the new leader ACKed nothing within 60 s"));
+    assert!(
+        first_request.as_ref().is_some_and(unicast),
+        "the first request the new leader ACKed (at +{:.2} s) was not a unicast RENEW to \
+         {SERVER_IP} at {new_mac}: {first_request:?}",
+        first_ack.at - takeover
+    );
+    // Generous: the next renewal comes at most T1 (10 s) after the last one, plus a retry.
+    let took = first_ack.at - takeover;
+    assert!(took < 30.0, "first unicast ACK {took:.2} s after takeover");
+    // The announcements reached the client, and the new leader counted them.
+    assert!(
+        !announcements.is_empty(),
+        "no ARP announcement of {SERVER_IP} by the new leader reached the client"
+    );
+    let m = fleet.agent_metrics(&new);
+    assert!(
+        metric(&m, "vmdhcp_agent_arp_announcements_total{").is_some_and(|n| n >= 1.0)
+            && metric(&m, "vmdhcp_agent_arp_announcements_enabled ") == Some(1.0),
+        "{m}"
     );
 }

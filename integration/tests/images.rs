@@ -7,9 +7,11 @@
 //!   Lease, serves `/healthz`, the config stream (gRPC health over TLS, verified with the CA it
 //!   published) and the webhook port (TLS), and releases the Lease on SIGTERM;
 //! - the agent as UID 0 on a read-only root with exactly the chart's capabilities, in a network
-//!   namespace with a pool interface: it sets the server address, binds UDP 67 on that device,
-//!   and a real `dhclient` on the other end of the veth gets its reservation. Without NET_ADMIN,
-//!   or without NET_BIND_SERVICE, it fails with an error naming the missing capability.
+//!   namespace with a pool interface: it sets the server address, announces it by gratuitous
+//!   ARP, binds UDP 67 on that device, and a real `dhclient` on the other end of the veth gets its
+//!   reservation. Without NET_ADMIN, or without NET_BIND_SERVICE, it fails with an error naming
+//!   the missing capability; without NET_RAW it serves, without announcements, and its log names
+//!   CAP_NET_RAW.
 //!
 //! The images come from `$VMDHCP_IMAGES_DIR` (default `<target dir>/images`), which
 //! `scripts/test.sh` fills with `scripts/build-images.sh` before running the tests.
@@ -799,6 +801,22 @@ fn the_agent_with_the_charts_capabilities_serves_a_real_client_its_reservation()
         sockets.contains(&format!("0.0.0.0%{}:67", rig.interface)),
         "{sockets}"
     );
+    // The chart's NET_RAW lets it announce the server address (3 frames, 2 s apart).
+    wait_for(
+        "the server address announced by ARP",
+        Duration::from_secs(20),
+        || {
+            container
+                .log()
+                .contains("server address announced")
+                .then_some(())
+        },
+    );
+    assert!(
+        !container.log().contains("ARP announcements disabled"),
+        "{}",
+        container.log()
+    );
 
     let client = tempfile::tempdir().unwrap();
     start_dhclient(&mut rig.lab, &rig.vm, client.path());
@@ -862,4 +880,23 @@ fn the_agent_without_net_bind_service_fails_naming_the_capability() {
     );
     assert!(container.log().contains("CAP_NET_BIND_SERVICE"));
     rig.assert_no_lease();
+}
+
+#[test]
+fn the_agent_without_net_raw_serves_without_arp_announcements_naming_the_capability() {
+    let mut rig = AgentRig::new();
+    let container = rig.start(&rig.without("NET_RAW"));
+    rig.wait_state(&container, "serving");
+    let log = container.log();
+    assert!(
+        log.contains("ARP announcements disabled")
+            && log.contains("the agent lacks CAP_NET_RAW")
+            && log.contains("grant NET_RAW"),
+        "{log}"
+    );
+    // Not fatal: a real client still gets its reservation.
+    let client = tempfile::tempdir().unwrap();
+    start_dhclient(&mut rig.lab, &rig.vm, client.path());
+    let bound = wait_event(client.path(), "BOUND", 0, Duration::from_secs(30));
+    assert_eq!(bound["new_ip_address"], VM_IP, "{}", container.log());
 }

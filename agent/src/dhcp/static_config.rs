@@ -4,8 +4,10 @@
 //!
 //! The file is re-read on SIGHUP (a whole snapshot, as the stream's resync would deliver); the
 //! set of interfaces is fixed at start. With `--configure-interfaces`, an interface that cannot be
-//! configured is not served, as in `run`, and its status carries the error (not retried here). Interface statuses, reload count and declined addresses
-//! are written to a status file, atomically, whenever they change.
+//! configured is not served, as in `run`, and its status carries the error (not retried here); one
+//! that is configured has its server address announced by gratuitous ARP, as in `run`. Interface
+//! statuses, reload count and declined addresses are written to a status file, atomically,
+//! whenever they change.
 
 use std::collections::BTreeMap;
 use std::net::{Ipv4Addr, SocketAddr};
@@ -20,6 +22,7 @@ use vmdhcp_core::MacAddr;
 use vmdhcp_core::pool::{Lease, PoolConfig};
 
 use super::server::{Interface, InterfaceStatus, Servers};
+use crate::arp::Announcer;
 use crate::http::HttpState;
 use crate::lease_table::{Conflict, LeaseTable, PoolLeases};
 use crate::netlink::InterfaceSetup;
@@ -179,6 +182,11 @@ pub async fn serve_file(path: &Path, options: ServeOptions) -> Result<(), Static
     } else {
         None
     };
+    let mut announcer = if setup.is_some() {
+        Announcer::open_or_warn()
+    } else {
+        Announcer::disabled()
+    };
     let mut configured = Vec::new();
     // Interfaces that could not be configured are not served (as in `run`): their status says why.
     let mut unconfigured = BTreeMap::new();
@@ -189,10 +197,12 @@ pub async fn serve_file(path: &Path, options: ServeOptions) -> Result<(), Static
             match setup.configure(name, ip, prefix).await {
                 Ok(changes) if changes.is_empty() => {
                     info!(interface = %name, %ip, prefix, "interface already configured");
+                    announcer.announce(name, &c.pool, ip);
                     configured.push((name.clone(), ip, prefix));
                 }
                 Ok(changes) => {
                     info!(interface = %name, %ip, prefix, removed = ?changes.removed, added = changes.added, brought_up = changes.brought_up, "interface configured");
+                    announcer.announce(name, &c.pool, ip);
                     configured.push((name.clone(), ip, prefix));
                 }
                 // That pool is not served; the others go on.
@@ -227,13 +237,15 @@ pub async fn serve_file(path: &Path, options: ServeOptions) -> Result<(), Static
     ));
     let mut statuses = servers.statuses();
     let (_loaded_tx, loaded) = watch::channel(true);
+    let arp_counters = announcer.counters();
     let http_task = http.map(|addr| {
         let state = HttpState::new(
             Arc::clone(&table),
             loaded,
             servers.statuses(),
             servers.counters(),
-        );
+        )
+        .with_arp(arp_counters);
         let stopped = stop.subscribe();
         tokio::spawn(async move {
             if let Err(error) = crate::http::serve(addr, crate::http::router(state), stopped).await
@@ -285,6 +297,7 @@ pub async fn serve_file(path: &Path, options: ServeOptions) -> Result<(), Static
         }
     }
     let _ = stop.send(true);
+    announcer.cancel_all();
     servers.join().await;
     let _ = ntp_task.await;
     if let Some(task) = http_task {

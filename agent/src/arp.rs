@@ -1,0 +1,512 @@
+//! Gratuitous ARP for the server addresses this agent takes over.
+//!
+//! When a standby becomes leader, each pool's server address moves to another MAC: clients keep
+//! sending their unicast RENEWs to the old MAC until their ARP entry for the server expires,
+//! which on Linux can take minutes. So whenever the leader gives an interface its server address
+//! (on taking over, or for a pool added while leading), it broadcasts a few RFC 5227 "ARP
+//! Announcements" on that interface: ARP requests whose sender and target protocol addresses are
+//! both the server address, sender hardware address the interface's MAC. Hosts that hold an entry
+//! for the address update it to the new MAC.
+//!
+//! This module owns the packet socket (`AF_PACKET`, which needs CAP_NET_RAW), the frames (built
+//! by a pure function), the announcement tasks (one bounded task per interface, cancelled when the
+//! interface is given up, on step-down and on shutdown) and their counters. A missing CAP_NET_RAW
+//! is not fatal: DHCP is served without announcements, and the warning says which capability to
+//! grant.
+
+use std::collections::BTreeMap;
+use std::io;
+use std::net::Ipv4Addr;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::Duration;
+
+use socket2::{Domain, SockAddr, SockAddrStorage, Socket, Type};
+use tokio::task::JoinHandle;
+use tracing::{Instrument, debug, info, info_span, warn};
+use vmdhcp_core::NamespacedName;
+use vmdhcp_core::mac::MacAddr;
+
+use crate::capability::{Capability, Missing};
+
+/// Announcements sent per takeover of an interface. RFC 5227 asks for two (ANNOUNCE_NUM); one
+/// more rides out a lost frame on a busy segment.
+pub const ANNOUNCE_COUNT: u32 = 3;
+/// Time between two announcements (RFC 5227 ANNOUNCE_INTERVAL).
+pub const ANNOUNCE_INTERVAL: Duration = Duration::from_secs(2);
+
+/// Length of an ARP frame on Ethernet: 14 bytes of header and 28 of ARP, padded with zeros to the
+/// 60-byte Ethernet minimum (the kernel does not pad frames handed to a packet socket).
+pub const FRAME_LEN: usize = 60;
+
+const ETH_P_ARP: u16 = 0x0806;
+const ETH_P_IP: u16 = 0x0800;
+const ARPHRD_ETHER: u16 = 1;
+const ARPOP_REQUEST: u16 = 1;
+const BROADCAST: [u8; 6] = [0xff; 6];
+
+/// Why an announcement could not be made.
+#[derive(Debug, thiserror::Error)]
+pub enum ArpError {
+    /// The packet socket cannot be opened (usually: CAP_NET_RAW is missing).
+    #[error("cannot open a packet socket for ARP announcements: {source}{missing}")]
+    Socket {
+        /// The OS error.
+        source: io::Error,
+        /// CAP_NET_RAW, when the kernel refused the socket for want of it.
+        missing: Missing,
+    },
+    /// The interface's index or MAC cannot be read.
+    #[error("interface {interface}: cannot read its {what}: {detail}")]
+    Interface {
+        /// The interface.
+        interface: String,
+        /// `ifindex` or `MAC address`.
+        what: &'static str,
+        /// Why.
+        detail: String,
+    },
+    /// The kernel refused a frame.
+    #[error("interface {interface}: cannot send an ARP announcement: {source}")]
+    Send {
+        /// The interface.
+        interface: String,
+        /// The OS error.
+        source: io::Error,
+    },
+}
+
+/// The RFC 5227 ARP Announcement of `ip` by `mac`: a broadcast ARP request with sender and
+/// target protocol address both `ip`, the target hardware address zero.
+pub fn announcement(mac: MacAddr, ip: Ipv4Addr) -> [u8; FRAME_LEN] {
+    let mut frame = [0u8; FRAME_LEN];
+    let (ethernet, arp) = frame.split_at_mut(14);
+    ethernet[0..6].copy_from_slice(&BROADCAST);
+    ethernet[6..12].copy_from_slice(&mac.octets());
+    ethernet[12..14].copy_from_slice(&ETH_P_ARP.to_be_bytes());
+    arp[0..2].copy_from_slice(&ARPHRD_ETHER.to_be_bytes());
+    arp[2..4].copy_from_slice(&ETH_P_IP.to_be_bytes());
+    arp[4] = 6; // hardware address length
+    arp[5] = 4; // protocol address length
+    arp[6..8].copy_from_slice(&ARPOP_REQUEST.to_be_bytes());
+    arp[8..14].copy_from_slice(&mac.octets()); // sender hardware address
+    arp[14..18].copy_from_slice(&ip.octets()); // sender protocol address
+    // 18..24: target hardware address, zero (RFC 5227 §2.3: ignored, SHOULD be zero).
+    arp[24..28].copy_from_slice(&ip.octets()); // target protocol address
+    frame
+}
+
+/// The destination of a frame on a packet socket: `index`'s link, ARP, broadcast.
+///
+/// socket2 has no constructor for `sockaddr_ll`, so it is written into a zeroed storage here;
+/// this is the one place in the agent that needs `unsafe`.
+#[allow(unsafe_code)]
+fn link_destination(index: u32) -> io::Result<SockAddr> {
+    let ifindex = i32::try_from(index).map_err(|_| io::Error::other("ifindex out of range"))?;
+    let len = socket2::socklen_t::try_from(std::mem::size_of::<libc::sockaddr_ll>())
+        .map_err(|_| io::Error::other("sockaddr_ll size"))?;
+    let mut storage = SockAddrStorage::zeroed();
+    // SAFETY: `SockAddrStorage` wraps a `sockaddr_storage`, which is large and aligned enough for
+    // every socket address type of the platform, `sockaddr_ll` included (`view_as` asserts the
+    // size); all-zero bytes are a valid `sockaddr_ll` (plain integers and arrays).
+    let ll = unsafe { storage.view_as::<libc::sockaddr_ll>() };
+    ll.sll_family = libc::AF_PACKET as libc::c_ushort;
+    ll.sll_protocol = ETH_P_ARP.to_be();
+    ll.sll_ifindex = ifindex;
+    ll.sll_halen = 6;
+    ll.sll_addr[..6].copy_from_slice(&BROADCAST);
+    // SAFETY: the storage holds an initialised `sockaddr_ll` of family AF_PACKET, and `len` is
+    // its size, within the storage.
+    Ok(unsafe { SockAddr::new(storage, len) })
+}
+
+/// The index and MAC of `interface`, from sysfs (the agent's own network namespace).
+fn link(interface: &str) -> Result<(u32, MacAddr), ArpError> {
+    let read = |file: &str, what: &'static str| {
+        std::fs::read_to_string(format!("/sys/class/net/{interface}/{file}")).map_err(|e| {
+            ArpError::Interface {
+                interface: interface.to_owned(),
+                what,
+                detail: e.to_string(),
+            }
+        })
+    };
+    let bad = |what: &'static str, detail: String| ArpError::Interface {
+        interface: interface.to_owned(),
+        what,
+        detail,
+    };
+    let index = read("ifindex", "ifindex")?
+        .trim()
+        .parse()
+        .map_err(|e: std::num::ParseIntError| bad("ifindex", e.to_string()))?;
+    let mac = read("address", "MAC address")?
+        .trim()
+        .parse()
+        .map_err(|e: vmdhcp_core::mac::MacError| bad("MAC address", e.to_string()))?;
+    Ok((index, mac))
+}
+
+/// Announcements sent and failed on one interface.
+#[derive(Debug, Default)]
+struct Counts {
+    sent: AtomicU64,
+    failed: AtomicU64,
+}
+
+/// One interface's announcement counters, as `/metrics` reads them.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ArpReading {
+    /// The interface.
+    pub interface: String,
+    /// The pool served there.
+    pub pool: String,
+    /// Frames sent.
+    pub sent: u64,
+    /// Frames the kernel refused.
+    pub failed: u64,
+}
+
+/// The announcement counters of every served interface and whether announcements are possible
+/// at all; cheap to clone, read at scrape time.
+#[derive(Clone, Debug, Default)]
+pub struct ArpCounters {
+    enabled: Arc<AtomicBool>,
+    interfaces: Arc<Mutex<PerInterface>>,
+}
+
+/// Interface → the pool served there and its counts.
+type PerInterface = BTreeMap<String, (NamespacedName, Arc<Counts>)>;
+
+impl ArpCounters {
+    /// Whether the packet socket is open (false: CAP_NET_RAW is missing, nothing is announced).
+    pub fn enabled(&self) -> bool {
+        self.enabled.load(Ordering::Relaxed)
+    }
+
+    /// Every interface's counters.
+    pub fn read(&self) -> Vec<ArpReading> {
+        let interfaces = self
+            .interfaces
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        interfaces
+            .iter()
+            .map(|(interface, (pool, counts))| ArpReading {
+                interface: interface.clone(),
+                pool: pool.to_string(),
+                sent: counts.sent.load(Ordering::Relaxed),
+                failed: counts.failed.load(Ordering::Relaxed),
+            })
+            .collect()
+    }
+
+    /// The counts of `interface` serving `pool` (new, or reset when the pool changed).
+    fn entry(&self, interface: &str, pool: &NamespacedName) -> Arc<Counts> {
+        let mut interfaces = self
+            .interfaces
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        match interfaces.get(interface) {
+            Some((p, counts)) if p == pool => Arc::clone(counts),
+            _ => {
+                let counts = Arc::new(Counts::default());
+                interfaces.insert(interface.to_owned(), (pool.clone(), Arc::clone(&counts)));
+                counts
+            }
+        }
+    }
+
+    /// Adds to `interface`'s counts, as an announcement task would (tests elsewhere in the crate).
+    #[cfg(test)]
+    pub(crate) fn record(&self, interface: &str, pool: &NamespacedName, sent: u64, failed: u64) {
+        let counts = self.entry(interface, pool);
+        counts.sent.fetch_add(sent, Ordering::Relaxed);
+        counts.failed.fetch_add(failed, Ordering::Relaxed);
+    }
+
+    fn retain(&self, keep: impl Fn(&str) -> bool) {
+        self.interfaces
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .retain(|name, _| keep(name));
+    }
+}
+
+/// Sends the announcements: one bounded background task per interface taken over, so that
+/// serving DHCP never waits for them.
+#[derive(Debug)]
+pub struct Announcer {
+    /// `None`: announcements are disabled (no packet socket).
+    socket: Option<Arc<Socket>>,
+    tasks: BTreeMap<String, JoinHandle<()>>,
+    counters: ArpCounters,
+}
+
+impl Announcer {
+    /// Opens the packet socket. It is opened once, at start, so that a missing CAP_NET_RAW is
+    /// reported once and up front rather than at every takeover.
+    pub fn open() -> Result<Self, ArpError> {
+        let socket = open_socket()?;
+        let counters = ArpCounters::default();
+        counters.enabled.store(true, Ordering::Relaxed);
+        Ok(Announcer {
+            socket: Some(Arc::new(socket)),
+            tasks: BTreeMap::new(),
+            counters,
+        })
+    }
+
+    /// Announces nothing (interfaces are not configured by this agent, or no CAP_NET_RAW).
+    pub fn disabled() -> Self {
+        Announcer {
+            socket: None,
+            tasks: BTreeMap::new(),
+            counters: ArpCounters::default(),
+        }
+    }
+
+    /// [`Announcer::open`], or, when the socket cannot be opened, a warning that names the
+    /// missing capability and [`Announcer::disabled`]: serving DHCP matters more than speeding
+    /// up clients' ARP caches after a failover, so this is not fatal.
+    pub fn open_or_warn() -> Self {
+        match Announcer::open() {
+            Ok(announcer) => announcer,
+            Err(error) => {
+                warn!(
+                    %error,
+                    "ARP announcements disabled: after a failover, clients renew by unicast with \
+                     the new leader only once their ARP entry for the server address expires"
+                );
+                Announcer::disabled()
+            }
+        }
+    }
+
+    /// The counters, for `/metrics`.
+    pub fn counters(&self) -> ArpCounters {
+        self.counters.clone()
+    }
+
+    /// Starts announcing `ip` on `interface` (which serves `pool`) in the background, replacing
+    /// an announcement still running there. Must be called inside a Tokio runtime.
+    pub fn announce(&mut self, interface: &str, pool: &NamespacedName, ip: Ipv4Addr) {
+        let Some(socket) = self.socket.clone() else {
+            return;
+        };
+        self.cancel(interface);
+        let counts = self.counters.entry(interface, pool);
+        let span = info_span!("arp_announce", interface, pool = %pool, ip = %ip);
+        let task =
+            tokio::spawn(announce(socket, interface.to_owned(), ip, counts).instrument(span));
+        self.tasks.insert(interface.to_owned(), task);
+    }
+
+    /// Stops the announcement running on `interface`, if any (the address is being given up).
+    pub fn cancel(&mut self, interface: &str) {
+        if let Some(task) = self.tasks.remove(interface) {
+            task.abort();
+        }
+    }
+
+    /// Stops every running announcement (step-down, shutdown).
+    pub fn cancel_all(&mut self) {
+        for (_, task) in std::mem::take(&mut self.tasks) {
+            task.abort();
+        }
+    }
+
+    /// Forgets the tasks that finished and the counters of interfaces `keep` rejects (their
+    /// pools left), so that their series disappear from `/metrics`.
+    pub fn retain(&mut self, keep: impl Fn(&str) -> bool) {
+        self.tasks
+            .retain(|name, task| keep(name) && !task.is_finished());
+        self.counters.retain(keep);
+    }
+
+    /// Interfaces with an announcement still running.
+    pub fn running(&self) -> Vec<String> {
+        self.tasks
+            .iter()
+            .filter(|(_, task)| !task.is_finished())
+            .map(|(name, _)| name.clone())
+            .collect()
+    }
+}
+
+impl Drop for Announcer {
+    fn drop(&mut self) {
+        self.cancel_all();
+    }
+}
+
+/// An `AF_PACKET` raw socket that receives nothing (protocol 0) and never blocks a send.
+fn open_socket() -> Result<Socket, ArpError> {
+    let err = |source: io::Error| ArpError::Socket {
+        missing: Capability::NetRaw.lacking(&source),
+        source,
+    };
+    let socket = Socket::new(Domain::PACKET, Type::RAW, None).map_err(err)?;
+    socket.set_nonblocking(true).map_err(err)?;
+    Ok(socket)
+}
+
+/// Sends [`ANNOUNCE_COUNT`] announcements of `ip` on `interface`, [`ANNOUNCE_INTERVAL`] apart.
+async fn announce(socket: Arc<Socket>, interface: String, ip: Ipv4Addr, counts: Arc<Counts>) {
+    let (index, mac) = match link(&interface) {
+        Ok(link) => link,
+        Err(error) => {
+            counts.failed.fetch_add(1, Ordering::Relaxed);
+            warn!(%error, "server address not announced");
+            return;
+        }
+    };
+    let frame = announcement(mac, ip);
+    let destination = match link_destination(index) {
+        Ok(destination) => destination,
+        Err(source) => {
+            counts.failed.fetch_add(1, Ordering::Relaxed);
+            warn!(error = %ArpError::Send { interface, source }, "server address not announced");
+            return;
+        }
+    };
+    let mut sent = 0;
+    for n in 1..=ANNOUNCE_COUNT {
+        if n > 1 {
+            tokio::time::sleep(ANNOUNCE_INTERVAL).await;
+        }
+        match socket.send_to(&frame, &destination) {
+            Ok(_) => {
+                sent += 1;
+                counts.sent.fetch_add(1, Ordering::Relaxed);
+                debug!(%mac, n, "ARP announcement sent");
+            }
+            Err(source) => {
+                counts.failed.fetch_add(1, Ordering::Relaxed);
+                let error = ArpError::Send {
+                    interface: interface.clone(),
+                    source,
+                };
+                warn!(%mac, n, %error, "ARP announcement not sent");
+            }
+        }
+    }
+    info!(%mac, sent, of = ANNOUNCE_COUNT, "server address announced");
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const MAC: MacAddr = MacAddr([0x02, 0x42, 0xac, 0x11, 0x00, 0x02]);
+    const IP: Ipv4Addr = Ipv4Addr::new(10, 123, 45, 2);
+
+    #[test]
+    fn an_announcement_is_a_broadcast_arp_request_for_the_senders_own_address() {
+        let frame = announcement(MAC, IP);
+        let expected: [u8; 42] = [
+            // Ethernet: broadcast destination, our MAC as source, ARP.
+            0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0x02, 0x42, 0xac, 0x11, 0x00, 0x02, 0x08, 0x06,
+            // ARP: Ethernet/IPv4, 6/4 bytes, request.
+            0x00, 0x01, 0x08, 0x00, 6, 4, 0x00, 0x01, //
+            // Sender: our MAC, the server address.
+            0x02, 0x42, 0xac, 0x11, 0x00, 0x02, 10, 123, 45, 2, //
+            // Target: zero MAC, the server address again.
+            0, 0, 0, 0, 0, 0, 10, 123, 45, 2,
+        ];
+        assert_eq!(frame[..42], expected);
+        assert!(frame[42..].iter().all(|b| *b == 0), "zero padding");
+        assert_eq!(frame.len(), 60, "the Ethernet minimum");
+    }
+
+    #[test]
+    fn the_frame_follows_the_mac_and_address() {
+        let other = announcement(MacAddr([2, 0, 0, 0, 0, 9]), Ipv4Addr::new(192, 168, 7, 1));
+        assert_eq!(other[6..12], [2, 0, 0, 0, 0, 9]);
+        assert_eq!(other[22..28], [2, 0, 0, 0, 0, 9]);
+        assert_eq!(other[28..32], [192, 168, 7, 1]);
+        assert_eq!(other[38..42], [192, 168, 7, 1]);
+        assert_ne!(other, announcement(MAC, IP));
+    }
+
+    #[test]
+    fn the_destination_is_the_interfaces_link_for_arp() {
+        let addr = link_destination(7).unwrap();
+        assert_eq!(i32::from(addr.family()), libc::AF_PACKET);
+        assert_eq!(
+            usize::try_from(addr.len()).unwrap(),
+            std::mem::size_of::<libc::sockaddr_ll>()
+        );
+    }
+
+    #[test]
+    fn an_interface_that_does_not_exist_is_an_error_naming_it() {
+        let error = link("vmdhcp-nope0").unwrap_err();
+        assert!(
+            error.to_string().contains("interface vmdhcp-nope0"),
+            "{error}"
+        );
+    }
+
+    #[test]
+    fn a_refused_socket_names_cap_net_raw_and_where_to_grant_it() {
+        let error = ArpError::Socket {
+            source: io::Error::from_raw_os_error(1), // EPERM
+            missing: Missing(Some(Capability::NetRaw)),
+        };
+        let text = error.to_string();
+        assert!(
+            text.starts_with("cannot open a packet socket for ARP announcements:"),
+            "{text}"
+        );
+        assert!(
+            text.contains("the agent lacks CAP_NET_RAW: grant NET_RAW"),
+            "{text}"
+        );
+    }
+
+    #[tokio::test]
+    async fn a_disabled_announcer_announces_nothing_and_says_so() {
+        let mut announcer = Announcer::disabled();
+        let pool: NamespacedName = "default/a".parse().unwrap();
+        announcer.announce("eth1", &pool, IP);
+        assert!(announcer.running().is_empty());
+        assert!(!announcer.counters().enabled());
+        assert!(announcer.counters().read().is_empty());
+    }
+
+    #[test]
+    fn counters_follow_the_pool_of_an_interface_and_go_with_it() {
+        let counters = ArpCounters::default();
+        let a: NamespacedName = "default/a".parse().unwrap();
+        let b: NamespacedName = "default/b".parse().unwrap();
+        counters
+            .entry("eth1", &a)
+            .sent
+            .fetch_add(3, Ordering::Relaxed);
+        counters
+            .entry("eth1", &a)
+            .failed
+            .fetch_add(1, Ordering::Relaxed);
+        counters
+            .entry("eth2", &b)
+            .sent
+            .fetch_add(1, Ordering::Relaxed);
+        let read = counters.read();
+        assert_eq!(
+            read[0],
+            ArpReading {
+                interface: "eth1".into(),
+                pool: "default/a".into(),
+                sent: 3,
+                failed: 1
+            }
+        );
+        // Another pool on the same interface starts from zero.
+        counters.entry("eth1", &b);
+        assert_eq!(counters.read()[0].sent, 0);
+        counters.retain(|name| name == "eth2");
+        assert_eq!(counters.read().len(), 1);
+        assert_eq!(counters.read()[0].interface, "eth2");
+    }
+}
