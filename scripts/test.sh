@@ -2,8 +2,8 @@
 # The test command: on a fresh Debian 12 machine (as root), installs every real component the tests
 # use (scripts/install-deps.sh; cached, so reruns take seconds), builds, and runs every test of the
 # workspace, including those against a real kube-apiserver + etcd, in network namespaces and
-# under containerd (the container images, built first, twice, for reproducibility), and the Helm
-# chart's tests.
+# under containerd (the container images, built first, twice, for reproducibility), the Helm
+# chart installed on a real single-node Kubernetes (the `cluster` suite), and the chart's tests.
 # Extra arguments go to `cargo test` (e.g. `scripts/test.sh -p vmdhcp-core`).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -27,6 +27,7 @@ images_wanted=0 images_twice=0 rebuild="${VMDHCP_IMAGES_REBUILD:-}"
 for arg in "$@"; do
   case "$arg" in
     *images*) images_wanted=1 images_twice=1 rebuild="${rebuild:-1}" ;;
+    cluster) images_wanted=1 ;;
     vmdhcp-integration|--workspace) images_wanted=1 ;;
   esac
 done
