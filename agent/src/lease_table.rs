@@ -2,13 +2,14 @@
 //!
 //! It owns the in-memory copy of what the controller streams (whole snapshots, then deltas) and the
 //! addresses clients declined. It does no I/O and knows nothing of sockets: the DHCP server reads
-//! it, the stream client writes it.
+//! it, and [`crate::sources`] writes it, from the stream or the fallback.
 //!
 //! Readers never wait behind writers: each pool is an immutable [`PoolSnapshot`] behind one
 //! atomically swapped map ([`arc_swap::ArcSwap`]), so a packet's lookup is a pointer load and a
 //! hash probe, whatever is being applied at the same time. Writers build the next version of each
-//! pool they touch and swap it in; a batch of deltas copies each touched pool once. The config
-//! stream's client writes through [`crate::stream::ConfigSink`], which the table implements.
+//! pool they touch and swap it in; a batch of deltas copies each touched pool once. It speaks
+//! only its own vocabulary ([`PoolLeases`], [`Delta`]): translating the config stream's state
+//! into it is [`crate::sources`]' job.
 
 use std::collections::{BTreeMap, HashMap};
 use std::net::Ipv4Addr;
@@ -431,60 +432,6 @@ impl LeaseTable {
     }
 }
 
-/// The config stream's client feeds the table: a snapshot replaces it, a delta is applied as
-/// one batch (removals first, so an address moving between MACs in one delta lands on the new one).
-impl crate::stream::ConfigSink for LeaseTable {
-    fn snapshot(&self, state: &crate::stream::AppliedState) {
-        let pools = state
-            .pools
-            .values()
-            .map(|p| PoolLeases {
-                config: p.config.clone(),
-                leases: p
-                    .leases
-                    .iter()
-                    .map(|(mac, ip)| Lease {
-                        pool: p.config.pool.clone(),
-                        mac: *mac,
-                        ip: *ip,
-                    })
-                    .collect(),
-            })
-            .collect();
-        for error in self.apply_snapshot(pools) {
-            tracing::warn!(%error, "lease from the stream's snapshot skipped");
-        }
-    }
-
-    fn delta(&self, delta: &crate::stream::PoolDelta, _: &crate::stream::AppliedState) {
-        let deltas = delta
-            .removed_pools
-            .iter()
-            .cloned()
-            .map(Delta::RemovePool)
-            .chain(delta.upserted_pools.iter().cloned().map(Delta::UpsertPool))
-            .chain(
-                delta
-                    .removed_leases
-                    .iter()
-                    .map(|(pool, mac)| Delta::RemoveLease {
-                        pool: pool.clone(),
-                        mac: *mac,
-                    }),
-            )
-            .chain(
-                delta
-                    .upserted_leases
-                    .iter()
-                    .cloned()
-                    .map(Delta::UpsertLease),
-            );
-        for error in self.apply(deltas) {
-            tracing::warn!(%error, revision = delta.revision, "lease from the stream's delta skipped");
-        }
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -681,50 +628,6 @@ mod tests {
         // The controller moves the MAC elsewhere: the conflict is history.
         table.apply([Delta::UpsertLease(lease("a", 1, "192.0.2.60"))]);
         assert!(!table.is_conflicted(&name("a"), &ip));
-    }
-
-    #[test]
-    fn the_config_stream_feeds_the_table() {
-        use crate::stream::{AppliedState, ConfigSink, PoolDelta, PoolState};
-        let table = LeaseTable::new();
-        let cfg = config("a", "192.0.2.0/24", "192.0.2.1");
-        let mut state = AppliedState::default();
-        state.pools.insert(
-            name("a"),
-            PoolState {
-                config: cfg.clone(),
-                leases: [(mac(1), "192.0.2.10".parse().unwrap())].into(),
-            },
-        );
-        table.snapshot(&state);
-        let a = table.pool(&name("a")).unwrap();
-        assert_eq!(a.address_of(&mac(1)), Some("192.0.2.10".parse().unwrap()));
-        // An address moves from MAC 1 to MAC 2, and the DNS changes, in one delta.
-        let mut changed = cfg.clone();
-        changed.dns = vec!["192.0.2.53".parse().unwrap()];
-        table.delta(
-            &PoolDelta {
-                base_revision: 1,
-                revision: 2,
-                upserted_pools: vec![changed.clone()],
-                removed_pools: vec![],
-                upserted_leases: vec![lease("a", 2, "192.0.2.10")],
-                removed_leases: vec![(name("a"), mac(1))],
-            },
-            &state,
-        );
-        let a = table.pool(&name("a")).unwrap();
-        assert_eq!(a.holder_of(&"192.0.2.10".parse().unwrap()), Some(mac(2)));
-        assert_eq!(a.address_of(&mac(1)), None);
-        assert_eq!(**a.config(), changed);
-        table.delta(
-            &PoolDelta {
-                removed_pools: vec![name("a")],
-                ..PoolDelta::default()
-            },
-            &state,
-        );
-        assert!(table.pool(&name("a")).is_none());
     }
 
     #[test]

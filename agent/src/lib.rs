@@ -4,11 +4,13 @@
 //! only the leader configures interfaces and answers, while standbys keep the same state hot.
 //!
 //! - [`runtime`]: the `run` command: bootstrap, sources, election, serving, reports, shutdown.
-//! - [`sources`]: which lease source wins, the controller's stream or IPPool status.
+//! - [`sources`]: which lease source wins, the controller's stream or IPPool status, and how
+//!   the stream's state lands in the lease table.
 //! - [`serving`]: the leader's interfaces and DHCP servers, and silencing them on step-down.
 //! - [`report`]: what the agent applied and how its interfaces fare, back to the controller.
 //! - [`lease_table`]: the pools and leases served, swapped atomically so lookups never wait.
-//! - [`dhcp`]: the DHCPv4 server, one socket per interface, replies built by pure functions.
+//! - [`dhcp`]: the DHCPv4 server, one socket per interface, replies built by pure functions
+//!   (`dhcp::handler`: the datagram checked, the decision, the reply encoded).
 //! - [`http`]: `/healthz`, `/readyz`, `/leases` and `/metrics`.
 //! - [`netlink`]: each served interface gets exactly its server address and is up.
 //! - [`arp`]: gratuitous ARP (RFC 5227 announcements) for the server addresses taken over.

@@ -8,8 +8,9 @@
 //! etcd. Switching is done under one lock, so a late fallback update can never overwrite a state
 //! the stream has just applied.
 //!
-//! This module owns that arbitration ([`Sources`]) and the IPPool watch feeding the fallback
-//! ([`follow_ippools`]).
+//! This module owns that arbitration ([`Sources`], the stream's [`ConfigSink`]), the translation
+//! of the stream's state into the table's pools and deltas, and the IPPool watch feeding the
+//! fallback ([`follow_ippools`]).
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::{Arc, Mutex, PoisonError};
@@ -22,9 +23,9 @@ use tokio::sync::watch;
 use tracing::{debug, info, warn};
 use vmdhcp_core::NamespacedName;
 use vmdhcp_core::crd::IPPool;
-use vmdhcp_core::pool::{PoolConfig, is_served, leases_from_status};
+use vmdhcp_core::pool::{Lease, PoolConfig, is_served, leases_from_status};
 
-use crate::lease_table::{LeaseTable, PoolLeases};
+use crate::lease_table::{Delta, LeaseTable, PoolLeases};
 use crate::stream::{AppliedState, ConfigSink, PoolDelta};
 
 /// Which source the table holds now.
@@ -143,7 +144,7 @@ impl Sources {
     fn stream_is_back(&self, state: &mut State, applied: &AppliedState) {
         if !state.stream_live {
             state.stream_live = true;
-            ConfigSink::snapshot(&*self.table, applied);
+            table_snapshot(&self.table, applied);
             self.changed(Source::Stream);
         }
     }
@@ -153,14 +154,14 @@ impl ConfigSink for Sources {
     fn snapshot(&self, applied: &AppliedState) {
         let mut state = self.lock();
         state.stream_live = true;
-        ConfigSink::snapshot(&*self.table, applied);
+        table_snapshot(&self.table, applied);
         self.changed(Source::Stream);
     }
 
     fn delta(&self, delta: &PoolDelta, applied: &AppliedState) {
         let mut state = self.lock();
         if state.stream_live {
-            ConfigSink::delta(&*self.table, delta, applied);
+            table_delta(&self.table, delta);
             self.changed(Source::Stream);
         } else {
             // Resumed with a delta while the fallback was served: the table does not hold the
@@ -172,6 +173,60 @@ impl ConfigSink for Sources {
     fn resumed(&self, applied: &AppliedState) {
         let mut state = self.lock();
         self.stream_is_back(&mut state, applied);
+    }
+}
+
+/// The stream's whole state replaces the table's: the stream's pools and leases, in the table's
+/// vocabulary. A lease the table refuses is skipped with a warning; the rest is served.
+fn table_snapshot(table: &LeaseTable, state: &AppliedState) {
+    let pools = state
+        .pools
+        .values()
+        .map(|p| PoolLeases {
+            config: p.config.clone(),
+            leases: p
+                .leases
+                .iter()
+                .map(|(mac, ip)| Lease {
+                    pool: p.config.pool.clone(),
+                    mac: *mac,
+                    ip: *ip,
+                })
+                .collect(),
+        })
+        .collect();
+    for error in table.apply_snapshot(pools) {
+        warn!(%error, "lease from the stream's snapshot skipped");
+    }
+}
+
+/// One stream delta, applied to the table as one batch (removals first, so an address moving
+/// between MACs in one delta lands on the new one).
+fn table_delta(table: &LeaseTable, delta: &PoolDelta) {
+    let deltas = delta
+        .removed_pools
+        .iter()
+        .cloned()
+        .map(Delta::RemovePool)
+        .chain(delta.upserted_pools.iter().cloned().map(Delta::UpsertPool))
+        .chain(
+            delta
+                .removed_leases
+                .iter()
+                .map(|(pool, mac)| Delta::RemoveLease {
+                    pool: pool.clone(),
+                    mac: *mac,
+                }),
+        )
+        .chain(
+            delta
+                .upserted_leases
+                .iter()
+                .cloned()
+                .map(Delta::UpsertLease),
+        );
+    for error in table.apply(deltas) {
+        warn!(%error, revision = delta.revision, "lease from the stream's delta skipped");
     }
 }
 
@@ -440,5 +495,67 @@ mod tests {
         sources.stream_lost();
         assert_eq!(sources.subscribe().borrow().source, Source::Stream);
         assert_eq!(addr_of(&table, "a", "02:00:00:00:00:01"), Some(ip));
+    }
+
+    #[test]
+    fn the_config_stream_feeds_the_table() {
+        let name = |pool: &str| NamespacedName::new("default", pool).unwrap();
+        let mac = |last: u8| MacAddr([0x02, 0, 0, 0, 0, last]);
+        let lease = |pool: &str, m: u8, ip: &str| Lease {
+            pool: name(pool),
+            mac: mac(m),
+            ip: ip.parse().unwrap(),
+        };
+        let table = LeaseTable::new();
+        let cfg = PoolConfig {
+            pool: name("a"),
+            network: name("a"),
+            interface_name: "eth1".into(),
+            server_ip: "192.0.2.1".parse().unwrap(),
+            subnet: "192.0.2.0/24".parse().unwrap(),
+            router: None,
+            dns: vec![],
+            domain_name: None,
+            domain_search: vec![],
+            ntp: vec![],
+            lease_seconds: 300,
+        };
+        let mut state = AppliedState::default();
+        state.pools.insert(
+            name("a"),
+            PoolState {
+                config: cfg.clone(),
+                leases: [(mac(1), "192.0.2.10".parse().unwrap())].into(),
+            },
+        );
+        table_snapshot(&table, &state);
+        let a = table.pool(&name("a")).unwrap();
+        assert_eq!(a.address_of(&mac(1)), Some("192.0.2.10".parse().unwrap()));
+        // An address moves from MAC 1 to MAC 2, and the DNS changes, in one delta.
+        let mut changed = cfg.clone();
+        changed.dns = vec!["192.0.2.53".parse().unwrap()];
+        table_delta(
+            &table,
+            &PoolDelta {
+                base_revision: 1,
+                revision: 2,
+                upserted_pools: vec![changed.clone()],
+                removed_pools: vec![],
+                upserted_leases: vec![lease("a", 2, "192.0.2.10")],
+                removed_leases: vec![(name("a"), mac(1))],
+            },
+        );
+        let a = table.pool(&name("a")).unwrap();
+        assert_eq!(a.holder_of(&"192.0.2.10".parse().unwrap()), Some(mac(2)));
+        assert_eq!(a.address_of(&mac(1)), None);
+        assert_eq!(**a.config(), changed);
+        table_delta(
+            &table,
+            &PoolDelta {
+                removed_pools: vec![name("a")],
+                ..PoolDelta::default()
+            },
+        );
+        assert!(table.pool(&name("a")).is_none());
     }
 }

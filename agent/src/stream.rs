@@ -9,7 +9,8 @@
 //! exponential backoff, asks for a fresh snapshot after rejecting a message, and treats a stream
 //! that stays silent past the idle timeout (heartbeats stopped) as dead.
 //!
-//! Applied changes are handed to a [`ConfigSink`] (the lease table, in the agent).
+//! Applied changes are handed to a [`ConfigSink`] ([`crate::sources::Sources`] in the agent,
+//! which feeds the lease table).
 
 use std::collections::BTreeMap;
 use std::collections::hash_map::RandomState;
@@ -110,7 +111,8 @@ pub enum Applied {
     Heartbeat,
 }
 
-/// Receives what the stream applies; the agent's lease table implements it.
+/// Receives what the stream applies; the agent's [`crate::sources::Sources`] implements it, so
+/// the stream never writes the lease table behind the fallback's back.
 pub trait ConfigSink: Send + Sync {
     /// The state was replaced by a snapshot.
     fn snapshot(&self, state: &AppliedState);

@@ -1,4 +1,5 @@
-//! The DHCPv4 server: what to answer ([`handler`], pure functions on `dhcproto` messages), how
+//! The DHCPv4 server: what to answer ([`handler`], pure functions: the datagram checked, the
+//! RFC 2131 decision, the reply encoded), how
 //! packets are counted ([`counters`]), NTP host names resolved off the packet path ([`ntp`]),
 //! the sockets, one per interface ([`server`]), and serving a
 //! file of pools and leases without a controller ([`static_config`]).

@@ -1,0 +1,74 @@
+//! What the handler's tests share: one pool with one reservation, and requests to it.
+
+pub(super) use std::net::{Ipv4Addr, SocketAddrV4};
+pub(super) use std::sync::Arc;
+
+pub(super) use dhcproto::v4::{DhcpOption, Flags, Message, MessageType, Opcode, OptionCode};
+pub(super) use dhcproto::{Decodable, Encodable};
+pub(super) use vmdhcp_core::pool::{DEFAULT_LEASE_SECONDS, Lease, PoolConfig};
+pub(super) use vmdhcp_core::{MacAddr, NamespacedName};
+
+pub(super) use super::wire::{MAX_PACKET, OPTIONS_START};
+pub(super) use super::{Action, DropReason, Outcome, Silence, handle};
+pub(super) use crate::lease_table::{LeaseTable, PoolLeases, PoolSnapshot};
+
+pub(super) const SERVER: Ipv4Addr = Ipv4Addr::new(192, 0, 2, 1);
+pub(super) const LEASED: Ipv4Addr = Ipv4Addr::new(192, 0, 2, 10);
+pub(super) const KNOWN: [u8; 6] = [0x02, 0, 0, 0, 0, 0x0a];
+pub(super) const STRANGER: [u8; 6] = [0x02, 0, 0, 0, 0, 0xff];
+
+pub(super) fn config() -> PoolConfig {
+    PoolConfig {
+        pool: NamespacedName::new("default", "a").unwrap(),
+        network: NamespacedName::new("default", "a").unwrap(),
+        interface_name: "eth1".into(),
+        server_ip: SERVER,
+        subnet: "192.0.2.0/24".parse().unwrap(),
+        router: Some(Ipv4Addr::new(192, 0, 2, 254)),
+        dns: vec![Ipv4Addr::new(192, 0, 2, 53), Ipv4Addr::new(192, 0, 2, 54)],
+        domain_name: Some("example.test".into()),
+        domain_search: vec!["example.test".into(), "svc.example.test".into()],
+        ntp: vec!["192.0.2.123".into(), "ntp.example.test".into()],
+        lease_seconds: 3600,
+    }
+}
+
+pub(super) fn pool_with(config: PoolConfig) -> Arc<PoolSnapshot> {
+    let table = LeaseTable::new();
+    let name = config.pool.clone();
+    table.apply_snapshot(vec![PoolLeases {
+        config,
+        leases: vec![Lease {
+            pool: name.clone(),
+            mac: MacAddr(KNOWN),
+            ip: LEASED,
+        }],
+    }]);
+    table.pool(&name).unwrap()
+}
+
+pub(super) fn pool() -> Arc<PoolSnapshot> {
+    pool_with(config())
+}
+
+pub(super) fn request(kind: MessageType, mac: [u8; 6]) -> Message {
+    let u = Ipv4Addr::UNSPECIFIED;
+    let mut m = Message::new_with_id(0x1234_5678, u, u, u, u, &mac);
+    m.opts_mut().insert(DhcpOption::MessageType(kind));
+    m
+}
+
+pub(super) fn run(m: &Message) -> Outcome {
+    handle(&m.to_vec().unwrap(), &pool(), |_| false)
+}
+
+pub(super) fn reply_of(outcome: &Outcome) -> (MessageType, SocketAddrV4, Message) {
+    match &outcome.action {
+        Action::Reply(r) => (r.kind, r.to, Message::from_bytes(&r.bytes).unwrap()),
+        other => panic!("expected a reply, got {other:?}"),
+    }
+}
+
+pub(super) fn broadcast() -> SocketAddrV4 {
+    SocketAddrV4::new(Ipv4Addr::BROADCAST, 68)
+}

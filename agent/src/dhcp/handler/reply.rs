@@ -1,0 +1,493 @@
+//! The answer on the wire: an OFFER, ACK or NAK with the pool's options, fitted to what the
+//! client accepts, padded for BOOTP relays, and the address it is sent to (RFC 2131 §4.1).
+
+use std::net::{Ipv4Addr, SocketAddrV4};
+
+use dhcproto::v4::{DhcpOption, Flags, Message, MessageType, Opcode, OptionCode};
+use dhcproto::{Encodable, Name};
+use vmdhcp_core::pool::{DEFAULT_LEASE_SECONDS, PoolConfig};
+
+use super::wire::MAX_PACKET;
+use super::{Action, DropReason, Reply};
+use crate::dhcp::{CLIENT_PORT, SERVER_PORT};
+use crate::lease_table::PoolSnapshot;
+
+/// Smallest reply sent: BOOTP relays and old clients drop shorter ones (RFC 1542 §2.1).
+pub(super) const MIN_REPLY: usize = 300;
+/// IP + UDP headers, which RFC 2132 §9.10's maximum message size includes.
+const IP_UDP_HEADERS: usize = 28;
+/// Every client must accept this much (RFC 2131 §2); used when option 57 is absent or smaller.
+const MIN_MAX_MESSAGE: usize = 576;
+
+/// Builds an OFFER, ACK or NAK (RFC 2131 table 3) and works out where it goes (§4.1).
+/// `leased` is `None` for NAK and for the ACK to an INFORM, which carry no lease.
+pub(super) fn reply(
+    request: &Message,
+    relay_info: &[u8],
+    kind: MessageType,
+    leased: Option<Ipv4Addr>,
+    pool: &PoolSnapshot,
+) -> Action {
+    let config = pool.config();
+    let ntp = pool.ntp_addresses();
+    let unspecified = Ipv4Addr::UNSPECIFIED;
+    let ciaddr = match kind {
+        MessageType::Ack => request.ciaddr(),
+        _ => unspecified,
+    };
+    let siaddr = if kind == MessageType::Nak {
+        unspecified
+    } else {
+        config.server_ip
+    };
+    let mut msg = Message::new_with_id(
+        request.xid(),
+        ciaddr,
+        leased.unwrap_or(unspecified),
+        siaddr,
+        request.giaddr(),
+        request.chaddr(),
+    );
+    msg.set_opcode(Opcode::BootReply);
+    msg.set_htype(request.htype());
+    let relayed = request.giaddr() != unspecified;
+    let mut flags = request.flags();
+    if kind == MessageType::Nak && relayed {
+        // The relay must broadcast a NAK: the client may hold an address on the wrong subnet.
+        flags = flags.set_broadcast();
+    }
+    msg.set_flags(Flags::new(u16::from(flags)));
+
+    let opts = msg.opts_mut();
+    opts.insert(DhcpOption::MessageType(kind));
+    opts.insert(DhcpOption::ServerIdentifier(config.server_ip));
+    if let Some(DhcpOption::ClientIdentifier(id)) = request.opts().get(OptionCode::ClientIdentifier)
+    {
+        // RFC 6842: a server that receives a client identifier sends it back.
+        opts.insert(DhcpOption::ClientIdentifier(id.clone()));
+    }
+    if leased.is_some() {
+        // 0 never reaches here from an IPPool (it means the default there too), but a config from
+        // elsewhere must not hand out leases that expire at once.
+        let lease = match config.lease_seconds {
+            0 => DEFAULT_LEASE_SECONDS,
+            n => n,
+        };
+        opts.insert(DhcpOption::AddressLeaseTime(lease));
+        opts.insert(DhcpOption::Renewal(lease / 2));
+        opts.insert(DhcpOption::Rebinding(t2(lease)));
+    }
+    let optional = if kind == MessageType::Nak {
+        Vec::new()
+    } else {
+        pool_options(config, ntp, requested_codes(request).as_deref())
+    };
+
+    let budget = reply_budget(request);
+    let Some(bytes) = encode_within(msg, optional, relay_info, budget) else {
+        // Only what the request brought (an echoed option) can make encoding fail.
+        return Action::Drop(DropReason::BadOptions);
+    };
+
+    let to = if relayed {
+        SocketAddrV4::new(request.giaddr(), SERVER_PORT)
+    } else if kind != MessageType::Nak && request.ciaddr() != unspecified {
+        SocketAddrV4::new(request.ciaddr(), CLIENT_PORT)
+    } else {
+        // No address to unicast to without a raw socket writing the client's MAC into the ARP
+        // cache, so replies to clients without ciaddr are broadcast, with or without the flag.
+        SocketAddrV4::new(Ipv4Addr::BROADCAST, CLIENT_PORT)
+    };
+    Action::Reply(Reply { kind, to, bytes })
+}
+
+/// T2 = 87.5% of the lease (RFC 2131 §4.4.5), without overflow.
+fn t2(lease: u32) -> u32 {
+    u32::try_from(u64::from(lease) * 7 / 8).unwrap_or(u32::MAX)
+}
+
+/// Option codes of the client's parameter request list (55), if it sent one.
+fn requested_codes(request: &Message) -> Option<Vec<u8>> {
+    match request.opts().get(OptionCode::ParameterRequestList) {
+        Some(DhcpOption::ParameterRequestList(codes)) => {
+            Some(codes.iter().map(|c| u8::from(*c)).collect())
+        }
+        _ => None,
+    }
+}
+
+/// The most a reply may hold: the client's option 57 (which counts IP and UDP headers), never
+/// below what every client must accept, nor above one Ethernet frame.
+fn reply_budget(request: &Message) -> usize {
+    let max = match request.opts().get(OptionCode::MaxMessageSize) {
+        Some(DhcpOption::MaxMessageSize(n)) => usize::from(*n),
+        _ => MIN_MAX_MESSAGE,
+    };
+    max.clamp(MIN_MAX_MESSAGE, MAX_PACKET) - IP_UDP_HEADERS
+}
+
+/// The pool's options, in the order they are given up when a reply is too big for the client:
+/// the most important first. With a parameter request list, only what it asks for.
+fn pool_options(
+    config: &PoolConfig,
+    ntp: &[Ipv4Addr],
+    requested: Option<&[u8]>,
+) -> Vec<DhcpOption> {
+    let mut all = vec![DhcpOption::SubnetMask(config.subnet.netmask())];
+    if let Some(router) = config.router {
+        all.push(DhcpOption::Router(vec![router]));
+    }
+    if !config.dns.is_empty() {
+        all.push(DhcpOption::DomainNameServer(config.dns.clone()));
+    }
+    all.push(DhcpOption::BroadcastAddr(config.subnet.broadcast()));
+    if let Some(domain) = &config.domain_name {
+        all.push(DhcpOption::DomainName(domain.clone()));
+    }
+    let search: Vec<Name> = config
+        .domain_search
+        .iter()
+        .filter_map(|d| Name::from_ascii(d).ok())
+        .collect();
+    if !search.is_empty() {
+        all.push(DhcpOption::DomainSearch(search));
+    }
+    // Host names were resolved off the packet path (see `super::ntp`).
+    if !ntp.is_empty() {
+        all.push(DhcpOption::NtpServers(ntp.to_vec()));
+    }
+    match requested {
+        None => all,
+        Some(codes) => all
+            .into_iter()
+            .filter(|o| codes.contains(&u8::from(OptionCode::from(o))))
+            .collect(),
+    }
+}
+
+/// Encodes `msg` with as many of `optional` (most important first) as fit in `budget`, then the
+/// request's raw option 82 (`relay_info`, last, as RFC 3046 asks), padded to [`MIN_REPLY`].
+/// The mandatory part alone always fits: it is far below 548 bytes.
+fn encode_within(
+    msg: Message,
+    mut optional: Vec<DhcpOption>,
+    relay_info: &[u8],
+    budget: usize,
+) -> Option<Vec<u8>> {
+    loop {
+        let mut attempt = msg.clone();
+        for opt in &optional {
+            attempt.opts_mut().insert(opt.clone());
+        }
+        match attempt.to_vec() {
+            Ok(mut bytes) => {
+                if !relay_info.is_empty() && bytes.last() == Some(&255) {
+                    bytes.pop();
+                    bytes.extend_from_slice(relay_info);
+                    bytes.push(255);
+                }
+                if bytes.len() <= budget || optional.is_empty() {
+                    return Some(pad(bytes));
+                }
+                optional.pop();
+            }
+            Err(_) if optional.is_empty() => return None,
+            Err(_) => {
+                optional.pop();
+            }
+        }
+    }
+}
+
+fn pad(mut bytes: Vec<u8>) -> Vec<u8> {
+    if bytes.len() < MIN_REPLY {
+        bytes.resize(MIN_REPLY, 0);
+    }
+    bytes
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::fixtures::*;
+
+    #[test]
+    fn discover_gets_an_offer_with_every_option() {
+        let (kind, to, offer) = reply_of(&run(&request(MessageType::Discover, KNOWN)));
+        assert_eq!(kind, MessageType::Offer);
+        assert_eq!(to, broadcast());
+        assert_eq!(offer.opcode(), Opcode::BootReply);
+        assert_eq!(offer.xid(), 0x1234_5678);
+        assert_eq!(offer.yiaddr(), LEASED);
+        assert_eq!(offer.ciaddr(), Ipv4Addr::UNSPECIFIED);
+        assert_eq!(offer.chaddr(), KNOWN);
+        let o = offer.opts();
+        assert_eq!(o.msg_type(), Some(MessageType::Offer));
+        assert_eq!(
+            o.get(OptionCode::ServerIdentifier),
+            Some(&DhcpOption::ServerIdentifier(SERVER))
+        );
+        assert_eq!(
+            o.get(OptionCode::SubnetMask),
+            Some(&DhcpOption::SubnetMask(Ipv4Addr::new(255, 255, 255, 0)))
+        );
+        assert_eq!(
+            o.get(OptionCode::Router),
+            Some(&DhcpOption::Router(vec![Ipv4Addr::new(192, 0, 2, 254)]))
+        );
+        assert_eq!(
+            o.get(OptionCode::DomainNameServer),
+            Some(&DhcpOption::DomainNameServer(config().dns))
+        );
+        assert_eq!(
+            o.get(OptionCode::DomainName),
+            Some(&DhcpOption::DomainName("example.test".into()))
+        );
+        assert_eq!(
+            o.get(OptionCode::NtpServers),
+            Some(&DhcpOption::NtpServers(vec![Ipv4Addr::new(192, 0, 2, 123)]))
+        );
+        assert_eq!(
+            o.get(OptionCode::BroadcastAddr),
+            Some(&DhcpOption::BroadcastAddr(Ipv4Addr::new(192, 0, 2, 255)))
+        );
+        assert_eq!(
+            o.get(OptionCode::AddressLeaseTime),
+            Some(&DhcpOption::AddressLeaseTime(3600))
+        );
+        assert_eq!(o.get(OptionCode::Renewal), Some(&DhcpOption::Renewal(1800)));
+        assert_eq!(
+            o.get(OptionCode::Rebinding),
+            Some(&DhcpOption::Rebinding(3150))
+        );
+        let Some(DhcpOption::DomainSearch(names)) = o.get(OptionCode::DomainSearch) else {
+            panic!("no search list");
+        };
+        let names: Vec<String> = names.iter().map(|n| n.to_string()).collect();
+        assert_eq!(names, ["example.test.", "svc.example.test."]);
+    }
+
+    #[test]
+    fn search_list_is_rfc3397_encoded() {
+        // example.test + svc.<pointer to example.test>: labels, then a compression pointer.
+        let mut req = request(MessageType::Discover, KNOWN);
+        req.opts_mut().insert(DhcpOption::ParameterRequestList(vec![
+            OptionCode::DomainSearch,
+        ]));
+        let Action::Reply(r) = run(&req).action else {
+            panic!()
+        };
+        let raw = &r.bytes;
+        let at = raw
+            .windows(2)
+            .position(|w| w[0] == 119 && usize::from(w[1]) < 64)
+            .filter(|&i| i >= OPTIONS_START)
+            .unwrap();
+        let len = usize::from(raw[at + 1]);
+        let data = &raw[at + 2..at + 2 + len];
+        let mut want = b"\x07example\x04test\x00".to_vec();
+        want.extend_from_slice(b"\x03svc\xc0\x00");
+        assert_eq!(data, want.as_slice());
+    }
+
+    #[test]
+    fn parameter_request_list_limits_pool_options() {
+        let mut req = request(MessageType::Discover, KNOWN);
+        req.opts_mut().insert(DhcpOption::ParameterRequestList(vec![
+            OptionCode::SubnetMask,
+            OptionCode::Router,
+        ]));
+        let (_, _, offer) = reply_of(&run(&req));
+        let o = offer.opts();
+        assert!(o.get(OptionCode::SubnetMask).is_some());
+        assert!(o.get(OptionCode::Router).is_some());
+        assert!(o.get(OptionCode::DomainNameServer).is_none());
+        assert!(o.get(OptionCode::DomainSearch).is_none());
+        // Lease timing and the server identifier are not optional.
+        assert!(o.get(OptionCode::AddressLeaseTime).is_some());
+        assert!(o.get(OptionCode::Renewal).is_some());
+        assert!(o.get(OptionCode::ServerIdentifier).is_some());
+    }
+
+    #[test]
+    fn max_message_size_drops_least_important_options() {
+        let mut cfg = config();
+        cfg.domain_search = (0..40)
+            .map(|i| format!("zone{i}.a-rather-long-domain-name.example.test"))
+            .collect();
+        let p = pool_with(cfg);
+        let mut req = request(MessageType::Discover, KNOWN);
+        req.opts_mut().insert(DhcpOption::MaxMessageSize(576));
+        let Action::Reply(r) = handle(&req.to_vec().unwrap(), &p, |_| false).action else {
+            panic!()
+        };
+        assert!(r.bytes.len() <= 576 - 28, "{}", r.bytes.len());
+        let offer = Message::from_bytes(&r.bytes).unwrap();
+        assert!(offer.opts().get(OptionCode::DomainSearch).is_none());
+        assert!(offer.opts().get(OptionCode::SubnetMask).is_some());
+        // With room (and 57 allowing it), the long list goes out, split per RFC 3396.
+        let mut req = request(MessageType::Discover, KNOWN);
+        req.opts_mut().insert(DhcpOption::MaxMessageSize(1500));
+        let Action::Reply(r) = handle(&req.to_vec().unwrap(), &p, |_| false).action else {
+            panic!()
+        };
+        assert!(r.bytes.len() > 576 && r.bytes.len() <= 1500 - 28);
+        let offer = Message::from_bytes(&r.bytes).unwrap();
+        let Some(DhcpOption::DomainSearch(names)) = offer.opts().get(OptionCode::DomainSearch)
+        else {
+            panic!("search list missing")
+        };
+        assert_eq!(names.len(), 40);
+    }
+
+    #[test]
+    fn resolved_ntp_names_reach_the_next_reply() {
+        let table = LeaseTable::new();
+        let cfg = config();
+        let name = cfg.pool.clone();
+        table.apply_snapshot(vec![PoolLeases {
+            config: cfg.clone(),
+            leases: vec![Lease {
+                pool: name.clone(),
+                mac: MacAddr(KNOWN),
+                ip: LEASED,
+            }],
+        }]);
+        let resolved = Ipv4Addr::new(192, 0, 2, 124);
+        table.set_ntp_addresses(
+            &name,
+            &cfg.ntp,
+            vec![Ipv4Addr::new(192, 0, 2, 123), resolved],
+        );
+        let req = request(MessageType::Discover, KNOWN).to_vec().unwrap();
+        let outcome = handle(&req, &table.pool(&name).unwrap(), |_| false);
+        let (_, _, offer) = reply_of(&outcome);
+        assert_eq!(
+            offer.opts().get(OptionCode::NtpServers),
+            Some(&DhcpOption::NtpServers(vec![
+                Ipv4Addr::new(192, 0, 2, 123),
+                resolved
+            ]))
+        );
+    }
+
+    #[test]
+    fn replies_are_padded_to_bootp_minimum() {
+        let p = pool_with(PoolConfig {
+            router: None,
+            dns: vec![],
+            domain_name: None,
+            domain_search: vec![],
+            ntp: vec![],
+            ..config()
+        });
+        let req = request(MessageType::Discover, KNOWN);
+        let Action::Reply(r) = handle(&req.to_vec().unwrap(), &p, |_| false).action else {
+            panic!()
+        };
+        assert_eq!(r.bytes.len(), 300);
+    }
+
+    #[test]
+    fn relayed_requests_are_answered_to_the_relay() {
+        let relay = Ipv4Addr::new(198, 51, 100, 1);
+        let mut req = request(MessageType::Discover, KNOWN);
+        req.set_giaddr(relay);
+        req.set_hops(1);
+        let (kind, to, offer) = reply_of(&run(&req));
+        assert_eq!(
+            (kind, to),
+            (MessageType::Offer, SocketAddrV4::new(relay, 67))
+        );
+        assert_eq!(offer.giaddr(), relay);
+        assert_eq!(offer.hops(), 0);
+        // A relayed NAK asks the relay to broadcast it.
+        let mut req = request(MessageType::Request, KNOWN);
+        req.set_giaddr(relay);
+        req.opts_mut()
+            .insert(DhcpOption::RequestedIpAddress(Ipv4Addr::new(192, 0, 2, 99)));
+        let (kind, to, nak) = reply_of(&run(&req));
+        assert_eq!((kind, to), (MessageType::Nak, SocketAddrV4::new(relay, 67)));
+        assert!(nak.flags().broadcast());
+    }
+
+    #[test]
+    fn relay_agent_information_is_echoed_verbatim() {
+        let mut b = request(MessageType::Discover, KNOWN).to_vec().unwrap();
+        b.truncate(OPTIONS_START);
+        // Option 82 with a circuit id (1) and a remote id (2), then 53 = DISCOVER.
+        let option82 = [82u8, 8, 1, 2, 0x00, 0x07, 2, 2, 0xab, 0xcd];
+        b.extend_from_slice(&option82);
+        b.extend_from_slice(&[53, 1, 1, 255]);
+        b[24..28].copy_from_slice(&[198, 51, 100, 1]);
+        let Action::Reply(r) = handle(&b, &pool(), |_| false).action else {
+            panic!()
+        };
+        let at = r
+            .bytes
+            .windows(option82.len())
+            .position(|w| w == option82)
+            .expect("option 82 echoed");
+        assert!(at >= OPTIONS_START);
+        assert_eq!(r.bytes[at + option82.len()], 255, "last option, before End");
+        // Without it, nothing is added.
+        let plain = request(MessageType::Discover, KNOWN).to_vec().unwrap();
+        let Action::Reply(r) = handle(&plain, &pool(), |_| false).action else {
+            panic!()
+        };
+        assert!(!r.bytes[OPTIONS_START..].windows(2).any(|w| w == [82, 8]));
+    }
+
+    #[test]
+    fn broadcast_flag_and_client_identifier_are_echoed() {
+        let mut req = request(MessageType::Discover, KNOWN);
+        req.set_flags(Flags::default().set_broadcast());
+        let id = vec![1, 2, 0, 0, 0, 0, 0x0a];
+        req.opts_mut()
+            .insert(DhcpOption::ClientIdentifier(id.clone()));
+        let (_, to, offer) = reply_of(&run(&req));
+        assert_eq!(to, broadcast());
+        assert!(offer.flags().broadcast());
+        assert_eq!(
+            offer.opts().get(OptionCode::ClientIdentifier),
+            Some(&DhcpOption::ClientIdentifier(id))
+        );
+    }
+
+    #[test]
+    fn lease_time_follows_the_pool() {
+        let p = pool_with(PoolConfig {
+            lease_seconds: u32::MAX,
+            ..config()
+        });
+        let req = request(MessageType::Discover, KNOWN);
+        let Action::Reply(r) = handle(&req.to_vec().unwrap(), &p, |_| false).action else {
+            panic!()
+        };
+        let offer = Message::from_bytes(&r.bytes).unwrap();
+        assert_eq!(
+            offer.opts().get(OptionCode::Rebinding),
+            Some(&DhcpOption::Rebinding(3_758_096_383))
+        );
+        assert_eq!(
+            offer.opts().get(OptionCode::Renewal),
+            Some(&DhcpOption::Renewal(2_147_483_647))
+        );
+    }
+
+    #[test]
+    fn a_zero_lease_time_means_the_default() {
+        let p = pool_with(PoolConfig {
+            lease_seconds: 0,
+            ..config()
+        });
+        let req = request(MessageType::Discover, KNOWN);
+        let Action::Reply(r) = handle(&req.to_vec().unwrap(), &p, |_| false).action else {
+            panic!()
+        };
+        let offer = Message::from_bytes(&r.bytes).unwrap();
+        assert_eq!(
+            offer.opts().get(OptionCode::AddressLeaseTime),
+            Some(&DhcpOption::AddressLeaseTime(DEFAULT_LEASE_SECONDS))
+        );
+    }
+}
