@@ -331,6 +331,9 @@ fn pod_figures(c: &Cluster) -> Vec<(String, u64, u64)> {
     let mut out = Vec::new();
     for component in ["controller", "agent"] {
         for pod in c.pods(component) {
+            if !pod["metadata"]["deletionTimestamp"].is_null() {
+                continue; // an old replica on its way out
+            }
             let name = pod["metadata"]["name"]
                 .as_str()
                 .unwrap_or_default()
