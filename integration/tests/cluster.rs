@@ -60,34 +60,29 @@ impl Cluster {
         text
     }
 
-    fn json(&self, args: &[&str]) -> Value {
+    /// `kubectl ARGS -o json`, parsed; the error says what kubectl said.
+    fn get_json(&self, args: &[&str]) -> Result<Value, String> {
         let out = self
             .node
             .kubectl()
             .args(args)
             .args(["-o", "json"])
+            .stdin(Stdio::null())
             .output()
-            .unwrap();
-        assert!(
-            out.status.success(),
-            "kubectl {args:?}: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        serde_json::from_slice(&out.stdout).unwrap()
+            .map_err(|e| format!("kubectl {args:?}: {e}"))?;
+        if !out.status.success() {
+            let stderr = String::from_utf8_lossy(&out.stderr);
+            return Err(format!("kubectl {args:?}: {stderr}"));
+        }
+        serde_json::from_slice(&out.stdout).map_err(|e| format!("kubectl {args:?}: {e}"))
+    }
+
+    fn json(&self, args: &[&str]) -> Value {
+        self.get_json(args).unwrap_or_else(|e| panic!("{e}"))
     }
 
     fn try_json(&self, args: &[&str]) -> Option<Value> {
-        let out = self
-            .node
-            .kubectl()
-            .args(args)
-            .args(["-o", "json"])
-            .output()
-            .ok()?;
-        out.status
-            .success()
-            .then(|| serde_json::from_slice(&out.stdout).ok())
-            .flatten()
+        self.get_json(args).ok()
     }
 
     /// `kubectl apply -f -`; the error text when refused.

@@ -69,6 +69,22 @@ fn kubectl(node: &Node, args: &[&str]) -> anyhow::Result<String> {
     run(cmd)
 }
 
+/// The holder of the agents' Lease (empty while nobody holds it).
+fn agent_leader(node: &Node) -> anyhow::Result<String> {
+    kubectl(
+        node,
+        &[
+            "get",
+            "lease",
+            "-n",
+            "vmdhcp-system",
+            "vm-dhcp-agents",
+            "-o",
+            "jsonpath={.spec.holderIdentity}",
+        ],
+    )
+}
+
 fn main() -> anyhow::Result<()> {
     step(
         "starting a single-node Kubernetes 1.20 (etcd, apiserver, controller-manager, scheduler, kube-proxy, containerd, kubelet)",
@@ -215,18 +231,7 @@ fn main() -> anyhow::Result<()> {
     );
 
     step("kubectl delete pod <the leading agent>: the standby takes over");
-    let leader = kubectl(
-        &node,
-        &[
-            "get",
-            "lease",
-            "-n",
-            "vmdhcp-system",
-            "vm-dhcp-agents",
-            "-o",
-            "jsonpath={.spec.holderIdentity}",
-        ],
-    )?;
+    let leader = agent_leader(&node)?;
     let deleted = Instant::now();
     kubectl(
         &node,
@@ -240,20 +245,9 @@ fn main() -> anyhow::Result<()> {
         ],
     )?;
     let new_leader = wait_for("a new agent leader", Duration::from_secs(30), || {
-        kubectl(
-            &node,
-            &[
-                "get",
-                "lease",
-                "-n",
-                "vmdhcp-system",
-                "vm-dhcp-agents",
-                "-o",
-                "jsonpath={.spec.holderIdentity}",
-            ],
-        )
-        .ok()
-        .filter(|h| !h.is_empty() && *h != leader)
+        agent_leader(&node)
+            .ok()
+            .filter(|h| !h.is_empty() && *h != leader)
     });
     println!(
         "{leader} deleted; {new_leader} leads after {:.1} s",
