@@ -4,10 +4,10 @@
 //!
 //! [`Node::start`] runs `integration/node/node.sh`, which does the work and holds the node in
 //! one network namespace and one directory; this handle waits until the node is Ready, reports a
-//! component that dies (its name and the tail of its log), and gives kubectl, helm and a kube
-//! client that reach the API server through 127.0.0.1. Dropping the handle (also on panic, or
-//! when the test process dies: the script watches its stdin) removes every process, pod, mount,
-//! network namespace, cgroup and file of the node.
+//! component that dies (its name and the tail of its log), and gives kubectl and helm that reach
+//! the API server through 127.0.0.1. Dropping the handle (also on panic, or when the test process
+//! dies: the script watches its stdin) removes every process, pod, mount, network namespace,
+//! cgroup and file of the node.
 //!
 //! The node has no Multus, CoreDNS or KubeVirt: the script stands in for the first two (see its
 //! header), and VMs are network namespaces plugged into a NAD's bridge in [`Node::netns`].
@@ -17,9 +17,6 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, ChildStdin, Command, Stdio};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
-
-use kube::Client;
-use kube::config::{KubeConfigOptions, Kubeconfig};
 
 use crate::control_plane::{bin_dir, repo_root};
 use crate::netns::Netns;
@@ -51,9 +48,6 @@ pub enum NodeError {
         /// Everything the script printed.
         said: String,
     },
-    /// The kubeconfig could not be turned into a client.
-    #[error("kube client: {0}")]
-    Client(String),
     /// No images to run: `scripts/build-images.sh` was not run.
     #[error("no container images in {0}: run scripts/build-images.sh (scripts/test.sh does)")]
     NoImages(PathBuf),
@@ -66,7 +60,6 @@ pub struct Node {
     said: Arc<Mutex<String>>,
     dir: PathBuf,
     netns: String,
-    api_port: u16,
 }
 
 /// The image archives `scripts/build-images.sh` wrote (its `images.tsv`), in `dir`.
@@ -139,7 +132,6 @@ impl Node {
             said,
             dir,
             netns: String::new(),
-            api_port,
         };
         const LIMIT: Duration = Duration::from_secs(300);
         let deadline = Instant::now() + LIMIT;
@@ -181,11 +173,6 @@ impl Node {
     /// The admin kubeconfig (API server at 127.0.0.1).
     pub fn kubeconfig(&self) -> PathBuf {
         self.dir.join("kubeconfig/admin")
-    }
-
-    /// The host port that forwards to the API server.
-    pub fn api_port(&self) -> u16 {
-        self.api_port
     }
 
     /// The directory of the node (logs under `logs/`).
@@ -243,17 +230,6 @@ impl Node {
             .unwrap_or_default();
         let all: Vec<&str> = text.lines().collect();
         all[all.len().saturating_sub(lines)..].join("\n")
-    }
-
-    /// A kube client for the node, bound to the calling tokio runtime.
-    pub async fn client(&self) -> Result<Client, NodeError> {
-        let kubeconfig = Kubeconfig::read_from(self.kubeconfig())
-            .map_err(|e| NodeError::Client(e.to_string()))?;
-        let config =
-            kube::Config::from_custom_kubeconfig(kubeconfig, &KubeConfigOptions::default())
-                .await
-                .map_err(|e| NodeError::Client(e.to_string()))?;
-        Client::try_from(config).map_err(|e| NodeError::Client(e.to_string()))
     }
 }
 
