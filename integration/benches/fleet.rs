@@ -17,9 +17,6 @@
     missing_docs
 )]
 
-use std::io::{BufRead, BufReader, Write};
-use std::path::Path;
-use std::process::{ChildStdin, ChildStdout, Stdio};
 use std::time::{Duration, Instant};
 
 use kube::api::{
@@ -29,57 +26,8 @@ use serde_json::json;
 use vmdhcp_core::crd::IPPool;
 use vmdhcp_integration::dhcp_client::wait_for;
 use vmdhcp_integration::fleet::{
-    Agent, Fleet, LEASE_SECONDS, NS, RETRY_SECONDS, SERVER_IP, VM2_MAC, setup,
+    Agent, LEASE_SECONDS, NS, Probe, RETRY_SECONDS, SERVER_IP, VM2_MAC, setup,
 };
-
-/// The probe process in a VM namespace: one command in, one answer out.
-struct Probe {
-    stdin: ChildStdin,
-    stdout: BufReader<ChildStdout>,
-}
-
-impl Probe {
-    fn start(fleet: &mut Fleet, vm: &vmdhcp_integration::netns::Netns) -> Probe {
-        let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("bench/dhcp_probe.py");
-        let mut cmd = vm.command("python3");
-        cmd.arg(script)
-            .args(["eth0", "30"])
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped());
-        let child = fleet.lab.spawn(cmd).unwrap();
-        let mut probe = Probe {
-            stdin: child.stdin.take().unwrap(),
-            stdout: BufReader::new(child.stdout.take().unwrap()),
-        };
-        assert_eq!(probe.line(), "ready");
-        probe
-    }
-
-    fn line(&mut self) -> String {
-        let mut line = String::new();
-        self.stdout.read_line(&mut line).unwrap();
-        line.trim().to_owned()
-    }
-
-    /// Runs one probe command; the time from now to its answer.
-    fn ask(&mut self, command: &str) -> Duration {
-        let start = Instant::now();
-        self.send(command);
-        self.answered(command);
-        start.elapsed()
-    }
-
-    /// Starts a probe command.
-    fn send(&mut self, command: &str) {
-        writeln!(self.stdin, "{command}").unwrap();
-    }
-
-    /// Waits for the answer to the command sent.
-    fn answered(&mut self, command: &str) {
-        let answer = self.line();
-        assert!(answer.starts_with("ok "), "{command}: {answer}");
-    }
-}
 
 /// Prints min, p50, p90, p99 and max of `samples` (seconds), and whether p99 meets `target`.
 fn report(what: &str, samples: &mut [f64], target: Option<f64>) {
@@ -125,7 +73,7 @@ fn main() {
     ];
     let vm = fleet.vm("probe", VM2_MAC);
     fleet.lab.address(&vm, "eth0", "10.123.45.250/24").unwrap();
-    let mut probe = Probe::start(&mut fleet, &vm);
+    let mut probe = Probe::start(&mut fleet.lab, &vm, 30);
     fleet.leader(&[&agents[0], &agents[1]]);
     probe.ask(&format!("request {VM2_MAC} {ip2}"));
 

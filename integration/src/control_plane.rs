@@ -136,9 +136,14 @@ pub fn run(cmd: &mut Command) -> Result<String, ControlPlaneError> {
 
 /// A running etcd + kube-apiserver pair with our CRDs installed.
 pub struct ControlPlane {
-    // Field order is drop order: the API server stops before etcd, and the directory goes last.
+    // Field order is drop order: the API server stops before etcd, and the directory goes last
+    // (with the janitor, which removes it even when the test process is killed).
     apiserver: Supervised,
     etcd: Supervised,
+    _janitor: Supervised,
+    etcd_command: (PathBuf, Vec<String>),
+    apiserver_command: (PathBuf, Vec<String>),
+    restarts: usize,
     kubeconfig: PathBuf,
     server: String,
     dir: PathBuf,
@@ -164,44 +169,49 @@ impl ControlPlane {
         .map_err(io("writing tokens.csv"))?;
 
         let (etcd_client, etcd_peer, secure_port) = (free_port()?, free_port()?, free_port()?);
-        let etcd = Supervised::spawn(
-            &etcd_bin,
-            &[
-                "--name=test".into(),
-                format!("--data-dir={}", p("etcd")),
-                format!("--listen-client-urls=http://127.0.0.1:{etcd_client}"),
-                format!("--advertise-client-urls=http://127.0.0.1:{etcd_client}"),
-                format!("--listen-peer-urls=http://127.0.0.1:{etcd_peer}"),
-                format!("--initial-advertise-peer-urls=http://127.0.0.1:{etcd_peer}"),
-                format!("--initial-cluster=test=http://127.0.0.1:{etcd_peer}"),
-                "--unsafe-no-fsync".into(),
-            ],
-            &dir.join("etcd.log"),
+        let etcd_args: Vec<String> = vec![
+            "--name=test".into(),
+            format!("--data-dir={}", p("etcd")),
+            format!("--listen-client-urls=http://127.0.0.1:{etcd_client}"),
+            format!("--advertise-client-urls=http://127.0.0.1:{etcd_client}"),
+            format!("--listen-peer-urls=http://127.0.0.1:{etcd_peer}"),
+            format!("--initial-advertise-peer-urls=http://127.0.0.1:{etcd_peer}"),
+            format!("--initial-cluster=test=http://127.0.0.1:{etcd_peer}"),
+            "--unsafe-no-fsync".into(),
+        ];
+        // Removes the directory once the control plane is dropped or the test process dies;
+        // etcd and the API server can then stop and start again on the same data (restart()).
+        let janitor = Supervised::spawn(
+            Path::new("sleep"),
+            &["infinity".into()],
+            &dir.join("janitor.log"),
             Some(&dir),
         )?;
+        let etcd = Supervised::spawn(&etcd_bin, &etcd_args, &dir.join("etcd.log"), None)?;
+        let apiserver_args: Vec<String> = vec![
+            format!("--etcd-servers=http://127.0.0.1:{etcd_client}"),
+            "--bind-address=127.0.0.1".into(),
+            "--advertise-address=127.0.0.1".into(),
+            format!("--secure-port={secure_port}"),
+            "--insecure-port=0".into(),
+            format!("--cert-dir={}", p("certs")),
+            format!("--tls-cert-file={}", p("server.crt")),
+            format!("--tls-private-key-file={}", p("server.key")),
+            format!("--client-ca-file={}", p("ca.crt")),
+            format!("--token-auth-file={}", p("tokens.csv")),
+            "--authorization-mode=RBAC".into(),
+            format!("--service-account-key-file={}", p("sa.pub")),
+            format!("--service-account-signing-key-file={}", p("sa.key")),
+            "--service-account-issuer=https://kubernetes.default.svc".into(),
+            "--api-audiences=https://kubernetes.default.svc".into(),
+            "--service-cluster-ip-range=10.96.0.0/16".into(),
+            "--disable-admission-plugins=ServiceAccount".into(),
+            "--allow-privileged=true".into(),
+            "--profiling=false".into(),
+        ];
         let apiserver = Supervised::spawn(
             &apiserver_bin,
-            &[
-                format!("--etcd-servers=http://127.0.0.1:{etcd_client}"),
-                "--bind-address=127.0.0.1".into(),
-                "--advertise-address=127.0.0.1".into(),
-                format!("--secure-port={secure_port}"),
-                "--insecure-port=0".into(),
-                format!("--cert-dir={}", p("certs")),
-                format!("--tls-cert-file={}", p("server.crt")),
-                format!("--tls-private-key-file={}", p("server.key")),
-                format!("--client-ca-file={}", p("ca.crt")),
-                format!("--token-auth-file={}", p("tokens.csv")),
-                "--authorization-mode=RBAC".into(),
-                format!("--service-account-key-file={}", p("sa.pub")),
-                format!("--service-account-signing-key-file={}", p("sa.key")),
-                "--service-account-issuer=https://kubernetes.default.svc".into(),
-                "--api-audiences=https://kubernetes.default.svc".into(),
-                "--service-cluster-ip-range=10.96.0.0/16".into(),
-                "--disable-admission-plugins=ServiceAccount".into(),
-                "--allow-privileged=true".into(),
-                "--profiling=false".into(),
-            ],
+            &apiserver_args,
             &dir.join("apiserver.log"),
             None,
         )?;
@@ -219,6 +229,10 @@ impl ControlPlane {
         let cp = ControlPlane {
             apiserver,
             etcd,
+            _janitor: janitor,
+            etcd_command: (etcd_bin, etcd_args),
+            apiserver_command: (apiserver_bin, apiserver_args),
+            restarts: 0,
             kubeconfig,
             server,
             dir,
@@ -239,6 +253,22 @@ impl ControlPlane {
             Ok(cp) => cp,
             Err(e) => panic!("cannot start the test control plane: {e}"),
         })
+    }
+
+    /// Stops the API server and etcd (SIGKILL, as a crashed node would), starts both again on
+    /// the same ports and data, and returns once the API server is ready again. Every object
+    /// written before is still there (etcd runs without fsync, but the page cache survives a
+    /// process kill).
+    pub fn restart(&mut self) -> Result<(), ControlPlaneError> {
+        self.apiserver.stop();
+        self.etcd.stop();
+        self.restarts += 1;
+        let log = |name: &str| self.dir.join(format!("{name}-{}.log", self.restarts));
+        let (bin, args) = &self.etcd_command;
+        self.etcd = Supervised::spawn(bin, args, &log("etcd"), None)?;
+        let (bin, args) = &self.apiserver_command;
+        self.apiserver = Supervised::spawn(bin, args, &log("apiserver"), None)?;
+        self.wait_ready(&tool("kubectl")?)
     }
 
     fn wait_ready(&self, kubectl: &Path) -> Result<(), ControlPlaneError> {

@@ -79,8 +79,10 @@ pub struct Fleet {
     pub grpc: u16,
     /// The controller's HTTP port (`/metrics`) on the host loopback.
     pub controller_http: u16,
-    /// The controller, while running.
+    /// The controller, while running (runs without [`Options::controller_replicas`]).
     pub controller: Option<Supervised>,
+    /// The electing controller replicas (runs with [`Options::controller_replicas`]).
+    pub replicas: Vec<ControllerReplica>,
     relays: Vec<Supervised>,
     /// `AGENT_NETWORK_CONFIGS` and `IPPOOL_REFS_JSON` as the controller wrote them.
     pub env: (String, String),
@@ -99,6 +101,23 @@ pub struct Options {
     /// Export both binaries' traces to an OTLP/gRPC receiver on this host loopback port
     /// (relayed into agent namespaces like the controller's port).
     pub otlp: Option<u16>,
+    /// Run this many controller replicas with leader election (as the chart's Deployment does)
+    /// behind a Service stand-in on [`Fleet::grpc`], instead of one controller without election.
+    pub controller_replicas: usize,
+}
+
+/// One electing controller replica of a [`Fleet`] run with
+/// [`Options::controller_replicas`]: its ports stay the same across restarts, as a pod's
+/// endpoint would behind the Service; each start gets a new identity, as a new pod would.
+pub struct ControllerReplica {
+    /// The process, while running.
+    pub process: Option<Supervised>,
+    /// Its gRPC port on the host loopback.
+    pub grpc: u16,
+    /// Its HTTP port (`/metrics`, `/readyz`) on the host loopback.
+    pub http: u16,
+    /// Its identity (`controller-<index>-<start>`) in the current or last start.
+    pub identity: String,
 }
 
 impl Fleet {
@@ -141,25 +160,51 @@ impl Fleet {
 
     /// Starts (or restarts) the controller process.
     pub fn start_controller(&mut self) {
-        let log = self
-            .dir
-            .path()
-            .join(format!("controller-{}.log", self.starts));
-        self.starts += 1;
-        let args: Vec<String> = vec![
+        let args = self.controller_args("controller-0", self.grpc, self.controller_http);
+        let args = [args, vec!["--no-leader-election".into()]].concat();
+        self.controller = Some(self.spawn_controller("controller", args));
+    }
+
+    /// Starts (or restarts) electing controller replica `index`, under a new identity.
+    pub fn start_replica(&mut self, index: usize) {
+        let (grpc, http) = (self.replicas[index].grpc, self.replicas[index].http);
+        let identity = format!("controller-{index}-{}", self.starts);
+        let args = self.controller_args(&identity, grpc, http);
+        let args = [
+            args,
+            vec![
+                format!("--leader-election-namespace={AGENT_NS}"),
+                "--lease-duration-seconds=4".into(),
+                "--renew-deadline-seconds=3".into(),
+                "--retry-period-seconds=1".into(),
+            ],
+        ]
+        .concat();
+        let process = self.spawn_controller(&identity, args);
+        let replica = &mut self.replicas[index];
+        replica.process = Some(process);
+        replica.identity = identity;
+    }
+
+    fn controller_args(&self, identity: &str, grpc: u16, http: u16) -> Vec<String> {
+        let args = vec![
             "run".into(),
             format!("--kubeconfig={}", self.cp.kubeconfig().display()),
-            "--identity=controller-0".into(),
-            format!("--grpc-listen=127.0.0.1:{}", self.grpc),
-            format!("--http-listen=127.0.0.1:{}", self.controller_http),
+            format!("--identity={identity}"),
+            format!("--grpc-listen=127.0.0.1:{grpc}"),
+            format!("--http-listen=127.0.0.1:{http}"),
             format!("--agent-deployment={AGENT_NS}/vm-dhcp-agent"),
-            "--no-leader-election".into(),
             "--heartbeat-seconds=2".into(),
             "--grpc-plaintext".into(),
         ];
-        let args = [args, self.otlp_args()].concat();
+        [args, self.otlp_args()].concat()
+    }
+
+    fn spawn_controller(&mut self, name: &str, args: Vec<String>) -> Supervised {
+        let log = self.dir.path().join(format!("{name}-{}.log", self.starts));
+        self.starts += 1;
         let bin = workspace_binary("vmdhcp-controller", "vm-dhcp-controller");
-        self.controller = Some(Supervised::spawn(&bin, &args, &log, None).unwrap());
+        Supervised::spawn(&bin, &args, &log, None).unwrap()
     }
 
     /// `--otlp-endpoint` when the run exports traces (the same loopback address works in agent
@@ -396,6 +441,69 @@ impl Fleet {
     }
 }
 
+/// `integration/bench/dhcp_probe.py` in a VM namespace: one command in, one answer out. It sends a
+/// fresh transaction every 10 ms until answered, so it measures the server, not a real client's
+/// retry backoff.
+pub struct Probe {
+    stdin: std::process::ChildStdin,
+    stdout: std::io::BufReader<std::process::ChildStdout>,
+}
+
+impl Probe {
+    /// Starts the probe on `vm`'s eth0 (killed when `lab` drops); a command not answered within
+    /// `timeout_seconds` answers `timeout`.
+    pub fn start(lab: &mut Lab, vm: &Netns, timeout_seconds: u64) -> Probe {
+        let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("bench/dhcp_probe.py");
+        let mut cmd = vm.command("python3");
+        cmd.arg(script)
+            .args(["eth0", &timeout_seconds.to_string()])
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped());
+        let child = lab.spawn(cmd).unwrap();
+        let mut probe = Probe {
+            stdin: child.stdin.take().unwrap(),
+            stdout: std::io::BufReader::new(child.stdout.take().unwrap()),
+        };
+        assert_eq!(probe.line(), "ready");
+        probe
+    }
+
+    fn line(&mut self) -> String {
+        use std::io::BufRead;
+        let mut line = String::new();
+        self.stdout.read_line(&mut line).unwrap();
+        line.trim().to_owned()
+    }
+
+    /// Runs one probe command (`discover MAC`, `request MAC IP [DNS]`); the time from now to its
+    /// answer. Fails the caller on a timeout.
+    pub fn ask(&mut self, command: &str) -> Duration {
+        let start = Instant::now();
+        self.send(command);
+        self.answered(command);
+        start.elapsed()
+    }
+
+    /// [`Probe::ask`], with a timeout as `None` instead of a failure.
+    pub fn try_ask(&mut self, command: &str) -> Option<Duration> {
+        let start = Instant::now();
+        self.send(command);
+        self.line().starts_with("ok ").then(|| start.elapsed())
+    }
+
+    /// Starts a probe command.
+    pub fn send(&mut self, command: &str) {
+        use std::io::Write;
+        writeln!(self.stdin, "{command}").unwrap();
+    }
+
+    /// Waits for the answer to the command sent; fails the caller on a timeout.
+    pub fn answered(&mut self, command: &str) {
+        let answer = self.line();
+        assert!(answer.starts_with("ok "), "{command}: {answer}");
+    }
+}
+
 /// The sum of the samples in Prometheus `text` whose line starts with `series` (a name, or a
 /// name and the start of its labels); `None` when there is no such sample.
 pub fn metric(text: &str, series: &str) -> Option<f64> {
@@ -571,6 +679,43 @@ pub fn captured(pcap: &Path) -> Vec<Captured> {
     out
 }
 
+/// TEST DOUBLE for the controller's Service (kube-proxy): accepts on `port` of the host loopback
+/// and forwards each connection to the next replica port that accepts, round robin, so agents
+/// stream from whichever replica is up, as behind the chart's Service. A connection whose replica
+/// dies is closed on both sides, and the agent reconnects through it to another.
+fn service_standin(port: u16, replicas: Vec<u16>) {
+    let listener = std::net::TcpListener::bind(("127.0.0.1", port)).unwrap();
+    std::thread::spawn(move || {
+        let mut next = 0;
+        for client in listener.incoming() {
+            let Ok(client) = client else { continue };
+            next += 1;
+            let upstream = (0..replicas.len()).find_map(|k| {
+                let to = std::net::SocketAddr::from((
+                    [127, 0, 0, 1],
+                    replicas[(next + k) % replicas.len()],
+                ));
+                std::net::TcpStream::connect_timeout(&to, Duration::from_millis(500)).ok()
+            });
+            // No replica up: dropping the connection makes the agent retry with its backoff.
+            let Some(upstream) = upstream else { continue };
+            for (from, to) in [
+                (client.try_clone(), upstream.try_clone()),
+                (Ok(upstream), Ok(client)),
+            ] {
+                let (Ok(mut from), Ok(mut to)) = (from, to) else {
+                    continue;
+                };
+                std::thread::spawn(move || {
+                    let _ = std::io::copy(&mut from, &mut to);
+                    let _ = to.shutdown(std::net::Shutdown::Both);
+                    let _ = from.shutdown(std::net::Shutdown::Both);
+                });
+            }
+        }
+    });
+}
+
 /// Starts the control plane and the controller, applies the agent Deployment, a NAD, an IPPool
 /// and two VMs with kubectl, and returns once both VMs are allocated and the controller wrote the
 /// agents' bootstrap env.
@@ -592,6 +737,7 @@ pub fn setup_with(options: Options) -> Fleet {
         grpc: free_port(),
         controller_http: free_port(),
         controller: None,
+        replicas: Vec::new(),
         relays: Vec::new(),
         env: (String::new(), String::new()),
         interface: String::new(),
@@ -609,7 +755,25 @@ pub fn setup_with(options: Options) -> Fleet {
             "spec": {"containers": [{"name": "agent", "image": "vmdhcp/agent:test"}]}
         }}
     }));
-    fleet.start_controller();
+    if options.controller_replicas > 1 {
+        for index in 0..options.controller_replicas {
+            let http = if index == 0 {
+                fleet.controller_http
+            } else {
+                free_port()
+            };
+            fleet.replicas.push(ControllerReplica {
+                process: None,
+                grpc: free_port(),
+                http,
+                identity: String::new(),
+            });
+            fleet.start_replica(index);
+        }
+        service_standin(fleet.grpc, fleet.replicas.iter().map(|r| r.grpc).collect());
+    } else {
+        fleet.start_controller();
+    }
     fleet.relay_sockets();
     fleet.apply(&json!({
         "apiVersion": "k8s.cni.cncf.io/v1", "kind": "NetworkAttachmentDefinition",

@@ -32,6 +32,7 @@ fn one_trace_follows_a_vm_from_creation_to_the_agent_and_each_dhcp_exchange_is_a
     let otlp = Receiver::start();
     let mut fleet = setup_with(Options {
         otlp: Some(otlp.addr.port()),
+        ..Options::default()
     });
     let ns0 = fleet.agent_netns(0);
     let agent = fleet.start_agent(&ns0, "agent-0");

@@ -1,0 +1,600 @@
+//! The fault soak: the whole system as processes, as the chart deploys it (two electing
+//! controller replicas behind a Service stand-in, two agents), while VMs come and go and 20 real
+//! `dhclient`s renew, and at seeded random moments a controller or agent replica gets `kill -9`
+//! or SIGTERM (and is started again, as its Deployment would) or the API server and etcd restart.
+//!
+//! At the end: no address is held by two MACs (in the VMs' configs, in the pool's status, and in
+//! what the clients hold), no allocation is lost, every client kept its address, and the longest
+//! DHCP outage any client saw is at most the agents' Lease duration + 2 s. The outage is measured
+//! by `integration/bench/dhcp_probe.py` on the VM network, which asks for each client's address
+//! in turn (INIT-REBOOT REQUEST, a fresh transaction every 10 ms until the ACK): the wait for one
+//! answer is how long a client asking at that moment would have gone without.
+//!
+//! The pool's lease is 60 s here (the other suites use 20 s to see renewals quickly): ISC
+//! dhclient retries a failed renewal only `initial-interval` (10 s) later, capped at the lease's
+//! expiry, so with a 20 s lease one unanswered renewal at T1 — any outage that covers T1, however
+//! short — expires the lease before the retry. That is the client's policy, not an outage; a
+//! lease of 60 s leaves it its retries and its REBIND inside any outage the bound allows.
+//!
+//! `VMDHCP_SOAK_SEED` replays a run's schedule (printed first; random otherwise) and
+//! `VMDHCP_SOAK_SECONDS` sets how long faults are injected (default 300).
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::panic,
+    clippy::print_stdout
+)]
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::fs;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use serde_json::{Value, json};
+use vmdhcp_integration::control_plane::bin_dir;
+use vmdhcp_integration::dhcp_client::{dhclient_lease, start_dhclient, wait_for};
+use vmdhcp_integration::fleet::{
+    AGENT_NS, Agent, Fleet, LEASE_SECONDS, NS, Options, Probe, setup_with,
+};
+
+/// Real DHCP clients renewing through the whole run.
+const CLIENTS: usize = 20;
+/// Longest outage any client may see: the agents' Lease duration + 2 s (the issue's bound).
+const OUTAGE_BOUND: Duration = Duration::from_secs(LEASE_SECONDS + 2);
+
+/// splitmix64: small, seedable, the same sequence on every machine.
+struct Rng(u64);
+
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+        z ^ (z >> 31)
+    }
+
+    /// Uniform in `0..n`.
+    fn below(&mut self, n: u64) -> u64 {
+        self.next() % n.max(1)
+    }
+
+    /// Uniform in `[lo, hi)` milliseconds.
+    fn millis(&mut self, lo: u64, hi: u64) -> Duration {
+        Duration::from_millis(lo + self.below(hi - lo))
+    }
+}
+
+/// One injected fault.
+#[derive(Clone, Copy, Debug)]
+enum Fault {
+    /// `kill -9` of controller replica `n`.
+    KillController(usize),
+    /// SIGTERM of controller replica `n`.
+    StopController(usize),
+    /// `kill -9` of the agent leading (`true`) or standing by.
+    KillAgent(bool),
+    /// SIGTERM of the agent leading (`true`) or standing by.
+    StopAgent(bool),
+    /// The API server and etcd killed and started again.
+    RestartApi,
+}
+
+/// The run's faults: (time from the start, fault, pause before the victim is started again).
+/// Every kind comes once, in a seeded order, then seeded picks until `seconds` is used up; faults
+/// are 12–30 s apart so each outage ends before the next fault.
+fn schedule(rng: &mut Rng, seconds: u64) -> Vec<(Duration, Fault, Duration)> {
+    let mut kinds = [
+        Fault::KillController(0),
+        Fault::StopController(1),
+        Fault::KillAgent(true),
+        Fault::StopAgent(true),
+        Fault::RestartApi,
+    ];
+    for i in (1..kinds.len()).rev() {
+        kinds.swap(i, rng.below(i as u64 + 1) as usize);
+    }
+    let mut out = Vec::new();
+    let mut at = Duration::from_secs(10);
+    while at < Duration::from_secs(seconds) {
+        let fault = if out.len() < kinds.len() {
+            kinds[out.len()]
+        } else {
+            let n = rng.below(2) as usize;
+            let leader = rng.below(2) == 0;
+            match rng.below(5) {
+                0 => Fault::KillController(n),
+                1 => Fault::StopController(n),
+                2 => Fault::KillAgent(leader),
+                3 => Fault::StopAgent(leader),
+                _ => Fault::RestartApi,
+            }
+        };
+        out.push((at, fault, rng.millis(1_000, 5_000)));
+        at += rng.millis(12_000, 30_000);
+    }
+    out
+}
+
+/// `kubectl ARGS` against the control plane with a short request timeout (the API server may be
+/// down); stdout on success.
+fn kubectl(kubeconfig: &Path, args: &[&str]) -> Option<String> {
+    let out = Command::new(bin_dir().join("kubectl"))
+        .arg(format!("--kubeconfig={}", kubeconfig.display()))
+        .arg("--request-timeout=5s")
+        .args(args)
+        .stdin(Stdio::null())
+        .output()
+        .ok()?;
+    out.status
+        .success()
+        .then(|| String::from_utf8_lossy(&out.stdout).into_owned())
+}
+
+fn vm_manifest(name: &str, mac: &str) -> String {
+    json!({
+        "apiVersion": "kubevirt.io/v1", "kind": "VirtualMachine",
+        "metadata": {"name": name, "namespace": NS},
+        "spec": {"running": true, "template": {"spec": {
+            "domain": {"devices": {"interfaces": [{"name": "nic-0", "macAddress": mac, "bridge": {}}]}},
+            "networks": [{"name": "nic-0", "multus": {"networkName": format!("{NS}/net-a")}}]
+        }}}
+    })
+    .to_string()
+}
+
+/// What the churn did.
+#[derive(Debug, Default)]
+struct Churn {
+    created: usize,
+    deleted: usize,
+    failed: usize,
+}
+
+/// Creates and deletes VMs (`churn-N`, up to 10 at a time) until `stop`, one change every
+/// 0.5–1.5 s; calls that fail (the API server restarting) are counted, not retried: the API is
+/// the truth the end checks read.
+fn churn(kubeconfig: PathBuf, seed: u64, stop: Arc<AtomicBool>) -> JoinHandle<Churn> {
+    std::thread::spawn(move || {
+        let mut rng = Rng(seed);
+        let mut live: Vec<String> = Vec::new();
+        let mut stats = Churn::default();
+        let mut n = 0u32;
+        while !stop.load(Ordering::Relaxed) {
+            if live.len() < 3 || (live.len() < 10 && rng.below(2) == 0) {
+                n += 1;
+                let name = format!("churn-{n}");
+                let mac = format!("02:12:35:00:{:02x}:{:02x}", n >> 8, n & 0xff);
+                let file =
+                    std::env::temp_dir().join(format!("soak-{}-{name}.json", std::process::id()));
+                fs::write(&file, vm_manifest(&name, &mac)).unwrap();
+                let file_arg = file.display().to_string();
+                if kubectl(&kubeconfig, &["create", "-f", &file_arg]).is_some() {
+                    stats.created += 1;
+                    live.push(name);
+                } else {
+                    stats.failed += 1;
+                }
+                let _ = fs::remove_file(&file);
+            } else {
+                let at = rng.below(live.len() as u64) as usize;
+                let ok = kubectl(
+                    &kubeconfig,
+                    &["-n", NS, "delete", "vm", &live[at], "--wait=false"],
+                )
+                .is_some();
+                if ok {
+                    stats.deleted += 1;
+                    live.swap_remove(at);
+                } else {
+                    stats.failed += 1;
+                }
+            }
+            std::thread::sleep(rng.millis(500, 1_500));
+        }
+        stats
+    })
+}
+
+/// Per client, each probe: (seconds from the start when it was sent, wait for the ACK or `None`
+/// when none came within the probe's timeout).
+type Probes = Vec<Vec<(f64, Option<Duration>)>>;
+
+/// Asks for each client's address in turn until `stop`, 0.2 s between rounds.
+fn prober(
+    mut probe: Probe,
+    clients: Vec<(String, String)>,
+    start: Instant,
+    stop: Arc<AtomicBool>,
+) -> JoinHandle<Probes> {
+    std::thread::spawn(move || {
+        let mut probes: Probes = vec![Vec::new(); clients.len()];
+        while !stop.load(Ordering::Relaxed) {
+            for (i, (mac, ip)) in clients.iter().enumerate() {
+                let sent = start.elapsed().as_secs_f64();
+                probes[i].push((sent, probe.try_ask(&format!("request {mac} {ip}"))));
+            }
+            std::thread::sleep(Duration::from_millis(200));
+        }
+        probes
+    })
+}
+
+/// Holders of the Leases in the agents' namespace (the agents' and the controllers').
+fn lease_holders(fleet: &Fleet) -> BTreeSet<String> {
+    let leases = kubectl(
+        fleet.cp.kubeconfig(),
+        &["-n", AGENT_NS, "get", "lease", "-o", "json"],
+    )
+    .and_then(|out| serde_json::from_str::<Value>(&out).ok())
+    .unwrap_or_default();
+    leases["items"]
+        .as_array()
+        .map(|items| {
+            items
+                .iter()
+                .filter_map(|l| l["spec"]["holderIdentity"].as_str().map(str::to_owned))
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+/// Waits for a SIGTERMed process to finish its shutdown (bounded: then it is killed on restart).
+fn wait_exit(process: &vmdhcp_integration::process::Supervised) -> Duration {
+    let start = Instant::now();
+    while !process.exited() && start.elapsed() < Duration::from_secs(30) {
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    start.elapsed()
+}
+
+/// Every config in [`NS`]: VM name → (MAC, allocated address) of its NICs.
+fn configs(fleet: &Fleet) -> BTreeMap<String, Vec<(String, Option<String>)>> {
+    let list = fleet.kubectl_json(&["-n", NS, "get", "virtualmachinenetworkconfigs"]);
+    list["items"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|c| {
+            let name = c["metadata"]["name"].as_str().unwrap().to_owned();
+            let statuses = c["status"]["networkConfigs"]
+                .as_array()
+                .cloned()
+                .unwrap_or_default();
+            let nics = c["spec"]["networkConfigs"]
+                .as_array()
+                .cloned()
+                .unwrap_or_default()
+                .iter()
+                .map(|nic| {
+                    let mac = nic["macAddress"].as_str().unwrap_or_default().to_owned();
+                    let ip = statuses
+                        .iter()
+                        .find(|s| s["macAddress"] == mac.as_str() && s["state"] == "Allocated")
+                        .and_then(|s| s["allocatedIPAddress"].as_str())
+                        .map(str::to_owned);
+                    (mac, ip)
+                })
+                .collect();
+            (name, nics)
+        })
+        .collect()
+}
+
+/// MACs of the VMs in [`NS`].
+fn vm_macs(fleet: &Fleet) -> BTreeSet<String> {
+    let list = fleet.kubectl_json(&["-n", NS, "get", "vm"]);
+    list["items"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .flat_map(|vm| {
+            vm["spec"]["template"]["spec"]["domain"]["devices"]["interfaces"]
+                .as_array()
+                .cloned()
+                .unwrap_or_default()
+        })
+        .filter_map(|nic| nic["macAddress"].as_str().map(str::to_lowercase))
+        .collect()
+}
+
+#[test]
+fn seeded_faults_under_churn_lose_no_lease_and_bound_every_outage() {
+    let seed = std::env::var("VMDHCP_SOAK_SEED")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or_else(|| {
+            std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .unwrap()
+                .as_nanos() as u64
+        });
+    let seconds = std::env::var("VMDHCP_SOAK_SECONDS")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(300);
+    let mut rng = Rng(seed);
+    let plan = schedule(&mut rng, seconds);
+    println!("soak seed {seed} (VMDHCP_SOAK_SEED={seed} replays it), {seconds} s of faults");
+    for (at, fault, pause) in &plan {
+        println!(
+            "  planned at {:>5.1} s: {fault:?}, restarted after {:.1} s",
+            at.as_secs_f64(),
+            pause.as_secs_f64()
+        );
+    }
+
+    let began = Instant::now();
+    let phase = |what: &str| println!("[{:>6.1} s] {what}", began.elapsed().as_secs_f64());
+    let mut fleet = setup_with(Options {
+        controller_replicas: 2,
+        ..Options::default()
+    });
+    phase("control plane, controllers and pool up");
+    let kubeconfig = fleet.cp.kubeconfig().to_owned();
+    fleet
+        .cp
+        .kubectl_stdin(
+            &[
+                "-n",
+                NS,
+                "patch",
+                "ippool",
+                "pool-a",
+                "--type=merge",
+                "--patch-file=/dev/stdin",
+            ],
+            r#"{"spec": {"ipv4Config": {"leaseTime": 60}}}"#,
+        )
+        .unwrap();
+
+    // Two agents, and 20 VMs with a dhclient each, bound to their allocated addresses.
+    let slots = [fleet.agent_netns(0), fleet.agent_netns(1)];
+    let mut agents: Vec<Agent> = slots
+        .iter()
+        .enumerate()
+        .map(|(i, ns)| fleet.start_agent(ns, &format!("agent-{i}-0")))
+        .collect();
+    let clients: Vec<(String, String)> = (0..CLIENTS)
+        .map(|i| (format!("c{i:02}"), format!("02:12:36:00:00:{i:02x}")))
+        .collect();
+    for (name, mac) in &clients {
+        fleet.apply_vm(name, mac, "net-a");
+    }
+    let initial = wait_for("every client allocated", Duration::from_secs(90), || {
+        let allocated = fleet.allocated();
+        clients
+            .iter()
+            .map(|(_, mac)| allocated.get(mac).cloned())
+            .collect::<Option<Vec<String>>>()
+    });
+    phase("20 clients allocated");
+    fleet.leader(&[&agents[0], &agents[1]]);
+    phase("an agent leads");
+    let mut dirs = Vec::new();
+    for (name, mac) in &clients {
+        let vm = fleet.vm(name, mac);
+        let dir = fleet.dir.path().join(name);
+        fs::create_dir_all(&dir).unwrap();
+        start_dhclient(&mut fleet.lab, &vm, &dir);
+        dirs.push(dir);
+    }
+    for (dir, ip) in dirs.iter().zip(&initial) {
+        wait_for("every dhclient bound", Duration::from_secs(60), || {
+            (dhclient_lease(&dir.join("dhclient.leases")).get("fixed-address") == Some(ip))
+                .then_some(())
+        });
+    }
+
+    phase("20 clients bound; faults begin");
+    // The load: churn and probes, in threads, while this thread injects the faults.
+    let probe_ns = fleet.vm("probe", "02:12:37:00:00:01");
+    let probe = Probe::start(&mut fleet.lab, &probe_ns, 30);
+    let stop = Arc::new(AtomicBool::new(false));
+    let start = Instant::now();
+    let wall_start = std::time::SystemTime::now();
+    let targets: Vec<(String, String)> = clients
+        .iter()
+        .zip(&initial)
+        .map(|((_, mac), ip)| (mac.clone(), ip.clone()))
+        .collect();
+    let prober = prober(probe, targets, start, stop.clone());
+    let churn = churn(kubeconfig.clone(), rng.next(), stop.clone());
+
+    let mut timeline = Vec::new();
+    for (at, fault, pause) in plan {
+        if let Some(wait) = at.checked_sub(start.elapsed()) {
+            std::thread::sleep(wait);
+        }
+        let t = start.elapsed().as_secs_f64();
+        let holders = lease_holders(&fleet);
+        let what = match fault {
+            Fault::KillController(n) | Fault::StopController(n) => {
+                let replica = &mut fleet.replicas[n];
+                let role = if holders.contains(&replica.identity) {
+                    "leader"
+                } else {
+                    "follower"
+                };
+                let process = replica.process.as_mut().unwrap();
+                let kill = matches!(fault, Fault::KillController(_));
+                process.signal(if kill { "KILL" } else { "TERM" });
+                let exit = wait_exit(process);
+                let what = format!(
+                    "{} controller {} ({role}), exited in {:.1} s",
+                    if kill { "kill -9" } else { "SIGTERM" },
+                    replica.identity,
+                    exit.as_secs_f64()
+                );
+                replica.process.take();
+                std::thread::sleep(pause);
+                fleet.start_replica(n);
+                what
+            }
+            Fault::KillAgent(leader) | Fault::StopAgent(leader) => {
+                let slot = (0..agents.len())
+                    .find(|&i| holders.contains(&agents[i].identity) == leader)
+                    .unwrap_or(0);
+                let role = if holders.contains(&agents[slot].identity) {
+                    "leader"
+                } else {
+                    "standby"
+                };
+                let kill = matches!(fault, Fault::KillAgent(_));
+                agents[slot]
+                    .process
+                    .signal(if kill { "KILL" } else { "TERM" });
+                let exit = wait_exit(&agents[slot].process);
+                let what = format!(
+                    "{} agent {} ({role}), exited in {:.1} s",
+                    if kill { "kill -9" } else { "SIGTERM" },
+                    agents[slot].identity,
+                    exit.as_secs_f64()
+                );
+                agents[slot].process.stop();
+                std::thread::sleep(pause);
+                let identity = format!("agent-{slot}-{}", timeline.len() + 1);
+                agents[slot] = fleet.start_agent(&slots[slot], &identity);
+                what
+            }
+            Fault::RestartApi => {
+                let begun = Instant::now();
+                fleet.cp.restart().unwrap();
+                format!(
+                    "API server and etcd restarted, ready again in {:.1} s",
+                    begun.elapsed().as_secs_f64()
+                )
+            }
+        };
+        println!("  at {t:>5.1} s: {what}");
+        timeline.push((t, what));
+    }
+
+    // Let the last fault's outage end, then stop the load and let the system converge.
+    phase("faults done");
+    fleet.leader(&[&agents[0], &agents[1]]);
+    stop.store(true, Ordering::Relaxed);
+    let churned = churn.join().unwrap();
+    let probes = prober.join().unwrap();
+    let macs = wait_for(
+        "every VM's NIC allocated and the pool holding exactly those",
+        Duration::from_secs(120),
+        || {
+            let macs = vm_macs(&fleet);
+            let allocated = fleet.allocated();
+            let configs = configs(&fleet);
+            let held: BTreeSet<String> = configs
+                .values()
+                .flatten()
+                .filter(|(_, ip)| ip.is_some())
+                .map(|(mac, _)| mac.to_lowercase())
+                .collect();
+            let in_pool: BTreeSet<String> = allocated.keys().map(|m| m.to_lowercase()).collect();
+            (held == macs && in_pool == macs).then_some(macs)
+        },
+    );
+
+    phase("converged");
+    // No address held by two MACs: in the configs, in the pool (IP → MAC, one MAC per IP by
+    // construction; so no MAC twice), and in what the clients hold.
+    let mut by_ip: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
+    for (mac, ip) in configs(&fleet).into_values().flatten() {
+        by_ip.entry(ip.unwrap()).or_default().insert(mac);
+    }
+    let doubled: Vec<_> = by_ip.iter().filter(|(_, m)| m.len() > 1).collect();
+    assert!(
+        doubled.is_empty(),
+        "addresses held by two MACs: {doubled:?}"
+    );
+    let allocated = fleet.allocated();
+    let pool_ips: BTreeSet<&String> = allocated.values().collect();
+    assert_eq!(
+        pool_ips.len(),
+        allocated.len(),
+        "a MAC holds two addresses: {allocated:?}"
+    );
+
+    // No allocation lost, every client kept its address (in the pool, in its lease file, and in
+    // every event its hook saw).
+    // For a look at every process's log after a run: VMDHCP_SOAK_KEEP=DIR copies them there.
+    if let Ok(keep) = std::env::var("VMDHCP_SOAK_KEEP") {
+        let _ = Command::new("cp")
+            .arg("-a")
+            .arg(fleet.dir.path())
+            .arg(&keep)
+            .status();
+    }
+
+    // The longest outage.
+    let mut worst: Vec<(Duration, &str, f64)> = Vec::new();
+    let mut unanswered = Vec::new();
+    let mut total = 0;
+    for ((name, _), samples) in clients.iter().zip(&probes) {
+        total += samples.len();
+        for (sent, wait) in samples {
+            match wait {
+                Some(wait) => worst.push((*wait, name, *sent)),
+                None => unanswered.push(format!("{name} at {sent:.1} s")),
+            }
+        }
+    }
+    worst.sort_by_key(|w| std::cmp::Reverse(w.0));
+    println!(
+        "soak seed {seed}: {} faults, {total} probes, churn {} created / {} deleted / {} calls failed, {} VMs at the end",
+        timeline.len(),
+        churned.created,
+        churned.deleted,
+        churned.failed,
+        macs.len()
+    );
+    println!("longest waits for an ACK (client, when the probe was sent):");
+    for (wait, name, sent) in worst.iter().take(8) {
+        println!("  {:>6.2} s  {name} at {sent:>5.1} s", wait.as_secs_f64());
+    }
+    let mut changed = Vec::new();
+    for (((name, mac), ip), dir) in clients.iter().zip(&initial).zip(&dirs) {
+        assert_eq!(
+            allocated.get(mac),
+            Some(ip),
+            "{name}'s allocation moved or was lost"
+        );
+        let lease = dhclient_lease(&dir.join("dhclient.leases"));
+        assert_eq!(lease.get("fixed-address"), Some(ip), "{name}'s lease");
+        for entry in fs::read_dir(dir.join("events")).unwrap().flatten() {
+            let file = entry.file_name().to_string_lossy().into_owned();
+            let event = file.split_once('-').map_or(file.as_str(), |(_, e)| e);
+            let text = fs::read_to_string(entry.path()).unwrap_or_default();
+            let address = text
+                .lines()
+                .find_map(|l| l.strip_prefix("new_ip_address="))
+                .map(str::to_owned);
+            let moved = address.as_ref().is_some_and(|a| a != ip);
+            if moved || matches!(event, "EXPIRE" | "FAIL" | "RELEASE" | "STOP") {
+                let at = entry
+                    .metadata()
+                    .and_then(|m| m.modified())
+                    .ok()
+                    .and_then(|t| t.duration_since(wall_start).ok())
+                    .map_or(-1.0, |d| d.as_secs_f64());
+                changed.push(format!("{name}: {event} {address:?} at {at:.1} s"));
+            }
+        }
+    }
+    assert!(
+        changed.is_empty(),
+        "clients that lost or changed their address: {changed:?}"
+    );
+    assert!(
+        unanswered.is_empty(),
+        "probes never answered: {unanswered:?}"
+    );
+    let longest = worst.first().map(|w| w.0).unwrap_or_default();
+    assert!(
+        longest <= OUTAGE_BOUND,
+        "longest outage {longest:?} > {OUTAGE_BOUND:?} (seed {seed}); faults: {timeline:#?}"
+    );
+}
