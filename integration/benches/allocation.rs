@@ -22,36 +22,7 @@ use serde_json::json;
 use tokio::sync::watch;
 use vmdhcp_controller::runtime::{Settings, run};
 use vmdhcp_core::crd::{IPPool, VirtualMachineNetworkConfig, find_condition};
-use vmdhcp_integration::control_plane::{ControlPlane, run as run_cmd};
-
-/// `apiserver_request_total` by (verb, resource), excluding watches.
-fn requests(cp: &ControlPlane) -> BTreeMap<(String, String), f64> {
-    let text = run_cmd(cp.kubectl().args(["get", "--raw", "/metrics"])).unwrap();
-    let mut out = BTreeMap::new();
-    for line in text
-        .lines()
-        .filter(|l| l.starts_with("apiserver_request_total{"))
-    {
-        let label = |name: &str| {
-            line.split(&format!("{name}=\""))
-                .nth(1)
-                .and_then(|r| r.split('"').next())
-                .unwrap_or_default()
-                .to_owned()
-        };
-        let (verb, resource) = (label("verb"), label("resource"));
-        if verb == "WATCH" {
-            continue;
-        }
-        let value: f64 = line
-            .rsplit(' ')
-            .next()
-            .and_then(|v| v.parse().ok())
-            .unwrap_or(0.0);
-        *out.entry((verb, resource)).or_insert(0.0) += value;
-    }
-    out
-}
+use vmdhcp_integration::control_plane::ControlPlane;
 
 #[tokio::main(flavor = "multi_thread", worker_threads = 2)]
 async fn main() {
@@ -112,7 +83,7 @@ async fn main() {
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
 
-    let before = requests(&cp);
+    let before = cp.requests().unwrap();
     let vms: Api<DynamicObject> = Api::namespaced_with(client.clone(), &ns, &vm_ar);
     let started = Instant::now();
     let creates = (0..n).map(|i| {
@@ -153,7 +124,7 @@ async fn main() {
         }
     }
     let took = started.elapsed();
-    let after = requests(&cp);
+    let after = cp.requests().unwrap();
     let mut by_kind: BTreeMap<(String, String), f64> = BTreeMap::new();
     for (k, v) in &after {
         let d = v - before.get(k).copied().unwrap_or(0.0);

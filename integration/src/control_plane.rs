@@ -9,6 +9,7 @@
 //! Tests in one binary share one control plane through [`ControlPlane::shared`] and isolate
 //! themselves by namespace ([`ControlPlane::namespace`]).
 
+use std::collections::BTreeMap;
 use std::io::Write;
 use std::net::TcpListener;
 use std::path::{Path, PathBuf};
@@ -319,6 +320,36 @@ impl ControlPlane {
             "--all",
         ]))?;
         Ok(())
+    }
+
+    /// The API server's `apiserver_request_total`, summed by (verb, resource), watches left out:
+    /// what clients asked of it so far, for counting a component's calls.
+    pub fn requests(&self) -> Result<BTreeMap<(String, String), f64>, ControlPlaneError> {
+        let text = run(self.kubectl().args(["get", "--raw", "/metrics"]))?;
+        let mut out = BTreeMap::new();
+        for line in text
+            .lines()
+            .filter(|l| l.starts_with("apiserver_request_total{"))
+        {
+            let label = |name: &str| {
+                line.split(&format!("{name}=\""))
+                    .nth(1)
+                    .and_then(|r| r.split('"').next())
+                    .unwrap_or_default()
+                    .to_owned()
+            };
+            let (verb, resource) = (label("verb"), label("resource"));
+            if verb == "WATCH" {
+                continue;
+            }
+            let value: f64 = line
+                .rsplit(' ')
+                .next()
+                .and_then(|v| v.parse().ok())
+                .unwrap_or(0.0);
+            *out.entry((verb, resource)).or_insert(0.0) += value;
+        }
+        Ok(out)
     }
 
     /// A `kubectl` command already pointed at this control plane.

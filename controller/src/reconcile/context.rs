@@ -64,8 +64,23 @@ pub struct Context {
     pub agent_deployment_missing: std::sync::atomic::AtomicBool,
     /// Spans whose work later reconciles and index revisions continue.
     pub causes: Arc<TraceCauses>,
+    /// True once `pools`, `vmnetcfgs` and `vms` have each had their first full list (see
+    /// [`Context::caches_ready`]). A watch channel rather than each store's own wait, which wakes
+    /// only the last of many concurrent waiters (kube-runtime 5's `DelayedInit` holds one waker).
+    pub caches: watch::Receiver<bool>,
     /// The status last written per config, with the resourceVersion it was computed from.
     pub written: std::sync::Mutex<std::collections::HashMap<String, (String, serde_json::Value)>>,
+}
+
+impl Context {
+    /// Waits until every cache the reconcilers read has had its first full list. Each
+    /// controller starts on its own watch, so without this a reconcile right after a restart
+    /// could read a cache still filling and take a missing object for an absent one: apply a
+    /// config that is already there, or judge a VM gone. Returns at once afterwards.
+    pub async fn caches_ready(&self) {
+        // Err: the term is ending (its sender is gone); the reconcile's writes check leadership.
+        let _ = self.caches.clone().wait_for(|ready| *ready).await;
+    }
 }
 
 /// Events waiting to be published at most; more are dropped (and counted in the log).

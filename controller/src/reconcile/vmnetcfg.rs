@@ -22,8 +22,9 @@ use kube::runtime::finalizer::{Event as Finalizer, finalizer};
 use serde_json::json;
 use tracing::{debug, field, info, info_span};
 use vmdhcp_core::crd::{
-    CONDITION_ALLOCATED, CONDITION_DISABLED, CONDITION_IN_SYNCED, NetworkConfig,
-    NetworkConfigState, NetworkConfigStatus, VirtualMachineNetworkConfig,
+    CONDITION_ALLOCATED, CONDITION_CACHE_READY, CONDITION_DISABLED, CONDITION_IN_SYNCED,
+    NetworkConfig, NetworkConfigState, NetworkConfigStatus, VirtualMachineNetworkConfig,
+    find_condition,
 };
 use vmdhcp_core::{MacAddr, NamespacedName};
 
@@ -105,6 +106,26 @@ pub async fn reconcile(
     })
     .await
     .map_err(|e| Error::Finalizer(Box::new(e)))
+}
+
+/// How soon a config waiting for its pool's rebuild ([`pool_rebuilding`]) looks again.
+const POOL_REBUILD_WAIT: Duration = Duration::from_millis(200);
+
+/// Whether the pool serving `nc`'s network was ready in the last term (its status says
+/// `CacheReady`) but this term has not rebuilt its IPAM yet: the pool's own reconcile is about to.
+/// A config waits for that instead of writing `Pending`/"not ready" and then `Allocated` again —
+/// after a restart or a change of leader, every config would flap and be written twice.
+fn pool_rebuilding(ctx: &Context, nc: &NetworkConfig, namespace: &str) -> bool {
+    let Ok(network) = NamespacedName::parse_in(&nc.network_name, namespace) else {
+        return false;
+    };
+    let Some(pool) = ctx.pool_for_network(&network) else {
+        return false;
+    };
+    let was_ready = pool.status.as_ref().is_some_and(|s| {
+        find_condition(&s.conditions, CONDITION_CACHE_READY).is_some_and(|c| c.status == "True")
+    });
+    was_ready && object_ref(pool.as_ref()).is_some_and(|p| !ctx.ipam.contains(&p))
 }
 
 /// The NICs this config's status records.
@@ -292,6 +313,14 @@ async fn apply(cfg: Arc<VirtualMachineNetworkConfig>, ctx: Arc<Context>) -> Resu
     if vm_gone(&ctx, &cfg).await? {
         delete_orphan(&ctx, &me).await?;
         return Ok(Action::await_change());
+    }
+    if cfg
+        .spec
+        .network_configs
+        .iter()
+        .any(|nc| pool_rebuilding(&ctx, nc, &me.namespace))
+    {
+        return Ok(Action::requeue(POOL_REBUILD_WAIT));
     }
     let previous = recorded(&cfg);
     if cfg.spec.paused == Some(true) {

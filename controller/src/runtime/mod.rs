@@ -285,7 +285,11 @@ async fn follow_leadership(
         };
         let stopping = tokio::select! {
             () = &mut term => {
-                error!("reconcilers ended unexpectedly");
+                // On shutdown the term may end (its writes finished) before `stop.changed()` is
+                // seen here: that is the expected end, not a failure.
+                if !*stop.borrow() {
+                    error!("reconcilers ended unexpectedly");
+                }
                 false
             }
             () = lost => {

@@ -18,7 +18,7 @@ use kube::runtime::watcher;
 use kube::{Client, ResourceExt};
 use serde::de::DeserializeOwned;
 use tokio::sync::watch;
-use tracing::{Instrument, error, field, info, info_span, warn};
+use tracing::{Instrument, debug, error, field, info, info_span, warn};
 use vmdhcp_core::NamespacedName;
 use vmdhcp_core::crd::{IPPool, VirtualMachineNetworkConfig};
 
@@ -230,6 +230,20 @@ pub(super) async fn lead(
         instance: Some(settings.identity.clone()),
     };
     let (events, queued_events) = Events::new(EVENT_QUEUE);
+    let (caches_tx, caches) = watch::channel(false);
+    // One waiter per store (their own wait wakes only one), then every reconcile may start.
+    let caches_ready = {
+        let (pools, cfgs, vms) = (pools.clone(), cfgs.clone(), vms.clone());
+        async move {
+            let _ = tokio::join!(
+                pools.wait_until_ready(),
+                cfgs.wait_until_ready(),
+                vms.wait_until_ready()
+            );
+            caches_tx.send_replace(true);
+            debug!("caches filled: reconciles may read them");
+        }
+    };
     let ctx = Arc::new(Context {
         client: client.clone(),
         pools,
@@ -245,6 +259,7 @@ pub(super) async fn lead(
         reports: shared.reports.clone(),
         agent_deployment_missing: Default::default(),
         causes: shared.causes,
+        caches,
         written: Default::default(),
     });
     let term = Arc::new(Term {
@@ -272,7 +287,7 @@ pub(super) async fn lead(
     };
     tokio::select! {
         () = writers => info!("reconcilers stopped; their writes are finished"),
-        _ = async { tokio::join!(pool_watch, vm_watch, events_task) } => error!("shared watches ended"),
+        _ = async { tokio::join!(pool_watch, vm_watch, events_task, caches_ready) } => error!("shared watches ended"),
     }
 }
 
@@ -289,7 +304,11 @@ where
     ctrl.run(
         move |o: Arc<K>, t: Arc<Term>| {
             let fut = reconcile(o.clone(), t.ctx.clone());
-            async move { timed(&t, kind, o.as_ref(), fut).await }
+            async move {
+                // Futures are lazy: the reconcile starts reading caches only once they are whole.
+                t.ctx.caches_ready().await;
+                timed(&t, kind, o.as_ref(), fut).await
+            }
         },
         error_policy(kind),
         term,
