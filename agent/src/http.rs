@@ -65,7 +65,8 @@ pub struct AgentStatus {
     /// Who holds the Lease, as last seen.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub lease_holder: Option<String>,
-    /// Where the served leases come from: `stream`, `ippool-status` (fallback), or `none`.
+    /// Where the served leases come from: `stream`, `ippool-status` (fallback), `file`
+    /// (`serve-static`), or `none`.
     pub source: &'static str,
     /// Why the agent cannot serve at all (invalid bootstrap env); never ready while set.
     #[serde(skip_serializing_if = "Option::is_none")]

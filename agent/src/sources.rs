@@ -8,9 +8,14 @@
 //! etcd. Switching is done under one lock, so a late fallback update can never overwrite a state
 //! the stream has just applied.
 //!
+//! A third source stands alone: a JSON file of pools and leases ([`file`], `serve-static`),
+//! which replaces the table whole at start and on each reload; nothing else feeds the table then.
+//!
 //! This module owns that arbitration ([`Sources`], the stream's [`ConfigSink`]), the translation
 //! of the stream's state into the table's pools and deltas, and the IPPool watch feeding the
 //! fallback ([`follow_ippools`]).
+
+pub mod file;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::{Arc, Mutex, PoisonError};
@@ -38,6 +43,8 @@ pub enum Source {
     Stream,
     /// The IPPools' status, read directly while the stream is unavailable.
     IPPoolStatus,
+    /// A static file of pools and leases (`serve-static`).
+    File,
 }
 
 impl Source {
@@ -47,6 +54,7 @@ impl Source {
             Source::None => "none",
             Source::Stream => "stream",
             Source::IPPoolStatus => "ippool-status",
+            Source::File => "file",
         }
     }
 }
@@ -138,6 +146,16 @@ impl Sources {
         if !state.stream_live {
             self.apply_fallback(pools);
         }
+    }
+
+    /// A complete state read from the static file: the only source in that mode, it replaces
+    /// the table whole. A lease the table refuses is skipped with a warning.
+    pub fn file(&self, pools: Vec<PoolLeases>) {
+        let _state = self.lock();
+        for error in self.table.apply_snapshot(pools) {
+            warn!(%error, "lease skipped");
+        }
+        self.changed(Source::File);
     }
 
     /// The stream is current again: its whole state replaces whatever the fallback served.
