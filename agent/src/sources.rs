@@ -358,34 +358,20 @@ mod tests {
     use super::*;
     use crate::stream::PoolState;
     use vmdhcp_core::MacAddr;
-    use vmdhcp_core::crd::{
-        CONDITION_CACHE_READY, CONDITION_REGISTERED, Condition, IPPoolStatus, IPv4Status,
+    use vmdhcp_core::crd::{CONDITION_CACHE_READY, CONDITION_REGISTERED};
+    use vmdhcp_core::fixtures::{
+        pool_config, pool_on, readme_pool, with_allocated, with_conditions,
     };
 
+    /// The README pool renamed `default/<name>`, registered and ready, with `allocated`.
     fn ippool(name: &str, allocated: &[(&str, &str)], paused: bool) -> IPPool {
-        let mut p: IPPool =
-            serde_yaml_ng::from_str(include_str!("../../examples/ippool.yaml")).unwrap();
-        p.metadata.name = Some(name.into());
-        p.metadata.namespace = Some("default".into());
+        let mut p = pool_on(&format!("default/{name}"), "default/net-48");
         p.spec.paused = Some(paused);
-        let cond = |t: &str| Condition {
-            type_: t.into(),
-            status: "True".into(),
-            ..Condition::default()
-        };
-        p.status = Some(IPPoolStatus {
-            ipv4: Some(IPv4Status {
-                allocated: allocated
-                    .iter()
-                    .map(|(k, v)| ((*k).into(), (*v).into()))
-                    .collect(),
-                used: 0,
-                available: 0,
-            }),
-            conditions: vec![cond(CONDITION_REGISTERED), cond(CONDITION_CACHE_READY)],
-            ..Default::default()
-        });
-        p
+        let p = with_conditions(
+            p,
+            &[(CONDITION_REGISTERED, true), (CONDITION_CACHE_READY, true)],
+        );
+        with_allocated(p, allocated)
     }
 
     fn refs(names: &[&str]) -> BTreeMap<NamespacedName, String> {
@@ -409,8 +395,7 @@ mod tests {
     }
 
     fn example_ip(n: u8) -> String {
-        let p: IPPool =
-            serde_yaml_ng::from_str(include_str!("../../examples/ippool.yaml")).unwrap();
+        let p = readme_pool();
         let net: ipnet::Ipv4Net = p.spec.ipv4_config.cidr.parse().unwrap();
         let base = u32::from(net.network());
         std::net::Ipv4Addr::from(base + 81 + u32::from(n)).to_string()
@@ -525,19 +510,7 @@ mod tests {
             ip: ip.parse().unwrap(),
         };
         let table = LeaseTable::new();
-        let cfg = PoolConfig {
-            pool: name("a"),
-            network: name("a"),
-            interface_name: "eth1".into(),
-            server_ip: "192.0.2.1".parse().unwrap(),
-            subnet: "192.0.2.0/24".parse().unwrap(),
-            router: None,
-            dns: vec![],
-            domain_name: None,
-            domain_search: vec![],
-            ntp: vec![],
-            lease_seconds: 300,
-        };
+        let cfg = pool_config("default/a");
         let mut state = AppliedState::default();
         state.pools.insert(
             name("a"),

@@ -7,11 +7,15 @@
 //! - [`ifname`]: stable per-pool interface names.
 //! - [`bootstrap`]: the agent Deployment's env and Multus annotation.
 //! - [`admission`]: the admission webhook's decisions (IPPool defaults, what is refused and why).
+//! - `fixtures` (tests only, feature `test-support` for the other crates): the objects and
+//!   configs every crate's tests build on.
 #![forbid(unsafe_code)]
 
 pub mod admission;
 pub mod bootstrap;
 pub mod crd;
+#[cfg(any(test, feature = "test-support"))]
+pub mod fixtures;
 pub mod ifname;
 pub mod mac;
 pub mod names;
