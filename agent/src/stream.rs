@@ -46,12 +46,12 @@ pub enum StreamError {
     #[error("message at revision {0} carries no event")]
     Empty(u64),
     /// A frame that does not decode as a `WatchResponse` (garbage or truncated bytes).
-    #[error("malformed frame of {len} bytes: {reason}")]
+    #[error("malformed frame of {len} bytes: {source}")]
     Malformed {
         /// The frame's length.
         len: usize,
         /// What the protobuf decoder said.
-        reason: String,
+        source: prost::DecodeError,
     },
     /// The transport failed or the server ended the stream with an error.
     #[error("stream to {endpoint} failed: {reason}")]
@@ -526,12 +526,12 @@ async fn session(
             }
             Ok(Err(s)) => return Err(transport(s.to_string())),
             Ok(Ok(None)) => return Ok(false),
-            Ok(Ok(Some(frame))) => {
-                pb::WatchResponse::decode(frame.clone()).map_err(|e| StreamError::Malformed {
+            Ok(Ok(Some(frame))) => pb::WatchResponse::decode(frame.clone()).map_err(|source| {
+                StreamError::Malformed {
                     len: frame.len(),
-                    reason: e.to_string(),
-                })?
-            }
+                    source,
+                }
+            })?,
         };
         let kind = match &msg.event {
             Some(pb::watch_response::Event::Snapshot(s)) if s.more => "snapshot_part",

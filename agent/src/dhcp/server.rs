@@ -47,12 +47,12 @@ pub enum ServerError {
         source: io::Error,
     },
     /// The interface's server thread ended abnormally.
-    #[error("interface {interface}: server thread failed: {reason}")]
+    #[error("interface {interface}: server thread failed: {source}")]
     Crashed {
         /// The interface.
         interface: String,
-        /// What the runtime reported.
-        reason: String,
+        /// What the runtime reported (a panic, or cancellation at shutdown).
+        source: tokio::task::JoinError,
     },
     /// The interface disappeared (or was re-created) under a bound socket.
     #[error("interface {interface} is gone or was re-created")]
@@ -322,9 +322,9 @@ async fn run_interface(
                 match served {
                     Ok(Ok(())) => return,
                     Ok(Err(e)) => e,
-                    Err(join) => ServerError::Crashed {
+                    Err(source) => ServerError::Crashed {
                         interface: interface.name.clone(),
-                        reason: join.to_string(),
+                        source,
                     },
                 }
             }
