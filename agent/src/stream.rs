@@ -13,8 +13,6 @@
 //! which feeds the lease table).
 
 use std::collections::BTreeMap;
-use std::collections::hash_map::RandomState;
-use std::hash::{BuildHasher, Hasher};
 use std::net::Ipv4Addr;
 use std::sync::Arc;
 use std::time::Duration;
@@ -380,15 +378,7 @@ pub fn backoff(settings: &ClientSettings, attempt: u32) -> Duration {
         .saturating_mul(1u32.checked_shl(attempt.min(20)).unwrap_or(u32::MAX))
         .min(settings.backoff_max)
         .max(settings.backoff_min);
-    let span = (ceiling - settings.backoff_min).as_millis() as u64;
-    let mut hasher = RandomState::new().build_hasher();
-    hasher.write_u32(attempt);
-    let jitter = if span == 0 {
-        0
-    } else {
-        hasher.finish() % (span + 1)
-    };
-    settings.backoff_min + Duration::from_millis(jitter)
+    vmdhcp_core::jitter::between(settings.backoff_min, ceiling)
 }
 
 /// Runs the stream until `shutdown` turns true: connects, applies, hands changes to `sink`,
