@@ -148,18 +148,7 @@ pub async fn run(settings: Settings, client: Option<kube::Client>) -> Result<(),
     let mut view = sources.subscribe();
     let (loaded_tx, loaded) = watch::channel(view.borrow().loaded);
 
-    let setup = if active && settings.configure_interfaces {
-        Some(InterfaceSetup::connect()?)
-    } else {
-        None
-    };
-    // Only addresses we configure are announced; without CAP_NET_RAW, DHCP is served anyway.
-    let announcer = if setup.is_some() {
-        Announcer::open_or_warn()
-    } else {
-        Announcer::disabled()
-    };
-    let mut serving = Serving::new(Arc::clone(&table), setup, announcer);
+    let mut serving = new_serving(Arc::clone(&table), active && settings.configure_interfaces)?;
 
     let http_task = match settings.http {
         Some(addr) => {
@@ -209,17 +198,9 @@ pub async fn run(settings: Settings, client: Option<kube::Client>) -> Result<(),
             },
         ));
     }
-    let (election_stop_tx, election_stop) = watch::channel(false);
-    let (_always, mut leading) = watch::channel(true);
-    let (_holder_tx, mut holder) = watch::channel(LeaseHolder::default());
-    let mut election_task = None;
-    if active && let Some(config) = settings.election.clone() {
-        let client = client.clone().ok_or(RuntimeError::NoClientForElection)?;
-        let elector = LeaderElector::new(client, config)?;
-        leading = elector.subscribe();
-        holder = elector.holder();
-        election_task = Some(tokio::spawn(elector.run(election_stop)));
-    }
+    let election = settings.election.clone().filter(|_| active);
+    let mut leadership = Leadership::start(election, client.as_ref())?;
+    let (leading, holder) = (&mut leadership.leading, &mut leadership.holder);
 
     let mut recheck = tokio::time::interval(RECHECK);
     recheck.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -259,10 +240,7 @@ pub async fn run(settings: Settings, client: Option<kube::Client>) -> Result<(),
     info!("stopping: silencing DHCP, then releasing the Lease");
     serving.stop().await;
     role_tx.send_modify(|r| r.leader = false);
-    let _ = election_stop_tx.send(true);
-    if let Some(task) = election_task {
-        let _ = task.await;
-    }
+    leadership.release().await;
     let _ = stop_tx.send(true);
     for task in tasks {
         let _ = task.await;
@@ -276,6 +254,71 @@ pub async fn run(settings: Settings, client: Option<kube::Client>) -> Result<(),
     }
     info!("stopped");
     Ok(())
+}
+
+/// Whether this replica may answer: the elector's channels, or, without election, always.
+struct Leadership {
+    leading: watch::Receiver<bool>,
+    holder: watch::Receiver<LeaseHolder>,
+    stop: watch::Sender<bool>,
+    task: Option<JoinHandle<()>>,
+    /// Keep the constant channels open when there is no elector.
+    _always: (watch::Sender<bool>, watch::Sender<LeaseHolder>),
+}
+
+impl Leadership {
+    /// Starts electing with `config`; with `None`, leads unconditionally.
+    fn start(
+        config: Option<ElectionConfig>,
+        client: Option<&kube::Client>,
+    ) -> Result<Self, RuntimeError> {
+        let (stop, election_stop) = watch::channel(false);
+        let (always_tx, leading) = watch::channel(true);
+        let (holder_tx, holder) = watch::channel(LeaseHolder::default());
+        let mut leadership = Leadership {
+            leading,
+            holder,
+            stop,
+            task: None,
+            _always: (always_tx, holder_tx),
+        };
+        if let Some(config) = config {
+            let client = client.cloned().ok_or(RuntimeError::NoClientForElection)?;
+            let elector = LeaderElector::new(client, config)?;
+            leadership.leading = elector.subscribe();
+            leadership.holder = elector.holder();
+            leadership.task = Some(tokio::spawn(elector.run(election_stop)));
+        }
+        Ok(leadership)
+    }
+
+    /// Ends the election and waits until the Lease is released.
+    async fn release(self) {
+        let _ = self.stop.send(true);
+        if let Some(task) = self.task {
+            let _ = task.await;
+        }
+    }
+}
+
+/// The serving side; with `configure_interfaces`, it gives interfaces their server addresses
+/// (rtnetlink) and announces them.
+fn new_serving(
+    table: Arc<LeaseTable>,
+    configure_interfaces: bool,
+) -> Result<Serving, RuntimeError> {
+    let setup = if configure_interfaces {
+        Some(InterfaceSetup::connect()?)
+    } else {
+        None
+    };
+    // Only addresses we configure are announced; without CAP_NET_RAW, DHCP is served anyway.
+    let announcer = if setup.is_some() {
+        Announcer::open_or_warn()
+    } else {
+        Announcer::disabled()
+    };
+    Ok(Serving::new(table, setup, announcer))
 }
 
 /// Parses the bootstrap env. Invalid: the error goes to `/readyz` and the agent serves nothing
