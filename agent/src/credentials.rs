@@ -9,7 +9,7 @@ use tonic::metadata::{Ascii, MetadataValue};
 use tonic::transport::{Certificate, ClientTlsConfig, Endpoint};
 
 /// Why a connection to the controller cannot be set up.
-#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+#[derive(Debug, thiserror::Error)]
 pub enum CredentialsError {
     /// The endpoint is not a valid URI.
     #[error("controller endpoint {endpoint:?}: {reason}")]
@@ -20,12 +20,12 @@ pub enum CredentialsError {
         reason: String,
     },
     /// A file cannot be read (the projected volume may not have it yet).
-    #[error("reading {path}: {reason}")]
+    #[error("reading {path}: {source}")]
     Read {
         /// The file.
         path: String,
         /// The I/O error.
-        reason: String,
+        source: std::io::Error,
     },
     /// The token file holds something that cannot be sent as metadata.
     #[error("token in {0} is empty or not printable ASCII")]
@@ -42,9 +42,9 @@ pub struct Credentials {
 }
 
 fn read(path: &PathBuf) -> Result<String, CredentialsError> {
-    std::fs::read_to_string(path).map_err(|e| CredentialsError::Read {
+    std::fs::read_to_string(path).map_err(|source| CredentialsError::Read {
         path: path.display().to_string(),
-        reason: e.to_string(),
+        source,
     })
 }
 

@@ -65,7 +65,8 @@ pub struct AgentStatus {
     /// Who holds the Lease, as last seen.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub lease_holder: Option<String>,
-    /// Where the served leases come from: `stream`, `ippool-status` (fallback), or `none`.
+    /// Where the served leases come from: `stream`, `ippool-status` (fallback), `file`
+    /// (`serve-static`), or `none`.
     pub source: &'static str,
     /// Why the agent cannot serve at all (invalid bootstrap env); never ready while set.
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -305,11 +306,8 @@ pub async fn serve_on(
     }
     axum::serve(listener, router)
         .with_graceful_shutdown(async move {
-            while !*shutdown.borrow_and_update() {
-                if shutdown.changed().await.is_err() {
-                    break;
-                }
-            }
+            // Stops on true, or when the sender is gone.
+            let _ = shutdown.wait_for(|stop| *stop).await;
         })
         .await
         .map_err(HttpError::Serve)
@@ -539,7 +537,8 @@ mod tests {
     use axum::body::Body;
     use axum::http::Request;
     use tower::ServiceExt;
-    use vmdhcp_core::pool::{Lease, PoolConfig};
+    use vmdhcp_core::fixtures::pool_config;
+    use vmdhcp_core::pool::Lease;
     use vmdhcp_core::{MacAddr, NamespacedName};
 
     fn pool_name() -> NamespacedName {
@@ -549,19 +548,7 @@ mod tests {
     fn setup(loaded: bool, status: InterfaceStatus) -> (HttpState, Arc<Counters>, Arc<LeaseTable>) {
         let table = Arc::new(LeaseTable::new());
         table.apply_snapshot(vec![PoolLeases {
-            config: PoolConfig {
-                pool: pool_name(),
-                network: pool_name(),
-                interface_name: "eth1".into(),
-                server_ip: "192.0.2.1".parse().unwrap(),
-                subnet: "192.0.2.0/24".parse().unwrap(),
-                router: None,
-                dns: vec![],
-                domain_name: None,
-                domain_search: vec![],
-                ntp: vec![],
-                lease_seconds: 60,
-            },
+            config: pool_config("default/a").with_lease_seconds(60),
             leases: vec![Lease {
                 pool: pool_name(),
                 mac: MacAddr([2, 0, 0, 0, 0, 1]),

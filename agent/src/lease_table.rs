@@ -438,17 +438,9 @@ mod tests {
 
     pub(crate) fn config(name: &str, cidr: &str, server: &str) -> PoolConfig {
         PoolConfig {
-            pool: NamespacedName::new("default", name).unwrap(),
-            network: NamespacedName::new("default", name).unwrap(),
-            interface_name: "eth1".into(),
             server_ip: server.parse().unwrap(),
             subnet: cidr.parse().unwrap(),
-            router: None,
-            dns: vec![],
-            domain_name: None,
-            domain_search: vec![],
-            ntp: vec![],
-            lease_seconds: 300,
+            ..vmdhcp_core::fixtures::pool_config(&format!("default/{name}"))
         }
     }
 

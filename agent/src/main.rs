@@ -2,6 +2,8 @@
 
 use anyhow::Context;
 use clap::{Parser, Subcommand};
+use vmdhcp_agent::runtime::{ClusterSettings, LeaseSource, Settings};
+use vmdhcp_agent::sources::file::FileSettings;
 use vmdhcp_core::bootstrap::{Bootstrap, ENV_AGENT_NETWORK_CONFIGS, ENV_IPPOOL_REFS_JSON};
 
 /// The vmdhcp agent.
@@ -123,26 +125,28 @@ async fn run_agent(args: RunArgs) -> anyhow::Result<()> {
         Err(e) => return Err(e.context("leader election needs the API server")),
     };
     let secs = std::time::Duration::from_secs;
-    let settings = vmdhcp_agent::runtime::Settings {
-        identity: vmdhcp_proto::agent::v1::AgentIdentity {
-            pod_name: args.identity.clone(),
-            namespace: args.namespace.clone(),
-            node_name: args.node.clone(),
-        },
-        controller: args.controller,
-        credentials: vmdhcp_agent::credentials::Credentials {
-            ca_file: args.controller_ca_file,
-            token_file: args.token_file,
-        },
-        network_configs: args.agent_network_configs,
-        pool_refs: args.ippool_refs_json,
-        all_pools: args.all_pools,
+    let settings = Settings {
+        source: LeaseSource::Cluster(Box::new(ClusterSettings {
+            identity: vmdhcp_proto::agent::v1::AgentIdentity {
+                pod_name: args.identity.clone(),
+                namespace: args.namespace.clone(),
+                node_name: args.node.clone(),
+            },
+            controller: args.controller,
+            credentials: vmdhcp_agent::credentials::Credentials {
+                ca_file: args.controller_ca_file,
+                token_file: args.token_file,
+            },
+            network_configs: args.agent_network_configs,
+            pool_refs: args.ippool_refs_json,
+            all_pools: args.all_pools,
+            report_interval: secs(args.report_interval_seconds.max(1)),
+        })),
         election: args
             .election
             .config(&args.namespace, &args.leader_election_name, &args.identity),
         configure_interfaces: !args.no_configure_interfaces,
-        http: args.http_listen,
-        report_interval: secs(args.report_interval_seconds.max(1)),
+        http: Some(args.http_listen),
     };
     vmdhcp_agent::runtime::run(settings, client)
         .await
@@ -177,19 +181,23 @@ fn main() -> anyhow::Result<()> {
             http_listen,
             configure_interfaces,
         } => {
+            // One thread is enough for the static file (the sockets have threads of their own),
+            // and keeps the benchmark's server on the one core it is pinned to.
             let runtime = tokio::runtime::Builder::new_current_thread()
                 .enable_all()
                 .build()
                 .context("cannot start the async runtime")?;
+            let settings = Settings {
+                source: LeaseSource::File(FileSettings {
+                    path: config,
+                    status_file,
+                }),
+                election: None,
+                configure_interfaces,
+                http: http_listen,
+            };
             runtime
-                .block_on(vmdhcp_agent::dhcp::static_config::serve_file(
-                    &config,
-                    vmdhcp_agent::dhcp::static_config::ServeOptions {
-                        status_file,
-                        http: http_listen,
-                        configure_interfaces,
-                    },
-                ))
+                .block_on(vmdhcp_agent::runtime::run(settings, None))
                 .context("serve-static failed")?;
         }
     }

@@ -156,26 +156,16 @@ pub async fn run(
 mod tests {
     use super::*;
     use crate::lease_table::PoolLeases;
-    use vmdhcp_core::NamespacedName;
-    use vmdhcp_core::pool::PoolConfig;
+    use vmdhcp_core::fixtures::pool_config;
 
     #[test]
     fn one_entry_per_pool_with_its_interface_state() {
         let table = Arc::new(LeaseTable::new());
         let pool = |name: &str, ifname: &str, octet: u8| PoolLeases {
-            config: PoolConfig {
-                pool: NamespacedName::new("ns", name).unwrap(),
-                network: NamespacedName::new("ns", name).unwrap(),
-                interface_name: ifname.into(),
-                server_ip: format!("192.0.{octet}.1").parse().unwrap(),
-                subnet: format!("192.0.{octet}.0/24").parse().unwrap(),
-                router: None,
-                dns: vec![],
-                domain_name: None,
-                domain_search: vec![],
-                ntp: vec![],
-                lease_seconds: 60,
-            },
+            config: pool_config(&format!("ns/{name}"))
+                .with_interface(ifname)
+                .with_subnet(&format!("192.0.{octet}.0/24"))
+                .with_lease_seconds(60),
             leases: vec![],
         };
         table.apply_snapshot(vec![pool("a", "vmda", 2), pool("b", "vmdb", 3)]);

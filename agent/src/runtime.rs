@@ -1,11 +1,14 @@
-//! The agent process (`vm-dhcp-agent run`): wires bootstrap, lease sources, leader election,
-//! interfaces and DHCP servers, reports and the HTTP endpoints together, and orders shutdown.
+//! The agent process (`vm-dhcp-agent run` and `serve-static`, the one wiring of both): wires
+//! bootstrap, lease sources, leader election, interfaces and DHCP servers, reports and the HTTP
+//! endpoints together, and orders shutdown.
 //!
 //! - Bootstrap: the pools named by `AGENT_NETWORK_CONFIGS` / `IPPOOL_REFS_JSON` are known before
 //!   anything else. Invalid env: the agent stays up, unready with the error on `/readyz`, and
 //!   takes no part in anything (it would otherwise hold the Lease while serving nothing). Empty
 //!   env: idle and ready.
-//! - Leases: the config stream, with IPPool status as the fallback ([`crate::sources`]).
+//! - Leases: the config stream, with IPPool status as the fallback ([`crate::sources`]); or,
+//!   for `serve-static`, a JSON file re-read on SIGHUP ([`crate::sources::file`]), with no
+//!   bootstrap env, election, stream or reports.
 //! - Leadership: only the Lease holder configures interfaces, announces their server addresses
 //!   by gratuitous ARP and answers ([`crate::serving`]); standbys keep the stream and the table
 //!   hot. Without CAP_NET_RAW the agent still serves, without announcements (a warning says so).
@@ -19,6 +22,7 @@ use std::time::Duration;
 
 use tokio::signal::unix::{SignalKind, signal};
 use tokio::sync::watch;
+use tokio::task::JoinHandle;
 use tracing::{Instrument, error, info, info_span, warn};
 use vmdhcp_core::NamespacedName;
 use vmdhcp_core::bootstrap::Bootstrap;
@@ -26,11 +30,13 @@ use vmdhcp_leader::{ElectionConfig, LeaderElector, LeaseHolder};
 use vmdhcp_proto::agent::v1 as pb;
 
 use crate::arp::Announcer;
+use crate::dhcp::server::InterfaceStatus;
 use crate::http::{AgentStatus, HttpState};
 use crate::lease_table::LeaseTable;
 use crate::netlink::InterfaceSetup;
 use crate::serving::{Serving, WantedSet, wanted_from_bootstrap, wanted_from_table};
 use crate::sources::Sources;
+use crate::sources::file::{FileError, FileSettings, FileSource};
 use crate::stream::{Applier, ClientSettings, ConnectionStatus};
 
 /// Why the agent cannot run.
@@ -53,10 +59,36 @@ pub enum RuntimeError {
     /// The HTTP endpoints cannot listen.
     #[error(transparent)]
     Http(#[from] crate::http::HttpError),
+    /// The static file cannot be served (`serve-static`).
+    #[error(transparent)]
+    File(#[from] FileError),
 }
 
 /// Everything `run` needs to know.
 pub struct Settings {
+    /// Where pools and leases come from: the cluster (`run`) or a file (`serve-static`).
+    pub source: LeaseSource,
+    /// Leader election among replicas; `None` serves unconditionally (a single replica).
+    pub election: Option<ElectionConfig>,
+    /// Give each served interface its server address (rtnetlink).
+    pub configure_interfaces: bool,
+    /// Where `/healthz`, `/readyz`, `/leases`, `/metrics` listen; `None` serves no HTTP.
+    pub http: Option<SocketAddr>,
+}
+
+/// Where the agent's pools and leases come from. Everything downstream of the lease table
+/// (serving, interfaces, announcements, NTP names, HTTP) is the same for both, so a feature
+/// added to the agent reaches `serve-static` as well.
+pub enum LeaseSource {
+    /// The pools the bootstrap env names, their leases from the controller's stream with IPPool
+    /// status as the fallback ([`crate::sources`]).
+    Cluster(Box<ClusterSettings>),
+    /// A static JSON file, re-read on SIGHUP, with a status file ([`crate::sources::file`]).
+    File(FileSettings),
+}
+
+/// The cluster lease source: bootstrap env, controller stream, reports.
+pub struct ClusterSettings {
     /// Who we are (pod, namespace, node).
     pub identity: pb::AgentIdentity,
     /// The controller's gRPC endpoint; `None` runs without a stream (fallback only).
@@ -70,12 +102,6 @@ pub struct Settings {
     /// Serve every pool the controller streams, whatever the bootstrap says (local runs, nodes
     /// whose interfaces are plumbed otherwise). No IPPool fallback in this mode.
     pub all_pools: bool,
-    /// Leader election among replicas; `None` serves unconditionally (a single replica).
-    pub election: Option<ElectionConfig>,
-    /// Give each served interface its server address (rtnetlink).
-    pub configure_interfaces: bool,
-    /// Where `/healthz`, `/readyz`, `/leases`, `/metrics` listen.
-    pub http: SocketAddr,
     /// Longest time between two reports to the controller.
     pub report_interval: Duration,
 }
@@ -84,6 +110,17 @@ pub struct Settings {
 /// could not be configured).
 const RECHECK: Duration = Duration::from_secs(5);
 
+/// Whether the agent takes part at all.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Mode {
+    /// Invalid bootstrap env: unready with the error, taking no part in anything.
+    Failed,
+    /// No pools to serve: ready, and nothing else.
+    Idle,
+    /// Pools to serve.
+    Active,
+}
+
 /// Runs the agent until SIGTERM or SIGINT. `client` is the API server connection (election and
 /// the IPPool fallback); without one, only `--no-leader-election` and the stream work.
 pub async fn run(settings: Settings, client: Option<kube::Client>) -> Result<(), RuntimeError> {
@@ -91,148 +128,79 @@ pub async fn run(settings: Settings, client: Option<kube::Client>) -> Result<(),
     let mut interrupt = signal(SignalKind::interrupt()).map_err(RuntimeError::Signal)?;
     let (stop_tx, stop) = watch::channel(false);
 
-    let bootstrap = Bootstrap::parse(
-        settings.network_configs.as_deref(),
-        settings.pool_refs.as_deref(),
-    );
     let table = Arc::new(LeaseTable::new());
     let (role_tx, role) = watch::channel(AgentStatus::default());
     let (stream_tx, stream_status) = watch::channel(ConnectionStatus::default());
-    let bootstrap = match bootstrap {
-        Ok(b) => b,
-        Err(e) => {
-            error!(error = %e, "invalid bootstrap env: serving nothing until it is fixed");
-            role_tx.send_modify(|r| r.error = Some(format!("invalid bootstrap env: {e}")));
-            Bootstrap::default()
-        }
+    let (bootstrap, mode) = match &settings.source {
+        LeaseSource::Cluster(cluster) => read_bootstrap(cluster, &role_tx),
+        LeaseSource::File(_) => (Bootstrap::default(), Mode::Active),
     };
-    let failed = role.borrow().error.is_some();
-    let idle = !failed && bootstrap.pool_refs.is_empty() && !settings.all_pools;
-    if idle {
-        info!("no pools in the bootstrap env: idle");
-    }
-    let active = !failed && !idle;
-    let sources = Arc::new(Sources::new(Arc::clone(&table), idle));
+    let active = mode == Mode::Active;
+    let sources = Arc::new(Sources::new(Arc::clone(&table), mode == Mode::Idle));
+    let file = match &settings.source {
+        LeaseSource::File(file) => Some(FileSource::open(
+            file.clone(),
+            Arc::clone(&sources),
+            Arc::clone(&table),
+        )?),
+        LeaseSource::Cluster(_) => None,
+    };
     let mut view = sources.subscribe();
-    let (loaded_tx, loaded) = watch::channel(idle);
+    let (loaded_tx, loaded) = watch::channel(view.borrow().loaded);
 
-    let setup = if active && settings.configure_interfaces {
-        Some(InterfaceSetup::connect()?)
-    } else {
-        None
-    };
-    // Only addresses we configure are announced; without CAP_NET_RAW, DHCP is served anyway.
-    let announcer = if setup.is_some() {
-        Announcer::open_or_warn()
-    } else {
-        Announcer::disabled()
-    };
-    let mut serving = Serving::new(Arc::clone(&table), setup, announcer);
+    let mut serving = new_serving(Arc::clone(&table), active && settings.configure_interfaces)?;
 
-    let http_state = HttpState::new(
-        Arc::clone(&table),
-        loaded,
-        serving.servers().statuses(),
-        serving.servers().counters(),
-    )
-    .with_stream(stream_status.clone())
-    .with_agent(role.clone())
-    .with_arp(serving.arp_counters());
-    let http_listener = tokio::net::TcpListener::bind(settings.http)
-        .await
-        .map_err(|source| crate::http::HttpError::Bind {
-            addr: settings.http,
-            source,
-        })?;
-    let http_task = tokio::spawn(crate::http::serve_on(
-        http_listener,
-        crate::http::router(http_state),
-        stop.clone(),
-    ));
-    info!(http = %settings.http, pools = bootstrap.pool_refs.len(), "agent up");
+    let http_task = match settings.http {
+        Some(addr) => {
+            let state = HttpState::new(
+                Arc::clone(&table),
+                loaded,
+                serving.servers().statuses(),
+                serving.servers().counters(),
+            )
+            .with_stream(stream_status.clone())
+            .with_agent(role.clone())
+            .with_arp(serving.arp_counters());
+            Some(serve_http(addr, state, stop.clone()).await?)
+        }
+        None => None,
+    };
+    info!(http = ?settings.http, pools = bootstrap.pool_refs.len(), source = sources.subscribe().borrow().source.as_str(), "agent up");
 
     let mut tasks = Vec::new();
     if active {
         // Host names in pools' NTP lists become option 42 addresses, resolved off the packet
-        // path whenever the table changes and periodically (`run` used to skip this).
+        // path whenever the table changes and periodically.
         tasks.push(tokio::spawn(crate::dhcp::ntp::run(
             Arc::clone(&table),
             sources.subscribe(),
             stop.clone(),
         )));
     }
-    let (election_stop_tx, election_stop) = watch::channel(false);
-    let (_always, mut leading) = watch::channel(true);
-    let (_holder_tx, mut holder) = watch::channel(LeaseHolder::default());
-    let mut election_task = None;
-    if active {
-        if let Some(endpoint) = &settings.controller {
-            let mut client_settings =
-                ClientSettings::new(endpoint.clone(), settings.identity.clone());
-            client_settings.credentials = settings.credentials.clone();
-            if !settings.all_pools {
-                client_settings.pool_refs = bootstrap.pool_refs.clone();
-            }
-            let sink: Arc<dyn crate::stream::ConfigSink> = Arc::clone(&sources) as _;
-            let stream = crate::stream::run(
-                client_settings,
-                Applier::default(),
-                sink,
-                stream_tx,
-                stop.clone(),
-            );
-            tasks.push(tokio::spawn(
-                async move {
-                    stream.await;
-                }
-                .instrument(info_span!("stream")),
-            ));
-            tasks.push(tokio::spawn(follow_stream(
-                stream_status.clone(),
-                Arc::clone(&sources),
-                stop.clone(),
-            )));
-            tasks.push(tokio::spawn(crate::report::run(
-                endpoint.clone(),
-                settings.credentials.clone(),
-                crate::report::ReportInputs {
-                    agent: settings.identity.clone(),
-                    stream: stream_status.clone(),
-                    role: role.clone(),
-                    statuses: serving.servers().statuses(),
-                    table: Arc::clone(&table),
-                },
-                settings.report_interval,
-                stop.clone(),
-            )));
-        }
-        match (&client, settings.all_pools) {
-            (Some(client), false) => {
-                let interfaces: BTreeMap<NamespacedName, String> = bootstrap
-                    .network_configs
-                    .iter()
-                    .map(|c| (c.ip_pool_ref.clone(), c.interface_name.clone()))
-                    .collect();
-                tasks.push(tokio::spawn(crate::sources::follow_ippools(
-                    client.clone(),
-                    interfaces,
-                    Arc::clone(&sources),
-                    stop.clone(),
-                )));
-            }
-            (None, false) => warn!(
-                "no Kubernetes client: no IPPool fallback while the controller is unreachable"
-            ),
-            (_, true) => {}
-        }
-        if let Some(config) = settings.election.clone() {
-            let client = client.clone().ok_or(RuntimeError::NoClientForElection)?;
-            let elector = LeaderElector::new(client, config)?;
-            leading = elector.subscribe();
-            holder = elector.holder();
-            election_task = Some(tokio::spawn(elector.run(election_stop)));
-        }
+    if let Some(file) = file {
+        tasks.push(tokio::spawn(
+            file.follow(serving.servers().statuses(), stop.clone()),
+        ));
     }
+    if active && let LeaseSource::Cluster(cluster) = &settings.source {
+        tasks.extend(start_cluster_source(
+            cluster,
+            &bootstrap,
+            client.as_ref(),
+            ClusterWiring {
+                sources: Arc::clone(&sources),
+                table: Arc::clone(&table),
+                stream_tx,
+                stream_status: stream_status.clone(),
+                role: role.clone(),
+                statuses: serving.servers().statuses(),
+                stop: stop.clone(),
+            },
+        ));
+    }
+    let election = settings.election.clone().filter(|_| active);
+    let mut leadership = Leadership::start(election, client.as_ref())?;
+    let (leading, holder) = (&mut leadership.leading, &mut leadership.holder);
 
     let mut recheck = tokio::time::interval(RECHECK);
     recheck.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -272,21 +240,214 @@ pub async fn run(settings: Settings, client: Option<kube::Client>) -> Result<(),
     info!("stopping: silencing DHCP, then releasing the Lease");
     serving.stop().await;
     role_tx.send_modify(|r| r.leader = false);
-    let _ = election_stop_tx.send(true);
-    if let Some(task) = election_task {
-        let _ = task.await;
-    }
+    leadership.release().await;
     let _ = stop_tx.send(true);
     for task in tasks {
         let _ = task.await;
     }
-    match http_task.await {
-        Ok(Err(error)) => warn!(%error, "HTTP endpoints failed"),
-        Err(error) => warn!(%error, "HTTP task failed"),
-        Ok(Ok(())) => {}
+    if let Some(task) = http_task {
+        match task.await {
+            Ok(Err(error)) => warn!(%error, "HTTP endpoints failed"),
+            Err(error) => warn!(%error, "HTTP task failed"),
+            Ok(Ok(())) => {}
+        }
     }
     info!("stopped");
     Ok(())
+}
+
+/// Whether this replica may answer: the elector's channels, or, without election, always.
+struct Leadership {
+    leading: watch::Receiver<bool>,
+    holder: watch::Receiver<LeaseHolder>,
+    stop: watch::Sender<bool>,
+    task: Option<JoinHandle<()>>,
+    /// Keep the constant channels open when there is no elector.
+    _always: (watch::Sender<bool>, watch::Sender<LeaseHolder>),
+}
+
+impl Leadership {
+    /// Starts electing with `config`; with `None`, leads unconditionally.
+    fn start(
+        config: Option<ElectionConfig>,
+        client: Option<&kube::Client>,
+    ) -> Result<Self, RuntimeError> {
+        let (stop, election_stop) = watch::channel(false);
+        let (always_tx, leading) = watch::channel(true);
+        let (holder_tx, holder) = watch::channel(LeaseHolder::default());
+        let mut leadership = Leadership {
+            leading,
+            holder,
+            stop,
+            task: None,
+            _always: (always_tx, holder_tx),
+        };
+        if let Some(config) = config {
+            let client = client.cloned().ok_or(RuntimeError::NoClientForElection)?;
+            let elector = LeaderElector::new(client, config)?;
+            leadership.leading = elector.subscribe();
+            leadership.holder = elector.holder();
+            leadership.task = Some(tokio::spawn(elector.run(election_stop)));
+        }
+        Ok(leadership)
+    }
+
+    /// Ends the election and waits until the Lease is released.
+    async fn release(self) {
+        let _ = self.stop.send(true);
+        if let Some(task) = self.task {
+            let _ = task.await;
+        }
+    }
+}
+
+/// The serving side; with `configure_interfaces`, it gives interfaces their server addresses
+/// (rtnetlink) and announces them.
+fn new_serving(
+    table: Arc<LeaseTable>,
+    configure_interfaces: bool,
+) -> Result<Serving, RuntimeError> {
+    let setup = if configure_interfaces {
+        Some(InterfaceSetup::connect()?)
+    } else {
+        None
+    };
+    // Only addresses we configure are announced; without CAP_NET_RAW, DHCP is served anyway.
+    let announcer = if setup.is_some() {
+        Announcer::open_or_warn()
+    } else {
+        Announcer::disabled()
+    };
+    Ok(Serving::new(table, setup, announcer))
+}
+
+/// Parses the bootstrap env. Invalid: the error goes to `/readyz` and the agent serves nothing
+/// until it is fixed; no pools (and not every pool): idle.
+fn read_bootstrap(
+    cluster: &ClusterSettings,
+    role_tx: &watch::Sender<AgentStatus>,
+) -> (Bootstrap, Mode) {
+    match Bootstrap::parse(
+        cluster.network_configs.as_deref(),
+        cluster.pool_refs.as_deref(),
+    ) {
+        Err(e) => {
+            error!(error = %e, "invalid bootstrap env: serving nothing until it is fixed");
+            role_tx.send_modify(|r| r.error = Some(format!("invalid bootstrap env: {e}")));
+            (Bootstrap::default(), Mode::Failed)
+        }
+        Ok(b) if b.pool_refs.is_empty() && !cluster.all_pools => {
+            info!("no pools in the bootstrap env: idle");
+            (b, Mode::Idle)
+        }
+        Ok(b) => (b, Mode::Active),
+    }
+}
+
+/// Binds the HTTP endpoints (a bind failure stops the agent) and serves them until `stop`.
+async fn serve_http(
+    addr: SocketAddr,
+    state: HttpState,
+    stop: watch::Receiver<bool>,
+) -> Result<JoinHandle<Result<(), crate::http::HttpError>>, RuntimeError> {
+    let listener = tokio::net::TcpListener::bind(addr)
+        .await
+        .map_err(|source| crate::http::HttpError::Bind { addr, source })?;
+    Ok(tokio::spawn(crate::http::serve_on(
+        listener,
+        crate::http::router(state),
+        stop,
+    )))
+}
+
+/// What the cluster source's tasks share with the rest of the agent.
+struct ClusterWiring {
+    sources: Arc<Sources>,
+    table: Arc<LeaseTable>,
+    stream_tx: watch::Sender<ConnectionStatus>,
+    stream_status: watch::Receiver<ConnectionStatus>,
+    role: watch::Receiver<AgentStatus>,
+    statuses: watch::Receiver<BTreeMap<String, InterfaceStatus>>,
+    stop: watch::Receiver<bool>,
+}
+
+/// Starts the cluster source's tasks: the controller's stream (with the reports back and the
+/// switch to the fallback when it drops), and the IPPool watch of the fallback.
+fn start_cluster_source(
+    cluster: &ClusterSettings,
+    bootstrap: &Bootstrap,
+    client: Option<&kube::Client>,
+    wiring: ClusterWiring,
+) -> Vec<JoinHandle<()>> {
+    let ClusterWiring {
+        sources,
+        table,
+        stream_tx,
+        stream_status,
+        role,
+        statuses,
+        stop,
+    } = wiring;
+    let mut tasks = Vec::new();
+    if let Some(endpoint) = &cluster.controller {
+        let mut client_settings = ClientSettings::new(endpoint.clone(), cluster.identity.clone());
+        client_settings.credentials = cluster.credentials.clone();
+        if !cluster.all_pools {
+            client_settings.pool_refs = bootstrap.pool_refs.clone();
+        }
+        let sink: Arc<dyn crate::stream::ConfigSink> = Arc::clone(&sources) as _;
+        let stream = crate::stream::run(
+            client_settings,
+            Applier::default(),
+            sink,
+            stream_tx,
+            stop.clone(),
+        );
+        tasks.push(tokio::spawn(
+            async move {
+                stream.await;
+            }
+            .instrument(info_span!("stream")),
+        ));
+        tasks.push(tokio::spawn(follow_stream(
+            stream_status.clone(),
+            Arc::clone(&sources),
+            stop.clone(),
+        )));
+        tasks.push(tokio::spawn(crate::report::run(
+            endpoint.clone(),
+            cluster.credentials.clone(),
+            crate::report::ReportInputs {
+                agent: cluster.identity.clone(),
+                stream: stream_status,
+                role,
+                statuses,
+                table,
+            },
+            cluster.report_interval,
+            stop.clone(),
+        )));
+    }
+    match (client, cluster.all_pools) {
+        (Some(client), false) => {
+            let interfaces: BTreeMap<NamespacedName, String> = bootstrap
+                .network_configs
+                .iter()
+                .map(|c| (c.ip_pool_ref.clone(), c.interface_name.clone()))
+                .collect();
+            tasks.push(tokio::spawn(crate::sources::follow_ippools(
+                client.clone(),
+                interfaces,
+                sources,
+                stop,
+            )));
+        }
+        (None, false) => {
+            warn!("no Kubernetes client: no IPPool fallback while the controller is unreachable")
+        }
+        (_, true) => {}
+    }
+    tasks
 }
 
 /// Tells [`Sources`] when the stream drops, so the fallback takes over.

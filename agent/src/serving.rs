@@ -169,7 +169,11 @@ impl Serving {
             {
                 match setup.configure(name, w.server_ip, w.prefix).await {
                     Ok(changes) => {
-                        info!(interface = %name, pool = %w.pool, ip = %w.server_ip, prefix = w.prefix, removed = ?changes.removed, added = changes.added, brought_up = changes.brought_up, "interface configured");
+                        if changes.is_empty() {
+                            info!(interface = %name, pool = %w.pool, ip = %w.server_ip, prefix = w.prefix, "interface already configured");
+                        } else {
+                            info!(interface = %name, pool = %w.pool, ip = %w.server_ip, prefix = w.prefix, removed = ?changes.removed, added = changes.added, brought_up = changes.brought_up, "interface configured");
+                        }
                         self.configured
                             .insert(name.clone(), (w.server_ip, w.prefix));
                         self.cleared.remove(name);

@@ -8,9 +8,14 @@
 //! etcd. Switching is done under one lock, so a late fallback update can never overwrite a state
 //! the stream has just applied.
 //!
+//! A third source stands alone: a JSON file of pools and leases ([`file`], `serve-static`),
+//! which replaces the table whole at start and on each reload; nothing else feeds the table then.
+//!
 //! This module owns that arbitration ([`Sources`], the stream's [`ConfigSink`]), the translation
 //! of the stream's state into the table's pools and deltas, and the IPPool watch feeding the
 //! fallback ([`follow_ippools`]).
+
+pub mod file;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::{Arc, Mutex, PoisonError};
@@ -38,6 +43,8 @@ pub enum Source {
     Stream,
     /// The IPPools' status, read directly while the stream is unavailable.
     IPPoolStatus,
+    /// A static file of pools and leases (`serve-static`).
+    File,
 }
 
 impl Source {
@@ -47,6 +54,7 @@ impl Source {
             Source::None => "none",
             Source::Stream => "stream",
             Source::IPPoolStatus => "ippool-status",
+            Source::File => "file",
         }
     }
 }
@@ -138,6 +146,16 @@ impl Sources {
         if !state.stream_live {
             self.apply_fallback(pools);
         }
+    }
+
+    /// A complete state read from the static file: the only source in that mode, it replaces
+    /// the table whole. A lease the table refuses is skipped with a warning.
+    pub fn file(&self, pools: Vec<PoolLeases>) {
+        let _state = self.lock();
+        for error in self.table.apply_snapshot(pools) {
+            warn!(%error, "lease skipped");
+        }
+        self.changed(Source::File);
     }
 
     /// The stream is current again: its whole state replaces whatever the fallback served.
@@ -340,34 +358,20 @@ mod tests {
     use super::*;
     use crate::stream::PoolState;
     use vmdhcp_core::MacAddr;
-    use vmdhcp_core::crd::{
-        CONDITION_CACHE_READY, CONDITION_REGISTERED, Condition, IPPoolStatus, IPv4Status,
+    use vmdhcp_core::crd::{CONDITION_CACHE_READY, CONDITION_REGISTERED};
+    use vmdhcp_core::fixtures::{
+        pool_config, pool_on, readme_pool, with_allocated, with_conditions,
     };
 
+    /// The README pool renamed `default/<name>`, registered and ready, with `allocated`.
     fn ippool(name: &str, allocated: &[(&str, &str)], paused: bool) -> IPPool {
-        let mut p: IPPool =
-            serde_yaml_ng::from_str(include_str!("../../examples/ippool.yaml")).unwrap();
-        p.metadata.name = Some(name.into());
-        p.metadata.namespace = Some("default".into());
+        let mut p = pool_on(&format!("default/{name}"), "default/net-48");
         p.spec.paused = Some(paused);
-        let cond = |t: &str| Condition {
-            type_: t.into(),
-            status: "True".into(),
-            ..Condition::default()
-        };
-        p.status = Some(IPPoolStatus {
-            ipv4: Some(IPv4Status {
-                allocated: allocated
-                    .iter()
-                    .map(|(k, v)| ((*k).into(), (*v).into()))
-                    .collect(),
-                used: 0,
-                available: 0,
-            }),
-            conditions: vec![cond(CONDITION_REGISTERED), cond(CONDITION_CACHE_READY)],
-            ..Default::default()
-        });
-        p
+        let p = with_conditions(
+            p,
+            &[(CONDITION_REGISTERED, true), (CONDITION_CACHE_READY, true)],
+        );
+        with_allocated(p, allocated)
     }
 
     fn refs(names: &[&str]) -> BTreeMap<NamespacedName, String> {
@@ -391,8 +395,7 @@ mod tests {
     }
 
     fn example_ip(n: u8) -> String {
-        let p: IPPool =
-            serde_yaml_ng::from_str(include_str!("../../examples/ippool.yaml")).unwrap();
+        let p = readme_pool();
         let net: ipnet::Ipv4Net = p.spec.ipv4_config.cidr.parse().unwrap();
         let base = u32::from(net.network());
         std::net::Ipv4Addr::from(base + 81 + u32::from(n)).to_string()
@@ -507,19 +510,7 @@ mod tests {
             ip: ip.parse().unwrap(),
         };
         let table = LeaseTable::new();
-        let cfg = PoolConfig {
-            pool: name("a"),
-            network: name("a"),
-            interface_name: "eth1".into(),
-            server_ip: "192.0.2.1".parse().unwrap(),
-            subnet: "192.0.2.0/24".parse().unwrap(),
-            router: None,
-            dns: vec![],
-            domain_name: None,
-            domain_search: vec![],
-            ntp: vec![],
-            lease_seconds: 300,
-        };
+        let cfg = pool_config("default/a");
         let mut state = AppliedState::default();
         state.pools.insert(
             name("a"),

@@ -13,8 +13,6 @@
 //! which feeds the lease table).
 
 use std::collections::BTreeMap;
-use std::collections::hash_map::RandomState;
-use std::hash::{BuildHasher, Hasher};
 use std::net::Ipv4Addr;
 use std::sync::Arc;
 use std::time::Duration;
@@ -46,12 +44,12 @@ pub enum StreamError {
     #[error("message at revision {0} carries no event")]
     Empty(u64),
     /// A frame that does not decode as a `WatchResponse` (garbage or truncated bytes).
-    #[error("malformed frame of {len} bytes: {reason}")]
+    #[error("malformed frame of {len} bytes: {source}")]
     Malformed {
         /// The frame's length.
         len: usize,
         /// What the protobuf decoder said.
-        reason: String,
+        source: prost::DecodeError,
     },
     /// The transport failed or the server ended the stream with an error.
     #[error("stream to {endpoint} failed: {reason}")]
@@ -380,15 +378,7 @@ pub fn backoff(settings: &ClientSettings, attempt: u32) -> Duration {
         .saturating_mul(1u32.checked_shl(attempt.min(20)).unwrap_or(u32::MAX))
         .min(settings.backoff_max)
         .max(settings.backoff_min);
-    let span = (ceiling - settings.backoff_min).as_millis() as u64;
-    let mut hasher = RandomState::new().build_hasher();
-    hasher.write_u32(attempt);
-    let jitter = if span == 0 {
-        0
-    } else {
-        hasher.finish() % (span + 1)
-    };
-    settings.backoff_min + Duration::from_millis(jitter)
+    vmdhcp_core::jitter::between(settings.backoff_min, ceiling)
 }
 
 /// Runs the stream until `shutdown` turns true: connects, applies, hands changes to `sink`,
@@ -526,12 +516,12 @@ async fn session(
             }
             Ok(Err(s)) => return Err(transport(s.to_string())),
             Ok(Ok(None)) => return Ok(false),
-            Ok(Ok(Some(frame))) => {
-                pb::WatchResponse::decode(frame.clone()).map_err(|e| StreamError::Malformed {
+            Ok(Ok(Some(frame))) => pb::WatchResponse::decode(frame.clone()).map_err(|source| {
+                StreamError::Malformed {
                     len: frame.len(),
-                    reason: e.to_string(),
-                })?
-            }
+                    source,
+                }
+            })?,
         };
         let kind = match &msg.event {
             Some(pb::watch_response::Event::Snapshot(s)) if s.more => "snapshot_part",

@@ -129,11 +129,8 @@ pub async fn serve(
 ) -> std::io::Result<()> {
     axum::serve(listener, router(state))
         .with_graceful_shutdown(async move {
-            while !*shutdown.borrow_and_update() {
-                if shutdown.changed().await.is_err() {
-                    break;
-                }
-            }
+            // Stops on true, or when the sender is gone.
+            let _ = shutdown.wait_for(|stop| *stop).await;
         })
         .await
 }

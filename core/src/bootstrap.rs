@@ -426,8 +426,7 @@ mod tests {
 
     #[test]
     fn rendering_is_canonical_and_round_trips() {
-        let pool: crate::crd::IPPool =
-            serde_yaml_ng::from_str(include_str!("../../examples/ippool.yaml")).unwrap();
+        let pool = crate::fixtures::readme_pool();
         let mut other = pool.clone();
         other.metadata.name = Some("aaa".into());
         other.spec.network_name = "default/aaa".into();

@@ -360,9 +360,6 @@ mod tests {
     use super::*;
     use std::path::Path;
 
-    const README_IPPOOL: &str = include_str!("../../examples/ippool.yaml");
-    const README_VMNETCFG: &str = include_str!("../../examples/vmnetcfg.yaml");
-
     #[test]
     fn chart_crds_match_the_types() {
         let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../chart/crds");
@@ -479,7 +476,7 @@ mod tests {
 
     #[test]
     fn upstream_readme_examples_deserialize() {
-        let pool: IPPool = serde_yaml_ng::from_str(README_IPPOOL).unwrap();
+        let pool: IPPool = crate::fixtures::readme_pool();
         assert_eq!(pool.spec.network_name, "default/net-48");
         let v4 = &pool.spec.ipv4_config;
         assert_eq!(v4.server_ip, "192.168.48.77");
@@ -487,7 +484,7 @@ mod tests {
         assert_eq!(v4.ntp, ["pool.ntp.org"]);
         assert_eq!(v4.lease_time, Some(300));
 
-        let cfg: VirtualMachineNetworkConfig = serde_yaml_ng::from_str(README_VMNETCFG).unwrap();
+        let cfg: VirtualMachineNetworkConfig = crate::fixtures::readme_vmnetcfg();
         assert_eq!(cfg.spec.vm_name, "test-vm");
         assert_eq!(cfg.spec.network_configs[0].mac_address, "fa:cf:8e:50:82:fc");
     }

@@ -5,14 +5,21 @@
 //! - [`names`] and [`mac`]: the validated identifiers everything is keyed by.
 //! - [`pool`]: what an agent serves for one pool ([`pool::PoolConfig`]) and to whom ([`pool::Lease`]).
 //! - [`ifname`]: stable per-pool interface names.
+//! - [`jitter`]: the random part of retry delays, so that what failed together does not retry
+//!   together.
 //! - [`bootstrap`]: the agent Deployment's env and Multus annotation.
 //! - [`admission`]: the admission webhook's decisions (IPPool defaults, what is refused and why).
+//! - `fixtures` (tests only, feature `test-support` for the other crates): the objects and
+//!   configs every crate's tests build on.
 #![forbid(unsafe_code)]
 
 pub mod admission;
 pub mod bootstrap;
 pub mod crd;
+#[cfg(any(test, feature = "test-support"))]
+pub mod fixtures;
 pub mod ifname;
+pub mod jitter;
 pub mod mac;
 pub mod names;
 pub mod pool;

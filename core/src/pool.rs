@@ -337,9 +337,7 @@ mod tests {
     use super::*;
     use crate::crd::{IPPoolStatus, IPv4Status};
 
-    fn readme_pool() -> IPPool {
-        serde_yaml_ng::from_str(include_str!("../../examples/ippool.yaml")).unwrap()
-    }
+    use crate::fixtures::readme_pool;
 
     #[test]
     fn config_from_readme_pool() {

@@ -5,9 +5,7 @@
 //! shutdown) with one difference: after losing leadership it goes back to being a standby instead
 //! of ending, because our replicas keep serving read-only work while they wait.
 
-use std::collections::hash_map::RandomState;
 use std::future::Future;
-use std::hash::{BuildHasher, Hasher};
 use std::time::Duration;
 
 use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
@@ -147,8 +145,6 @@ pub(crate) struct Elector<S> {
     observed: Option<Observed>,
     /// Set while we are leader: the end of our right to act unless we renew before.
     leading_until: Option<Instant>,
-    jitter: RandomState,
-    attempts: u64,
     /// When the Lease held by another replica expires for us, if nothing changes before: a
     /// standby tries again at that instant rather than on its next retry tick, so a crashed
     /// leader is replaced a full retry period sooner in the worst case.
@@ -172,8 +168,6 @@ impl<S: LeaseStore> Elector<S> {
             holder: watch::Sender::new(LeaseHolder::default()),
             observed: None,
             leading_until: None,
-            jitter: RandomState::new(),
-            attempts: 0,
             held_until: None,
         })
     }
@@ -384,16 +378,12 @@ impl<S: LeaseStore> Elector<S> {
     /// The wait before the next attempt: `retry_period` for a leader; a standby adds up to 20 %
     /// jitter so replicas do not hit the API server in lockstep. client-go's standby jitter goes up
     /// to 120 %; we keep it small so a released Lease is taken within about one retry period.
-    fn pause(&mut self) -> Duration {
+    fn pause(&self) -> Duration {
         let period = self.config.retry_period;
         if self.leading_until.is_some() {
             return period;
         }
-        self.attempts = self.attempts.wrapping_add(1);
-        let mut h = self.jitter.build_hasher();
-        h.write_u64(self.attempts);
-        let fraction = (h.finish() % 1000) as u32;
-        period + period / 5 * fraction / 1000
+        vmdhcp_core::jitter::between(period, period + period / 5)
     }
 }
 

@@ -57,12 +57,12 @@ pub struct LogArgs {
 #[derive(Debug, thiserror::Error)]
 pub enum TelemetryError {
     /// The filter does not parse.
-    #[error("invalid log filter {filter:?}: {reason}")]
+    #[error("invalid log filter {filter:?}: {source}")]
     Filter {
         /// The filter as given.
         filter: String,
         /// What the parser said.
-        reason: String,
+        source: tracing_subscriber::filter::ParseError,
     },
     /// Something installed a global subscriber first.
     #[error("cannot install the log subscriber: {0}")]
@@ -83,8 +83,8 @@ pub fn filter(args: &LogArgs) -> Result<EnvFilter, TelemetryError> {
                 .filter(|s| !s.trim().is_empty())
         })
         .unwrap_or_else(|| DEFAULT_FILTER.to_owned());
-    EnvFilter::try_new(&spec).map_err(|e| TelemetryError::Filter {
-        reason: e.to_string(),
+    EnvFilter::try_new(&spec).map_err(|source| TelemetryError::Filter {
+        source,
         filter: spec,
     })
 }

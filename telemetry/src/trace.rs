@@ -31,12 +31,12 @@ pub const MAX_LINKS: usize = 32;
 #[derive(Debug, thiserror::Error)]
 pub enum TraceError {
     /// The OTLP exporter could not be built (bad endpoint, TLS setup).
-    #[error("cannot build the OTLP exporter for {endpoint:?}: {reason}")]
+    #[error("cannot build the OTLP exporter for {endpoint:?}: {source}")]
     Exporter {
         /// The endpoint as configured.
         endpoint: String,
         /// What the exporter builder said.
-        reason: String,
+        source: opentelemetry_otlp::ExporterBuildError,
     },
 }
 
@@ -69,9 +69,9 @@ pub fn provider(endpoint: &str, service: &str) -> Result<SdkTracerProvider, Trac
         .with_tonic()
         .with_endpoint(endpoint)
         .build()
-        .map_err(|e| TraceError::Exporter {
+        .map_err(|source| TraceError::Exporter {
             endpoint: endpoint.to_owned(),
-            reason: e.to_string(),
+            source,
         })?;
     let named = std::env::var("OTEL_SERVICE_NAME").is_ok_and(|s| !s.trim().is_empty())
         || std::env::var("OTEL_RESOURCE_ATTRIBUTES").is_ok_and(|s| s.contains("service.name="));

@@ -1,8 +1,7 @@
 //! The DHCPv4 server: what to answer ([`handler`], pure functions: the datagram checked, the
 //! RFC 2131 decision, the reply encoded), how
 //! packets are counted ([`counters`]), NTP host names resolved off the packet path ([`ntp`]),
-//! the sockets, one per interface ([`server`]), and serving a
-//! file of pools and leases without a controller ([`static_config`]).
+//! and the sockets, one per interface ([`server`]).
 //!
 //! It reads the [`crate::lease_table::LeaseTable`] and writes to it only to record declined
 //! addresses; it never configures interfaces' addresses.
@@ -11,7 +10,6 @@ pub mod counters;
 pub mod handler;
 pub mod ntp;
 pub mod server;
-pub mod static_config;
 
 /// Port servers listen on and relays are answered on (RFC 2131 §4.1).
 pub const SERVER_PORT: u16 = 67;

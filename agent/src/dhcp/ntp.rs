@@ -125,6 +125,7 @@ mod tests {
     use super::*;
     use crate::lease_table::PoolLeases;
     use vmdhcp_core::NamespacedName;
+    use vmdhcp_core::fixtures::pool_config;
     use vmdhcp_core::pool::PoolConfig;
 
     #[tokio::test]
@@ -132,15 +133,6 @@ mod tests {
         let name = NamespacedName::new("default", "a").unwrap();
         let table = LeaseTable::new();
         let config = PoolConfig {
-            pool: name.clone(),
-            network: name.clone(),
-            interface_name: "eth1".into(),
-            server_ip: "192.0.2.1".parse().unwrap(),
-            subnet: "192.0.2.0/24".parse().unwrap(),
-            router: None,
-            dns: vec![],
-            domain_name: None,
-            domain_search: vec![],
             // localhost resolves from /etc/hosts, without any network; the .invalid TLD never
             // resolves (RFC 6761).
             ntp: vec![
@@ -148,7 +140,7 @@ mod tests {
                 "localhost".into(),
                 "ntp.invalid".into(),
             ],
-            lease_seconds: 60,
+            ..pool_config("default/a")
         };
         table.apply_snapshot(vec![PoolLeases {
             config,

@@ -47,12 +47,12 @@ pub enum ServerError {
         source: io::Error,
     },
     /// The interface's server thread ended abnormally.
-    #[error("interface {interface}: server thread failed: {reason}")]
+    #[error("interface {interface}: server thread failed: {source}")]
     Crashed {
         /// The interface.
         interface: String,
-        /// What the runtime reported.
-        reason: String,
+        /// What the runtime reported (a panic, or cancellation at shutdown).
+        source: tokio::task::JoinError,
     },
     /// The interface disappeared (or was re-created) under a bound socket.
     #[error("interface {interface} is gone or was re-created")]
@@ -149,8 +149,6 @@ pub struct Servers {
     statuses: watch::Receiver<BTreeMap<String, InterfaceStatus>>,
     counters_tx: watch::Sender<Vec<InterfaceCounters>>,
     running: BTreeMap<String, Running>,
-    /// Stops every server started by [`Servers::spawn`] at once.
-    shared_stop: Option<watch::Receiver<bool>>,
 }
 
 /// A started interface: its own stop switch and supervising task.
@@ -170,24 +168,7 @@ impl Servers {
             statuses,
             counters_tx: watch::channel(Vec::new()).0,
             running: BTreeMap::new(),
-            shared_stop: None,
         }
-    }
-
-    /// Starts one supervising task per interface; each binds, serves on a thread of its own, and
-    /// on failure reports and retries. They all stop when `shutdown` turns true (or its sender is
-    /// dropped).
-    pub fn spawn(
-        table: Arc<LeaseTable>,
-        interfaces: Vec<Interface>,
-        shutdown: watch::Receiver<bool>,
-    ) -> Self {
-        let mut servers = Servers::new(table);
-        servers.shared_stop = Some(shutdown);
-        for interface in interfaces {
-            servers.start(interface);
-        }
-        servers
     }
 
     /// Starts serving `interface` (binding, with retries, in the background). Starting an
@@ -206,8 +187,7 @@ impl Servers {
             all.retain(|(i, _)| i.name != interface.name);
             all.push((interface.clone(), Arc::clone(&counters)));
         });
-        let (stop, own_stop) = watch::channel(false);
-        let stopped = self.shared_stop.clone().unwrap_or(own_stop);
+        let (stop, stopped) = watch::channel(false);
         let span = info_span!("dhcp", interface = %interface.name, pool = %interface.pool);
         let task = tokio::spawn(
             run_interface(
@@ -280,15 +260,6 @@ impl Servers {
             self.stop(&name, then.clone()).await;
         }
     }
-
-    /// Waits for every task to stop (after the shared shutdown of [`Servers::spawn`]).
-    pub async fn join(mut self) {
-        for (name, r) in std::mem::take(&mut self.running) {
-            if let Err(error) = r.task.await {
-                warn!(interface = %name, %error, "interface server task failed");
-            }
-        }
-    }
 }
 
 fn set_status(
@@ -351,9 +322,9 @@ async fn run_interface(
                 match served {
                     Ok(Ok(())) => return,
                     Ok(Err(e)) => e,
-                    Err(join) => ServerError::Crashed {
+                    Err(source) => ServerError::Crashed {
                         interface: interface.name.clone(),
-                        reason: join.to_string(),
+                        source,
                     },
                 }
             }

@@ -359,21 +359,14 @@ impl Default for Index {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use vmdhcp_core::fixtures::pool_config;
 
+    /// Pool `ns/<name>` on its derived interface, in 192.0.2.0/24.
     fn pool(name: &str) -> PoolConfig {
-        PoolConfig {
-            pool: format!("ns/{name}").parse().unwrap(),
-            network: format!("ns/{name}").parse().unwrap(),
-            interface_name: vmdhcp_core::ifname::base_name(&format!("ns/{name}").parse().unwrap()),
-            server_ip: "192.0.2.1".parse().unwrap(),
-            subnet: "192.0.2.0/24".parse().unwrap(),
-            router: None,
-            dns: vec![],
-            domain_name: None,
-            domain_search: vec![],
-            ntp: vec![],
-            lease_seconds: 3600,
-        }
+        let key = format!("ns/{name}");
+        pool_config(&key)
+            .with_interface(&vmdhcp_core::ifname::base_name(&key.parse().unwrap()))
+            .with_lease_seconds(3600)
     }
 
     fn lease(p: &str, m: u8, ip: u8) -> Lease {

@@ -137,45 +137,20 @@ impl IndexSync {
 mod tests {
     use super::*;
     use crate::index::PoolFilter;
-    use vmdhcp_core::crd::{
-        CONDITION_CACHE_READY, CONDITION_REGISTERED, Condition, IPPoolStatus, IPv4Status,
-    };
+    use vmdhcp_core::crd::{CONDITION_CACHE_READY, CONDITION_REGISTERED};
+    use vmdhcp_core::fixtures::{pool_on, with_allocated, with_conditions};
 
-    /// A condition as the leader writes it (the index reads only type and status).
-    fn condition(type_: &str, status: bool) -> Condition {
-        Condition {
-            type_: type_.into(),
-            status: if status { "True" } else { "False" }.into(),
-            last_update_time: None,
-            last_transition_time: None,
-            reason: None,
-            message: None,
-        }
-    }
-
+    /// The README pool renamed `default/<name>` on its own network, registered, ready or not,
+    /// with `allocated` (its resource version changes with the number of entries).
     fn pool(name: &str, ready: bool, allocated: &[(&str, &str)]) -> Arc<IPPool> {
-        let mut p: IPPool =
-            serde_yaml_ng::from_str(include_str!("../../../examples/ippool.yaml")).unwrap();
-        p.metadata.name = Some(name.into());
-        p.spec.network_name = format!("default/{name}");
+        let key = format!("default/{name}");
+        let mut p = pool_on(&key, &key);
         p.metadata.resource_version = Some(format!("{name}-{}", allocated.len()));
-        let status = IPPoolStatus {
-            ipv4: Some(IPv4Status {
-                allocated: allocated
-                    .iter()
-                    .map(|(k, v)| ((*k).into(), (*v).into()))
-                    .collect(),
-                used: 0,
-                available: 0,
-            }),
-            conditions: vec![
-                condition(CONDITION_REGISTERED, true),
-                condition(CONDITION_CACHE_READY, ready),
-            ],
-            ..Default::default()
-        };
-        p.status = Some(status);
-        Arc::new(p)
+        let p = with_conditions(
+            p,
+            &[(CONDITION_REGISTERED, true), (CONDITION_CACHE_READY, ready)],
+        );
+        Arc::new(with_allocated(p, allocated))
     }
 
     #[test]

@@ -23,7 +23,7 @@ use vmdhcp_core::crd::{
     CONDITION_AGENT_READY, CONDITION_CACHE_READY, CONDITION_REGISTERED, CONDITION_STOPPED, IPPool,
     LABEL_IPPOOL_NAME, LABEL_IPPOOL_NAMESPACE,
 };
-use vmdhcp_core::pool::PoolConfig;
+use vmdhcp_core::pool::{PoolConfig, PoolError};
 
 use crate::ipam::{IpamError, PoolAllocator, PoolRange};
 use crate::kinds::{nad_resource, object_ref};
@@ -46,9 +46,23 @@ pub enum Error {
     /// Writing status failed.
     #[error(transparent)]
     Status(#[from] StatusError),
-    /// The IPAM refused.
+    /// The IPAM refused (also: the spec's range cannot be allocated from).
     #[error(transparent)]
     Ipam(#[from] IpamError),
+    /// The spec cannot be served; [`pool_range`] says why, and the reconcile records it in the
+    /// status rather than failing.
+    #[error(transparent)]
+    Spec(#[from] PoolError),
+    /// An address field of the spec is not an IPv4 address (see [`Error::Spec`]).
+    #[error("spec.ipv4Config.{field} {value:?} is not an IPv4 address")]
+    SpecAddress {
+        /// The field under `spec.ipv4Config`.
+        field: &'static str,
+        /// Its value.
+        value: String,
+        /// What the parser said.
+        source: std::net::AddrParseError,
+    },
     /// Leadership was lost.
     #[error(transparent)]
     NotLeader(#[from] NotLeader),
@@ -64,12 +78,15 @@ pub enum Error {
 }
 
 /// The pool's allocation range, parsed and checked; errors name the field.
-pub fn pool_range(pool: &IPPool) -> Result<PoolRange, String> {
-    let cfg = PoolConfig::from_ippool(pool, "eth1").map_err(|e| e.to_string())?;
+pub fn pool_range(pool: &IPPool) -> Result<PoolRange, Error> {
+    let cfg = PoolConfig::from_ippool(pool, "eth1")?;
     let v4 = &pool.spec.ipv4_config;
-    let ip = |field: &str, v: &str| {
-        v.parse::<Ipv4Addr>()
-            .map_err(|_| format!("spec.ipv4Config.{field} {v:?} is not an IPv4 address"))
+    let ip = |field: &'static str, v: &str| {
+        v.parse::<Ipv4Addr>().map_err(|source| Error::SpecAddress {
+            field,
+            value: v.to_owned(),
+            source,
+        })
     };
     let range = PoolRange {
         pool: cfg.pool,
@@ -85,7 +102,7 @@ pub fn pool_range(pool: &IPPool) -> Result<PoolRange, String> {
             .map(|e| ip("pool.exclude", e))
             .collect::<Result<_, _>>()?,
     };
-    PoolAllocator::new(range.clone()).map_err(|e| e.to_string())?;
+    PoolAllocator::new(range.clone())?;
     Ok(range)
 }
 
@@ -232,9 +249,9 @@ async fn apply(pool: Arc<IPPool>, ctx: Arc<Context>) -> Result<Action, Error> {
     };
     let range = match pool_range(&pool) {
         Ok(r) => r,
-        Err(reason) => {
+        Err(invalid) => {
             forget(&ctx, &pool_ref);
-            refuse(&ctx, &pool, &pool_ref, "InvalidSpec", reason).await?;
+            refuse(&ctx, &pool, &pool_ref, "InvalidSpec", invalid.to_string()).await?;
             return Ok(Action::await_change());
         }
     };

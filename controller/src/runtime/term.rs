@@ -7,7 +7,7 @@ use std::fmt::Debug;
 use std::future::Future;
 use std::hash::Hash;
 use std::sync::{Arc, Mutex, PoisonError, RwLock};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use futures_util::StreamExt;
 use kube::api::{Api, DynamicObject};
@@ -18,6 +18,7 @@ use kube::runtime::watcher;
 use kube::{Client, ResourceExt};
 use serde::de::DeserializeOwned;
 use tokio::sync::watch;
+use tokio::time::Instant;
 use tracing::{Instrument, debug, error, field, info, info_span, warn};
 use vmdhcp_core::NamespacedName;
 use vmdhcp_core::crd::{IPPool, VirtualMachineNetworkConfig};

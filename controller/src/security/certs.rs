@@ -36,7 +36,15 @@ pub enum CertError {
         /// Which item.
         what: &'static str,
         /// What is wrong with it.
-        reason: String,
+        reason: &'static str,
+    },
+    /// Stored material does not decode (PEM, X.509 or key).
+    #[error("reading {what}: {source}")]
+    Decode {
+        /// Which item.
+        what: &'static str,
+        /// The decoder's error.
+        source: Box<dyn std::error::Error + Send + Sync>,
     },
 }
 
@@ -103,15 +111,15 @@ pub fn inspect(pem: &str) -> Result<CertInfo, CertError> {
     let ders = pem_certs(pem, "certificate")?;
     let der = ders.first().ok_or_else(|| CertError::Parse {
         what: "certificate",
-        reason: "no CERTIFICATE block".into(),
+        reason: "no CERTIFICATE block",
     })?;
     info_of(der)
 }
 
 fn info_of(der: &[u8]) -> Result<CertInfo, CertError> {
-    let (_, cert) = X509Certificate::from_der(der).map_err(|e| CertError::Parse {
+    let (_, cert) = X509Certificate::from_der(der).map_err(|e| CertError::Decode {
         what: "certificate",
-        reason: e.to_string(),
+        source: e.into(),
     })?;
     let mut names = BTreeSet::new();
     if let Ok(Some(san)) = cert.subject_alternative_name() {
@@ -143,9 +151,9 @@ fn info_of(der: &[u8]) -> Result<CertInfo, CertError> {
 fn pem_certs(pem: &str, what: &'static str) -> Result<Vec<Vec<u8>>, CertError> {
     let mut out = Vec::new();
     for block in x509_parser::pem::Pem::iter_from_buffer(pem.as_bytes()) {
-        let block = block.map_err(|e| CertError::Parse {
+        let block = block.map_err(|e| CertError::Decode {
             what,
-            reason: e.to_string(),
+            source: e.into(),
         })?;
         if block.label == "CERTIFICATE" {
             out.push(block.contents);
@@ -220,7 +228,7 @@ pub fn reconcile(
     }
     let (ca_key, ca_pem) = signer.ok_or_else(|| CertError::Parse {
         what: "CA",
-        reason: "no signing CA".into(),
+        reason: "no signing CA",
     })?;
 
     // The serving certificate.
@@ -252,7 +260,7 @@ pub fn reconcile(
                 .map(|(_, i)| i.clone())
                 .ok_or_else(|| CertError::Parse {
                     what: "CA",
-                    reason: "signing CA missing from bundle".into(),
+                    reason: "signing CA missing from bundle",
                 })?;
             issue(policy, &ca_pem, &ca_key, ca_info, now)?
         }
@@ -292,12 +300,12 @@ fn parse(m: &Material) -> Result<Parsed, CertError> {
     if bundle.is_empty() {
         return Err(CertError::Parse {
             what: "CA bundle",
-            reason: "no CERTIFICATE block".into(),
+            reason: "no CERTIFICATE block",
         });
     }
-    KeyPair::from_pem(&m.ca_key).map_err(|e| CertError::Parse {
+    KeyPair::from_pem(&m.ca_key).map_err(|e| CertError::Decode {
         what: "CA key",
-        reason: e.to_string(),
+        source: e.into(),
     })?;
     let signer_pem = bundle.first().map(|(p, _)| p.clone()).unwrap_or_default();
     Ok(Parsed {
@@ -368,13 +376,13 @@ fn issue(
     ca_info: &CertInfo,
     now: OffsetDateTime,
 ) -> Result<(String, String, CertInfo), CertError> {
-    let signing_key = KeyPair::from_pem(ca_key).map_err(|e| CertError::Parse {
+    let signing_key = KeyPair::from_pem(ca_key).map_err(|e| CertError::Decode {
         what: "CA key",
-        reason: e.to_string(),
+        source: e.into(),
     })?;
-    let issuer = Issuer::from_ca_cert_pem(ca_pem, signing_key).map_err(|e| CertError::Parse {
+    let issuer = Issuer::from_ca_cert_pem(ca_pem, signing_key).map_err(|e| CertError::Decode {
         what: "CA",
-        reason: e.to_string(),
+        source: e.into(),
     })?;
     let key = KeyPair::generate().map_err(generate("serving key"))?;
     let mut params =

@@ -485,11 +485,8 @@ pub async fn serve(
     .max_encoding_message_size(64 << 20);
     info!(%addr, tls = matches!(settings.security, Security::Tls { .. }), "config stream serving");
     let stop = async move {
-        while !*shutdown.borrow_and_update() {
-            if shutdown.changed().await.is_err() {
-                break;
-            }
-        }
+        // Stops on true, or when the sender is gone.
+        let _ = shutdown.wait_for(|stop| *stop).await;
         health
             .set_not_serving::<ConfigServiceServer<ConfigServer>>()
             .await;
@@ -530,22 +527,11 @@ mod tests {
     use super::*;
     use std::net::Ipv4Addr;
     use vmdhcp_core::MacAddr;
+    use vmdhcp_core::fixtures::pool_config;
     use vmdhcp_core::pool::PoolConfig;
 
     fn cfg(name: &str) -> PoolConfig {
-        PoolConfig {
-            pool: format!("ns/{name}").parse().unwrap(),
-            network: format!("ns/{name}").parse().unwrap(),
-            interface_name: "eth1".into(),
-            server_ip: "192.0.2.1".parse().unwrap(),
-            subnet: "192.0.2.0/24".parse().unwrap(),
-            router: None,
-            dns: vec![],
-            domain_name: None,
-            domain_search: vec![],
-            ntp: vec![],
-            lease_seconds: 60,
-        }
+        pool_config(&format!("ns/{name}")).with_lease_seconds(60)
     }
 
     #[test]

@@ -12,31 +12,18 @@ use super::{
     validate_vmnetcfg_create,
 };
 use crate::crd::{
-    IPPool, IPPoolStatus, IPv4Status, LABEL_IPPOOL_NAME, LABEL_IPPOOL_NAMESPACE, NetworkConfig,
-    VirtualMachineNetworkConfig, VirtualMachineNetworkConfigSpec,
+    IPPool, LABEL_IPPOOL_NAME, LABEL_IPPOOL_NAMESPACE, NetworkConfig, VirtualMachineNetworkConfig,
+    VirtualMachineNetworkConfigSpec,
 };
-use crate::names::NamespacedName;
+pub(super) use crate::fixtures::{nn, pool_on, readme_pool, with_allocated};
 
-const README_IPPOOL: &str = include_str!("../../../examples/ippool.yaml");
-const README_VMNETCFG: &str = include_str!("../../../examples/vmnetcfg.yaml");
 pub(super) const MAC_A: &str = "fa:cf:8e:50:82:fc";
 pub(super) const MAC_B: &str = "c6:d6:82:39:d3:c3";
 
 // === fixtures ===
 
-/// The README pool: default/net-48 on default/net-48, 192.168.48.0/24, range .81-.90 with
-/// both ends excluded, server .77, router .1.
-pub(super) fn readme_pool() -> IPPool {
-    serde_yaml_ng::from_str(README_IPPOOL).unwrap()
-}
-
-pub(super) fn readme_cfg() -> VirtualMachineNetworkConfig {
-    serde_yaml_ng::from_str(README_VMNETCFG).unwrap()
-}
-
-pub(super) fn nn(s: &str) -> NamespacedName {
-    s.parse().unwrap()
-}
+/// The README's VirtualMachineNetworkConfig.
+pub(super) use crate::fixtures::readme_vmnetcfg as readme_cfg;
 
 /// A NAD labelled with the pool serving it (`None`: no labels).
 pub(super) fn nad(name: &str, pool: Option<&str>) -> Nad {
@@ -60,16 +47,6 @@ pub(super) fn service() -> Option<Ipv4Net> {
     Some("10.53.0.0/16".parse().unwrap())
 }
 
-/// A pool `ns/name` on `network` with the README's addressing.
-pub(super) fn pool_on(key: &str, network: &str) -> IPPool {
-    let k = nn(key);
-    let mut pool = readme_pool();
-    pool.metadata.namespace = Some(k.namespace);
-    pool.metadata.name = Some(k.name);
-    pool.spec.network_name = network.to_owned();
-    pool
-}
-
 /// A minimal pool on default/net-48 with only the required fields.
 pub(super) fn bare_pool(cidr: &str) -> IPPool {
     let mut pool = readme_pool();
@@ -77,21 +54,6 @@ pub(super) fn bare_pool(cidr: &str) -> IPPool {
         cidr: cidr.to_owned(),
         ..Default::default()
     };
-    pool
-}
-
-pub(super) fn with_allocated(mut pool: IPPool, entries: &[(&str, &str)]) -> IPPool {
-    pool.status = Some(IPPoolStatus {
-        ipv4: Some(IPv4Status {
-            allocated: entries
-                .iter()
-                .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
-                .collect(),
-            used: 0,
-            available: 0,
-        }),
-        ..Default::default()
-    });
     pool
 }
 

@@ -5,8 +5,9 @@ pub(super) use std::sync::Arc;
 
 pub(super) use dhcproto::v4::{DhcpOption, Flags, Message, MessageType, Opcode, OptionCode};
 pub(super) use dhcproto::{Decodable, Encodable};
+pub(super) use vmdhcp_core::MacAddr;
+pub(super) use vmdhcp_core::fixtures::pool_config;
 pub(super) use vmdhcp_core::pool::{DEFAULT_LEASE_SECONDS, Lease, PoolConfig};
-pub(super) use vmdhcp_core::{MacAddr, NamespacedName};
 
 pub(super) use super::wire::{MAX_PACKET, OPTIONS_START};
 pub(super) use super::{Action, DropReason, Outcome, Silence, handle};
@@ -17,20 +18,12 @@ pub(super) const LEASED: Ipv4Addr = Ipv4Addr::new(192, 0, 2, 10);
 pub(super) const KNOWN: [u8; 6] = [0x02, 0, 0, 0, 0, 0x0a];
 pub(super) const STRANGER: [u8; 6] = [0x02, 0, 0, 0, 0, 0xff];
 
+/// Pool `default/a`: server [`SERVER`] in 192.0.2.0/24, every option set (see
+/// [`PoolConfig::with_options`]), one-hour leases.
 pub(super) fn config() -> PoolConfig {
-    PoolConfig {
-        pool: NamespacedName::new("default", "a").unwrap(),
-        network: NamespacedName::new("default", "a").unwrap(),
-        interface_name: "eth1".into(),
-        server_ip: SERVER,
-        subnet: "192.0.2.0/24".parse().unwrap(),
-        router: Some(Ipv4Addr::new(192, 0, 2, 254)),
-        dns: vec![Ipv4Addr::new(192, 0, 2, 53), Ipv4Addr::new(192, 0, 2, 54)],
-        domain_name: Some("example.test".into()),
-        domain_search: vec!["example.test".into(), "svc.example.test".into()],
-        ntp: vec!["192.0.2.123".into(), "ntp.example.test".into()],
-        lease_seconds: 3600,
-    }
+    pool_config("default/a")
+        .with_options()
+        .with_lease_seconds(3600)
 }
 
 pub(super) fn pool_with(config: PoolConfig) -> Arc<PoolSnapshot> {
