@@ -19,10 +19,12 @@ use kube::ResourceExt;
 use kube::api::{Api, ApiResource, DynamicObject, GroupVersionKind, PostParams};
 use kube::runtime::{WatchStreamExt, watcher};
 use serde_json::json;
-use tokio::sync::watch;
-use vmdhcp_controller::runtime::{Settings, run};
 use vmdhcp_core::crd::{IPPool, VirtualMachineNetworkConfig, find_condition};
 use vmdhcp_integration::control_plane::ControlPlane;
+
+#[path = "../tests/support/in_process.rs"]
+mod in_process;
+use in_process::InProcess;
 
 #[tokio::main(flavor = "multi_thread", worker_threads = 2)]
 async fn main() {
@@ -54,27 +56,7 @@ async fn main() {
         "spec": {"networkName": format!("{ns}/net"), "ipv4Config": {"serverIP": "10.30.0.1", "cidr": "10.30.0.0/16", "pool": {"start": "10.30.0.2", "end": "10.30.255.254"}}}
     })).unwrap()).await.unwrap();
 
-    let (_leader_tx, leader) = watch::channel(true);
-    let (stop, stop_rx) = watch::channel(false);
-    let settings = Settings {
-        identity: "bench".into(),
-        stream: Default::default(),
-        agent: None,
-        dumps: false,
-        reports: None,
-    };
-    let grpc = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let http = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let http_addr = http.local_addr().unwrap();
-    let controller = tokio::spawn(run(
-        client.clone(),
-        settings,
-        grpc,
-        http,
-        leader,
-        stop_rx,
-        |_| {},
-    ));
+    let controller = InProcess::start(&client, "bench").await;
     let deadline = Instant::now() + Duration::from_secs(60);
     while !pools.get("pool").await.unwrap().status.is_some_and(|s| {
         find_condition(&s.conditions, "CacheReady").is_some_and(|c| c.status == "True")
@@ -171,14 +153,12 @@ async fn main() {
     }
     println!("  targets: >= 200 allocations/s; <= 4 API calls per allocation");
     // How much reconciling the burst took (each reconcile is cheap when it has nothing to write).
-    let metrics =
-        vmdhcp_integration::http::get(&http_addr.to_string(), "/metrics").unwrap_or_default();
+    let metrics = controller.metrics();
     for line in metrics
         .lines()
         .filter(|l| l.starts_with("vmdhcpcontroller_reconciles_total"))
     {
         println!("    {line}");
     }
-    stop.send_replace(true);
-    let _ = tokio::time::timeout(Duration::from_secs(10), controller).await;
+    controller.stop().await;
 }

@@ -5,90 +5,21 @@
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::print_stdout)]
 
 use std::collections::BTreeMap;
-use std::net::SocketAddr;
 use std::time::Duration;
 
 use kube::api::{Api, ApiResource, DynamicObject, GroupVersionKind, PostParams};
 use kube::{Client, ResourceExt};
 use serde_json::json;
-use tokio::sync::watch;
 use tokio::time::Instant;
-use vmdhcp_controller::runtime::{Settings, run};
 use vmdhcp_core::crd::{IPPool, VirtualMachineNetworkConfig, find_condition};
 use vmdhcp_integration::control_plane::ControlPlane;
 
+#[path = "support/in_process.rs"]
+mod in_process;
+use in_process::InProcess;
+
 const POOLS: usize = 20;
 const VMS_PER_POOL: usize = 50;
-
-/// A controller running in this process; stopped (writes finished) by [`Running::stop`].
-struct Running {
-    stop: watch::Sender<bool>,
-    task: tokio::task::JoinHandle<()>,
-    http: SocketAddr,
-}
-
-async fn start(client: &Client) -> Running {
-    let (leading, leader) = watch::channel(true);
-    let (stop, stop_rx) = watch::channel(false);
-    let settings = Settings {
-        identity: "scale".into(),
-        stream: Default::default(),
-        agent: None,
-        dumps: false,
-        reports: None,
-    };
-    let grpc = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let http = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = http.local_addr().unwrap();
-    let client = client.clone();
-    let task = tokio::spawn(async move {
-        // The leader channel's sender lives as long as the controller: always leading.
-        let _leading = leading;
-        run(client, settings, grpc, http, leader, stop_rx, |_| {})
-            .await
-            .unwrap();
-    });
-    Running {
-        stop,
-        task,
-        http: addr,
-    }
-}
-
-impl Running {
-    async fn stop(self) {
-        self.stop.send_replace(true);
-        tokio::time::timeout(Duration::from_secs(30), self.task)
-            .await
-            .unwrap()
-            .unwrap();
-    }
-
-    /// `vmdhcpcontroller_reconciles_total` by controller (all results).
-    fn reconciles(&self) -> BTreeMap<String, f64> {
-        let text =
-            vmdhcp_integration::http::get(&self.http.to_string(), "/metrics").unwrap_or_default();
-        let mut out = BTreeMap::new();
-        for line in text
-            .lines()
-            .filter(|l| l.starts_with("vmdhcpcontroller_reconciles_total{"))
-        {
-            let controller = line
-                .split("controller=\"")
-                .nth(1)
-                .and_then(|r| r.split('"').next())
-                .unwrap_or_default()
-                .to_owned();
-            let value: f64 = line
-                .rsplit(' ')
-                .next()
-                .and_then(|v| v.parse().ok())
-                .unwrap_or(0.0);
-            *out.entry(controller).or_insert(0.0) += value;
-        }
-        out
-    }
-}
 
 fn vm_resource() -> ApiResource {
     ApiResource::from_gvk_with_plural(
@@ -160,7 +91,7 @@ async fn one_more_vm(
     cp: &ControlPlane,
     client: &Client,
     ns: &str,
-    controller: &Running,
+    controller: &InProcess,
     name: &str,
     n: usize,
 ) -> (BTreeMap<String, f64>, BTreeMap<(String, String), f64>) {
@@ -270,7 +201,7 @@ async fn one_vm_costs_the_same_at_any_size_and_a_restart_writes_nothing() {
             .await
             .unwrap();
     }
-    let controller = start(&client).await;
+    let controller = InProcess::start(&client, "scale").await;
     poll("every pool ready", Duration::from_secs(60), async || {
         let list = pools.list(&Default::default()).await.ok()?;
         list.items
@@ -332,7 +263,7 @@ async fn one_vm_costs_the_same_at_any_size_and_a_restart_writes_nothing() {
     // A restart on the converged cluster: every object reconciled again, nothing written.
     controller.stop().await;
     let before = cp.requests().unwrap();
-    let restarted = start(&client).await;
+    let restarted = InProcess::start(&client, "scale").await;
     let objects = total as f64;
     let counts = poll(
         "every object reconciled after the restart",
