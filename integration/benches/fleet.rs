@@ -26,7 +26,7 @@ use serde_json::json;
 use vmdhcp_core::crd::IPPool;
 use vmdhcp_integration::dhcp_client::wait_for;
 use vmdhcp_integration::fleet::{
-    Agent, LEASE_SECONDS, NS, Probe, RETRY_SECONDS, SERVER_IP, VM2_MAC, setup,
+    Agent, LEASE_SECONDS, NS, Probe, RETRY_SECONDS, SERVER_IP, VM2_MAC, setup, vm_manifest,
 };
 
 /// Prints min, p50, p90, p99 and max of `samples` (seconds), and whether p99 meets `target`.
@@ -143,14 +143,12 @@ fn main() {
     let mut created = Vec::new();
     for n in 0..vms {
         let mac = format!("02:12:35:00:00:{n:02x}");
-        let vm: DynamicObject = serde_json::from_value(json!({
-            "apiVersion": "kubevirt.io/v1", "kind": "VirtualMachine",
-            "metadata": {"name": format!("bench-{n}"), "namespace": NS},
-            "spec": {"running": true, "template": {"spec": {
-                "domain": {"devices": {"interfaces": [{"name": "nic-0", "macAddress": mac, "bridge": {}}]}},
-                "networks": [{"name": "nic-0", "multus": {"networkName": format!("{NS}/net-a")}}]
-            }}}
-        }))
+        let vm: DynamicObject = serde_json::from_value(vm_manifest(
+            NS,
+            &format!("bench-{n}"),
+            &mac,
+            &format!("{NS}/net-a"),
+        ))
         .unwrap();
         let command = format!("discover {mac}");
         probe.send(&command);

@@ -148,14 +148,7 @@ impl Fleet {
     /// `kubectl apply` of a VirtualMachine `name` in [`NS`] with one NIC (`mac`) on the Multus
     /// network `network` (a NAD in [`NS`]).
     pub fn apply_vm(&self, name: &str, mac: &str, network: &str) {
-        self.apply(&json!({
-            "apiVersion": "kubevirt.io/v1", "kind": "VirtualMachine",
-            "metadata": {"name": name, "namespace": NS},
-            "spec": {"running": true, "template": {"spec": {
-                "domain": {"devices": {"interfaces": [{"name": "nic-0", "macAddress": mac, "bridge": {}}]}},
-                "networks": [{"name": "nic-0", "multus": {"networkName": format!("{NS}/{network}")}}]
-            }}}
-        }));
+        self.apply(&vm_manifest(NS, name, mac, &format!("{NS}/{network}")));
     }
 
     /// Starts (or restarts) the controller process.
@@ -439,6 +432,19 @@ impl Fleet {
             })
             .unwrap_or_default()
     }
+}
+
+/// A running KubeVirt VirtualMachine `namespace/name` with one bridged NIC (`mac`) on the Multus
+/// network `network` (its NAD's `namespace/name`), as a user would apply it.
+pub fn vm_manifest(namespace: &str, name: &str, mac: &str, network: &str) -> Value {
+    json!({
+        "apiVersion": "kubevirt.io/v1", "kind": "VirtualMachine",
+        "metadata": {"name": name, "namespace": namespace},
+        "spec": {"running": true, "template": {"spec": {
+            "domain": {"devices": {"interfaces": [{"name": "nic-0", "macAddress": mac, "bridge": {}}]}},
+            "networks": [{"name": "nic-0", "multus": {"networkName": network}}]
+        }}}
+    })
 }
 
 /// `integration/bench/dhcp_probe.py` in a VM namespace: one command in, one answer out. It sends a

@@ -20,7 +20,7 @@ use std::time::{Duration, Instant};
 use serde_json::{Value, json};
 use vmdhcp_integration::control_plane::repo_root;
 use vmdhcp_integration::dhcp_client::{dhclient_lease, start_dhclient, wait_event};
-use vmdhcp_integration::fleet::probe_until_leased;
+use vmdhcp_integration::fleet::{probe_until_leased, vm_manifest};
 use vmdhcp_integration::netns::{Lab, Netns};
 use vmdhcp_integration::node::{Node, images_dir};
 
@@ -282,17 +282,6 @@ impl Cluster {
     }
 }
 
-fn vm_manifest(name: &str, mac: &str) -> Value {
-    json!({
-        "apiVersion": "kubevirt.io/v1", "kind": "VirtualMachine",
-        "metadata": {"name": name, "namespace": VMS},
-        "spec": {"running": true, "template": {"spec": {
-            "domain": {"devices": {"interfaces": [{"name": "nic-0", "macAddress": mac, "bridge": {}}]}},
-            "networks": [{"name": "nic-0", "multus": {"networkName": format!("{VMS}/net-a")}}]
-        }}}
-    })
-}
-
 fn pool_manifest(server_ip: &str) -> Value {
     json!({
         "apiVersion": "network.harvesterhci.io/v1alpha1", "kind": "IPPool",
@@ -484,8 +473,10 @@ fn helm_install_on_a_real_node_serves_vms_fails_over_upgrades_and_uninstalls_cle
     // VM's dhclient gets its reserved address from the agent pod, AgentReady=True.
     let agents_before: Vec<String> = c.ready_pods("agent");
     c.apply(&pool_manifest(SERVER_IP)).unwrap();
-    c.apply(&vm_manifest("vm1", VM1_MAC)).unwrap();
-    c.apply(&vm_manifest("vm2", VM2_MAC)).unwrap();
+    c.apply(&vm_manifest(VMS, "vm1", VM1_MAC, &format!("{VMS}/net-a")))
+        .unwrap();
+    c.apply(&vm_manifest(VMS, "vm2", VM2_MAC, &format!("{VMS}/net-a")))
+        .unwrap();
     let allocated = c.wait("both VMs allocated", Duration::from_secs(60), || {
         let a = c.allocations();
         (a.contains_key(VM1_MAC) && a.contains_key(VM2_MAC)).then_some(a)
@@ -626,7 +617,8 @@ fn helm_install_on_a_real_node_serves_vms_fails_over_upgrades_and_uninstalls_cle
     ]);
     let vm3_dir = dir.path().join("vm3");
     std::fs::create_dir_all(&vm3_dir).unwrap();
-    c.apply(&vm_manifest("vm3", VM3_MAC)).unwrap();
+    c.apply(&vm_manifest(VMS, "vm3", VM3_MAC, &format!("{VMS}/net-a")))
+        .unwrap();
     let vm3_ip = c.wait("vm3 allocated", Duration::from_secs(90), || {
         c.allocations().get(VM3_MAC).cloned()
     });

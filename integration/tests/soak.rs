@@ -34,11 +34,11 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use serde_json::{Value, json};
+use serde_json::Value;
 use vmdhcp_integration::control_plane::bin_dir;
 use vmdhcp_integration::dhcp_client::{dhclient_lease, start_dhclient, wait_for};
 use vmdhcp_integration::fleet::{
-    AGENT_NS, Agent, Fleet, LEASE_SECONDS, NS, Options, Probe, setup_with,
+    AGENT_NS, Agent, Fleet, LEASE_SECONDS, NS, Options, Probe, setup_with, vm_manifest,
 };
 
 /// Real DHCP clients renewing through the whole run.
@@ -135,18 +135,6 @@ fn kubectl(kubeconfig: &Path, args: &[&str]) -> Option<String> {
         .then(|| String::from_utf8_lossy(&out.stdout).into_owned())
 }
 
-fn vm_manifest(name: &str, mac: &str) -> String {
-    json!({
-        "apiVersion": "kubevirt.io/v1", "kind": "VirtualMachine",
-        "metadata": {"name": name, "namespace": NS},
-        "spec": {"running": true, "template": {"spec": {
-            "domain": {"devices": {"interfaces": [{"name": "nic-0", "macAddress": mac, "bridge": {}}]}},
-            "networks": [{"name": "nic-0", "multus": {"networkName": format!("{NS}/net-a")}}]
-        }}}
-    })
-    .to_string()
-}
-
 /// What the churn did.
 #[derive(Debug, Default)]
 struct Churn {
@@ -171,7 +159,11 @@ fn churn(kubeconfig: PathBuf, seed: u64, stop: Arc<AtomicBool>) -> JoinHandle<Ch
                 let mac = format!("02:12:35:00:{:02x}:{:02x}", n >> 8, n & 0xff);
                 let file =
                     std::env::temp_dir().join(format!("soak-{}-{name}.json", std::process::id()));
-                fs::write(&file, vm_manifest(&name, &mac)).unwrap();
+                fs::write(
+                    &file,
+                    vm_manifest(NS, &name, &mac, &format!("{NS}/net-a")).to_string(),
+                )
+                .unwrap();
                 let file_arg = file.display().to_string();
                 if kubectl(&kubeconfig, &["create", "-f", &file_arg]).is_some() {
                     stats.created += 1;
