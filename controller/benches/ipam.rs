@@ -14,8 +14,9 @@ use std::hint::black_box;
 use std::net::Ipv4Addr;
 use std::time::Instant;
 
-use vmdhcp_controller::ipam::{PoolAllocator, PoolRange};
+use vmdhcp_controller::ipam::PoolAllocator;
 use vmdhcp_core::MacAddr;
+use vmdhcp_core::pool::PoolRange;
 
 fn mac(i: u32) -> MacAddr {
     let b = i.to_be_bytes();
@@ -25,21 +26,23 @@ fn mac(i: u32) -> MacAddr {
 fn range(cidr: &str) -> PoolRange {
     let subnet: ipnet::Ipv4Net = cidr.parse().unwrap();
     let first = Ipv4Addr::from(u32::from(subnet.network()) + 1);
-    PoolRange {
-        pool: "bench/pool".parse().unwrap(),
+    let start = Ipv4Addr::from(u32::from(subnet.network()) + 2);
+    let end = Ipv4Addr::from(u32::from(subnet.broadcast()) - 1);
+    PoolRange::new(
+        "bench/pool".parse().unwrap(),
         subnet,
-        start: Ipv4Addr::from(u32::from(subnet.network()) + 2),
-        end: Ipv4Addr::from(u32::from(subnet.broadcast()) - 1),
-        server_ip: first,
-        router: Some(first),
-        exclude: vec![],
-    }
+        (start, end),
+        first,
+        Some(first),
+        vec![],
+    )
+    .unwrap()
 }
 
 /// Allocates `ops` addresses, releases every other one, re-allocates them, then a batch of
 /// requested addresses; returns ns per operation.
 fn run(cidr: &str, ops: u32) -> f64 {
-    let mut a = PoolAllocator::new(range(cidr)).unwrap();
+    let mut a = PoolAllocator::new(range(cidr));
     // Pre-fill: pools in service are mostly full, with holes.
     let size = a.available() as u32;
     for i in 0..size / 2 {
@@ -76,7 +79,7 @@ fn main() {
     ];
     let rows: Vec<(&str, usize, f64)> = sizes
         .into_iter()
-        .map(|(cidr, label)| (label, range(cidr).subnet.hosts().count(), best(cidr)))
+        .map(|(cidr, label)| (label, range(cidr).subnet().hosts().count(), best(cidr)))
         .collect();
     let reference = rows[0].2;
     println!(

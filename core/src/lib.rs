@@ -3,7 +3,10 @@
 //! - [`crd`]: the `IPPool` and `VirtualMachineNetworkConfig` custom resources (upstream's API),
 //!   and the generator of their CRD manifests.
 //! - [`names`] and [`mac`]: the validated identifiers everything is keyed by.
-//! - [`pool`]: what an agent serves for one pool ([`pool::PoolConfig`]) and to whom ([`pool::Lease`]).
+//! - [`pool`]: the one parse of an IPPool spec ([`pool::ValidPool`], whose [`pool::PoolRange`]
+//!   the IPAM allocates from and whose [`pool::PoolConfig`] an agent serves), the admission
+//!   webhook, the reconciler, the index and an agent's direct read all go through; and to whom a
+//!   pool is served ([`pool::Lease`]).
 //! - [`ifname`]: stable per-pool interface names.
 //! - [`jitter`]: the random part of retry delays, so that what failed together does not retry
 //!   together.

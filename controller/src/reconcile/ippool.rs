@@ -7,7 +7,6 @@
 //! metrics are removed under the labels they were created with.
 
 use std::collections::BTreeMap;
-use std::net::Ipv4Addr;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
@@ -23,9 +22,9 @@ use vmdhcp_core::crd::{
     CONDITION_AGENT_READY, CONDITION_CACHE_READY, CONDITION_REGISTERED, CONDITION_STOPPED, IPPool,
     LABEL_IPPOOL_NAME, LABEL_IPPOOL_NAMESPACE,
 };
-use vmdhcp_core::pool::{PoolConfig, PoolError};
+use vmdhcp_core::pool::{PoolRange, ValidPool};
 
-use crate::ipam::{IpamError, PoolAllocator, PoolRange};
+use crate::ipam::{IpamError, PoolAllocator};
 use crate::kinds::{nad_resource, object_ref};
 use crate::metrics::PoolLabels;
 use crate::reconcile::context::{Context, IPPOOL_FINALIZER, NotLeader};
@@ -46,23 +45,9 @@ pub enum Error {
     /// Writing status failed.
     #[error(transparent)]
     Status(#[from] StatusError),
-    /// The IPAM refused (also: the spec's range cannot be allocated from).
+    /// The IPAM refused.
     #[error(transparent)]
     Ipam(#[from] IpamError),
-    /// The spec cannot be served; [`pool_range`] says why, and the reconcile records it in the
-    /// status rather than failing.
-    #[error(transparent)]
-    Spec(#[from] PoolError),
-    /// An address field of the spec is not an IPv4 address (see [`Error::Spec`]).
-    #[error("spec.ipv4Config.{field} {value:?} is not an IPv4 address")]
-    SpecAddress {
-        /// The field under `spec.ipv4Config`.
-        field: &'static str,
-        /// Its value.
-        value: String,
-        /// What the parser said.
-        source: std::net::AddrParseError,
-    },
     /// Leadership was lost.
     #[error(transparent)]
     NotLeader(#[from] NotLeader),
@@ -77,39 +62,10 @@ pub enum Error {
     UpstreamAgent(crate::reconcile::upstream_agent::UpstreamAgentError),
 }
 
-/// The pool's allocation range, parsed and checked; errors name the field.
-pub fn pool_range(pool: &IPPool) -> Result<PoolRange, Error> {
-    let cfg = PoolConfig::from_ippool(pool, "eth1")?;
-    let v4 = &pool.spec.ipv4_config;
-    let ip = |field: &'static str, v: &str| {
-        v.parse::<Ipv4Addr>().map_err(|source| Error::SpecAddress {
-            field,
-            value: v.to_owned(),
-            source,
-        })
-    };
-    let range = PoolRange {
-        pool: cfg.pool,
-        subnet: cfg.subnet,
-        start: ip("pool.start", &v4.pool.start)?,
-        end: ip("pool.end", &v4.pool.end)?,
-        server_ip: cfg.server_ip,
-        router: cfg.router,
-        exclude: v4
-            .pool
-            .exclude
-            .iter()
-            .map(|e| ip("pool.exclude", e))
-            .collect::<Result<_, _>>()?,
-    };
-    PoolAllocator::new(range.clone())?;
-    Ok(range)
-}
-
 fn labels(range: &PoolRange, network: &NamespacedName) -> PoolLabels {
     PoolLabels {
-        ippool: range.pool.to_string(),
-        cidr: range.subnet.to_string(),
+        ippool: range.pool().to_string(),
+        cidr: range.subnet().to_string(),
         network: network.to_string(),
     }
 }
@@ -247,20 +203,18 @@ async fn apply(pool: Arc<IPPool>, ctx: Arc<Context>) -> Result<Action, Error> {
     let Some(pool_ref) = object_ref(pool.as_ref()) else {
         return Err(Error::Unnamespaced);
     };
-    let range = match pool_range(&pool) {
-        Ok(r) => r,
+    let valid = match ValidPool::parse(&pool) {
+        Ok(valid) => valid,
         Err(invalid) => {
             forget(&ctx, &pool_ref);
             refuse(&ctx, &pool, &pool_ref, "InvalidSpec", invalid.to_string()).await?;
             return Ok(Action::await_change());
         }
     };
-    let Ok(network) = NamespacedName::parse_in(&pool.spec.network_name, &pool_ref.namespace) else {
-        return Ok(Action::await_change());
-    };
+    let (range, network) = (valid.range(), valid.network());
 
     // One pool per network.
-    if let Some(owner) = ctx.pool_for_network(&network)
+    if let Some(owner) = ctx.pool_for_network(network)
         && object_ref(owner.as_ref()).as_ref() != Some(&pool_ref)
     {
         let owner = format!(
@@ -274,7 +228,7 @@ async fn apply(pool: Arc<IPPool>, ctx: Arc<Context>) -> Result<Action, Error> {
         return Ok(Action::requeue(Duration::from_secs(60)));
     }
 
-    if let Some(retry) = label_network(&ctx, &pool, &pool_ref, &network).await? {
+    if let Some(retry) = label_network(&ctx, &pool, &pool_ref, network).await? {
         return Ok(retry);
     }
 
@@ -294,7 +248,7 @@ async fn apply(pool: Arc<IPPool>, ctx: Arc<Context>) -> Result<Action, Error> {
         return Ok(Action::await_change());
     }
 
-    rebuild_ipam(&ctx, &pool, &pool_ref, &range).await?;
+    rebuild_ipam(&ctx, &pool, &pool_ref, range).await?;
     let agent = agent_condition(&ctx, &pool_ref);
     write_status(
         &ctx,
@@ -323,7 +277,7 @@ async fn apply(pool: Arc<IPPool>, ctx: Arc<Context>) -> Result<Action, Error> {
         .ipam
         .with_pool(&pool_ref, |a| (a.used(), a.available()))?;
     ctx.metrics
-        .set_pool(labels(&range, &network), used, available);
+        .set_pool(labels(range, network), used, available);
     Ok(Action::requeue(Duration::from_secs(300)))
 }
 
@@ -389,7 +343,7 @@ async fn rebuild_ipam(
         .and_then(|s| s.ipv4.as_ref())
         .map(|v| v.allocated.clone())
         .unwrap_or_default();
-    let (allocator, problems) = PoolAllocator::rebuild(range.clone(), &allocated)?;
+    let (allocator, problems) = PoolAllocator::rebuild(range.clone(), &allocated);
     for problem in problems.iter().take(5) {
         warn!(pool = %pool_ref, %problem, "status entry not replayed");
         ctx.event(

@@ -812,19 +812,18 @@ async fn cleanup(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::ipam::PoolRange;
+    use vmdhcp_core::pool::PoolRange;
 
     fn alloc() -> PoolAllocator {
-        PoolAllocator::new(PoolRange {
-            pool: "ns/p".parse().unwrap(),
-            subnet: "192.0.2.0/24".parse().unwrap(),
-            start: "192.0.2.10".parse().unwrap(),
-            end: "192.0.2.20".parse().unwrap(),
-            server_ip: "192.0.2.1".parse().unwrap(),
-            router: None,
-            exclude: vec![],
-        })
-        .unwrap()
+        let range = PoolRange::new(
+            "ns/p".parse().unwrap(),
+            "192.0.2.0/24".parse().unwrap(),
+            (ip("192.0.2.10"), ip("192.0.2.20")),
+            ip("192.0.2.1"),
+            None,
+            vec![],
+        );
+        PoolAllocator::new(range.unwrap())
     }
 
     fn ip(s: &str) -> Ipv4Addr {

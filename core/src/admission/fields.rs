@@ -11,21 +11,14 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use super::Rejection;
 use crate::crd::IPPool;
 use crate::names::{NameError, NamespacedName};
-use crate::pool::{Holder, is_host_of, parse_allocated};
+use crate::pool::{Holder, parse_allocated};
 
-// The JSON paths of the fields the rules name in their rejections.
-pub(super) const F_NETWORK: &str = "spec.networkName";
-pub(super) const F_CIDR: &str = "spec.ipv4Config.cidr";
-pub(super) const F_SERVER: &str = "spec.ipv4Config.serverIP";
-pub(super) const F_ROUTER: &str = "spec.ipv4Config.router";
-pub(super) const F_START: &str = "spec.ipv4Config.pool.start";
-pub(super) const F_END: &str = "spec.ipv4Config.pool.end";
-pub(super) const F_EXCLUDE: &str = "spec.ipv4Config.pool.exclude";
-pub(super) const F_DNS: &str = "spec.ipv4Config.dns";
-pub(super) const F_NTP: &str = "spec.ipv4Config.ntp";
-pub(super) const F_DOMAIN: &str = "spec.ipv4Config.domainName";
-pub(super) const F_SEARCH: &str = "spec.ipv4Config.domainSearch";
-pub(super) const F_LEASE: &str = "spec.ipv4Config.leaseTime";
+// The JSON paths of the fields the rules name in their rejections: the IPPool's from the one
+// parse of its spec.
+pub(super) use crate::pool::spec::{
+    F_CIDR, F_DNS, F_DOMAIN, F_END, F_EXCLUDE, F_NETWORK, F_NTP, F_ROUTER, F_SEARCH, F_SERVER,
+    F_START,
+};
 pub(super) const F_VM_NAME: &str = "spec.vmName";
 pub(super) const F_CONFIGS: &str = "spec.networkConfigs";
 
@@ -114,7 +107,7 @@ pub(super) fn parse_ip(field: &str, value: &str) -> Result<Ipv4Addr, Rejection> 
         .map_err(|_| Rejection::new(field, value, "is not an IPv4 address"))
 }
 
-/// The addresses of `subnet` a host may use, under the same rule as [`is_host_of`]: all but the
+/// The addresses of `subnet` a host may use, under the same rule as [`crate::pool::is_host_of`]: all but the
 /// network and broadcast addresses, or every address of a /31 or /32 (RFC 3021).
 pub(super) fn host_range(subnet: Ipv4Net) -> (Ipv4Addr, Ipv4Addr) {
     let (network, broadcast) = (u32::from(subnet.network()), u32::from(subnet.broadcast()));
@@ -126,33 +119,6 @@ pub(super) fn host_range(subnet: Ipv4Net) -> (Ipv4Addr, Ipv4Addr) {
             network.saturating_add(1).into(),
             broadcast.saturating_sub(1).into(),
         )
-    }
-}
-
-pub(super) fn check_host(
-    field: &str,
-    raw: &str,
-    ip: Ipv4Addr,
-    subnet: Ipv4Net,
-) -> Result<(), Rejection> {
-    if !subnet.contains(&ip) {
-        return Err(Rejection::new(
-            field,
-            raw,
-            format!("is outside cidr {subnet}"),
-        ));
-    }
-    if !is_host_of(subnet, ip) {
-        return Err(Rejection::new(field, raw, not_host_rule(subnet, ip)));
-    }
-    Ok(())
-}
-
-pub(super) fn not_host_rule(subnet: Ipv4Net, ip: Ipv4Addr) -> String {
-    if ip == subnet.network() {
-        format!("is the network address of {subnet}")
-    } else {
-        format!("is the broadcast address of {subnet}")
     }
 }
 

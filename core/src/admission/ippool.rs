@@ -8,14 +8,14 @@ use std::net::Ipv4Addr;
 use ipnet::Ipv4Net;
 
 use super::fields::{
-    F_CIDR, F_DNS, F_DOMAIN, F_END, F_EXCLUDE, F_LEASE, F_NETWORK, F_NTP, F_ROUTER, F_SEARCH,
-    F_SERVER, F_START, allocated_of, check_count, check_host, host_range, immutable, is_dns_name,
-    is_missing, key_of, optional, parse_cidr, parse_ip, parse_network, same_network,
+    F_CIDR, F_DNS, F_DOMAIN, F_END, F_EXCLUDE, F_NETWORK, F_NTP, F_ROUTER, F_SEARCH, F_SERVER,
+    F_START, allocated_of, check_count, host_range, immutable, is_dns_name, is_missing, key_of,
+    optional, parse_cidr, parse_network, same_network,
 };
 use super::{PoolDefaults, PoolFacts, Rejection};
 use crate::crd::{IPPool, IPPoolSpec, IPv4Config, VirtualMachineNetworkConfig};
 use crate::names::NamespacedName;
-use crate::pool::Holder;
+use crate::pool::{Holder, PoolError, PoolRange, ValidPool};
 
 /// Most DNS servers an IPPool may hand out (upstream's CRD `maxItems`).
 pub const MAX_DNS: usize = 3;
@@ -128,7 +128,8 @@ pub fn validate_ippool_update(
         ));
     }
 
-    let checked = check_pool_spec(new, facts)?;
+    let valid = check_pool_spec(new, facts)?;
+    let checked = valid.range();
 
     // The status the apiserver stores: on a validated update, new.status is old.status.
     let allocated = allocated_of(old);
@@ -137,7 +138,7 @@ pub fn validate_ippool_update(
         _ => None,
     };
     if old_router.is_none()
-        && let (Some(router), Some(raw)) = (checked.router, new_router)
+        && let (Some(router), Some(raw)) = (checked.router(), new_router)
         && let Some(mac) = held_by_mac(router)
     {
         return Err(Rejection::new(
@@ -147,7 +148,7 @@ pub fn validate_ippool_update(
         ));
     }
     if o4.pool.exclude.is_empty() {
-        for (i, (ip, raw)) in checked.exclude.iter().zip(&n4.pool.exclude).enumerate() {
+        for (i, (ip, raw)) in checked.exclude().iter().zip(&n4.pool.exclude).enumerate() {
             if let Some(mac) = held_by_mac(*ip) {
                 return Err(Rejection::new(
                     format!("{F_EXCLUDE}[{i}]"),
@@ -157,7 +158,7 @@ pub fn validate_ippool_update(
             }
         }
     }
-    match allocated.get(&checked.server_ip) {
+    match allocated.get(&checked.server_ip()) {
         Some(Holder::Mac(mac)) => Err(Rejection::new(
             F_SERVER,
             &n4.server_ip,
@@ -219,22 +220,25 @@ pub fn validate_ippool_delete(
     ))
 }
 
-/// The addressing of a pool that passed every create-time rule.
-struct CheckedPool {
-    server_ip: Ipv4Addr,
-    router: Option<Ipv4Addr>,
-    exclude: Vec<Ipv4Addr>,
-}
-
 /// Every rule a pool must satisfy on create and (when its spec changes) on update, in order:
-/// its network, its CIDR, its addressing, its options.
-fn check_pool_spec(pool: &IPPool, facts: &PoolFacts) -> Result<CheckedPool, Rejection> {
+/// its network, the one parse of its spec ([`ValidPool::parse`]), its CIDR against the cluster's,
+/// the addressing policy, the options.
+fn check_pool_spec(pool: &IPPool, facts: &PoolFacts) -> Result<ValidPool, Rejection> {
     let v4 = &pool.spec.ipv4_config;
     check_pool_network(pool, facts)?;
-    let subnet = check_pool_cidr(v4, facts)?;
-    let checked = check_pool_addressing(v4, subnet)?;
+    let valid = ValidPool::parse(pool).map_err(|e| match e {
+        PoolError::InvalidField {
+            field,
+            value,
+            reason,
+            ..
+        } => Rejection::new(field, value, reason),
+        other => Rejection::new("metadata", "", other.to_string()),
+    })?;
+    check_service_cidr(v4, valid.range().subnet(), facts)?;
+    check_pool_addressing(v4, valid.range())?;
     check_pool_options(v4)?;
-    Ok(checked)
+    Ok(valid)
 }
 
 /// `spec.networkName`: a full reference to a NAD that exists and no other pool serves.
@@ -271,9 +275,12 @@ fn check_pool_network(pool: &IPPool, facts: &PoolFacts) -> Result<(), Rejection>
     Ok(())
 }
 
-/// `spec.ipv4Config.cidr`: an IPv4 CIDR clear of the cluster's service CIDR; returns it truncated.
-fn check_pool_cidr(v4: &IPv4Config, facts: &PoolFacts) -> Result<Ipv4Net, Rejection> {
-    let subnet = parse_cidr(&v4.cidr)?;
+/// `spec.ipv4Config.cidr` clear of the cluster's service CIDR.
+fn check_service_cidr(
+    v4: &IPv4Config,
+    subnet: Ipv4Net,
+    facts: &PoolFacts,
+) -> Result<(), Rejection> {
     if let Some(service) = facts.service_cidr
         && (subnet.contains(&service.network()) || service.contains(&subnet.network()))
     {
@@ -283,56 +290,38 @@ fn check_pool_cidr(v4: &IPv4Config, facts: &PoolFacts) -> Result<Ipv4Net, Reject
             format!("overlaps cluster service cidr {}", service.trunc()),
         ));
     }
-    Ok(subnet)
+    Ok(())
 }
 
-/// The server, range, router and excludes: host addresses of `subnet`, a range in order, a
-/// router apart from the server, excludes unique and in range, and neither server nor router
-/// excluded.
-fn check_pool_addressing(v4: &IPv4Config, subnet: Ipv4Net) -> Result<CheckedPool, Rejection> {
-    let server_ip = parse_ip(F_SERVER, &v4.server_ip)?;
-    check_host(F_SERVER, &v4.server_ip, server_ip, subnet)?;
-    let start = parse_ip(F_START, &v4.pool.start)?;
-    check_host(F_START, &v4.pool.start, start, subnet)?;
-    let end = parse_ip(F_END, &v4.pool.end)?;
-    check_host(F_END, &v4.pool.end, end, subnet)?;
-    check_range_order(start, end)?;
-
-    let router = match optional(v4.router.as_deref()) {
-        None => None,
-        Some(raw) => {
-            let router = parse_ip(F_ROUTER, raw)?;
-            check_host(F_ROUTER, raw, router, subnet)?;
-            if router == server_ip {
-                return Err(Rejection::new(
-                    F_SERVER,
-                    &v4.server_ip,
-                    format!("must differ from {F_ROUTER} {router}"),
-                ));
-            }
-            Some(router)
-        }
-    };
-
-    let mut exclude: Vec<Ipv4Addr> = Vec::with_capacity(v4.pool.exclude.len());
-    for (i, raw) in v4.pool.exclude.iter().enumerate() {
+/// What a new pool's addressing must meet beyond being servable: a router apart from the
+/// server, excludes unique and in range, and neither server nor router excluded.
+fn check_pool_addressing(v4: &IPv4Config, range: &PoolRange) -> Result<(), Rejection> {
+    let (server_ip, router) = (range.server_ip(), range.router());
+    let (start, end) = (range.start(), range.end());
+    if router == Some(server_ip) {
+        return Err(Rejection::new(
+            F_SERVER,
+            &v4.server_ip,
+            format!("must differ from {F_ROUTER} {server_ip}"),
+        ));
+    }
+    let exclude = range.exclude();
+    for (i, (ip, raw)) in exclude.iter().zip(&v4.pool.exclude).enumerate() {
         let field = format!("{F_EXCLUDE}[{i}]");
-        let ip = parse_ip(&field, raw)?;
-        if ip < start || ip > end {
+        if *ip < start || *ip > end {
             return Err(Rejection::new(
                 field,
                 raw,
                 format!("is outside pool range {start}-{end}"),
             ));
         }
-        if let Some(j) = exclude.iter().position(|e| *e == ip) {
+        if let Some(j) = exclude[..i].iter().position(|e| e == ip) {
             return Err(Rejection::new(
                 field,
                 raw,
                 format!("duplicates {F_EXCLUDE}[{j}]"),
             ));
         }
-        exclude.push(ip);
     }
     for (field, raw, ip) in [
         (F_SERVER, v4.server_ip.as_str(), Some(server_ip)),
@@ -348,22 +337,14 @@ fn check_pool_addressing(v4: &IPv4Config, subnet: Ipv4Net) -> Result<CheckedPool
             ));
         }
     }
-
-    Ok(CheckedPool {
-        server_ip,
-        router,
-        exclude,
-    })
+    Ok(())
 }
 
-/// The options handed out: at most [`MAX_DNS`] DNS servers (addresses) and [`MAX_NTP`] NTP
-/// servers (addresses or host names), DNS names for the domain and search list, and a lease
-/// time that fits the DHCP option.
+/// The options handed out, beyond what [`ValidPool::parse`] checks (addresses, lease time): at
+/// most [`MAX_DNS`] DNS servers and [`MAX_NTP`] NTP servers (addresses or host names), DNS names
+/// for the domain and search list.
 fn check_pool_options(v4: &IPv4Config) -> Result<(), Rejection> {
     check_count(F_DNS, &v4.dns, MAX_DNS)?;
-    for (i, raw) in v4.dns.iter().enumerate() {
-        parse_ip(&format!("{F_DNS}[{i}]"), raw)?;
-    }
     check_count(F_NTP, &v4.ntp, MAX_NTP)?;
     for (i, raw) in v4.ntp.iter().enumerate() {
         if raw.parse::<Ipv4Addr>().is_err() && !is_dns_name(raw) {
@@ -392,15 +373,6 @@ fn check_pool_options(v4: &IPv4Config) -> Result<(), Rejection> {
             ));
         }
     }
-    if let Some(lease) = v4.lease_time
-        && u32::try_from(lease).is_err()
-    {
-        return Err(Rejection::new(
-            F_LEASE,
-            lease.to_string(),
-            "must be between 0 and 4294967295 seconds",
-        ));
-    }
     Ok(())
 }
 
@@ -420,6 +392,7 @@ fn check_range_order(start: Ipv4Addr, end: Ipv4Addr) -> Result<(), Rejection> {
 mod tests {
     use super::*;
     use crate::admission::tests_support::*;
+    use crate::pool::spec::F_LEASE;
     use proptest::prelude::*;
 
     // === mutator ===

@@ -5,11 +5,9 @@
 
 use std::net::Ipv4Addr;
 
-use ipnet::Ipv4Net;
-
 use super::fields::{
-    F_CIDR, F_CONFIGS, F_END, F_START, F_VM_NAME, allocated_of, immutable, key_of, not_host_rule,
-    optional, parse_ip, parse_network, same_network,
+    F_CONFIGS, F_VM_NAME, allocated_of, immutable, key_of, optional, parse_ip, parse_network,
+    same_network,
 };
 use super::{Rejection, VmNetCfgFacts};
 use crate::crd::{
@@ -17,7 +15,8 @@ use crate::crd::{
 };
 use crate::mac::MacAddr;
 use crate::names::NamespacedName;
-use crate::pool::{Holder, is_host_of};
+use crate::pool::spec::not_a_host;
+use crate::pool::{Holder, PoolError, ValidPool};
 
 /// Most network configs one VirtualMachineNetworkConfig may hold (upstream's CRD `maxItems`).
 pub const MAX_NETWORK_CONFIGS: usize = 4;
@@ -277,43 +276,36 @@ fn check_static_ip(
     let ip_field = format!("{F_CONFIGS}[{i}].ipAddress");
     let ip_raw = pc.raw.ip_address.as_deref().unwrap_or_default();
     let refuse = |rule: String| Rejection::new(&ip_field, ip_raw, rule);
-    let v4 = &pool.spec.ipv4_config;
-
-    let subnet = v4.cidr.parse::<Ipv4Net>().map(|n| n.trunc()).map_err(|_| {
-        refuse(format!(
-            "cannot be checked: IPPool {pool_ref} has an invalid {F_CIDR} {:?}",
-            v4.cidr
-        ))
-    })?;
-    let bound = |field: &str, raw: &str| {
-        raw.parse::<Ipv4Addr>().map_err(|_| {
-            refuse(format!(
-                "cannot be checked: IPPool {pool_ref} has an invalid {field} {raw:?}"
-            ))
+    let valid = ValidPool::parse(pool).map_err(|e| {
+        refuse(match e {
+            PoolError::InvalidField { field, value, .. } => {
+                format!("cannot be checked: IPPool {pool_ref} has an invalid {field} {value:?}")
+            }
+            other => format!("cannot be checked: {other}"),
         })
-    };
-    let (start, end) = (bound(F_START, &v4.pool.start)?, bound(F_END, &v4.pool.end)?);
+    })?;
+    let range = valid.range();
+    let (subnet, start, end) = (range.subnet(), range.start(), range.end());
     if !subnet.contains(&ip) {
         return Err(refuse(format!(
             "is outside cidr {subnet} of IPPool {pool_ref}"
         )));
     }
-    if !is_host_of(subnet, ip) {
-        return Err(refuse(not_host_rule(subnet, ip)));
+    if let Some(rule) = not_a_host(subnet, ip) {
+        return Err(refuse(rule));
     }
     if ip < start || ip > end {
         return Err(refuse(format!(
             "is outside pool range {start}-{end} of IPPool {pool_ref}"
         )));
     }
-    let is = |raw: &str| raw.parse::<Ipv4Addr>() == Ok(ip);
-    if is(&v4.server_ip) {
+    if ip == range.server_ip() {
         return Err(refuse(format!("is the server ip of IPPool {pool_ref}")));
     }
-    if v4.router.as_deref().is_some_and(is) {
+    if range.router() == Some(ip) {
         return Err(refuse(format!("is the router of IPPool {pool_ref}")));
     }
-    if v4.pool.exclude.iter().any(|e| is(e)) {
+    if range.exclude().contains(&ip) {
         return Err(refuse(format!("is excluded by IPPool {pool_ref}")));
     }
 

@@ -1,5 +1,6 @@
 //! What an agent needs to serve one pool ([`PoolConfig`]) and whom it serves ([`Lease`]), derived
-//! from an IPPool; and the meaning of each `status.ipv4.allocated` entry ([`Holder`]).
+//! from an IPPool; the meaning of each `status.ipv4.allocated` entry ([`Holder`]); and, in
+//! [`spec`], the one parse of an IPPool spec ([`ValidPool`]) every reader goes through.
 //!
 //! Everything here parses the strings of the CRD once, with errors that name the field and the
 //! value, so the controller, the stream and the DHCP server only ever see typed, valid data.
@@ -17,6 +18,9 @@ use crate::crd::{
 };
 use crate::mac::MacAddr;
 use crate::names::NamespacedName;
+
+pub mod spec;
+pub use spec::{PoolRange, ValidPool};
 
 /// Lease time when the pool sets none (or 0): one year, as upstream.
 pub const DEFAULT_LEASE_SECONDS: u32 = 31_536_000;
@@ -231,97 +235,10 @@ pub struct PoolConfig {
 }
 
 impl PoolConfig {
-    /// Derives the config of `pool`, to be served on `interface_name`.
+    /// Derives the config of `pool`, to be served on `interface_name`: [`ValidPool::parse`],
+    /// then [`ValidPool::config`].
     pub fn from_ippool(pool: &IPPool, interface_name: &str) -> Result<Self, PoolError> {
-        let pool_ref = pool_ref(pool)?;
-        let invalid = |field: &str, value: &str, reason: &str| PoolError::InvalidField {
-            pool: pool_ref.to_string(),
-            field: field.to_owned(),
-            value: value.to_owned(),
-            reason: reason.to_owned(),
-        };
-        let ipv4 = |field: &str, value: &str| {
-            value
-                .parse::<Ipv4Addr>()
-                .map_err(|_| invalid(field, value, "is not an IPv4 address"))
-        };
-        let spec = &pool.spec;
-        let v4 = &spec.ipv4_config;
-
-        let network =
-            NamespacedName::parse_in(&spec.network_name, &pool_ref.namespace).map_err(|e| {
-                invalid(
-                    "spec.networkName",
-                    &spec.network_name,
-                    &format!("is not a network reference: {e}"),
-                )
-            })?;
-        let cidr: Ipv4Net = v4.cidr.parse().map_err(|_| {
-            invalid(
-                "spec.ipv4Config.cidr",
-                &v4.cidr,
-                "is not an IPv4 CIDR (e.g. 192.168.48.0/24)",
-            )
-        })?;
-        let subnet = cidr.trunc();
-        let server_ip = ipv4("spec.ipv4Config.serverIP", &v4.server_ip)?;
-        if !is_host_of(subnet, server_ip) {
-            return Err(invalid(
-                "spec.ipv4Config.serverIP",
-                &v4.server_ip,
-                &format!("is not a host address of {subnet}"),
-            ));
-        }
-        let router = match v4.router.as_deref() {
-            None | Some("") => None,
-            Some(r) => {
-                let addr = ipv4("spec.ipv4Config.router", r)?;
-                if !is_host_of(subnet, addr) {
-                    return Err(invalid(
-                        "spec.ipv4Config.router",
-                        r,
-                        &format!("is not a host address of {subnet}"),
-                    ));
-                }
-                Some(addr)
-            }
-        };
-        let dns = v4
-            .dns
-            .iter()
-            .enumerate()
-            .map(|(i, d)| ipv4(&format!("spec.ipv4Config.dns[{i}]"), d))
-            .collect::<Result<Vec<_>, _>>()?;
-        let lease_seconds = match v4.lease_time {
-            None | Some(0) => DEFAULT_LEASE_SECONDS,
-            Some(t) => u32::try_from(t).map_err(|_| {
-                invalid(
-                    "spec.ipv4Config.leaseTime",
-                    &t.to_string(),
-                    "must be between 0 and 4294967295 seconds",
-                )
-            })?,
-        };
-        if crate::ifname::validate(interface_name).is_err() {
-            return Err(invalid(
-                "interfaceName",
-                interface_name,
-                "is not a valid Linux interface name",
-            ));
-        }
-        Ok(PoolConfig {
-            pool: pool_ref.clone(),
-            network,
-            interface_name: interface_name.to_owned(),
-            server_ip,
-            subnet,
-            router,
-            dns,
-            domain_name: v4.domain_name.clone().filter(|d| !d.is_empty()),
-            domain_search: v4.domain_search.clone(),
-            ntp: v4.ntp.clone(),
-            lease_seconds,
-        })
+        ValidPool::parse(pool)?.config(interface_name)
     }
 }
 
@@ -371,67 +288,6 @@ mod tests {
                 .lease_seconds,
             DEFAULT_LEASE_SECONDS
         );
-    }
-
-    #[test]
-    fn bad_fields_are_named() {
-        type Mutation = fn(&mut IPPool);
-        let cases: Vec<(Mutation, &str, &str)> = vec![
-            (
-                |p| p.spec.ipv4_config.cidr = "192.168.48.0/33".into(),
-                "spec.ipv4Config.cidr",
-                "192.168.48.0/33",
-            ),
-            (
-                |p| p.spec.ipv4_config.server_ip = "192.168.49.1".into(),
-                "spec.ipv4Config.serverIP",
-                "192.168.49.1",
-            ),
-            (
-                |p| p.spec.ipv4_config.server_ip = "192.168.48.255".into(),
-                "spec.ipv4Config.serverIP",
-                "192.168.48.255",
-            ),
-            (
-                |p| p.spec.ipv4_config.router = Some("gw".into()),
-                "spec.ipv4Config.router",
-                "gw",
-            ),
-            (
-                |p| p.spec.ipv4_config.dns = vec!["1.1.1.1".into(), "8.8.8".into()],
-                "spec.ipv4Config.dns[1]",
-                "8.8.8",
-            ),
-            (
-                |p| p.spec.ipv4_config.lease_time = Some(-5),
-                "spec.ipv4Config.leaseTime",
-                "-5",
-            ),
-            (
-                |p| p.spec.network_name = "Bad/Name".into(),
-                "spec.networkName",
-                "Bad/Name",
-            ),
-        ];
-        for (mutate, field, value) in cases {
-            let mut pool = readme_pool();
-            mutate(&mut pool);
-            match PoolConfig::from_ippool(&pool, "eth1") {
-                Err(PoolError::InvalidField {
-                    field: f,
-                    value: v,
-                    pool,
-                    ..
-                }) => {
-                    assert_eq!(
-                        (f.as_str(), v.as_str(), pool.as_str()),
-                        (field, value, "default/net-48")
-                    );
-                }
-                other => panic!("{field}: expected InvalidField, got {other:?}"),
-            }
-        }
-        assert!(PoolConfig::from_ippool(&readme_pool(), "bad/name").is_err());
     }
 
     #[test]

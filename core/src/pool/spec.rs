@@ -1,0 +1,496 @@
+//! The one parse of an IPPool spec: [`ValidPool::parse`] turns the strings of the CRD into typed
+//! values and checks what every reader relies on, so the admission webhook, the IPPool
+//! reconciler, the IPAM, the controller's index and an agent reading IPPools directly all see the
+//! same pool, refused for the same reasons, with errors that name the field and the value.
+//!
+//! What is checked here is what makes a pool servable at all: every address parses, the server,
+//! range ends and router are host addresses of the CIDR, the range is in order, the lease time
+//! fits the DHCP option. Policy that only new objects must meet (excludes inside the range, the
+//! server apart from the router, counts and DNS names, the NAD and the other pools) is the
+//! admission webhook's, layered on top of a [`ValidPool`]: an object already stored (by upstream's
+//! controller, say) keeps being served if it is servable.
+
+use std::net::Ipv4Addr;
+
+use ipnet::Ipv4Net;
+
+use super::{DEFAULT_LEASE_SECONDS, PoolConfig, PoolError, is_host_of, pool_ref};
+use crate::crd::IPPool;
+use crate::names::NamespacedName;
+
+// The JSON paths of the fields, as errors and admission refusals name them.
+/// `spec.networkName`.
+pub const F_NETWORK: &str = "spec.networkName";
+/// `spec.ipv4Config.cidr`.
+pub const F_CIDR: &str = "spec.ipv4Config.cidr";
+/// `spec.ipv4Config.serverIP`.
+pub const F_SERVER: &str = "spec.ipv4Config.serverIP";
+/// `spec.ipv4Config.router`.
+pub const F_ROUTER: &str = "spec.ipv4Config.router";
+/// `spec.ipv4Config.pool.start`.
+pub const F_START: &str = "spec.ipv4Config.pool.start";
+/// `spec.ipv4Config.pool.end`.
+pub const F_END: &str = "spec.ipv4Config.pool.end";
+/// `spec.ipv4Config.pool.exclude`.
+pub const F_EXCLUDE: &str = "spec.ipv4Config.pool.exclude";
+/// `spec.ipv4Config.dns`.
+pub const F_DNS: &str = "spec.ipv4Config.dns";
+/// `spec.ipv4Config.ntp`.
+pub const F_NTP: &str = "spec.ipv4Config.ntp";
+/// `spec.ipv4Config.domainName`.
+pub const F_DOMAIN: &str = "spec.ipv4Config.domainName";
+/// `spec.ipv4Config.domainSearch`.
+pub const F_SEARCH: &str = "spec.ipv4Config.domainSearch";
+/// `spec.ipv4Config.leaseTime`.
+pub const F_LEASE: &str = "spec.ipv4Config.leaseTime";
+
+/// The addressing of a pool: what the IPAM allocates from. Only built checked (by
+/// [`PoolRange::new`] or [`ValidPool::parse`]), so an allocator never meets a range out of order
+/// or outside its subnet.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PoolRange {
+    pool: NamespacedName,
+    subnet: Ipv4Net,
+    start: Ipv4Addr,
+    end: Ipv4Addr,
+    server_ip: Ipv4Addr,
+    router: Option<Ipv4Addr>,
+    exclude: Vec<Ipv4Addr>,
+}
+
+impl PoolRange {
+    /// Checks and builds a range: `server_ip`, `start`, `end` and `router` host addresses of
+    /// `subnet` (host bits are cleared), `start` ≤ `end`. Errors name the field as the IPPool
+    /// spec does. Excludes may lie anywhere: those outside the range exclude nothing.
+    pub fn new(
+        pool: NamespacedName,
+        subnet: Ipv4Net,
+        (start, end): (Ipv4Addr, Ipv4Addr),
+        server_ip: Ipv4Addr,
+        router: Option<Ipv4Addr>,
+        exclude: Vec<Ipv4Addr>,
+    ) -> Result<Self, PoolError> {
+        let subnet = subnet.trunc();
+        let invalid = |field: &str, ip: Ipv4Addr, reason: String| PoolError::InvalidField {
+            pool: pool.to_string(),
+            field: field.to_owned(),
+            value: ip.to_string(),
+            reason,
+        };
+        let hosts = [(F_SERVER, Some(server_ip)), (F_START, Some(start))];
+        for (field, ip) in hosts
+            .into_iter()
+            .chain([(F_END, Some(end)), (F_ROUTER, router)])
+        {
+            if let Some(ip) = ip
+                && let Some(reason) = not_a_host(subnet, ip)
+            {
+                return Err(invalid(field, ip, reason));
+            }
+        }
+        if start > end {
+            return Err(invalid(
+                F_START,
+                start,
+                format!("is after {F_END} {end}: invalid pool range"),
+            ));
+        }
+        Ok(PoolRange {
+            pool,
+            subnet,
+            start,
+            end,
+            server_ip,
+            router,
+            exclude,
+        })
+    }
+
+    /// The pool, `namespace/name`, for messages.
+    pub fn pool(&self) -> &NamespacedName {
+        &self.pool
+    }
+
+    /// The subnet, host bits cleared.
+    pub fn subnet(&self) -> Ipv4Net {
+        self.subnet
+    }
+
+    /// First allocatable address.
+    pub fn start(&self) -> Ipv4Addr {
+        self.start
+    }
+
+    /// Last allocatable address (≥ [`Self::start`]).
+    pub fn end(&self) -> Ipv4Addr {
+        self.end
+    }
+
+    /// The DHCP server's address: `RESERVED` when inside the range.
+    pub fn server_ip(&self) -> Ipv4Addr {
+        self.server_ip
+    }
+
+    /// The router: `RESERVED` when inside the range.
+    pub fn router(&self) -> Option<Ipv4Addr> {
+        self.router
+    }
+
+    /// Addresses never handed out: `EXCLUDED` (those outside the range have no effect).
+    pub fn exclude(&self) -> &[Ipv4Addr] {
+        &self.exclude
+    }
+}
+
+/// Why `ip` is not a host address of `subnet`, in the words of the admission webhook; `None`
+/// when it is one (see [`is_host_of`]).
+pub fn not_a_host(subnet: Ipv4Net, ip: Ipv4Addr) -> Option<String> {
+    if !subnet.contains(&ip) {
+        Some(format!("is outside cidr {subnet}"))
+    } else if is_host_of(subnet, ip) {
+        None
+    } else if ip == subnet.network() {
+        Some(format!("is the network address of {subnet}"))
+    } else {
+        Some(format!("is the broadcast address of {subnet}"))
+    }
+}
+
+/// An IPPool spec, parsed and checked once: its range for the IPAM and the options an agent
+/// hands out. See the module docs for what is checked here and what is left to admission.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ValidPool {
+    network: NamespacedName,
+    range: PoolRange,
+    dns: Vec<Ipv4Addr>,
+    domain_name: Option<String>,
+    domain_search: Vec<String>,
+    ntp: Vec<String>,
+    lease_seconds: u32,
+}
+
+impl ValidPool {
+    /// Parses `pool`'s spec; the first field that cannot be used is the error. A bare
+    /// `networkName` names a NAD in the pool's namespace, as upstream reads stored objects.
+    pub fn parse(pool: &IPPool) -> Result<Self, PoolError> {
+        let pool_ref = pool_ref(pool)?;
+        let invalid = |field: &str, value: &str, reason: &str| PoolError::InvalidField {
+            pool: pool_ref.to_string(),
+            field: field.to_owned(),
+            value: value.to_owned(),
+            reason: reason.to_owned(),
+        };
+        let required = |field: &str, value: &str| {
+            if value.trim().is_empty() {
+                Err(invalid(field, value, "is required"))
+            } else {
+                Ok(())
+            }
+        };
+        let ipv4 = |field: &str, value: &str| {
+            required(field, value)?;
+            value
+                .parse::<Ipv4Addr>()
+                .map_err(|_| invalid(field, value, "is not an IPv4 address"))
+        };
+        let spec = &pool.spec;
+        let v4 = &spec.ipv4_config;
+
+        let network =
+            NamespacedName::parse_in(&spec.network_name, &pool_ref.namespace).map_err(|e| {
+                invalid(
+                    F_NETWORK,
+                    &spec.network_name,
+                    &format!("is not a network reference: {e}"),
+                )
+            })?;
+        required(F_CIDR, &v4.cidr)?;
+        let subnet: Ipv4Net = v4.cidr.parse().map_err(|_| {
+            invalid(
+                F_CIDR,
+                &v4.cidr,
+                "is not an IPv4 CIDR (e.g. 192.168.48.0/24)",
+            )
+        })?;
+        let server_ip = ipv4(F_SERVER, &v4.server_ip)?;
+        let start = ipv4(F_START, &v4.pool.start)?;
+        let end = ipv4(F_END, &v4.pool.end)?;
+        let router = match v4.router.as_deref() {
+            None | Some("") => None,
+            Some(r) => Some(ipv4(F_ROUTER, r)?),
+        };
+        let exclude = v4
+            .pool
+            .exclude
+            .iter()
+            .enumerate()
+            .map(|(i, e)| ipv4(&format!("{F_EXCLUDE}[{i}]"), e))
+            .collect::<Result<Vec<_>, _>>()?;
+        let range = PoolRange::new(
+            pool_ref.clone(),
+            subnet,
+            (start, end),
+            server_ip,
+            router,
+            exclude,
+        )
+        .map_err(|e| match e {
+            // Name the value as written, not as re-printed.
+            PoolError::InvalidField { field, reason, .. } => {
+                let written = match field.as_str() {
+                    F_SERVER => v4.server_ip.as_str(),
+                    F_START => v4.pool.start.as_str(),
+                    F_END => v4.pool.end.as_str(),
+                    _ => v4.router.as_deref().unwrap_or_default(),
+                };
+                invalid(&field, written, &reason)
+            }
+            other => other,
+        })?;
+        let dns = v4
+            .dns
+            .iter()
+            .enumerate()
+            .map(|(i, d)| ipv4(&format!("{F_DNS}[{i}]"), d))
+            .collect::<Result<Vec<_>, _>>()?;
+        let lease_seconds = match v4.lease_time {
+            None | Some(0) => DEFAULT_LEASE_SECONDS,
+            Some(t) => u32::try_from(t).map_err(|_| {
+                invalid(
+                    F_LEASE,
+                    &t.to_string(),
+                    "must be between 0 and 4294967295 seconds",
+                )
+            })?,
+        };
+        Ok(ValidPool {
+            network,
+            range,
+            dns,
+            domain_name: v4.domain_name.clone().filter(|d| !d.is_empty()),
+            domain_search: v4.domain_search.clone(),
+            ntp: v4.ntp.clone(),
+            lease_seconds,
+        })
+    }
+
+    /// The pool, `namespace/name`.
+    pub fn pool(&self) -> &NamespacedName {
+        &self.range.pool
+    }
+
+    /// The NetworkAttachmentDefinition the pool serves.
+    pub fn network(&self) -> &NamespacedName {
+        &self.network
+    }
+
+    /// The addressing, for the IPAM.
+    pub fn range(&self) -> &PoolRange {
+        &self.range
+    }
+
+    /// What an agent serves for this pool on `interface_name` (a valid Linux interface name).
+    pub fn config(&self, interface_name: &str) -> Result<PoolConfig, PoolError> {
+        if crate::ifname::validate(interface_name).is_err() {
+            return Err(PoolError::InvalidField {
+                pool: self.pool().to_string(),
+                field: "interfaceName".to_owned(),
+                value: interface_name.to_owned(),
+                reason: "is not a valid Linux interface name".to_owned(),
+            });
+        }
+        Ok(PoolConfig {
+            pool: self.pool().clone(),
+            network: self.network.clone(),
+            interface_name: interface_name.to_owned(),
+            server_ip: self.range.server_ip,
+            subnet: self.range.subnet,
+            router: self.range.router,
+            dns: self.dns.clone(),
+            domain_name: self.domain_name.clone(),
+            domain_search: self.domain_search.clone(),
+            ntp: self.ntp.clone(),
+            lease_seconds: self.lease_seconds,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::fixtures::{nn, readme_pool};
+
+    fn ip(s: &str) -> Ipv4Addr {
+        s.parse().unwrap()
+    }
+
+    #[test]
+    fn readme_pool_parses() {
+        let valid = ValidPool::parse(&readme_pool()).unwrap();
+        let range = valid.range();
+        assert_eq!(valid.pool().to_string(), "default/net-48");
+        assert_eq!(valid.network().to_string(), "default/net-48");
+        assert_eq!(range.subnet().to_string(), "192.168.48.0/24");
+        assert_eq!(
+            (range.start(), range.end()),
+            (ip("192.168.48.81"), ip("192.168.48.90"))
+        );
+        assert_eq!(range.server_ip(), ip("192.168.48.77"));
+        assert_eq!(range.router(), Some(ip("192.168.48.1")));
+        assert_eq!(range.exclude(), [ip("192.168.48.81"), ip("192.168.48.90")]);
+    }
+
+    #[test]
+    fn a_bare_network_name_is_in_the_pools_namespace() {
+        let mut pool = readme_pool();
+        pool.spec.network_name = "net-48".into();
+        assert_eq!(
+            ValidPool::parse(&pool).unwrap().network().to_string(),
+            "default/net-48"
+        );
+    }
+
+    #[test]
+    fn each_unusable_field_is_named_with_its_value_as_written() {
+        type Mutation = fn(&mut IPPool);
+        let cases: Vec<(Mutation, &str, &str, &str)> = vec![
+            (
+                |p| p.spec.ipv4_config.cidr = String::new(),
+                F_CIDR,
+                "",
+                "is required",
+            ),
+            (
+                |p| p.spec.ipv4_config.cidr = "192.168.48.0/33".into(),
+                F_CIDR,
+                "192.168.48.0/33",
+                "is not an IPv4 CIDR",
+            ),
+            (
+                |p| p.spec.ipv4_config.server_ip = "192.168.49.1".into(),
+                F_SERVER,
+                "192.168.49.1",
+                "is outside cidr 192.168.48.0/24",
+            ),
+            (
+                |p| p.spec.ipv4_config.server_ip = "192.168.48.255".into(),
+                F_SERVER,
+                "192.168.48.255",
+                "is the broadcast address of 192.168.48.0/24",
+            ),
+            (
+                |p| p.spec.ipv4_config.pool.start = "192.168.48.0".into(),
+                F_START,
+                "192.168.48.0",
+                "is the network address of 192.168.48.0/24",
+            ),
+            (
+                |p| p.spec.ipv4_config.pool.end = "192.168.48.80".into(),
+                F_START,
+                "192.168.48.81",
+                "is after spec.ipv4Config.pool.end 192.168.48.80: invalid pool range",
+            ),
+            (
+                |p| p.spec.ipv4_config.pool.end = " ".into(),
+                F_END,
+                " ",
+                "is required",
+            ),
+            (
+                |p| p.spec.ipv4_config.router = Some("gw".into()),
+                F_ROUTER,
+                "gw",
+                "is not an IPv4 address",
+            ),
+            (
+                |p| p.spec.ipv4_config.router = Some("10.0.0.1".into()),
+                F_ROUTER,
+                "10.0.0.1",
+                "is outside cidr",
+            ),
+            (
+                |p| p.spec.ipv4_config.pool.exclude = vec!["192.168.48.82".into(), "x".into()],
+                "spec.ipv4Config.pool.exclude[1]",
+                "x",
+                "is not an IPv4 address",
+            ),
+            (
+                |p| p.spec.ipv4_config.dns = vec!["1.1.1.1".into(), "8.8.8".into()],
+                "spec.ipv4Config.dns[1]",
+                "8.8.8",
+                "is not an IPv4 address",
+            ),
+            (
+                |p| p.spec.ipv4_config.lease_time = Some(-5),
+                F_LEASE,
+                "-5",
+                "must be between",
+            ),
+            (
+                |p| p.spec.network_name = "Bad/Name".into(),
+                F_NETWORK,
+                "Bad/Name",
+                "is not a network reference",
+            ),
+        ];
+        for (mutate, field, value, reason) in cases {
+            let mut pool = readme_pool();
+            mutate(&mut pool);
+            match ValidPool::parse(&pool) {
+                Err(PoolError::InvalidField {
+                    pool,
+                    field: f,
+                    value: v,
+                    reason: r,
+                }) => {
+                    assert_eq!(
+                        (f.as_str(), v.as_str(), pool.as_str()),
+                        (field, value, "default/net-48")
+                    );
+                    assert!(r.contains(reason), "{field}: {r:?} lacks {reason:?}");
+                }
+                other => panic!("{field}: expected InvalidField, got {other:?}"),
+            }
+        }
+    }
+
+    #[test]
+    fn ranges_are_checked_when_built() {
+        let net: Ipv4Net = "10.0.0.0/24".parse().unwrap();
+        let range = |start: &str, end: &str| {
+            PoolRange::new(
+                nn("ns/p"),
+                net,
+                (ip(start), ip(end)),
+                ip("10.0.0.1"),
+                None,
+                vec![],
+            )
+        };
+        assert!(range("10.0.0.5", "10.0.0.5").is_ok());
+        assert!(range("10.0.0.6", "10.0.0.5").is_err());
+        assert!(range("10.0.0.0", "10.0.0.5").is_err());
+        assert!(range("10.0.0.5", "10.0.1.5").is_err());
+        // Host bits of the subnet are cleared.
+        let wide: Ipv4Net = "10.0.0.7/24".parse().unwrap();
+        let r = PoolRange::new(
+            nn("ns/p"),
+            wide,
+            (ip("10.0.0.5"), ip("10.0.0.9")),
+            ip("10.0.0.1"),
+            None,
+            vec![],
+        )
+        .unwrap();
+        assert_eq!(r.subnet(), net);
+    }
+
+    #[test]
+    fn config_carries_the_options_and_checks_the_interface() {
+        let valid = ValidPool::parse(&readme_pool()).unwrap();
+        let cfg = valid.config("vmd0123456789").unwrap();
+        assert_eq!(cfg.dns, [ip("1.1.1.1")]);
+        assert_eq!(cfg.lease_seconds, 300);
+        assert!(valid.config("bad/name").is_err());
+    }
+}
