@@ -25,7 +25,7 @@ use tracing::{Instrument, debug, info, info_span, warn};
 /// The delta type the stream applies (shared with the controller's index).
 pub use vmdhcp_core::pool::PoolDelta;
 use vmdhcp_core::pool::{Lease, PoolConfig};
-use vmdhcp_core::{MacAddr, NamespacedName};
+use vmdhcp_core::{MacAddr, NamespacedName, retry};
 use vmdhcp_proto::agent::v1 as pb;
 use vmdhcp_proto::agent::v1::config_service_server::SERVICE_NAME;
 use vmdhcp_proto::convert::{ConvertError, lease_from_entry, lease_key, removed_pool};
@@ -344,7 +344,8 @@ pub struct ClientSettings {
     pub pool_refs: Vec<NamespacedName>,
     /// Time allowed to establish a connection.
     pub connect_timeout: Duration,
-    /// First reconnect delay; doubles per failure up to `backoff_max`, with full jitter.
+    /// First reconnect delay; doubles per failure up to `backoff_max`, with jitter
+    /// ([`retry::exponential`]).
     pub backoff_min: Duration,
     /// Largest reconnect delay.
     pub backoff_max: Duration,
@@ -370,17 +371,6 @@ impl ClientSettings {
     }
 }
 
-/// The delay before reconnect attempt `attempt` (0-based): uniformly random in
-/// `[min, min(max, min·2^attempt)]`, so a fleet does not reconnect in lockstep.
-pub fn backoff(settings: &ClientSettings, attempt: u32) -> Duration {
-    let ceiling = settings
-        .backoff_min
-        .saturating_mul(1u32.checked_shl(attempt.min(20)).unwrap_or(u32::MAX))
-        .min(settings.backoff_max)
-        .max(settings.backoff_min);
-    vmdhcp_core::jitter::between(settings.backoff_min, ceiling)
-}
-
 /// Runs the stream until `shutdown` turns true: connects, applies, hands changes to `sink`,
 /// publishes [`ConnectionStatus`], and reconnects after any failure. The state survives every
 /// disconnect; it is only ever replaced by a complete, valid snapshot.
@@ -391,6 +381,8 @@ pub async fn run(
     status: watch::Sender<ConnectionStatus>,
     mut shutdown: watch::Receiver<bool>,
 ) -> Applier {
+    let reconnect_delays = || retry::exponential(settings.backoff_min, settings.backoff_max);
+    let mut delays = reconnect_delays();
     let mut attempt = 0u32;
     let mut resync = false;
     loop {
@@ -409,12 +401,16 @@ pub async fn run(
         .instrument(span)
         .await;
         applier.abandon_partial();
+        if status.borrow().connected {
+            // The stream was up: a new series of delays, as after any success.
+            (attempt, delays) = (0, reconnect_delays());
+        }
         status.send_modify(|s| s.connected = false);
         match outcome {
             Ok(true) => return applier,
             Ok(false) => {
                 info!(endpoint = %settings.endpoint, "controller ended the stream; reconnecting");
-                attempt = 0;
+                (attempt, delays) = (0, reconnect_delays());
                 resync = false;
             }
             Err(
@@ -429,7 +425,7 @@ pub async fn run(
                     s.last_error = Some(e.to_string());
                 });
                 resync = true;
-                attempt = 0;
+                (attempt, delays) = (0, reconnect_delays());
             }
             Err(e) => {
                 warn!(error = %e, "config stream lost; serving the last applied state");
@@ -437,7 +433,7 @@ pub async fn run(
                 attempt = attempt.saturating_add(1);
             }
         }
-        let delay = backoff(&settings, attempt);
+        let delay = delays.next().unwrap_or(settings.backoff_max);
         debug!(?delay, "reconnecting after backoff");
         tokio::select! {
             () = tokio::time::sleep(delay) => {}
@@ -883,26 +879,5 @@ mod tests {
         assert_eq!(a.state(), &before);
         a.apply(&snapshot("e3", 1, false, vec![])).unwrap();
         assert!(a.state().pools.is_empty());
-    }
-
-    #[test]
-    fn backoff_grows_with_jitter_within_bounds() {
-        let s = ClientSettings::new("http://x", pb::AgentIdentity::default());
-        for attempt in 0..40 {
-            let d = backoff(&s, attempt);
-            assert!(d >= s.backoff_min && d <= s.backoff_max, "{attempt}: {d:?}");
-        }
-        assert_eq!(
-            backoff(
-                &ClientSettings {
-                    backoff_max: s.backoff_min,
-                    ..s.clone()
-                },
-                9
-            ),
-            s.backoff_min
-        );
-        let late: Vec<_> = (0..20).map(|_| backoff(&s, 30)).collect();
-        assert!(late.iter().any(|d| *d != late[0]), "no jitter: {late:?}");
     }
 }

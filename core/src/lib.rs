@@ -8,8 +8,8 @@
 //!   webhook, the reconciler, the index and an agent's direct read all go through; and to whom a
 //!   pool is served ([`pool::Lease`]).
 //! - [`ifname`]: stable per-pool interface names.
-//! - [`jitter`]: the random part of retry delays, so that what failed together does not retry
-//!   together.
+//! - [`retry`]: the one retry policy (exponential with jitter, from `backon`) and the elector's
+//!   jittered period, so that what failed together does not retry together.
 //! - [`bootstrap`]: the agent Deployment's env and Multus annotation.
 //! - [`admission`]: the admission webhook's decisions (IPPool defaults, what is refused and why).
 //! - `fixtures` (tests only, feature `test-support` for the other crates): the objects and
@@ -22,10 +22,10 @@ pub mod crd;
 #[cfg(any(test, feature = "test-support"))]
 pub mod fixtures;
 pub mod ifname;
-pub mod jitter;
 pub mod mac;
 pub mod names;
 pub mod pool;
+pub mod retry;
 
 pub use mac::MacAddr;
 pub use names::NamespacedName;

@@ -383,7 +383,7 @@ impl<S: LeaseStore> Elector<S> {
         if self.leading_until.is_some() {
             return period;
         }
-        vmdhcp_core::jitter::between(period, period + period / 5)
+        vmdhcp_core::retry::between(period, period + period / 5)
     }
 }
 

@@ -277,6 +277,7 @@ fn set_status(
     });
 }
 
+// Delays between attempts to serve an interface that failed (vmdhcp_core::retry::exponential).
 const MIN_BACKOFF: Duration = Duration::from_millis(500);
 const MAX_BACKOFF: Duration = Duration::from_secs(30);
 
@@ -287,7 +288,8 @@ async fn run_interface(
     status: Arc<watch::Sender<BTreeMap<String, InterfaceStatus>>>,
     mut shutdown: watch::Receiver<bool>,
 ) {
-    let mut backoff = MIN_BACKOFF;
+    let rebind_delays = || vmdhcp_core::retry::exponential(MIN_BACKOFF, MAX_BACKOFF);
+    let mut delays = rebind_delays();
     loop {
         if *shutdown.borrow() {
             return;
@@ -304,7 +306,7 @@ async fn run_interface(
             Ok((index, socket)) => {
                 info!("serving");
                 set_status(&status, &interface.name, InterfaceStatus::Serving);
-                backoff = MIN_BACKOFF;
+                delays = rebind_delays();
                 // A thread of its own per interface: a blocking receive costs two system calls
                 // per packet where readiness polling costs five, and a panic, should one ever
                 // happen, ends only this interface's thread and is reported like any failure.
@@ -330,6 +332,7 @@ async fn run_interface(
             }
             Err(e) => e,
         };
+        let backoff = delays.next().unwrap_or(MAX_BACKOFF);
         warn!(error = %error, retry_in_ms = backoff.as_millis() as u64, "interface not serving");
         set_status(
             &status,
@@ -342,7 +345,6 @@ async fn run_interface(
             _ = tokio::time::sleep(backoff) => {}
             _ = shutdown.changed() => {}
         }
-        backoff = (backoff * 2).min(MAX_BACKOFF);
     }
 }
 

@@ -61,16 +61,22 @@ impl ReconcileError {
     }
 }
 
-/// Per-object retry backoff: 1 s, 2 s, 4 s … 5 min, reset by a success.
+/// Per-object retry delays: from 1 s, doubling up to 5 min, with jitter
+/// ([`vmdhcp_core::retry::exponential`]); a success starts the object's series again. Holds
+/// an entry only for objects whose last reconcile failed.
 #[derive(Default)]
-struct Backoff(Mutex<HashMap<String, u32>>);
+struct Backoff(Mutex<HashMap<String, vmdhcp_core::retry::Delays>>);
 
 impl Backoff {
+    const MIN: Duration = Duration::from_secs(1);
+    const MAX: Duration = Duration::from_secs(300);
+
     fn failed(&self, key: String) -> Duration {
         let mut m = self.0.lock().unwrap_or_else(PoisonError::into_inner);
-        let n = m.entry(key).or_insert(0);
-        *n = n.saturating_add(1);
-        Duration::from_secs(1u64 << (*n - 1).min(8)).min(Duration::from_secs(300))
+        m.entry(key)
+            .or_insert_with(|| vmdhcp_core::retry::exponential(Self::MIN, Self::MAX))
+            .next()
+            .unwrap_or(Self::MAX)
     }
 
     fn succeeded(&self, key: &str) {
