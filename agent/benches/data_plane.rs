@@ -51,6 +51,8 @@ fn config() -> PoolConfig {
         domain_search: vec!["example.test".into()],
         ntp: vec!["10.0.0.123".into()],
         lease_seconds: 3600,
+        mtu: None,
+        routes: vec![],
     }
 }
 

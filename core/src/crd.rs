@@ -177,6 +177,34 @@ pub struct IPv4Config {
     /// Lease duration in seconds; unset or 0 means one year, as upstream.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub lease_time: Option<i64>,
+    /// The network's MTU, handed out as option 26 (68 to 65535), e.g. 1450 on a VXLAN overlay.
+    /// Not upstream's: unset, no MTU is sent.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 68, max = 65535))]
+    pub mtu: Option<i64>,
+    /// Classless static routes (option 121, RFC 3442; also as 249 to clients that ask for it),
+    /// at most 16. A client given these ignores the router option, so the default route via
+    /// `router` is sent among them unless `defaultRoute` is false. Not upstream's.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 16))]
+    pub routes: Vec<StaticRoute>,
+    /// Whether clients get a default route via `router` (the default, as upstream). False for
+    /// a secondary network that must not take over the VM's default route: the router option
+    /// is left out, the `routes` are still sent. Not upstream's.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub default_route: Option<bool>,
+}
+
+/// One classless static route handed to clients.
+#[derive(Deserialize, Serialize, Clone, Debug, Default, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct StaticRoute {
+    /// The destination network, e.g. `10.96.0.0/12` (host bits clear, not `0.0.0.0/0`: the
+    /// default route is `router`'s).
+    pub destination: String,
+    /// The next hop, a host address of the pool's subnet.
+    #[schemars(schema_with = "ipv4")]
+    pub gateway: String,
 }
 
 /// The allocation range of a pool, inclusive at both ends.

@@ -91,6 +91,8 @@ pub fn pool_config(key: &str) -> PoolConfig {
         domain_search: vec![],
         ntp: vec![],
         lease_seconds: 300,
+        mtu: None,
+        routes: vec![],
     }
 }
 

@@ -49,6 +49,8 @@ fn pool(i: u32) -> PoolConfig {
         domain_search: vec!["example.test".into()],
         ntp: vec![],
         lease_seconds: 3600,
+        mtu: None,
+        routes: vec![],
     }
 }
 

@@ -120,6 +120,34 @@ pub fn start_dhclient(lab: &mut Lab, vm: &Netns, dir: &Path) {
     lab.spawn(cmd).unwrap();
 }
 
+/// What [`start_dhclient_configuring`] asks for: the addressing, the MTU and the classless
+/// static routes (declared as Debian's default config does), and nothing that would make the
+/// system script touch files outside the namespace (no DNS, domain or host name).
+pub const DHCLIENT_ROUTES_CONF: &str = "option rfc3442-classless-static-routes code 121 = array of unsigned integer 8;\n\
+     request subnet-mask, broadcast-address, routers, interface-mtu, \
+     rfc3442-classless-static-routes, dhcp-lease-time, dhcp-renewal-time, dhcp-rebinding-time;\n";
+
+/// Starts `dhclient` on `vm`'s eth0 (killed when `lab` drops) with the system's own
+/// `dhclient-script` and its exit hooks, as a VM runs it: the client itself applies the
+/// address, the MTU (`ip link`) and the routes (`ip route`, through Debian's
+/// `rfc3442-classless-routes` hook). Config [`DHCLIENT_ROUTES_CONF`].
+pub fn start_dhclient_configuring(lab: &mut Lab, vm: &Netns, dir: &Path) {
+    fs::write(dir.join("dhclient.conf"), DHCLIENT_ROUTES_CONF).unwrap();
+    let log = fs::File::create(dir.join("dhclient.log")).unwrap();
+    let mut cmd = vm.command("dhclient");
+    cmd.args(["-4", "-d", "-v", "-cf"])
+        .arg(dir.join("dhclient.conf"))
+        .arg("-lf")
+        .arg(dir.join("dhclient.leases"))
+        .arg("-pf")
+        .arg(dir.join("dhclient.pid"))
+        .arg("eth0")
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(log);
+    lab.spawn(cmd).unwrap();
+}
+
 /// The last lease block of a dhclient lease file: `fixed-address` and each `option`, by name.
 pub fn dhclient_lease(path: &Path) -> BTreeMap<String, String> {
     let text = fs::read_to_string(path).unwrap_or_default();

@@ -45,6 +45,8 @@ fn pool(name: &str, octet: u8) -> PoolConfig {
         domain_search: vec!["example.test".into()],
         ntp: vec!["ntp.example.test".into()],
         lease_seconds: 600,
+        mtu: None,
+        routes: vec![],
     }
 }
 

@@ -11,7 +11,8 @@ use std::time::Duration;
 
 use serde_json::{Value, json};
 use vmdhcp_integration::dhcp_client::{
-    dhclient_lease, events, hook_script, http_get, start_dhclient, udhcpc, wait_event, wait_for,
+    dhclient_lease, events, hook_script, http_get, start_dhclient, start_dhclient_configuring,
+    udhcpc, wait_event, wait_for,
 };
 use vmdhcp_integration::netns::{Lab, Netns};
 
@@ -253,6 +254,115 @@ fn dhclient_gets_its_reservation_with_exact_options_renews_and_sees_option_chang
     assert_eq!(changed.1["new_ip_address"], IP_1);
     let log = rig.agent_log();
     assert!(!log.contains("panicked"), "{log}");
+}
+
+/// Pool A with an MTU and one classless route, no DNS or domain (the system's dhclient-script
+/// would write them to the host's resolv.conf).
+fn pool_a_routed(lease_seconds: u32, mtu: u16, router: Option<&str>) -> Value {
+    with_lease(
+        pool(
+            "a",
+            "srv0",
+            SERVER_A,
+            "192.0.2.0/24",
+            json!({
+                "router": router,
+                "mtu": mtu,
+                "routes": [{ "destination": "10.96.0.0/12", "gateway": "192.0.2.254" }],
+                "lease_seconds": lease_seconds,
+            }),
+        ),
+        MAC_1,
+        IP_1,
+    )
+}
+
+#[test]
+fn dhclient_applies_the_mtu_and_classless_routes_and_sees_an_mtu_change() {
+    let mut rig = rig();
+    let vm = rig.vm("vm", "srv0", MAC_1);
+    rig.lab.address(&rig.srv, "srv0", "192.0.2.1/24").unwrap();
+    // 6 s leases: renewals every 3 s carry option changes.
+    rig.start(&[pool_a_routed(6, 1400, Some("192.0.2.254"))]);
+    rig.wait_serving(&["srv0"]);
+
+    let dir = tempfile::tempdir().unwrap();
+    start_dhclient_configuring(&mut rig.lab, &vm, dir.path());
+    let ip = |args: &[&str]| rig.lab.exec(&vm, "ip", args).unwrap_or_default();
+    let routes = wait_for("the routes applied", Duration::from_secs(20), || {
+        let routes = ip(&["-4", "route", "show", "dev", "eth0"]);
+        (routes.contains("10.96.0.0/12 via 192.0.2.254") && routes.contains("default via"))
+            .then_some(routes)
+    });
+    assert!(routes.contains("default via 192.0.2.254"), "{routes}");
+    wait_for("MTU 1400 on eth0", Duration::from_secs(10), || {
+        ip(&["link", "show", "eth0"])
+            .contains("mtu 1400 ")
+            .then_some(())
+    });
+    let addr = ip(&["-4", "addr", "show", "eth0"]);
+    assert!(addr.contains(&format!("{IP_1}/24")), "{addr}");
+
+    // An MTU change reaches the next ACK: dhclient records it with the renewed lease (Debian's
+    // script applies an MTU only on BOUND and REBOOT, so the link keeps 1400 until then).
+    rig.reload(&[pool_a_routed(6, 1300, Some("192.0.2.254"))]);
+    let lease = wait_for("a renewal with MTU 1300", Duration::from_secs(20), || {
+        let l = dhclient_lease(&dir.path().join("dhclient.leases"));
+        (l.get("interface-mtu").map(String::as_str) == Some("1300")).then_some(l)
+    });
+    assert_eq!(lease["fixed-address"], IP_1);
+    assert_eq!(
+        lease["rfc3442-classless-static-routes"],
+        "0,192,0,2,254,12,10,96,192,0,2,254"
+    );
+    let log = rig.agent_log();
+    assert!(!log.contains("panicked"), "{log}");
+}
+
+#[test]
+fn a_secondary_network_client_gets_the_routes_and_mtu_but_no_default_route() {
+    let mut rig = rig();
+    let vm = rig.vm("vm", "srv0", MAC_1);
+    rig.lab.address(&rig.srv, "srv0", "192.0.2.1/24").unwrap();
+    // `defaultRoute: false` in the IPPool reaches the agent as a config without a router.
+    rig.start(&[pool_a_routed(600, 1450, None)]);
+    rig.wait_serving(&["srv0"]);
+
+    // udhcpc, asking for 121, 249 and 26 by name.
+    let dir = tempfile::tempdir().unwrap();
+    let out = udhcpc(
+        &vm,
+        dir.path(),
+        &["-O", "staticroutes", "-O", "msstaticroutes", "-O", "mtu"],
+    );
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let bound = wait_event(dir.path(), "bound", 0, Duration::from_secs(1));
+    assert_eq!(bound["ip"], IP_1);
+    assert_eq!(bound["mtu"], "1450");
+    assert_eq!(bound["staticroutes"], "10.96.0.0/12 192.0.2.254");
+    assert_eq!(bound["msstaticroutes"], "10.96.0.0/12 192.0.2.254");
+    assert!(!bound.contains_key("router"), "{bound:?}");
+
+    // dhclient with the system script, as the VM would run it: the route, no default route.
+    let dir = tempfile::tempdir().unwrap();
+    start_dhclient_configuring(&mut rig.lab, &vm, dir.path());
+    let ip = |args: &[&str]| rig.lab.exec(&vm, "ip", args).unwrap_or_default();
+    let routes = wait_for("the route applied", Duration::from_secs(20), || {
+        let routes = ip(&["-4", "route", "show"]);
+        routes
+            .contains("10.96.0.0/12 via 192.0.2.254")
+            .then_some(routes)
+    });
+    assert!(!routes.contains("default"), "{routes}");
+    wait_for("MTU 1450 on eth0", Duration::from_secs(10), || {
+        ip(&["link", "show", "eth0"])
+            .contains("mtu 1450 ")
+            .then_some(())
+    });
 }
 
 #[test]

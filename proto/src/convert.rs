@@ -7,7 +7,8 @@
 use std::net::Ipv4Addr;
 
 use ipnet::Ipv4Net;
-use vmdhcp_core::pool::{DEFAULT_LEASE_SECONDS, Lease, PoolConfig, is_host_of};
+use vmdhcp_core::pool::spec::MIN_MTU;
+use vmdhcp_core::pool::{DEFAULT_LEASE_SECONDS, Lease, PoolConfig, Route, is_host_of};
 use vmdhcp_core::{MacAddr, NamespacedName, ifname};
 
 use crate::agent::v1 as pb;
@@ -76,6 +77,15 @@ impl From<&PoolConfig> for pb::PoolConfig {
             domain_search: c.domain_search.clone(),
             ntp: c.ntp.clone(),
             lease_time_seconds: c.lease_seconds,
+            mtu: c.mtu.map(u32::from).unwrap_or_default(),
+            routes: c
+                .routes
+                .iter()
+                .map(|r| pb::StaticRoute {
+                    destination: r.destination.to_string(),
+                    gateway: r.gateway.to_string(),
+                })
+                .collect(),
         }
     }
 }
@@ -117,6 +127,33 @@ impl TryFrom<&pb::PoolConfig> for PoolConfig {
         } else {
             p.lease_time_seconds
         };
+        let mtu = match p.mtu {
+            0 => None,
+            m => Some(
+                u16::try_from(m)
+                    .ok()
+                    .filter(|m| *m >= MIN_MTU)
+                    .ok_or_else(|| err(M, "mtu", &m.to_string(), "must be between 68 and 65535"))?,
+            ),
+        };
+        let routes = p
+            .routes
+            .iter()
+            .map(|r| {
+                let destination: Ipv4Net = r.destination.parse().map_err(|_| {
+                    err(
+                        M,
+                        "routes.destination",
+                        &r.destination,
+                        "is not an IPv4 CIDR",
+                    )
+                })?;
+                Ok(Route {
+                    destination: destination.trunc(),
+                    gateway: ipv4(M, "routes.gateway", &r.gateway)?,
+                })
+            })
+            .collect::<Result<Vec<_>, ConvertError>>()?;
         Ok(PoolConfig {
             pool,
             network,
@@ -129,6 +166,8 @@ impl TryFrom<&pb::PoolConfig> for PoolConfig {
             domain_search: p.domain_search.clone(),
             ntp: p.ntp.clone(),
             lease_seconds,
+            mtu,
+            routes,
         })
     }
 }
@@ -197,6 +236,11 @@ mod tests {
             domain_search: vec!["aibao.moe".into()],
             ntp: vec!["pool.ntp.org".into()],
             lease_seconds: 300,
+            mtu: Some(1450),
+            routes: vec![Route {
+                destination: "10.96.0.0/12".parse().unwrap(),
+                gateway: "192.168.48.1".parse().unwrap(),
+            }],
         }
     }
 
@@ -210,6 +254,8 @@ mod tests {
             domain_name: None,
             domain_search: vec![],
             ntp: vec![],
+            mtu: None,
+            routes: vec![],
             ..config()
         };
         assert_eq!(
@@ -221,7 +267,7 @@ mod tests {
     #[test]
     fn invalid_values_are_named() {
         type Mutation = fn(&mut pb::PoolConfig);
-        let cases: [(Mutation, &str); 7] = [
+        let cases: [(Mutation, &str); 11] = [
             (
                 |p| p.pool_ref = "nope".into(),
                 "PoolConfig.pool_ref = \"nope\"",
@@ -240,6 +286,16 @@ mod tests {
             (
                 |p| p.interface_name = "a/b".into(),
                 "PoolConfig.interface_name",
+            ),
+            (|p| p.mtu = 67, "PoolConfig.mtu = \"67\""),
+            (|p| p.mtu = 70_000, "PoolConfig.mtu = \"70000\""),
+            (
+                |p| p.routes[0].destination = "10.96.0.0".into(),
+                "PoolConfig.routes.destination",
+            ),
+            (
+                |p| p.routes[0].gateway = "gw".into(),
+                "PoolConfig.routes.gateway",
             ),
         ];
         for (mutate, want) in cases {

@@ -15,12 +15,16 @@ use super::fields::{
 use super::{PoolDefaults, PoolFacts, Rejection};
 use crate::crd::{IPPool, IPPoolSpec, IPv4Config, VirtualMachineNetworkConfig};
 use crate::names::NamespacedName;
+use crate::pool::spec::{F_ROUTES, not_a_host};
 use crate::pool::{Holder, PoolError, PoolRange, ValidPool};
 
 /// Most DNS servers an IPPool may hand out (upstream's CRD `maxItems`).
 pub const MAX_DNS: usize = 3;
 /// Most NTP servers an IPPool may hand out (upstream's CRD `maxItems`).
 pub const MAX_NTP: usize = 4;
+/// Most classless static routes an IPPool may hand out (each up to 9 bytes of option 121, and
+/// again in 249: 16 fit any client's 576-byte reply with the other options).
+pub const MAX_ROUTES: usize = 16;
 /// Most users a delete refusal names, so the message stays readable for a busy network.
 pub const MAX_LISTED_USERS: usize = 5;
 
@@ -238,6 +242,7 @@ fn check_pool_spec(pool: &IPPool, facts: &PoolFacts) -> Result<ValidPool, Reject
     check_service_cidr(v4, valid.range().subnet(), facts)?;
     check_pool_addressing(v4, valid.range())?;
     check_pool_options(v4)?;
+    check_pool_routes(v4, &valid)?;
     Ok(valid)
 }
 
@@ -376,6 +381,55 @@ fn check_pool_options(v4: &IPv4Config) -> Result<(), Rejection> {
     Ok(())
 }
 
+/// `spec.ipv4Config.routes`: at most [`MAX_ROUTES`], each a network written with its host bits
+/// clear, not the default route (that is `router`'s, or none with `defaultRoute: false`), not
+/// listed twice, via a gateway on the pool's subnet.
+fn check_pool_routes(v4: &IPv4Config, valid: &ValidPool) -> Result<(), Rejection> {
+    if v4.routes.len() > MAX_ROUTES {
+        return Err(Rejection::new(
+            F_ROUTES,
+            v4.routes.len().to_string(),
+            format!(
+                "has {} entries, at most {MAX_ROUTES} are allowed",
+                v4.routes.len()
+            ),
+        ));
+    }
+    let subnet = valid.range().subnet();
+    for (i, (route, raw)) in valid.routes().iter().zip(&v4.routes).enumerate() {
+        let field = |name: &str| format!("{F_ROUTES}[{i}].{name}");
+        let written: Ipv4Net = raw.destination.parse().unwrap_or(route.destination);
+        if written != route.destination {
+            return Err(Rejection::new(
+                field("destination"),
+                &raw.destination,
+                format!("has host bits set (the network is {})", route.destination),
+            ));
+        }
+        if route.destination.prefix_len() == 0 {
+            return Err(Rejection::new(
+                field("destination"),
+                &raw.destination,
+                format!("is the default route: set {F_ROUTER} instead"),
+            ));
+        }
+        if let Some(j) = valid.routes()[..i]
+            .iter()
+            .position(|r| r.destination == route.destination)
+        {
+            return Err(Rejection::new(
+                field("destination"),
+                &raw.destination,
+                format!("duplicates {F_ROUTES}[{j}].destination"),
+            ));
+        }
+        if let Some(rule) = not_a_host(subnet, route.gateway) {
+            return Err(Rejection::new(field("gateway"), &raw.gateway, rule));
+        }
+    }
+    Ok(())
+}
+
 fn check_range_order(start: Ipv4Addr, end: Ipv4Addr) -> Result<(), Rejection> {
     if start > end {
         return Err(Rejection::new(
@@ -392,7 +446,8 @@ fn check_range_order(start: Ipv4Addr, end: Ipv4Addr) -> Result<(), Rejection> {
 mod tests {
     use super::*;
     use crate::admission::tests_support::*;
-    use crate::pool::spec::F_LEASE;
+    use crate::crd::StaticRoute;
+    use crate::pool::spec::{F_LEASE, F_MTU};
     use proptest::prelude::*;
 
     // === mutator ===
@@ -818,6 +873,102 @@ mod tests {
             let r = refused(create(&pool), F_LEASE, "must be between 0 and 4294967295");
             assert_eq!(r.value, bad.to_string());
         }
+    }
+
+    #[test]
+    fn mtu_fits_option_26() {
+        for ok in [68, 1450, 9000, 65535] {
+            let mut pool = readme_pool();
+            pool.spec.ipv4_config.mtu = Some(ok);
+            create(&pool).unwrap();
+        }
+        for bad in [0, 67, 65536, -1] {
+            let mut pool = readme_pool();
+            pool.spec.ipv4_config.mtu = Some(bad);
+            let r = refused(create(&pool), F_MTU, "must be between 68 and 65535");
+            assert_eq!(r.value, bad.to_string());
+        }
+    }
+
+    #[test]
+    fn routes_are_networks_via_a_gateway_on_the_subnet() {
+        let route = |destination: &str, gateway: &str| StaticRoute {
+            destination: destination.into(),
+            gateway: gateway.into(),
+        };
+        let mut pool = readme_pool();
+        pool.spec.ipv4_config.routes = vec![
+            route("10.96.0.0/12", "192.168.48.1"),
+            route("172.16.5.0/24", "192.168.48.2"),
+        ];
+        pool.spec.ipv4_config.default_route = Some(false);
+        create(&pool).unwrap();
+
+        let cases: Vec<(StaticRoute, &str, &str)> = vec![
+            (
+                route("10.96.0.1/12", "192.168.48.1"),
+                "routes[2].destination",
+                "has host bits set (the network is 10.96.0.0/12)",
+            ),
+            (
+                route("0.0.0.0/0", "192.168.48.1"),
+                "routes[2].destination",
+                "is the default route: set spec.ipv4Config.router instead",
+            ),
+            (
+                route("10.96.0.0/12", "192.168.48.3"),
+                "routes[2].destination",
+                "duplicates spec.ipv4Config.routes[0].destination",
+            ),
+            (
+                route("10.97.0.0/16", "192.168.49.1"),
+                "routes[2].gateway",
+                "is outside cidr 192.168.48.0/24",
+            ),
+            (
+                route("10.97.0.0/16", "192.168.48.255"),
+                "routes[2].gateway",
+                "is the broadcast address of 192.168.48.0/24",
+            ),
+            (
+                route("10.97.0.0", "192.168.48.1"),
+                "routes[2].destination",
+                "is not an IPv4 CIDR",
+            ),
+            (
+                route("10.97.0.0/16", "gw"),
+                "routes[2].gateway",
+                "is not an IPv4 address",
+            ),
+        ];
+        for (bad, field, rule) in cases {
+            let mut p = pool.clone();
+            p.spec.ipv4_config.routes.push(bad);
+            refused(create(&p), &format!("spec.ipv4Config.{field}"), rule);
+        }
+        let mut many = pool.clone();
+        many.spec.ipv4_config.routes = (0..17)
+            .map(|i| route(&format!("10.{i}.0.0/16"), "192.168.48.1"))
+            .collect();
+        refused(
+            create(&many),
+            F_ROUTES,
+            "has 17 entries, at most 16 are allowed",
+        );
+    }
+
+    #[test]
+    fn new_options_are_mutable() {
+        let old = readme_pool();
+        let mut new = old.clone();
+        new.spec.ipv4_config.mtu = Some(1450);
+        new.spec.ipv4_config.default_route = Some(false);
+        new.spec.ipv4_config.routes = vec![StaticRoute {
+            destination: "10.96.0.0/12".into(),
+            gateway: "192.168.48.1".into(),
+        }];
+        update(&old, &new).unwrap();
+        update(&new, &old).unwrap();
     }
 
     #[test]

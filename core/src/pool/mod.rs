@@ -232,6 +232,22 @@ pub struct PoolConfig {
     pub ntp: Vec<String>,
     /// Lease duration in seconds (option 51).
     pub lease_seconds: u32,
+    /// The network's MTU (option 26), at least 68.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mtu: Option<u16>,
+    /// Classless static routes (options 121 and 249), the default route not among them: a
+    /// client that gets these ignores option 3, so the reply adds `0.0.0.0/0` via `router`.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub routes: Vec<Route>,
+}
+
+/// A classless static route: `destination` (host bits clear) via `gateway`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct Route {
+    /// The destination network.
+    pub destination: Ipv4Net,
+    /// The next hop.
+    pub gateway: Ipv4Addr,
 }
 
 impl PoolConfig {

@@ -5,7 +5,7 @@
 //!
 //! What is checked here is what makes a pool servable at all: every address parses, the server,
 //! range ends and router are host addresses of the CIDR, the range is in order, the lease time
-//! fits the DHCP option. Policy that only new objects must meet (excludes inside the range, the
+//! and the MTU fit their DHCP options, the routes are networks and next hops. Policy that only new objects must meet (excludes inside the range, the
 //! server apart from the router, counts and DNS names, the NAD and the other pools) is the
 //! admission webhook's, layered on top of a [`ValidPool`]: an object already stored (by upstream's
 //! controller, say) keeps being served if it is servable.
@@ -14,7 +14,7 @@ use std::net::Ipv4Addr;
 
 use ipnet::Ipv4Net;
 
-use super::{DEFAULT_LEASE_SECONDS, PoolConfig, PoolError, is_host_of, pool_ref};
+use super::{DEFAULT_LEASE_SECONDS, PoolConfig, PoolError, Route, is_host_of, pool_ref};
 use crate::crd::IPPool;
 use crate::names::NamespacedName;
 
@@ -43,6 +43,14 @@ pub const F_DOMAIN: &str = "spec.ipv4Config.domainName";
 pub const F_SEARCH: &str = "spec.ipv4Config.domainSearch";
 /// `spec.ipv4Config.leaseTime`.
 pub const F_LEASE: &str = "spec.ipv4Config.leaseTime";
+/// `spec.ipv4Config.mtu`.
+pub const F_MTU: &str = "spec.ipv4Config.mtu";
+/// `spec.ipv4Config.routes`.
+pub const F_ROUTES: &str = "spec.ipv4Config.routes";
+/// `spec.ipv4Config.defaultRoute`.
+pub const F_DEFAULT_ROUTE: &str = "spec.ipv4Config.defaultRoute";
+/// The smallest MTU option 26 may carry (RFC 2132 §5.1).
+pub const MIN_MTU: u16 = 68;
 
 /// The addressing of a pool: what the IPAM allocates from. Only built checked (by
 /// [`PoolRange::new`] or [`ValidPool::parse`]), so an allocator never meets a range out of order
@@ -167,6 +175,9 @@ pub struct ValidPool {
     domain_search: Vec<String>,
     ntp: Vec<String>,
     lease_seconds: u32,
+    mtu: Option<u16>,
+    routes: Vec<Route>,
+    default_route: bool,
 }
 
 impl ValidPool {
@@ -263,6 +274,32 @@ impl ValidPool {
                 )
             })?,
         };
+        let mtu =
+            match v4.mtu {
+                None => None,
+                Some(m) => Some(u16::try_from(m).ok().filter(|m| *m >= MIN_MTU).ok_or_else(
+                    || invalid(F_MTU, &m.to_string(), "must be between 68 and 65535"),
+                )?),
+            };
+        let routes = v4
+            .routes
+            .iter()
+            .enumerate()
+            .map(|(i, r)| {
+                let field = |name: &str| format!("{F_ROUTES}[{i}].{name}");
+                let destination = r.destination.parse::<Ipv4Net>().map_err(|_| {
+                    invalid(
+                        &field("destination"),
+                        &r.destination,
+                        "is not an IPv4 CIDR (e.g. 10.96.0.0/12)",
+                    )
+                })?;
+                Ok(Route {
+                    destination: destination.trunc(),
+                    gateway: ipv4(&field("gateway"), &r.gateway)?,
+                })
+            })
+            .collect::<Result<Vec<_>, PoolError>>()?;
         Ok(ValidPool {
             network,
             range,
@@ -271,6 +308,9 @@ impl ValidPool {
             domain_search: v4.domain_search.clone(),
             ntp: v4.ntp.clone(),
             lease_seconds,
+            mtu,
+            routes,
+            default_route: v4.default_route != Some(false),
         })
     }
 
@@ -289,6 +329,11 @@ impl ValidPool {
         &self.range
     }
 
+    /// The classless static routes, destinations truncated to their prefix.
+    pub fn routes(&self) -> &[Route] {
+        &self.routes
+    }
+
     /// What an agent serves for this pool on `interface_name` (a valid Linux interface name).
     pub fn config(&self, interface_name: &str) -> Result<PoolConfig, PoolError> {
         if crate::ifname::validate(interface_name).is_err() {
@@ -305,12 +350,15 @@ impl ValidPool {
             interface_name: interface_name.to_owned(),
             server_ip: self.range.server_ip,
             subnet: self.range.subnet,
-            router: self.range.router,
+            // Without a default route, no router option (and no 0.0.0.0/0 among the routes).
+            router: self.range.router.filter(|_| self.default_route),
             dns: self.dns.clone(),
             domain_name: self.domain_name.clone(),
             domain_search: self.domain_search.clone(),
             ntp: self.ntp.clone(),
             lease_seconds: self.lease_seconds,
+            mtu: self.mtu,
+            routes: self.routes.clone(),
         })
     }
 }
@@ -451,6 +499,45 @@ mod tests {
                 }
                 other => panic!("{field}: expected InvalidField, got {other:?}"),
             }
+        }
+    }
+
+    #[test]
+    fn mtu_routes_and_the_default_route_reach_the_config() {
+        let mut pool = readme_pool();
+        pool.spec.ipv4_config.mtu = Some(1450);
+        pool.spec.ipv4_config.routes = vec![crate::crd::StaticRoute {
+            destination: "10.96.0.0/12".into(),
+            gateway: "192.168.48.1".into(),
+        }];
+        let cfg = ValidPool::parse(&pool).unwrap().config("eth1").unwrap();
+        assert_eq!(cfg.mtu, Some(1450));
+        assert_eq!(
+            cfg.routes,
+            [Route {
+                destination: "10.96.0.0/12".parse().unwrap(),
+                gateway: ip("192.168.48.1")
+            }]
+        );
+        assert_eq!(cfg.router, Some(ip("192.168.48.1")));
+        // A secondary network: no router option, the routes still go out.
+        pool.spec.ipv4_config.default_route = Some(false);
+        let cfg = ValidPool::parse(&pool).unwrap().config("eth1").unwrap();
+        assert_eq!((cfg.router, cfg.routes.len()), (None, 1));
+        // Upstream's manifests set none of these: nothing new is sent.
+        let cfg = ValidPool::parse(&readme_pool())
+            .unwrap()
+            .config("eth1")
+            .unwrap();
+        assert_eq!((cfg.mtu, cfg.routes.len()), (None, 0));
+        assert!(cfg.router.is_some());
+        for bad in [0, 67, 65536] {
+            let mut p = readme_pool();
+            p.spec.ipv4_config.mtu = Some(bad);
+            assert!(matches!(
+                ValidPool::parse(&p),
+                Err(PoolError::InvalidField { field, .. }) if field == F_MTU
+            ));
         }
     }
 

@@ -3,8 +3,9 @@
 
 use std::net::{Ipv4Addr, SocketAddrV4};
 
-use dhcproto::v4::{DhcpOption, Flags, Message, MessageType, Opcode, OptionCode};
+use dhcproto::v4::{DhcpOption, Flags, Message, MessageType, Opcode, OptionCode, UnknownOption};
 use dhcproto::{Encodable, Name};
+use ipnet::Ipv4Net;
 use vmdhcp_core::pool::{DEFAULT_LEASE_SECONDS, PoolConfig};
 
 use super::wire::MAX_PACKET;
@@ -137,6 +138,13 @@ fn pool_options(
     if let Some(router) = config.router {
         all.push(DhcpOption::Router(vec![router]));
     }
+    if let Some(mtu) = config.mtu {
+        all.push(DhcpOption::InterfaceMtu(mtu));
+    }
+    let routes = classless_routes(config);
+    if !routes.is_empty() {
+        all.push(DhcpOption::ClasslessStaticRoute(routes.clone()));
+    }
     if !config.dns.is_empty() {
         all.push(DhcpOption::DomainNameServer(config.dns.clone()));
     }
@@ -156,6 +164,13 @@ fn pool_options(
     if !ntp.is_empty() {
         all.push(DhcpOption::NtpServers(ntp.to_vec()));
     }
+    // The same routes under Microsoft's code, only to clients that ask for it by name.
+    if !routes.is_empty() && requested.is_some_and(|c| c.contains(&MS_CLASSLESS_ROUTES)) {
+        all.push(DhcpOption::Unknown(UnknownOption::new(
+            OptionCode::from(MS_CLASSLESS_ROUTES),
+            rfc3442(&routes),
+        )));
+    }
     match requested {
         None => all,
         Some(codes) => all
@@ -163,6 +178,36 @@ fn pool_options(
             .filter(|o| codes.contains(&u8::from(OptionCode::from(o))))
             .collect(),
     }
+}
+
+/// Microsoft's code for classless static routes, the encoding of option 121.
+const MS_CLASSLESS_ROUTES: u8 = 249;
+
+/// The pool's classless static routes as option 121 carries them: a client that gets them
+/// ignores option 3 (RFC 3442 §3), so the default route via the router, if the pool gives
+/// one, comes first among them. Empty when the pool has no routes (option 3 then suffices).
+fn classless_routes(config: &PoolConfig) -> Vec<(Ipv4Net, Ipv4Addr)> {
+    if config.routes.is_empty() {
+        return Vec::new();
+    }
+    let default = config.router.map(|router| (Ipv4Net::default(), router));
+    default
+        .into_iter()
+        .chain(config.routes.iter().map(|r| (r.destination, r.gateway)))
+        .collect()
+}
+
+/// RFC 3442's encoding: per route, the prefix length, the significant octets of the
+/// destination, then the gateway.
+fn rfc3442(routes: &[(Ipv4Net, Ipv4Addr)]) -> Vec<u8> {
+    let mut out = Vec::with_capacity(routes.len() * 9);
+    for (destination, gateway) in routes {
+        let significant = usize::from(destination.prefix_len().div_ceil(8));
+        out.push(destination.prefix_len());
+        out.extend_from_slice(&destination.network().octets()[..significant]);
+        out.extend_from_slice(&gateway.octets());
+    }
+    out
 }
 
 /// Encodes `msg` with as many of `optional` (most important first) as fit in `budget`, then the
@@ -264,6 +309,111 @@ mod tests {
         };
         let names: Vec<String> = names.iter().map(|n| n.to_string()).collect();
         assert_eq!(names, ["example.test.", "svc.example.test."]);
+    }
+
+    /// The fixture pool with MTU 1450 and one route, 10.96.0.0/12 via .254; `default_route`
+    /// false drops its router.
+    fn routed(default_route: bool) -> Arc<PoolSnapshot> {
+        let mut config = config();
+        config.mtu = Some(1450);
+        config.routes = vec![vmdhcp_core::pool::Route {
+            destination: "10.96.0.0/12".parse().unwrap(),
+            gateway: Ipv4Addr::new(192, 0, 2, 254),
+        }];
+        if !default_route {
+            config.router = None;
+        }
+        pool_with(config)
+    }
+
+    fn ask(codes: &[u8]) -> Message {
+        let mut req = request(MessageType::Discover, KNOWN);
+        req.opts_mut().insert(DhcpOption::ParameterRequestList(
+            codes.iter().map(|c| OptionCode::from(*c)).collect(),
+        ));
+        req
+    }
+
+    fn reply_from(pool: &PoolSnapshot, req: &Message) -> Message {
+        reply_of(&handle(&req.to_vec().unwrap(), pool, |_| false)).2
+    }
+
+    #[test]
+    fn mtu_and_classless_routes_with_the_default_route_first() {
+        let offer = reply_from(&routed(true), &ask(&[1, 3, 26, 121]));
+        let o = offer.opts();
+        assert_eq!(
+            o.get(OptionCode::InterfaceMtu),
+            Some(&DhcpOption::InterfaceMtu(1450))
+        );
+        let gw = Ipv4Addr::new(192, 0, 2, 254);
+        assert_eq!(
+            o.get(OptionCode::ClasslessStaticRoute),
+            Some(&DhcpOption::ClasslessStaticRoute(vec![
+                ("0.0.0.0/0".parse().unwrap(), gw),
+                ("10.96.0.0/12".parse().unwrap(), gw),
+            ]))
+        );
+        // Option 3 still goes to clients that ignore 121.
+        assert_eq!(
+            o.get(OptionCode::Router),
+            Some(&DhcpOption::Router(vec![gw]))
+        );
+        // 249 only when asked for.
+        assert!(o.get(OptionCode::from(249)).is_none());
+    }
+
+    #[test]
+    fn without_a_default_route_no_router_and_no_default_among_the_routes() {
+        let offer = reply_from(&routed(false), &ask(&[1, 3, 121, 249]));
+        let o = offer.opts();
+        assert!(o.get(OptionCode::Router).is_none());
+        let gw = Ipv4Addr::new(192, 0, 2, 254);
+        let want = vec![("10.96.0.0/12".parse().unwrap(), gw)];
+        assert_eq!(
+            o.get(OptionCode::ClasslessStaticRoute),
+            Some(&DhcpOption::ClasslessStaticRoute(want.clone()))
+        );
+        // Microsoft's 249: the same bytes as 121 (RFC 3442), for clients that ask for it.
+        let Some(DhcpOption::Unknown(ms)) = o.get(OptionCode::from(249)) else {
+            panic!("no option 249: {o:?}");
+        };
+        assert_eq!(ms.data(), [12, 10, 96, 192, 0, 2, 254]);
+        assert_eq!(super::rfc3442(&want), ms.data());
+    }
+
+    #[test]
+    fn a_pool_without_the_new_options_sends_none_of_them() {
+        let offer = reply_from(&pool(), &ask(&[1, 3, 26, 121, 249]));
+        let o = offer.opts();
+        for code in [26u8, 121, 249] {
+            assert!(o.get(OptionCode::from(code)).is_none(), "option {code}");
+        }
+        assert!(o.get(OptionCode::Router).is_some());
+    }
+
+    #[test]
+    fn rfc3442_encodes_only_the_significant_octets() {
+        let gw = Ipv4Addr::new(10, 0, 0, 1);
+        let routes = [
+            ("0.0.0.0/0".parse().unwrap(), gw),
+            ("10.0.0.0/8".parse().unwrap(), gw),
+            ("10.17.0.0/16".parse().unwrap(), gw),
+            ("10.27.129.0/24".parse().unwrap(), gw),
+            ("10.229.0.128/25".parse().unwrap(), gw),
+            ("10.198.122.47/32".parse().unwrap(), gw),
+        ];
+        assert_eq!(
+            super::rfc3442(&routes),
+            [
+                0, 10, 0, 0, 1, //
+                8, 10, 10, 0, 0, 1, //
+                16, 10, 17, 10, 0, 0, 1, //
+                24, 10, 27, 129, 10, 0, 0, 1, //
+                25, 10, 229, 0, 128, 10, 0, 0, 1, //
+                32, 10, 198, 122, 47, 10, 0, 0, 1,
+            ]
+        );
     }
 
     #[test]
