@@ -8,14 +8,17 @@
 //! both the server address, sender hardware address the interface's MAC. Hosts that hold an entry
 //! for the address update it to the new MAC.
 //!
-//! This module owns the packet socket (`AF_PACKET`, which needs CAP_NET_RAW), the frames (built
-//! by a pure function), the announcement tasks (one bounded task per interface, cancelled when the
+//! It also probes an address (RFC 5227 ARP Probe, [`probe`]) for the DHCP server's check of a
+//! DHCPDECLINE ([`crate::dhcp::decline`]).
+//!
+//! This module owns the packet sockets (`AF_PACKET`, which needs CAP_NET_RAW), the frames (built
+//! by pure functions), the announcement tasks (one bounded task per interface, cancelled when the
 //! interface is given up, on step-down and on shutdown) and their counters. A missing CAP_NET_RAW
 //! is not fatal: DHCP is served without announcements, and the warning says which capability to
 //! grant.
 
 use std::collections::BTreeMap;
-use std::io;
+use std::io::{self, Read};
 use std::net::Ipv4Addr;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
@@ -94,6 +97,90 @@ pub fn announcement(mac: MacAddr, ip: Ipv4Addr) -> [u8; FRAME_LEN] {
     // 18..24: target hardware address, zero (RFC 5227 §2.3: ignored, SHOULD be zero).
     arp[24..28].copy_from_slice(&ip.octets()); // target protocol address
     frame
+}
+
+/// The RFC 5227 ARP Probe for `ip` by `mac`: a broadcast ARP request with sender protocol
+/// address zero (so no host's cache learns anything from it) and target protocol address `ip`.
+/// A host using `ip` answers it.
+pub fn probe_frame(mac: MacAddr, ip: Ipv4Addr) -> [u8; FRAME_LEN] {
+    let mut frame = announcement(mac, ip);
+    frame[14 + 14..14 + 18].copy_from_slice(&Ipv4Addr::UNSPECIFIED.octets());
+    frame
+}
+
+/// Who an ARP packet on Ethernet says it is: its sender hardware and protocol addresses.
+/// `None` for anything else (other EtherTypes, other hardware, truncated frames).
+pub fn arp_sender(frame: &[u8]) -> Option<(MacAddr, Ipv4Addr)> {
+    let (ethernet, arp) = (frame.get(..14)?, frame.get(14..42)?);
+    let is = |bytes: &[u8], value: u16| bytes == value.to_be_bytes();
+    if !is(&ethernet[12..14], ETH_P_ARP)
+        || !is(&arp[0..2], ARPHRD_ETHER)
+        || !is(&arp[2..4], ETH_P_IP)
+        || arp[4] != 6
+        || arp[5] != 4
+    {
+        return None;
+    }
+    let mut mac = [0u8; 6];
+    mac.copy_from_slice(&arp[8..14]);
+    let ip = Ipv4Addr::new(arp[14], arp[15], arp[16], arp[17]);
+    Some((MacAddr(mac), ip))
+}
+
+/// Probes `ip` on `interface` (RFC 5227 §2.1.1): sends an ARP Probe and waits up to `wait` for
+/// any ARP packet whose sender is `ip`. Returns the MAC that answered, `None` when nobody did.
+/// Blocking; needs CAP_NET_RAW.
+pub fn probe(interface: &str, ip: Ipv4Addr, wait: Duration) -> Result<Option<MacAddr>, ArpError> {
+    let (index, own) = link(interface)?;
+    let err = |source: io::Error| ArpError::Socket {
+        missing: Capability::NetRaw.lacking(&source),
+        source,
+    };
+    let link_err = |source: io::Error| ArpError::Send {
+        interface: interface.to_owned(),
+        source,
+    };
+    let socket = Socket::new(
+        Domain::PACKET,
+        Type::RAW,
+        Some(socket2::Protocol::from(i32::from(ETH_P_ARP.to_be()))),
+    )
+    .map_err(err)?;
+    let link = link_destination(index).map_err(link_err)?;
+    // Bound to the interface and to ARP: only its ARP frames are received.
+    socket.bind(&link).map_err(link_err)?;
+    socket
+        .send_to(&probe_frame(own, ip), &link)
+        .map_err(link_err)?;
+    let deadline = std::time::Instant::now() + wait;
+    let mut buf = [0u8; 128];
+    loop {
+        let left = deadline.saturating_duration_since(std::time::Instant::now());
+        if left.is_zero() {
+            return Ok(None);
+        }
+        socket.set_read_timeout(Some(left)).map_err(link_err)?;
+        match (&socket).read(&mut buf) {
+            Ok(len) => {
+                if let Some((mac, sender)) = arp_sender(&buf[..len])
+                    && sender == ip
+                    && mac != own
+                {
+                    return Ok(Some(mac));
+                }
+            }
+            Err(e)
+                if matches!(
+                    e.kind(),
+                    io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut
+                ) =>
+            {
+                return Ok(None);
+            }
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(source) => return Err(link_err(source)),
+        }
+    }
 }
 
 /// The destination of a frame on a packet socket: `index`'s link, ARP, broadcast.
@@ -417,6 +504,27 @@ mod tests {
         assert_eq!(frame[..42], expected);
         assert!(frame[42..].iter().all(|b| *b == 0), "zero padding");
         assert_eq!(frame.len(), 60, "the Ethernet minimum");
+    }
+
+    #[test]
+    fn a_probe_asks_for_the_address_without_claiming_it_and_answers_are_read() {
+        let mac = MacAddr([2, 0, 0, 0, 0, 7]);
+        let ip = Ipv4Addr::new(192, 0, 2, 10);
+        let probe = probe_frame(mac, ip);
+        assert_eq!(
+            &probe[14 + 14..14 + 18],
+            &[0, 0, 0, 0],
+            "sender address zero"
+        );
+        assert_eq!(&probe[14 + 24..14 + 28], &ip.octets(), "target");
+        // Who a frame says it is: the probe claims nothing, an announcement claims `ip`.
+        assert_eq!(arp_sender(&probe), Some((mac, Ipv4Addr::UNSPECIFIED)));
+        assert_eq!(arp_sender(&announcement(mac, ip)), Some((mac, ip)));
+        // Not ARP on Ethernet, or cut short: nobody.
+        let mut ipv4 = announcement(mac, ip);
+        ipv4[12..14].copy_from_slice(&ETH_P_IP.to_be_bytes());
+        assert_eq!(arp_sender(&ipv4), None);
+        assert_eq!(arp_sender(&probe[..30]), None);
     }
 
     #[test]

@@ -420,7 +420,7 @@ impl Collector for DataPlaneMetrics {
             .iter()
             .map(|(i, c)| (i.name.as_str(), i.pool.to_string(), c.read()))
             .collect();
-        let families: [(&str, &str, &str, Pick); 4] = [
+        let families: [(&str, &str, &str, Pick); 5] = [
             (
                 "vmdhcp_agent_dhcp_requests",
                 "DHCP requests received, by message type.",
@@ -444,6 +444,13 @@ impl Collector for DataPlaneMetrics {
                 "Datagrams dropped as unusable, by reason.",
                 "reason",
                 |r| &r.dropped,
+            ),
+            (
+                "vmdhcp_agent_declines",
+                "DHCPDECLINEs checked with an ARP probe, by verdict (conflict, holder_answers, \
+                 no_answer, unverifiable, busy); only conflict and unverifiable withhold the address.",
+                "verdict",
+                |r| &r.declines,
             ),
         ];
         for (name, help, key, pick) in families {
@@ -702,12 +709,17 @@ mod tests {
             &pool_name(),
             "192.0.2.10".parse().unwrap(),
             MacAddr([2, 0, 0, 0, 0, 1]),
+            Some(MacAddr([2, 0, 0, 0, 0, 9])),
+            std::time::Duration::from_secs(60),
         );
         let (_, body) = get(state, "/leases").await;
         let v: serde_json::Value = serde_json::from_str(&body).unwrap();
-        assert_eq!(
-            v["default/a"]["02:00:00:00:00:01"]["conflict"]["declined_by"],
-            "02:00:00:00:00:01"
+        let conflict = &v["default/a"]["02:00:00:00:00:01"]["conflict"];
+        assert_eq!(conflict["declined_by"], "02:00:00:00:00:01");
+        assert_eq!(conflict["answered_by"], "02:00:00:00:00:09");
+        assert!(
+            (58..=60).contains(&conflict["held_for_seconds"].as_u64().unwrap()),
+            "{conflict}"
         );
     }
 
@@ -737,6 +749,7 @@ mod tests {
             r#"vmdhcp_agent_interface_serving{interface="eth1",pool="default/a"} 1"#,
             r#"vmdhcp_agent_leases{pool="default/a"} 1"#,
             r#"vmdhcp_agent_conflicted_addresses{pool="default/a"} 0"#,
+            r#"vmdhcp_agent_declines_total{interface="eth1",pool="default/a",verdict="holder_answers"} 0"#,
             &format!(
                 r#"vmdhcp_agent_build_info{{version="{}"}} 1"#,
                 env!("CARGO_PKG_VERSION")

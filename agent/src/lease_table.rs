@@ -14,6 +14,7 @@
 use std::collections::{BTreeMap, HashMap};
 use std::net::Ipv4Addr;
 use std::sync::{Arc, Mutex, PoisonError};
+use std::time::{Duration, Instant};
 
 use arc_swap::ArcSwap;
 use vmdhcp_core::pool::{Lease, PoolConfig, is_host_of};
@@ -172,11 +173,29 @@ pub struct PoolLeases {
     pub leases: Vec<Lease>,
 }
 
-/// An address a client declined (RFC 2131 DHCPDECLINE: someone else answers ARP for it).
+/// An address withheld after a client declined it (RFC 2131 DHCPDECLINE), for a bounded time:
+/// see [`crate::dhcp::decline`] for when and how long.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
 pub struct Conflict {
-    /// The MAC that declined it.
+    /// The MAC that declined it (the reservation's holder).
     pub declined_by: MacAddr,
+    /// The other host that answered an ARP probe for it, when one did.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub answered_by: Option<MacAddr>,
+    /// When the address is offered again.
+    #[serde(rename = "held_for_seconds", serialize_with = "seconds_left")]
+    pub until: Instant,
+}
+
+impl Conflict {
+    /// Whether the address is still withheld.
+    pub fn holds(&self) -> bool {
+        self.until > Instant::now()
+    }
+}
+
+fn seconds_left<S: serde::Serializer>(until: &Instant, s: S) -> Result<S::Ok, S::Error> {
+    s.serialize_u64(until.saturating_duration_since(Instant::now()).as_secs())
 }
 
 type Pools = HashMap<NamespacedName, Arc<PoolSnapshot>>;
@@ -364,48 +383,65 @@ impl LeaseTable {
         true
     }
 
-    /// Records that `mac` declined `ip` on `pool`: the address is not offered again until the
-    /// controller gives that MAC another address (or the address to another MAC).
-    /// Returns whether this is news (a repeated DECLINE changes nothing).
-    pub fn mark_conflicted(&self, pool: &NamespacedName, ip: Ipv4Addr, mac: MacAddr) -> bool {
-        let known = self
-            .conflicts
-            .load()
-            .get(pool)
-            .and_then(|c| c.get(&ip))
-            .is_some_and(|c| c.declined_by == mac);
-        if known {
+    /// Withholds `ip` of `pool`, which `mac` declined, for `hold` (`answered_by`: the host that
+    /// answered a probe for it). A conflict on the same address is replaced.
+    pub fn mark_conflicted(
+        &self,
+        pool: &NamespacedName,
+        ip: Ipv4Addr,
+        mac: MacAddr,
+        answered_by: Option<MacAddr>,
+        hold: Duration,
+    ) {
+        let _guard = self.write.lock().unwrap_or_else(PoisonError::into_inner);
+        let mut next = Conflicts::clone(&self.conflicts.load());
+        let conflict = Conflict {
+            declined_by: mac,
+            answered_by,
+            until: Instant::now() + hold,
+        };
+        next.entry(pool.clone()).or_default().insert(ip, conflict);
+        self.conflicts.store(Arc::new(next));
+    }
+
+    /// Ends the hold of `ip` of `pool`, if any (a later probe found the address free, or in
+    /// use by its own holder). Returns whether there was one.
+    pub fn clear_conflict(&self, pool: &NamespacedName, ip: Ipv4Addr) -> bool {
+        if !self.is_conflicted(pool, &ip) {
             return false;
         }
         let _guard = self.write.lock().unwrap_or_else(PoisonError::into_inner);
         let mut next = Conflicts::clone(&self.conflicts.load());
-        next.entry(pool.clone())
-            .or_default()
-            .insert(ip, Conflict { declined_by: mac });
+        let removed = next.get_mut(pool).is_some_and(|c| c.remove(&ip).is_some());
         self.conflicts.store(Arc::new(next));
-        true
+        removed
     }
 
-    /// Whether `ip` of `pool` was declined and must not be handed out.
+    /// Whether `ip` of `pool` is withheld now.
     pub fn is_conflicted(&self, pool: &NamespacedName, ip: &Ipv4Addr) -> bool {
         self.conflicts
             .load()
             .get(pool)
-            .is_some_and(|c| c.contains_key(ip))
+            .and_then(|c| c.get(ip))
+            .is_some_and(Conflict::holds)
     }
 
-    /// Every declined address, per pool, for readiness and `/leases`.
+    /// Every address withheld now, per pool, for readiness and `/leases`.
     pub fn conflicts(&self) -> BTreeMap<NamespacedName, BTreeMap<Ipv4Addr, Conflict>> {
         self.conflicts
             .load()
             .iter()
+            .map(|(k, v)| {
+                let live = v.iter().filter(|(_, c)| c.holds()).map(|(ip, c)| (*ip, *c));
+                (k.clone(), live.collect::<BTreeMap<_, _>>())
+            })
             .filter(|(_, c)| !c.is_empty())
-            .map(|(k, v)| (k.clone(), v.clone()))
             .collect()
     }
 
-    /// Drops conflicts whose pool is gone or whose address is no longer held by the MAC that
-    /// declined it: the controller has moved on, so the new holder gets a fresh start.
+    /// Drops conflicts whose hold ended, whose pool is gone or whose address is no longer held
+    /// by the MAC that declined it: the controller has moved on, so the new holder gets a fresh
+    /// start.
     fn prune_conflicts(&self) {
         let conflicts = self.conflicts.load_full();
         if conflicts.is_empty() {
@@ -419,7 +455,7 @@ impl LeaseTable {
             };
             let kept: BTreeMap<_, _> = entries
                 .iter()
-                .filter(|(ip, c)| snap.holder_of(ip) == Some(c.declined_by))
+                .filter(|(ip, c)| c.holds() && snap.holder_of(ip) == Some(c.declined_by))
                 .map(|(ip, c)| (*ip, *c))
                 .collect();
             if !kept.is_empty() {
@@ -597,7 +633,13 @@ mod tests {
     #[test]
     fn removing_a_pool_removes_its_leases_and_conflicts() {
         let table = table_with_a();
-        assert!(table.mark_conflicted(&name("a"), "192.0.2.10".parse().unwrap(), mac(1)));
+        table.mark_conflicted(
+            &name("a"),
+            "192.0.2.10".parse().unwrap(),
+            mac(1),
+            None,
+            HOUR,
+        );
         table.apply([Delta::RemovePool(name("a"))]);
         assert!(table.pool(&name("a")).is_none());
         assert!(table.conflicts().is_empty());
@@ -606,12 +648,28 @@ mod tests {
         assert!(table.pool(&name("a")).unwrap().is_empty());
     }
 
+    const HOUR: Duration = Duration::from_secs(3600);
+
+    #[test]
+    fn a_conflict_ends_with_its_hold() {
+        let table = table_with_a();
+        let ip: Ipv4Addr = "192.0.2.10".parse().unwrap();
+        table.mark_conflicted(&name("a"), ip, mac(1), Some(mac(9)), Duration::ZERO);
+        assert!(!table.is_conflicted(&name("a"), &ip));
+        assert!(table.conflicts().is_empty());
+        table.mark_conflicted(&name("a"), ip, mac(1), Some(mac(9)), HOUR);
+        assert!(table.is_conflicted(&name("a"), &ip));
+        assert_eq!(table.conflicts()[&name("a")][&ip].answered_by, Some(mac(9)));
+        assert!(table.clear_conflict(&name("a"), ip));
+        assert!(!table.is_conflicted(&name("a"), &ip));
+        assert!(!table.clear_conflict(&name("a"), ip));
+    }
+
     #[test]
     fn conflicts_last_until_the_address_changes_hands() {
         let table = table_with_a();
         let ip: Ipv4Addr = "192.0.2.10".parse().unwrap();
-        assert!(table.mark_conflicted(&name("a"), ip, mac(1)));
-        assert!(!table.mark_conflicted(&name("a"), ip, mac(1)), "not news");
+        table.mark_conflicted(&name("a"), ip, mac(1), None, HOUR);
         assert!(table.is_conflicted(&name("a"), &ip));
         // Unrelated deltas keep it.
         table.apply([Delta::UpsertLease(lease("a", 5, "192.0.2.50"))]);

@@ -657,13 +657,54 @@ fn http_endpoints_report_leases_replies_and_a_declined_address() {
     let leases: Value = serde_json::from_str(&leases).unwrap();
     assert_eq!(leases["default/a"][MAC_1]["ip"], IP_1);
 
-    // The client finds its address in use and declines it (broadcast, RFC 2131 §4.4.1).
-    let mac = [0x02, 0, 0, 0, 0x01, 0x0a];
+    // A DECLINE for an address nobody answers ARP for (the client dropped it): checked with a
+    // probe, found stale, and the address stays served.
+    rig.lab
+        .exec(&vm, "ip", &["addr", "flush", "dev", "eth0"])
+        .unwrap();
+    send_decline(&rig.lab, &vm, MAC_1_BYTES, [1, 2, 3, 4]);
+    let labels = r#"interface="srv0",pool="default/a""#;
+    let checked = format!("vmdhcp_agent_declines_total{{{labels},verdict=\"no_answer\"}} 1");
+    let metrics = wait_for("the DECLINE checked", Duration::from_secs(10), || {
+        let (_, m) = http_get(&rig.lab, &rig.srv, "http://127.0.0.1:8080/metrics");
+        m.lines().any(|l| l == checked).then_some(m)
+    });
+    let dir = tempfile::tempdir().unwrap();
+    assert!(udhcpc(&vm, dir.path(), &[]).status.success());
+    let (_, leases) = http_get(&rig.lab, &rig.srv, "http://127.0.0.1:8080/leases");
+    let leases: Value = serde_json::from_str(&leases).unwrap();
+    assert!(
+        leases["default/a"][MAC_1].get("conflict").is_none(),
+        "{leases}"
+    );
+
+    for line in [
+        format!("vmdhcp_agent_dhcp_replies_total{{{labels},type=\"offer\"}} 1"),
+        format!("vmdhcp_agent_dhcp_replies_total{{{labels},type=\"ack\"}} 1"),
+        format!("vmdhcp_agent_dhcp_requests_total{{{labels},type=\"decline\"}} 1"),
+        format!("vmdhcp_agent_dhcp_unanswered_total{{{labels},reason=\"declined\"}} 1"),
+        format!("vmdhcp_agent_dhcp_reply_latency_seconds_count{{{labels}}} 2"),
+        format!("vmdhcp_agent_interface_serving{{{labels}}} 1"),
+        "vmdhcp_agent_leases{pool=\"default/a\"} 1".to_owned(),
+        "vmdhcp_agent_conflicted_addresses{pool=\"default/a\"} 0".to_owned(),
+    ] {
+        assert!(
+            metrics.lines().any(|l| l == line),
+            "missing {line}\n{metrics}"
+        );
+    }
+}
+
+const MAC_1_BYTES: [u8; 6] = [0x02, 0, 0, 0, 0x01, 0x0a];
+
+/// Sends, from `ns`'s eth0, a broadcast DHCPDECLINE of [`IP_1`] in the name of `mac` (RFC 2131
+/// §4.4.1): what a client that finds its address taken sends, and what any host can forge.
+fn send_decline(lab: &Lab, ns: &Netns, mac: [u8; 6], xid: [u8; 4]) {
     let decline = bootrequest(
         4,
         mac,
         [0; 4],
-        [1, 2, 3, 4],
+        xid,
         &[50, 4, 192, 0, 2, 10, 54, 4, 192, 0, 2, 1],
     );
     let script = format!(
@@ -675,45 +716,95 @@ fn http_endpoints_report_leases_replies_and_a_declined_address() {
          s.sendto(bytes.fromhex('{}'),('255.255.255.255',67))\n",
         hex(&decline)
     );
-    rig.lab.exec(&vm, "python3", &["-c", &script]).unwrap();
-    let leases = wait_for("the conflict in /leases", Duration::from_secs(10), || {
-        let (_, body) = http_get(&rig.lab, &rig.srv, "http://127.0.0.1:8080/leases");
-        let v: Value = serde_json::from_str(&body).ok()?;
-        v["default/a"][MAC_1].get("conflict").is_some().then_some(v)
-    });
-    assert_eq!(leases["default/a"][MAC_1]["conflict"]["declined_by"], MAC_1);
+    lab.exec(ns, "python3", &["-c", &script]).unwrap();
+}
 
-    // A declined address is not handed out again.
-    let dir = tempfile::tempdir().unwrap();
-    assert!(!udhcpc(&vm, dir.path(), &[]).status.success());
-
-    let (code, metrics) = http_get(&rig.lab, &rig.srv, "http://127.0.0.1:8080/metrics");
-    assert_eq!(code, 200);
-    let labels = r#"interface="srv0",pool="default/a""#;
-    for line in [
-        format!("vmdhcp_agent_dhcp_replies_total{{{labels},type=\"offer\"}} 1"),
-        format!("vmdhcp_agent_dhcp_replies_total{{{labels},type=\"ack\"}} 1"),
-        format!("vmdhcp_agent_dhcp_requests_total{{{labels},type=\"decline\"}} 1"),
-        format!("vmdhcp_agent_dhcp_unanswered_total{{{labels},reason=\"declined\"}} 1"),
-        format!("vmdhcp_agent_dhcp_reply_latency_seconds_count{{{labels}}} 2"),
-        format!("vmdhcp_agent_interface_serving{{{labels}}} 1"),
-        "vmdhcp_agent_leases{pool=\"default/a\"} 1".to_owned(),
-        "vmdhcp_agent_conflicted_addresses{pool=\"default/a\"} 1".to_owned(),
-    ] {
-        assert!(
-            metrics.lines().any(|l| l == line),
-            "missing {line}\n{metrics}"
-        );
-    }
-    let conflicted = metrics
-        .lines()
-        .find(|l| {
-            l.starts_with(&format!(
-                "vmdhcp_agent_dhcp_unanswered_total{{{labels},reason=\"conflicted\"}}"
-            ))
-        })
+#[test]
+fn a_forged_decline_locks_nobody_out_and_a_squatter_is_held_off_for_a_bounded_time() {
+    // One VM network: a bridge with the agent, the VM and another host on it.
+    let mut lab = Lab::new().unwrap();
+    let net = lab.netns("net").unwrap();
+    lab.bridge(&net, "br0").unwrap();
+    let srv = lab.netns("srv").unwrap();
+    let vm = lab.netns("vm").unwrap();
+    let evil = lab.netns("evil").unwrap();
+    lab.plug(&net, "br0", "p-srv", &srv, "srv0").unwrap();
+    lab.plug(&net, "br0", "p-vm", &vm, "eth0").unwrap();
+    lab.plug(&net, "br0", "p-evil", &evil, "eth0").unwrap();
+    lab.exec(&vm, "ip", &["link", "set", "eth0", "address", MAC_1])
         .unwrap();
-    assert!(!conflicted.ends_with(" 0"), "{conflicted}");
+    let evil_mac = "02:00:00:00:0e:0e";
+    lab.exec(&evil, "ip", &["link", "set", "eth0", "address", evil_mac])
+        .unwrap();
+    lab.address(&srv, "srv0", "192.0.2.1/24").unwrap();
+    let mut rig = Rig {
+        lab,
+        srv,
+        dir: tempfile::tempdir().unwrap(),
+        agent_pid: 0,
+    };
+    rig.start_with(
+        &[pool_a(600, "192.0.2.53")],
+        &["--http-listen", "127.0.0.1:8080"],
+    );
+    rig.wait_serving(&["srv0"]);
+    let labels = r#"interface="srv0",pool="default/a""#;
+    let verdicts = |verdict: &str, n: u32| {
+        let line = format!("vmdhcp_agent_declines_total{{{labels},verdict=\"{verdict}\"}} {n}");
+        wait_for(&line.clone(), Duration::from_secs(10), || {
+            let (_, m) = http_get(&rig.lab, &rig.srv, "http://127.0.0.1:8080/metrics");
+            m.lines().any(|l| l == line).then_some(())
+        });
+    };
+    let leases = || -> Value {
+        let (_, body) = http_get(&rig.lab, &rig.srv, "http://127.0.0.1:8080/leases");
+        serde_json::from_str(&body).unwrap()
+    };
+
+    // The VM boots and holds its address.
+    let dir = tempfile::tempdir().unwrap();
+    assert!(udhcpc(&vm, dir.path(), &[]).status.success());
+
+    // Another host forges a DECLINE in the VM's name: the VM answers the probe for its own
+    // address, so nothing is withheld and the VM renews at once.
+    send_decline(&rig.lab, &evil, MAC_1_BYTES, [5, 6, 7, 8]);
+    verdicts("holder_answers", 1);
+    assert!(leases()["default/a"][MAC_1].get("conflict").is_none());
+    let started = std::time::Instant::now();
+    let dir = tempfile::tempdir().unwrap();
+    assert!(udhcpc(&vm, dir.path(), &[]).status.success());
+    let renewed_after = started.elapsed();
+
+    // A real conflict: the other host takes the address, the VM (without it) declines. The
+    // probe is answered by the squatter: the address is withheld, for at most CONFLICT_HOLD.
+    rig.lab
+        .exec(&vm, "ip", &["addr", "flush", "dev", "eth0"])
+        .unwrap();
+    rig.lab.address(&evil, "eth0", "192.0.2.10/24").unwrap();
+    send_decline(&rig.lab, &vm, MAC_1_BYTES, [9, 9, 9, 9]);
+    verdicts("conflict", 1);
+    let conflict = leases()["default/a"][MAC_1]["conflict"].clone();
+    assert_eq!(conflict["declined_by"], MAC_1);
+    assert_eq!(conflict["answered_by"], evil_mac);
+    let held = conflict["held_for_seconds"].as_u64().unwrap();
+    assert!((1..=60).contains(&held), "{conflict}");
+    let dir = tempfile::tempdir().unwrap();
+    assert!(!udhcpc(&vm, dir.path(), &[]).status.success(), "withheld");
+
+    // The squatter leaves; the next DECLINE's probe finds the address free and ends the hold.
+    rig.lab
+        .exec(&evil, "ip", &["addr", "flush", "dev", "eth0"])
+        .unwrap();
+    send_decline(&rig.lab, &evil, MAC_1_BYTES, [1, 1, 1, 1]);
+    verdicts("no_answer", 1);
+    let dir = tempfile::tempdir().unwrap();
+    assert!(udhcpc(&vm, dir.path(), &[]).status.success());
+    println!(
+        "forged DECLINE -> the VM's next lease: {} ms (no hold); a real conflict held {held} s of at most 60",
+        renewed_after.as_millis()
+    );
+    let log = rig.agent_log();
+    assert!(!log.contains("panicked"), "{log}");
 }
 
 #[test]

@@ -3,11 +3,13 @@
 //! Plain atomics, bumped once per packet by the interface's task and read by whoever reports
 //! (logs, readiness, metrics); they never block the packet path.
 
+use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use dhcproto::v4::MessageType;
 
+use super::decline::VerdictCounts;
 use super::handler::{Action, DropReason, Outcome, Silence};
 
 const REQUEST_KINDS: [&str; 6] = [
@@ -39,6 +41,7 @@ pub struct Counters {
     latency_buckets: [AtomicU64; LATENCY_BUCKETS_US.len()],
     latency_count: AtomicU64,
     latency_sum_ns: AtomicU64,
+    declines: Arc<VerdictCounts>,
 }
 
 /// A reading of every counter, grouped the way metrics export them.
@@ -61,6 +64,8 @@ pub struct Reading {
     pub latency_count: u64,
     /// Sum of their latencies, in seconds.
     pub latency_sum_seconds: f64,
+    /// DECLINEs checked, by verdict (see [`super::decline`]).
+    pub declines: Vec<(&'static str, u64)>,
 }
 
 fn request_index(kind: Option<MessageType>) -> usize {
@@ -79,6 +84,11 @@ fn index_of(list: &[&str], label: &str) -> usize {
 }
 
 impl Counters {
+    /// The DECLINE verdict counts of this interface, for the checks to record into.
+    pub fn declines(&self) -> Arc<VerdictCounts> {
+        Arc::clone(&self.declines)
+    }
+
     /// Counts one handled datagram.
     pub fn record(&self, outcome: &Outcome) {
         if outcome.request.is_some() {
@@ -149,6 +159,7 @@ impl Counters {
                 .zip(self.drops.iter().map(load))
                 .collect(),
             send_errors: load(&self.send_errors),
+            declines: self.declines.read(),
             latency_buckets: LATENCY_BUCKETS_US
                 .iter()
                 .map(|bound| *bound as f64 / 1e6)

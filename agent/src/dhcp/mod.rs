@@ -3,10 +3,12 @@
 //! packets are counted ([`counters`]), NTP host names resolved off the packet path ([`ntp`]),
 //! and the sockets, one per interface ([`server`]).
 //!
-//! It reads the [`crate::lease_table::LeaseTable`] and writes to it only to record declined
-//! addresses; it never configures interfaces' addresses.
+//! It reads the [`crate::lease_table::LeaseTable`] and writes to it only to withhold declined
+//! addresses, once [`decline`] has checked them with an ARP probe; it never configures
+//! interfaces' addresses.
 
 pub mod counters;
+pub mod decline;
 pub mod handler;
 pub mod ntp;
 pub mod server;

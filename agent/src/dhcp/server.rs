@@ -19,6 +19,7 @@ use vmdhcp_telemetry::trace;
 
 use super::SERVER_PORT;
 use super::counters::Counters;
+use super::decline::{DeclineChecks, Declined};
 use super::handler::{Action, MAX_PACKET, Silence, handle};
 use crate::capability::{Capability, Missing};
 use crate::lease_table::LeaseTable;
@@ -145,6 +146,7 @@ pub type InterfaceCounters = (Interface, Arc<Counters>);
 /// (the agent's serving loop follows pools and leadership), each independently of the others.
 pub struct Servers {
     table: Arc<LeaseTable>,
+    declines: Arc<DeclineChecks>,
     status_tx: Arc<watch::Sender<BTreeMap<String, InterfaceStatus>>>,
     statuses: watch::Receiver<BTreeMap<String, InterfaceStatus>>,
     counters_tx: watch::Sender<Vec<InterfaceCounters>>,
@@ -164,6 +166,7 @@ impl Servers {
         let (status_tx, statuses) = watch::channel(BTreeMap::new());
         Servers {
             table,
+            declines: Arc::default(),
             status_tx: Arc::new(status_tx),
             statuses,
             counters_tx: watch::channel(Vec::new()).0,
@@ -193,6 +196,7 @@ impl Servers {
             run_interface(
                 interface.clone(),
                 Arc::clone(&self.table),
+                Arc::clone(&self.declines),
                 counters,
                 Arc::clone(&self.status_tx),
                 stopped,
@@ -284,6 +288,7 @@ const MAX_BACKOFF: Duration = Duration::from_secs(30);
 async fn run_interface(
     interface: Interface,
     table: Arc<LeaseTable>,
+    declines: Arc<DeclineChecks>,
     counters: Arc<Counters>,
     status: Arc<watch::Sender<BTreeMap<String, InterfaceStatus>>>,
     mut shutdown: watch::Receiver<bool>,
@@ -310,15 +315,16 @@ async fn run_interface(
                 // A thread of its own per interface: a blocking receive costs two system calls
                 // per packet where readiness polling costs five, and a panic, should one ever
                 // happen, ends only this interface's thread and is reported like any failure.
-                let (i, t, c, stop) = (
+                let (i, t, c, d, stop) = (
                     interface.clone(),
                     Arc::clone(&table),
                     Arc::clone(&counters),
+                    Arc::clone(&declines),
                     shutdown.clone(),
                 );
                 let span = tracing::Span::current();
                 let served = tokio::task::spawn_blocking(move || {
-                    span.in_scope(|| serve(&i, index, socket, &t, &c, &stop))
+                    span.in_scope(|| serve(&i, index, socket, &t, &c, &d, &stop))
                 })
                 .await;
                 match served {
@@ -369,8 +375,9 @@ fn serve(
     interface: &Interface,
     index: u32,
     socket: std::net::UdpSocket,
-    table: &LeaseTable,
+    table: &Arc<LeaseTable>,
     counters: &Counters,
+    declines: &Arc<DeclineChecks>,
     shutdown: &watch::Receiver<bool>,
 ) -> Result<(), ServerError> {
     let setup = |step: &'static str| {
@@ -476,10 +483,15 @@ fn serve(
                 }
             }
             Action::Silent(Silence::Declined(ip)) => {
-                if let Some(by) = outcome.mac
-                    && table.mark_conflicted(&interface.pool, ip, by)
-                {
-                    warn!(%mac, %ip, "address declined by the client: marked conflicted, not offered again until the controller reassigns it");
+                if let Some(by) = outcome.mac {
+                    info!(%mac, %ip, "address declined by the client: checking with an ARP probe");
+                    let declined = Declined {
+                        interface: interface.name.clone(),
+                        pool: interface.pool.clone(),
+                        ip,
+                        by,
+                    };
+                    declines.check(declined, Arc::clone(table), counters.declines());
                 }
             }
             Action::Silent(Silence::Released(ip)) => {
