@@ -29,7 +29,7 @@ log() { printf '[install-deps] %s\n' "$*" >&2; }
 need_apt=()
 for pair in etcd:etcd-server etcdctl:etcd-client ip:iproute2 openssl:openssl \
             go:golang-go rsync:rsync make:make dpkg-source:dpkg-dev \
-            dhclient:isc-dhcp-client udhcpc:udhcpc socat:socat tcpdump:tcpdump \
+            dhclient:isc-dhcp-client udhcpc:udhcpc dhcpcd:dhcpcd-base socat:socat tcpdump:tcpdump \
             buildah:buildah containerd:containerd ctr:containerd runc:runc musl-gcc:musl-tools \
             iptables:iptables conntrack:conntrack dnsmasq:dnsmasq-base; do
   cmd="${pair%%:*}"; pkg="${pair#*:}"

@@ -8,8 +8,8 @@
 //! both the server address, sender hardware address the interface's MAC. Hosts that hold an entry
 //! for the address update it to the new MAC.
 //!
-//! It also probes an address (RFC 5227 ARP Probe, [`probe`]) for the DHCP server's check of a
-//! DHCPDECLINE ([`crate::dhcp::decline`]).
+//! It also probes an address (RFC 5227 ARP Probe, [`probe`]) before the DHCP server first offers
+//! it and to check a DHCPDECLINE ([`crate::dhcp::probe`]).
 //!
 //! This module owns the packet sockets (`AF_PACKET`, which needs CAP_NET_RAW), the frames (built
 //! by pure functions), the announcement tasks (one bounded task per interface, cancelled when the

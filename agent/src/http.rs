@@ -420,7 +420,7 @@ impl Collector for DataPlaneMetrics {
             .iter()
             .map(|(i, c)| (i.name.as_str(), i.pool.to_string(), c.read()))
             .collect();
-        let families: [(&str, &str, &str, Pick); 5] = [
+        let families: [(&str, &str, &str, Pick); 6] = [
             (
                 "vmdhcp_agent_dhcp_requests",
                 "DHCP requests received, by message type.",
@@ -451,6 +451,13 @@ impl Collector for DataPlaneMetrics {
                  no_answer, unverifiable, busy); only conflict and unverifiable withhold the address.",
                 "verdict",
                 |r| &r.declines,
+            ),
+            (
+                "vmdhcp_agent_offer_probes",
+                "Addresses ARP-probed before their first OFFER to a MAC, by verdict (clean, conflict: \
+                 not offered, unverifiable and busy: offered unprobed).",
+                "verdict",
+                |r| &r.offer_probes,
             ),
         ];
         for (name, help, key, pick) in families {

@@ -174,7 +174,7 @@ pub struct PoolLeases {
 }
 
 /// An address withheld after a client declined it (RFC 2131 DHCPDECLINE), for a bounded time:
-/// see [`crate::dhcp::decline`] for when and how long.
+/// see [`crate::dhcp::probe`] for when and how long.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
 pub struct Conflict {
     /// The MAC that declined it (the reservation's holder).

@@ -148,6 +148,33 @@ pub fn start_dhclient_configuring(lab: &mut Lab, vm: &Netns, dir: &Path) {
     lab.spawn(cmd).unwrap();
 }
 
+/// What [`start_dhcpcd`] asks for beyond dhcpcd's defaults: the MTU and the classless static
+/// routes; IPv4 only, no link-local fallback, no hook scripts (they would write the host's
+/// resolv.conf and hostname).
+pub const DHCPCD_CONF: &str = "ipv4only\nnoipv4ll\nnoarp\noption interface_mtu\n\
+     option classless_static_routes\n";
+
+/// Starts `dhcpcd` in the foreground on `vm`'s eth0 (killed when `lab` drops), with
+/// [`DHCPCD_CONF`] and no hook script: dhcpcd itself applies the address, the MTU and the
+/// routes, as it does in a VM. Its lease database and run directory are empty tmpfs mounts seen
+/// only by it (`ip netns exec` gives each command a mount namespace of its own), so no lease of
+/// an earlier run is reused and nothing is left on the host.
+pub fn start_dhcpcd(lab: &mut Lab, vm: &Netns, dir: &Path) {
+    fs::write(dir.join("dhcpcd.conf"), DHCPCD_CONF).unwrap();
+    let log = fs::File::create(dir.join("dhcpcd.log")).unwrap();
+    let script = format!(
+        "mount -t tmpfs dhcpcd-db /var/lib/dhcpcd && mount -t tmpfs dhcpcd-run /run && \
+         mkdir /run/dhcpcd && exec dhcpcd -4 -B -d -f {} -c /bin/true eth0",
+        dir.join("dhcpcd.conf").display()
+    );
+    let mut cmd = vm.command("sh");
+    cmd.args(["-c", &script])
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(log);
+    lab.spawn(cmd).unwrap();
+}
+
 /// The last lease block of a dhclient lease file: `fixed-address` and each `option`, by name.
 pub fn dhclient_lease(path: &Path) -> BTreeMap<String, String> {
     let text = fs::read_to_string(path).unwrap_or_default();

@@ -12,7 +12,7 @@ use std::time::Duration;
 use serde_json::{Value, json};
 use vmdhcp_integration::dhcp_client::{
     dhclient_lease, events, hook_script, http_get, start_dhclient, start_dhclient_configuring,
-    udhcpc, wait_event, wait_for,
+    start_dhcpcd, udhcpc, wait_event, wait_for,
 };
 use vmdhcp_integration::netns::{Lab, Netns};
 
@@ -317,6 +317,33 @@ fn dhclient_applies_the_mtu_and_classless_routes_and_sees_an_mtu_change() {
     );
     let log = rig.agent_log();
     assert!(!log.contains("panicked"), "{log}");
+}
+
+#[test]
+fn dhcpcd_applies_the_mtu_and_classless_routes() {
+    let mut rig = rig();
+    let vm = rig.vm("vm", "srv0", MAC_1);
+    rig.lab.address(&rig.srv, "srv0", "192.0.2.1/24").unwrap();
+    rig.start(&[pool_a_routed(600, 1400, Some("192.0.2.254"))]);
+    rig.wait_serving(&["srv0"]);
+
+    let dir = tempfile::tempdir().unwrap();
+    start_dhcpcd(&mut rig.lab, &vm, dir.path());
+    let ip = |args: &[&str]| rig.lab.exec(&vm, "ip", args).unwrap_or_default();
+    let routes = wait_for("dhcpcd's routes", Duration::from_secs(30), || {
+        let routes = ip(&["-4", "route", "show", "dev", "eth0"]);
+        routes
+            .contains("10.96.0.0/12 via 192.0.2.254")
+            .then_some(routes)
+    });
+    assert!(routes.contains("default via 192.0.2.254"), "{routes}");
+    // dhcpcd 9 applies the MTU to the routes it adds (not to the link, so the link does not
+    // bounce): every route of the lease carries it.
+    for route in routes.lines().filter(|r| r.contains("proto dhcp")) {
+        assert!(route.contains(" mtu 1400"), "{routes}");
+    }
+    let addr = ip(&["-4", "addr", "show", "eth0"]);
+    assert!(addr.contains(&format!("{IP_1}/24")), "{addr}");
 }
 
 #[test]
@@ -719,69 +746,153 @@ fn send_decline(lab: &Lab, ns: &Netns, mac: [u8; 6], xid: [u8; 4]) {
     lab.exec(ns, "python3", &["-c", &script]).unwrap();
 }
 
+/// The MAC of the other host on [`Bridged`]'s VM network.
+const EVIL_MAC: &str = "02:00:00:00:0e:0e";
+
+/// One VM network, a bridge (`br0` in `net`), with the agent (serving `pools`, HTTP on
+/// 127.0.0.1:8080), a VM `vm` ([`MAC_1`]) and another host `evil` ([`EVIL_MAC`]) on it.
+struct Bridged {
+    rig: Rig,
+    net: Netns,
+    vm: Netns,
+    evil: Netns,
+}
+
+impl Bridged {
+    fn new(pools: &[Value]) -> Self {
+        let mut lab = Lab::new().unwrap();
+        let net = lab.netns("net").unwrap();
+        lab.bridge(&net, "br0").unwrap();
+        let srv = lab.netns("srv").unwrap();
+        lab.plug(&net, "br0", "p-srv", &srv, "srv0").unwrap();
+        lab.address(&srv, "srv0", "192.0.2.1/24").unwrap();
+        let mut rig = Rig {
+            lab,
+            srv,
+            dir: tempfile::tempdir().unwrap(),
+            agent_pid: 0,
+        };
+        rig.start_with(pools, &["--http-listen", "127.0.0.1:8080"]);
+        rig.wait_serving(&["srv0"]);
+        let vm = plug_host(&mut rig.lab, &net, "vm", MAC_1);
+        let evil = plug_host(&mut rig.lab, &net, "evil", EVIL_MAC);
+        Bridged { rig, net, vm, evil }
+    }
+
+    /// A namespace `name` plugged into the bridge, its eth0 with `mac`.
+    fn host(&mut self, name: &str, mac: &str) -> Netns {
+        plug_host(&mut self.rig.lab, &self.net, name, mac)
+    }
+
+    /// Waits until the agent's `/metrics` has `family{interface="srv0",pool="default/a",
+    /// verdict}` at `n`; returns the whole page.
+    fn wait_verdict(&self, family: &str, verdict: &str, n: u32) -> String {
+        let labels = r#"interface="srv0",pool="default/a""#;
+        let line = format!("{family}{{{labels},verdict=\"{verdict}\"}} {n}");
+        wait_for(&line.clone(), Duration::from_secs(10), || {
+            let (_, m) = http_get(
+                &self.rig.lab,
+                &self.rig.srv,
+                "http://127.0.0.1:8080/metrics",
+            );
+            m.lines().any(|l| l == line).then_some(m)
+        })
+    }
+
+    /// The agent's `/leases`.
+    fn leases(&self) -> Value {
+        let (_, body) = http_get(&self.rig.lab, &self.rig.srv, "http://127.0.0.1:8080/leases");
+        serde_json::from_str(&body).unwrap()
+    }
+}
+
+/// A namespace `name` plugged into `net`'s bridge `br0`, its eth0 with `mac`.
+fn plug_host(lab: &mut Lab, net: &Netns, name: &str, mac: &str) -> Netns {
+    let ns = lab.netns(name).unwrap();
+    lab.plug(net, "br0", &format!("p-{name}"), &ns, "eth0")
+        .unwrap();
+    lab.exec(&ns, "ip", &["link", "set", "eth0", "address", mac])
+        .unwrap();
+    ns
+}
+
+/// Runs udhcpc on `ns` once: whether it got a lease, and how long that took.
+fn timed_udhcpc(ns: &Netns) -> (bool, Duration) {
+    let dir = tempfile::tempdir().unwrap();
+    let started = std::time::Instant::now();
+    let ok = udhcpc(ns, dir.path(), &[]).status.success();
+    (ok, started.elapsed())
+}
+
+#[test]
+fn an_address_a_squatter_holds_is_not_offered_and_the_probe_costs_the_first_lease_only() {
+    const MAC_3: &str = "02:00:00:00:03:0c";
+    let pool = with_lease(pool_a(600, "192.0.2.53"), MAC_3, "192.0.2.11");
+    let mut b = Bridged::new(&[pool]);
+
+    // The first lease waits for one probe of the address; the next DISCOVER does not.
+    let (ok, first) = timed_udhcpc(&b.vm);
+    assert!(ok);
+    let (ok, second) = timed_udhcpc(&b.vm);
+    assert!(ok);
+    b.wait_verdict("vmdhcp_agent_offer_probes_total", "clean", 1);
+
+    // Another host takes 192.0.2.11 before vm3 boots: vm3 is not offered it, and the agent
+    // says who holds it.
+    b.rig.lab.address(&b.evil, "eth0", "192.0.2.11/24").unwrap();
+    let vm3 = b.host("vm3", MAC_3);
+    let dir = tempfile::tempdir().unwrap();
+    assert!(
+        !udhcpc(&vm3, dir.path(), &[]).status.success(),
+        "offered a squatted address"
+    );
+    let metrics = b.wait_verdict("vmdhcp_agent_offer_probes_total", "conflict", 1);
+    let gauge = "vmdhcp_agent_conflicted_addresses{pool=\"default/a\"} 1";
+    assert!(metrics.lines().any(|l| l == gauge), "{metrics}");
+    assert_eq!(
+        b.leases()["default/a"][MAC_3]["conflict"]["answered_by"],
+        EVIL_MAC
+    );
+    // Nothing else moves: the VM beside it keeps its address.
+    let (ok, _) = timed_udhcpc(&b.vm);
+    assert!(ok);
+    println!(
+        "first lease with its ARP probe: {} ms; the next DISCOVER: {} ms (renewals are never probed)",
+        first.as_millis(),
+        second.as_millis()
+    );
+}
+
 #[test]
 fn a_forged_decline_locks_nobody_out_and_a_squatter_is_held_off_for_a_bounded_time() {
-    // One VM network: a bridge with the agent, the VM and another host on it.
-    let mut lab = Lab::new().unwrap();
-    let net = lab.netns("net").unwrap();
-    lab.bridge(&net, "br0").unwrap();
-    let srv = lab.netns("srv").unwrap();
-    let vm = lab.netns("vm").unwrap();
-    let evil = lab.netns("evil").unwrap();
-    lab.plug(&net, "br0", "p-srv", &srv, "srv0").unwrap();
-    lab.plug(&net, "br0", "p-vm", &vm, "eth0").unwrap();
-    lab.plug(&net, "br0", "p-evil", &evil, "eth0").unwrap();
-    lab.exec(&vm, "ip", &["link", "set", "eth0", "address", MAC_1])
-        .unwrap();
-    let evil_mac = "02:00:00:00:0e:0e";
-    lab.exec(&evil, "ip", &["link", "set", "eth0", "address", evil_mac])
-        .unwrap();
-    lab.address(&srv, "srv0", "192.0.2.1/24").unwrap();
-    let mut rig = Rig {
-        lab,
-        srv,
-        dir: tempfile::tempdir().unwrap(),
-        agent_pid: 0,
-    };
-    rig.start_with(
-        &[pool_a(600, "192.0.2.53")],
-        &["--http-listen", "127.0.0.1:8080"],
-    );
-    rig.wait_serving(&["srv0"]);
-    let labels = r#"interface="srv0",pool="default/a""#;
+    let b = Bridged::new(&[pool_a(600, "192.0.2.53")]);
+    let (rig, vm, evil, evil_mac) = (&b.rig, &b.vm, &b.evil, EVIL_MAC);
     let verdicts = |verdict: &str, n: u32| {
-        let line = format!("vmdhcp_agent_declines_total{{{labels},verdict=\"{verdict}\"}} {n}");
-        wait_for(&line.clone(), Duration::from_secs(10), || {
-            let (_, m) = http_get(&rig.lab, &rig.srv, "http://127.0.0.1:8080/metrics");
-            m.lines().any(|l| l == line).then_some(())
-        });
+        b.wait_verdict("vmdhcp_agent_declines_total", verdict, n);
     };
-    let leases = || -> Value {
-        let (_, body) = http_get(&rig.lab, &rig.srv, "http://127.0.0.1:8080/leases");
-        serde_json::from_str(&body).unwrap()
-    };
+    let leases = || b.leases();
 
     // The VM boots and holds its address.
     let dir = tempfile::tempdir().unwrap();
-    assert!(udhcpc(&vm, dir.path(), &[]).status.success());
+    assert!(udhcpc(vm, dir.path(), &[]).status.success());
 
     // Another host forges a DECLINE in the VM's name: the VM answers the probe for its own
     // address, so nothing is withheld and the VM renews at once.
-    send_decline(&rig.lab, &evil, MAC_1_BYTES, [5, 6, 7, 8]);
+    send_decline(&rig.lab, evil, MAC_1_BYTES, [5, 6, 7, 8]);
     verdicts("holder_answers", 1);
     assert!(leases()["default/a"][MAC_1].get("conflict").is_none());
     let started = std::time::Instant::now();
     let dir = tempfile::tempdir().unwrap();
-    assert!(udhcpc(&vm, dir.path(), &[]).status.success());
+    assert!(udhcpc(vm, dir.path(), &[]).status.success());
     let renewed_after = started.elapsed();
 
     // A real conflict: the other host takes the address, the VM (without it) declines. The
     // probe is answered by the squatter: the address is withheld, for at most CONFLICT_HOLD.
     rig.lab
-        .exec(&vm, "ip", &["addr", "flush", "dev", "eth0"])
+        .exec(vm, "ip", &["addr", "flush", "dev", "eth0"])
         .unwrap();
-    rig.lab.address(&evil, "eth0", "192.0.2.10/24").unwrap();
-    send_decline(&rig.lab, &vm, MAC_1_BYTES, [9, 9, 9, 9]);
+    rig.lab.address(evil, "eth0", "192.0.2.10/24").unwrap();
+    send_decline(&rig.lab, vm, MAC_1_BYTES, [9, 9, 9, 9]);
     verdicts("conflict", 1);
     let conflict = leases()["default/a"][MAC_1]["conflict"].clone();
     assert_eq!(conflict["declined_by"], MAC_1);
@@ -789,16 +900,16 @@ fn a_forged_decline_locks_nobody_out_and_a_squatter_is_held_off_for_a_bounded_ti
     let held = conflict["held_for_seconds"].as_u64().unwrap();
     assert!((1..=60).contains(&held), "{conflict}");
     let dir = tempfile::tempdir().unwrap();
-    assert!(!udhcpc(&vm, dir.path(), &[]).status.success(), "withheld");
+    assert!(!udhcpc(vm, dir.path(), &[]).status.success(), "withheld");
 
     // The squatter leaves; the next DECLINE's probe finds the address free and ends the hold.
     rig.lab
-        .exec(&evil, "ip", &["addr", "flush", "dev", "eth0"])
+        .exec(evil, "ip", &["addr", "flush", "dev", "eth0"])
         .unwrap();
-    send_decline(&rig.lab, &evil, MAC_1_BYTES, [1, 1, 1, 1]);
+    send_decline(&rig.lab, evil, MAC_1_BYTES, [1, 1, 1, 1]);
     verdicts("no_answer", 1);
     let dir = tempfile::tempdir().unwrap();
-    assert!(udhcpc(&vm, dir.path(), &[]).status.success());
+    assert!(udhcpc(vm, dir.path(), &[]).status.success());
     println!(
         "forged DECLINE -> the VM's next lease: {} ms (no hold); a real conflict held {held} s of at most 60",
         renewed_after.as_millis()

@@ -9,8 +9,8 @@ use std::time::Duration;
 
 use dhcproto::v4::MessageType;
 
-use super::decline::VerdictCounts;
 use super::handler::{Action, DropReason, Outcome, Silence};
+use super::probe::{OfferCounts, VerdictCounts};
 
 const REQUEST_KINDS: [&str; 6] = [
     "discover", "request", "release", "decline", "inform", "other",
@@ -42,6 +42,7 @@ pub struct Counters {
     latency_count: AtomicU64,
     latency_sum_ns: AtomicU64,
     declines: Arc<VerdictCounts>,
+    offer_probes: Arc<OfferCounts>,
 }
 
 /// A reading of every counter, grouped the way metrics export them.
@@ -64,8 +65,10 @@ pub struct Reading {
     pub latency_count: u64,
     /// Sum of their latencies, in seconds.
     pub latency_sum_seconds: f64,
-    /// DECLINEs checked, by verdict (see [`super::decline`]).
+    /// DECLINEs checked, by verdict (see [`super::probe`]).
     pub declines: Vec<(&'static str, u64)>,
+    /// First OFFERs probed, by verdict (see [`super::probe`]).
+    pub offer_probes: Vec<(&'static str, u64)>,
 }
 
 fn request_index(kind: Option<MessageType>) -> usize {
@@ -87,6 +90,11 @@ impl Counters {
     /// The DECLINE verdict counts of this interface, for the checks to record into.
     pub fn declines(&self) -> Arc<VerdictCounts> {
         Arc::clone(&self.declines)
+    }
+
+    /// The offer-probe verdict counts of this interface, for the probes to record into.
+    pub fn offer_probes(&self) -> Arc<OfferCounts> {
+        Arc::clone(&self.offer_probes)
     }
 
     /// Counts one handled datagram.
@@ -160,6 +168,7 @@ impl Counters {
                 .collect(),
             send_errors: load(&self.send_errors),
             declines: self.declines.read(),
+            offer_probes: self.offer_probes.read(),
             latency_buckets: LATENCY_BUCKETS_US
                 .iter()
                 .map(|bound| *bound as f64 / 1e6)

@@ -4,13 +4,13 @@
 //! and the sockets, one per interface ([`server`]).
 //!
 //! It reads the [`crate::lease_table::LeaseTable`] and writes to it only to withhold declined
-//! addresses, once [`decline`] has checked them with an ARP probe; it never configures
+//! addresses, once [`probe`] has checked them with an ARP probe; it never configures
 //! interfaces' addresses.
 
 pub mod counters;
-pub mod decline;
 pub mod handler;
 pub mod ntp;
+pub mod probe;
 pub mod server;
 
 /// Port servers listen on and relays are answered on (RFC 2131 §4.1).

@@ -19,7 +19,9 @@ use vmdhcp_telemetry::trace;
 
 use super::SERVER_PORT;
 use super::counters::Counters;
-use super::decline::{DeclineChecks, Declined};
+use super::probe::{Declined, PendingOffer, Probes};
+use dhcproto::v4::MessageType;
+
 use super::handler::{Action, MAX_PACKET, Silence, handle};
 use crate::capability::{Capability, Missing};
 use crate::lease_table::LeaseTable;
@@ -146,7 +148,7 @@ pub type InterfaceCounters = (Interface, Arc<Counters>);
 /// (the agent's serving loop follows pools and leadership), each independently of the others.
 pub struct Servers {
     table: Arc<LeaseTable>,
-    declines: Arc<DeclineChecks>,
+    probes: Arc<Probes>,
     status_tx: Arc<watch::Sender<BTreeMap<String, InterfaceStatus>>>,
     statuses: watch::Receiver<BTreeMap<String, InterfaceStatus>>,
     counters_tx: watch::Sender<Vec<InterfaceCounters>>,
@@ -166,7 +168,7 @@ impl Servers {
         let (status_tx, statuses) = watch::channel(BTreeMap::new());
         Servers {
             table,
-            declines: Arc::default(),
+            probes: Arc::default(),
             status_tx: Arc::new(status_tx),
             statuses,
             counters_tx: watch::channel(Vec::new()).0,
@@ -196,7 +198,7 @@ impl Servers {
             run_interface(
                 interface.clone(),
                 Arc::clone(&self.table),
-                Arc::clone(&self.declines),
+                Arc::clone(&self.probes),
                 counters,
                 Arc::clone(&self.status_tx),
                 stopped,
@@ -288,7 +290,7 @@ const MAX_BACKOFF: Duration = Duration::from_secs(30);
 async fn run_interface(
     interface: Interface,
     table: Arc<LeaseTable>,
-    declines: Arc<DeclineChecks>,
+    probes: Arc<Probes>,
     counters: Arc<Counters>,
     status: Arc<watch::Sender<BTreeMap<String, InterfaceStatus>>>,
     mut shutdown: watch::Receiver<bool>,
@@ -319,7 +321,7 @@ async fn run_interface(
                     interface.clone(),
                     Arc::clone(&table),
                     Arc::clone(&counters),
-                    Arc::clone(&declines),
+                    Arc::clone(&probes),
                     shutdown.clone(),
                 );
                 let span = tracing::Span::current();
@@ -354,6 +356,21 @@ async fn run_interface(
     }
 }
 
+/// Sends `reply`, counting its latency from `received_at`, or the error.
+fn send_reply(
+    socket: &std::net::UdpSocket,
+    reply: &super::handler::Reply,
+    counters: &Counters,
+    received_at: Instant,
+) {
+    if let Err(error) = socket.send_to(&reply.bytes, reply.to) {
+        counters.record_send_error();
+        warn!(to = %reply.to, %error, "reply not sent");
+    } else {
+        counters.record_latency(received_at.elapsed());
+    }
+}
+
 /// A MAC for log fields, formatted only if an event is actually emitted.
 struct MacField(Option<vmdhcp_core::MacAddr>);
 
@@ -376,8 +393,8 @@ fn serve(
     index: u32,
     socket: std::net::UdpSocket,
     table: &Arc<LeaseTable>,
-    counters: &Counters,
-    declines: &Arc<DeclineChecks>,
+    counters: &Arc<Counters>,
+    probes: &Arc<Probes>,
     shutdown: &watch::Receiver<bool>,
 ) -> Result<(), ServerError> {
     let setup = |step: &'static str| {
@@ -394,6 +411,8 @@ fn serve(
     socket
         .set_read_timeout(Some(POLL))
         .map_err(setup("set SO_RCVTIMEO"))?;
+    // Shared with the probes that send an OFFER once its address is found free.
+    let socket = Arc::new(socket);
     // Larger than any accepted packet, so an oversized datagram is seen as such, not truncated
     // into something that looks valid.
     let mut buf = vec![0u8; MAX_PACKET * 2];
@@ -474,13 +493,38 @@ fn serve(
         }
         match outcome.action {
             Action::Reply(reply) => {
-                if let Err(error) = socket.send_to(&reply.bytes, reply.to) {
-                    counters.record_send_error();
-                    warn!(%mac, to = %reply.to, %error, "reply not sent");
-                } else {
-                    counters.record_latency(received_at.elapsed());
-                    debug!(%mac, request = ?outcome.request, reply = ?reply.kind, to = %reply.to, "replied");
+                // The first OFFER of an address to a MAC on this link waits for an ARP probe of
+                // it (a relayed client is on another link, where this agent cannot probe).
+                let relayed = reply.to.port() == SERVER_PORT;
+                let unprobed = match (reply.kind, outcome.mac) {
+                    (MessageType::Offer, Some(to)) if !relayed => pool
+                        .address_of(&to)
+                        .filter(|ip| !probes.is_clean(&interface.pool, *ip, to))
+                        .map(|ip| PendingOffer {
+                            interface: interface.name.clone(),
+                            pool: interface.pool.clone(),
+                            ip,
+                            mac: to,
+                        }),
+                    _ => None,
+                };
+                let reply = Arc::new(reply);
+                if let Some(offer) = unprobed {
+                    let (socket, late, held) = (
+                        Arc::clone(&socket),
+                        Arc::clone(counters),
+                        Arc::clone(&reply),
+                    );
+                    let send_late = move || send_reply(&socket, &held, &late, received_at);
+                    let table = Arc::clone(table);
+                    // Unless no probe could run (serving comes first), the probe sends it.
+                    if !probes.probe_offer(offer, table, counters.offer_probes(), send_late) {
+                        debug!(%mac, "OFFER held until its address is probed");
+                        continue;
+                    }
                 }
+                send_reply(&socket, &reply, counters, received_at);
+                debug!(%mac, request = ?outcome.request, reply = ?reply.kind, to = %reply.to, "replied");
             }
             Action::Silent(Silence::Declined(ip)) => {
                 if let Some(by) = outcome.mac {
@@ -491,7 +535,7 @@ fn serve(
                         ip,
                         by,
                     };
-                    declines.check(declined, Arc::clone(table), counters.declines());
+                    probes.check_decline(declined, Arc::clone(table), counters.declines());
                 }
             }
             Action::Silent(Silence::Released(ip)) => {
