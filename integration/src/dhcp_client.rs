@@ -102,7 +102,13 @@ pub const DHCLIENT_CONF: &str = "request subnet-mask, broadcast-address, routers
 /// Starts `dhclient` (killed when `lab` drops) in the foreground on `vm`'s eth0, with its own config, lease and pid files.
 pub fn start_dhclient(lab: &mut Lab, vm: &Netns, dir: &Path) {
     let script = hook_script(dir);
-    fs::write(dir.join("dhclient.conf"), DHCLIENT_CONF).unwrap();
+    spawn_dhclient(lab, vm, dir, DHCLIENT_CONF, Some(&script));
+}
+
+/// `dhclient -4 -d` on `vm`'s eth0 with `conf`, its lease, pid and log files in `dir`, and
+/// `script` (the system's `dhclient-script` when `None`).
+fn spawn_dhclient(lab: &mut Lab, vm: &Netns, dir: &Path, conf: &str, script: Option<&Path>) {
+    fs::write(dir.join("dhclient.conf"), conf).unwrap();
     let log = fs::File::create(dir.join("dhclient.log")).unwrap();
     let mut cmd = vm.command("dhclient");
     cmd.args(["-4", "-d", "-v", "-cf"])
@@ -110,10 +116,11 @@ pub fn start_dhclient(lab: &mut Lab, vm: &Netns, dir: &Path) {
         .arg("-lf")
         .arg(dir.join("dhclient.leases"))
         .arg("-pf")
-        .arg(dir.join("dhclient.pid"))
-        .arg("-sf")
-        .arg(&script)
-        .arg("eth0")
+        .arg(dir.join("dhclient.pid"));
+    if let Some(script) = script {
+        cmd.arg("-sf").arg(script);
+    }
+    cmd.arg("eth0")
         .stdin(Stdio::null())
         .stdout(Stdio::null())
         .stderr(log);
@@ -132,20 +139,7 @@ pub const DHCLIENT_ROUTES_CONF: &str = "option rfc3442-classless-static-routes c
 /// address, the MTU (`ip link`) and the routes (`ip route`, through Debian's
 /// `rfc3442-classless-routes` hook). Config [`DHCLIENT_ROUTES_CONF`].
 pub fn start_dhclient_configuring(lab: &mut Lab, vm: &Netns, dir: &Path) {
-    fs::write(dir.join("dhclient.conf"), DHCLIENT_ROUTES_CONF).unwrap();
-    let log = fs::File::create(dir.join("dhclient.log")).unwrap();
-    let mut cmd = vm.command("dhclient");
-    cmd.args(["-4", "-d", "-v", "-cf"])
-        .arg(dir.join("dhclient.conf"))
-        .arg("-lf")
-        .arg(dir.join("dhclient.leases"))
-        .arg("-pf")
-        .arg(dir.join("dhclient.pid"))
-        .arg("eth0")
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(log);
-    lab.spawn(cmd).unwrap();
+    spawn_dhclient(lab, vm, dir, DHCLIENT_ROUTES_CONF, None);
 }
 
 /// What [`start_dhcpcd`] asks for beyond dhcpcd's defaults: the MTU and the classless static

@@ -277,23 +277,44 @@ fn pool_a_routed(lease_seconds: u32, mtu: u16, router: Option<&str>) -> Value {
     )
 }
 
-#[test]
-fn dhclient_applies_the_mtu_and_classless_routes_and_sees_an_mtu_change() {
+/// A rig serving `pools` on `srv0` (192.0.2.1/24), wired to the VM namespace it returns
+/// ([`MAC_1`] on eth0).
+fn serving(pools: &[Value]) -> (Rig, Netns) {
     let mut rig = rig();
     let vm = rig.vm("vm", "srv0", MAC_1);
     rig.lab.address(&rig.srv, "srv0", "192.0.2.1/24").unwrap();
-    // 6 s leases: renewals every 3 s carry option changes.
-    rig.start(&[pool_a_routed(6, 1400, Some("192.0.2.254"))]);
+    rig.start(pools);
     rig.wait_serving(&["srv0"]);
+    (rig, vm)
+}
+
+/// Waits until the client on `vm` applied [`pool_a_routed`]'s route; returns `vm`'s IPv4 routes
+/// on eth0.
+fn wait_routes(rig: &Rig, vm: &Netns) -> String {
+    wait_for(
+        "the classless route applied",
+        Duration::from_secs(30),
+        || {
+            let routes = rig
+                .lab
+                .exec(vm, "ip", &["-4", "route", "show", "dev", "eth0"])
+                .unwrap_or_default();
+            routes
+                .contains("10.96.0.0/12 via 192.0.2.254")
+                .then_some(routes)
+        },
+    )
+}
+
+#[test]
+fn dhclient_applies_the_mtu_and_classless_routes_and_sees_an_mtu_change() {
+    // 6 s leases: renewals every 3 s carry option changes.
+    let (mut rig, vm) = serving(&[pool_a_routed(6, 1400, Some("192.0.2.254"))]);
 
     let dir = tempfile::tempdir().unwrap();
     start_dhclient_configuring(&mut rig.lab, &vm, dir.path());
     let ip = |args: &[&str]| rig.lab.exec(&vm, "ip", args).unwrap_or_default();
-    let routes = wait_for("the routes applied", Duration::from_secs(20), || {
-        let routes = ip(&["-4", "route", "show", "dev", "eth0"]);
-        (routes.contains("10.96.0.0/12 via 192.0.2.254") && routes.contains("default via"))
-            .then_some(routes)
-    });
+    let routes = wait_routes(&rig, &vm);
     assert!(routes.contains("default via 192.0.2.254"), "{routes}");
     wait_for("MTU 1400 on eth0", Duration::from_secs(10), || {
         ip(&["link", "show", "eth0"])
@@ -321,21 +342,12 @@ fn dhclient_applies_the_mtu_and_classless_routes_and_sees_an_mtu_change() {
 
 #[test]
 fn dhcpcd_applies_the_mtu_and_classless_routes() {
-    let mut rig = rig();
-    let vm = rig.vm("vm", "srv0", MAC_1);
-    rig.lab.address(&rig.srv, "srv0", "192.0.2.1/24").unwrap();
-    rig.start(&[pool_a_routed(600, 1400, Some("192.0.2.254"))]);
-    rig.wait_serving(&["srv0"]);
+    let (mut rig, vm) = serving(&[pool_a_routed(600, 1400, Some("192.0.2.254"))]);
 
     let dir = tempfile::tempdir().unwrap();
     start_dhcpcd(&mut rig.lab, &vm, dir.path());
     let ip = |args: &[&str]| rig.lab.exec(&vm, "ip", args).unwrap_or_default();
-    let routes = wait_for("dhcpcd's routes", Duration::from_secs(30), || {
-        let routes = ip(&["-4", "route", "show", "dev", "eth0"]);
-        routes
-            .contains("10.96.0.0/12 via 192.0.2.254")
-            .then_some(routes)
-    });
+    let routes = wait_routes(&rig, &vm);
     assert!(routes.contains("default via 192.0.2.254"), "{routes}");
     // dhcpcd 9 applies the MTU to the routes it adds (not to the link, so the link does not
     // bounce): every route of the lease carries it.
@@ -348,12 +360,8 @@ fn dhcpcd_applies_the_mtu_and_classless_routes() {
 
 #[test]
 fn a_secondary_network_client_gets_the_routes_and_mtu_but_no_default_route() {
-    let mut rig = rig();
-    let vm = rig.vm("vm", "srv0", MAC_1);
-    rig.lab.address(&rig.srv, "srv0", "192.0.2.1/24").unwrap();
     // `defaultRoute: false` in the IPPool reaches the agent as a config without a router.
-    rig.start(&[pool_a_routed(600, 1450, None)]);
-    rig.wait_serving(&["srv0"]);
+    let (mut rig, vm) = serving(&[pool_a_routed(600, 1450, None)]);
 
     // udhcpc, asking for 121, 249 and 26 by name.
     let dir = tempfile::tempdir().unwrap();
@@ -378,12 +386,7 @@ fn a_secondary_network_client_gets_the_routes_and_mtu_but_no_default_route() {
     let dir = tempfile::tempdir().unwrap();
     start_dhclient_configuring(&mut rig.lab, &vm, dir.path());
     let ip = |args: &[&str]| rig.lab.exec(&vm, "ip", args).unwrap_or_default();
-    let routes = wait_for("the route applied", Duration::from_secs(20), || {
-        let routes = ip(&["-4", "route", "show"]);
-        routes
-            .contains("10.96.0.0/12 via 192.0.2.254")
-            .then_some(routes)
-    });
+    let routes = wait_routes(&rig, &vm);
     assert!(!routes.contains("default"), "{routes}");
     wait_for("MTU 1450 on eth0", Duration::from_secs(10), || {
         ip(&["link", "show", "eth0"])

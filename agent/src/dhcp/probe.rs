@@ -30,6 +30,7 @@
 //! only). A flood of DISCOVERs or DECLINEs costs neither memory nor threads beyond that.
 
 use std::collections::HashSet;
+use std::marker::PhantomData;
 use std::net::Ipv4Addr;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
@@ -70,9 +71,8 @@ pub enum Verdict {
     Busy,
 }
 
-impl Verdict {
-    /// Every verdict's metric label, in [`Verdict::index`] order.
-    pub const LABELS: [&'static str; 5] = [
+impl Labels for Verdict {
+    const LABELS: &'static [&'static str] = &[
         "conflict",
         "holder_answers",
         "no_answer",
@@ -80,8 +80,7 @@ impl Verdict {
         "busy",
     ];
 
-    /// The position of this verdict's label in [`Verdict::LABELS`].
-    pub fn index(self) -> usize {
+    fn index(self) -> usize {
         match self {
             Verdict::Conflict(_) => 0,
             Verdict::HolderAnswers => 1,
@@ -90,7 +89,9 @@ impl Verdict {
             Verdict::Busy => 4,
         }
     }
+}
 
+impl Verdict {
     /// The verdict on a DECLINE by `holder`, from what its probe saw.
     pub fn of(probe: &Result<Option<MacAddr>, ArpError>, holder: MacAddr) -> Self {
         match probe {
@@ -111,24 +112,51 @@ impl Verdict {
     }
 }
 
-/// Counts of verdicts, per interface, for `/metrics`.
-#[derive(Debug, Default)]
-pub struct VerdictCounts([AtomicU64; Verdict::LABELS.len()]);
+/// Verdicts with a metric label each.
+pub trait Labels: Copy {
+    /// Every verdict's label, in [`Labels::index`] order.
+    const LABELS: &'static [&'static str];
+    /// The position of this verdict's label in [`Labels::LABELS`].
+    fn index(self) -> usize;
+}
 
-impl VerdictCounts {
-    fn record(&self, verdict: Verdict) {
-        self.0[verdict.index()].fetch_add(1, Ordering::Relaxed);
+/// Counts of verdicts `V`, per interface, for `/metrics`.
+#[derive(Debug)]
+pub struct Tally<V> {
+    counts: Box<[AtomicU64]>,
+    verdicts: PhantomData<fn(V)>,
+}
+
+impl<V: Labels> Default for Tally<V> {
+    fn default() -> Self {
+        Tally {
+            counts: V::LABELS.iter().map(|_| AtomicU64::new(0)).collect(),
+            verdicts: PhantomData,
+        }
+    }
+}
+
+impl<V: Labels> Tally<V> {
+    fn record(&self, verdict: V) {
+        if let Some(n) = self.counts.get(verdict.index()) {
+            n.fetch_add(1, Ordering::Relaxed);
+        }
     }
 
     /// (label, count) for every verdict.
     pub fn read(&self) -> Vec<(&'static str, u64)> {
-        Verdict::LABELS
+        V::LABELS
             .iter()
-            .zip(&self.0)
+            .zip(self.counts.iter())
             .map(|(label, n)| (*label, n.load(Ordering::Relaxed)))
             .collect()
     }
 }
+
+/// DECLINE verdicts counted.
+pub type VerdictCounts = Tally<Verdict>;
+/// Offer-probe verdicts counted.
+pub type OfferCounts = Tally<OfferVerdict>;
 
 /// One DECLINE to check.
 #[derive(Clone, Debug)]
@@ -156,37 +184,16 @@ pub enum OfferVerdict {
     Busy,
 }
 
-impl OfferVerdict {
-    /// Every verdict's metric label, in [`OfferVerdict::index`] order.
-    pub const LABELS: [&'static str; 4] = ["clean", "conflict", "unverifiable", "busy"];
+impl Labels for OfferVerdict {
+    const LABELS: &'static [&'static str] = &["clean", "conflict", "unverifiable", "busy"];
 
-    /// The position of this verdict's label in [`OfferVerdict::LABELS`].
-    pub fn index(self) -> usize {
+    fn index(self) -> usize {
         match self {
             OfferVerdict::Clean => 0,
             OfferVerdict::Conflict => 1,
             OfferVerdict::Unverifiable => 2,
             OfferVerdict::Busy => 3,
         }
-    }
-}
-
-/// Counts of offer-probe verdicts, per interface, for `/metrics`.
-#[derive(Debug, Default)]
-pub struct OfferCounts([AtomicU64; OfferVerdict::LABELS.len()]);
-
-impl OfferCounts {
-    fn record(&self, verdict: OfferVerdict) {
-        self.0[verdict.index()].fetch_add(1, Ordering::Relaxed);
-    }
-
-    /// (label, count) for every verdict.
-    pub fn read(&self) -> Vec<(&'static str, u64)> {
-        OfferVerdict::LABELS
-            .iter()
-            .zip(&self.0)
-            .map(|(label, n)| (*label, n.load(Ordering::Relaxed)))
-            .collect()
     }
 }
 
