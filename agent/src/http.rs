@@ -500,6 +500,17 @@ impl Collector for DataPlaneMetrics {
                     None,
                 )?;
         }
+        self.encode_tables(encoder, &counters)
+    }
+}
+
+impl DataPlaneMetrics {
+    /// The per-interface serving state and the per-pool lease and conflict gauges.
+    fn encode_tables(
+        &self,
+        mut encoder: DescriptorEncoder,
+        counters: &[InterfaceCounters],
+    ) -> Result<(), std::fmt::Error> {
         let statuses = self.statuses.borrow().clone();
         let mut family = encoder.encode_descriptor(
             "vmdhcp_agent_interface_serving",
@@ -528,7 +539,7 @@ impl Collector for DataPlaneMetrics {
         }
         let mut family = encoder.encode_descriptor(
             "vmdhcp_agent_conflicted_addresses",
-            "Addresses declined by clients (DHCPDECLINE) and withheld, per pool.",
+            "Addresses withheld now after an ARP probe found another host using them, per pool.",
             None,
             MetricType::Gauge,
         )?;

@@ -208,13 +208,7 @@ pub async fn run(settings: Settings, client: Option<kube::Client>) -> Result<(),
     loop {
         let is_leader = active && *leading.borrow_and_update();
         let v = *view.borrow_and_update();
-        let wanted: WantedSet = if !active {
-            WantedSet::new()
-        } else if v.loaded {
-            wanted_from_table(&table)
-        } else {
-            wanted_from_bootstrap(&bootstrap.network_configs)
-        };
+        let wanted = wanted_now(active, v.loaded, &table, &bootstrap);
         serving.converge(is_leader, &wanted).await;
         loaded_tx.send_if_modified(|l| std::mem::replace(l, v.loaded) != v.loaded);
         let lease_holder = holder.borrow_and_update().holder.clone();
@@ -242,6 +236,28 @@ pub async fn run(settings: Settings, client: Option<kube::Client>) -> Result<(),
     role_tx.send_modify(|r| r.leader = false);
     leadership.release().await;
     let _ = stop_tx.send(true);
+    join(tasks, http_task).await;
+    info!("stopped");
+    Ok(())
+}
+
+/// The interfaces to serve: none when idle; the pools in the table once a lease source
+/// loaded them; until then, the bootstrap's.
+fn wanted_now(active: bool, loaded: bool, table: &LeaseTable, bootstrap: &Bootstrap) -> WantedSet {
+    if !active {
+        WantedSet::new()
+    } else if loaded {
+        wanted_from_table(table)
+    } else {
+        wanted_from_bootstrap(&bootstrap.network_configs)
+    }
+}
+
+/// Waits for the background tasks and the HTTP endpoints to end (after the stop signal).
+async fn join<E: std::fmt::Display>(
+    tasks: Vec<JoinHandle<()>>,
+    http_task: Option<JoinHandle<Result<(), E>>>,
+) {
     for task in tasks {
         let _ = task.await;
     }
@@ -252,8 +268,6 @@ pub async fn run(settings: Settings, client: Option<kube::Client>) -> Result<(),
             Ok(Ok(())) => {}
         }
     }
-    info!("stopped");
-    Ok(())
 }
 
 /// Whether this replica may answer: the elector's channels, or, without election, always.

@@ -181,126 +181,8 @@ impl Applier {
             ));
         }
         match event {
-            pb::watch_response::Event::Snapshot(snap) => {
-                let mut pools = match self.partial.take() {
-                    Some((_, _, pools)) => pools,
-                    None => BTreeMap::new(),
-                };
-                for part in &snap.pools {
-                    let config = part.config.as_ref().ok_or_else(|| {
-                        StreamError::Invalid(ConvertError {
-                            message: "PoolSnapshot",
-                            field: "config",
-                            value: String::new(),
-                            reason: "is required".into(),
-                        })
-                    })?;
-                    let config = PoolConfig::try_from(config)?;
-                    let leases = part
-                        .leases
-                        .iter()
-                        .map(|e| lease_from_entry(&config.pool, e).map(|l| (l.mac, l.ip)))
-                        .collect::<Result<Vec<_>, _>>()?;
-                    let entry = pools
-                        .entry(config.pool.clone())
-                        .or_insert_with(|| PoolState {
-                            config: config.clone(),
-                            leases: BTreeMap::new(),
-                        });
-                    entry.config = config;
-                    entry.leases.extend(leases);
-                }
-                if snap.more {
-                    self.partial = Some((msg.epoch.clone(), msg.revision, pools));
-                    return Ok(Applied::SnapshotPart);
-                }
-                self.state = AppliedState {
-                    epoch: msg.epoch.clone(),
-                    revision: msg.revision,
-                    pools,
-                };
-                Ok(Applied::Snapshot)
-            }
-            pb::watch_response::Event::Delta(d) => {
-                if self.state.epoch.is_empty() {
-                    return out_of_order(format!(
-                        "delta to revision {} before any snapshot",
-                        msg.revision
-                    ));
-                }
-                if msg.epoch != self.state.epoch {
-                    return out_of_order(format!(
-                        "delta of epoch {} on state of epoch {}",
-                        msg.epoch, self.state.epoch
-                    ));
-                }
-                if d.base_revision != self.state.revision || msg.revision <= d.base_revision {
-                    return out_of_order(format!(
-                        "delta {}→{} on state at revision {}",
-                        d.base_revision, msg.revision, self.state.revision
-                    ));
-                }
-                let delta = PoolDelta {
-                    base_revision: d.base_revision,
-                    revision: msg.revision,
-                    upserted_pools: d
-                        .upserted_pools
-                        .iter()
-                        .map(PoolConfig::try_from)
-                        .collect::<Result<_, _>>()?,
-                    removed_pools: d
-                        .removed_pools
-                        .iter()
-                        .map(|p| removed_pool(p))
-                        .collect::<Result<_, _>>()?,
-                    upserted_leases: d
-                        .upserted_leases
-                        .iter()
-                        .map(Lease::try_from)
-                        .collect::<Result<_, _>>()?,
-                    removed_leases: d
-                        .removed_leases
-                        .iter()
-                        .map(lease_key)
-                        .collect::<Result<_, _>>()?,
-                };
-                for lease in &delta.upserted_leases {
-                    let known = self.state.pools.contains_key(&lease.pool)
-                        || delta.upserted_pools.iter().any(|p| p.pool == lease.pool);
-                    if !known || delta.removed_pools.contains(&lease.pool) {
-                        return out_of_order(format!(
-                            "lease {} {} on pool {} that is not served",
-                            lease.mac, lease.ip, lease.pool
-                        ));
-                    }
-                }
-                // Everything is valid: apply.
-                let st = &mut self.state;
-                for pool in &delta.removed_pools {
-                    st.pools.remove(pool);
-                }
-                for config in &delta.upserted_pools {
-                    st.pools
-                        .entry(config.pool.clone())
-                        .and_modify(|p| p.config = config.clone())
-                        .or_insert_with(|| PoolState {
-                            config: config.clone(),
-                            leases: BTreeMap::new(),
-                        });
-                }
-                for lease in &delta.upserted_leases {
-                    if let Some(p) = st.pools.get_mut(&lease.pool) {
-                        p.leases.insert(lease.mac, lease.ip);
-                    }
-                }
-                for (pool, mac) in &delta.removed_leases {
-                    if let Some(p) = st.pools.get_mut(pool) {
-                        p.leases.remove(mac);
-                    }
-                }
-                st.revision = delta.revision;
-                Ok(Applied::Delta(delta))
-            }
+            pb::watch_response::Event::Snapshot(snap) => self.apply_snapshot(msg, snap),
+            pb::watch_response::Event::Delta(d) => self.apply_delta(msg, d),
             pb::watch_response::Event::Heartbeat(_) => {
                 if msg.epoch != self.state.epoch || msg.revision != self.state.revision {
                     return out_of_order(format!(
@@ -311,6 +193,117 @@ impl Applier {
                 Ok(Applied::Heartbeat)
             }
         }
+    }
+
+    /// A snapshot part: accumulated until the last part, which replaces the state.
+    fn apply_snapshot(
+        &mut self,
+        msg: &pb::WatchResponse,
+        snap: &pb::Snapshot,
+    ) -> Result<Applied, StreamError> {
+        let mut pools = match self.partial.take() {
+            Some((_, _, pools)) => pools,
+            None => BTreeMap::new(),
+        };
+        for part in &snap.pools {
+            let config = part.config.as_ref().ok_or_else(|| {
+                StreamError::Invalid(ConvertError {
+                    message: "PoolSnapshot",
+                    field: "config",
+                    value: String::new(),
+                    reason: "is required".into(),
+                })
+            })?;
+            let config = PoolConfig::try_from(config)?;
+            let leases = part
+                .leases
+                .iter()
+                .map(|e| lease_from_entry(&config.pool, e).map(|l| (l.mac, l.ip)))
+                .collect::<Result<Vec<_>, _>>()?;
+            let entry = pools
+                .entry(config.pool.clone())
+                .or_insert_with(|| PoolState {
+                    config: config.clone(),
+                    leases: BTreeMap::new(),
+                });
+            entry.config = config;
+            entry.leases.extend(leases);
+        }
+        if snap.more {
+            self.partial = Some((msg.epoch.clone(), msg.revision, pools));
+            return Ok(Applied::SnapshotPart);
+        }
+        self.state = AppliedState {
+            epoch: msg.epoch.clone(),
+            revision: msg.revision,
+            pools,
+        };
+        Ok(Applied::Snapshot)
+    }
+
+    /// A delta, checked whole against the state (epoch, revisions, leases on served pools)
+    /// before any of it is applied.
+    fn apply_delta(
+        &mut self,
+        msg: &pb::WatchResponse,
+        d: &pb::Delta,
+    ) -> Result<Applied, StreamError> {
+        let out_of_order = |what: String| Err(StreamError::OutOfOrder(what));
+        if self.state.epoch.is_empty() {
+            return out_of_order(format!(
+                "delta to revision {} before any snapshot",
+                msg.revision
+            ));
+        }
+        if msg.epoch != self.state.epoch {
+            return out_of_order(format!(
+                "delta of epoch {} on state of epoch {}",
+                msg.epoch, self.state.epoch
+            ));
+        }
+        if d.base_revision != self.state.revision || msg.revision <= d.base_revision {
+            return out_of_order(format!(
+                "delta {}→{} on state at revision {}",
+                d.base_revision, msg.revision, self.state.revision
+            ));
+        }
+        let delta = decode_delta(msg, d)?;
+        for lease in &delta.upserted_leases {
+            let known = self.state.pools.contains_key(&lease.pool)
+                || delta.upserted_pools.iter().any(|p| p.pool == lease.pool);
+            if !known || delta.removed_pools.contains(&lease.pool) {
+                return out_of_order(format!(
+                    "lease {} {} on pool {} that is not served",
+                    lease.mac, lease.ip, lease.pool
+                ));
+            }
+        }
+        // Everything is valid: apply.
+        let st = &mut self.state;
+        for pool in &delta.removed_pools {
+            st.pools.remove(pool);
+        }
+        for config in &delta.upserted_pools {
+            st.pools
+                .entry(config.pool.clone())
+                .and_modify(|p| p.config = config.clone())
+                .or_insert_with(|| PoolState {
+                    config: config.clone(),
+                    leases: BTreeMap::new(),
+                });
+        }
+        for lease in &delta.upserted_leases {
+            if let Some(p) = st.pools.get_mut(&lease.pool) {
+                p.leases.insert(lease.mac, lease.ip);
+            }
+        }
+        for (pool, mac) in &delta.removed_leases {
+            if let Some(p) = st.pools.get_mut(pool) {
+                p.leases.remove(mac);
+            }
+        }
+        st.revision = delta.revision;
+        Ok(Applied::Delta(delta))
     }
 }
 
@@ -369,6 +362,34 @@ impl ClientSettings {
             credentials: crate::credentials::Credentials::default(),
         }
     }
+}
+
+/// The domain form of a delta message; any unreadable entry refuses the whole delta.
+fn decode_delta(msg: &pb::WatchResponse, d: &pb::Delta) -> Result<PoolDelta, StreamError> {
+    Ok(PoolDelta {
+        base_revision: d.base_revision,
+        revision: msg.revision,
+        upserted_pools: d
+            .upserted_pools
+            .iter()
+            .map(PoolConfig::try_from)
+            .collect::<Result<_, _>>()?,
+        removed_pools: d
+            .removed_pools
+            .iter()
+            .map(|p| removed_pool(p))
+            .collect::<Result<_, _>>()?,
+        upserted_leases: d
+            .upserted_leases
+            .iter()
+            .map(Lease::try_from)
+            .collect::<Result<_, _>>()?,
+        removed_leases: d
+            .removed_leases
+            .iter()
+            .map(lease_key)
+            .collect::<Result<_, _>>()?,
+    })
 }
 
 /// Runs the stream until `shutdown` turns true: connects, applies, hands changes to `sink`,
@@ -455,47 +476,7 @@ async fn session(
         endpoint: settings.endpoint.clone(),
         reason,
     };
-    let endpoint = settings
-        .credentials
-        .endpoint(&settings.endpoint)
-        .map_err(|e| transport(e.to_string()))?
-        .connect_timeout(settings.connect_timeout)
-        .http2_keep_alive_interval(Duration::from_secs(10))
-        .keep_alive_timeout(Duration::from_secs(5))
-        .keep_alive_while_idle(true);
-    let channel = endpoint
-        .connect()
-        .await
-        .map_err(|e| transport(format!("connect: {e}")))?;
-    let mut client = tonic::client::Grpc::new(channel).max_decoding_message_size(64 << 20);
-    let (epoch, revision) = if resync || applier.state().epoch.is_empty() {
-        (String::new(), 0)
-    } else {
-        (applier.state().epoch.clone(), applier.state().revision)
-    };
-    let request = pb::WatchRequest {
-        agent: Some(settings.agent.clone()),
-        epoch,
-        revision,
-        pool_refs: settings.pool_refs.iter().map(ToString::to_string).collect(),
-    };
-    client
-        .ready()
-        .await
-        .map_err(|e| transport(format!("watch: {e}")))?;
-    let path = format!("/{SERVICE_NAME}/Watch")
-        .parse()
-        .map_err(|e| transport(format!("watch path: {e}")))?;
-    let mut request = tonic::Request::new(request);
-    settings
-        .credentials
-        .authorize(&mut request)
-        .map_err(|e| transport(e.to_string()))?;
-    let mut stream = client
-        .server_streaming(request, path, FrameCodec)
-        .await
-        .map_err(|s| transport(format!("watch: {s}")))?
-        .into_inner();
+    let mut stream = open_watch(settings, applier.state(), resync).await?;
     status.send_modify(|s| s.connects += 1);
     let mut first = true;
     loop {
@@ -519,71 +500,7 @@ async fn session(
                 }
             })?,
         };
-        let kind = match &msg.event {
-            Some(pb::watch_response::Event::Snapshot(s)) if s.more => "snapshot_part",
-            Some(pb::watch_response::Event::Snapshot(_)) => "snapshot",
-            Some(pb::watch_response::Event::Delta(_)) => "delta",
-            Some(pb::watch_response::Event::Heartbeat(_)) => "heartbeat",
-            None => "empty",
-        };
-        let span = if kind == "heartbeat" {
-            tracing::Span::none()
-        } else {
-            tracing::info_span!(
-                "apply",
-                kind,
-                epoch = %msg.epoch,
-                revision = msg.revision,
-                pools = tracing::field::Empty,
-                leases = tracing::field::Empty,
-                outcome = tracing::field::Empty,
-                error = tracing::field::Empty,
-                otel.status_code = tracing::field::Empty,
-            )
-        };
-        // The controller's send span: this apply is the last step of its trace.
-        if let Some(parent) = trace::extract(&msg.trace_context) {
-            trace::continue_from(&span, &[parent]);
-        }
-        let applied = span.in_scope(|| -> Result<Applied, StreamError> {
-            let applied = applier.apply(&msg)?;
-            match &applied {
-                Applied::Snapshot => {
-                    let st = applier.state();
-                    span.record("pools", st.pools.len());
-                    span.record("leases", st.lease_count());
-                    info!(epoch = %st.epoch, revision = st.revision, pools = st.pools.len(), leases = st.lease_count(), "applied snapshot");
-                    sink.snapshot(st);
-                }
-                Applied::Delta(d) => {
-                    let pools = d.upserted_pools.len() + d.removed_pools.len();
-                    let leases = d.upserted_leases.len() + d.removed_leases.len();
-                    span.record("pools", pools);
-                    span.record("leases", leases);
-                    debug!(revision = d.revision, pools, leases, "applied delta");
-                    sink.delta(d, applier.state());
-                }
-                Applied::SnapshotPart => {}
-                Applied::Heartbeat => {
-                    if first {
-                        sink.resumed(applier.state());
-                    }
-                }
-            }
-            Ok(applied)
-        });
-        let applied = match applied {
-            Ok(a) => {
-                span.record("outcome", "applied");
-                a
-            }
-            Err(e) => {
-                span.record("outcome", "rejected");
-                span.record("error", tracing::field::display(&e));
-                span.record("otel.status_code", "ERROR");
-                return Err(e);
-            }
-        };
+        let applied = apply_traced(&msg, applier, sink, first)?;
         if !matches!(applied, Applied::SnapshotPart) {
             first = false;
         }
@@ -595,6 +512,134 @@ async fn session(
             s.synced = !st.epoch.is_empty();
         });
     }
+}
+
+/// Connects and opens the Watch stream, resuming from `state` unless `resync` asks for a
+/// fresh snapshot.
+async fn open_watch(
+    settings: &ClientSettings,
+    state: &AppliedState,
+    resync: bool,
+) -> Result<tonic::codec::Streaming<Bytes>, StreamError> {
+    let transport = |reason: String| StreamError::Transport {
+        endpoint: settings.endpoint.clone(),
+        reason,
+    };
+    let endpoint = settings
+        .credentials
+        .endpoint(&settings.endpoint)
+        .map_err(|e| transport(e.to_string()))?
+        .connect_timeout(settings.connect_timeout)
+        .http2_keep_alive_interval(Duration::from_secs(10))
+        .keep_alive_timeout(Duration::from_secs(5))
+        .keep_alive_while_idle(true);
+    let channel = endpoint
+        .connect()
+        .await
+        .map_err(|e| transport(format!("connect: {e}")))?;
+    let mut client = tonic::client::Grpc::new(channel).max_decoding_message_size(64 << 20);
+    let (epoch, revision) = if resync || state.epoch.is_empty() {
+        (String::new(), 0)
+    } else {
+        (state.epoch.clone(), state.revision)
+    };
+    let request = pb::WatchRequest {
+        agent: Some(settings.agent.clone()),
+        epoch,
+        revision,
+        pool_refs: settings.pool_refs.iter().map(ToString::to_string).collect(),
+    };
+    client
+        .ready()
+        .await
+        .map_err(|e| transport(format!("watch: {e}")))?;
+    let path = format!("/{SERVICE_NAME}/Watch")
+        .parse()
+        .map_err(|e| transport(format!("watch path: {e}")))?;
+    let mut request = tonic::Request::new(request);
+    settings
+        .credentials
+        .authorize(&mut request)
+        .map_err(|e| transport(e.to_string()))?;
+    Ok(client
+        .server_streaming(request, path, FrameCodec)
+        .await
+        .map_err(|s| transport(format!("watch: {s}")))?
+        .into_inner())
+}
+
+/// Applies one message and hands the change to `sink`, in a span that continues the
+/// controller's trace (none for heartbeats). `first`: no message of this stream applied yet.
+fn apply_traced(
+    msg: &pb::WatchResponse,
+    applier: &mut Applier,
+    sink: &dyn ConfigSink,
+    first: bool,
+) -> Result<Applied, StreamError> {
+    let kind = match &msg.event {
+        Some(pb::watch_response::Event::Snapshot(s)) if s.more => "snapshot_part",
+        Some(pb::watch_response::Event::Snapshot(_)) => "snapshot",
+        Some(pb::watch_response::Event::Delta(_)) => "delta",
+        Some(pb::watch_response::Event::Heartbeat(_)) => "heartbeat",
+        None => "empty",
+    };
+    let span = if kind == "heartbeat" {
+        tracing::Span::none()
+    } else {
+        tracing::info_span!(
+            "apply",
+            kind,
+            epoch = %msg.epoch,
+            revision = msg.revision,
+            pools = tracing::field::Empty,
+            leases = tracing::field::Empty,
+            outcome = tracing::field::Empty,
+            error = tracing::field::Empty,
+            otel.status_code = tracing::field::Empty,
+        )
+    };
+    // The controller's send span: this apply is the last step of its trace.
+    if let Some(parent) = trace::extract(&msg.trace_context) {
+        trace::continue_from(&span, &[parent]);
+    }
+    let applied = span.in_scope(|| -> Result<Applied, StreamError> {
+        let applied = applier.apply(msg)?;
+        match &applied {
+            Applied::Snapshot => {
+                let st = applier.state();
+                span.record("pools", st.pools.len());
+                span.record("leases", st.lease_count());
+                info!(epoch = %st.epoch, revision = st.revision, pools = st.pools.len(), leases = st.lease_count(), "applied snapshot");
+                sink.snapshot(st);
+            }
+            Applied::Delta(d) => {
+                let pools = d.upserted_pools.len() + d.removed_pools.len();
+                let leases = d.upserted_leases.len() + d.removed_leases.len();
+                span.record("pools", pools);
+                span.record("leases", leases);
+                debug!(revision = d.revision, pools, leases, "applied delta");
+                sink.delta(d, applier.state());
+            }
+            Applied::SnapshotPart => {}
+            Applied::Heartbeat => {
+                if first {
+                    sink.resumed(applier.state());
+                }
+            }
+        }
+        Ok(applied)
+    });
+    match &applied {
+        Ok(_) => {
+            span.record("outcome", "applied");
+        }
+        Err(e) => {
+            span.record("outcome", "rejected");
+            span.record("error", tracing::field::display(e));
+            span.record("otel.status_code", "ERROR");
+        }
+    }
+    applied
 }
 
 /// The Watch call's codec: requests are encoded as protobuf, but responses come out as the raw

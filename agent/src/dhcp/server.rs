@@ -10,21 +10,20 @@ use std::net::{Ipv4Addr, SocketAddr, SocketAddrV4};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use dhcproto::v4::MessageType;
 use serde::Serialize;
 use socket2::{Domain, Protocol, Socket, Type};
 use tokio::sync::watch;
 use tracing::{Instrument, debug, info, info_span, warn};
-use vmdhcp_core::NamespacedName;
+use vmdhcp_core::{MacAddr, NamespacedName};
 use vmdhcp_telemetry::trace;
 
 use super::SERVER_PORT;
 use super::counters::Counters;
+use super::handler::{Action, MAX_PACKET, Outcome, Reply, Silence, handle};
 use super::probe::{Declined, PendingOffer, Probes};
-use dhcproto::v4::MessageType;
-
-use super::handler::{Action, MAX_PACKET, Silence, handle};
 use crate::capability::{Capability, Missing};
-use crate::lease_table::LeaseTable;
+use crate::lease_table::{LeaseTable, PoolSnapshot};
 
 /// Why an interface is not serving.
 #[derive(Debug, thiserror::Error)]
@@ -459,83 +458,94 @@ fn serve(
             debug!(%peer, "no config for this pool yet; packet ignored");
             continue;
         };
-        // One span per exchange, only while traces are exported: the packet path pays nothing
-        // otherwise. A root of its own (not a child of the interface's lifelong span).
-        let span = if trace::enabled() {
-            info_span!(
-                parent: None,
-                "dhcp.transaction",
-                interface = %interface.name,
-                pool = %interface.pool,
-                message_type = tracing::field::Empty,
-                mac = tracing::field::Empty,
-                result = tracing::field::Empty,
-            )
-        } else {
-            tracing::Span::none()
-        };
+        let span = transaction_span(interface);
         let _in = span.enter();
         let outcome = handle(&buf[..len], &pool, |ip| {
             table.is_conflicted(&interface.pool, ip)
         });
         counters.record(&outcome);
+        record_outcome(&span, &outcome);
+        let exchange = Exchange {
+            interface,
+            table,
+            counters,
+            probes,
+            socket: &socket,
+            received_at,
+        };
+        exchange.act(outcome, &pool, peer, len);
+    }
+}
+
+/// One span per exchange, only while traces are exported: the packet path pays nothing
+/// otherwise. A root of its own (not a child of the interface's lifelong span).
+fn transaction_span(interface: &Interface) -> tracing::Span {
+    if trace::enabled() {
+        info_span!(
+            parent: None,
+            "dhcp.transaction",
+            interface = %interface.name,
+            pool = %interface.pool,
+            message_type = tracing::field::Empty,
+            mac = tracing::field::Empty,
+            result = tracing::field::Empty,
+        )
+    } else {
+        tracing::Span::none()
+    }
+}
+
+/// Records what became of an exchange in its span (if traces are exported).
+fn record_outcome(span: &tracing::Span, outcome: &Outcome) {
+    if span.is_none() {
+        return;
+    }
+    if let Some(request) = outcome.request {
+        span.record("message_type", tracing::field::debug(request));
+    }
+    span.record("mac", tracing::field::display(&MacField(outcome.mac)));
+    match &outcome.action {
+        Action::Reply(reply) => span.record("result", tracing::field::debug(reply.kind)),
+        Action::Silent(silence) => span.record("result", silence.as_str()),
+        Action::Drop(reason) => span.record("result", reason.as_str()),
+    };
+}
+
+/// What one received datagram is handled with: the interface's server and its shared parts.
+struct Exchange<'a> {
+    interface: &'a Interface,
+    table: &'a Arc<LeaseTable>,
+    counters: &'a Arc<Counters>,
+    probes: &'a Arc<Probes>,
+    socket: &'a Arc<std::net::UdpSocket>,
+    received_at: Instant,
+}
+
+impl Exchange<'_> {
+    /// Carries out the handler's decision on a datagram of `len` bytes from `peer`.
+    fn act(&self, outcome: Outcome, pool: &PoolSnapshot, peer: SocketAddr, len: usize) {
         let mac = MacField(outcome.mac);
-        if !span.is_none() {
-            if let Some(request) = outcome.request {
-                span.record("message_type", tracing::field::debug(request));
-            }
-            span.record("mac", tracing::field::display(&mac));
-            match &outcome.action {
-                Action::Reply(reply) => span.record("result", tracing::field::debug(reply.kind)),
-                Action::Silent(silence) => span.record("result", silence.as_str()),
-                Action::Drop(reason) => span.record("result", reason.as_str()),
-            };
-        }
         match outcome.action {
             Action::Reply(reply) => {
-                // The first OFFER of an address to a MAC on this link waits for an ARP probe of
-                // it (a relayed client is on another link, where this agent cannot probe).
-                let relayed = reply.to.port() == SERVER_PORT;
-                let unprobed = match (reply.kind, outcome.mac) {
-                    (MessageType::Offer, Some(to)) if !relayed => pool
-                        .address_of(&to)
-                        .filter(|ip| !probes.is_clean(&interface.pool, *ip, to))
-                        .map(|ip| PendingOffer {
-                            interface: interface.name.clone(),
-                            pool: interface.pool.clone(),
-                            ip,
-                            mac: to,
-                        }),
-                    _ => None,
-                };
                 let reply = Arc::new(reply);
-                if let Some(offer) = unprobed {
-                    let (socket, late, held) = (
-                        Arc::clone(&socket),
-                        Arc::clone(counters),
-                        Arc::clone(&reply),
-                    );
-                    let send_late = move || send_reply(&socket, &held, &late, received_at);
-                    let table = Arc::clone(table);
-                    // Unless no probe could run (serving comes first), the probe sends it.
-                    if !probes.probe_offer(offer, table, counters.offer_probes(), send_late) {
-                        debug!(%mac, "OFFER held until its address is probed");
-                        continue;
-                    }
+                if self.held_for_probe(&reply, outcome.mac, pool) {
+                    debug!(%mac, "OFFER held until its address is probed");
+                    return;
                 }
-                send_reply(&socket, &reply, counters, received_at);
+                send_reply(self.socket, &reply, self.counters, self.received_at);
                 debug!(%mac, request = ?outcome.request, reply = ?reply.kind, to = %reply.to, "replied");
             }
             Action::Silent(Silence::Declined(ip)) => {
                 if let Some(by) = outcome.mac {
                     info!(%mac, %ip, "address declined by the client: checking with an ARP probe");
                     let declined = Declined {
-                        interface: interface.name.clone(),
-                        pool: interface.pool.clone(),
+                        interface: self.interface.name.clone(),
+                        pool: self.interface.pool.clone(),
                         ip,
                         by,
                     };
-                    probes.check_decline(declined, Arc::clone(table), counters.declines());
+                    let (table, counts) = (Arc::clone(self.table), self.counters.declines());
+                    self.probes.check_decline(declined, table, counts);
                 }
             }
             Action::Silent(Silence::Released(ip)) => {
@@ -551,5 +561,38 @@ fn serve(
                 debug!(%peer, len, reason = reason.as_str(), "packet dropped");
             }
         }
+    }
+
+    /// Whether `reply` is the first OFFER of its address to `to` on this link, now held until
+    /// a probe finds the address free (the probe sends it). A relayed client is on another
+    /// link, where this agent cannot probe; when no probe can run, serving comes first.
+    fn held_for_probe(&self, reply: &Arc<Reply>, to: Option<MacAddr>, pool: &PoolSnapshot) -> bool {
+        let relayed = reply.to.port() == SERVER_PORT;
+        let (MessageType::Offer, Some(to), false) = (reply.kind, to, relayed) else {
+            return false;
+        };
+        let Some(ip) = pool
+            .address_of(&to)
+            .filter(|ip| !self.probes.is_clean(&self.interface.pool, *ip, to))
+        else {
+            return false;
+        };
+        let offer = PendingOffer {
+            interface: self.interface.name.clone(),
+            pool: self.interface.pool.clone(),
+            ip,
+            mac: to,
+        };
+        let (socket, counters, held, at) = (
+            Arc::clone(self.socket),
+            Arc::clone(self.counters),
+            Arc::clone(reply),
+            self.received_at,
+        );
+        let send_late = move || send_reply(&socket, &held, &counters, at);
+        let counts = self.counters.offer_probes();
+        !self
+            .probes
+            .probe_offer(offer, Arc::clone(self.table), counts, send_late)
     }
 }

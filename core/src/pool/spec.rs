@@ -15,7 +15,7 @@ use std::net::Ipv4Addr;
 use ipnet::Ipv4Net;
 
 use super::{DEFAULT_LEASE_SECONDS, PoolConfig, PoolError, Route, is_host_of, pool_ref};
-use crate::crd::IPPool;
+use crate::crd::{IPPool, IPv4Config, StaticRoute};
 use crate::names::NamespacedName;
 
 // The JSON paths of the fields, as errors and admission refusals name them.
@@ -185,121 +185,30 @@ impl ValidPool {
     /// `networkName` names a NAD in the pool's namespace, as upstream reads stored objects.
     pub fn parse(pool: &IPPool) -> Result<Self, PoolError> {
         let pool_ref = pool_ref(pool)?;
-        let invalid = |field: &str, value: &str, reason: &str| PoolError::InvalidField {
-            pool: pool_ref.to_string(),
-            field: field.to_owned(),
-            value: value.to_owned(),
-            reason: reason.to_owned(),
-        };
-        let required = |field: &str, value: &str| {
-            if value.trim().is_empty() {
-                Err(invalid(field, value, "is required"))
-            } else {
-                Ok(())
-            }
-        };
-        let ipv4 = |field: &str, value: &str| {
-            required(field, value)?;
-            value
-                .parse::<Ipv4Addr>()
-                .map_err(|_| invalid(field, value, "is not an IPv4 address"))
-        };
+        let f = Fields(&pool_ref);
         let spec = &pool.spec;
         let v4 = &spec.ipv4_config;
-
         let network =
             NamespacedName::parse_in(&spec.network_name, &pool_ref.namespace).map_err(|e| {
-                invalid(
-                    F_NETWORK,
-                    &spec.network_name,
-                    &format!("is not a network reference: {e}"),
-                )
+                let reason = format!("is not a network reference: {e}");
+                f.invalid(F_NETWORK, &spec.network_name, &reason)
             })?;
-        required(F_CIDR, &v4.cidr)?;
-        let subnet: Ipv4Net = v4.cidr.parse().map_err(|_| {
-            invalid(
-                F_CIDR,
-                &v4.cidr,
-                "is not an IPv4 CIDR (e.g. 192.168.48.0/24)",
-            )
-        })?;
-        let server_ip = ipv4(F_SERVER, &v4.server_ip)?;
-        let start = ipv4(F_START, &v4.pool.start)?;
-        let end = ipv4(F_END, &v4.pool.end)?;
-        let router = match v4.router.as_deref() {
-            None | Some("") => None,
-            Some(r) => Some(ipv4(F_ROUTER, r)?),
-        };
-        let exclude = v4
-            .pool
-            .exclude
-            .iter()
-            .enumerate()
-            .map(|(i, e)| ipv4(&format!("{F_EXCLUDE}[{i}]"), e))
-            .collect::<Result<Vec<_>, _>>()?;
-        let range = PoolRange::new(
-            pool_ref.clone(),
-            subnet,
-            (start, end),
-            server_ip,
-            router,
-            exclude,
-        )
-        .map_err(|e| match e {
-            // Name the value as written, not as re-printed.
-            PoolError::InvalidField { field, reason, .. } => {
-                let written = match field.as_str() {
-                    F_SERVER => v4.server_ip.as_str(),
-                    F_START => v4.pool.start.as_str(),
-                    F_END => v4.pool.end.as_str(),
-                    _ => v4.router.as_deref().unwrap_or_default(),
-                };
-                invalid(&field, written, &reason)
-            }
-            other => other,
-        })?;
-        let dns = v4
-            .dns
-            .iter()
-            .enumerate()
-            .map(|(i, d)| ipv4(&format!("{F_DNS}[{i}]"), d))
-            .collect::<Result<Vec<_>, _>>()?;
+        let range = f.range(v4)?;
+        let dns = f.ipv4_list(F_DNS, &v4.dns)?;
         let lease_seconds = match v4.lease_time {
             None | Some(0) => DEFAULT_LEASE_SECONDS,
             Some(t) => u32::try_from(t).map_err(|_| {
-                invalid(
-                    F_LEASE,
-                    &t.to_string(),
-                    "must be between 0 and 4294967295 seconds",
-                )
+                let reason = "must be between 0 and 4294967295 seconds";
+                f.invalid(F_LEASE, &t.to_string(), reason)
             })?,
         };
         let mtu =
             match v4.mtu {
                 None => None,
                 Some(m) => Some(u16::try_from(m).ok().filter(|m| *m >= MIN_MTU).ok_or_else(
-                    || invalid(F_MTU, &m.to_string(), "must be between 68 and 65535"),
+                    || f.invalid(F_MTU, &m.to_string(), "must be between 68 and 65535"),
                 )?),
             };
-        let routes = v4
-            .routes
-            .iter()
-            .enumerate()
-            .map(|(i, r)| {
-                let field = |name: &str| format!("{F_ROUTES}[{i}].{name}");
-                let destination = r.destination.parse::<Ipv4Net>().map_err(|_| {
-                    invalid(
-                        &field("destination"),
-                        &r.destination,
-                        "is not an IPv4 CIDR (e.g. 10.96.0.0/12)",
-                    )
-                })?;
-                Ok(Route {
-                    destination: destination.trunc(),
-                    gateway: ipv4(&field("gateway"), &r.gateway)?,
-                })
-            })
-            .collect::<Result<Vec<_>, PoolError>>()?;
         Ok(ValidPool {
             network,
             range,
@@ -309,7 +218,7 @@ impl ValidPool {
             ntp: v4.ntp.clone(),
             lease_seconds,
             mtu,
-            routes,
+            routes: f.routes(&v4.routes)?,
             default_route: v4.default_route != Some(false),
         })
     }
@@ -360,6 +269,88 @@ impl ValidPool {
             mtu: self.mtu,
             routes: self.routes.clone(),
         })
+    }
+}
+
+/// The field parsers of one pool's spec, each error naming the pool, the field and the value.
+struct Fields<'a>(&'a NamespacedName);
+
+impl Fields<'_> {
+    fn invalid(&self, field: &str, value: &str, reason: &str) -> PoolError {
+        PoolError::InvalidField {
+            pool: self.0.to_string(),
+            field: field.to_owned(),
+            value: value.to_owned(),
+            reason: reason.to_owned(),
+        }
+    }
+
+    fn ipv4(&self, field: &str, value: &str) -> Result<Ipv4Addr, PoolError> {
+        if value.trim().is_empty() {
+            return Err(self.invalid(field, value, "is required"));
+        }
+        value
+            .parse()
+            .map_err(|_| self.invalid(field, value, "is not an IPv4 address"))
+    }
+
+    /// `values`, each an address, named `field[i]`.
+    fn ipv4_list(&self, field: &str, values: &[String]) -> Result<Vec<Ipv4Addr>, PoolError> {
+        let each = values.iter().enumerate();
+        each.map(|(i, v)| self.ipv4(&format!("{field}[{i}]"), v))
+            .collect()
+    }
+
+    /// The CIDR, server, range, router and excludes, checked by [`PoolRange::new`].
+    fn range(&self, v4: &IPv4Config) -> Result<PoolRange, PoolError> {
+        if v4.cidr.trim().is_empty() {
+            return Err(self.invalid(F_CIDR, &v4.cidr, "is required"));
+        }
+        let subnet: Ipv4Net = v4.cidr.parse().map_err(|_| {
+            let reason = "is not an IPv4 CIDR (e.g. 192.168.48.0/24)";
+            self.invalid(F_CIDR, &v4.cidr, reason)
+        })?;
+        let server_ip = self.ipv4(F_SERVER, &v4.server_ip)?;
+        let start = self.ipv4(F_START, &v4.pool.start)?;
+        let end = self.ipv4(F_END, &v4.pool.end)?;
+        let router = match v4.router.as_deref() {
+            None | Some("") => None,
+            Some(r) => Some(self.ipv4(F_ROUTER, r)?),
+        };
+        let exclude = self.ipv4_list(F_EXCLUDE, &v4.pool.exclude)?;
+        let range = (start, end);
+        PoolRange::new(self.0.clone(), subnet, range, server_ip, router, exclude).map_err(|e| {
+            match e {
+                // Name the value as written, not as re-printed.
+                PoolError::InvalidField { field, reason, .. } => {
+                    let written = match field.as_str() {
+                        F_SERVER => v4.server_ip.as_str(),
+                        F_START => v4.pool.start.as_str(),
+                        F_END => v4.pool.end.as_str(),
+                        _ => v4.router.as_deref().unwrap_or_default(),
+                    };
+                    self.invalid(&field, written, &reason)
+                }
+                other => other,
+            }
+        })
+    }
+
+    /// The classless static routes, destinations truncated to their prefix.
+    fn routes(&self, routes: &[StaticRoute]) -> Result<Vec<Route>, PoolError> {
+        let each = routes.iter().enumerate();
+        each.map(|(i, r)| {
+            let field = |name: &str| format!("{F_ROUTES}[{i}].{name}");
+            let destination = r.destination.parse::<Ipv4Net>().map_err(|_| {
+                let reason = "is not an IPv4 CIDR (e.g. 10.96.0.0/12)";
+                self.invalid(&field("destination"), &r.destination, reason)
+            })?;
+            Ok(Route {
+                destination: destination.trunc(),
+                gateway: self.ipv4(&field("gateway"), &r.gateway)?,
+            })
+        })
+        .collect()
     }
 }
 

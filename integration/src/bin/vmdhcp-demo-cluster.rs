@@ -86,6 +86,28 @@ fn agent_leader(node: &Node) -> anyhow::Result<String> {
 }
 
 fn main() -> anyhow::Result<()> {
+    let node = start_node()?;
+    install(&node)?;
+    apply_and_roll(&node)?;
+    // The VM's namespace and dhclient live until the end.
+    let _vm = boot_vm(&node)?;
+    fail_over(&node)?;
+    step("helm uninstall; then the node and the VM namespace are removed");
+    let mut helm = node.helm();
+    helm.args([
+        "uninstall",
+        "vmdhcp",
+        "--namespace",
+        "vmdhcp-system",
+        "--wait",
+    ]);
+    run(helm)?;
+    println!("uninstalled; done");
+    Ok(())
+}
+
+/// The single node, with the test manifests applied and the VM network's bridge.
+fn start_node() -> anyhow::Result<Node> {
     step(
         "starting a single-node Kubernetes 1.20 (etcd, apiserver, controller-manager, scheduler, kube-proxy, containerd, kubelet)",
     );
@@ -110,6 +132,11 @@ fn main() -> anyhow::Result<()> {
     node.ip(&["link", "add", "brvm", "type", "bridge"])?;
     node.ip(&["link", "set", "brvm", "up"])?;
 
+    Ok(node)
+}
+
+/// `helm install` of the chart with its default values.
+fn install(node: &Node) -> anyhow::Result<()> {
     step(
         "helm install vmdhcp chart/ --namespace vmdhcp-system --create-namespace --wait   (default values)",
     );
@@ -130,11 +157,16 @@ fn main() -> anyhow::Result<()> {
     );
     println!(
         "{}",
-        kubectl(&node, &["get", "pods", "-n", "vmdhcp-system", "-o", "wide"])?
+        kubectl(node, &["get", "pods", "-n", "vmdhcp-system", "-o", "wide"])?
     );
 
+    Ok(())
+}
+
+/// A NAD, an IPPool and a VirtualMachine: allocated, and the agents roll with the network.
+fn apply_and_roll(node: &Node) -> anyhow::Result<()> {
     step("kubectl apply: a NetworkAttachmentDefinition, an IPPool and a VirtualMachine");
-    kubectl(&node, &["create", "namespace", "vms"])?;
+    kubectl(node, &["create", "namespace", "vms"])?;
     let mut apply = node.kubectl();
     apply
         .args(["apply", "-f", "-"])
@@ -152,7 +184,7 @@ fn main() -> anyhow::Result<()> {
     );
     wait_for("vm1's address", Duration::from_secs(60), || {
         kubectl(
-            &node,
+            node,
             &[
                 "get",
                 "ippool",
@@ -168,12 +200,12 @@ fn main() -> anyhow::Result<()> {
     });
     println!(
         "{}",
-        kubectl(&node, &["get", "ippool,vmnetcfg", "-n", "vms"])?
+        kubectl(node, &["get", "ippool,vmnetcfg", "-n", "vms"])?
     );
     println!("the controller wrote the pool's network into the agent Deployment; the agents roll:");
     let generation = || {
         kubectl(
-            &node,
+            node,
             &[
                 "get",
                 "deployment",
@@ -193,7 +225,7 @@ fn main() -> anyhow::Result<()> {
         generation,
     );
     kubectl(
-        &node,
+        node,
         &[
             "rollout",
             "status",
@@ -205,9 +237,14 @@ fn main() -> anyhow::Result<()> {
     )?;
     println!(
         "{}",
-        kubectl(&node, &["get", "pods", "-n", "vmdhcp-system"])?
+        kubectl(node, &["get", "pods", "-n", "vmdhcp-system"])?
     );
 
+    Ok(())
+}
+
+/// vm1 on the NAD's bridge runs dhclient and gets its address; returned to keep it running.
+fn boot_vm(node: &Node) -> anyhow::Result<(Lab, tempfile::TempDir)> {
     step("a VM (a network namespace on the NAD's bridge) runs dhclient");
     let mut lab = Lab::new()?;
     let vm = lab.netns("vm1")?;
@@ -230,11 +267,16 @@ fn main() -> anyhow::Result<()> {
             .map_or("?", String::as_str)
     );
 
+    Ok((lab, dir))
+}
+
+/// Deletes the leading agent pod; the standby takes over and reports the pool served.
+fn fail_over(node: &Node) -> anyhow::Result<()> {
     step("kubectl delete pod <the leading agent>: the standby takes over");
-    let leader = agent_leader(&node)?;
+    let leader = agent_leader(node)?;
     let deleted = Instant::now();
     kubectl(
-        &node,
+        node,
         &[
             "delete",
             "pod",
@@ -245,7 +287,7 @@ fn main() -> anyhow::Result<()> {
         ],
     )?;
     let new_leader = wait_for("a new agent leader", Duration::from_secs(30), || {
-        agent_leader(&node)
+        agent_leader(node)
             .ok()
             .filter(|h| !h.is_empty() && *h != leader)
     });
@@ -258,7 +300,7 @@ fn main() -> anyhow::Result<()> {
         Duration::from_secs(60),
         || {
             kubectl(
-                &node,
+                node,
                 &[
                     "get",
                     "ippool",
@@ -275,16 +317,5 @@ fn main() -> anyhow::Result<()> {
     );
     println!("IPPool vms/net-a AgentReady: {ready}");
 
-    step("helm uninstall; then the node and the VM namespace are removed");
-    let mut helm = node.helm();
-    helm.args([
-        "uninstall",
-        "vmdhcp",
-        "--namespace",
-        "vmdhcp-system",
-        "--wait",
-    ]);
-    run(helm)?;
-    println!("uninstalled; done");
     Ok(())
 }
