@@ -25,6 +25,16 @@
     clippy::print_stdout
 )]
 
+/// Like `println!`, but straight to the process's stderr, past the test harness's capture: the
+/// seed, the fault schedule and the figures appear in every run's log (CI's too), not only when
+/// the test fails.
+macro_rules! report {
+    ($($arg:tt)*) => {{
+        use std::io::Write as _;
+        let _ = writeln!(std::io::stderr(), $($arg)*);
+    }};
+}
+
 use std::collections::{BTreeMap, BTreeSet};
 use std::fs;
 use std::path::{Path, PathBuf};
@@ -311,9 +321,9 @@ fn seeded_faults_under_churn_lose_no_lease_and_bound_every_outage() {
         .unwrap_or(300);
     let mut rng = Rng(seed);
     let plan = schedule(&mut rng, seconds);
-    println!("soak seed {seed} (VMDHCP_SOAK_SEED={seed} replays it), {seconds} s of faults");
+    report!("soak seed {seed} (VMDHCP_SOAK_SEED={seed} replays it), {seconds} s of faults");
     for (at, fault, pause) in &plan {
-        println!(
+        report!(
             "  planned at {:>5.1} s: {fault:?}, restarted after {:.1} s",
             at.as_secs_f64(),
             pause.as_secs_f64()
@@ -321,7 +331,7 @@ fn seeded_faults_under_churn_lose_no_lease_and_bound_every_outage() {
     }
 
     let began = Instant::now();
-    let phase = |what: &str| println!("[{:>6.1} s] {what}", began.elapsed().as_secs_f64());
+    let phase = |what: &str| report!("[{:>6.1} s] {what}", began.elapsed().as_secs_f64());
     let mut fleet = setup_with(Options {
         controller_replicas: 2,
         ..Options::default()
@@ -462,7 +472,7 @@ fn seeded_faults_under_churn_lose_no_lease_and_bound_every_outage() {
                 )
             }
         };
-        println!("  at {t:>5.1} s: {what}");
+        report!("  at {t:>5.1} s: {what}");
         timeline.push((t, what));
     }
 
@@ -535,7 +545,7 @@ fn seeded_faults_under_churn_lose_no_lease_and_bound_every_outage() {
         }
     }
     worst.sort_by_key(|w| std::cmp::Reverse(w.0));
-    println!(
+    report!(
         "soak seed {seed}: {} faults, {total} probes, churn {} created / {} deleted / {} calls failed, {} VMs at the end",
         timeline.len(),
         churned.created,
@@ -543,9 +553,9 @@ fn seeded_faults_under_churn_lose_no_lease_and_bound_every_outage() {
         churned.failed,
         macs.len()
     );
-    println!("longest waits for an ACK (client, when the probe was sent):");
+    report!("longest waits for an ACK (client, when the probe was sent):");
     for (wait, name, sent) in worst.iter().take(8) {
-        println!("  {:>6.2} s  {name} at {sent:>5.1} s", wait.as_secs_f64());
+        report!("  {:>6.2} s  {name} at {sent:>5.1} s", wait.as_secs_f64());
     }
     let mut changed = Vec::new();
     for (((name, mac), ip), dir) in clients.iter().zip(&initial).zip(&dirs) {
