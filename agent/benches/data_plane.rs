@@ -54,6 +54,7 @@ fn config() -> PoolConfig {
         lease_seconds: 3600,
         mtu: None,
         routes: vec![],
+        conflicted: vec![],
     }
 }
 
@@ -184,7 +185,10 @@ fn main() {
         .opts_mut()
         .insert(DhcpOption::RequestedIpAddress(ip(42)));
     let mut plain = Vec::new();
-    for (label, msg) in [("DISCOVER -> OFFER", &discover), ("REQUEST -> ACK", &request)] {
+    for (label, msg) in [
+        ("DISCOVER -> OFFER", &discover),
+        ("REQUEST -> ACK", &request),
+    ] {
         let ns = handler_ns(msg, &pool);
         plain.push(ns);
         println!("handler {label:<18}            {ns:>9.0} ns");
@@ -194,25 +198,29 @@ fn main() {
     // to a client that asks for them: the cost of the options beyond upstream's.
     let mut routed = config();
     routed.mtu = Some(1450);
-    routed.routes = ["10.96.0.0/12", "172.16.0.0/16", "192.168.10.0/24", "10.200.1.0/25"]
-        .iter()
-        .map(|d| vmdhcp_core::pool::Route {
-            destination: d.parse().unwrap(),
-            gateway: Ipv4Addr::new(10, 0, 0, 1),
-        })
-        .collect();
-    table.apply([Delta::UpsertPool(routed)]);
+    routed.routes = [
+        "10.96.0.0/12",
+        "172.16.0.0/16",
+        "192.168.10.0/24",
+        "10.200.1.0/25",
+    ]
+    .iter()
+    .map(|d| vmdhcp_core::pool::Route {
+        destination: d.parse().unwrap(),
+        gateway: Ipv4Addr::new(10, 0, 0, 1),
+    })
+    .collect();
+    table.apply([Delta::UpsertPool(Box::new(routed))]);
     let pool = table.pool(&name()).unwrap();
     let asking = |mut msg: Message| {
-        msg.opts_mut()
-            .insert(DhcpOption::ParameterRequestList(vec![
-                OptionCode::SubnetMask,
-                OptionCode::Router,
-                OptionCode::DomainNameServer,
-                OptionCode::DomainName,
-                OptionCode::InterfaceMtu,
-                OptionCode::ClasslessStaticRoute,
-            ]));
+        msg.opts_mut().insert(DhcpOption::ParameterRequestList(vec![
+            OptionCode::SubnetMask,
+            OptionCode::Router,
+            OptionCode::DomainNameServer,
+            OptionCode::DomainName,
+            OptionCode::InterfaceMtu,
+            OptionCode::ClasslessStaticRoute,
+        ]));
         msg
     };
     let exchanges = [

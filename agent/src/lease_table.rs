@@ -20,6 +20,8 @@ use arc_swap::ArcSwap;
 use vmdhcp_core::pool::{Lease, PoolConfig, is_host_of};
 use vmdhcp_core::{MacAddr, NamespacedName};
 
+use crate::findings::Findings;
+
 /// Why an update could not be applied (in part); the rest of the update is applied regardless.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum LeaseTableError {
@@ -149,8 +151,9 @@ impl PoolSnapshot {
 /// A change to the table, as the controller's stream delivers it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Delta {
-    /// A pool is now served, or its config changed; its leases are kept.
-    UpsertPool(PoolConfig),
+    /// A pool is now served, or its config changed; its leases are kept. (Boxed: a config is
+    /// several times the size of the other changes, which are the many.)
+    UpsertPool(Box<PoolConfig>),
     /// A pool is no longer served; its leases and conflicts go with it.
     RemovePool(NamespacedName),
     /// A NIC holds (now) this address.
@@ -206,6 +209,8 @@ type Conflicts = HashMap<NamespacedName, BTreeMap<Ipv4Addr, Conflict>>;
 pub struct LeaseTable {
     pools: ArcSwap<Pools>,
     conflicts: ArcSwap<Conflicts>,
+    /// What probes found, for the controller (see [`crate::findings`]).
+    findings: Findings,
     /// Serialises writers, so two updates never both start from the same version and lose one.
     /// Readers never take it.
     write: Mutex<()>,
@@ -266,6 +271,7 @@ impl LeaseTable {
         }
         self.pools.store(Arc::new(next));
         self.prune_conflicts();
+        self.prune_findings();
         errors
     }
 
@@ -301,7 +307,7 @@ impl LeaseTable {
                     let next = match snap {
                         Some(mut snap) => {
                             let subnet_changed = snap.config.subnet != config.subnet;
-                            snap.set_config(config);
+                            snap.set_config(*config);
                             if subnet_changed {
                                 let subnet = snap.config.subnet;
                                 snap.by_mac.retain(|_, ip| is_host_of(subnet, *ip));
@@ -309,7 +315,7 @@ impl LeaseTable {
                             }
                             snap
                         }
-                        None => PoolSnapshot::new(config),
+                        None => PoolSnapshot::new(*config),
                     };
                     touched.insert(name, Some(next));
                 }
@@ -354,6 +360,7 @@ impl LeaseTable {
             }
             self.pools.store(Arc::new(next));
             self.prune_conflicts();
+            self.prune_findings();
         }
         errors
     }
@@ -437,6 +444,16 @@ impl LeaseTable {
             })
             .filter(|(_, c)| !c.is_empty())
             .collect()
+    }
+
+    /// What this agent's probes found, for the report and the addresses withheld.
+    pub fn findings(&self) -> &Findings {
+        &self.findings
+    }
+
+    fn prune_findings(&self) {
+        let pools = self.pools.load();
+        self.findings.retain_pools(|p| pools.contains_key(p));
     }
 
     /// Drops conflicts whose hold ended, whose pool is gone or whose address is no longer held
@@ -581,7 +598,7 @@ mod tests {
         let mut cfg = config("a", "192.0.2.0/24", "192.0.2.1");
         cfg.dns = vec!["192.0.2.53".parse().unwrap()];
         cfg.lease_seconds = 60;
-        table.apply([Delta::UpsertPool(cfg.clone())]);
+        table.apply([Delta::UpsertPool(Box::new(cfg.clone()))]);
         let a = table.pool(&name("a")).unwrap();
         assert_eq!(**a.config(), cfg);
         assert_eq!(a.len(), 2);
@@ -604,7 +621,7 @@ mod tests {
         assert!(!table.set_ntp_addresses(&name("a"), &["other".into()], vec![resolved]));
         // Another option changes: the resolution is kept, in deltas and in snapshots.
         cfg.dns = vec![literal];
-        table.apply([Delta::UpsertPool(cfg.clone())]);
+        table.apply([Delta::UpsertPool(Box::new(cfg.clone()))]);
         assert_eq!(
             table.pool(&name("a")).unwrap().ntp_addresses(),
             [literal, resolved]
@@ -619,14 +636,18 @@ mod tests {
         );
         // The NTP list changes: back to its literals until resolved again.
         cfg.ntp = vec!["ntp2.example.test".into()];
-        table.apply([Delta::UpsertPool(cfg)]);
+        table.apply([Delta::UpsertPool(Box::new(cfg))]);
         assert!(table.pool(&name("a")).unwrap().ntp_addresses().is_empty());
     }
 
     #[test]
     fn a_subnet_change_drops_leases_outside_it() {
         let table = table_with_a();
-        table.apply([Delta::UpsertPool(config("a", "192.0.2.0/29", "192.0.2.1"))]);
+        table.apply([Delta::UpsertPool(Box::new(config(
+            "a",
+            "192.0.2.0/29",
+            "192.0.2.1",
+        )))]);
         assert!(table.pool(&name("a")).unwrap().is_empty());
     }
 
@@ -644,7 +665,11 @@ mod tests {
         assert!(table.pool(&name("a")).is_none());
         assert!(table.conflicts().is_empty());
         // Re-adding starts empty.
-        table.apply([Delta::UpsertPool(config("a", "192.0.2.0/24", "192.0.2.1"))]);
+        table.apply([Delta::UpsertPool(Box::new(config(
+            "a",
+            "192.0.2.0/24",
+            "192.0.2.1",
+        )))]);
         assert!(table.pool(&name("a")).unwrap().is_empty());
     }
 

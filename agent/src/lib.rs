@@ -9,6 +9,8 @@
 //! - [`serving`]: the leader's interfaces and DHCP servers, and silencing them on step-down.
 //! - [`report`]: what the agent applied and how its interfaces fare, back to the controller.
 //! - [`lease_table`]: the pools and leases served, swapped atomically so lookups never wait.
+//! - [`findings`]: what ARP probes found (conflicts, and recorded ones found free again), for
+//!   the controller.
 //! - [`dhcp`]: the DHCPv4 server, one socket per interface, replies built by pure functions
 //!   (`dhcp::handler`: the datagram checked, the decision, the reply encoded).
 //! - [`http`]: `/healthz`, `/readyz`, `/leases` and `/metrics`.
@@ -27,6 +29,7 @@ pub mod arp;
 pub mod capability;
 pub mod credentials;
 pub mod dhcp;
+pub mod findings;
 pub mod http;
 pub mod lease_table;
 pub mod netlink;

@@ -1,6 +1,9 @@
 //! Telling the controller what this agent applied and how its interfaces fare (the `Report`
 //! RPC), which becomes each IPPool's `AgentReady` condition.
 //!
+//! Each interface's entry also carries the latest ARP probe verdicts on the pool's addresses
+//! ([`crate::findings`]), how conflicts reach the controller.
+//!
 //! A report is sent when something it carries changes (debounced) and at least every
 //! `interval`, so the controller can tell a silent agent from a healthy one. A failed send is
 //! logged and retried at the next occasion; reporting never blocks serving.
@@ -16,6 +19,7 @@ use vmdhcp_proto::agent::v1 as pb;
 use vmdhcp_proto::agent::v1::config_service_client::ConfigServiceClient;
 
 use crate::dhcp::server::InterfaceStatus;
+use crate::findings::Reason;
 use crate::http::AgentStatus;
 use crate::lease_table::LeaseTable;
 use crate::stream::ConnectionStatus;
@@ -61,6 +65,7 @@ pub fn build(inputs: &ReportInputs) -> pb::ReportRequest {
                 state: state.into(),
                 error,
                 lease_count: u32::try_from(p.len()).unwrap_or(u32::MAX),
+                probes: probes(&inputs.table, &c.pool),
             }
         })
         .collect();
@@ -71,6 +76,27 @@ pub fn build(inputs: &ReportInputs) -> pb::ReportRequest {
         leader,
         interfaces,
     }
+}
+
+/// The latest probe verdicts on `pool`'s addresses ([`crate::findings`]), as reported.
+fn probes(table: &LeaseTable, pool: &vmdhcp_core::NamespacedName) -> Vec<pb::AddressProbe> {
+    let text = |m: Option<vmdhcp_core::MacAddr>| m.map(|m| m.to_string()).unwrap_or_default();
+    table
+        .findings()
+        .of(pool)
+        .into_iter()
+        .map(|(ip, f)| pb::AddressProbe {
+            ip_address: ip.to_string(),
+            mac_address: text(f.mac),
+            answered_by: text(f.answered_by),
+            reason: match f.reason {
+                Reason::Offer => pb::ProbeReason::Offer,
+                Reason::Decline => pb::ProbeReason::Decline,
+                Reason::Recheck => pb::ProbeReason::Recheck,
+            }
+            .into(),
+        })
+        .collect()
 }
 
 /// How long changes are collected before a report goes out.
@@ -99,6 +125,7 @@ pub async fn run(
 ) {
     let mut client = None;
     let mut last: Option<pb::ReportRequest> = None;
+    let mut findings = inputs.table.findings().subscribe();
     let mut tick = tokio::time::interval(interval);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
@@ -107,6 +134,7 @@ pub async fn run(
             _ = inputs.stream.changed() => false,
             _ = inputs.role.changed() => false,
             _ = inputs.statuses.changed() => false,
+            _ = findings.changed() => false,
             _ = shutdown.changed() => return,
         };
         if !forced {
@@ -169,6 +197,12 @@ mod tests {
             leases: vec![],
         };
         table.apply_snapshot(vec![pool("a", "vmda", 2), pool("b", "vmdb", 3)]);
+        let squatter: vmdhcp_core::MacAddr = "02:00:00:00:00:09".parse().unwrap();
+        table.findings().record(
+            &"ns/a".parse().unwrap(),
+            "192.0.2.10".parse().unwrap(),
+            crate::findings::Finding::conflict(None, squatter, Reason::Offer),
+        );
         let (_s, stream) = watch::channel(ConnectionStatus {
             epoch: "e1".into(),
             revision: 9,
@@ -216,5 +250,16 @@ mod tests {
                 ),
             ]
         );
+        // The probe verdict travels with its pool's entry only.
+        assert_eq!(
+            report.interfaces[0].probes,
+            [pb::AddressProbe {
+                ip_address: "192.0.2.10".into(),
+                mac_address: String::new(),
+                answered_by: "02:00:00:00:00:09".into(),
+                reason: pb::ProbeReason::Offer.into(),
+            }]
+        );
+        assert!(report.interfaces[1].probes.is_empty());
     }
 }

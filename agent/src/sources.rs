@@ -226,7 +226,12 @@ fn table_delta(table: &LeaseTable, delta: &PoolDelta) {
         .iter()
         .cloned()
         .map(Delta::RemovePool)
-        .chain(delta.upserted_pools.iter().cloned().map(Delta::UpsertPool))
+        .chain(
+            delta
+                .upserted_pools
+                .iter()
+                .map(|c| Delta::UpsertPool(Box::new(c.clone()))),
+        )
         .chain(
             delta
                 .removed_leases

@@ -22,6 +22,7 @@ use std::net::Ipv4Addr;
 use std::sync::{Arc, Mutex, PoisonError, RwLock};
 
 use ipnet::Ipv4Net;
+use vmdhcp_core::crd::AddressConflict;
 use vmdhcp_core::pool::{Holder, PoolRange, parse_allocated};
 use vmdhcp_core::{MacAddr, NamespacedName};
 
@@ -114,6 +115,16 @@ pub enum IpamError {
         /// Why.
         reason: String,
     },
+    /// The pool records [`MAX_CONFLICTS`] conflicts already.
+    #[error(
+        "pool {pool}: ip {ip} not recorded as conflicted: {MAX_CONFLICTS} conflicts are recorded already"
+    )]
+    TooManyConflicts {
+        /// The pool.
+        pool: NamespacedName,
+        /// The address reported.
+        ip: Ipv4Addr,
+    },
     /// No allocator is registered for the pool.
     #[error("pool {pool}: IPAM is not initialized")]
     UnknownPool {
@@ -122,12 +133,18 @@ pub enum IpamError {
     },
 }
 
+/// Most conflicts one pool records; more are refused, so a host answering ARP for every
+/// address cannot take a whole pool out of service (nor grow its status without bound).
+pub const MAX_CONFLICTS: usize = 64;
+
 /// Who holds a taken address.
 #[derive(Clone, Debug, PartialEq, Eq)]
 enum Slot {
     Held(Holder),
     /// A status entry we could not read: blocked, counted as used, reported.
     Unreadable(String),
+    /// Nobody here, but another host uses it (`status.ipv4.conflicts`): not handed out.
+    Conflicted,
 }
 
 /// The allocation state of one pool. See the module docs for complexity and determinism.
@@ -140,6 +157,8 @@ pub struct PoolAllocator {
     taken: BTreeMap<u32, Slot>,
     by_mac: HashMap<MacAddr, u32>,
     used: u64,
+    /// Addresses another host uses, whoever holds them here (at most [`MAX_CONFLICTS`]).
+    conflicts: BTreeMap<u32, AddressConflict>,
 }
 
 impl PoolAllocator {
@@ -158,6 +177,7 @@ impl PoolAllocator {
             taken: BTreeMap::new(),
             by_mac: HashMap::new(),
             used: 0,
+            conflicts: BTreeMap::new(),
         };
         let reserved = std::iter::once(alloc.range.server_ip()).chain(alloc.range.router());
         let marks: Vec<(Ipv4Addr, Holder)> = reserved
@@ -327,6 +347,13 @@ impl PoolAllocator {
                     reason: format!("recorded in status as {value:?}"),
                 });
             }
+            Some(Slot::Conflicted) => {
+                return Err(IpamError::Unavailable {
+                    pool: pool(),
+                    ip,
+                    reason: self.conflict_reason(ip),
+                });
+            }
             None => {}
         }
         if let Some(held) = self.lookup(&mac) {
@@ -357,6 +384,7 @@ impl PoolAllocator {
                 self.give_back(n);
                 return Ok(None);
             }
+            Some(Slot::Conflicted) => return Ok(None),
         };
         Err(IpamError::ReleaseMarker {
             pool: self.range.pool().clone(),
@@ -374,17 +402,123 @@ impl PoolAllocator {
 
     /// The pool's `status.ipv4.allocated` map: what must be recorded in etcd for this state.
     /// Unreadable records are written back unchanged, so nothing is ever lost by a rewrite.
+    /// Conflicted addresses nobody holds are not in it (upstream would read any value there as
+    /// a MAC): they are in [`PoolAllocator::status_conflicts`].
     pub fn status_allocated(&self) -> BTreeMap<String, String> {
         self.taken
             .iter()
-            .map(|(n, slot)| {
+            .filter_map(|(n, slot)| {
                 let value = match slot {
                     Slot::Held(h) => h.as_status_value(),
                     Slot::Unreadable(v) => v.clone(),
+                    Slot::Conflicted => return None,
                 };
-                (Ipv4Addr::from(*n).to_string(), value)
+                Some((Ipv4Addr::from(*n).to_string(), value))
             })
             .collect()
+    }
+
+    /// The pool's `status.ipv4.conflicts` map.
+    pub fn status_conflicts(&self) -> BTreeMap<String, AddressConflict> {
+        self.conflicts
+            .iter()
+            .map(|(n, c)| (Ipv4Addr::from(*n).to_string(), c.clone()))
+            .collect()
+    }
+
+    /// The conflict recorded on `ip`, if another host was found using it.
+    pub fn conflict(&self, ip: Ipv4Addr) -> Option<&AddressConflict> {
+        self.conflicts.get(&u32::from(ip))
+    }
+
+    /// Records that another host uses `ip`: it is not handed out again until
+    /// [`PoolAllocator::clear_conflict`]. A NIC holding it keeps it here (the reconciler moves a
+    /// dynamic one: [`PoolAllocator::release`] then leaves the address blocked). Returns whether
+    /// the conflict is new; the pool's own markers (server, router, excluded) are never recorded.
+    pub fn record_conflict(
+        &mut self,
+        ip: Ipv4Addr,
+        conflict: AddressConflict,
+    ) -> Result<bool, IpamError> {
+        if !self.in_range(ip) {
+            return Err(IpamError::OutsideRange {
+                pool: self.range.pool().clone(),
+                ip,
+                start: self.range.start(),
+                end: self.range.end(),
+            });
+        }
+        let n = u32::from(ip);
+        if self.conflicts.contains_key(&n)
+            || matches!(
+                self.taken.get(&n),
+                Some(Slot::Held(Holder::Reserved | Holder::Excluded))
+            )
+        {
+            return Ok(false);
+        }
+        if self.conflicts.len() >= MAX_CONFLICTS {
+            return Err(IpamError::TooManyConflicts {
+                pool: self.range.pool().clone(),
+                ip,
+            });
+        }
+        self.conflicts.insert(n, conflict);
+        if self.is_free(n) {
+            self.take(n, Slot::Conflicted);
+        }
+        Ok(true)
+    }
+
+    /// Ends the conflict on `ip` (a probe found it free): free again unless a NIC holds it.
+    /// Returns whether there was one.
+    pub fn clear_conflict(&mut self, ip: Ipv4Addr) -> bool {
+        let n = u32::from(ip);
+        if self.conflicts.remove(&n).is_none() {
+            return false;
+        }
+        if self.taken.get(&n) == Some(&Slot::Conflicted) {
+            self.give_back(n);
+        }
+        true
+    }
+
+    /// Replays `status.ipv4.conflicts` after [`PoolAllocator::rebuild`]; entries that cannot be
+    /// are returned (an unreadable key blocks nothing: it names no address).
+    pub fn restore_conflicts(
+        &mut self,
+        conflicts: &BTreeMap<String, AddressConflict>,
+    ) -> Vec<IpamError> {
+        let pool = self.range.pool().clone();
+        let mut problems = Vec::new();
+        for (key, conflict) in conflicts {
+            let recorded = key
+                .parse::<Ipv4Addr>()
+                .map_err(|_| "not an IPv4 address".to_owned())
+                .and_then(|ip| {
+                    self.record_conflict(ip, conflict.clone())
+                        .map_err(|e| e.to_string())
+                });
+            if let Err(reason) = recorded {
+                problems.push(IpamError::StatusEntry {
+                    pool: pool.clone(),
+                    ip: key.clone(),
+                    value: format!("conflict with {}", conflict.answered_by),
+                    reason,
+                });
+            }
+        }
+        problems
+    }
+
+    fn conflict_reason(&self, ip: Ipv4Addr) -> String {
+        match self.conflict(ip) {
+            Some(c) => format!(
+                "in use by another host ({} answers ARP for it)",
+                c.answered_by
+            ),
+            None => "in use by another host".to_owned(),
+        }
     }
 
     /// Every leased address and its NIC, in address order.
@@ -428,12 +562,13 @@ impl PoolAllocator {
                 self.used += 1;
             }
             Slot::Unreadable(_) => self.used += 1,
-            Slot::Held(_) => {}
+            Slot::Held(_) | Slot::Conflicted => {}
         }
         self.taken.insert(n, slot);
     }
 
     /// Returns a taken address `n` to the free intervals, merging neighbours. O(log n).
+    /// An address with a conflict recorded stays blocked instead.
     fn give_back(&mut self, n: u32) {
         match self.taken.remove(&n) {
             Some(Slot::Held(Holder::Mac(mac))) => {
@@ -441,8 +576,12 @@ impl PoolAllocator {
                 self.used -= 1;
             }
             Some(Slot::Unreadable(_)) => self.used -= 1,
-            Some(Slot::Held(_)) => {}
+            Some(Slot::Held(_) | Slot::Conflicted) => {}
             None => return,
+        }
+        if self.conflicts.contains_key(&n) {
+            self.taken.insert(n, Slot::Conflicted);
+            return;
         }
         let (mut first, mut last) = (n, n);
         if let Some((&pf, &pl)) = self.free.range(..n).next_back()
@@ -844,6 +983,82 @@ mod tests {
                 .unwrap(),
             (8000, 65533 - 8000)
         );
+    }
+
+    fn conflict(by: u32) -> AddressConflict {
+        AddressConflict {
+            mac_address: mac(1).to_string(),
+            answered_by: mac(by).to_string(),
+            source: "Probe".into(),
+            since: None,
+        }
+    }
+
+    #[test]
+    fn conflicts_block_addresses_are_bounded_and_survive_a_rebuild() {
+        let mut a = PoolAllocator::new(range(
+            "ns/p",
+            "10.0.0.0/16",
+            ("10.0.0.10", "10.0.1.250"),
+            "10.0.0.1",
+            None,
+            vec![ip("10.0.0.12")],
+        ));
+        let held = a.allocate(mac(1)).unwrap();
+        assert_eq!(held, ip("10.0.0.10"));
+        let free = ip("10.0.0.11");
+        assert!(a.record_conflict(held, conflict(90)).unwrap());
+        assert!(a.record_conflict(free, conflict(91)).unwrap());
+        assert!(
+            !a.record_conflict(free, conflict(92)).unwrap(),
+            "already recorded"
+        );
+        assert!(
+            !a.record_conflict(ip("10.0.0.12"), conflict(93)).unwrap(),
+            "markers are not"
+        );
+        assert!(matches!(
+            a.record_conflict(ip("10.0.9.9"), conflict(94)),
+            Err(IpamError::OutsideRange { .. })
+        ));
+        // A held conflicted address stays its holder's until released; then it stays blocked.
+        assert_eq!(a.lookup(&mac(1)), Some(held));
+        assert_eq!(a.allocate(mac(2)).unwrap(), ip("10.0.0.13"));
+        a.release_mac(&mac(1));
+        assert_eq!(a.allocate(mac(3)).unwrap(), ip("10.0.0.14"));
+        assert_eq!(a.used(), 2);
+
+        // The status round-trips: allocated holds neither conflicted address, conflicts both.
+        let allocated = a.status_allocated();
+        assert!(!allocated.contains_key("10.0.0.10") && !allocated.contains_key("10.0.0.11"));
+        let conflicts = a.status_conflicts();
+        assert_eq!(conflicts.len(), 2);
+        let (mut b, problems) = PoolAllocator::rebuild(a.range().clone(), &allocated);
+        assert!(problems.is_empty());
+        let mut bad = conflicts.clone();
+        bad.insert("nope".into(), conflict(95));
+        let problems = b.restore_conflicts(&bad);
+        assert_eq!(problems.len(), 1, "{problems:?}");
+        assert_eq!(b, a, "rebuilt from status: the same books");
+
+        // Bounded: beyond MAX_CONFLICTS, refused.
+        for i in 0..MAX_CONFLICTS as u32 {
+            let _ = a.record_conflict(
+                Ipv4Addr::from(u32::from(ip("10.0.0.100")) + i),
+                conflict(96),
+            );
+        }
+        assert_eq!(a.status_conflicts().len(), MAX_CONFLICTS);
+        assert!(matches!(
+            a.record_conflict(ip("10.0.1.200"), conflict(97)),
+            Err(IpamError::TooManyConflicts { .. })
+        ));
+        // Cleared, a free address is free again; clearing twice is a no-op.
+        assert!(a.clear_conflict(free));
+        assert!(!a.clear_conflict(free));
+        assert!(a.clear_conflict(held));
+        assert_eq!(a.allocate(mac(4)).unwrap(), held, "the lowest free again");
+        assert_eq!(a.allocate(mac(5)).unwrap(), free);
     }
 
     #[test]

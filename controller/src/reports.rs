@@ -19,6 +19,7 @@
 //! without depending on the stream layer.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::net::Ipv4Addr;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, OnceLock, PoisonError};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
@@ -30,13 +31,18 @@ use kube::runtime::{WatchStreamExt, watcher};
 use serde::{Deserialize, Serialize};
 use tokio::sync::{mpsc, watch};
 use tracing::{debug, info, warn};
-use vmdhcp_core::NamespacedName;
+use vmdhcp_core::{MacAddr, NamespacedName};
 
 /// Most agents whose reports are kept (the chart runs 2; a Deployment scaled far beyond this is
 /// not a DHCP fleet).
 pub const MAX_AGENTS: usize = 64;
 /// Most interfaces in one report (one per pool the agent serves).
 pub const MAX_INTERFACES: usize = 1024;
+/// Most probe verdicts in one interface's entry (the agent keeps at most as many per pool).
+pub const MAX_PROBES: usize = 64;
+/// Most probe verdicts in one report, all interfaces together: the ConfigMap that carries
+/// every agent's report stays far below the API's 1 MiB per object.
+pub const MAX_REPORT_PROBES: usize = 256;
 /// An unchanged report is published again after this long, so its age stays below
 /// [`STALE_AFTER`] and the `AgentReady` freshness window.
 pub const REFRESH: Duration = Duration::from_secs(30);
@@ -67,6 +73,12 @@ pub enum ReportError {
     /// A report with more than [`MAX_INTERFACES`] interfaces.
     #[error("{0} interfaces in one report; at most {MAX_INTERFACES}")]
     TooManyInterfaces(usize),
+    /// A report with more than [`MAX_PROBES`] verdicts for one pool or [`MAX_REPORT_PROBES`] in
+    /// all.
+    #[error(
+        "{0} probe verdicts in one report; at most {MAX_PROBES} per pool, {MAX_REPORT_PROBES} in all"
+    )]
+    TooManyProbes(usize),
     /// An entry of the ConfigMap does not decode.
     #[error("entry {key:?} of the agent reports ConfigMap: {source}")]
     Decode {
@@ -137,6 +149,53 @@ pub struct InterfaceReport {
     pub error: String,
     /// Leases loaded for the pool.
     pub lease_count: u32,
+    /// The latest ARP probe verdicts on the pool's addresses.
+    pub probes: Vec<AddressProbe>,
+}
+
+/// Why an agent probed an address (numbered as the wire's `ProbeReason`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ProbeReason {
+    /// Before its first offer to a client.
+    Offer = 1,
+    /// A client declined it.
+    Decline = 2,
+    /// The pool records a conflict on it; probed again to clear it.
+    Recheck = 3,
+}
+
+impl ProbeReason {
+    /// The reason numbered `n`.
+    pub fn from_number(n: i32) -> Option<Self> {
+        match n {
+            1 => Some(ProbeReason::Offer),
+            2 => Some(ProbeReason::Decline),
+            3 => Some(ProbeReason::Recheck),
+            _ => None,
+        }
+    }
+
+    /// As `status.ipv4.conflicts[].source` says it.
+    pub fn as_source(self) -> &'static str {
+        match self {
+            ProbeReason::Offer => "Probe",
+            ProbeReason::Decline => "Decline",
+            ProbeReason::Recheck => "Recheck",
+        }
+    }
+}
+
+/// The latest verdict of an agent's ARP probe on one address of a pool.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct AddressProbe {
+    /// The address.
+    pub ip: Ipv4Addr,
+    /// The client it is reserved for, when it has one.
+    pub mac: Option<MacAddr>,
+    /// Another host that answered for it; `None`: it is free.
+    pub answered_by: Option<MacAddr>,
+    /// Why it was probed.
+    pub reason: ProbeReason,
 }
 
 /// The last report of one agent.
@@ -237,6 +296,15 @@ impl Reports {
     pub fn record(&self, report: AgentReport) -> Result<(), ReportError> {
         if report.interfaces.len() > MAX_INTERFACES {
             return Err(ReportError::TooManyInterfaces(report.interfaces.len()));
+        }
+        let probes: usize = report.interfaces.iter().map(|i| i.probes.len()).sum();
+        if probes > MAX_REPORT_PROBES
+            || report
+                .interfaces
+                .iter()
+                .any(|i| i.probes.len() > MAX_PROBES)
+        {
+            return Err(ReportError::TooManyProbes(probes));
         }
         let key = report.key()?;
         self.insert(key, report.clone())?;
@@ -355,6 +423,49 @@ struct StoredInterface {
     error: String,
     #[serde(default)]
     leases: u32,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    probes: Vec<StoredProbe>,
+}
+
+/// One probe verdict as stored: empty strings for no MAC.
+#[derive(Serialize, Deserialize, Debug, PartialEq)]
+struct StoredProbe {
+    ip: String,
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    mac: String,
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    by: String,
+    reason: i32,
+}
+
+impl StoredProbe {
+    fn of(p: &AddressProbe) -> Self {
+        let text = |m: Option<MacAddr>| m.map(|m| m.to_string()).unwrap_or_default();
+        StoredProbe {
+            ip: p.ip.to_string(),
+            mac: text(p.mac),
+            by: text(p.answered_by),
+            reason: p.reason as i32,
+        }
+    }
+
+    /// Back into a verdict; `None` for one this controller cannot read (it was checked on
+    /// receipt, so only a newer replica's could be).
+    fn read(&self) -> Option<AddressProbe> {
+        let mac = |s: &str| -> Option<Option<MacAddr>> {
+            if s.is_empty() {
+                Some(None)
+            } else {
+                s.parse().ok().map(Some)
+            }
+        };
+        Some(AddressProbe {
+            ip: self.ip.parse().ok()?,
+            mac: mac(&self.mac)?,
+            answered_by: mac(&self.by)?,
+            reason: ProbeReason::from_number(self.reason)?,
+        })
+    }
 }
 
 /// The ConfigMap key of an agent: `namespace.pod` (a namespace has no dots, so it splits back).
@@ -385,6 +496,7 @@ fn encode(report: &AgentReport) -> String {
                 state: i.state as i32,
                 error: i.error.clone(),
                 leases: i.lease_count,
+                probes: i.probes.iter().map(StoredProbe::of).collect(),
             })
             .collect(),
     };
@@ -419,6 +531,7 @@ fn decode(key: &str, value: &str) -> Result<AgentReport, ReportError> {
                 state: InterfaceState::from_number(i.state).unwrap_or_default(),
                 error: i.error,
                 lease_count: i.leases,
+                probes: i.probes.iter().filter_map(StoredProbe::read).collect(),
             })
             .collect(),
         received_at: UNIX_EPOCH + Duration::from_millis(stored.received_ms),
@@ -630,6 +743,12 @@ mod tests {
                 state,
                 error: String::new(),
                 lease_count: 3,
+                probes: vec![AddressProbe {
+                    ip: Ipv4Addr::new(10, 0, 0, 9),
+                    mac: None,
+                    answered_by: "02:00:00:00:00:09".parse().ok(),
+                    reason: ProbeReason::Recheck,
+                }],
             }],
             received_at: UNIX_EPOCH + Duration::from_secs(at_secs),
         }

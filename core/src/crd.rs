@@ -252,6 +252,30 @@ pub struct IPv4Status {
     pub used: i64,
     /// Addresses still free to allocate.
     pub available: i64,
+    /// Address → conflict: addresses another host was found using (it answered an agent's ARP
+    /// probe), which are not handed out until a later probe finds them free or an operator
+    /// removes the entry. A vmdhcp addition: upstream's clients ignore it.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub conflicts: BTreeMap<String, AddressConflict>,
+}
+
+/// An address of a pool that another host uses, as an agent found it.
+#[derive(Deserialize, Serialize, Clone, Debug, Default, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct AddressConflict {
+    /// The NIC the address was to go to (or had, if it declined it).
+    #[schemars(length(max = 17))]
+    pub mac_address: String,
+    /// The MAC of the host that answered ARP for the address.
+    #[schemars(length(max = 17))]
+    pub answered_by: String,
+    /// How it was found: `Probe` (before an offer) or `Decline` (a client declined it and a
+    /// probe confirmed another host has it).
+    #[schemars(length(max = 16))]
+    pub source: String,
+    /// When the controller recorded it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub since: Option<Time>,
 }
 
 /// A reference to the agent pod of a pool.

@@ -55,6 +55,7 @@ pub fn with_allocated(mut pool: IPPool, entries: &[(&str, &str)]) -> IPPool {
             .collect(),
         used: 0,
         available: 0,
+        ..Default::default()
     });
     pool.status = Some(status);
     pool
@@ -93,6 +94,7 @@ pub fn pool_config(key: &str) -> PoolConfig {
         lease_seconds: 300,
         mtu: None,
         routes: vec![],
+        conflicted: vec![],
     }
 }
 

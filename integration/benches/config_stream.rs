@@ -51,6 +51,7 @@ fn pool(i: u32) -> PoolConfig {
         lease_seconds: 3600,
         mtu: None,
         routes: vec![],
+        conflicted: vec![],
     }
 }
 
@@ -104,7 +105,7 @@ async fn main() {
     let pools: Vec<PoolConfig> = (0..POOLS).map(pool).collect();
     for p in &pools {
         index.apply(
-            std::iter::once(Op::UpsertPool(p.clone()))
+            std::iter::once(Op::UpsertPool(Box::new(p.clone())))
                 .chain((0..LEASES).map(|h| Op::UpsertLease(lease(p, h, h)))),
         );
     }

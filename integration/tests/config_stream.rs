@@ -47,6 +47,7 @@ fn pool(name: &str, octet: u8) -> PoolConfig {
         lease_seconds: 600,
         mtu: None,
         routes: vec![],
+        conflicted: vec![],
     }
 }
 
@@ -211,7 +212,10 @@ fn applied(state: &AppliedState) -> View {
 
 fn seeded_index() -> Arc<Index> {
     let index = Arc::new(Index::new());
-    index.apply([Op::UpsertPool(pool("a", 1)), Op::UpsertPool(pool("b", 2))]);
+    index.apply([
+        Op::UpsertPool(Box::new(pool("a", 1))),
+        Op::UpsertPool(Box::new(pool("b", 2))),
+    ]);
     index.apply((0..50).map(|i| Op::UpsertLease(lease("a", 1, i, i))));
     index.apply((0..30).map(|i| Op::UpsertLease(lease("b", 2, i, i))));
     index
@@ -251,12 +255,12 @@ async fn agent_applies_snapshot_then_every_delta_in_order() {
         "ns/a".parse().unwrap(),
         lease("a", 1, 1, 1).mac,
     )]);
-    index.apply([Op::UpsertPool(PoolConfig {
+    index.apply([Op::UpsertPool(Box::new(PoolConfig {
         lease_seconds: 60,
         ..pool("b", 2)
-    })]);
+    }))]);
     index.apply([
-        Op::UpsertPool(pool("c", 3)),
+        Op::UpsertPool(Box::new(pool("c", 3))),
         Op::UpsertLease(lease("c", 3, 0, 0)),
     ]);
     index.apply([Op::RemovePool("ns/b".parse().unwrap())]);
@@ -341,7 +345,7 @@ async fn resume_yields_exactly_the_missed_changes_and_unknown_epoch_a_snapshot()
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_stalled_agent_costs_no_queue_and_does_not_delay_another() {
     let index = Arc::new(Index::with_limits(64, 100_000));
-    index.apply([Op::UpsertPool(pool("a", 1))]);
+    index.apply([Op::UpsertPool(Box::new(pool("a", 1)))]);
     index.apply((0..4000).map(|i| Op::UpsertLease(lease("a", 1, i, i))));
     let server = Server::start(index.clone(), "127.0.0.1:0".parse().unwrap(), fast_stream()).await;
 
@@ -414,7 +418,7 @@ async fn controller_restart_resyncs_agents_without_losing_a_lease() {
     let restarted = Arc::new(Index::new());
     let snap = index.snapshot(&PoolFilter::all());
     restarted.apply(snap.pools.iter().flat_map(|(c, leases)| {
-        std::iter::once(Op::UpsertPool(c.clone())).chain(leases.iter().map(|(m, i)| {
+        std::iter::once(Op::UpsertPool(Box::new(c.clone()))).chain(leases.iter().map(|(m, i)| {
             Op::UpsertLease(Lease {
                 pool: c.pool.clone(),
                 mac: *m,
@@ -754,6 +758,7 @@ async fn reports_are_recorded_and_invalid_ones_refused() {
             state: pb::InterfaceState::Serving.into(),
             error: String::new(),
             lease_count: 50,
+            probes: vec![],
         }],
     };
     client.report(report.clone()).await.unwrap();
@@ -775,6 +780,63 @@ async fn reports_are_recorded_and_invalid_ones_refused() {
         "{}",
         err.message()
     );
+    // Probe verdicts are checked field by field, and bounded.
+    let verdict = pb::AddressProbe {
+        ip_address: "10.0.0.9".into(),
+        mac_address: String::new(),
+        answered_by: "02:00:00:00:00:09".into(),
+        reason: pb::ProbeReason::Offer.into(),
+    };
+    let with_probes = |probes: Vec<pb::AddressProbe>| pb::ReportRequest {
+        interfaces: vec![pb::InterfaceReport {
+            probes,
+            ..report.interfaces[0].clone()
+        }],
+        ..report.clone()
+    };
+    client
+        .report(with_probes(vec![verdict.clone()]))
+        .await
+        .unwrap();
+    let all = server.reports.all();
+    assert_eq!(
+        all["vmdhcp/agent-0"].interfaces[0].probes[0]
+            .answered_by
+            .map(|m| m.to_string()),
+        Some("02:00:00:00:00:09".to_owned())
+    );
+    for (bad, field) in [
+        (
+            pb::AddressProbe {
+                ip_address: "10.0.0.300".into(),
+                ..verdict.clone()
+            },
+            "interfaces.probes.ip_address = \"10.0.0.300\"",
+        ),
+        (
+            pb::AddressProbe {
+                answered_by: "zz".into(),
+                ..verdict.clone()
+            },
+            "interfaces.probes.answered_by = \"zz\"",
+        ),
+        (
+            pb::AddressProbe {
+                reason: 7,
+                ..verdict.clone()
+            },
+            "interfaces.probes.reason = \"7\"",
+        ),
+    ] {
+        let err = client.report(with_probes(vec![bad])).await.unwrap_err();
+        assert_eq!(err.code(), tonic::Code::InvalidArgument);
+        assert!(err.message().contains(field), "{}", err.message());
+    }
+    let err = client
+        .report(with_probes(vec![verdict; 65]))
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), tonic::Code::ResourceExhausted, "{err}");
     let err = client
         .report(pb::ReportRequest {
             agent: None,

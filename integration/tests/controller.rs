@@ -313,6 +313,7 @@ async fn pool_is_registered_marked_counted_paused_and_deleted_cleanly() {
                 state: state.into(),
                 error: "bind: no such device".into(),
                 lease_count: 0,
+                probes: vec![],
             }],
         };
     grpc.report(report(vmdhcp_proto::agent::v1::InterfaceState::Serving))

@@ -661,6 +661,7 @@ fn serving_report(ns: &str, pod: &str, pool: &str) -> pb::ReportRequest {
             state: pb::InterfaceState::Serving as i32,
             error: String::new(),
             lease_count: 0,
+            probes: vec![],
         }],
     }
 }

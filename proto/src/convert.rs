@@ -86,6 +86,7 @@ impl From<&PoolConfig> for pb::PoolConfig {
                     gateway: r.gateway.to_string(),
                 })
                 .collect(),
+            conflicted: c.conflicted.iter().map(ToString::to_string).collect(),
         }
     }
 }
@@ -154,6 +155,11 @@ impl TryFrom<&pb::PoolConfig> for PoolConfig {
                 })
             })
             .collect::<Result<Vec<_>, ConvertError>>()?;
+        let conflicted = p
+            .conflicted
+            .iter()
+            .map(|c| ipv4(M, "conflicted", c))
+            .collect::<Result<Vec<_>, _>>()?;
         Ok(PoolConfig {
             pool,
             network,
@@ -168,6 +174,7 @@ impl TryFrom<&pb::PoolConfig> for PoolConfig {
             lease_seconds,
             mtu,
             routes,
+            conflicted,
         })
     }
 }
@@ -241,6 +248,7 @@ mod tests {
                 destination: "10.96.0.0/12".parse().unwrap(),
                 gateway: "192.168.48.1".parse().unwrap(),
             }],
+            conflicted: vec!["192.168.48.90".parse().unwrap()],
         }
     }
 
@@ -256,6 +264,7 @@ mod tests {
             ntp: vec![],
             mtu: None,
             routes: vec![],
+            conflicted: vec![],
             ..config()
         };
         assert_eq!(
@@ -267,7 +276,7 @@ mod tests {
     #[test]
     fn invalid_values_are_named() {
         type Mutation = fn(&mut pb::PoolConfig);
-        let cases: [(Mutation, &str); 11] = [
+        let cases: [(Mutation, &str); 12] = [
             (
                 |p| p.pool_ref = "nope".into(),
                 "PoolConfig.pool_ref = \"nope\"",
@@ -288,6 +297,10 @@ mod tests {
                 "PoolConfig.interface_name",
             ),
             (|p| p.mtu = 67, "PoolConfig.mtu = \"67\""),
+            (
+                |p| p.conflicted = vec!["10.0.0.300".into()],
+                "PoolConfig.conflicted = \"10.0.0.300\"",
+            ),
             (|p| p.mtu = 70_000, "PoolConfig.mtu = \"70000\""),
             (
                 |p| p.routes[0].destination = "10.96.0.0".into(),

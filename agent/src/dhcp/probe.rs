@@ -24,6 +24,13 @@
 //! [`UNVERIFIED_HOLD`]; only a host that answers ARP for the address itself (which already takes
 //! the address away from the VM at layer 2) makes a hold, [`CONFLICT_HOLD`] at a time.
 //!
+//! **What lasts is the controller's.** Every conflict found here (an offer probe or a DECLINE
+//! another host answers for) is also recorded in the table's [`crate::findings`] and reported;
+//! the controller records it in the pool's status, moves a dynamic VM elsewhere, and streams
+//! the recorded addresses back: they are withheld by every agent, across failovers and
+//! restarts, and the serving agent probes them again ([`Probes::recheck`]) so one found free is
+//! cleared.
+//!
 //! **Bounds.** At most [`MAX_PROBES`] probes run at once, one per address, each a small thread
 //! that lives at most [`PROBE_WAIT`]; the record of addresses probed clean holds at most
 //! [`MAX_CLEAN`] entries (when full it starts over, which costs a re-probe of first OFFERs
@@ -40,7 +47,8 @@ use tracing::{debug, info, warn};
 use vmdhcp_core::{MacAddr, NamespacedName};
 
 use crate::arp::{self, ArpError};
-use crate::lease_table::LeaseTable;
+use crate::findings::{Finding, Reason};
+use crate::lease_table::{LeaseTable, PoolSnapshot};
 
 /// How long a probe waits for an answer (RFC 5227's PROBE_WAIT is 1 s; hosts on one L2 answer
 /// within milliseconds).
@@ -279,6 +287,11 @@ impl Probes {
             let verdict = match answer {
                 Ok(Some(other)) if other != *mac => {
                     table.mark_conflicted(pool, *ip, *mac, Some(other), CONFLICT_HOLD);
+                    table.findings().record(
+                        pool,
+                        *ip,
+                        Finding::conflict(Some(*mac), other, Reason::Offer),
+                    );
                     warn!(%mac, %ip, answered_by = %other, hold_s = CONFLICT_HOLD.as_secs(), "address in use by another host: not offered, withheld");
                     OfferVerdict::Conflict
                 }
@@ -335,6 +348,59 @@ impl Probes {
         if self.spawn(key, job) == Spawned::Busy {
             counts.record(Verdict::Busy);
             warn!(mac = %by, %ip, "DECLINE not checked: {MAX_PROBES} probes running; the address stays served");
+        }
+    }
+
+    /// Probes again each address the controller records as conflicted on `pool` (served on
+    /// `interface`), recording in `table`'s findings who answers: another host (the conflict
+    /// stands) or nobody but the address's own client (it is free; the controller clears it).
+    /// Addresses whose probe is running, or beyond [`MAX_PROBES`], wait for the next round.
+    pub fn recheck(
+        self: &Arc<Self>,
+        interface: &str,
+        pool: &PoolSnapshot,
+        table: &Arc<LeaseTable>,
+    ) {
+        self.recheck_with(interface, pool, table, |interface, ip| {
+            arp::probe(interface, ip, PROBE_WAIT)
+        });
+    }
+
+    fn recheck_with(
+        self: &Arc<Self>,
+        interface: &str,
+        pool: &PoolSnapshot,
+        table: &Arc<LeaseTable>,
+        probe: impl Fn(&str, Ipv4Addr) -> ProbeResult + Clone + Send + 'static,
+    ) {
+        let name = pool.config().pool.clone();
+        for ip in pool.config().conflicted.iter().copied() {
+            let holder = pool.holder_of(&ip);
+            let (table, name2, interface, probe) = (
+                Arc::clone(table),
+                name.clone(),
+                interface.to_owned(),
+                probe.clone(),
+            );
+            let job = move || {
+                let finding = match probe(&interface, ip) {
+                    Ok(Some(other)) if Some(other) != holder => {
+                        Finding::conflict(holder, other, Reason::Recheck)
+                    }
+                    Ok(_) => Finding::free(holder),
+                    Err(error) => {
+                        debug!(%ip, %error, "recorded conflict not rechecked");
+                        return;
+                    }
+                };
+                if finding.answered_by.is_none() {
+                    info!(%ip, "an address recorded as conflicted is free again");
+                }
+                table.findings().record(&name2, ip, finding);
+            };
+            if self.spawn((name.clone(), ip), job) == Spawned::Busy {
+                return;
+            }
         }
     }
 
@@ -397,6 +463,11 @@ fn apply(declined: &Declined, verdict: Verdict, table: &LeaseTable) {
     match (verdict, verdict.hold()) {
         (Verdict::Conflict(other), Some(hold)) => {
             table.mark_conflicted(pool, *ip, *by, Some(other), hold);
+            table.findings().record(
+                pool,
+                *ip,
+                Finding::conflict(Some(*by), other, Reason::Decline),
+            );
             warn!(mac = %by, %ip, answered_by = %other, hold_s = hold.as_secs(), "address declined and another host answers ARP for it: withheld");
         }
         (_, Some(hold)) => {
@@ -422,6 +493,7 @@ mod tests {
     use vmdhcp_core::pool::Lease;
 
     use crate::lease_table::PoolLeases;
+    use std::collections::BTreeMap;
 
     const HOLDER: MacAddr = MacAddr([2, 0, 0, 0, 0, 1]);
     const OTHER: MacAddr = MacAddr([2, 0, 0, 0, 0, 9]);
@@ -522,6 +594,60 @@ mod tests {
         assert!(!table.is_conflicted(&pool, &IP));
         let read: Vec<u64> = counts.read().into_iter().map(|(_, n)| n).collect();
         assert_eq!(read, [1, 1, 2, 0, 0]);
+        // Only the confirmed conflict became a finding for the controller.
+        let found = table.findings().of(&pool);
+        assert_eq!(found.len(), 1);
+        assert_eq!(
+            (found[0].0, found[0].1.answered_by, found[0].1.reason),
+            (IP, Some(OTHER), Reason::Decline)
+        );
+    }
+
+    fn settle(probes: &Probes) {
+        let deadline = std::time::Instant::now() + Duration::from_secs(5);
+        while probes.running() > 0 {
+            assert!(std::time::Instant::now() < deadline, "a probe never ended");
+            std::thread::yield_now();
+        }
+    }
+
+    #[test]
+    fn recorded_conflicts_are_rechecked_and_found_free_or_taken() {
+        let probes = Arc::new(Probes::default());
+        let table = LeaseTable::new();
+        let mut config = pool_config("default/a");
+        let free = Ipv4Addr::new(192, 0, 2, 20);
+        config.conflicted = vec![IP, free];
+        table.apply_snapshot(vec![PoolLeases {
+            leases: vec![Lease {
+                pool: config.pool.clone(),
+                mac: HOLDER,
+                ip: IP,
+            }],
+            config: config.clone(),
+        }]);
+        let table = Arc::new(table);
+        assert!(table.findings().withheld(&config, IP));
+        let snapshot = table.pool(&config.pool).unwrap();
+        // IP: another host answers; `free`: nobody does.
+        probes.recheck_with("eth1", &snapshot, &table, |_, ip| {
+            Ok((ip == IP).then_some(OTHER))
+        });
+        settle(&probes);
+        let found: BTreeMap<_, _> = table.findings().of(&config.pool).into_iter().collect();
+        assert_eq!(found[&IP].answered_by, Some(OTHER));
+        assert_eq!(found[&IP].mac, Some(HOLDER));
+        assert_eq!(found[&free].answered_by, None);
+        assert!(table.findings().withheld(&config, IP));
+        assert!(!table.findings().withheld(&config, free));
+        // The squatter leaves; a probe the reservation's own client answers is free too.
+        probes.recheck_with("eth1", &snapshot, &table, |_, _| Ok(Some(HOLDER)));
+        settle(&probes);
+        assert!(!table.findings().withheld(&config, IP));
+        // A probe that cannot be sent changes nothing.
+        probes.recheck_with("eth1", &snapshot, &table, |_, _| Err(no_socket()));
+        settle(&probes);
+        assert!(!table.findings().withheld(&config, IP));
     }
 
     fn offer() -> PendingOffer {

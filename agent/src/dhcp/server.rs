@@ -416,6 +416,9 @@ fn serve(
     // into something that looks valid.
     let mut buf = vec![0u8; MAX_PACKET * 2];
     let mut next_link_check = Instant::now() + LINK_CHECK;
+    // The recorded conflicts are probed again as soon as this interface serves (a new leader
+    // learns at once which are free), then every RECHECK.
+    let mut next_recheck = Instant::now();
     loop {
         if *shutdown.borrow() {
             info!("stopping");
@@ -450,6 +453,14 @@ fn serve(
             }
             next_link_check = received_at + LINK_CHECK;
         }
+        if received_at >= next_recheck {
+            if let Some(pool) = table.pool(&interface.pool)
+                && !pool.config().conflicted.is_empty()
+            {
+                probes.recheck(&interface.name, &pool, table);
+            }
+            next_recheck = received_at + crate::findings::RECHECK;
+        }
         let Some((len, peer)) = received else {
             continue;
         };
@@ -462,6 +473,7 @@ fn serve(
         let _in = span.enter();
         let outcome = handle(&buf[..len], &pool, |ip| {
             table.is_conflicted(&interface.pool, ip)
+                || table.findings().withheld(pool.config(), *ip)
         });
         counters.record(&outcome);
         record_outcome(&span, &outcome);

@@ -39,8 +39,9 @@ pub const DEFAULT_HISTORY_KEYS: usize = 1_000_000;
 /// One change to the index.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Op {
-    /// Add or replace a pool's config (its leases are untouched).
-    UpsertPool(PoolConfig),
+    /// Add or replace a pool's config (its leases are untouched). (Boxed: a config is several
+    /// times the size of the other changes, which are the many.)
+    UpsertPool(Box<PoolConfig>),
     /// Remove a pool and all its leases.
     RemovePool(NamespacedName),
     /// Add or replace the lease of a MAC on a pool.
@@ -194,7 +195,7 @@ impl Index {
                     if st.pools.get(&cfg.pool) != Some(&cfg) {
                         touched.pools.insert(cfg.pool.clone());
                         st.leases.entry(cfg.pool.clone()).or_default();
-                        st.pools.insert(cfg.pool.clone(), cfg);
+                        st.pools.insert(cfg.pool.clone(), *cfg);
                     }
                 }
                 Op::RemovePool(pool) => {
@@ -391,7 +392,7 @@ mod tests {
     #[test]
     fn revisions_remember_their_cause_for_the_stream_sends() {
         let index = Index::new();
-        index.apply([Op::UpsertPool(pool("a"))]);
+        index.apply([Op::UpsertPool(Box::new(pool("a")))]);
         let mut seen = None;
         let r2 = index.apply_with([Op::UpsertLease(lease("a", 1, 10))], |change| {
             seen = Some((change.pools.len(), change.leases.len()));
@@ -421,13 +422,13 @@ mod tests {
         let ix = Index::new();
         assert_eq!(
             ix.apply([
-                Op::UpsertPool(pool("a")),
+                Op::UpsertPool(Box::new(pool("a"))),
                 Op::UpsertLease(lease("a", 1, 10))
             ]),
             Some(1)
         );
         assert_eq!(
-            ix.apply([Op::UpsertPool(pool("a"))]),
+            ix.apply([Op::UpsertPool(Box::new(pool("a")))]),
             None,
             "no-op makes no revision"
         );
@@ -445,7 +446,10 @@ mod tests {
     #[test]
     fn changes_are_the_latest_state_of_touched_keys() {
         let ix = Index::new();
-        ix.apply([Op::UpsertPool(pool("a")), Op::UpsertPool(pool("b"))]);
+        ix.apply([
+            Op::UpsertPool(Box::new(pool("a"))),
+            Op::UpsertPool(Box::new(pool("b"))),
+        ]);
         ix.apply([
             Op::UpsertLease(lease("a", 1, 10)),
             Op::UpsertLease(lease("b", 2, 20)),
@@ -491,7 +495,7 @@ mod tests {
     #[test]
     fn history_is_bounded_and_old_readers_need_a_snapshot() {
         let ix = Index::with_history(8);
-        ix.apply([Op::UpsertPool(pool("a"))]);
+        ix.apply([Op::UpsertPool(Box::new(pool("a")))]);
         for i in 0..100u8 {
             ix.apply([Op::UpsertLease(lease("a", 1, i))]);
         }
@@ -510,7 +514,7 @@ mod tests {
     #[test]
     fn history_is_bounded_in_keys_too() {
         let ix = Index::with_limits(1000, 50);
-        ix.apply([Op::UpsertPool(pool("a"))]);
+        ix.apply([Op::UpsertPool(Box::new(pool("a")))]);
         for round in 0..10u8 {
             ix.apply((0..20u8).map(|m| Op::UpsertLease(lease("a", m, round))));
         }
@@ -532,7 +536,7 @@ mod tests {
     fn replace_leases_touches_only_differences() {
         let ix = Index::new();
         ix.apply([
-            Op::UpsertPool(pool("a")),
+            Op::UpsertPool(Box::new(pool("a"))),
             Op::UpsertLease(lease("a", 1, 10)),
             Op::UpsertLease(lease("a", 2, 20)),
         ]);

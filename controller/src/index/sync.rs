@@ -80,7 +80,7 @@ impl IndexSync {
             for e in errors.iter().take(5) {
                 warn!(pool = %pool_ref, error = %e, "status entry skipped");
             }
-            ops.push(Op::UpsertPool(config));
+            ops.push(Op::UpsertPool(Box::new(config)));
             ops.push(Op::ReplaceLeases(
                 (*pool_ref).clone(),
                 leases.into_iter().map(|l| (l.mac, l.ip)).collect(),

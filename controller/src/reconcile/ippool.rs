@@ -7,9 +7,11 @@
 //! metrics are removed under the labels they were created with.
 
 use std::collections::BTreeMap;
+use std::net::Ipv4Addr;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use kube::ResourceExt;
 use kube::api::{Api, DynamicObject, Patch, PatchParams};
 use kube::runtime::controller::Action;
@@ -17,10 +19,9 @@ use kube::runtime::events::EventType;
 use kube::runtime::finalizer::{Event as Finalizer, finalizer};
 use serde_json::json;
 use tracing::{info, warn};
-use vmdhcp_core::NamespacedName;
 use vmdhcp_core::crd::{
-    CONDITION_AGENT_READY, CONDITION_CACHE_READY, CONDITION_REGISTERED, CONDITION_STOPPED, IPPool,
-    LABEL_IPPOOL_NAME, LABEL_IPPOOL_NAMESPACE,
+    AddressConflict, CONDITION_AGENT_READY, CONDITION_CACHE_READY, CONDITION_REGISTERED,
+    CONDITION_STOPPED, IPPool, LABEL_IPPOOL_NAME, LABEL_IPPOOL_NAMESPACE,
 };
 use vmdhcp_core::pool::{PoolRange, ValidPool};
 
@@ -29,7 +30,8 @@ use crate::kinds::{nad_resource, object_ref};
 use crate::metrics::PoolLabels;
 use crate::reconcile::context::{Context, IPPOOL_FINALIZER, NotLeader};
 use crate::reconcile::status::{StatusError, fill_ipv4, set_condition, update_pool_status};
-use crate::reports::{AgentReport, InterfaceState};
+use crate::reports::{AddressProbe, AgentReport, InterfaceState, ProbeReason};
+use vmdhcp_core::{MacAddr, NamespacedName};
 
 /// Why an IPPool reconcile failed (it is retried with per-object backoff).
 #[derive(Debug, thiserror::Error)]
@@ -249,6 +251,7 @@ async fn apply(pool: Arc<IPPool>, ctx: Arc<Context>) -> Result<Action, Error> {
     }
 
     rebuild_ipam(&ctx, &pool, &pool_ref, range).await?;
+    record_conflicts(&ctx, &pool, &pool_ref).await;
     let agent = agent_condition(&ctx, &pool_ref);
     write_status(
         &ctx,
@@ -337,13 +340,12 @@ async fn rebuild_ipam(
     if current.as_ref() == Some(range) {
         return Ok(());
     }
-    let allocated = pool
-        .status
-        .as_ref()
-        .and_then(|s| s.ipv4.as_ref())
-        .map(|v| v.allocated.clone())
-        .unwrap_or_default();
-    let (allocator, problems) = PoolAllocator::rebuild(range.clone(), &allocated);
+    let recorded = pool.status.as_ref().and_then(|s| s.ipv4.as_ref());
+    let allocated = recorded.map(|v| v.allocated.clone()).unwrap_or_default();
+    let (mut allocator, mut problems) = PoolAllocator::rebuild(range.clone(), &allocated);
+    if let Some(v4) = recorded {
+        problems.extend(allocator.restore_conflicts(&v4.conflicts));
+    }
     for problem in problems.iter().take(5) {
         warn!(pool = %pool_ref, %problem, "status entry not replayed");
         ctx.event(
@@ -359,6 +361,124 @@ async fn rebuild_ipam(
     ctx.ipam.insert(allocator);
     info!(pool = %pool_ref, leases = ctx.ipam.with_pool(pool_ref, |a| a.used()).unwrap_or(0), "IPAM rebuilt from status");
     Ok(())
+}
+
+/// The probe verdicts on `pool` of the agent serving it now: the latest fresh report of a
+/// leading agent whose interface for the pool serves (an old leader's verdicts do not count).
+pub fn serving_probes<'a>(
+    reports: &'a BTreeMap<String, AgentReport>,
+    pool: &NamespacedName,
+    now: SystemTime,
+) -> Option<(&'a str, &'a [AddressProbe])> {
+    let pool_ref = pool.to_string();
+    reports
+        .iter()
+        .filter(|(_, r)| {
+            r.leader
+                && now
+                    .duration_since(r.received_at)
+                    .is_ok_and(|age| age < REPORT_FRESHNESS)
+        })
+        .max_by_key(|(_, r)| r.received_at)
+        .and_then(|(agent, r)| {
+            r.interfaces
+                .iter()
+                .find(|i| i.pool_ref == pool_ref && i.state == InterfaceState::Serving)
+                .map(|i| (agent.as_str(), i.probes.as_slice()))
+        })
+}
+
+/// What probe verdicts changed in a pool's conflicts.
+#[derive(Debug, Default, PartialEq)]
+pub struct ConflictChanges {
+    /// Newly recorded: (address, the host answering for it, why it was probed).
+    pub recorded: Vec<(Ipv4Addr, MacAddr, ProbeReason)>,
+    /// Found free by a recheck and cleared.
+    pub cleared: Vec<Ipv4Addr>,
+    /// Not recorded (outside the range, or too many already).
+    pub refused: Vec<IpamError>,
+}
+
+/// Applies the serving agent's verdicts to the pool's books: another host answering for an
+/// address records a conflict (once; the client's own answer is none), a recheck nobody else
+/// answers clears one. `since` stamps new records.
+pub fn apply_probes(
+    alloc: &mut PoolAllocator,
+    probes: &[AddressProbe],
+    since: &Time,
+) -> ConflictChanges {
+    let mut changes = ConflictChanges::default();
+    for p in probes {
+        match p.answered_by {
+            Some(other) if Some(other) != p.mac => {
+                let conflict = AddressConflict {
+                    mac_address: p.mac.map(|m| m.to_string()).unwrap_or_default(),
+                    answered_by: other.to_string(),
+                    source: p.reason.as_source().to_owned(),
+                    since: Some(since.clone()),
+                };
+                match alloc.record_conflict(p.ip, conflict) {
+                    Ok(true) => changes.recorded.push((p.ip, other, p.reason)),
+                    Ok(false) => {}
+                    Err(e) => changes.refused.push(e),
+                }
+            }
+            None if p.reason == ProbeReason::Recheck && alloc.clear_conflict(p.ip) => {
+                changes.cleared.push(p.ip);
+            }
+            _ => {}
+        }
+    }
+    changes
+}
+
+/// Records in the pool's books what its serving agent's probes found (written with the
+/// status that follows), with an event for each change.
+async fn record_conflicts(ctx: &Context, pool: &IPPool, pool_ref: &NamespacedName) {
+    let reports = ctx.reports.all();
+    let Some((agent, probes)) = serving_probes(&reports, pool_ref, SystemTime::now()) else {
+        return;
+    };
+    if probes.is_empty() {
+        return;
+    }
+    let since = crate::reconcile::status::now();
+    let Ok(changes) = ctx
+        .ipam
+        .with_pool(pool_ref, |a| apply_probes(a, probes, &since))
+    else {
+        return;
+    };
+    for (ip, by, reason) in &changes.recorded {
+        warn!(pool = %pool_ref, %ip, answered_by = %by, %agent, "address in use by another host: recorded as conflicted");
+        let how = match reason {
+            ProbeReason::Offer => "before it was offered",
+            ProbeReason::Decline => "after a client declined it",
+            ProbeReason::Recheck => "when checked again",
+        };
+        ctx.event(
+            pool,
+            EventType::Warning,
+            "AddressConflict",
+            "Probe",
+            format!("{ip} is in use by another host: {by} answered an ARP probe {how} ({agent}); it is not handed out until a probe finds it free"),
+        )
+        .await;
+    }
+    for ip in &changes.cleared {
+        info!(pool = %pool_ref, %ip, %agent, "conflicted address found free: cleared");
+        ctx.event(
+            pool,
+            EventType::Normal,
+            "ConflictCleared",
+            "Probe",
+            format!("{ip} is free again: nobody else answered an ARP probe ({agent})"),
+        )
+        .await;
+    }
+    for e in changes.refused.iter().take(3) {
+        warn!(pool = %pool_ref, error = %e, "conflict not recorded");
+    }
 }
 
 /// `AgentReady` as (status, reason, message): the agent Deployment missing overrides whatever
@@ -437,9 +557,75 @@ mod tests {
                 state,
                 error: error.into(),
                 lease_count: 3,
+                probes: vec![],
             }],
             received_at: SystemTime::now() - Duration::from_secs(age),
         }
+    }
+
+    #[test]
+    fn conflicts_come_from_the_serving_leaders_verdicts_only() {
+        let pool: NamespacedName = "ns/pool".parse().unwrap();
+        let vm: MacAddr = "02:00:00:00:00:01".parse().unwrap();
+        let squatter: MacAddr = "02:00:00:00:00:09".parse().unwrap();
+        let verdict = |last: u8, answered_by, reason| AddressProbe {
+            ip: Ipv4Addr::new(192, 0, 2, last),
+            mac: Some(vm),
+            answered_by,
+            reason,
+        };
+        let mut old = report(true, 30, InterfaceState::Serving, "");
+        old.interfaces[0].probes = vec![verdict(10, None, ProbeReason::Recheck)];
+        let mut new = report(true, 1, InterfaceState::Serving, "");
+        new.interfaces[0].probes = vec![
+            verdict(10, Some(squatter), ProbeReason::Offer),
+            // The client's own answer is no conflict.
+            verdict(11, Some(vm), ProbeReason::Decline),
+            verdict(12, None, ProbeReason::Recheck),
+            verdict(99, Some(squatter), ProbeReason::Offer),
+        ];
+        let standby = report(false, 0, InterfaceState::Standby, "");
+        let reports = BTreeMap::from([
+            ("vmdhcp/agent-0".to_owned(), old),
+            ("vmdhcp/agent-1".to_owned(), new),
+            ("vmdhcp/agent-2".to_owned(), standby),
+        ]);
+        let (agent, probes) = serving_probes(&reports, &pool, SystemTime::now()).unwrap();
+        assert_eq!((agent, probes.len()), ("vmdhcp/agent-1", 4));
+
+        let range = PoolRange::new(
+            pool.clone(),
+            "192.0.2.0/24".parse().unwrap(),
+            (Ipv4Addr::new(192, 0, 2, 10), Ipv4Addr::new(192, 0, 2, 20)),
+            Ipv4Addr::new(192, 0, 2, 1),
+            None,
+            vec![],
+        )
+        .unwrap();
+        let mut alloc = PoolAllocator::new(range);
+        let since = crate::reconcile::status::now();
+        alloc
+            .record_conflict(Ipv4Addr::new(192, 0, 2, 12), AddressConflict::default())
+            .unwrap();
+        let changes = apply_probes(&mut alloc, probes, &since);
+        assert_eq!(
+            changes.recorded,
+            [(Ipv4Addr::new(192, 0, 2, 10), squatter, ProbeReason::Offer)]
+        );
+        assert_eq!(changes.cleared, [Ipv4Addr::new(192, 0, 2, 12)]);
+        assert!(
+            matches!(changes.refused[..], [IpamError::OutsideRange { .. }]),
+            "{:?}",
+            changes.refused
+        );
+        let recorded = alloc.conflict(Ipv4Addr::new(192, 0, 2, 10)).unwrap();
+        assert_eq!(recorded.answered_by, squatter.to_string());
+        assert_eq!(recorded.source, "Probe");
+        // The same report again changes nothing.
+        assert_eq!(
+            apply_probes(&mut alloc, &probes[..3], &since),
+            ConflictChanges::default()
+        );
     }
 
     #[test]

@@ -143,12 +143,19 @@ pub fn fill_ipv4(
     pool: &NamespacedName,
     status: &mut IPPoolStatus,
 ) -> Result<(), StatusError> {
-    let (allocated, used, available) =
-        ipam.with_pool(pool, |a| (a.status_allocated(), a.used(), a.available()))?;
+    let (allocated, conflicts, used, available) = ipam.with_pool(pool, |a| {
+        (
+            a.status_allocated(),
+            a.status_conflicts(),
+            a.used(),
+            a.available(),
+        )
+    })?;
     status.ipv4 = Some(IPv4Status {
         allocated,
         used: i64::try_from(used).unwrap_or(i64::MAX),
         available: i64::try_from(available).unwrap_or(i64::MAX),
+        conflicts,
     });
     Ok(())
 }

@@ -60,8 +60,10 @@ pub enum Error {
 }
 
 /// The address a NIC gets, as a pure decision on the pool's allocator:
-/// held address (unless a different static one is requested) → requested → previously recorded
-/// → lowest free. A refused static request leaves the held address in place.
+/// held address (unless a different static one is requested, or another host was found using
+/// it and the NIC is dynamic) → requested → previously recorded → lowest free. A refused static
+/// request leaves the held address in place; a static address in conflict stays (the reconciler
+/// says why it is not `Allocated`).
 pub fn allocate_nic(
     alloc: &mut PoolAllocator,
     mac: MacAddr,
@@ -69,6 +71,11 @@ pub fn allocate_nic(
     previous: Option<Ipv4Addr>,
 ) -> Result<Ipv4Addr, IpamError> {
     match (alloc.lookup(&mac), requested) {
+        (Some(held), None) if alloc.conflict(held).is_some() => {
+            // Another host answers for it: a dynamic NIC moves (the address stays blocked).
+            alloc.release(held)?;
+            alloc.allocate(mac)
+        }
         (Some(held), Some(want)) if held != want => {
             alloc.release(held)?;
             match alloc.allocate_requested(mac, want) {
@@ -400,6 +407,8 @@ struct Outcome {
     problems: Vec<String>,
     /// Some NIC waits for a pool to appear or get ready: look again soon.
     waiting: bool,
+    /// Some NIC's static address is in use by another host.
+    conflict: bool,
 }
 
 /// Records the pools' books, then this config's status; says when to look again.
@@ -425,7 +434,11 @@ async fn finish(
             (
                 CONDITION_ALLOCATED,
                 allocated,
-                if allocated { "" } else { "Error" },
+                match (allocated, out.conflict) {
+                    (true, _) => "",
+                    (false, true) => "AddressConflict",
+                    (false, false) => "Error",
+                },
                 message,
             ),
             (CONDITION_DISABLED, false, "", String::new()),
@@ -704,6 +717,32 @@ async fn allocate(
     match outcome {
         Ok(Ok(ip)) => {
             span.record("ip", field::display(ip));
+            let conflicts = ctx
+                .ipam
+                .with_pool(pool, |a| {
+                    let moved_from = held_before
+                        .filter(|old| *old != ip)
+                        .and_then(|old| a.conflict(old).map(|c| (old, c.answered_by.clone())));
+                    (moved_from, a.conflict(ip).map(|c| c.answered_by.clone()))
+                })
+                .unwrap_or_default();
+            if let (Some((old, by)), _) = &conflicts {
+                ctx.event(
+                    cfg,
+                    EventType::Warning,
+                    "AddressConflict",
+                    "Allocate",
+                    format!("{old} is in use by another host ({by} answers ARP for it): {mac} on {network} moved to {ip}"),
+                )
+                .await;
+            }
+            if let (_, Some(by)) = &conflicts {
+                // Only a static address stays in conflict (a dynamic one has just moved).
+                out.problems.push(format!(
+                    "{mac} on {network}: static ip {ip} is in use by another host ({by} answers ARP for it); it is not served until a probe finds it free"
+                ));
+                out.conflict = true;
+            }
             if held_before == Some(ip) {
                 span.record("result", "kept");
             } else {
@@ -892,6 +931,48 @@ mod tests {
         let err = allocate_nic(&mut a, A, Some(ip("192.0.2.99")), None).unwrap_err();
         assert!(matches!(err, IpamError::OutsideRange { .. }), "{err}");
         assert_eq!(a.lookup(&A), Some(ip("192.0.2.13")));
+    }
+
+    fn squatted() -> vmdhcp_core::crd::AddressConflict {
+        vmdhcp_core::crd::AddressConflict {
+            mac_address: A.to_string(),
+            answered_by: "02:00:00:00:00:99".into(),
+            source: "Probe".into(),
+            since: None,
+        }
+    }
+
+    #[test]
+    fn a_dynamic_nic_moves_off_a_conflicted_address_a_static_one_stays() {
+        let mut a = alloc();
+        let first = allocate_nic(&mut a, A, None, None).unwrap();
+        assert!(a.record_conflict(first, squatted()).unwrap());
+        let moved = allocate_nic(&mut a, A, None, Some(first)).unwrap();
+        assert_ne!(moved, first);
+        assert_eq!(a.lookup(&A), Some(moved));
+        // The squatted address is handed to nobody, nor recorded as anyone's.
+        assert_eq!(
+            allocate_nic(&mut a, B, None, None).unwrap(),
+            ip("192.0.2.12")
+        );
+        assert!(!a.status_allocated().contains_key(&first.to_string()));
+        assert!(a.status_conflicts().contains_key(&first.to_string()));
+        let err = allocate_nic(&mut a, B, Some(first), None).unwrap_err();
+        assert!(
+            err.to_string().contains("02:00:00:00:00:99 answers ARP"),
+            "{err}"
+        );
+        // Cleared: free again.
+        assert!(a.clear_conflict(first));
+        assert_eq!(a.allocate(MacAddr([2, 0, 0, 0, 0, 3])).unwrap(), first);
+
+        // A static address in conflict is kept.
+        let mut a = alloc();
+        let want = ip("192.0.2.12");
+        allocate_nic(&mut a, A, Some(want), None).unwrap();
+        a.record_conflict(want, squatted()).unwrap();
+        assert_eq!(allocate_nic(&mut a, A, Some(want), None).unwrap(), want);
+        assert!(a.conflict(want).is_some());
     }
 
     /// A cluster as a table: which pool serves each network, which pools are ready, which

@@ -401,11 +401,17 @@ fn config_triggers(
     .watches_stream(pools, move |pool: IPPool| {
         let ns = pool.namespace().unwrap_or_default();
         let network = NamespacedName::parse_in(&pool.spec.network_name, &ns).ok();
+        let conflicted = pool
+            .status
+            .as_ref()
+            .and_then(|s| s.ipv4.as_ref())
+            .map(|v4| &v4.conflicts);
         cfgs.state()
             .into_iter()
-            // Only configs still waiting for an address: the others do not depend on the
-            // pool's status, and re-queueing every config on every pool write is quadratic.
-            .filter(|c| !is_allocated(c))
+            // Only configs still waiting for an address, or holding one another host was found
+            // using: the others do not depend on the pool's status, and re-queueing every
+            // config on every pool write is quadratic.
+            .filter(|c| !is_allocated(c) || holds_conflicted(c, conflicted))
             .filter(|c| {
                 let cns = c.namespace().unwrap_or_default();
                 c.spec
@@ -415,5 +421,21 @@ fn config_triggers(
             })
             .map(|c| ObjectRef::from_obj(c.as_ref()))
             .collect::<Vec<_>>()
+    })
+}
+
+/// Whether `c`'s status records an address among `conflicts` (a pool's
+/// `status.ipv4.conflicts`): the config must move off it, or say why it cannot.
+fn holds_conflicted(
+    c: &VirtualMachineNetworkConfig,
+    conflicts: Option<&std::collections::BTreeMap<String, vmdhcp_core::crd::AddressConflict>>,
+) -> bool {
+    let Some(conflicts) = conflicts.filter(|c| !c.is_empty()) else {
+        return false;
+    };
+    c.status.iter().flat_map(|s| &s.network_configs).any(|e| {
+        e.allocated_ip_address
+            .as_ref()
+            .is_some_and(|ip| conflicts.contains_key(ip))
     })
 }

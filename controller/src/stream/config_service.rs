@@ -22,14 +22,15 @@ use tokio::sync::watch;
 use tokio_stream::wrappers::TcpListenerStream;
 use tonic::{Request, Response, Status};
 use tracing::{Instrument, debug, info, info_span, warn};
-use vmdhcp_core::NamespacedName;
+use vmdhcp_core::{MacAddr, NamespacedName};
 use vmdhcp_proto::agent::v1 as pb;
 use vmdhcp_proto::agent::v1::config_service_server::{ConfigService, ConfigServiceServer};
 use vmdhcp_telemetry::trace;
 
 use crate::index::{Index, PoolFilter, Snapshot};
 use crate::reports::{
-    AgentIdentity, AgentReport, InterfaceReport, InterfaceState, OpenStream, ReportError, Reports,
+    AddressProbe, AgentIdentity, AgentReport, InterfaceReport, InterfaceState, OpenStream,
+    ProbeReason, ReportError, Reports,
 };
 use crate::security::listener::Limits;
 use crate::stream::auth::{TokenAuth, Verified};
@@ -230,7 +231,11 @@ impl ConfigService for ConfigServer {
             epoch: req.epoch,
             applied_revision: req.applied_revision,
             leader: req.leader,
-            interfaces: req.interfaces.into_iter().map(interface).collect(),
+            interfaces: req
+                .interfaces
+                .into_iter()
+                .map(interface)
+                .collect::<Result<_, _>>()?,
             received_at: SystemTime::now(),
         });
         match recorded {
@@ -251,14 +256,46 @@ fn identity(a: pb::AgentIdentity) -> AgentIdentity {
 }
 
 /// One interface of a report, as the controller keeps it (its state was checked on receipt).
-fn interface(i: pb::InterfaceReport) -> InterfaceReport {
-    InterfaceReport {
+fn interface(i: pb::InterfaceReport) -> Result<InterfaceReport, Status> {
+    Ok(InterfaceReport {
         state: InterfaceState::from_number(i.state).unwrap_or_default(),
+        probes: i.probes.iter().map(probe).collect::<Result<_, _>>()?,
         pool_ref: i.pool_ref,
         interface_name: i.interface_name,
         error: i.error,
         lease_count: i.lease_count,
-    }
+    })
+}
+
+/// One probe verdict, checked: an address, MACs or empty, a known reason.
+fn probe(p: &pb::AddressProbe) -> Result<AddressProbe, Status> {
+    let mac = |field: &str, value: &str| -> Result<Option<MacAddr>, Status> {
+        if value.is_empty() {
+            return Ok(None);
+        }
+        value
+            .parse()
+            .map(Some)
+            .map_err(|e: vmdhcp_core::mac::MacError| invalid(field, value, e))
+    };
+    Ok(AddressProbe {
+        ip: p.ip_address.parse().map_err(|_| {
+            invalid(
+                "interfaces.probes.ip_address",
+                &p.ip_address,
+                "is not an IPv4 address",
+            )
+        })?,
+        mac: mac("interfaces.probes.mac_address", &p.mac_address)?,
+        answered_by: mac("interfaces.probes.answered_by", &p.answered_by)?,
+        reason: ProbeReason::from_number(p.reason).ok_or_else(|| {
+            invalid(
+                "interfaces.probes.reason",
+                &p.reason.to_string(),
+                "is not a ProbeReason",
+            )
+        })?,
+    })
 }
 
 /// One agent's stream: what it has been sent and what it still has to be sent.

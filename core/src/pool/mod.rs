@@ -239,6 +239,10 @@ pub struct PoolConfig {
     /// client that gets these ignores option 3, so the reply adds `0.0.0.0/0` via `router`.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub routes: Vec<Route>,
+    /// Addresses the controller records as used by another host (`status.ipv4.conflicts`):
+    /// not offered, and re-probed by the serving agent so a freed one can be cleared.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub conflicted: Vec<Ipv4Addr>,
 }
 
 /// A classless static route: `destination` (host bits clear) via `gateway`.
@@ -254,8 +258,20 @@ impl PoolConfig {
     /// Derives the config of `pool`, to be served on `interface_name`: [`ValidPool::parse`],
     /// then [`ValidPool::config`].
     pub fn from_ippool(pool: &IPPool, interface_name: &str) -> Result<Self, PoolError> {
-        ValidPool::parse(pool)?.config(interface_name)
+        let mut config = ValidPool::parse(pool)?.config(interface_name)?;
+        config.conflicted = conflicted_in(pool);
+        Ok(config)
     }
+}
+
+/// The addresses `status.ipv4.conflicts` records, in address order; a key that is not an
+/// address names nothing an agent could offer and is skipped (the controller reports it).
+pub fn conflicted_in(pool: &IPPool) -> Vec<Ipv4Addr> {
+    pool.status
+        .as_ref()
+        .and_then(|s| s.ipv4.as_ref())
+        .map(|v4| v4.conflicts.keys().filter_map(|k| k.parse().ok()).collect())
+        .unwrap_or_default()
 }
 
 /// Whether `addr` is a usable host address of `subnet`: inside it, and neither its network nor
@@ -323,6 +339,7 @@ mod tests {
                 .collect(),
                 used: 1,
                 available: 6,
+                ..Default::default()
             }),
             ..Default::default()
         });

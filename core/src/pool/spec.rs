@@ -268,6 +268,7 @@ impl ValidPool {
             lease_seconds: self.lease_seconds,
             mtu: self.mtu,
             routes: self.routes.clone(),
+            conflicted: Vec::new(),
         })
     }
 }
