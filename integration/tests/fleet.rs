@@ -440,3 +440,131 @@ fn after_a_takeover_clients_renew_by_unicast_with_the_new_leader_at_once() {
         "{m}"
     );
 }
+
+#[test]
+fn a_squatter_on_a_vms_address_moves_the_vm_records_why_and_is_cleared_once_gone() {
+    let mut fleet = setup();
+    let allocated = fleet.allocated();
+    let (ip1, ip2) = (allocated[VM1_MAC].clone(), allocated[VM2_MAC].clone());
+    let ns0 = fleet.agent_netns(0);
+    let a0 = fleet.start_agent(&ns0, "agent-0");
+    fleet.leader(&[&a0]);
+
+    // A host nobody manages already uses vm1's address when vm1 boots.
+    const SQUATTER_MAC: &str = "02:12:34:00:00:99";
+    let squatter = fleet.vm("squat", SQUATTER_MAC);
+    fleet
+        .lab
+        .exec(
+            &squatter,
+            "ip",
+            &["addr", "add", &format!("{ip1}/24"), "dev", "eth0"],
+        )
+        .unwrap();
+    fleet
+        .lab
+        .exec(&squatter, "ip", &["link", "set", "eth0", "up"])
+        .unwrap();
+    let vm1 = fleet.vm("vm1", VM1_MAC);
+    let dir1 = fleet.dir.path().join("vm1");
+    fs::create_dir_all(&dir1).unwrap();
+    let started = std::time::Instant::now();
+    start_dhclient(&mut fleet.lab, &vm1, &dir1);
+    let bound = wait_event(&dir1, "BOUND", 0, Duration::from_secs(90));
+    let moved_to = bound["new_ip_address"].clone();
+    eprintln!(
+        "squatted {ip1}: vm1 bound to {moved_to} {:.1} s after dhclient started",
+        started.elapsed().as_secs_f64()
+    );
+    assert_ne!(moved_to, ip1, "the squatted address is never offered");
+
+    // The status says why, and nothing else moved.
+    let pool = fleet.kubectl_json(&["-n", NS, "get", "ippool", "pool-a"]);
+    let conflict = &pool["status"]["ipv4"]["conflicts"][&ip1];
+    assert_eq!(conflict["answeredBy"], SQUATTER_MAC, "{pool}");
+    assert_eq!(conflict["macAddress"], VM1_MAC, "{pool}");
+    assert_eq!(conflict["source"], "Probe", "{pool}");
+    let now = fleet.allocated();
+    assert_eq!(now[VM1_MAC], moved_to);
+    assert_eq!(now[VM2_MAC], ip2, "vm2 keeps its address");
+    assert!(
+        !pool["status"]["ipv4"]["allocated"]
+            .as_object()
+            .unwrap()
+            .contains_key(&ip1),
+        "the squatted address is nobody's: {pool}"
+    );
+    let said = wait_for("AddressConflict events", Duration::from_secs(20), || {
+        let said = events(&fleet, "AddressConflict");
+        (said.iter().any(|(k, _)| k == "IPPool")
+            && said.iter().any(|(k, _)| k == "VirtualMachineNetworkConfig"))
+        .then_some(said)
+    });
+    assert!(
+        said.iter().any(|(k, m)| k == "VirtualMachineNetworkConfig"
+            && m.contains(&ip1)
+            && m.contains(SQUATTER_MAC)
+            && m.contains(&moved_to)),
+        "{said:?}"
+    );
+
+    // A controller restart keeps the conflict: a new VM does not get the squatted address.
+    fleet.start_controller();
+    fleet.apply_vm("vm3", "02:12:34:00:00:03", "net-a");
+    let ip3 = wait_for("vm3 allocated", Duration::from_secs(60), || {
+        fleet.allocated().get("02:12:34:00:00:03").cloned()
+    });
+    assert_ne!(
+        ip3, ip1,
+        "a restarted controller still withholds the squatted address"
+    );
+    let pool = fleet.kubectl_json(&["-n", NS, "get", "ippool", "pool-a"]);
+    assert_eq!(
+        pool["status"]["ipv4"]["conflicts"][&ip1]["answeredBy"],
+        SQUATTER_MAC
+    );
+
+    // The squatter leaves: the agent's next probe of the recorded address finds it free and
+    // the controller clears it.
+    fleet
+        .lab
+        .exec(
+            &squatter,
+            "ip",
+            &["addr", "del", &format!("{ip1}/24"), "dev", "eth0"],
+        )
+        .unwrap();
+    let left = std::time::Instant::now();
+    wait_for("the conflict cleared", Duration::from_secs(120), || {
+        let pool = fleet.kubectl_json(&["-n", NS, "get", "ippool", "pool-a"]);
+        pool["status"]["ipv4"]["conflicts"]
+            .get(&ip1)
+            .is_none()
+            .then_some(())
+    });
+    eprintln!(
+        "squatter gone: conflict on {ip1} cleared {:.1} s later",
+        left.elapsed().as_secs_f64()
+    );
+    assert!(
+        events(&fleet, "ConflictCleared")
+            .iter()
+            .any(|(k, m)| k == "IPPool" && m.contains(&ip1))
+    );
+    assert_eq!(fleet.allocated()[VM2_MAC], ip2);
+}
+
+/// The (involved object's kind, message) of every event in [`NS`] with `reason`.
+fn events(fleet: &vmdhcp_integration::fleet::Fleet, reason: &str) -> Vec<(String, String)> {
+    let events = fleet.kubectl_json(&["-n", NS, "get", "events"]);
+    events["items"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|e| e["reason"] == reason)
+        .map(|e| {
+            let text = |v: &serde_json::Value| v.as_str().unwrap_or_default().to_owned();
+            (text(&e["involvedObject"]["kind"]), text(&e["message"]))
+        })
+        .collect()
+}
