@@ -11,13 +11,22 @@ use tonic::transport::{Certificate, ClientTlsConfig, Endpoint};
 /// Why a connection to the controller cannot be set up.
 #[derive(Debug, thiserror::Error)]
 pub enum CredentialsError {
-    /// The endpoint is not a valid URI.
+    /// The endpoint and the CA file do not go together (a CA needs https://, https:// needs a
+    /// CA).
     #[error("controller endpoint {endpoint:?}: {reason}")]
     Endpoint {
         /// The endpoint.
         endpoint: String,
         /// What is wrong.
-        reason: String,
+        reason: &'static str,
+    },
+    /// The endpoint is not a URI, or tonic refused its TLS settings.
+    #[error("controller endpoint {endpoint:?}: {source}")]
+    Transport {
+        /// The endpoint.
+        endpoint: String,
+        /// tonic's error.
+        source: tonic::transport::Error,
     },
     /// A file cannot be read (the projected volume may not have it yet).
     #[error("reading {path}: {source}")]
@@ -51,11 +60,15 @@ fn read(path: &PathBuf) -> Result<String, CredentialsError> {
 impl Credentials {
     /// An endpoint for `uri`, with TLS verified against the CA file when one is configured.
     pub fn endpoint(&self, uri: &str) -> Result<Endpoint, CredentialsError> {
-        let bad = |reason: &str| CredentialsError::Endpoint {
+        let bad = |reason: &'static str| CredentialsError::Endpoint {
             endpoint: uri.to_owned(),
-            reason: reason.to_owned(),
+            reason,
         };
-        let endpoint = Endpoint::from_shared(uri.to_owned()).map_err(|e| bad(&e.to_string()))?;
+        let transport = |source| CredentialsError::Transport {
+            endpoint: uri.to_owned(),
+            source,
+        };
+        let endpoint = Endpoint::from_shared(uri.to_owned()).map_err(transport)?;
         let https = uri.starts_with("https://");
         match &self.ca_file {
             Some(path) => {
@@ -65,7 +78,7 @@ impl Credentials {
                 let pem = read(path)?;
                 endpoint
                     .tls_config(ClientTlsConfig::new().ca_certificate(Certificate::from_pem(pem)))
-                    .map_err(|e| bad(&e.to_string()))
+                    .map_err(transport)
             }
             None if https => Err(bad(
                 "an https:// endpoint needs the controller's CA (--controller-ca-file)",

@@ -32,7 +32,7 @@ use vmdhcp_proto::convert::{ConvertError, lease_from_entry, lease_key, removed_p
 use vmdhcp_telemetry::trace;
 
 /// Why a message was rejected or the stream failed.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[derive(Debug, thiserror::Error)]
 pub enum StreamError {
     /// A field holds a value the domain model cannot take.
     #[error("invalid message: {0}")]
@@ -52,12 +52,14 @@ pub enum StreamError {
         source: prost::DecodeError,
     },
     /// The transport failed or the server ended the stream with an error.
-    #[error("stream to {endpoint} failed: {reason}")]
+    #[error("stream to {endpoint} failed: {step}: {source}")]
     Transport {
         /// The controller address.
         endpoint: String,
-        /// What happened.
-        reason: String,
+        /// What was being done: `connect`, `watch`, `receive`, …
+        step: &'static str,
+        /// The transport's, tonic's or the credentials' error.
+        source: Box<dyn std::error::Error + Send + Sync>,
     },
     /// Nothing arrived for longer than the idle timeout.
     #[error("no message from {endpoint} for {seconds} s; assuming the stream is dead")]
@@ -472,10 +474,6 @@ async fn session(
     shutdown: &mut watch::Receiver<bool>,
     resync: bool,
 ) -> Result<bool, StreamError> {
-    let transport = |reason: String| StreamError::Transport {
-        endpoint: settings.endpoint.clone(),
-        reason,
-    };
     let mut stream = open_watch(settings, applier.state(), resync).await?;
     status.send_modify(|s| s.connects += 1);
     let mut first = true;
@@ -491,7 +489,13 @@ async fn session(
                     seconds: settings.idle_timeout.as_secs(),
                 });
             }
-            Ok(Err(s)) => return Err(transport(s.to_string())),
+            Ok(Err(s)) => {
+                return Err(StreamError::Transport {
+                    endpoint: settings.endpoint.clone(),
+                    step: "receive",
+                    source: Box::new(s),
+                });
+            }
             Ok(Ok(None)) => return Ok(false),
             Ok(Ok(Some(frame))) => pb::WatchResponse::decode(frame.clone()).map_err(|source| {
                 StreamError::Malformed {
@@ -521,14 +525,17 @@ async fn open_watch(
     state: &AppliedState,
     resync: bool,
 ) -> Result<tonic::codec::Streaming<Bytes>, StreamError> {
-    let transport = |reason: String| StreamError::Transport {
-        endpoint: settings.endpoint.clone(),
-        reason,
+    let transport = |step: &'static str| {
+        move |source: Box<dyn std::error::Error + Send + Sync>| StreamError::Transport {
+            endpoint: settings.endpoint.clone(),
+            step,
+            source,
+        }
     };
     let endpoint = settings
         .credentials
         .endpoint(&settings.endpoint)
-        .map_err(|e| transport(e.to_string()))?
+        .map_err(|e| transport("credentials")(e.into()))?
         .connect_timeout(settings.connect_timeout)
         .http2_keep_alive_interval(Duration::from_secs(10))
         .keep_alive_timeout(Duration::from_secs(5))
@@ -536,7 +543,7 @@ async fn open_watch(
     let channel = endpoint
         .connect()
         .await
-        .map_err(|e| transport(format!("connect: {e}")))?;
+        .map_err(|e| transport("connect")(e.into()))?;
     let mut client = tonic::client::Grpc::new(channel).max_decoding_message_size(64 << 20);
     let (epoch, revision) = if resync || state.epoch.is_empty() {
         (String::new(), 0)
@@ -552,19 +559,19 @@ async fn open_watch(
     client
         .ready()
         .await
-        .map_err(|e| transport(format!("watch: {e}")))?;
+        .map_err(|e| transport("watch")(e.into()))?;
     let path = format!("/{SERVICE_NAME}/Watch")
         .parse()
-        .map_err(|e| transport(format!("watch path: {e}")))?;
+        .map_err(|e: tonic::codegen::http::uri::InvalidUri| transport("watch path")(e.into()))?;
     let mut request = tonic::Request::new(request);
     settings
         .credentials
         .authorize(&mut request)
-        .map_err(|e| transport(e.to_string()))?;
+        .map_err(|e| transport("credentials")(e.into()))?;
     Ok(client
         .server_streaming(request, path, FrameCodec)
         .await
-        .map_err(|s| transport(format!("watch: {s}")))?
+        .map_err(|s| transport("watch")(s.into()))?
         .into_inner())
 }
 

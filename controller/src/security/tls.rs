@@ -46,6 +46,22 @@ pub enum TlsError {
         /// What is wrong.
         reason: String,
     },
+    /// A key's PEM does not decode.
+    #[error("{key}: {source}")]
+    Pem {
+        /// The key (`tls.crt`, `tls.key`).
+        key: &'static str,
+        /// What the PEM decoder said.
+        source: rustls::pki_types::pem::Error,
+    },
+    /// rustls cannot sign with the private key.
+    #[error("{key}: {source}")]
+    Signing {
+        /// The key (`tls.key`).
+        key: &'static str,
+        /// What rustls said.
+        source: rustls::Error,
+    },
     /// An API call failed.
     #[error("{action}: {source}")]
     Api {
@@ -116,14 +132,25 @@ impl ServingCerts {
         let chain: Vec<CertificateDer<'static>> =
             CertificateDer::pem_slice_iter(material.cert.as_bytes())
                 .collect::<Result<_, _>>()
-                .map_err(|e| invalid(format!("{KEY_CERT}: {e}")))?;
+                .map_err(|source| TlsError::Pem {
+                    key: KEY_CERT,
+                    source,
+                })?;
         if chain.is_empty() {
             return Err(invalid(format!("{KEY_CERT}: no certificate")));
         }
-        let key = PrivateKeyDer::from_pem_slice(material.key.as_bytes())
-            .map_err(|e| invalid(format!("{KEY_KEY}: {e}")))?;
-        let signing = rustls::crypto::ring::sign::any_supported_type(&key)
-            .map_err(|e| invalid(format!("{KEY_KEY}: {e}")))?;
+        let key = PrivateKeyDer::from_pem_slice(material.key.as_bytes()).map_err(|source| {
+            TlsError::Pem {
+                key: KEY_KEY,
+                source,
+            }
+        })?;
+        let signing = rustls::crypto::ring::sign::any_supported_type(&key).map_err(|source| {
+            TlsError::Signing {
+                key: KEY_KEY,
+                source,
+            }
+        })?;
         let unchanged = self
             .current
             .load()

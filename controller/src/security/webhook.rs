@@ -43,12 +43,43 @@ const HEADER_READ_TIMEOUT: Duration = Duration::from_secs(10);
 /// How long shutdown waits for requests in flight.
 const DRAIN: Duration = Duration::from_secs(5);
 
-/// Why the webhook server could not run.
+/// Why the webhook server could not run, or why a request could not be judged (it is then
+/// refused with this as its reason, in upstream's words: "… because <this>").
 #[derive(Debug, thiserror::Error)]
 pub enum WebhookError {
     /// The listener failed.
     #[error("webhook listener: {0}")]
     Io(#[from] std::io::Error),
+    /// The request lacks the object or old object its operation needs.
+    #[error("the request has no {0}")]
+    Missing(&'static str),
+    /// The object is not the kind's schema.
+    #[error("its {which} does not parse: {source}")]
+    Unparsable {
+        /// `object` or `old object`.
+        which: &'static str,
+        /// Why.
+        source: kube::core::dynamic::ParseDynamicObjectError,
+    },
+    /// Something the decision needs could not be read from the API.
+    #[error("{what} cannot be {verb}: {source}")]
+    Read {
+        /// What, e.g. `NetworkAttachmentDefinition ns/name`.
+        what: String,
+        /// `read` or `listed`.
+        verb: &'static str,
+        /// The API error.
+        source: kube::Error,
+    },
+    /// The caches are still filling after a start.
+    #[error("the webhook's caches are not ready yet; retry")]
+    CachesNotReady,
+    /// The defaulting patch could not be encoded.
+    #[error("its defaults cannot be encoded: {0}")]
+    Patch(#[source] serde_json::Error),
+    /// The admission response refused the patch.
+    #[error("its defaults cannot be encoded: {0}")]
+    PatchResponse(#[source] kube::core::admission::SerializePatchError),
 }
 
 /// What the handlers share.
@@ -213,12 +244,12 @@ fn deny(
 
 fn parse<K: serde::de::DeserializeOwned + kube::Resource>(
     obj: Option<&DynamicObject>,
-    which: &str,
-) -> Result<K, String> {
-    let obj = obj.ok_or_else(|| format!("the request has no {which}"))?;
+    which: &'static str,
+) -> Result<K, WebhookError> {
+    let obj = obj.ok_or(WebhookError::Missing(which))?;
     obj.clone()
         .try_parse::<K>()
-        .map_err(|e| format!("its {which} does not parse: {e}"))
+        .map_err(|source| WebhookError::Unparsable { which, source })
 }
 
 fn mutate_request(
@@ -246,14 +277,14 @@ fn mutate_request(
         return AdmissionResponse::from(req);
     }
     match serde_json::from_value::<json_patch::Patch>(Value::Array(ops))
-        .map_err(|e| e.to_string())
+        .map_err(WebhookError::Patch)
         .and_then(|p| {
             AdmissionResponse::from(req)
                 .with_patch(p)
-                .map_err(|e| e.to_string())
+                .map_err(WebhookError::PatchResponse)
         }) {
         Ok(resp) => resp,
-        Err(e) => deny(req, format!("its defaults cannot be encoded: {e}")),
+        Err(e) => deny(req, e),
     }
 }
 
@@ -322,7 +353,14 @@ async fn validate_request(
                 .await
             {
                 Ok(list) => list.items,
-                Err(e) => return deny(req, format!("its users cannot be listed: {e}")),
+                Err(source) => {
+                    let e = WebhookError::Read {
+                        what: "its users".to_owned(),
+                        verb: "listed",
+                        source,
+                    };
+                    return deny(req, e);
+                }
             };
             admission::validate_ippool_delete(&old, &users)
         }
@@ -360,7 +398,7 @@ async fn validate_request(
 }
 
 /// Reads a NAD by `namespace/name`; `Ok(None)` when it does not exist.
-async fn get_nad(client: &Client, name: &str) -> Result<Option<Nad>, String> {
+async fn get_nad(client: &Client, name: &str) -> Result<Option<Nad>, WebhookError> {
     let Ok(nn) = name.parse::<NamespacedName>() else {
         return Ok(None);
     };
@@ -372,22 +410,28 @@ async fn get_nad(client: &Client, name: &str) -> Result<Option<Nad>, String> {
             name: nn,
         })),
         Ok(None) => Ok(None),
-        Err(e) => Err(format!(
-            "NetworkAttachmentDefinition {name} cannot be read: {e}"
-        )),
+        Err(source) => Err(WebhookError::Read {
+            what: format!("NetworkAttachmentDefinition {name}"),
+            verb: "read",
+            source,
+        }),
     }
 }
 
 async fn pool_facts(
     state: &WebhookState,
     pool: &IPPool,
-) -> Result<(Option<Nad>, Vec<IPPool>), String> {
+) -> Result<(Option<Nad>, Vec<IPPool>), WebhookError> {
     let nad = get_nad(&state.client, &pool.spec.network_name).await?;
     // Exact: two pools on one network must not both get in.
     let pools = Api::<IPPool>::all(state.client.clone())
         .list(&Default::default())
         .await
-        .map_err(|e| format!("IPPools cannot be listed: {e}"))?
+        .map_err(|source| WebhookError::Read {
+            what: "IPPools".to_owned(),
+            verb: "listed",
+            source,
+        })?
         .items;
     Ok((nad, pools))
 }
@@ -397,14 +441,14 @@ type ConfigFacts = (Vec<Nad>, Vec<IPPool>, Vec<VirtualMachineNetworkConfig>);
 async fn config_facts(
     state: &WebhookState,
     cfg: &VirtualMachineNetworkConfig,
-) -> Result<ConfigFacts, String> {
+) -> Result<ConfigFacts, WebhookError> {
     // The first decisions after a start wait for the caches rather than refuse on empty ones.
     let ready = async {
         let _ = state.pools.wait_until_ready().await;
         let _ = state.configs.wait_until_ready().await;
     };
     if tokio::time::timeout(CACHE_WAIT, ready).await.is_err() {
-        return Err("the webhook's caches are not ready yet; retry".to_owned());
+        return Err(WebhookError::CachesNotReady);
     }
     let mut nads = Vec::new();
     for nc in &cfg.spec.network_configs {
