@@ -20,6 +20,7 @@ use dhcproto::Encodable;
 use dhcproto::v4::{DhcpOption, Message, MessageType, OptionCode};
 use vmdhcp_agent::dhcp::handler::{Action, handle};
 use vmdhcp_agent::lease_table::{Delta, LeaseTable, PoolLeases};
+use vmdhcp_core::fixtures::pool_config;
 use vmdhcp_core::pool::{Lease, PoolConfig};
 use vmdhcp_core::{MacAddr, NamespacedName};
 
@@ -41,20 +42,13 @@ fn ip(i: u32) -> Ipv4Addr {
 
 fn config() -> PoolConfig {
     PoolConfig {
-        pool: name(),
-        network: name(),
-        interface_name: "eth1".into(),
-        server_ip: Ipv4Addr::new(10, 0, 0, 1),
-        subnet: "10.0.0.0/14".parse().unwrap(),
         router: Some(Ipv4Addr::new(10, 0, 0, 1)),
         dns: vec![Ipv4Addr::new(10, 0, 0, 53)],
         domain_name: Some("example.test".into()),
         domain_search: vec!["example.test".into()],
         ntp: vec!["10.0.0.123".into()],
         lease_seconds: 3600,
-        mtu: None,
-        routes: vec![],
-        conflicted: vec![],
+        ..pool_config(&name().to_string()).with_subnet("10.0.0.0/14")
     }
 }
 

@@ -25,6 +25,7 @@ use vmdhcp_controller::index::{Index, Op, PoolFilter};
 use vmdhcp_controller::reports::Reports;
 use vmdhcp_controller::stream::config_service::{StreamSettings, serve, snapshot_parts};
 use vmdhcp_core::MacAddr;
+use vmdhcp_core::fixtures::pool_config;
 use vmdhcp_core::pool::{Lease, PoolConfig};
 use vmdhcp_proto::agent::v1 as pb;
 use vmdhcp_proto::agent::v1::config_service_client::ConfigServiceClient;
@@ -35,23 +36,16 @@ const AGENTS: usize = 20;
 const CHANGES: u32 = 200;
 
 fn pool(i: u32) -> PoolConfig {
-    let name: vmdhcp_core::NamespacedName = format!("tenant-{}/pool-{i}", i % 10).parse().unwrap();
+    let key = format!("tenant-{}/pool-{i}", i % 10);
     let net = Ipv4Addr::new(10, (i / 256) as u8, (i % 256) as u8, 0);
     PoolConfig {
-        interface_name: vmdhcp_core::ifname::base_name(&name),
-        pool: name.clone(),
-        network: name,
-        server_ip: Ipv4Addr::from(u32::from(net) + 1),
-        subnet: format!("{net}/24").parse().unwrap(),
+        interface_name: vmdhcp_core::ifname::base_name(&key.parse().unwrap()),
         router: Some(Ipv4Addr::from(u32::from(net) + 254)),
         dns: vec![Ipv4Addr::new(10, 255, 0, 53)],
         domain_name: Some("example.test".into()),
         domain_search: vec!["example.test".into()],
-        ntp: vec![],
         lease_seconds: 3600,
-        mtu: None,
-        routes: vec![],
-        conflicted: vec![],
+        ..pool_config(&key).with_subnet(&format!("{net}/24"))
     }
 }
 

@@ -23,6 +23,7 @@ use vmdhcp_controller::index::{Index, Op, PoolFilter};
 use vmdhcp_controller::reports::Reports;
 use vmdhcp_controller::stream::config_service::{StreamSettings, serve};
 use vmdhcp_core::MacAddr;
+use vmdhcp_core::fixtures::pool_config;
 use vmdhcp_core::pool::{Lease, PoolConfig};
 use vmdhcp_proto::agent::v1 as pb;
 use vmdhcp_proto::agent::v1::config_service_client::ConfigServiceClient;
@@ -33,21 +34,16 @@ use vmdhcp_proto::agent::v1::config_service_server::{
 const DEADLINE: Duration = Duration::from_secs(20);
 
 fn pool(name: &str, octet: u8) -> PoolConfig {
+    let key = format!("ns/{name}");
     PoolConfig {
-        pool: format!("ns/{name}").parse().unwrap(),
-        network: format!("ns/{name}").parse().unwrap(),
-        interface_name: vmdhcp_core::ifname::base_name(&format!("ns/{name}").parse().unwrap()),
-        server_ip: Ipv4Addr::new(10, octet, 0, 1),
-        subnet: format!("10.{octet}.0.0/16").parse().unwrap(),
+        interface_name: vmdhcp_core::ifname::base_name(&key.parse().unwrap()),
         router: Some(Ipv4Addr::new(10, octet, 0, 254)),
         dns: vec![Ipv4Addr::new(10, octet, 0, 53)],
         domain_name: Some("example.test".into()),
         domain_search: vec!["example.test".into()],
         ntp: vec!["ntp.example.test".into()],
         lease_seconds: 600,
-        mtu: None,
-        routes: vec![],
-        conflicted: vec![],
+        ..pool_config(&key).with_subnet(&format!("10.{octet}.0.0/16"))
     }
 }
 
