@@ -3,7 +3,8 @@
 //!
 //! - this module: the [`Index`] itself (revisions, history, snapshots and deltas);
 //! - [`sync`]: IPPool status → index, on every replica, leader or not;
-//! - [`shared_watch`]: one watch and cache feeding several controllers' triggers.
+//! - [`shared_watch`]: one watch and cache feeding several controllers' triggers;
+//! - [`mac_claims`]: which config holds each MAC on each network, kept per config event.
 //!
 //! It must not reach into the reconcilers or the gRPC layer: both depend on it, not the reverse.
 //!
@@ -27,6 +28,7 @@ use tokio::sync::watch;
 use vmdhcp_core::pool::{Lease, PoolConfig, PoolDelta};
 use vmdhcp_core::{MacAddr, NamespacedName};
 
+pub mod mac_claims;
 pub mod shared_watch;
 pub mod sync;
 

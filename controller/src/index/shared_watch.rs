@@ -13,10 +13,10 @@ use std::future::Future;
 use std::hash::Hash;
 
 use futures_util::{Stream, StreamExt};
-use kube::Resource;
 use kube::api::Api;
 use kube::runtime::reflector::{self, Store};
 use kube::runtime::{WatchStreamExt, watcher};
+use kube::{Resource, ResourceExt};
 use serde::de::DeserializeOwned;
 use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
@@ -29,7 +29,9 @@ const BUFFER: usize = 256;
 pub type Trigger<K> = ReceiverStream<Result<K, watcher::Error>>;
 
 /// Starts one watch of `api` shared by `N` subscribers: returns the cache, the future that drives
-/// the watch (poll it alongside the controllers) and one trigger stream per subscriber.
+/// the watch (poll it alongside the controllers) and one trigger stream per subscriber. Cached
+/// objects lose their `managedFields`, which nothing here reads (they are often the larger part
+/// of an object).
 pub fn watch<K, const N: usize>(
     api: Api<K>,
     dyntype: <K as Resource>::DynamicType,
@@ -44,6 +46,7 @@ where
     let store = writer.as_reader();
     let touched = watcher(api, config)
         .default_backoff()
+        .modify(|o| o.managed_fields_mut().clear())
         .reflect(writer)
         .touched_objects();
     let (drive, triggers) = fan_out(touched, kind);

@@ -56,8 +56,10 @@ pub struct Context {
     pub leader: watch::Receiver<bool>,
     /// The agent Deployment to bootstrap, if configured.
     pub agent: Option<AgentDeployment>,
-    /// Which config owns each MAC on each pool.
+    /// Which config owns each MAC on each pool (claims made in this term).
     pub mac_owners: MacOwners,
+    /// Which config's status holds each MAC on each network (kept from the configs' watch).
+    pub mac_claims: Arc<crate::index::mac_claims::MacClaims>,
     /// What agents report over the config stream (feeds `AgentReady`).
     pub reports: Arc<crate::reports::Reports>,
     /// Set by the bootstrap writer while the agent Deployment is missing.

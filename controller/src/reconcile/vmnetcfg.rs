@@ -796,35 +796,14 @@ async fn allocate(
     }
 }
 
-/// Another config whose status records `mac` on `network` as allocated.
+/// Another config whose status records `mac` on `network` as allocated (an index lookup).
 fn claimed_elsewhere(
     ctx: &Context,
     me: &NamespacedName,
     network: &NamespacedName,
     mac: MacAddr,
 ) -> Option<NamespacedName> {
-    // Runs for every NIC of every reconcile over every config in the cache: the cheap tests
-    // (state, MAC) come first and allocate nothing; names are parsed only for a MAC that matches.
-    ctx.vmnetcfgs.state().into_iter().find_map(|other| {
-        if other.metadata.deletion_timestamp.is_some() {
-            return None;
-        }
-        let ns = other.metadata.namespace.as_deref()?;
-        let holds = other.status.as_ref()?.network_configs.iter().any(|e| {
-            e.state == Some(NetworkConfigState::Allocated)
-                && e.mac_address.as_deref().and_then(|m| m.parse().ok()) == Some(mac)
-                && e.network_name
-                    .as_deref()
-                    .and_then(|n| NamespacedName::parse_in(n, ns).ok())
-                    .as_ref()
-                    == Some(network)
-        });
-        if !holds {
-            return None;
-        }
-        let key = object_ref(other.as_ref())?;
-        (&key != me).then_some(key)
-    })
+    ctx.mac_claims.claimed_elsewhere(network, mac, me)
 }
 
 async fn cleanup(

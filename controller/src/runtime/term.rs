@@ -14,7 +14,7 @@ use kube::api::{Api, DynamicObject};
 use kube::runtime::controller::{Action, Controller};
 use kube::runtime::events::{Recorder, Reporter};
 use kube::runtime::reflector::{self, ObjectRef};
-use kube::runtime::watcher;
+use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Client, ResourceExt};
 use serde::de::DeserializeOwned;
 use tokio::sync::watch;
@@ -26,6 +26,7 @@ use vmdhcp_core::crd::{IPPool, VirtualMachineNetworkConfig};
 use super::{Settings, stopped};
 use crate::causes::TraceCauses;
 use crate::index::Index;
+use crate::index::mac_claims::MacClaims;
 use crate::index::shared_watch::{self, Trigger};
 use crate::ipam::{Ipam, MacOwners};
 use crate::kinds::{nad_resource, object_ref, store_key, vm_resource};
@@ -216,8 +217,27 @@ pub(super) async fn lead(
         shared_watch::watch(vm_api, vm_resource(), wc.clone());
     let pool_ctrl = pool_controller(&client, &pools, pool_self, pool_siblings, &shared.reports)
         .graceful_shutdown_on(stopped(stop.clone()));
-    let cfg_ctrl = Controller::new(Api::<VirtualMachineNetworkConfig>::all(client.clone()), wc);
-    let cfgs = cfg_ctrl.store();
+    // The configs' watch also keeps the MAC claims (one lookup per NIC rather than a scan of
+    // every config), updated before the cache and the controller see each event, and drops
+    // managedFields, which nothing here reads.
+    let mac_claims = Arc::new(MacClaims::default());
+    let cfg_writer = reflector::store::Writer::<VirtualMachineNetworkConfig>::default();
+    let cfgs = cfg_writer.as_reader();
+    let cfg_events = {
+        let claims = mac_claims.clone();
+        watcher::watcher(Api::<VirtualMachineNetworkConfig>::all(client.clone()), wc)
+            .default_backoff()
+            .modify(|c| c.managed_fields_mut().clear())
+            .map(move |event| {
+                if let Ok(event) = &event {
+                    claims.observe(event);
+                }
+                event
+            })
+            .reflect(cfg_writer)
+            .applied_objects()
+    };
+    let cfg_ctrl = Controller::for_stream(cfg_events, cfgs.clone());
     let vm_ctrl = Controller::for_stream_with(vm_self, vms.clone(), vm_resource())
         .graceful_shutdown_on(stopped(stop.clone()));
     let cfg_ctrl = config_triggers(
@@ -263,6 +283,7 @@ pub(super) async fn lead(
         leader,
         agent: settings.agent.clone(),
         mac_owners: MacOwners::default(),
+        mac_claims,
         reports: shared.reports.clone(),
         agent_deployment_missing: Default::default(),
         causes: shared.causes,
