@@ -21,7 +21,8 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
-use futures_util::StreamExt;
+use futures_util::{StreamExt, TryStreamExt};
+use kube::ResourceExt;
 use kube::api::Api;
 use kube::runtime::{WatchStreamExt, reflector, watcher};
 use tokio::sync::watch;
@@ -295,12 +296,24 @@ pub fn pools_from_ippools<'a>(
     out
 }
 
+/// Whether a watch event concerns one of the `wanted` pools (list markers always do).
+fn is_wanted(wanted: &BTreeSet<NamespacedName>, event: &watcher::Event<IPPool>) -> bool {
+    match event {
+        watcher::Event::Apply(p) | watcher::Event::InitApply(p) | watcher::Event::Delete(p) => {
+            vmdhcp_core::pool::pool_ref(p).is_ok_and(|r| wanted.contains(&r))
+        }
+        watcher::Event::Init | watcher::Event::InitDone => true,
+    }
+}
+
 /// How long a burst of IPPool events is collected before the fallback state is recomputed.
 const SETTLE: Duration = Duration::from_millis(100);
 
-/// Watches IPPools and hands [`Sources::fallback`] the state of the pools in `interfaces`
-/// (pool → interface) after every change, until `shutdown` turns true. Watch errors are logged
-/// and retried with backoff; the last good state stays meanwhile.
+/// Watches the IPPools in `interfaces` (pool → interface) and hands [`Sources::fallback`] their
+/// state after every change, until `shutdown` turns true. One watch per namespace those pools
+/// live in, never the whole cluster's; other pools of those namespaces are not cached, nor
+/// anyone's `managedFields`. Watch errors are logged and retried with backoff; the last good
+/// state stays meanwhile.
 pub async fn follow_ippools(
     client: kube::Client,
     interfaces: BTreeMap<NamespacedName, String>,
@@ -313,12 +326,27 @@ pub async fn follow_ippools(
         namespaces = namespaces.len(),
         "watching IPPools for the fallback lease source"
     );
-    let (store, writer) = reflector::store::<IPPool>();
-    let events = reflector(
-        writer,
-        watcher(Api::<IPPool>::all(client), watcher::Config::default()).default_backoff(),
-    );
-    let mut events = std::pin::pin!(events);
+    let wanted: Arc<BTreeSet<NamespacedName>> = Arc::new(interfaces.keys().cloned().collect());
+    let mut stores = Vec::with_capacity(namespaces.len());
+    let mut watches = Vec::with_capacity(namespaces.len());
+    for (n, ns) in namespaces.into_iter().enumerate() {
+        let (store, writer) = reflector::store::<IPPool>();
+        let wanted = Arc::clone(&wanted);
+        let api = Api::<IPPool>::namespaced(client.clone(), ns);
+        let events = watcher(api, watcher::Config::default())
+            .default_backoff()
+            .try_filter(move |event| std::future::ready(is_wanted(&wanted, event)))
+            .modify(|p| p.managed_fields_mut().clear())
+            .reflect(writer)
+            .map(move |event| (n, event))
+            .boxed();
+        stores.push(store);
+        watches.push(events);
+    }
+    // The fallback is computed once every namespace's watch has listed.
+    let mut listed = BTreeSet::new();
+    let watching = watches.len();
+    let mut events = futures_util::stream::select_all(watches);
     let mut ready = false;
     loop {
         let event = tokio::select! {
@@ -326,16 +354,18 @@ pub async fn follow_ippools(
             _ = shutdown.changed() => return,
         };
         let mut dirty = false;
-        let mut note = |event: Option<Result<watcher::Event<IPPool>, watcher::Error>>| match event {
-            Some(Ok(watcher::Event::InitDone)) => {
-                ready = true;
-                dirty = true;
-            }
-            Some(Ok(watcher::Event::Apply(_) | watcher::Event::Delete(_))) => dirty = true,
-            Some(Ok(_)) => {}
-            Some(Err(error)) => warn!(%error, "IPPool watch failed; retrying"),
-            None => {}
-        };
+        let mut note =
+            |event: Option<(usize, Result<watcher::Event<IPPool>, watcher::Error>)>| match event {
+                Some((n, Ok(watcher::Event::InitDone))) => {
+                    listed.insert(n);
+                    ready = listed.len() >= watching;
+                    dirty = true;
+                }
+                Some((_, Ok(watcher::Event::Apply(_) | watcher::Event::Delete(_)))) => dirty = true,
+                Some((_, Ok(_))) => {}
+                Some((_, Err(error))) => warn!(%error, "IPPool watch failed; retrying"),
+                None => {}
+            };
         let Some(event) = event else { return };
         note(Some(event));
         // Take the rest of a burst before recomputing.
@@ -347,7 +377,7 @@ pub async fn follow_ippools(
             }
         }
         if ready && dirty {
-            let state = store.state();
+            let state: Vec<_> = stores.iter().flat_map(|s| s.state()).collect();
             let pools = pools_from_ippools(state.iter().map(|p| &**p), &interfaces);
             debug!(
                 pools = pools.len(),
@@ -377,6 +407,29 @@ mod tests {
             &[(CONDITION_REGISTERED, true), (CONDITION_CACHE_READY, true)],
         );
         with_allocated(p, allocated)
+    }
+
+    #[test]
+    fn only_the_bootstrap_pools_reach_the_fallback_cache() {
+        let wanted: BTreeSet<NamespacedName> = ["default/a".parse().unwrap()].into();
+        let a = ippool("a", &[], false);
+        let b = ippool("b", &[], false);
+        for event in [
+            watcher::Event::Apply(a.clone()),
+            watcher::Event::InitApply(a.clone()),
+            watcher::Event::Delete(a),
+            watcher::Event::Init,
+            watcher::Event::InitDone,
+        ] {
+            assert!(is_wanted(&wanted, &event), "{event:?}");
+        }
+        for event in [
+            watcher::Event::Apply(b.clone()),
+            watcher::Event::InitApply(b.clone()),
+            watcher::Event::Delete(b),
+        ] {
+            assert!(!is_wanted(&wanted, &event), "{event:?}");
+        }
     }
 
     fn refs(names: &[&str]) -> BTreeMap<NamespacedName, String> {
