@@ -111,17 +111,13 @@ async fn write_status(
 /// How recent an agent report must be to count for `AgentReady`.
 pub const REPORT_FRESHNESS: Duration = Duration::from_secs(90);
 
-/// `AgentReady` from what agents report: True when a fresh report of the leading agent has the
-/// pool's interface serving; otherwise False with the reason (the interface's error, not served,
-/// no report at all). Returns (status, reason, message).
-pub fn agent_ready(
+/// The fresh reports of agents saying they lead, newest first. Right after a failover two agents
+/// have one (the old leader's last and the new leader's first): the newest is the one that holds
+/// the Lease now.
+fn fresh_leaders(
     reports: &BTreeMap<String, AgentReport>,
-    pool: &NamespacedName,
     now: SystemTime,
-) -> (bool, &'static str, String) {
-    let pool_ref = pool.to_string();
-    // Right after a failover two agents have a fresh report saying they lead (the old leader's
-    // last one and the new leader's first): the latest is the one that holds the Lease now.
+) -> Vec<(&String, &AgentReport)> {
     let mut leaders: Vec<_> = reports
         .iter()
         .filter(|(_, r)| {
@@ -132,8 +128,20 @@ pub fn agent_ready(
         })
         .collect();
     leaders.sort_by_key(|(_, r)| std::cmp::Reverse(r.received_at));
+    leaders
+}
+
+/// `AgentReady` from what agents report: True when a fresh report of the leading agent has the
+/// pool's interface serving; otherwise False with the reason (the interface's error, not served,
+/// no report at all). Returns (status, reason, message).
+pub fn agent_ready(
+    reports: &BTreeMap<String, AgentReport>,
+    pool: &NamespacedName,
+    now: SystemTime,
+) -> (bool, &'static str, String) {
+    let pool_ref = pool.to_string();
     let mut seen_leader = None;
-    for (agent, report) in leaders {
+    for (agent, report) in fresh_leaders(reports, now) {
         seen_leader = Some(agent.clone());
         for i in report.interfaces.iter().filter(|i| i.pool_ref == pool_ref) {
             match i.state {
@@ -371,15 +379,9 @@ pub fn serving_probes<'a>(
     now: SystemTime,
 ) -> Option<(&'a str, &'a [AddressProbe])> {
     let pool_ref = pool.to_string();
-    reports
-        .iter()
-        .filter(|(_, r)| {
-            r.leader
-                && now
-                    .duration_since(r.received_at)
-                    .is_ok_and(|age| age < REPORT_FRESHNESS)
-        })
-        .max_by_key(|(_, r)| r.received_at)
+    fresh_leaders(reports, now)
+        .into_iter()
+        .next()
         .and_then(|(agent, r)| {
             r.interfaces
                 .iter()
