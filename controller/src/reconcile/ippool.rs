@@ -259,8 +259,10 @@ async fn apply(pool: Arc<IPPool>, ctx: Arc<Context>) -> Result<Action, Error> {
     }
 
     rebuild_ipam(&ctx, &pool, &pool_ref, range).await?;
-    record_conflicts(&ctx, &pool, &pool_ref).await;
-    let agent = agent_condition(&ctx, &pool_ref);
+    // One copy of the agents' reports serves both the conflicts and `AgentReady`.
+    let (reports, now) = (ctx.reports.all(), SystemTime::now());
+    record_conflicts(&ctx, &pool, &pool_ref, &reports, now).await;
+    let agent = agent_condition(&ctx, &pool_ref, &reports, now);
     write_status(
         &ctx,
         &pool_ref,
@@ -414,7 +416,7 @@ pub fn apply_probes(
         match p.answered_by {
             Some(other) if Some(other) != p.mac => {
                 let conflict = AddressConflict {
-                    mac_address: p.mac.map(|m| m.to_string()).unwrap_or_default(),
+                    mac_address: MacAddr::text_or_empty(p.mac),
                     answered_by: other.to_string(),
                     source: p.reason.as_source().to_owned(),
                     since: Some(since.clone()),
@@ -436,9 +438,14 @@ pub fn apply_probes(
 
 /// Records in the pool's books what its serving agent's probes found (written with the
 /// status that follows), with an event for each change.
-async fn record_conflicts(ctx: &Context, pool: &IPPool, pool_ref: &NamespacedName) {
-    let reports = ctx.reports.all();
-    let Some((agent, probes)) = serving_probes(&reports, pool_ref, SystemTime::now()) else {
+async fn record_conflicts(
+    ctx: &Context,
+    pool: &IPPool,
+    pool_ref: &NamespacedName,
+    reports: &BTreeMap<String, AgentReport>,
+    now: SystemTime,
+) {
+    let Some((agent, probes)) = serving_probes(reports, pool_ref, now) else {
         return;
     };
     if probes.is_empty() {
@@ -485,7 +492,12 @@ async fn record_conflicts(ctx: &Context, pool: &IPPool, pool_ref: &NamespacedNam
 
 /// `AgentReady` as (status, reason, message): the agent Deployment missing overrides whatever
 /// agents report.
-fn agent_condition(ctx: &Context, pool_ref: &NamespacedName) -> (bool, &'static str, String) {
+fn agent_condition(
+    ctx: &Context,
+    pool_ref: &NamespacedName,
+    reports: &BTreeMap<String, AgentReport>,
+    now: SystemTime,
+) -> (bool, &'static str, String) {
     if ctx
         .agent_deployment_missing
         .load(std::sync::atomic::Ordering::Relaxed)
@@ -496,7 +508,7 @@ fn agent_condition(ctx: &Context, pool_ref: &NamespacedName) -> (bool, &'static 
             "the agent Deployment was not found".to_owned(),
         )
     } else {
-        agent_ready(&ctx.reports.all(), pool_ref, SystemTime::now())
+        agent_ready(reports, pool_ref, now)
     }
 }
 
