@@ -15,6 +15,7 @@ use std::time::Duration;
 use crate::credentials::{Credentials, CredentialsError};
 use tokio::sync::watch;
 use tracing::{debug, warn};
+use vmdhcp_core::{MacAddr, NamespacedName};
 use vmdhcp_proto::agent::v1 as pb;
 use vmdhcp_proto::agent::v1::config_service_client::ConfigServiceClient;
 
@@ -79,16 +80,15 @@ pub fn build(inputs: &ReportInputs) -> pb::ReportRequest {
 }
 
 /// The latest probe verdicts on `pool`'s addresses ([`crate::findings`]), as reported.
-fn probes(table: &LeaseTable, pool: &vmdhcp_core::NamespacedName) -> Vec<pb::AddressProbe> {
-    let text = |m: Option<vmdhcp_core::MacAddr>| m.map(|m| m.to_string()).unwrap_or_default();
+fn probes(table: &LeaseTable, pool: &NamespacedName) -> Vec<pb::AddressProbe> {
     table
         .findings()
         .of(pool)
         .into_iter()
         .map(|(ip, f)| pb::AddressProbe {
             ip_address: ip.to_string(),
-            mac_address: text(f.mac),
-            answered_by: text(f.answered_by),
+            mac_address: MacAddr::text_or_empty(f.mac),
+            answered_by: MacAddr::text_or_empty(f.answered_by),
             reason: match f.reason {
                 Reason::Offer => pb::ProbeReason::Offer,
                 Reason::Decline => pb::ProbeReason::Decline,
@@ -197,7 +197,7 @@ mod tests {
             leases: vec![],
         };
         table.apply_snapshot(vec![pool("a", "vmda", 2), pool("b", "vmdb", 3)]);
-        let squatter: vmdhcp_core::MacAddr = "02:00:00:00:00:09".parse().unwrap();
+        let squatter: MacAddr = "02:00:00:00:00:09".parse().unwrap();
         table.findings().record(
             &"ns/a".parse().unwrap(),
             "192.0.2.10".parse().unwrap(),

@@ -440,11 +440,10 @@ struct StoredProbe {
 
 impl StoredProbe {
     fn of(p: &AddressProbe) -> Self {
-        let text = |m: Option<MacAddr>| m.map(|m| m.to_string()).unwrap_or_default();
         StoredProbe {
             ip: p.ip.to_string(),
-            mac: text(p.mac),
-            by: text(p.answered_by),
+            mac: MacAddr::text_or_empty(p.mac),
+            by: MacAddr::text_or_empty(p.answered_by),
             reason: p.reason as i32,
         }
     }
@@ -452,17 +451,10 @@ impl StoredProbe {
     /// Back into a verdict; `None` for one this controller cannot read (it was checked on
     /// receipt, so only a newer replica's could be).
     fn read(&self) -> Option<AddressProbe> {
-        let mac = |s: &str| -> Option<Option<MacAddr>> {
-            if s.is_empty() {
-                Some(None)
-            } else {
-                s.parse().ok().map(Some)
-            }
-        };
         Some(AddressProbe {
             ip: self.ip.parse().ok()?,
-            mac: mac(&self.mac)?,
-            answered_by: mac(&self.by)?,
+            mac: MacAddr::parse_or_empty(&self.mac).ok()?,
+            answered_by: MacAddr::parse_or_empty(&self.by).ok()?,
             reason: ProbeReason::from_number(self.reason)?,
         })
     }

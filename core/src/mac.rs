@@ -31,6 +31,21 @@ impl MacAddr {
     pub fn octets(&self) -> [u8; 6] {
         self.0
     }
+
+    /// `mac` in canonical form, or `""` for none: how an optional MAC travels in proto string
+    /// fields and stored reports.
+    pub fn text_or_empty(mac: Option<MacAddr>) -> String {
+        mac.map(|m| m.to_string()).unwrap_or_default()
+    }
+
+    /// The reverse of [`MacAddr::text_or_empty`]: `""` is none, anything else must be a MAC.
+    pub fn parse_or_empty(s: &str) -> Result<Option<MacAddr>, MacError> {
+        if s.is_empty() {
+            Ok(None)
+        } else {
+            s.parse().map(Some)
+        }
+    }
 }
 
 impl FromStr for MacAddr {
@@ -137,6 +152,16 @@ mod tests {
                 "{input}: {err}"
             );
         }
+    }
+
+    #[test]
+    fn an_optional_mac_round_trips_through_an_empty_or_canonical_string() {
+        let mac: MacAddr = "FA-CF-8E-50-82-FC".parse().unwrap();
+        assert_eq!(MacAddr::text_or_empty(Some(mac)), "fa:cf:8e:50:82:fc");
+        assert_eq!(MacAddr::text_or_empty(None), "");
+        assert_eq!(MacAddr::parse_or_empty(""), Ok(None));
+        assert_eq!(MacAddr::parse_or_empty("fa:cf:8e:50:82:fc"), Ok(Some(mac)));
+        assert!(MacAddr::parse_or_empty("zz").is_err());
     }
 
     #[test]

@@ -269,14 +269,8 @@ fn interface(i: pb::InterfaceReport) -> Result<InterfaceReport, Status> {
 
 /// One probe verdict, checked: an address, MACs or empty, a known reason.
 fn probe(p: &pb::AddressProbe) -> Result<AddressProbe, Status> {
-    let mac = |field: &str, value: &str| -> Result<Option<MacAddr>, Status> {
-        if value.is_empty() {
-            return Ok(None);
-        }
-        value
-            .parse()
-            .map(Some)
-            .map_err(|e: vmdhcp_core::mac::MacError| invalid(field, value, e))
+    let mac = |field: &str, value: &str| {
+        MacAddr::parse_or_empty(value).map_err(|e| invalid(field, value, e))
     };
     Ok(AddressProbe {
         ip: p.ip_address.parse().map_err(|_| {
