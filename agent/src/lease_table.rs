@@ -433,6 +433,14 @@ impl LeaseTable {
             .is_some_and(Conflict::holds)
     }
 
+    /// Whether `ip` of `pool` must not be offered now: held after a conflict this agent found
+    /// ([`LeaseTable::is_conflicted`]), or recorded as conflicted by the controller and not
+    /// found free since ([`Findings::withheld`]). The packet path's one question.
+    pub fn withholds(&self, pool: &PoolSnapshot, ip: &Ipv4Addr) -> bool {
+        let config = pool.config();
+        self.is_conflicted(&config.pool, ip) || self.findings.withheld(config, *ip)
+    }
+
     /// Every address withheld now, per pool, for readiness and `/leases`.
     pub fn conflicts(&self) -> BTreeMap<NamespacedName, BTreeMap<Ipv4Addr, Conflict>> {
         self.conflicts

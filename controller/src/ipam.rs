@@ -351,7 +351,9 @@ impl PoolAllocator {
                 return Err(IpamError::Unavailable {
                     pool: pool(),
                     ip,
-                    reason: self.conflict_reason(ip),
+                    reason: self
+                        .conflict_reason(ip)
+                        .unwrap_or_else(|| "in use by another host".to_owned()),
                 });
             }
             None => {}
@@ -511,14 +513,15 @@ impl PoolAllocator {
         problems
     }
 
-    fn conflict_reason(&self, ip: Ipv4Addr) -> String {
-        match self.conflict(ip) {
-            Some(c) => format!(
+    /// Why `ip` may not be used, when a conflict is recorded on it: "in use by another host
+    /// (<MAC> answers ARP for it)", the words of refusals, events and conditions alike.
+    pub fn conflict_reason(&self, ip: Ipv4Addr) -> Option<String> {
+        self.conflict(ip).map(|c| {
+            format!(
                 "in use by another host ({} answers ARP for it)",
                 c.answered_by
-            ),
-            None => "in use by another host".to_owned(),
-        }
+            )
+        })
     }
 
     /// Every leased address and its NIC, in address order.

@@ -388,6 +388,36 @@ pub enum NetworkConfigState {
     Stale,
 }
 
+/// One NIC a config's status records: (network, MAC, address, state).
+pub type RecordedNic = (
+    crate::NamespacedName,
+    crate::MacAddr,
+    Option<std::net::Ipv4Addr>,
+    Option<NetworkConfigState>,
+);
+
+impl VirtualMachineNetworkConfig {
+    /// The NICs its status records, networks resolved in its namespace; an entry whose network
+    /// or MAC does not parse names no NIC and is skipped.
+    pub fn recorded_nics(&self) -> Vec<RecordedNic> {
+        let ns = self.metadata.namespace.as_deref().unwrap_or_default();
+        self.status
+            .iter()
+            .flat_map(|s| &s.network_configs)
+            .filter_map(|e| {
+                let network =
+                    crate::NamespacedName::parse_in(e.network_name.as_deref()?, ns).ok()?;
+                let mac = e.mac_address.as_deref()?.parse().ok()?;
+                let ip = e
+                    .allocated_ip_address
+                    .as_deref()
+                    .and_then(|i| i.parse().ok());
+                Some((network, mac, ip, e.state))
+            })
+            .collect()
+    }
+}
+
 /// The CRD manifests of both resources as `(file name, YAML)`, in the form `chart/crds/` holds.
 pub fn crd_manifests() -> Result<Vec<(String, String)>, CrdError> {
     [IPPool::crd(), VirtualMachineNetworkConfig::crd()]

@@ -471,10 +471,7 @@ fn serve(
         };
         let span = transaction_span(interface);
         let _in = span.enter();
-        let outcome = handle(&buf[..len], &pool, |ip| {
-            table.is_conflicted(&interface.pool, ip)
-                || table.findings().withheld(pool.config(), *ip)
-        });
+        let outcome = handle(&buf[..len], &pool, |ip| table.withholds(&pool, ip));
         counters.record(&outcome);
         record_outcome(&span, &outcome);
         let exchange = Exchange {

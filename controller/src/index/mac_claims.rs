@@ -76,17 +76,11 @@ pub fn claims_of(cfg: &VirtualMachineNetworkConfig) -> Vec<Nic> {
     if cfg.metadata.deletion_timestamp.is_some() {
         return Vec::new();
     }
-    let ns = cfg.namespace().unwrap_or_default();
     let mut nics: Vec<Nic> = cfg
-        .status
-        .iter()
-        .flat_map(|s| &s.network_configs)
-        .filter(|e| e.state == Some(NetworkConfigState::Allocated))
-        .filter_map(|e| {
-            let mac = e.mac_address.as_deref()?.parse().ok()?;
-            let network = NamespacedName::parse_in(e.network_name.as_deref()?, &ns).ok()?;
-            Some((network, mac))
-        })
+        .recorded_nics()
+        .into_iter()
+        .filter(|(_, _, _, state)| *state == Some(NetworkConfigState::Allocated))
+        .map(|(network, mac, _, _)| (network, mac))
         .collect();
     nics.sort();
     nics.dedup();

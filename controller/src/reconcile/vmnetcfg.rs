@@ -135,24 +135,6 @@ fn pool_rebuilding(ctx: &Context, nc: &NetworkConfig, namespace: &str) -> bool {
     was_ready && object_ref(pool.as_ref()).is_some_and(|p| !ctx.ipam.contains(&p))
 }
 
-/// The NICs this config's status records.
-fn recorded(cfg: &VirtualMachineNetworkConfig) -> Vec<Recorded> {
-    let ns = cfg.namespace().unwrap_or_default();
-    cfg.status
-        .iter()
-        .flat_map(|s| &s.network_configs)
-        .filter_map(|e| {
-            let network = NamespacedName::parse_in(e.network_name.as_deref()?, &ns).ok()?;
-            let mac = e.mac_address.as_deref()?.parse().ok()?;
-            let ip = e
-                .allocated_ip_address
-                .as_deref()
-                .and_then(|i| i.parse().ok());
-            Some((network, mac, ip, e.state))
-        })
-        .collect()
-}
-
 /// Releases `mac` on the pool serving `network`; returns the pool if something was released.
 fn release(
     ctx: &Context,
@@ -329,7 +311,7 @@ async fn apply(cfg: Arc<VirtualMachineNetworkConfig>, ctx: Arc<Context>) -> Resu
     {
         return Ok(Action::requeue(POOL_REBUILD_WAIT));
     }
-    let previous = recorded(&cfg);
+    let previous = cfg.recorded_nics();
     if cfg.spec.paused == Some(true) {
         return pause(&ctx, &cfg, &me, &previous).await;
     }
@@ -454,12 +436,7 @@ async fn finish(
 }
 
 /// One recorded NIC: (network, MAC, address, state).
-type Recorded = (
-    NamespacedName,
-    MacAddr,
-    Option<Ipv4Addr>,
-    Option<NetworkConfigState>,
-);
+type Recorded = vmdhcp_core::crd::RecordedNic;
 
 /// What [`plan_nic`] needs to know about the cluster, asked only when the decision gets there.
 trait NicFacts {
@@ -489,7 +466,7 @@ impl NicFacts for CacheFacts<'_> {
     }
 
     fn claimed_elsewhere(&self, network: &NamespacedName, mac: MacAddr) -> Option<NamespacedName> {
-        claimed_elsewhere(self.ctx, self.me, network, mac)
+        self.ctx.mac_claims.claimed_elsewhere(network, mac, self.me)
     }
 }
 
@@ -722,24 +699,24 @@ async fn allocate(
                 .with_pool(pool, |a| {
                     let moved_from = held_before
                         .filter(|old| *old != ip)
-                        .and_then(|old| a.conflict(old).map(|c| (old, c.answered_by.clone())));
-                    (moved_from, a.conflict(ip).map(|c| c.answered_by.clone()))
+                        .and_then(|old| Some((old, a.conflict_reason(old)?)));
+                    (moved_from, a.conflict_reason(ip))
                 })
                 .unwrap_or_default();
-            if let (Some((old, by)), _) = &conflicts {
+            if let (Some((old, why)), _) = &conflicts {
                 ctx.event(
                     cfg,
                     EventType::Warning,
                     "AddressConflict",
                     "Allocate",
-                    format!("{old} is in use by another host ({by} answers ARP for it): {mac} on {network} moved to {ip}"),
+                    format!("{old} is {why}: {mac} on {network} moved to {ip}"),
                 )
                 .await;
             }
-            if let (_, Some(by)) = &conflicts {
+            if let (_, Some(why)) = &conflicts {
                 // Only a static address stays in conflict (a dynamic one has just moved).
                 out.problems.push(format!(
-                    "{mac} on {network}: static ip {ip} is in use by another host ({by} answers ARP for it); it is not served until a probe finds it free"
+                    "{mac} on {network}: static ip {ip} is {why}; it is not served until a probe finds it free"
                 ));
                 out.conflict = true;
             }
@@ -796,16 +773,6 @@ async fn allocate(
     }
 }
 
-/// Another config whose status records `mac` on `network` as allocated (an index lookup).
-fn claimed_elsewhere(
-    ctx: &Context,
-    me: &NamespacedName,
-    network: &NamespacedName,
-    mac: MacAddr,
-) -> Option<NamespacedName> {
-    ctx.mac_claims.claimed_elsewhere(network, mac, me)
-}
-
 async fn cleanup(
     cfg: Arc<VirtualMachineNetworkConfig>,
     ctx: Arc<Context>,
@@ -814,7 +781,7 @@ async fn cleanup(
         return Err(Error::Unnamespaced);
     };
     let mut touched = BTreeSet::new();
-    for (network, mac, _, _) in recorded(&cfg) {
+    for (network, mac, _, _) in cfg.recorded_nics() {
         touched.extend(release(&ctx, &network, mac, &me));
     }
     persist(&ctx, &touched).await?;
