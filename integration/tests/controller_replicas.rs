@@ -565,7 +565,8 @@ async fn sigterm_mid_burst_releases_the_lease_only_after_the_last_write() {
             .as_ref()
             .and_then(|s| s.holder_identity.as_deref()),
         Some("drain-1"),
-        "the Lease was not released"
+        "the Lease was not released\n{}",
+        leader.process.log_tail(60)
     );
     let released_at: u64 = lease
         .metadata

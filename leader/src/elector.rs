@@ -188,11 +188,13 @@ impl<S: LeaseStore> Elector<S> {
                     self.leading_until,
                     self.config.renew_deadline,
                 );
-                let outcome = tokio::select! {
-                    biased;
-                    () = shutdown_requested(&mut shutdown) => break,
-                    outcome = timeout_at(deadline, self.try_acquire_or_renew(started)) => outcome,
-                };
+                if *shutdown.borrow() {
+                    break;
+                }
+                // An attempt in flight is finished even if shutdown comes meanwhile (it is
+                // bounded by `deadline`): dropping it could lose the answer to a write that
+                // landed, and the release would then hold a stale resourceVersion.
+                let outcome = timeout_at(deadline, self.try_acquire_or_renew(started)).await;
                 match outcome {
                     Ok(Ok(true)) => self.renewed(started),
                     Ok(Ok(false)) => self.step_down("the lease is held by another replica"),
@@ -354,23 +356,43 @@ impl<S: LeaseStore> Elector<S> {
 
     /// client-go's ReleaseOnCancel: if the Lease we last saw is ours, write it vacant with a 1 s
     /// duration. The cached `resourceVersion` makes this a no-op conflict if anyone wrote since.
+    /// On such a conflict the Lease is read once more: a renewal of ours whose answer was lost
+    /// (timed out, connection reset) moved the resourceVersion without us seeing it, and the
+    /// Lease is then still ours to release. Bounded by one `renew_deadline` in all.
     async fn release(&mut self) -> Result<bool, ElectionError> {
-        let Some(observed) = &self.observed else {
+        let Some(observed) = self.observed.as_ref().map(|o| o.lease.clone()) else {
             return Ok(false);
         };
-        let spec = observed.spec();
+        let millis = self.config.renew_deadline.as_millis();
+        let lease = self.config.lease_ref();
+        timeout(self.config.renew_deadline, async {
+            match self.release_from(observed).await {
+                Err(error) if error.is_conflict() => {
+                    debug!(%error, "the lease moved since we last saw it; reading it again");
+                    match self.store.get().await? {
+                        Some(current) => self.release_from(current).await,
+                        None => Ok(false),
+                    }
+                }
+                other => other,
+            }
+        })
+        .await
+        .map_err(|_| ElectionError::Timeout {
+            op: "release",
+            lease,
+            millis,
+        })?
+    }
+
+    /// Writes `lease` vacant if it names us as holder; `Ok(false)` if it names someone else.
+    async fn release_from(&mut self, mut lease: Lease) -> Result<bool, ElectionError> {
+        let spec = lease.spec.clone().unwrap_or_default();
         if record::holder(&spec) != Some(self.config.identity.as_str()) {
             return Ok(false);
         }
-        let mut lease = observed.lease.clone();
         lease.spec = Some(record::released(&spec, wall_now()));
-        let written = timeout(self.config.renew_deadline, self.store.replace(&lease))
-            .await
-            .map_err(|_| ElectionError::Timeout {
-                op: "release",
-                lease: self.config.lease_ref(),
-                millis: self.config.renew_deadline.as_millis(),
-            })??;
+        let written = self.store.replace(&lease).await?;
         self.observe(written, Instant::now());
         Ok(true)
     }
@@ -415,6 +437,8 @@ mod tests {
     const UP: u8 = 0;
     const FAILING: u8 = 1;
     const HANGING: u8 = 2;
+    /// Writes land on the server but their answers are lost (a timeout or reset after the fact).
+    const LOSING_ANSWERS: u8 = 3;
 
     /// One API server: the Lease, its resourceVersion, and every successful write.
     #[derive(Default)]
@@ -444,7 +468,7 @@ mod tests {
 
         async fn reachable(&self, op: &'static str) -> Result<(), ElectionError> {
             match self.mode.load(Ordering::SeqCst) {
-                UP => Ok(()),
+                UP | LOSING_ANSWERS => Ok(()),
                 FAILING => Err(api_error(op, 503)),
                 _ => std::future::pending().await,
             }
@@ -500,7 +524,11 @@ mod tests {
             if current.is_none() || current != lease.metadata.resource_version {
                 return Err(api_error("replace", 409));
             }
-            Ok(self.store(&mut server, lease))
+            let stored = self.store(&mut server, lease);
+            if self.mode.load(Ordering::SeqCst) == LOSING_ANSWERS {
+                return Err(api_error("replace", 504));
+            }
+            Ok(stored)
         }
     }
 
@@ -671,6 +699,26 @@ mod tests {
         until(&mut b.leading, true, RP * 2).await;
         assert!(Instant::now() - stopped <= RP * 2);
         assert_eq!(lease(&server).lease_transitions, Some(1));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_renewal_whose_answer_was_lost_does_not_keep_the_release_from_landing() {
+        let server = Arc::new(Mutex::new(Server::default()));
+        let mut a = start(&server, "a");
+        until(&mut a.leading, true, RP).await;
+        let writes = || server.lock().unwrap().writes.len();
+        let before = writes();
+        a.store.mode.store(LOSING_ANSWERS, Ordering::SeqCst);
+        // Renewals land (the server counts them) while `a` sees only errors.
+        while writes() < before + 2 {
+            tokio::time::sleep(RP / 4).await;
+        }
+        a.store.mode.store(UP, Ordering::SeqCst);
+        a.stop.send(true).unwrap();
+        a.task.await.unwrap();
+        let spec = lease(&server);
+        assert_eq!(record::holder(&spec), None, "the lease was not released");
+        assert_eq!(spec.lease_duration_seconds, Some(1));
     }
 
     #[tokio::test(start_paused = true)]

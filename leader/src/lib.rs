@@ -80,3 +80,11 @@ pub enum ElectionError {
         millis: u128,
     },
 }
+
+impl ElectionError {
+    /// Whether the API server refused a write for a stale `resourceVersion` (HTTP 409): someone,
+    /// perhaps our own write whose answer was lost, changed the Lease since we read it.
+    pub fn is_conflict(&self) -> bool {
+        matches!(self, Self::Api { source: kube::Error::Api(status), .. } if status.code == 409)
+    }
+}
