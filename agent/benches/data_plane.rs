@@ -60,6 +60,7 @@ fn snapshot() -> Vec<PoolLeases> {
                 pool: name(),
                 mac: mac(i),
                 ip: ip(i),
+                host_name: None,
             })
             .collect(),
     }]
@@ -98,6 +99,7 @@ fn main() {
             pool: name(),
             mac: mac(LEASES + 1),
             ip: ip(LEASES + 1),
+            host_name: None,
         })]);
         start.elapsed()
     });
@@ -112,6 +114,7 @@ fn main() {
                     pool: name(),
                     mac: mac(LEASES + 10 + i),
                     ip: ip(LEASES + 10 + i),
+                    host_name: None,
                 })
             })
             .collect();

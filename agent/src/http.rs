@@ -578,6 +578,7 @@ mod tests {
                 pool: pool_name(),
                 mac: MacAddr([2, 0, 0, 0, 0, 1]),
                 ip: "192.0.2.10".parse().unwrap(),
+                host_name: None,
             }],
         }]);
         let counters = Arc::new(Counters::default());

@@ -56,6 +56,8 @@ pub struct PoolSnapshot {
     ntp_addresses: Arc<[Ipv4Addr]>,
     by_mac: HashMap<MacAddr, Ipv4Addr>,
     by_ip: HashMap<Ipv4Addr, MacAddr>,
+    /// Host names (option 12) of the MACs that have one; most pools send none.
+    host_names: HashMap<MacAddr, Arc<str>>,
 }
 
 /// The NTP entries of a config that are addresses already; host names wait for a resolver.
@@ -70,6 +72,7 @@ impl PoolSnapshot {
             config: Arc::new(config),
             by_mac: HashMap::new(),
             by_ip: HashMap::new(),
+            host_names: HashMap::new(),
         }
     }
 
@@ -97,6 +100,11 @@ impl PoolSnapshot {
         self.by_mac.get(mac).copied()
     }
 
+    /// The host name `mac` is given (option 12), if its pool sends one.
+    pub fn host_name_of(&self, mac: &MacAddr) -> Option<&str> {
+        self.host_names.get(mac).map(|n| &**n)
+    }
+
     /// The MAC an address is reserved for.
     pub fn holder_of(&self, ip: &Ipv4Addr) -> Option<MacAddr> {
         self.by_ip.get(ip).copied()
@@ -119,7 +127,10 @@ impl PoolSnapshot {
 
     /// Records `mac -> ip`, dropping whatever either of them was bound to before: a MAC holds one
     /// address per pool and an address has one holder (an IP moved to another MAC follows it).
-    fn insert(&mut self, mac: MacAddr, ip: Ipv4Addr) -> Result<(), LeaseTableError> {
+    fn insert(&mut self, lease: Lease) -> Result<(), LeaseTableError> {
+        let Lease {
+            mac, ip, host_name, ..
+        } = lease;
         if !is_host_of(self.config.subnet, ip) {
             return Err(LeaseTableError::OutsideSubnet {
                 pool: self.config.pool.clone(),
@@ -137,6 +148,16 @@ impl PoolSnapshot {
             && old_mac != mac
         {
             self.by_mac.remove(&old_mac);
+            self.host_names.remove(&old_mac);
+        }
+        match host_name {
+            Some(name) if self.host_name_of(&mac) != Some(name.as_str()) => {
+                self.host_names.insert(mac, name.into());
+            }
+            Some(_) => {}
+            None => {
+                self.host_names.remove(&mac);
+            }
         }
         Ok(())
     }
@@ -145,6 +166,7 @@ impl PoolSnapshot {
         if let Some(ip) = self.by_mac.remove(mac) {
             self.by_ip.remove(&ip);
         }
+        self.host_names.remove(mac);
     }
 }
 
@@ -263,7 +285,7 @@ impl LeaseTable {
                     });
                     continue;
                 }
-                if let Err(e) = snap.insert(lease.mac, lease.ip) {
+                if let Err(e) = snap.insert(lease) {
                     errors.push(e);
                 }
             }
@@ -312,6 +334,8 @@ impl LeaseTable {
                                 let subnet = snap.config.subnet;
                                 snap.by_mac.retain(|_, ip| is_host_of(subnet, *ip));
                                 snap.by_ip.retain(|ip, _| is_host_of(subnet, *ip));
+                                let kept = &snap.by_mac;
+                                snap.host_names.retain(|mac, _| kept.contains_key(mac));
                             }
                             snap
                         }
@@ -331,8 +355,8 @@ impl LeaseTable {
                         });
                         continue;
                     }
-                    if let Some(Some(snap)) = touched.get_mut(&lease.pool)
-                        && let Err(e) = snap.insert(lease.mac, lease.ip)
+                    if let Some(Some(snap)) = touched.get_mut(&lease.pool.clone())
+                        && let Err(e) = snap.insert(lease)
                     {
                         errors.push(e);
                     }
@@ -514,6 +538,7 @@ mod tests {
             pool: NamespacedName::new("default", pool).unwrap(),
             mac: mac(m),
             ip: ip.parse().unwrap(),
+            host_name: None,
         }
     }
 
@@ -557,6 +582,35 @@ mod tests {
         assert!(matches!(errors[1], LeaseTableError::UnknownPool { .. }));
         assert!(table.pool(&name("a")).is_none());
         assert_eq!(table.pool(&name("b")).unwrap().len(), 1);
+    }
+
+    #[test]
+    fn host_names_follow_their_mac_and_go_with_its_lease() {
+        let table = table_with_a();
+        let named = |m: u8, ip: &str, n: Option<&str>| Lease {
+            host_name: n.map(str::to_owned),
+            ..lease("a", m, ip)
+        };
+        table.apply([
+            Delta::UpsertLease(named(1, "192.0.2.10", Some("vm-1"))),
+            Delta::UpsertLease(named(2, "192.0.2.11", Some("vm-2"))),
+        ]);
+        let a = table.pool(&name("a")).unwrap();
+        assert_eq!(a.host_name_of(&mac(1)), Some("vm-1"));
+        // The address of MAC 1 moves to MAC 3: MAC 1's name goes with its lease.
+        table.apply([Delta::UpsertLease(named(3, "192.0.2.10", None))]);
+        let a = table.pool(&name("a")).unwrap();
+        assert_eq!(a.host_name_of(&mac(1)), None);
+        assert_eq!(a.host_name_of(&mac(3)), None);
+        // Unnamed again, or removed: no name.
+        table.apply([Delta::UpsertLease(named(2, "192.0.2.11", None))]);
+        assert_eq!(table.pool(&name("a")).unwrap().host_name_of(&mac(2)), None);
+        table.apply([Delta::UpsertLease(named(2, "192.0.2.11", Some("vm-2")))]);
+        table.apply([Delta::RemoveLease {
+            pool: name("a"),
+            mac: mac(2),
+        }]);
+        assert_eq!(table.pool(&name("a")).unwrap().host_name_of(&mac(2)), None);
     }
 
     #[test]
@@ -734,6 +788,7 @@ mod tests {
                 pool: name("a"),
                 mac: mac(u8::try_from(i % 3).unwrap()),
                 ip: Ipv4Addr::new(192, 0, 2, last),
+                host_name: None,
             })]);
         }
         reader.join().unwrap();

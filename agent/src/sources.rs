@@ -29,7 +29,7 @@ use tokio::sync::watch;
 use tracing::{debug, info, warn};
 use vmdhcp_core::NamespacedName;
 use vmdhcp_core::crd::IPPool;
-use vmdhcp_core::pool::{Lease, PoolConfig, is_served, leases_from_status};
+use vmdhcp_core::pool::{PoolConfig, is_served, leases_from_status};
 
 use crate::lease_table::{Delta, LeaseTable, PoolLeases};
 use crate::stream::{AppliedState, ConfigSink, PoolDelta};
@@ -206,11 +206,7 @@ fn table_snapshot(table: &LeaseTable, state: &AppliedState) {
             leases: p
                 .leases
                 .iter()
-                .map(|(mac, ip)| Lease {
-                    pool: p.config.pool.clone(),
-                    mac: *mac,
-                    ip: *ip,
-                })
+                .map(|(mac, binding)| binding.lease(p.config.pool.clone(), *mac))
                 .collect(),
         })
         .collect();
@@ -397,6 +393,7 @@ mod tests {
     use vmdhcp_core::fixtures::{
         pool_config, pool_on, readme_pool, with_allocated, with_conditions,
     };
+    use vmdhcp_core::pool::Binding;
 
     /// The README pool renamed `default/<name>`, registered and ready, with `allocated`.
     fn ippool(name: &str, allocated: &[(&str, &str)], paused: bool) -> IPPool {
@@ -486,7 +483,7 @@ mod tests {
                         p.config.pool.clone(),
                         PoolState {
                             config: p.config.clone(),
-                            leases: p.leases.iter().map(|l| (l.mac, l.ip)).collect(),
+                            leases: p.leases.iter().map(|l| (l.mac, l.binding())).collect(),
                         },
                     )
                 })
@@ -562,10 +559,11 @@ mod tests {
     fn the_config_stream_feeds_the_table() {
         let name = |pool: &str| NamespacedName::new("default", pool).unwrap();
         let mac = |last: u8| MacAddr([0x02, 0, 0, 0, 0, last]);
-        let lease = |pool: &str, m: u8, ip: &str| Lease {
+        let lease = |pool: &str, m: u8, ip: &str| vmdhcp_core::pool::Lease {
             pool: name(pool),
             mac: mac(m),
             ip: ip.parse().unwrap(),
+            host_name: None,
         };
         let table = LeaseTable::new();
         let cfg = pool_config("default/a");
@@ -574,7 +572,7 @@ mod tests {
             name("a"),
             PoolState {
                 config: cfg.clone(),
-                leases: [(mac(1), "192.0.2.10".parse().unwrap())].into(),
+                leases: [(mac(1), Binding::ip("192.0.2.10".parse().unwrap()))].into(),
             },
         );
         table_snapshot(&table, &state);

@@ -13,7 +13,6 @@
 //! which feeds the lease table).
 
 use std::collections::BTreeMap;
-use std::net::Ipv4Addr;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -24,7 +23,7 @@ use tonic::codec::{Codec, DecodeBuf, Decoder, EncodeBuf, Encoder};
 use tracing::{Instrument, debug, info, info_span, warn};
 /// The delta type the stream applies (shared with the controller's index).
 pub use vmdhcp_core::pool::PoolDelta;
-use vmdhcp_core::pool::{Lease, PoolConfig};
+use vmdhcp_core::pool::{Binding, Lease, PoolConfig};
 use vmdhcp_core::{MacAddr, NamespacedName, retry};
 use vmdhcp_proto::agent::v1 as pb;
 use vmdhcp_proto::agent::v1::config_service_server::SERVICE_NAME;
@@ -77,7 +76,7 @@ pub struct PoolState {
     /// Its configuration.
     pub config: PoolConfig,
     /// Its reservations.
-    pub leases: BTreeMap<MacAddr, Ipv4Addr>,
+    pub leases: BTreeMap<MacAddr, Binding>,
 }
 
 /// Everything applied from the stream, at one epoch and revision.
@@ -220,7 +219,7 @@ impl Applier {
             let leases = part
                 .leases
                 .iter()
-                .map(|e| lease_from_entry(&config.pool, e).map(|l| (l.mac, l.ip)))
+                .map(|e| lease_from_entry(&config.pool, e).map(|l| (l.mac, l.binding())))
                 .collect::<Result<Vec<_>, _>>()?;
             let entry = pools
                 .entry(config.pool.clone())
@@ -296,7 +295,7 @@ impl Applier {
         }
         for lease in &delta.upserted_leases {
             if let Some(p) = st.pools.get_mut(&lease.pool) {
-                p.leases.insert(lease.mac, lease.ip);
+                p.leases.insert(lease.mac, lease.binding());
             }
         }
         for (pool, mac) in &delta.removed_leases {
@@ -741,6 +740,7 @@ mod tests {
                     .map(|(m, i)| pb::LeaseEntry {
                         mac_address: m.into(),
                         ip_address: i.into(),
+                        host_name: String::new(),
                     })
                     .collect(),
             })
@@ -764,6 +764,7 @@ mod tests {
                 pool_ref: p.into(),
                 mac_address: m.into(),
                 ip_address: i.into(),
+                host_name: String::new(),
             })
             .collect();
         msg(
@@ -816,8 +817,8 @@ mod tests {
         assert!(matches!(d, Applied::Delta(ref d) if d.upserted_leases.len() == 2));
         let pool = &a.state().pools[&"ns/a".parse::<NamespacedName>().unwrap()];
         assert_eq!(
-            pool.leases[&"02:00:00:00:00:01".parse::<MacAddr>().unwrap()],
-            Ipv4Addr::new(192, 0, 2, 11)
+            pool.leases[&"02:00:00:00:00:01".parse::<MacAddr>().unwrap()].ip,
+            std::net::Ipv4Addr::new(192, 0, 2, 11)
         );
         assert_eq!(a.apply(&heartbeat("e1", 7)).unwrap(), Applied::Heartbeat);
         let removal = msg(

@@ -159,6 +159,8 @@ pub struct PoolAllocator {
     used: u64,
     /// Addresses another host uses, whoever holds them here (at most [`MAX_CONFLICTS`]).
     conflicts: BTreeMap<u32, AddressConflict>,
+    /// The host name of the VM holding an address, for addresses held by a MAC only.
+    host_names: HashMap<u32, String>,
 }
 
 impl PoolAllocator {
@@ -178,6 +180,7 @@ impl PoolAllocator {
             by_mac: HashMap::new(),
             used: 0,
             conflicts: BTreeMap::new(),
+            host_names: HashMap::new(),
         };
         let reserved = std::iter::once(alloc.range.server_ip()).chain(alloc.range.router());
         let marks: Vec<(Ipv4Addr, Holder)> = reserved
@@ -420,6 +423,44 @@ impl PoolAllocator {
             .collect()
     }
 
+    /// Names the VM holding `ip` (`None`: no name); returns whether that changed. Only an
+    /// address held by a MAC carries a name; it goes when the address is released.
+    pub fn set_host_name(&mut self, ip: Ipv4Addr, name: Option<&str>) -> bool {
+        let n = u32::from(ip);
+        if !matches!(self.taken.get(&n), Some(Slot::Held(Holder::Mac(_)))) {
+            return false;
+        }
+        match name {
+            Some(name) if self.host_names.get(&n).map(String::as_str) != Some(name) => {
+                self.host_names.insert(n, name.to_owned());
+                true
+            }
+            Some(_) => false,
+            None => self.host_names.remove(&n).is_some(),
+        }
+    }
+
+    /// Restores the names recorded in `status.ipv4.hostNames` for addresses held by a MAC (a
+    /// rebuild from status); entries for other addresses or that are not host names are dropped
+    /// and will not be written back.
+    pub fn restore_host_names(&mut self, recorded: &BTreeMap<String, String>) {
+        for (ip, name) in recorded {
+            if let Ok(ip) = ip.parse::<Ipv4Addr>()
+                && vmdhcp_core::names::is_host_name(name)
+            {
+                self.set_host_name(ip, Some(name));
+            }
+        }
+    }
+
+    /// The pool's `status.ipv4.hostNames` map.
+    pub fn status_host_names(&self) -> BTreeMap<String, String> {
+        self.host_names
+            .iter()
+            .map(|(n, name)| (Ipv4Addr::from(*n).to_string(), name.clone()))
+            .collect()
+    }
+
     /// The pool's `status.ipv4.conflicts` map.
     pub fn status_conflicts(&self) -> BTreeMap<String, AddressConflict> {
         self.conflicts
@@ -576,6 +617,7 @@ impl PoolAllocator {
         match self.taken.remove(&n) {
             Some(Slot::Held(Holder::Mac(mac))) => {
                 self.by_mac.remove(&mac);
+                self.host_names.remove(&n);
                 self.used -= 1;
             }
             Some(Slot::Unreadable(_)) => self.used -= 1,
@@ -1062,6 +1104,44 @@ mod tests {
         assert!(a.clear_conflict(held));
         assert_eq!(a.allocate(mac(4)).unwrap(), held, "the lowest free again");
         assert_eq!(a.allocate(mac(5)).unwrap(), free);
+    }
+
+    #[test]
+    fn host_names_follow_the_holder_and_survive_a_rebuild() {
+        let mut a = PoolAllocator::new(readme_range());
+        let one = a.allocate(mac(1)).unwrap();
+        let two = a.allocate(mac(2)).unwrap();
+        assert!(a.set_host_name(one, Some("vm-1")));
+        assert!(
+            !a.set_host_name(one, Some("vm-1")),
+            "unchanged: nothing to write"
+        );
+        assert!(a.set_host_name(two, Some("vm-2")));
+        assert!(
+            !a.set_host_name(ip("192.168.48.77"), Some("server")),
+            "markers carry no name"
+        );
+        let recorded = a.status_host_names();
+        assert_eq!(recorded.len(), 2);
+        let (mut b, _) = PoolAllocator::rebuild(readme_range(), &a.status_allocated());
+        let mut tampered = recorded.clone();
+        tampered.insert("192.168.48.90".into(), "nobody-holds-it".into());
+        tampered.insert("192.168.48.91".into(), "Not A Name".into());
+        b.restore_host_names(&tampered);
+        assert_eq!(
+            b.status_host_names(),
+            recorded,
+            "only names of held addresses return"
+        );
+        // Released, the name goes with the address; the next holder starts unnamed.
+        b.release_mac(&mac(1));
+        assert_eq!(b.allocate(mac(3)).unwrap(), one);
+        assert_eq!(
+            b.status_host_names().keys().collect::<Vec<_>>(),
+            [&two.to_string()]
+        );
+        assert!(b.set_host_name(two, None));
+        assert!(b.status_host_names().is_empty());
     }
 
     #[test]

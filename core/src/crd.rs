@@ -193,6 +193,11 @@ pub struct IPv4Config {
     /// is left out, the `routes` are still sent. Not upstream's.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub default_route: Option<bool>,
+    /// Whether each client gets its VirtualMachine's name as host name (option 12), as KubeVirt
+    /// names guests on the pod network. Off unless true: `dhclient-script` renames a guest whose
+    /// host name is unset or `localhost`, which upstream's clients would notice. Not upstream's.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub send_host_name: Option<bool>,
 }
 
 /// One classless static route handed to clients.
@@ -257,6 +262,12 @@ pub struct IPv4Status {
     /// removes the entry. A vmdhcp addition: upstream's clients ignore it.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub conflicts: BTreeMap<String, AddressConflict>,
+    /// Address → host name of the VirtualMachine holding it (its name, as a DNS label of at
+    /// most 63 bytes), recorded with the allocation whether or not `sendHostName` is on, so
+    /// turning it on needs no write and an agent without its stream reads them here. A vmdhcp
+    /// addition: upstream's clients ignore it.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub host_names: BTreeMap<String, String>,
 }
 
 /// An address of a pool that another host uses, as an agent found it.

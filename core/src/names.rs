@@ -86,6 +86,25 @@ fn is_subdomain(s: &str) -> bool {
     s.len() <= 253 && s.split('.').all(is_label)
 }
 
+/// The longest host name handed out (option 12): a DNS label's limit, and Linux's.
+pub const MAX_HOST_NAME: usize = 63;
+
+/// The host name a VirtualMachine named `vm_name` gets: its name cut to [`MAX_HOST_NAME`]
+/// bytes, as KubeVirt names guests on the pod network, without a trailing `-` or `.` the cut
+/// may leave. `None` if nothing valid remains (not a Kubernetes name).
+pub fn host_name_of(vm_name: &str) -> Option<String> {
+    let cut = vm_name.get(..MAX_HOST_NAME).unwrap_or(vm_name);
+    let name = cut.trim_end_matches(['-', '.']);
+    is_host_name(name).then(|| name.to_owned())
+}
+
+/// Whether `s` is a host name we hand out: at most [`MAX_HOST_NAME`] bytes of dot-separated
+/// DNS-1123 labels. Names read back from status or the stream are checked with it, since
+/// anyone allowed to write them could put anything there.
+pub fn is_host_name(s: &str) -> bool {
+    s.len() <= MAX_HOST_NAME && is_subdomain(s)
+}
+
 impl FromStr for NamespacedName {
     type Err = NameError;
 
@@ -142,6 +161,24 @@ impl<'de> Deserialize<'de> for NamespacedName {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn host_names_are_vm_names_cut_to_one_label_length() {
+        assert_eq!(host_name_of("vm-1").as_deref(), Some("vm-1"));
+        assert_eq!(host_name_of("web.prod").as_deref(), Some("web.prod"));
+        let long = format!("{}-{}", "a".repeat(62), "b".repeat(10));
+        assert_eq!(
+            host_name_of(&long),
+            Some("a".repeat(62)),
+            "the cut drops the dangling '-'"
+        );
+        assert_eq!(host_name_of("Not_A_Name"), None);
+        assert_eq!(host_name_of(""), None);
+        assert!(is_host_name("vm-1"));
+        assert!(!is_host_name(&"a".repeat(64)));
+        assert!(!is_host_name("vm 1"));
+        assert!(!is_host_name("-vm"));
+    }
+
     use super::*;
 
     #[test]

@@ -55,6 +55,7 @@ fn lease(p: &PoolConfig, i: u32, host: u32) -> Lease {
         pool: p.pool.clone(),
         mac: MacAddr([2, b[0], b[1], b[2], b[3], host as u8]),
         ip: Ipv4Addr::from(u32::from(p.subnet.network()) + 2 + host),
+        host_name: None,
     }
 }
 

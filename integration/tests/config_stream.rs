@@ -24,7 +24,7 @@ use vmdhcp_controller::reports::Reports;
 use vmdhcp_controller::stream::config_service::{StreamSettings, serve};
 use vmdhcp_core::MacAddr;
 use vmdhcp_core::fixtures::pool_config;
-use vmdhcp_core::pool::{Lease, PoolConfig};
+use vmdhcp_core::pool::{Binding, Lease, PoolConfig};
 use vmdhcp_proto::agent::v1 as pb;
 use vmdhcp_proto::agent::v1::config_service_client::ConfigServiceClient;
 use vmdhcp_proto::agent::v1::config_service_server::{
@@ -53,6 +53,7 @@ fn lease(name: &str, octet: u8, i: u32, host: u32) -> Lease {
         pool: format!("ns/{name}").parse().unwrap(),
         mac: MacAddr([0x02, octet, b[0], b[1], b[2], b[3]]),
         ip: Ipv4Addr::from(u32::from(Ipv4Addr::new(10, octet, 0, 0)) + 2 + host),
+        host_name: None,
     }
 }
 
@@ -183,7 +184,7 @@ impl Agent {
 type View = (
     String,
     u64,
-    BTreeMap<String, (PoolConfig, BTreeMap<MacAddr, Ipv4Addr>)>,
+    BTreeMap<String, (PoolConfig, BTreeMap<MacAddr, Binding>)>,
 );
 
 /// The index's view as the agent should have applied it.
@@ -414,13 +415,11 @@ async fn controller_restart_resyncs_agents_without_losing_a_lease() {
     let restarted = Arc::new(Index::new());
     let snap = index.snapshot(&PoolFilter::all());
     restarted.apply(snap.pools.iter().flat_map(|(c, leases)| {
-        std::iter::once(Op::UpsertPool(Box::new(c.clone()))).chain(leases.iter().map(|(m, i)| {
-            Op::UpsertLease(Lease {
-                pool: c.pool.clone(),
-                mac: *m,
-                ip: *i,
-            })
-        }))
+        std::iter::once(Op::UpsertPool(Box::new(c.clone()))).chain(
+            leases
+                .iter()
+                .map(|(m, b)| Op::UpsertLease(b.lease(c.pool.clone(), *m))),
+        )
     }));
     restarted.apply([Op::UpsertLease(lease("a", 1, 99, 99))]);
     let server = Server::start(restarted.clone(), addr, fast_stream()).await;
@@ -450,6 +449,7 @@ fn first_snapshot() -> pb::WatchResponse {
                 leases: vec![pb::LeaseEntry {
                     mac_address: "02:01:00:00:00:01".into(),
                     ip_address: "10.1.0.10".into(),
+                    host_name: String::new(),
                 }],
             }],
             more: false,
@@ -505,6 +505,7 @@ async fn invalid_messages_are_rejected_not_applied_and_a_snapshot_is_requested()
                 pool_ref: "ns/a".into(),
                 mac_address: "02:01:00:00:00:02".into(),
                 ip_address: ip.into(),
+                host_name: String::new(),
             }],
             ..Default::default()
         })),
@@ -555,7 +556,7 @@ async fn invalid_messages_are_rejected_not_applied_and_a_snapshot_is_requested()
         assert_eq!(state.lease_count(), 1, "{case}: bad message applied");
         assert_eq!(
             state.pools.values().next().unwrap().leases.values().next(),
-            Some(&Ipv4Addr::new(10, 1, 0, 10))
+            Some(&Binding::ip(Ipv4Addr::new(10, 1, 0, 10)))
         );
         let second = requests.lock().unwrap()[1].clone();
         let status = agent.status.borrow().clone();
@@ -676,6 +677,7 @@ async fn garbage_frames_are_rejected_not_applied_and_a_snapshot_is_requested() {
                 pool_ref: "ns/a".into(),
                 mac_address: "02:01:00:00:00:02".into(),
                 ip_address: "10.1.0.11".into(),
+                host_name: String::new(),
             }],
             ..Default::default()
         })),

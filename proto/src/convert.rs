@@ -8,7 +8,7 @@ use std::net::Ipv4Addr;
 
 use ipnet::Ipv4Net;
 use vmdhcp_core::pool::spec::MIN_MTU;
-use vmdhcp_core::pool::{DEFAULT_LEASE_SECONDS, Lease, PoolConfig, Route, is_host_of};
+use vmdhcp_core::pool::{Binding, DEFAULT_LEASE_SECONDS, Lease, PoolConfig, Route, is_host_of};
 use vmdhcp_core::{MacAddr, NamespacedName, ifname};
 
 use crate::agent::v1 as pb;
@@ -61,6 +61,22 @@ fn mac(message: &'static str, field: &'static str, value: &str) -> Result<MacAdd
     value
         .parse()
         .map_err(|e| err(message, field, value, format!("{e}")))
+}
+
+/// An optional host name: empty is none, anything else must be one we would hand out.
+fn host_name(message: &'static str, value: &str) -> Result<Option<String>, ConvertError> {
+    if value.is_empty() {
+        return Ok(None);
+    }
+    if !vmdhcp_core::names::is_host_name(value) {
+        return Err(err(
+            message,
+            "host_name",
+            value,
+            "is not a host name (dot-separated DNS-1123 labels, at most 63 bytes)",
+        ));
+    }
+    Ok(Some(value.to_owned()))
 }
 
 impl From<&PoolConfig> for pb::PoolConfig {
@@ -185,7 +201,17 @@ impl From<&Lease> for pb::Lease {
             pool_ref: l.pool.to_string(),
             mac_address: l.mac.to_string(),
             ip_address: l.ip.to_string(),
+            host_name: l.host_name.clone().unwrap_or_default(),
         }
+    }
+}
+
+/// A snapshot entry for the NIC `mac`.
+pub fn lease_entry(mac: &MacAddr, binding: &Binding) -> pb::LeaseEntry {
+    pb::LeaseEntry {
+        mac_address: mac.to_string(),
+        ip_address: binding.ip.to_string(),
+        host_name: binding.host_name.clone().unwrap_or_default(),
     }
 }
 
@@ -198,6 +224,7 @@ impl TryFrom<&pb::Lease> for Lease {
             pool: reference(M, "pool_ref", &l.pool_ref)?,
             mac: mac(M, "mac_address", &l.mac_address)?,
             ip: ipv4(M, "ip_address", &l.ip_address)?,
+            host_name: host_name(M, &l.host_name)?,
         })
     }
 }
@@ -209,6 +236,7 @@ pub fn lease_from_entry(pool: &NamespacedName, e: &pb::LeaseEntry) -> Result<Lea
         pool: pool.clone(),
         mac: mac(M, "mac_address", &e.mac_address)?,
         ip: ipv4(M, "ip_address", &e.ip_address)?,
+        host_name: host_name(M, &e.host_name)?,
     })
 }
 
@@ -321,6 +349,7 @@ mod tests {
             pool_ref: "a/b".into(),
             mac_address: "zz".into(),
             ip_address: "1.2.3.4".into(),
+            host_name: String::new(),
         };
         assert!(
             Lease::try_from(&bad)
@@ -328,5 +357,47 @@ mod tests {
                 .to_string()
                 .contains("Lease.mac_address")
         );
+    }
+
+    #[test]
+    fn host_names_round_trip_and_bad_ones_are_refused_by_field() {
+        let lease = Lease {
+            pool: "a/b".parse().unwrap(),
+            mac: "02:00:00:00:00:01".parse().unwrap(),
+            ip: "10.0.0.5".parse().unwrap(),
+            host_name: Some("vm-1".into()),
+        };
+        let wire = pb::Lease::from(&lease);
+        assert_eq!(wire.host_name, "vm-1");
+        assert_eq!(Lease::try_from(&wire).unwrap(), lease);
+        let entry = lease_entry(&lease.mac, &lease.binding());
+        assert_eq!(lease_from_entry(&lease.pool, &entry).unwrap(), lease);
+        let unnamed = Lease {
+            host_name: None,
+            ..lease.clone()
+        };
+        assert_eq!(
+            Lease::try_from(&pb::Lease::from(&unnamed)).unwrap(),
+            unnamed
+        );
+        for bad in ["vm 1", "-vm", &"a".repeat(64)] {
+            let e = Lease::try_from(&pb::Lease {
+                host_name: bad.to_owned(),
+                ..wire.clone()
+            })
+            .unwrap_err()
+            .to_string();
+            assert!(e.contains("Lease.host_name"), "{e}");
+            let e = lease_from_entry(
+                &lease.pool,
+                &pb::LeaseEntry {
+                    host_name: bad.to_owned(),
+                    ..entry.clone()
+                },
+            )
+            .unwrap_err()
+            .to_string();
+            assert!(e.contains("LeaseEntry.host_name"), "{e}");
+        }
     }
 }

@@ -507,6 +507,7 @@ mod tests {
                 pool: config.pool.clone(),
                 mac: HOLDER,
                 ip: IP,
+                host_name: None,
             }],
             config,
         }]);
@@ -623,6 +624,7 @@ mod tests {
                 pool: config.pool.clone(),
                 mac: HOLDER,
                 ip: IP,
+                host_name: None,
             }],
             config: config.clone(),
         }]);

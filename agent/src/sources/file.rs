@@ -85,6 +85,24 @@ pub struct StaticLease {
     pub mac: MacAddr,
     /// Its address.
     pub ip: Ipv4Addr,
+    /// Its host name (option 12), if it is given one.
+    #[serde(
+        default,
+        skip_serializing_if = "Option::is_none",
+        deserialize_with = "host_name"
+    )]
+    pub host_name: Option<String>,
+}
+
+/// A lease's `host_name`: refused, naming the value, unless it is one we would hand out.
+fn host_name<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<String>, D::Error> {
+    let name = Option::<String>::deserialize(d)?;
+    match name {
+        Some(n) if !vmdhcp_core::names::is_host_name(&n) => Err(serde::de::Error::custom(format!(
+            "host_name {n:?} is not a host name (dot-separated DNS-1123 labels, at most 63 bytes)"
+        ))),
+        other => Ok(other),
+    }
 }
 
 /// What the status file holds.
@@ -116,6 +134,7 @@ pub fn load(path: &Path) -> Result<Vec<PoolLeases>, FileError> {
                     pool: p.config.pool.clone(),
                     mac: l.mac,
                     ip: l.ip,
+                    host_name: l.host_name,
                 })
                 .collect(),
             config: p.config,
@@ -260,6 +279,23 @@ mod tests {
         assert_eq!(pools.len(), 1);
         assert_eq!(pools[0].leases[0].pool, pools[0].config.pool);
         assert_eq!(pools[0].leases[0].ip, Ipv4Addr::new(192, 0, 2, 10));
+
+        assert_eq!(pools[0].leases[0].host_name, None);
+
+        let mut named = config.clone();
+        named["pools"][0]["leases"][0]["host_name"] = "vm-1".into();
+        std::fs::write(&path, named.to_string()).unwrap();
+        assert_eq!(
+            load(&path).unwrap()[0].leases[0].host_name.as_deref(),
+            Some("vm-1")
+        );
+        named["pools"][0]["leases"][0]["host_name"] = "not a name".into();
+        std::fs::write(&path, named.to_string()).unwrap();
+        let e = load(&path).unwrap_err().to_string();
+        assert!(
+            e.contains("host_name \"not a name\" is not a host name"),
+            "{e}"
+        );
 
         std::fs::write(&path, "{").unwrap();
         assert!(matches!(load(&path), Err(FileError::Parse { .. })));

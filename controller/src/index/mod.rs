@@ -19,13 +19,13 @@
 //! agent that comes back from another controller replica (or a restarted one) gets a snapshot.
 
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
-use std::net::Ipv4Addr;
+
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use opentelemetry::trace::SpanContext;
 use tokio::sync::watch;
-use vmdhcp_core::pool::{Lease, PoolConfig, PoolDelta};
+use vmdhcp_core::pool::{Binding, Lease, PoolConfig, PoolDelta};
 use vmdhcp_core::{MacAddr, NamespacedName};
 
 pub mod mac_claims;
@@ -51,7 +51,7 @@ pub enum Op {
     /// Remove the lease of a MAC on a pool.
     RemoveLease(NamespacedName, MacAddr),
     /// Make a pool's leases exactly these (for resyncing one pool from its status).
-    ReplaceLeases(NamespacedName, BTreeMap<MacAddr, Ipv4Addr>),
+    ReplaceLeases(NamespacedName, BTreeMap<MacAddr, Binding>),
 }
 
 /// The keys one revision touched.
@@ -77,7 +77,7 @@ pub struct Change<'a> {
 struct State {
     revision: u64,
     pools: BTreeMap<NamespacedName, PoolConfig>,
-    leases: BTreeMap<NamespacedName, BTreeMap<MacAddr, Ipv4Addr>>,
+    leases: BTreeMap<NamespacedName, BTreeMap<MacAddr, Binding>>,
     history: VecDeque<Touched>,
     history_keys: usize,
     history_limit: usize,
@@ -113,7 +113,7 @@ pub struct Snapshot {
     /// The revision this state is at.
     pub revision: u64,
     /// Each pool with its leases, in pool order.
-    pub pools: Vec<(PoolConfig, Vec<(MacAddr, Ipv4Addr)>)>,
+    pub pools: Vec<(PoolConfig, Vec<(MacAddr, Binding)>)>,
 }
 
 /// The index. Cheap to share (`Arc`); all access is short, under one mutex.
@@ -212,7 +212,8 @@ impl Index {
                 }
                 Op::UpsertLease(lease) => {
                     let leases = st.leases.entry(lease.pool.clone()).or_default();
-                    if leases.insert(lease.mac, lease.ip) != Some(lease.ip) {
+                    let binding = lease.binding();
+                    if leases.insert(lease.mac, binding.clone()) != Some(binding) {
                         touched.leases.insert((lease.pool, lease.mac));
                     }
                 }
@@ -228,8 +229,8 @@ impl Index {
                 }
                 Op::ReplaceLeases(pool, new) => {
                     let old = st.leases.entry(pool.clone()).or_default();
-                    for (mac, ip) in old.iter() {
-                        if new.get(mac) != Some(ip) {
+                    for (mac, binding) in old.iter() {
+                        if new.get(mac) != Some(binding) {
                             touched.leases.insert((pool.clone(), *mac));
                         }
                     }
@@ -277,7 +278,7 @@ impl Index {
                 let leases = st
                     .leases
                     .get(pool)
-                    .map(|l| l.iter().map(|(m, i)| (*m, *i)).collect())
+                    .map(|l| l.iter().map(|(m, b)| (*m, b.clone())).collect())
                     .unwrap_or_default();
                 (cfg.clone(), leases)
             })
@@ -326,7 +327,7 @@ impl Index {
         }
         for (pool, mac) in leases {
             match st.leases.get(&pool).and_then(|l| l.get(&mac)) {
-                Some(ip) => changes.upserted_leases.push(Lease { pool, mac, ip: *ip }),
+                Some(binding) => changes.upserted_leases.push(binding.lease(pool, mac)),
                 // A pool removed in this span takes its leases with it.
                 None if !st.pools.contains_key(&pool) => {}
                 None => changes.removed_leases.push((pool, mac)),
@@ -361,6 +362,8 @@ impl Default for Index {
 
 #[cfg(test)]
 mod tests {
+    use std::net::Ipv4Addr;
+
     use super::*;
     use vmdhcp_core::fixtures::pool_config;
 
@@ -377,6 +380,7 @@ mod tests {
             pool: format!("ns/{p}").parse().unwrap(),
             mac: MacAddr([2, 0, 0, 0, 0, m]),
             ip: Ipv4Addr::new(192, 0, 2, ip),
+            host_name: None,
         }
     }
 
@@ -441,7 +445,36 @@ mod tests {
         assert_eq!(snap.revision, 2);
         assert_eq!(
             snap.pools[0].1,
-            [(MacAddr([2, 0, 0, 0, 0, 1]), Ipv4Addr::new(192, 0, 2, 11))]
+            [(
+                MacAddr([2, 0, 0, 0, 0, 1]),
+                Binding::ip(Ipv4Addr::new(192, 0, 2, 11))
+            )]
+        );
+    }
+
+    #[test]
+    fn a_host_name_alone_is_a_change_readers_are_sent() {
+        let ix = Index::new();
+        ix.apply([
+            Op::UpsertPool(Box::new(pool("a"))),
+            Op::UpsertLease(lease("a", 1, 10)),
+        ]);
+        let r = ix.revision();
+        let named = Lease {
+            host_name: Some("vm-1".into()),
+            ..lease("a", 1, 10)
+        };
+        let renamed = ix.apply([Op::ReplaceLeases(
+            "ns/a".parse().unwrap(),
+            BTreeMap::from([(named.mac, named.binding())]),
+        )]);
+        assert_eq!(renamed, Some(r + 1));
+        let c = ix.changes_since(r, &PoolFilter::all()).unwrap();
+        assert_eq!(c.upserted_leases, std::slice::from_ref(&named));
+        assert_eq!(
+            ix.apply([Op::UpsertLease(named)]),
+            None,
+            "the same name again"
         );
     }
 
@@ -544,8 +577,8 @@ mod tests {
         ]);
         let r = ix.revision();
         let new = BTreeMap::from([
-            (MacAddr([2, 0, 0, 0, 0, 1]), Ipv4Addr::new(192, 0, 2, 10)),
-            (MacAddr([2, 0, 0, 0, 0, 4]), Ipv4Addr::new(192, 0, 2, 40)),
+            (MacAddr([2, 0, 0, 0, 0, 1]), lease("a", 1, 10).binding()),
+            (MacAddr([2, 0, 0, 0, 0, 4]), lease("a", 4, 40).binding()),
         ]);
         ix.apply([Op::ReplaceLeases("ns/a".parse().unwrap(), new)]);
         let c = ix.changes_since(r, &PoolFilter::all()).unwrap();

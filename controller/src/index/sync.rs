@@ -83,7 +83,7 @@ impl IndexSync {
             ops.push(Op::UpsertPool(Box::new(config)));
             ops.push(Op::ReplaceLeases(
                 (*pool_ref).clone(),
-                leases.into_iter().map(|l| (l.mac, l.ip)).collect(),
+                leases.into_iter().map(|l| (l.mac, l.binding())).collect(),
             ));
             served.insert((*pool_ref).clone(), (version, name));
         }

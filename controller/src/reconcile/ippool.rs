@@ -355,6 +355,7 @@ async fn rebuild_ipam(
     let (mut allocator, mut problems) = PoolAllocator::rebuild(range.clone(), &allocated);
     if let Some(v4) = recorded {
         problems.extend(allocator.restore_conflicts(&v4.conflicts));
+        allocator.restore_host_names(&v4.host_names);
     }
     for problem in problems.iter().take(5) {
         warn!(pool = %pool_ref, %problem, "status entry not replayed");

@@ -143,10 +143,11 @@ pub fn fill_ipv4(
     pool: &NamespacedName,
     status: &mut IPPoolStatus,
 ) -> Result<(), StatusError> {
-    let (allocated, conflicts, used, available) = ipam.with_pool(pool, |a| {
+    let (allocated, conflicts, host_names, used, available) = ipam.with_pool(pool, |a| {
         (
             a.status_allocated(),
             a.status_conflicts(),
+            a.status_host_names(),
             a.used(),
             a.available(),
         )
@@ -156,6 +157,7 @@ pub fn fill_ipv4(
         used: i64::try_from(used).unwrap_or(i64::MAX),
         available: i64::try_from(available).unwrap_or(i64::MAX),
         conflicts,
+        host_names,
     });
     Ok(())
 }

@@ -26,6 +26,7 @@ use vmdhcp_core::crd::{
     NetworkConfig, NetworkConfigState, NetworkConfigStatus, VirtualMachineNetworkConfig,
     find_condition,
 };
+use vmdhcp_core::names::host_name_of;
 use vmdhcp_core::{MacAddr, NamespacedName};
 
 use crate::ipam::{IpamError, PoolAllocator};
@@ -694,6 +695,19 @@ async fn allocate(
     match outcome {
         Ok(Ok(ip)) => {
             span.record("ip", field::display(ip));
+            // The VM's name goes into the pool's status with the address (a name recorded for
+            // an address allocated before names were, by the same write as any other change).
+            let vm_name = Some(cfg.spec.vm_name.as_str())
+                .filter(|n| !n.is_empty())
+                .map_or_else(|| cfg.name_any(), str::to_owned);
+            let host_name = host_name_of(&vm_name);
+            let renamed = ctx
+                .ipam
+                .with_pool(pool, |a| a.set_host_name(ip, host_name.as_deref()))
+                .unwrap_or(false);
+            if renamed {
+                out.touched.insert(pool.clone());
+            }
             let conflicts = ctx
                 .ipam
                 .with_pool(pool, |a| {

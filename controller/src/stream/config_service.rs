@@ -25,6 +25,7 @@ use tracing::{Instrument, debug, info, info_span, warn};
 use vmdhcp_core::{MacAddr, NamespacedName};
 use vmdhcp_proto::agent::v1 as pb;
 use vmdhcp_proto::agent::v1::config_service_server::{ConfigService, ConfigServiceServer};
+use vmdhcp_proto::convert;
 use vmdhcp_telemetry::trace;
 
 use crate::index::{Index, PoolFilter, Snapshot};
@@ -438,10 +439,7 @@ pub fn snapshot_parts(snapshot: &Snapshot, part_leases: usize) -> Vec<pb::WatchR
             in_part += chunk.len();
             let leases = chunk
                 .iter()
-                .map(|(m, i)| pb::LeaseEntry {
-                    mac_address: m.to_string(),
-                    ip_address: i.to_string(),
-                })
+                .map(|(mac, binding)| convert::lease_entry(mac, binding))
                 .collect();
             current.push(pb::PoolSnapshot {
                 config: Some(config.clone()),
@@ -588,7 +586,7 @@ mod tests {
                 .map(|i| {
                     (
                         MacAddr([2, 0, 0, 0, (i >> 8) as u8, i as u8]),
-                        Ipv4Addr::from(i),
+                        vmdhcp_core::pool::Binding::ip(Ipv4Addr::from(i)),
                     )
                 })
                 .collect::<Vec<_>>()

@@ -17,7 +17,7 @@ use crate::crd::{
     CONDITION_STOPPED, IPPool, find_condition,
 };
 use crate::mac::MacAddr;
-use crate::names::NamespacedName;
+use crate::names::{NamespacedName, is_host_name};
 
 pub mod spec;
 pub use spec::{PoolRange, ValidPool};
@@ -55,6 +55,19 @@ pub enum PoolError {
         value: String,
         /// What is wrong with it.
         reason: String,
+    },
+    /// A `status.ipv4.hostNames` entry that is not a host name we would hand out; the lease is
+    /// served without one.
+    #[error(
+        "IPPool {pool}: status.ipv4.hostNames[{ip:?}] = {value:?} is not a host name (dot-separated DNS-1123 labels, at most 63 bytes)"
+    )]
+    InvalidHostName {
+        /// The pool, `namespace/name`.
+        pool: String,
+        /// The entry's key.
+        ip: String,
+        /// The entry's value.
+        value: String,
     },
 }
 
@@ -127,6 +140,50 @@ pub struct Lease {
     pub mac: MacAddr,
     /// Its address.
     pub ip: Ipv4Addr,
+    /// The host name it is given (option 12), when its pool sends them.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub host_name: Option<String>,
+}
+
+impl Lease {
+    /// What the lease binds the NIC to, without the pool and MAC that key it.
+    pub fn binding(&self) -> Binding {
+        Binding {
+            ip: self.ip,
+            host_name: self.host_name.clone(),
+        }
+    }
+}
+
+/// What a NIC is given on a pool: its address and, if the pool sends one, its host name. The
+/// value the controller's index and an agent's table keep per `(pool, MAC)`.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+pub struct Binding {
+    /// The address.
+    pub ip: Ipv4Addr,
+    /// The host name (option 12).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub host_name: Option<String>,
+}
+
+impl Binding {
+    /// An address without a host name.
+    pub fn ip(ip: Ipv4Addr) -> Self {
+        Binding {
+            ip,
+            host_name: None,
+        }
+    }
+
+    /// The lease of `mac` on `pool` this binding makes.
+    pub fn lease(&self, pool: NamespacedName, mac: MacAddr) -> Lease {
+        Lease {
+            pool,
+            mac,
+            ip: self.ip,
+            host_name: self.host_name.clone(),
+        }
+    }
 }
 
 /// The changes between two revisions of a set of pools, as the latest state of everything that
@@ -175,26 +232,41 @@ pub fn is_served(pool: &IPPool) -> bool {
         && !is(CONDITION_STOPPED)
 }
 
-/// The leases recorded in a pool's status (markers skipped), plus an error for each bad entry.
+/// The leases recorded in a pool's status (markers skipped), with their host names when the
+/// pool sends them (`sendHostName`), plus an error for each bad entry.
 pub fn leases_from_status(pool: &IPPool) -> Result<(Vec<Lease>, Vec<PoolError>), PoolError> {
     let pool_ref = pool_ref(pool)?;
-    let Some(allocated) = pool
-        .status
-        .as_ref()
-        .and_then(|s| s.ipv4.as_ref())
-        .map(|v4| &v4.allocated)
-    else {
+    let Some(v4) = pool.status.as_ref().and_then(|s| s.ipv4.as_ref()) else {
         return Ok((Vec::new(), Vec::new()));
     };
-    let (entries, errors) = parse_allocated(&pool_ref, allocated);
+    let (entries, mut errors) = parse_allocated(&pool_ref, &v4.allocated);
+    let names = pool.spec.ipv4_config.send_host_name == Some(true);
     let leases = entries
         .into_iter()
         .filter_map(|(ip, holder)| match holder {
-            Holder::Mac(mac) => Some(Lease {
-                pool: pool_ref.clone(),
-                mac,
-                ip,
-            }),
+            Holder::Mac(mac) => {
+                let key = ip.to_string();
+                let host_name = names
+                    .then(|| v4.host_names.get(&key))
+                    .flatten()
+                    .and_then(|name| {
+                        if is_host_name(name) {
+                            return Some(name.clone());
+                        }
+                        errors.push(PoolError::InvalidHostName {
+                            pool: pool_ref.to_string(),
+                            ip: key,
+                            value: name.clone(),
+                        });
+                        None
+                    });
+                Some(Lease {
+                    pool: pool_ref.clone(),
+                    mac,
+                    ip,
+                    host_name,
+                })
+            }
             Holder::Reserved | Holder::Excluded => None,
         })
         .collect();
@@ -353,6 +425,48 @@ mod tests {
             errors
                 .iter()
                 .any(|e| e.to_string().contains("192.168.48.x"))
+        );
+    }
+
+    #[test]
+    fn leases_carry_host_names_only_when_the_pool_sends_them_and_only_valid_ones() {
+        let mut pool = readme_pool();
+        let map = |pairs: &[(&str, &str)]| -> BTreeMap<String, String> {
+            pairs
+                .iter()
+                .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+                .collect()
+        };
+        pool.status = Some(IPPoolStatus {
+            ipv4: Some(IPv4Status {
+                allocated: map(&[
+                    ("192.168.48.86", "c6:d6:82:39:d3:c3"),
+                    ("192.168.48.87", "c6:d6:82:39:d3:c4"),
+                    ("192.168.48.88", "c6:d6:82:39:d3:c5"),
+                ]),
+                host_names: map(&[("192.168.48.86", "vm-1"), ("192.168.48.87", "Bad Name")]),
+                ..Default::default()
+            }),
+            ..Default::default()
+        });
+        let names = |pool: &IPPool| {
+            let (leases, errors) = leases_from_status(pool).unwrap();
+            let names: Vec<Option<String>> = leases.into_iter().map(|l| l.host_name).collect();
+            (names, errors)
+        };
+        let (off, errors) = names(&pool);
+        assert_eq!(off, [None, None, None], "off unless sendHostName");
+        assert!(errors.is_empty());
+        pool.spec.ipv4_config.send_host_name = Some(true);
+        let (on, errors) = names(&pool);
+        assert_eq!(on, [Some("vm-1".to_owned()), None, None]);
+        assert_eq!(errors.len(), 1);
+        assert!(
+            errors[0]
+                .to_string()
+                .contains("hostNames[\"192.168.48.87\"]"),
+            "{}",
+            errors[0]
         );
     }
 

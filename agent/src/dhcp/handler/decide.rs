@@ -96,7 +96,10 @@ pub(super) fn decide(
         }
         MessageType::Inform => reply(request, relay_info, MessageType::Ack, None, pool),
         _ if is_conflicted(&leased) => Action::Silent(Silence::Conflicted(leased)),
-        MessageType::Discover => reply(request, relay_info, MessageType::Offer, Some(leased), pool),
+        MessageType::Discover => {
+            let lease = Some((leased, pool.host_name_of(&mac)));
+            reply(request, relay_info, MessageType::Offer, lease, pool)
+        }
         _ => {
             // REQUEST. SELECTING names a server (option 54); INIT-REBOOT names only an address
             // (option 50); RENEWING and REBINDING name neither and carry ciaddr (RFC 2131 §4.3.2).
@@ -108,7 +111,8 @@ pub(super) fn decide(
                 (_, None) => request.ciaddr(),
             };
             if asked == leased {
-                reply(request, relay_info, MessageType::Ack, Some(leased), pool)
+                let lease = Some((leased, pool.host_name_of(&mac)));
+                reply(request, relay_info, MessageType::Ack, lease, pool)
             } else {
                 reply(request, relay_info, MessageType::Nak, None, pool)
             }

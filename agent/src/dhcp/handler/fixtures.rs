@@ -35,6 +35,7 @@ pub(super) fn pool_with(config: PoolConfig) -> Arc<PoolSnapshot> {
             pool: name.clone(),
             mac: MacAddr(KNOWN),
             ip: LEASED,
+            host_name: None,
         }],
     }]);
     table.pool(&name).unwrap()

@@ -21,14 +21,16 @@ const IP_UDP_HEADERS: usize = 28;
 const MIN_MAX_MESSAGE: usize = 576;
 
 /// Builds an OFFER, ACK or NAK (RFC 2131 table 3) and works out where it goes (§4.1).
-/// `leased` is `None` for NAK and for the ACK to an INFORM, which carry no lease.
+/// `leased` — the address and the host name it comes with, if any — is `None` for NAK and for
+/// the ACK to an INFORM, which carry no lease.
 pub(super) fn reply(
     request: &Message,
     relay_info: &[u8],
     kind: MessageType,
-    leased: Option<Ipv4Addr>,
+    leased: Option<(Ipv4Addr, Option<&str>)>,
     pool: &PoolSnapshot,
 ) -> Action {
+    let (host_name, leased) = (leased.and_then(|(_, n)| n), leased.map(|(ip, _)| ip));
     let config = pool.config();
     let ntp = pool.ntp_addresses();
     let unspecified = Ipv4Addr::UNSPECIFIED;
@@ -81,7 +83,7 @@ pub(super) fn reply(
     let optional = if kind == MessageType::Nak {
         Vec::new()
     } else {
-        pool_options(config, ntp, requested_codes(request).as_deref())
+        pool_options(config, ntp, host_name, requested_codes(request).as_deref())
     };
 
     let budget = reply_budget(request);
@@ -132,6 +134,7 @@ fn reply_budget(request: &Message) -> usize {
 fn pool_options(
     config: &PoolConfig,
     ntp: &[Ipv4Addr],
+    host_name: Option<&str>,
     requested: Option<&[u8]>,
 ) -> Vec<DhcpOption> {
     let mut all = vec![DhcpOption::SubnetMask(config.subnet.netmask())];
@@ -147,6 +150,9 @@ fn pool_options(
     }
     if !config.dns.is_empty() {
         all.push(DhcpOption::DomainNameServer(config.dns.clone()));
+    }
+    if let Some(name) = host_name {
+        all.push(DhcpOption::Hostname(name.to_owned()));
     }
     all.push(DhcpOption::BroadcastAddr(config.subnet.broadcast()));
     if let Some(domain) = &config.domain_name {
@@ -500,6 +506,7 @@ mod tests {
                 pool: name.clone(),
                 mac: MacAddr(KNOWN),
                 ip: LEASED,
+                host_name: None,
             }],
         }]);
         let resolved = Ipv4Addr::new(192, 0, 2, 124);
@@ -518,6 +525,47 @@ mod tests {
                 resolved
             ]))
         );
+    }
+
+    #[test]
+    fn a_named_lease_brings_its_host_name_to_offer_and_ack_only() {
+        let table = LeaseTable::new();
+        let cfg = config();
+        let name = cfg.pool.clone();
+        table.apply_snapshot(vec![PoolLeases {
+            config: cfg,
+            leases: vec![Lease {
+                pool: name.clone(),
+                mac: MacAddr(KNOWN),
+                ip: LEASED,
+                host_name: Some("vm-1".into()),
+            }],
+        }]);
+        let pool = table.pool(&name).unwrap();
+        let answer = |m: &Message| {
+            let (kind, _, reply) = reply_of(&handle(&m.to_vec().unwrap(), &pool, |_| false));
+            (kind, reply.opts().get(OptionCode::Hostname).cloned())
+        };
+        let named = Some(DhcpOption::Hostname("vm-1".into()));
+        assert_eq!(
+            answer(&request(MessageType::Discover, KNOWN)),
+            (MessageType::Offer, named.clone())
+        );
+        let mut req = request(MessageType::Request, KNOWN);
+        req.opts_mut()
+            .insert(DhcpOption::RequestedIpAddress(LEASED));
+        assert_eq!(answer(&req), (MessageType::Ack, named));
+        // Asked for other options only: not sent (RFC 2131 §4.3.1).
+        req.opts_mut().insert(DhcpOption::ParameterRequestList(vec![
+            OptionCode::SubnetMask,
+        ]));
+        assert_eq!(answer(&req), (MessageType::Ack, None));
+        // No lease in the reply, no name: a NAK.
+        let mut wrong = request(MessageType::Request, KNOWN);
+        wrong
+            .opts_mut()
+            .insert(DhcpOption::RequestedIpAddress(Ipv4Addr::new(192, 0, 2, 99)));
+        assert_eq!(answer(&wrong), (MessageType::Nak, None));
     }
 
     #[test]
