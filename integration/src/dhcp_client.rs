@@ -96,8 +96,8 @@ pub fn wait_event(dir: &Path, name: &str, nth: usize, limit: Duration) -> BTreeM
 
 /// The options dhclient asks for: everything the agent can answer.
 pub const DHCLIENT_CONF: &str = "request subnet-mask, broadcast-address, routers, domain-name, \
-     domain-name-servers, domain-search, ntp-servers, dhcp-lease-time, dhcp-renewal-time, \
-     dhcp-rebinding-time;\n";
+     domain-name-servers, domain-search, host-name, ntp-servers, dhcp-lease-time, \
+     dhcp-renewal-time, dhcp-rebinding-time;\n";
 
 /// Starts `dhclient` (killed when `lab` drops) in the foreground on `vm`'s eth0, with its own config, lease and pid files.
 pub fn start_dhclient(lab: &mut Lab, vm: &Netns, dir: &Path) {

@@ -209,6 +209,10 @@ fn dhclient_gets_its_reservation_with_exact_options_renews_and_sees_option_chang
     assert_eq!(bound["new_ntp_servers"], "192.0.2.123");
     assert_eq!(bound["new_dhcp_lease_time"], "6");
     assert_eq!(bound["new_dhcp_server_identifier"], SERVER_A);
+    assert!(
+        !bound.contains_key("new_host_name"),
+        "a lease without a name sends none: {bound:?}"
+    );
 
     // The same values, as dhclient recorded them in its lease file.
     let lease = wait_for("the lease file", Duration::from_secs(5), || {
@@ -252,6 +256,58 @@ fn dhclient_gets_its_reservation_with_exact_options_renews_and_sees_option_chang
         },
     );
     assert_eq!(changed.1["new_ip_address"], IP_1);
+    let log = rig.agent_log();
+    assert!(!log.contains("panicked"), "{log}");
+}
+
+/// [`pool_a`] whose lease is named `host_name` (what `sendHostName` makes of the VM's name).
+fn pool_a_named(lease_seconds: u32, host_name: &str) -> Value {
+    let mut pool = pool_a(lease_seconds, "192.0.2.53");
+    pool["leases"][0]["host_name"] = host_name.into();
+    pool
+}
+
+#[test]
+fn the_host_name_arrives_and_a_rename_reaches_the_next_renewal() {
+    let mut rig = rig();
+    let vm = rig.vm("vm", "srv0", MAC_1);
+    rig.lab.address(&rig.srv, "srv0", "192.0.2.1/24").unwrap();
+    rig.start(&[pool_a_named(6, "vm-1")]);
+    rig.wait_serving(&["srv0"]);
+
+    // udhcpc asks for option 12 by default.
+    let dir = tempfile::tempdir().unwrap();
+    let out = udhcpc(&vm, dir.path(), &[]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let bound = wait_event(dir.path(), "bound", 0, Duration::from_secs(1));
+    assert_eq!(bound["hostname"], "vm-1");
+
+    // dhclient too (its default request list has host-name); a rename reaches its next ACK.
+    let dir = tempfile::tempdir().unwrap();
+    start_dhclient(&mut rig.lab, &vm, dir.path());
+    let bound = wait_event(dir.path(), "BOUND", 0, Duration::from_secs(20));
+    assert_eq!(bound["new_ip_address"], IP_1);
+    assert_eq!(bound["new_host_name"], "vm-1");
+    rig.reload(&[pool_a_named(6, "vm-renamed")]);
+    let seen_before = events(dir.path()).len();
+    let renewed = wait_for(
+        "a renewal with the new name",
+        Duration::from_secs(20),
+        || {
+            events(dir.path())
+                .into_iter()
+                .skip(seen_before)
+                .find(|(e, env)| {
+                    e == "RENEW"
+                        && env.get("new_host_name").map(String::as_str) == Some("vm-renamed")
+                })
+        },
+    );
+    assert_eq!(renewed.1["new_ip_address"], IP_1);
     let log = rig.agent_log();
     assert!(!log.contains("panicked"), "{log}");
 }

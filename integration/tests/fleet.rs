@@ -61,6 +61,30 @@ fn kubectl_apply_to_lease_then_failover_fallback_and_resume() {
     assert_eq!(bound["new_dhcp_server_identifier"], SERVER_IP);
     // The pool names its NTP server by host: `run` resolves it (option 42 carries addresses).
     assert_eq!(bound["new_ntp_servers"], NTP_IP);
+    // Host names are off by default, but the VM's name is recorded with its address...
+    assert!(!bound.contains_key("new_host_name"), "{bound:?}");
+    let pool = fleet.kubectl_json(&["-n", NS, "get", "ippool", "pool-a"]);
+    assert_eq!(pool["status"]["ipv4"]["hostNames"][&ip1], "vm1", "{pool}");
+    // ...so opting in sends it from the next ACK on, with no allocation written again.
+    fleet.kubectl_json(&[
+        "-n",
+        NS,
+        "patch",
+        "ippool",
+        "pool-a",
+        "--type=merge",
+        "-p",
+        r#"{"spec":{"ipv4Config":{"sendHostName":true}}}"#,
+    ]);
+    let seen = vmdhcp_integration::dhcp_client::events(&dir1).len();
+    wait_for("a renewal naming vm1", Duration::from_secs(30), || {
+        vmdhcp_integration::dhcp_client::events(&dir1)
+            .into_iter()
+            .skip(seen)
+            .find(|(e, env)| {
+                e == "RENEW" && env.get("new_host_name").map(String::as_str) == Some("vm1")
+            })
+    });
 
     // The pool says which agent serves it.
     wait_for("AgentReady on the pool", Duration::from_secs(30), || {
