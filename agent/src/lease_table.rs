@@ -355,7 +355,7 @@ impl LeaseTable {
                         });
                         continue;
                     }
-                    if let Some(Some(snap)) = touched.get_mut(&lease.pool.clone())
+                    if let Some(Some(snap)) = touched.get_mut(&lease.pool)
                         && let Err(e) = snap.insert(lease)
                     {
                         errors.push(e);

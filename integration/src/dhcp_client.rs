@@ -203,6 +203,18 @@ pub fn udhcpc(vm: &Netns, dir: &Path, extra: &[&str]) -> std::process::Output {
     cmd.output().unwrap()
 }
 
+/// [`udhcpc`], which must succeed (its stderr shown if not); returns the `bound` event's
+/// environment (the lease's values as udhcpc hands them to its script).
+pub fn udhcpc_bound(vm: &Netns, dir: &Path, extra: &[&str]) -> BTreeMap<String, String> {
+    let out = udhcpc(vm, dir, extra);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    wait_event(dir, "bound", 0, Duration::from_secs(1))
+}
+
 /// An HTTP GET run inside `ns`: (status, body); `None` when there is no answer at all (nothing
 /// listening, timeout).
 pub fn try_http_get(lab: &Lab, ns: &Netns, url: &str) -> Option<(u16, String)> {

@@ -12,7 +12,7 @@ use std::time::Duration;
 use serde_json::{Value, json};
 use vmdhcp_integration::dhcp_client::{
     dhclient_lease, events, hook_script, http_get, start_dhclient, start_dhclient_configuring,
-    start_dhcpcd, udhcpc, wait_event, wait_for,
+    start_dhcpcd, udhcpc, udhcpc_bound, wait_event, wait_for,
 };
 use vmdhcp_integration::netns::{Lab, Netns};
 
@@ -269,21 +269,11 @@ fn pool_a_named(lease_seconds: u32, host_name: &str) -> Value {
 
 #[test]
 fn the_host_name_arrives_and_a_rename_reaches_the_next_renewal() {
-    let mut rig = rig();
-    let vm = rig.vm("vm", "srv0", MAC_1);
-    rig.lab.address(&rig.srv, "srv0", "192.0.2.1/24").unwrap();
-    rig.start(&[pool_a_named(6, "vm-1")]);
-    rig.wait_serving(&["srv0"]);
+    let (mut rig, vm) = serving(&[pool_a_named(6, "vm-1")]);
 
     // udhcpc asks for option 12 by default.
     let dir = tempfile::tempdir().unwrap();
-    let out = udhcpc(&vm, dir.path(), &[]);
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let bound = wait_event(dir.path(), "bound", 0, Duration::from_secs(1));
+    let bound = udhcpc_bound(&vm, dir.path(), &[]);
     assert_eq!(bound["hostname"], "vm-1");
 
     // dhclient too (its default request list has host-name); a rename reaches its next ACK.
@@ -421,17 +411,11 @@ fn a_secondary_network_client_gets_the_routes_and_mtu_but_no_default_route() {
 
     // udhcpc, asking for 121, 249 and 26 by name.
     let dir = tempfile::tempdir().unwrap();
-    let out = udhcpc(
+    let bound = udhcpc_bound(
         &vm,
         dir.path(),
         &["-O", "staticroutes", "-O", "msstaticroutes", "-O", "mtu"],
     );
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let bound = wait_event(dir.path(), "bound", 0, Duration::from_secs(1));
     assert_eq!(bound["ip"], IP_1);
     assert_eq!(bound["mtu"], "1450");
     assert_eq!(bound["staticroutes"], "10.96.0.0/12 192.0.2.254");
@@ -495,13 +479,7 @@ fn udhcpc_gets_its_reservation_with_exact_options_and_renews() {
     rig.wait_serving(&["srv0"]);
 
     let dir = tempfile::tempdir().unwrap();
-    let out = udhcpc(&vm, dir.path(), &[]);
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let bound = wait_event(dir.path(), "bound", 0, Duration::from_secs(1));
+    let bound = udhcpc_bound(&vm, dir.path(), &[]);
     assert_eq!(bound["ip"], IP_1);
     assert_eq!(bound["subnet"], "255.255.255.0");
     assert_eq!(bound["mask"], "24");
@@ -1008,16 +986,7 @@ fn configure_interfaces_sets_exactly_the_server_address_idempotently_and_undoes_
     assert!(log.contains("interface nosuch0 does not exist"), "{log}");
 
     let dir = tempfile::tempdir().unwrap();
-    let out = udhcpc(&vm, dir.path(), &[]);
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    assert_eq!(
-        wait_event(dir.path(), "bound", 0, Duration::from_secs(1))["ip"],
-        IP_1
-    );
+    assert_eq!(udhcpc_bound(&vm, dir.path(), &[])["ip"], IP_1);
 
     // Stopping removes the server address.
     Command::new("kill")
