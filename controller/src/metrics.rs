@@ -74,6 +74,7 @@ pub struct Metrics {
     allocations: Family<AllocationLabels, Counter>,
     stream_clients: Gauge,
     index_revision: Gauge,
+    index_pools_examined: Counter,
     leader: Gauge,
     pool_series: Mutex<HashMap<String, PoolLabels>>,
     vmnetcfg_series: Mutex<HashMap<String, BTreeSet<VmnetcfgLabels>>>,
@@ -147,6 +148,13 @@ impl Default for Metrics {
             "Latest revision of the index the config stream serves",
             index_revision.clone(),
         );
+        let index_pools_examined = Counter::default();
+        registry.register(
+            "vmdhcpcontroller_index_pools_examined",
+            "IPPools the index sync looked at: one per pool change, every pool after a relist or \
+             when the set of served pools changes",
+            index_pools_examined.clone(),
+        );
         let leader = Gauge::default();
         registry.register(
             "vmdhcpcontroller_leader",
@@ -159,6 +167,7 @@ impl Default for Metrics {
             allocations,
             stream_clients,
             index_revision,
+            index_pools_examined,
             leader,
             ippool_used,
             ippool_available,
@@ -253,6 +262,11 @@ impl Metrics {
         for labels in configs.values().flatten() {
             self.vmnetcfg_status.remove(labels);
         }
+    }
+
+    /// Counts `n` IPPools the index sync looked at.
+    pub fn index_pools_examined(&self, n: u64) {
+        self.index_pools_examined.inc_by(n);
     }
 
     /// Counts one reconcile, by `result` (`ok`, `error`, `not_leader`: leadership was lost

@@ -1,7 +1,7 @@
 //! The controller's cost per change, counted rather than timed, at a modest size (1 000 VMs on
 //! 20 pools, the controller in process against the real kube-apiserver): one more VM costs the
-//! same number of reconciles and API calls with 1 000 VMs around it as with none, and a restart
-//! on a converged cluster writes nothing to the API.
+//! same number of reconciles, API calls and pools examined by the index sync with 1 000 VMs
+//! around it as with none, and a restart on a converged cluster writes nothing to the API.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::print_stdout)]
 
 use std::collections::BTreeMap;
@@ -85,8 +85,20 @@ async fn quiet(cp: &ControlPlane) {
     .await;
 }
 
+/// What one more VM cost.
+struct Cost {
+    /// Reconciles, by controller.
+    reconciles: BTreeMap<String, f64>,
+    /// API calls, by (verb, resource), but the test's own.
+    calls: BTreeMap<(String, String), f64>,
+    /// IPPools the index sync looked at.
+    pools_examined: f64,
+}
+
+const EXAMINED: &str = "vmdhcpcontroller_index_pools_examined_total";
+
 /// Creates one VM on pool 0 and waits for its config to be Allocated and its address to be in
-/// the pool's status; returns (reconciles by controller, API calls) that took.
+/// the pool's status; returns what that took.
 async fn one_more_vm(
     cp: &ControlPlane,
     client: &Client,
@@ -94,9 +106,10 @@ async fn one_more_vm(
     controller: &InProcess,
     name: &str,
     n: usize,
-) -> (BTreeMap<String, f64>, BTreeMap<(String, String), f64>) {
+) -> Cost {
     quiet(cp).await;
     let reconciles_before = controller.reconciles();
+    let examined_before = controller.sum(EXAMINED);
     let calls_before = cp.requests().unwrap();
     let vms: Api<DynamicObject> = Api::namespaced_with(client.clone(), ns, &vm_resource());
     vms.create(&PostParams::default(), &vm(name, 0, n))
@@ -161,7 +174,11 @@ async fn one_more_vm(
         .map(|(k, v)| (k.clone(), v - calls_before.get(k).copied().unwrap_or(0.0)))
         .filter(|(_, d)| *d > 0.0)
         .collect();
-    (delta, calls)
+    Cost {
+        reconciles: delta,
+        calls,
+        pools_examined: controller.sum(EXAMINED) - examined_before,
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -216,7 +233,7 @@ async fn one_vm_costs_the_same_at_any_size_and_a_restart_writes_nothing() {
     .await;
 
     // One VM on an empty cluster: the reference cost.
-    let (small, small_calls) = one_more_vm(&cp, &client, &ns, &controller, "first", 0).await;
+    let small = one_more_vm(&cp, &client, &ns, &controller, "first", 0).await;
 
     // 1 000 VMs, 50 per pool.
     let vms: Api<DynamicObject> = Api::namespaced_with(client.clone(), &ns, &vm_resource());
@@ -244,20 +261,35 @@ async fn one_vm_costs_the_same_at_any_size_and_a_restart_writes_nothing() {
     .await;
 
     // One more VM among 1 000.
-    let (big, big_calls) =
-        one_more_vm(&cp, &client, &ns, &controller, "last", VMS_PER_POOL + 1).await;
-    println!("one VM on an empty cluster: reconciles {small:?}, API calls {small_calls:?}");
-    println!("one VM among {total}: reconciles {big:?}, API calls {big_calls:?}");
+    let big = one_more_vm(&cp, &client, &ns, &controller, "last", VMS_PER_POOL + 1).await;
+    for (what, cost) in [
+        ("on an empty cluster", &small),
+        (&format!("among {total}"), &big),
+    ] {
+        println!(
+            "one VM {what}: reconciles {:?}, API calls {:?}, pools examined by the index sync {}",
+            cost.reconciles, cost.calls, cost.pools_examined
+        );
+    }
     let sum = |m: &BTreeMap<String, f64>| m.values().sum::<f64>();
-    let (small_calls, big_calls): (f64, f64) =
-        (small_calls.values().sum(), big_calls.values().sum());
     assert!(
-        sum(&big) <= sum(&small) * 2.0 + 4.0,
-        "one VM among {total} took {big:?} reconciles, on an empty cluster {small:?}"
+        sum(&big.reconciles) <= sum(&small.reconciles) * 2.0 + 4.0,
+        "one VM among {total} took {:?} reconciles, on an empty cluster {:?}",
+        big.reconciles,
+        small.reconciles
     );
+    let (small_calls, big_calls): (f64, f64) =
+        (small.calls.values().sum(), big.calls.values().sum());
     assert!(
         big_calls <= small_calls * 2.0 + 4.0,
         "one VM among {total} took {big_calls} API calls, on an empty cluster {small_calls}"
+    );
+    // Its pool's status changes (a write or two): the index looks at that pool, not all 20.
+    assert!(
+        big.pools_examined <= small.pools_examined * 2.0 + 2.0 && big.pools_examined < POOLS as f64,
+        "one VM among {total} made the index sync examine {} pools, on an empty cluster {}",
+        big.pools_examined,
+        small.pools_examined
     );
 
     // A restart on the converged cluster: every object reconciled again, nothing written.

@@ -3,8 +3,10 @@
 //!
 //! - this module: the [`Index`] itself (revisions, history, snapshots and deltas);
 //! - [`sync`]: IPPool status → index, on every replica, leader or not;
-//! - [`shared_watch`]: one watch and cache feeding several controllers' triggers;
-//! - [`mac_claims`]: which config holds each MAC on each network, kept per config event.
+//! - [`shared_watch`]: one watch and cache per kind, feeding every reader in the process;
+//! - [`caches`]: the process's shared watches of IPPools and configs;
+//! - [`configs`]: which config holds each MAC on each network, and which configs a pool write
+//!   concerns, kept per config event.
 //!
 //! It must not reach into the reconcilers or the gRPC layer: both depend on it, not the reverse.
 //!
@@ -28,7 +30,8 @@ use tokio::sync::watch;
 use vmdhcp_core::pool::{Binding, Lease, PoolConfig, PoolDelta};
 use vmdhcp_core::{MacAddr, NamespacedName};
 
-pub mod mac_claims;
+pub mod caches;
+pub mod configs;
 pub mod shared_watch;
 pub mod sync;
 

@@ -1,92 +1,231 @@
-//! One watch feeding several controllers.
+//! One watch and cache per kind, feeding everything in the process that reads that kind.
 //!
-//! The VM controller and the config controller both react to VirtualMachines, and three triggers
-//! react to IPPools. With a watch each, the API server sends every event several times, and —
-//! worse — a reconciler woken by one watch may read a cache fed by another that has not seen the
-//! event yet (a config reconciled for a deleted VM finds the VM still in the VM controller's cache
-//! and is kept). [`watch`] runs one watch into one cache and hands every object, after the cache
-//! has applied it, to each subscriber's trigger stream. Deletions are handed on too (kube's own
-//! shared-store dispatcher forwards only applied objects).
+//! Every replica keeps the IPPools (for the index it serves to agents and for the webhook) and
+//! the configs (for the webhook); the leader's reconcilers react to both, and its VM and config
+//! controllers to VirtualMachines. With a watch each, the API server sends every event several
+//! times, the process holds several copies of every object, and — worse — a reconciler woken by
+//! one watch may read a cache fed by another that has not seen the event yet (a config
+//! reconciled for a deleted VM finds the VM still in the VM controller's cache and is kept).
+//!
+//! A [`SharedWatch`] runs one watch into one cache and hands every change, after the cache has
+//! applied it, to each subscriber: [`SharedWatch::subscribe`] for a consumer that needs to tell
+//! changes, deletions and relists apart (the index sync), [`SharedWatch::trigger`] for a
+//! controller's trigger stream. Subscribers come and go (a leadership term subscribes when it
+//! starts and is dropped when it ends); a trigger starts with every cached object, so a term that
+//! starts after the initial list still reconciles everything. Cached objects lose their
+//! `managedFields`, which nothing here reads (they are often the larger part of an object).
+//!
+//! Readiness is this module's own ([`SharedWatch::ready`]): kube's `Store::wait_until_ready`
+//! wakes only its most recent waiter, which the controllers reading the store already are.
 
 use std::fmt::Debug;
 use std::future::Future;
 use std::hash::Hash;
+use std::sync::{Arc, Mutex, PoisonError};
 
+use futures_util::stream::BoxStream;
 use futures_util::{Stream, StreamExt};
 use kube::api::Api;
 use kube::runtime::reflector::{self, Store};
 use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Resource, ResourceExt};
 use serde::de::DeserializeOwned;
-use tokio::sync::mpsc;
+use tokio::sync::{mpsc, watch};
 use tokio_stream::wrappers::ReceiverStream;
 use tracing::warn;
 
-/// How many objects may wait for a slow subscriber before the watch waits for it.
+/// How many changes may wait for a slow subscriber before the watch waits for it.
 const BUFFER: usize = 256;
 
 /// A trigger stream for [`kube::runtime::Controller::for_stream`] or `watches_stream`.
-pub type Trigger<K> = ReceiverStream<Result<K, watcher::Error>>;
+pub type Trigger<K> = BoxStream<'static, Result<K, watcher::Error>>;
 
-/// Starts one watch of `api` shared by `N` subscribers: returns the cache, the future that drives
-/// the watch (poll it alongside the controllers) and one trigger stream per subscriber. Cached
-/// objects lose their `managedFields`, which nothing here reads (they are often the larger part
-/// of an object).
-pub fn watch<K, const N: usize>(
-    api: Api<K>,
-    dyntype: <K as Resource>::DynamicType,
-    config: watcher::Config,
-) -> (Store<K>, impl Future<Output = ()> + Send, [Trigger<K>; N])
-where
-    K: Resource + Clone + Debug + DeserializeOwned + Send + Sync + 'static,
-    <K as Resource>::DynamicType: Clone + Eq + Hash + Send + Sync,
-{
-    let kind = K::kind(&dyntype).into_owned();
-    let writer = reflector::store::Writer::new(dyntype);
-    let store = writer.as_reader();
-    let touched = watcher(api, config)
-        .default_backoff()
-        .modify(|o| o.managed_fields_mut().clear())
-        .reflect(writer)
-        .touched_objects();
-    let (drive, triggers) = fan_out(touched, kind);
-    (store, drive, triggers)
+/// What a subscriber is told, always after the cache has applied it.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Touch<K> {
+    /// Created or changed; also each object of a (re)list.
+    Applied(K),
+    /// Deleted.
+    Deleted(K),
+    /// A (re)list is complete: the cache now holds exactly the listed objects. Objects deleted
+    /// while the watch was down are not announced one by one; a consumer that must forget them
+    /// compares against the cache here.
+    Listed,
 }
 
-/// Hands each object of `source` to every subscriber in order, waiting for room in each (a slow
-/// subscriber slows the source rather than losing objects). Errors are logged here, not
-/// forwarded: the source retries by itself and the subscribers need not each report them. A
-/// subscriber that has gone away is skipped.
-fn fan_out<K, E, S, const N: usize>(
-    source: S,
-    kind: String,
-) -> (impl Future<Output = ()> + Send, [Trigger<K>; N])
+type Subscribers<K> = Arc<Mutex<Vec<mpsc::Sender<Touch<K>>>>>;
+
+/// One watch of a kind, its cache, and whoever subscribed to its changes. Cheap to clone.
+pub struct SharedWatch<K: Resource + 'static>
 where
+    K::DynamicType: Hash + Eq,
+{
+    store: Store<K>,
+    subscribers: Subscribers<K>,
+    ready: watch::Receiver<bool>,
+}
+
+impl<K: Resource + 'static> Clone for SharedWatch<K>
+where
+    K::DynamicType: Clone + Hash + Eq,
+{
+    fn clone(&self) -> Self {
+        SharedWatch {
+            store: self.store.clone(),
+            subscribers: self.subscribers.clone(),
+            ready: self.ready.clone(),
+        }
+    }
+}
+
+impl<K> SharedWatch<K>
+where
+    K: Resource + Clone + Debug + DeserializeOwned + Send + Sync + 'static,
+    K::DynamicType: Clone + Eq + Hash + Send + Sync,
+{
+    /// Starts the watch of `api`: returns the handle and the future that drives the watch (poll
+    /// or spawn it; it never ends on its own).
+    pub fn start(
+        api: Api<K>,
+        dyntype: K::DynamicType,
+        config: watcher::Config,
+    ) -> (Self, impl Future<Output = ()> + Send) {
+        Self::start_observed(api, dyntype, config, |_| {})
+    }
+
+    /// As [`SharedWatch::start`], with `observe` called on every event before the cache and the
+    /// subscribers see it (to keep an index of the objects in step with the cache).
+    pub fn start_observed(
+        api: Api<K>,
+        dyntype: K::DynamicType,
+        config: watcher::Config,
+        observe: impl Fn(&watcher::Event<K>) + Send + 'static,
+    ) -> (Self, impl Future<Output = ()> + Send) {
+        let kind = K::kind(&dyntype).into_owned();
+        let writer = reflector::store::Writer::new(dyntype);
+        let store = writer.as_reader();
+        let events = watcher(api, config)
+            .default_backoff()
+            .modify(|o| o.managed_fields_mut().clear())
+            .map(move |event| {
+                if let Ok(event) = &event {
+                    observe(event);
+                }
+                event
+            })
+            .reflect(writer);
+        let subscribers = Subscribers::default();
+        let (ready_tx, ready) = watch::channel(false);
+        let drive = fan_out(events, subscribers.clone(), ready_tx, kind);
+        (
+            SharedWatch {
+                store,
+                subscribers,
+                ready,
+            },
+            drive,
+        )
+    }
+}
+
+impl<K> SharedWatch<K>
+where
+    K: Resource + Clone + Send + Sync + 'static,
+    K::DynamicType: Clone + Eq + Hash,
+{
+    /// The cache.
+    pub fn store(&self) -> Store<K> {
+        self.store.clone()
+    }
+
+    /// Resolves once the first list is in the cache (at once after that). Any number of tasks
+    /// may wait.
+    pub fn ready(&self) -> impl Future<Output = ()> + Send + 'static {
+        let mut ready = self.ready.clone();
+        async move {
+            // Err: the watch is gone, and with it any hope of readiness; waiters are not stuck
+            // on it (they are stopping too).
+            let _ = ready.wait_for(|r| *r).await;
+        }
+    }
+
+    /// Whether the first list is in the cache.
+    pub fn is_ready(&self) -> bool {
+        *self.ready.borrow()
+    }
+
+    /// Every change from now on, in order.
+    pub fn subscribe(&self) -> ReceiverStream<Touch<K>> {
+        let (sender, receiver) = mpsc::channel(BUFFER);
+        lock(&self.subscribers).push(sender);
+        ReceiverStream::new(receiver)
+    }
+
+    /// A controller trigger: every cached object, then every object changed or deleted from now
+    /// on. (An object may come twice around the moment of subscribing; triggers are idempotent.)
+    pub fn trigger(&self) -> Trigger<K> {
+        // Subscribed first: whatever the cache applies after the snapshot below is sent live.
+        let live = self.subscribe().filter_map(|touch| async move {
+            match touch {
+                Touch::Applied(o) | Touch::Deleted(o) => Some(Ok(o)),
+                Touch::Listed => None,
+            }
+        });
+        let cached: Vec<Result<K, watcher::Error>> = self
+            .store
+            .state()
+            .into_iter()
+            .map(|o| Ok(o.as_ref().clone()))
+            .collect();
+        futures_util::stream::iter(cached).chain(live).boxed()
+    }
+}
+
+fn lock<K>(subscribers: &Subscribers<K>) -> std::sync::MutexGuard<'_, Vec<mpsc::Sender<Touch<K>>>> {
+    // Only whole senders are pushed or removed under the lock: nothing can be left torn.
+    subscribers.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+/// Hands each event of `source` (already applied to the cache) to every subscriber in order,
+/// waiting for room in each (a slow subscriber slows the watch rather than losing changes), and
+/// flips `ready` at the end of the first list. Errors are logged here, not forwarded: the watch
+/// retries by itself and the subscribers need not each report them. A subscriber that has gone
+/// away is dropped from the list.
+async fn fan_out<K, E, S>(
+    source: S,
+    subscribers: Subscribers<K>,
+    ready: watch::Sender<bool>,
+    kind: String,
+) where
     K: Clone + Send + 'static,
     E: std::fmt::Display + Send,
-    S: Stream<Item = Result<K, E>> + Send + 'static,
+    S: Stream<Item = Result<watcher::Event<K>, E>> + Send + 'static,
 {
-    let mut senders = Vec::with_capacity(N);
-    let triggers = std::array::from_fn(|_| {
-        let (sender, receiver) = mpsc::channel(BUFFER);
-        senders.push(sender);
-        ReceiverStream::new(receiver)
-    });
-    let drive = async move {
-        let mut source = std::pin::pin!(source);
-        while let Some(item) = source.next().await {
-            match item {
-                Ok(obj) => {
-                    for sender in &senders {
-                        // Err: that subscriber has stopped; the others go on.
-                        let _ = sender.send(Ok(obj.clone())).await;
-                    }
-                }
-                Err(error) => warn!(%kind, %error, "watch failed; retrying"),
+    let mut source = std::pin::pin!(source);
+    while let Some(event) = source.next().await {
+        let touch = match event {
+            Ok(watcher::Event::Apply(o) | watcher::Event::InitApply(o)) => Touch::Applied(o),
+            Ok(watcher::Event::Delete(o)) => Touch::Deleted(o),
+            Ok(watcher::Event::InitDone) => {
+                ready.send_replace(true);
+                Touch::Listed
             }
+            Ok(watcher::Event::Init) => continue,
+            Err(error) => {
+                warn!(%kind, %error, "watch failed; retrying");
+                continue;
+            }
+        };
+        let senders = lock(&subscribers).clone();
+        let mut gone = false;
+        for sender in &senders {
+            // Err: that subscriber has stopped; the others go on.
+            gone |= sender.send(touch.clone()).await.is_err();
         }
-    };
-    (drive, triggers)
+        if gone {
+            lock(&subscribers).retain(|s| !s.is_closed());
+        }
+    }
 }
 
 #[cfg(test)]
@@ -107,52 +246,106 @@ mod tests {
         }
     }
 
-    fn names<K: Resource>(items: Vec<Result<K, watcher::Error>>) -> Vec<String> {
-        items
-            .into_iter()
-            .map(|i| {
-                i.map(|o| o.meta().name.clone().unwrap_or_default())
-                    .unwrap_or_default()
-            })
-            .collect()
+    fn name(o: &ConfigMap) -> String {
+        o.meta().name.clone().unwrap_or_default()
+    }
+
+    /// A shared watch over events the test sends: the handle, the sender, the driver task.
+    type Fed = (
+        SharedWatch<ConfigMap>,
+        mpsc::Sender<Result<watcher::Event<ConfigMap>, watcher::Error>>,
+        tokio::task::JoinHandle<()>,
+    );
+
+    /// A shared watch fed by the test instead of an API server (nothing else differs: the cache,
+    /// the fan-out and the readiness are the module's own).
+    fn fed() -> Fed {
+        let (store, writer) = reflector::store::<ConfigMap>();
+        let (events, rx) = mpsc::channel(1);
+        let source = ReceiverStream::new(rx).reflect(writer);
+        let subscribers = Subscribers::default();
+        let (ready_tx, ready) = watch::channel(false);
+        let driver = tokio::spawn(fan_out(
+            source,
+            subscribers.clone(),
+            ready_tx,
+            "ConfigMap".into(),
+        ));
+        let shared = SharedWatch {
+            store,
+            subscribers,
+            ready,
+        };
+        (shared, events, driver)
+    }
+
+    async fn send(
+        events: &mpsc::Sender<Result<watcher::Event<ConfigMap>, watcher::Error>>,
+        e: watcher::Event<ConfigMap>,
+    ) {
+        events.send(Ok(e)).await.unwrap_or_default();
+    }
+
+    fn describe(t: &Touch<ConfigMap>) -> String {
+        match t {
+            Touch::Applied(o) => format!("+{}", name(o)),
+            Touch::Deleted(o) => format!("-{}", name(o)),
+            Touch::Listed => "listed".into(),
+        }
     }
 
     #[tokio::test]
-    async fn every_subscriber_gets_every_object_in_order_and_errors_stay_here() {
-        let source =
-            futures_util::stream::iter(vec![Ok(cm("a")), Err("boom"), Ok(cm("b")), Ok(cm("c"))]);
-        let (drive, [one, two]) = fan_out::<_, _, _, 2>(source, "ConfigMap".into());
-        drive.await;
-        assert_eq!(names(one.collect().await), ["a", "b", "c"]);
-        assert_eq!(names(two.collect().await), ["a", "b", "c"]);
-    }
-
-    #[tokio::test]
-    async fn a_subscriber_that_stopped_does_not_stop_the_others() {
-        // More objects than a channel holds: the driver must keep going for the reader it has.
-        let total = 2 * BUFFER;
-        let source =
-            futures_util::stream::iter((0..total).map(|i| Ok::<_, String>(cm(&i.to_string()))));
-        let (drive, [gone, kept]) = fan_out::<_, _, _, 2>(source, "ConfigMap".into());
-        drop(gone);
-        let driver = tokio::spawn(drive);
-        assert_eq!(kept.collect::<Vec<_>>().await.len(), total);
+    async fn every_subscriber_gets_every_change_in_order_and_errors_stay_here() {
+        let (shared, events, driver) = fed();
+        let (one, two) = (shared.subscribe(), shared.subscribe());
+        assert!(!shared.is_ready());
+        send(&events, watcher::Event::Init).await;
+        send(&events, watcher::Event::InitApply(cm("a"))).await;
+        send(&events, watcher::Event::InitDone).await;
+        events
+            .send(Err(watcher::Error::NoResourceVersion))
+            .await
+            .unwrap_or_default();
+        send(&events, watcher::Event::Apply(cm("b"))).await;
+        send(&events, watcher::Event::Delete(cm("a"))).await;
+        drop(events);
         driver.await.unwrap();
+        assert!(shared.is_ready());
+        shared.ready().await;
+        let want = ["+a", "listed", "+b", "-a"];
+        drop(shared);
+        assert_eq!(one.map(|t| describe(&t)).collect::<Vec<_>>().await, want);
+        assert_eq!(two.map(|t| describe(&t)).collect::<Vec<_>>().await, want);
     }
 
-    /// The race this module exists for: when a subscriber sees an object, the shared cache has
-    /// already applied that event — a deletion included. The test hands the watch one event at a
-    /// time and looks at the cache when the subscriber receives it, before sending the next.
+    #[tokio::test]
+    async fn a_subscriber_that_stopped_does_not_stop_the_others_and_is_forgotten() {
+        let (shared, events, driver) = fed();
+        let gone = shared.subscribe();
+        let kept = shared.subscribe();
+        drop(gone);
+        // More changes than a channel holds: the driver must keep going for the reader it has.
+        let total = 2 * BUFFER;
+        let reader = tokio::spawn(kept.count());
+        for i in 0..total {
+            send(&events, watcher::Event::Apply(cm(&i.to_string()))).await;
+        }
+        drop(events);
+        driver.await.unwrap();
+        assert_eq!(lock(&shared.subscribers).len(), 1);
+        drop(shared);
+        assert_eq!(reader.await.unwrap(), total);
+    }
+
+    /// The race this module exists for: when a subscriber sees a change, the shared cache has
+    /// already applied it — a deletion included. The test hands the watch one event at a time
+    /// and looks at the cache when the subscriber receives it, before sending the next.
     #[tokio::test]
     async fn the_cache_has_applied_an_event_before_subscribers_see_it() {
-        let (store, writer) = reflector::store::<ConfigMap>();
-        let (events, rx) = mpsc::channel::<Result<watcher::Event<ConfigMap>, watcher::Error>>(1);
-        let touched = ReceiverStream::new(rx).reflect(writer).touched_objects();
-        let (drive, [trigger]) = fan_out::<_, _, _, 1>(touched, "ConfigMap".into());
-        let driver = tokio::spawn(drive);
-        let mut trigger = std::pin::pin!(trigger);
+        let (shared, events, driver) = fed();
+        let mut trigger = shared.trigger();
         for e in [watcher::Event::Init, watcher::Event::InitDone] {
-            events.send(Ok(e)).await.unwrap_or_default();
+            send(&events, e).await;
         }
         let key = ObjectRef::from_obj(&cm("a"));
         for (event, cached) in [
@@ -160,12 +353,35 @@ mod tests {
             (watcher::Event::Delete(cm("a")), false),
             (watcher::Event::Apply(cm("a")), true),
         ] {
-            events.send(Ok(event)).await.unwrap_or_default();
+            send(&events, event).await;
             let seen = trigger.next().await;
             assert!(matches!(seen, Some(Ok(_))), "{seen:?}");
-            assert_eq!(store.get(&key).is_some(), cached);
+            assert_eq!(shared.store().get(&key).is_some(), cached);
         }
         drop(events);
-        driver.await.unwrap_or_default();
+        driver.await.unwrap();
+    }
+
+    /// A leadership term subscribes long after the first list: its trigger starts with what is
+    /// cached, then carries on live.
+    #[tokio::test]
+    async fn a_late_trigger_starts_with_the_cache_then_goes_live() {
+        let (shared, events, driver) = fed();
+        send(&events, watcher::Event::Init).await;
+        send(&events, watcher::Event::InitApply(cm("a"))).await;
+        send(&events, watcher::Event::InitApply(cm("b"))).await;
+        send(&events, watcher::Event::InitDone).await;
+        shared.ready().await;
+        let trigger = shared.trigger();
+        send(&events, watcher::Event::Apply(cm("c"))).await;
+        drop(events);
+        driver.await.unwrap();
+        drop(shared);
+        let mut seen: Vec<String> = trigger
+            .map(|o| o.map(|o| name(&o)).unwrap_or_default())
+            .collect()
+            .await;
+        seen.sort();
+        assert_eq!(seen, ["a", "b", "c"]);
     }
 }

@@ -59,7 +59,7 @@ pub struct Context {
     /// Which config owns each MAC on each pool (claims made in this term).
     pub mac_owners: MacOwners,
     /// Which config's status holds each MAC on each network (kept from the configs' watch).
-    pub mac_claims: Arc<crate::index::mac_claims::MacClaims>,
+    pub config_index: Arc<crate::index::configs::ConfigIndex>,
     /// What agents report over the config stream (feeds `AgentReady`).
     pub reports: Arc<crate::reports::Reports>,
     /// Set by the bootstrap writer while the agent Deployment is missing.

@@ -467,7 +467,9 @@ impl NicFacts for CacheFacts<'_> {
     }
 
     fn claimed_elsewhere(&self, network: &NamespacedName, mac: MacAddr) -> Option<NamespacedName> {
-        self.ctx.mac_claims.claimed_elsewhere(network, mac, self.me)
+        self.ctx
+            .config_index
+            .claimed_elsewhere(network, mac, self.me)
     }
 }
 

@@ -14,9 +14,6 @@ use std::time::Duration;
 
 use futures_util::StreamExt;
 use kube::Client;
-use kube::api::Api;
-use kube::runtime::reflector;
-use kube::runtime::{WatchStreamExt, watcher};
 use tokio::net::TcpListener;
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
@@ -26,6 +23,8 @@ use vmdhcp_core::crd::IPPool;
 use crate::causes::TraceCauses;
 use crate::http::HttpState;
 use crate::index::Index;
+use crate::index::caches::Caches;
+use crate::index::shared_watch::{SharedWatch, Touch};
 use crate::index::sync::IndexSync;
 use crate::ipam::Ipam;
 use crate::metrics::Metrics;
@@ -100,29 +99,45 @@ async fn stopped(mut stop: watch::Receiver<bool>) {
     let _ = stop.wait_for(|s| *s).await;
 }
 
-/// Feeds the index from the IPPool watch (every replica); flips `ready` after the first sync.
+/// Feeds the index from the shared IPPool watch (every replica); flips `ready` after the first
+/// full pass. After a (re)list the whole cache is compared; each later change costs only its own
+/// pool ([`IndexSync::changed`]).
 async fn sync_index(
-    client: Client,
+    pools: SharedWatch<IPPool>,
     index: Arc<Index>,
     causes: Arc<TraceCauses>,
+    metrics: Arc<Metrics>,
     ready: watch::Sender<bool>,
 ) {
-    let (reader, writer) = reflector::store::<IPPool>();
+    let store = pools.store();
     let mut sync = IndexSync::with_causes(index, causes);
-    let stream = reflector::reflector(
-        writer,
-        watcher(Api::<IPPool>::all(client), watcher::Config::default()).default_backoff(),
-    );
-    let mut stream = std::pin::pin!(stream);
-    while let Some(event) = stream.next().await {
-        match event {
-            Ok(watcher::Event::InitDone | watcher::Event::Apply(_) | watcher::Event::Delete(_)) => {
-                sync.sync(&reader.state());
+    let mut counted = 0;
+    // Subscribed before looking at readiness: a list completed before this point is in the
+    // cache now, one completed after it is announced below.
+    let mut touches = pools.subscribe();
+    if pools.is_ready() {
+        sync.sync(&store.state());
+        ready.send_replace(true);
+        metrics.index_pools_examined(sync.examined());
+        counted = sync.examined();
+    }
+    while let Some(touch) = touches.next().await {
+        match touch {
+            Touch::Listed => {
+                sync.sync(&store.state());
                 ready.send_replace(true);
             }
-            Ok(_) => {}
-            Err(e) => warn!(error = %e, "IPPool watch failed; retrying"),
+            // Before the first list the full pass above (or at `Listed`) reads everything.
+            Touch::Applied(_) | Touch::Deleted(_) if !*ready.borrow() => {}
+            Touch::Applied(pool) => {
+                sync.changed(&pool, false, || store.state());
+            }
+            Touch::Deleted(pool) => {
+                sync.changed(&pool, true, || store.state());
+            }
         }
+        metrics.index_pools_examined(sync.examined() - counted);
+        counted = sync.examined();
     }
 }
 
@@ -136,7 +151,27 @@ pub async fn run(
     shutdown: watch::Receiver<bool>,
     started: impl FnOnce(Handles),
 ) -> Result<(), RuntimeError> {
+    let (caches, _tasks) = Caches::start(&client);
+    run_with_caches(
+        client, caches, settings, grpc, http, leader, shutdown, started,
+    )
+    .await
+}
+
+/// [`run`] over caches the caller started (and shares, e.g. with the webhook).
+#[allow(clippy::too_many_arguments)]
+pub async fn run_with_caches(
+    client: Client,
+    caches: Caches,
+    settings: Settings,
+    grpc: TcpListener,
+    http: TcpListener,
+    leader: watch::Receiver<bool>,
+    shutdown: watch::Receiver<bool>,
+    started: impl FnOnce(Handles),
+) -> Result<(), RuntimeError> {
     let shared = Shared {
+        caches,
         index: Arc::new(Index::new()),
         reports: Arc::new(Reports::default()),
         metrics: Arc::new(Metrics::default()),
@@ -213,9 +248,10 @@ impl AlwaysOn {
             ]
         });
         let sync = tokio::spawn(sync_index(
-            client.clone(),
+            shared.caches.pools.clone(),
             shared.index.clone(),
             shared.causes.clone(),
+            shared.metrics.clone(),
             ready_tx,
         ));
         AlwaysOn {

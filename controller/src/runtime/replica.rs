@@ -15,6 +15,7 @@ use tracing::{info, warn};
 use vmdhcp_leader::{ElectionConfig, LeaderElector};
 
 use super::{RuntimeError, Settings};
+use crate::index::caches::Caches;
 use crate::security::tls::{ServingCerts, TlsSettings};
 use crate::security::webhook::{self, WebhookError};
 use crate::stream::auth::TokenAuth;
@@ -92,14 +93,18 @@ pub async fn run(
             shutdown.clone(),
         ))
     });
+    // One watch per kind for the whole process: the webhook, the index and the reconcilers read
+    // the same caches.
+    let (caches, _cache_tasks) = Caches::start(&client);
     let webhook_task = match replica.webhook {
-        Some(w) => Some(start_webhook(&client, &certs, w, &shutdown).await?),
+        Some(w) => Some(start_webhook(&client, &caches, &certs, w, &shutdown).await?),
         None => None,
     };
     let grpc = bind(replica.grpc_listen).await?;
     let http = bind(replica.http_listen).await?;
-    super::run(
+    super::run_with_caches(
         client,
+        caches,
         settings,
         grpc,
         http,
@@ -146,6 +151,7 @@ fn stream_security(client: &Client, certs: &Arc<ServingCerts>, access: StreamAcc
 /// Binds the webhook's address and starts serving it (HTTP/2 and HTTP/1.1 over TLS).
 async fn start_webhook(
     client: &Client,
+    caches: &Caches,
     certs: &Arc<ServingCerts>,
     settings: WebhookSettings,
     shutdown: &watch::Receiver<bool>,
@@ -155,6 +161,7 @@ async fn start_webhook(
         listener,
         certs.server_config(&[b"h2", b"http/1.1"]),
         client.clone(),
+        caches.clone(),
         settings.service_cidr,
         shutdown.clone(),
     )))

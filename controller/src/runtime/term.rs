@@ -14,7 +14,7 @@ use kube::api::{Api, DynamicObject};
 use kube::runtime::controller::{Action, Controller};
 use kube::runtime::events::{Recorder, Reporter};
 use kube::runtime::reflector::{self, ObjectRef};
-use kube::runtime::{WatchStreamExt, watcher};
+use kube::runtime::watcher;
 use kube::{Client, ResourceExt};
 use serde::de::DeserializeOwned;
 use tokio::sync::watch;
@@ -26,8 +26,9 @@ use vmdhcp_core::crd::{IPPool, VirtualMachineNetworkConfig};
 use super::{Settings, stopped};
 use crate::causes::TraceCauses;
 use crate::index::Index;
-use crate::index::mac_claims::MacClaims;
-use crate::index::shared_watch::{self, Trigger};
+use crate::index::caches::Caches;
+use crate::index::configs::ConfigIndex;
+use crate::index::shared_watch::{SharedWatch, Trigger};
 use crate::ipam::{Ipam, MacOwners};
 use crate::kinds::{nad_resource, object_ref, store_key, vm_resource};
 use crate::metrics::Metrics;
@@ -86,14 +87,6 @@ impl Backoff {
             .unwrap_or_else(PoisonError::into_inner)
             .remove(key);
     }
-}
-
-/// Whether a config's status says every NIC is allocated.
-fn is_allocated(c: &VirtualMachineNetworkConfig) -> bool {
-    c.status.as_ref().is_some_and(|s| {
-        vmdhcp_core::crd::find_condition(&s.conditions, vmdhcp_core::crd::CONDITION_ALLOCATED)
-            .is_some_and(|a| a.status == "True")
-    })
 }
 
 /// A leadership term's context plus its backoff bookkeeping.
@@ -190,6 +183,7 @@ fn log_outcome<K: kube::Resource, E: std::fmt::Display>(
 /// What every leadership term shares with the replica's always-on parts.
 #[derive(Clone)]
 pub(super) struct Shared {
+    pub(super) caches: Caches,
     pub(super) index: Arc<Index>,
     pub(super) reports: Arc<Reports>,
     pub(super) metrics: Arc<Metrics>,
@@ -207,42 +201,30 @@ pub(super) async fn lead(
     leader: watch::Receiver<bool>,
     stop: watch::Receiver<bool>,
 ) {
-    let wc = watcher::Config::default();
-    // One watch per kind the reconcilers share, so a reconcile woken by an event always reads a
-    // cache that has applied it (see `shared_watch`), and the API server sends each event once.
-    let (pools, pool_watch, [pool_self, pool_siblings, pool_for_cfgs]) =
-        shared_watch::watch(Api::<IPPool>::all(client.clone()), (), wc.clone());
+    // The process's shared watches (see `shared_watch`): a reconcile woken by an event always
+    // reads a cache that has applied it, the API server sends each event once, and a new term
+    // starts from caches that are already full. VMs are watched by the leader only.
+    let shared_caches = shared.caches.clone();
+    let pools = shared_caches.pools.store();
+    let (pool_self, pool_siblings, pool_for_cfgs) = (
+        shared_caches.pools.trigger(),
+        shared_caches.pools.trigger(),
+        shared_caches.pools.trigger(),
+    );
     let vm_api: Api<DynamicObject> = Api::all_with(client.clone(), &vm_resource());
-    let (vms, vm_watch, [vm_self, vm_for_cfgs]) =
-        shared_watch::watch(vm_api, vm_resource(), wc.clone());
+    let (vm_watch, vm_watch_drive) =
+        SharedWatch::start(vm_api, vm_resource(), watcher::Config::default());
+    let vms = vm_watch.store();
+    let (vm_self, vm_for_cfgs) = (vm_watch.trigger(), vm_watch.trigger());
     let pool_ctrl = pool_controller(&client, &pools, pool_self, pool_siblings, &shared.reports)
         .graceful_shutdown_on(stopped(stop.clone()));
-    // The configs' watch also keeps the MAC claims (one lookup per NIC rather than a scan of
-    // every config), updated before the cache and the controller see each event, and drops
-    // managedFields, which nothing here reads.
-    let mac_claims = Arc::new(MacClaims::default());
-    let cfg_writer = reflector::store::Writer::<VirtualMachineNetworkConfig>::default();
-    let cfgs = cfg_writer.as_reader();
-    let cfg_events = {
-        let claims = mac_claims.clone();
-        watcher::watcher(Api::<VirtualMachineNetworkConfig>::all(client.clone()), wc)
-            .default_backoff()
-            .modify(|c| c.managed_fields_mut().clear())
-            .map(move |event| {
-                if let Ok(event) = &event {
-                    claims.observe(event);
-                }
-                event
-            })
-            .reflect(cfg_writer)
-            .applied_objects()
-    };
-    let cfg_ctrl = Controller::for_stream(cfg_events, cfgs.clone());
+    let cfgs = shared_caches.configs.store();
+    let cfg_ctrl = Controller::for_stream(shared_caches.configs.trigger(), cfgs.clone());
     let vm_ctrl = Controller::for_stream_with(vm_self, vms.clone(), vm_resource())
         .graceful_shutdown_on(stopped(stop.clone()));
     let cfg_ctrl = config_triggers(
         cfg_ctrl.graceful_shutdown_on(stopped(stop.clone())),
-        cfgs.clone(),
+        shared_caches.config_index.clone(),
         vm_for_cfgs,
         pool_for_cfgs,
     );
@@ -258,15 +240,11 @@ pub(super) async fn lead(
     };
     let (events, queued_events) = Events::new(EVENT_QUEUE);
     let (caches_tx, caches) = watch::channel(false);
-    // One waiter per store (their own wait wakes only one), then every reconcile may start.
+    // Every reconcile may start once every cache holds its first list.
     let caches_ready = {
-        let (pools, cfgs, vms) = (pools.clone(), cfgs.clone(), vms.clone());
+        let (shared_caches, vms) = (shared_caches.clone(), vm_watch.ready());
         async move {
-            let _ = tokio::join!(
-                pools.wait_until_ready(),
-                cfgs.wait_until_ready(),
-                vms.wait_until_ready()
-            );
+            tokio::join!(shared_caches.ready(), vms);
             caches_tx.send_replace(true);
             debug!("caches filled: reconciles may read them");
         }
@@ -283,7 +261,7 @@ pub(super) async fn lead(
         leader,
         agent: settings.agent.clone(),
         mac_owners: MacOwners::default(),
-        mac_claims,
+        config_index: shared_caches.config_index.clone(),
         reports: shared.reports.clone(),
         agent_deployment_missing: Default::default(),
         causes: shared.causes,
@@ -315,7 +293,7 @@ pub(super) async fn lead(
     };
     tokio::select! {
         () = writers => info!("reconcilers stopped; their writes are finished"),
-        _ = async { tokio::join!(pool_watch, vm_watch, events_task, caches_ready) } => error!("shared watches ended"),
+        _ = async { tokio::join!(vm_watch_drive, events_task, caches_ready) } => error!("the VM watch ended"),
     }
 }
 
@@ -405,10 +383,13 @@ fn pool_controller(
 }
 
 /// The config controller's triggers besides its own watch: the VM it is named after, and the
-/// pools on its networks while it still waits for an address.
+/// pools on its networks while it still waits for an address there, or holds one another host
+/// was found using (it must move off it, or say why it cannot). The others do not depend on the
+/// pool's status, and re-queueing every config on every pool write is quadratic: the configs are
+/// looked up in the [`ConfigIndex`], in time proportional to the answer.
 fn config_triggers(
     ctrl: Controller<VirtualMachineNetworkConfig>,
-    cfgs: reflector::Store<VirtualMachineNetworkConfig>,
+    configs: Arc<ConfigIndex>,
     vms: Trigger<DynamicObject>,
     pools: Trigger<IPPool>,
 ) -> Controller<VirtualMachineNetworkConfig> {
@@ -421,42 +402,20 @@ fn config_triggers(
     )
     .watches_stream(pools, move |pool: IPPool| {
         let ns = pool.namespace().unwrap_or_default();
-        let network = NamespacedName::parse_in(&pool.spec.network_name, &ns).ok();
-        let conflicted = pool
+        let Ok(network) = NamespacedName::parse_in(&pool.spec.network_name, &ns) else {
+            return Vec::new();
+        };
+        let conflicts = pool
             .status
             .as_ref()
             .and_then(|s| s.ipv4.as_ref())
-            .map(|v4| &v4.conflicts);
-        cfgs.state()
             .into_iter()
-            // Only configs still waiting for an address, or holding one another host was found
-            // using: the others do not depend on the pool's status, and re-queueing every
-            // config on every pool write is quadratic.
-            .filter(|c| !is_allocated(c) || holds_conflicted(c, conflicted))
-            .filter(|c| {
-                let cns = c.namespace().unwrap_or_default();
-                c.spec
-                    .network_configs
-                    .iter()
-                    .any(|n| NamespacedName::parse_in(&n.network_name, &cns).ok() == network)
-            })
-            .map(|c| ObjectRef::from_obj(c.as_ref()))
+            .flat_map(|v4| v4.conflicts.keys())
+            .filter_map(|ip| ip.parse().ok());
+        configs
+            .concerned_by_pool(&network, conflicts)
+            .into_iter()
+            .map(|c| store_key::<VirtualMachineNetworkConfig>(&c))
             .collect::<Vec<_>>()
-    })
-}
-
-/// Whether `c`'s status records an address among `conflicts` (a pool's
-/// `status.ipv4.conflicts`): the config must move off it, or say why it cannot.
-fn holds_conflicted(
-    c: &VirtualMachineNetworkConfig,
-    conflicts: Option<&std::collections::BTreeMap<String, vmdhcp_core::crd::AddressConflict>>,
-) -> bool {
-    let Some(conflicts) = conflicts.filter(|c| !c.is_empty()) else {
-        return false;
-    };
-    c.status.iter().flat_map(|s| &s.network_configs).any(|e| {
-        e.allocated_ip_address
-            .as_ref()
-            .is_some_and(|ip| conflicts.contains_key(ip))
     })
 }

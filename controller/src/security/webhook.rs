@@ -3,9 +3,12 @@
 //! [`vmdhcp_core::admission`]'s; this module fetches the cluster facts they need and speaks the
 //! AdmissionReview protocol.
 //!
-//! Facts that must be exact are read from the API server per request (the pools on a network
-//! when a pool is created or changed, the configs using a network when its pool is deleted: both
-//! rare); the hot path (a config per VM) reads reflector caches, as upstream does.
+//! The objects a decision needs come from the process's shared caches ([`Caches`]), looked up by
+//! network through the [`crate::index::configs::ConfigIndex`], so a request costs what its
+//! networks hold, not what the cluster holds; only NetworkAttachmentDefinitions are read per
+//! request. A LIST per request would be no more exact: two requests admitted at the same moment
+//! both pass either way (the API server has no transaction across objects), and the caches trail
+//! etcd by one watch event.
 
 use std::net::Ipv4Addr;
 use std::sync::Arc;
@@ -22,9 +25,6 @@ use hyper_util::service::TowerToHyperService;
 use ipnet::Ipv4Net;
 use kube::api::DynamicObject;
 use kube::core::admission::{AdmissionRequest, AdmissionResponse, AdmissionReview, Operation};
-use kube::runtime::WatchStreamExt;
-use kube::runtime::reflector::{self, Store};
-use kube::runtime::watcher::{self, watcher};
 use kube::{Api, Client, ResourceExt};
 use rustls::ServerConfig;
 use serde_json::{Value, json};
@@ -35,7 +35,8 @@ use vmdhcp_core::NamespacedName;
 use vmdhcp_core::admission::{self, Nad, PoolFacts, VmNetCfgFacts};
 use vmdhcp_core::crd::{IPPool, VirtualMachineNetworkConfig};
 
-use crate::kinds::nad_resource;
+use crate::index::caches::Caches;
+use crate::kinds::{nad_resource, store_key};
 use crate::security::listener::Limits;
 
 /// How long a client may take to send a request's headers.
@@ -87,25 +88,7 @@ pub enum WebhookError {
 pub struct WebhookState {
     client: Client,
     service_cidr: Option<Ipv4Net>,
-    pools: Store<IPPool>,
-    configs: Store<VirtualMachineNetworkConfig>,
-}
-
-/// Keeps a reflector store of `api` filled until aborted.
-async fn cache<K>(api: Api<K>, writer: reflector::store::Writer<K>)
-where
-    K: kube::Resource<DynamicType = ()>
-        + Clone
-        + std::fmt::Debug
-        + serde::de::DeserializeOwned
-        + Send
-        + Sync
-        + 'static,
-{
-    reflector::reflector(writer, watcher(api, watcher::Config::default()))
-        .default_backoff()
-        .for_each(|_| async {})
-        .await;
+    caches: Caches,
 }
 
 /// Serves `/mutate`, `/validate` and `/healthz` over TLS on `listener` until shutdown.
@@ -113,22 +96,15 @@ pub async fn serve(
     listener: TcpListener,
     tls: Arc<ServerConfig>,
     client: Client,
+    caches: Caches,
     service_cidr: Option<Ipv4Net>,
     mut shutdown: watch::Receiver<bool>,
 ) -> Result<(), WebhookError> {
     let addr = listener.local_addr()?;
-    let (pools, pools_writer) = reflector::store();
-    let (configs, configs_writer) = reflector::store();
-    let pool_cache = tokio::spawn(cache(Api::<IPPool>::all(client.clone()), pools_writer));
-    let config_cache = tokio::spawn(cache(
-        Api::<VirtualMachineNetworkConfig>::all(client.clone()),
-        configs_writer,
-    ));
     let state = WebhookState {
         client,
         service_cidr,
-        pools,
-        configs,
+        caches,
     };
     let app = Router::new()
         .route("/mutate", post(mutate))
@@ -172,8 +148,6 @@ pub async fn serve(
     {
         warn!(limit = ?DRAIN, "webhook connections still open at shutdown");
     }
-    pool_cache.abort();
-    config_cache.abort();
     Ok(())
 }
 
@@ -347,20 +321,9 @@ async fn validate_request(
                 Ok(p) => p,
                 Err(reason) => return deny(req, reason),
             };
-            // Exact: a stale cache could let a pool in use be deleted.
-            let users = match Api::<VirtualMachineNetworkConfig>::all(state.client.clone())
-                .list(&Default::default())
-                .await
-            {
-                Ok(list) => list.items,
-                Err(source) => {
-                    let e = WebhookError::Read {
-                        what: "its users".to_owned(),
-                        verb: "listed",
-                        source,
-                    };
-                    return deny(req, e);
-                }
+            let users = match pool_users(state, &old).await {
+                Ok(users) => users,
+                Err(e) => return deny(req, e),
             };
             admission::validate_ippool_delete(&old, &users)
         }
@@ -423,17 +386,54 @@ async fn pool_facts(
     pool: &IPPool,
 ) -> Result<(Option<Nad>, Vec<IPPool>), WebhookError> {
     let nad = get_nad(&state.client, &pool.spec.network_name).await?;
-    // Exact: two pools on one network must not both get in.
-    let pools = Api::<IPPool>::all(state.client.clone())
-        .list(&Default::default())
-        .await
-        .map_err(|source| WebhookError::Read {
-            what: "IPPools".to_owned(),
-            verb: "listed",
-            source,
-        })?
-        .items;
+    caches_ready(state).await?;
+    // Every pool: the decision looks for others on the same network and for overlaps.
+    let pools = state
+        .caches
+        .pools
+        .store()
+        .state()
+        .iter()
+        .map(|p| (**p).clone())
+        .collect();
     Ok((nad, pools))
+}
+
+/// The configs with a NIC on `pool`'s network.
+async fn pool_users(
+    state: &WebhookState,
+    pool: &IPPool,
+) -> Result<Vec<VirtualMachineNetworkConfig>, WebhookError> {
+    caches_ready(state).await?;
+    let ns = pool.namespace().unwrap_or_default();
+    let Ok(network) = NamespacedName::parse_in(&pool.spec.network_name, &ns) else {
+        return Ok(Vec::new());
+    };
+    Ok(configs_on(state, [&network]))
+}
+
+/// The cached configs with a NIC on any of `networks`, each once.
+fn configs_on<'a>(
+    state: &WebhookState,
+    networks: impl IntoIterator<Item = &'a NamespacedName>,
+) -> Vec<VirtualMachineNetworkConfig> {
+    let names: std::collections::BTreeSet<NamespacedName> = networks
+        .into_iter()
+        .flat_map(|n| state.caches.config_index.on_network(n))
+        .collect();
+    let store = state.caches.configs.store();
+    names
+        .iter()
+        .filter_map(|n| store.get(&store_key::<VirtualMachineNetworkConfig>(n)))
+        .map(|c| (*c).clone())
+        .collect()
+}
+
+/// The first decisions after a start wait for the caches rather than decide on empty ones.
+async fn caches_ready(state: &WebhookState) -> Result<(), WebhookError> {
+    tokio::time::timeout(CACHE_WAIT, state.caches.ready())
+        .await
+        .map_err(|_| WebhookError::CachesNotReady)
 }
 
 type ConfigFacts = (Vec<Nad>, Vec<IPPool>, Vec<VirtualMachineNetworkConfig>);
@@ -442,14 +442,7 @@ async fn config_facts(
     state: &WebhookState,
     cfg: &VirtualMachineNetworkConfig,
 ) -> Result<ConfigFacts, WebhookError> {
-    // The first decisions after a start wait for the caches rather than refuse on empty ones.
-    let ready = async {
-        let _ = state.pools.wait_until_ready().await;
-        let _ = state.configs.wait_until_ready().await;
-    };
-    if tokio::time::timeout(CACHE_WAIT, ready).await.is_err() {
-        return Err(WebhookError::CachesNotReady);
-    }
+    caches_ready(state).await?;
     let mut nads = Vec::new();
     for nc in &cfg.spec.network_configs {
         if nads
@@ -470,7 +463,9 @@ async fn config_facts(
         .collect();
     // Only the objects on the same networks: cloning every config per request would not scale.
     let pools = state
+        .caches
         .pools
+        .store()
         .state()
         .iter()
         .filter(|p| {
@@ -488,18 +483,14 @@ async fn config_facts(
         })
         .map(|p| (**p).clone())
         .collect();
-    let configs = state
-        .configs
-        .state()
+    // Only the configs on the same networks, found through the index: a scan of every config
+    // per request (one per VM) would make creating n VMs cost n².
+    let ns = cfg.namespace().unwrap_or_default();
+    let keys: Vec<NamespacedName> = networks
         .iter()
-        .filter(|c| {
-            c.spec
-                .network_configs
-                .iter()
-                .any(|n| networks.contains(&n.network_name.as_str()))
-        })
-        .map(|c| (**c).clone())
+        .filter_map(|n| NamespacedName::parse_in(n, &ns).ok())
         .collect();
+    let configs = configs_on(state, &keys);
     Ok((nads, pools, configs))
 }
 

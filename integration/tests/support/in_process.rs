@@ -62,6 +62,19 @@ impl InProcess {
         vmdhcp_integration::http::get(&self.http.to_string(), "/metrics").unwrap_or_default()
     }
 
+    /// The sum of every series of the counter or gauge `name` (0 when it has none yet).
+    #[allow(dead_code)] // Not every user reads it.
+    pub fn sum(&self, name: &str) -> f64 {
+        self.metrics()
+            .lines()
+            .filter(|l| {
+                l.strip_prefix(name)
+                    .is_some_and(|rest| rest.starts_with(' ') || rest.starts_with('{'))
+            })
+            .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+            .sum()
+    }
+
     /// `vmdhcpcontroller_reconciles_total` by controller (all results summed).
     #[allow(dead_code)] // Not every user reads it.
     pub fn reconciles(&self) -> BTreeMap<String, f64> {

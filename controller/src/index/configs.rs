@@ -1,0 +1,524 @@
+//! What the reconcilers ask about VirtualMachineNetworkConfigs by network, kept up to date from
+//! the configs' watch events, so that no question costs a scan of every config:
+//!
+//! - which config's status holds each MAC on each network: before it hands a NIC an address, the
+//!   config reconciler must know whether another config already holds that MAC there (upstream
+//!   gave both the same address). Scanning every cached config for every NIC made one reconcile
+//!   cost O(configs) and a resync O(configs²);
+//! - which configs wait for an address on a network, and which hold a given address there: a
+//!   pool's status write (every allocation makes one) wakes exactly those, where a scan of every
+//!   config per pool event made building up a cluster quadratic.
+//!
+//! Each answer costs O(log n + answer); an event costs what its one config costs. The index is
+//! fed by [`ConfigIndex::observe`] with every event of the config watch, before the cache and the
+//! controller see it: a relist (`Init` … `InitDone`) builds a fresh copy that replaces the old one
+//! only when complete, as kube's own store does.
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::net::Ipv4Addr;
+use std::sync::{Mutex, PoisonError};
+
+use kube::ResourceExt;
+use kube::runtime::watcher;
+use vmdhcp_core::crd::{
+    CONDITION_ALLOCATED, NetworkConfigState, VirtualMachineNetworkConfig, find_condition,
+};
+use vmdhcp_core::{MacAddr, NamespacedName};
+
+/// A NIC as the index keys it: (network, MAC).
+pub type Nic = (NamespacedName, MacAddr);
+
+/// An address on a network.
+pub type Held = (NamespacedName, Ipv4Addr);
+
+/// What one config contributes to the index.
+#[derive(Debug, Default, Clone, PartialEq)]
+struct Footprint {
+    /// The networks of its spec.
+    networks: Vec<NamespacedName>,
+    /// The NICs its status records as `Allocated` ([`claims_of`]).
+    nics: Vec<Nic>,
+    /// The networks of its spec while it is not `Allocated=True`: a pool write on one of them
+    /// may be what it waits for.
+    waits_on: Vec<NamespacedName>,
+    /// Every address its status records, with the network of the entry.
+    holds: Vec<Held>,
+}
+
+impl Footprint {
+    fn of(cfg: &VirtualMachineNetworkConfig) -> Self {
+        let ns = cfg.namespace().unwrap_or_default();
+        let mut networks: Vec<NamespacedName> = cfg
+            .spec
+            .network_configs
+            .iter()
+            .filter_map(|n| NamespacedName::parse_in(&n.network_name, &ns).ok())
+            .collect();
+        networks.sort();
+        networks.dedup();
+        let waits_on = if is_allocated(cfg) {
+            Vec::new()
+        } else {
+            networks.clone()
+        };
+        let mut holds: Vec<Held> = cfg
+            .recorded_nics()
+            .into_iter()
+            .filter_map(|(network, _, ip, _)| Some((network, ip?)))
+            .collect();
+        holds.sort();
+        holds.dedup();
+        Footprint {
+            networks,
+            nics: claims_of(cfg),
+            waits_on,
+            holds,
+        }
+    }
+
+    fn is_empty(&self) -> bool {
+        self.networks.is_empty() && self.nics.is_empty() && self.holds.is_empty()
+    }
+}
+
+/// Whether a config's status says every NIC is allocated.
+pub fn is_allocated(c: &VirtualMachineNetworkConfig) -> bool {
+    c.status.as_ref().is_some_and(|s| {
+        find_condition(&s.conditions, CONDITION_ALLOCATED).is_some_and(|a| a.status == "True")
+    })
+}
+
+/// `key → configs`, with the empty sets removed so the maps hold only what is live.
+fn link<K: Ord + Clone>(
+    map: &mut BTreeMap<K, BTreeSet<NamespacedName>>,
+    k: &K,
+    c: &NamespacedName,
+) {
+    map.entry(k.clone()).or_default().insert(c.clone());
+}
+
+fn unlink<K: Ord>(map: &mut BTreeMap<K, BTreeSet<NamespacedName>>, k: &K, c: &NamespacedName) {
+    if let Some(set) = map.get_mut(k) {
+        set.remove(c);
+        if set.is_empty() {
+            map.remove(k);
+        }
+    }
+}
+
+/// Every config's footprint, and the reverse maps the questions need.
+#[derive(Debug, Default, Clone, PartialEq)]
+struct Claims {
+    /// Network → the configs with a NIC on it.
+    members: BTreeMap<NamespacedName, BTreeSet<NamespacedName>>,
+    /// (network, MAC) → the configs whose status holds it.
+    owners: BTreeMap<Nic, BTreeSet<NamespacedName>>,
+    /// Network → the configs not yet `Allocated` on it.
+    waiting: BTreeMap<NamespacedName, BTreeSet<NamespacedName>>,
+    /// (network, address) → the configs whose status records it.
+    holders: BTreeMap<Held, BTreeSet<NamespacedName>>,
+    /// Config → its footprint (what to withdraw when it changes).
+    by_config: HashMap<NamespacedName, Footprint>,
+}
+
+impl Claims {
+    fn set(&mut self, config: NamespacedName, footprint: Footprint) {
+        self.remove(&config);
+        if footprint.is_empty() {
+            return;
+        }
+        for network in &footprint.networks {
+            link(&mut self.members, network, &config);
+        }
+        for nic in &footprint.nics {
+            link(&mut self.owners, nic, &config);
+        }
+        for network in &footprint.waits_on {
+            link(&mut self.waiting, network, &config);
+        }
+        for held in &footprint.holds {
+            link(&mut self.holders, held, &config);
+        }
+        self.by_config.insert(config, footprint);
+    }
+
+    fn remove(&mut self, config: &NamespacedName) {
+        let Some(footprint) = self.by_config.remove(config) else {
+            return;
+        };
+        for network in &footprint.networks {
+            unlink(&mut self.members, network, config);
+        }
+        for nic in &footprint.nics {
+            unlink(&mut self.owners, nic, config);
+        }
+        for network in &footprint.waits_on {
+            unlink(&mut self.waiting, network, config);
+        }
+        for held in &footprint.holds {
+            unlink(&mut self.holders, held, config);
+        }
+    }
+}
+
+/// The index; shared by the watch that feeds it and the reconcilers and triggers that ask it.
+#[derive(Debug, Default)]
+pub struct ConfigIndex {
+    inner: Mutex<Inner>,
+}
+
+#[derive(Debug, Default)]
+struct Inner {
+    live: Claims,
+    /// A relist in progress.
+    relist: Option<Claims>,
+}
+
+/// The NICs `cfg`'s status records as `Allocated`; none while it is being deleted (its
+/// addresses are on their way back).
+pub fn claims_of(cfg: &VirtualMachineNetworkConfig) -> Vec<Nic> {
+    if cfg.metadata.deletion_timestamp.is_some() {
+        return Vec::new();
+    }
+    let mut nics: Vec<Nic> = cfg
+        .recorded_nics()
+        .into_iter()
+        .filter(|(_, _, _, state)| *state == Some(NetworkConfigState::Allocated))
+        .map(|(network, mac, _, _)| (network, mac))
+        .collect();
+    nics.sort();
+    nics.dedup();
+    nics
+}
+
+fn key(cfg: &VirtualMachineNetworkConfig) -> Option<NamespacedName> {
+    NamespacedName::new(&cfg.namespace()?, &cfg.name_any()).ok()
+}
+
+impl ConfigIndex {
+    fn lock(&self) -> std::sync::MutexGuard<'_, Inner> {
+        // Whole values replaced under the lock: a panic elsewhere cannot leave one torn.
+        self.inner.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Takes one event of the configs' watch into account.
+    pub fn observe(&self, event: &watcher::Event<VirtualMachineNetworkConfig>) {
+        let mut inner = self.lock();
+        match event {
+            watcher::Event::Apply(cfg) => {
+                if let Some(k) = key(cfg) {
+                    inner.live.set(k, Footprint::of(cfg));
+                }
+            }
+            watcher::Event::Delete(cfg) => {
+                if let Some(k) = key(cfg) {
+                    inner.live.remove(&k);
+                }
+            }
+            watcher::Event::Init => inner.relist = Some(Claims::default()),
+            watcher::Event::InitApply(cfg) => {
+                if let (Some(k), Some(relist)) = (key(cfg), inner.relist.as_mut()) {
+                    relist.set(k, Footprint::of(cfg));
+                }
+            }
+            watcher::Event::InitDone => {
+                if let Some(relist) = inner.relist.take() {
+                    inner.live = relist;
+                }
+            }
+        }
+    }
+
+    /// A config other than `me` whose status holds `mac` on `network` (the first by name when
+    /// several do).
+    pub fn claimed_elsewhere(
+        &self,
+        network: &NamespacedName,
+        mac: MacAddr,
+        me: &NamespacedName,
+    ) -> Option<NamespacedName> {
+        self.lock()
+            .live
+            .owners
+            .get(&(network.clone(), mac))?
+            .iter()
+            .find(|owner| *owner != me)
+            .cloned()
+    }
+
+    /// The configs a write of the pool on `network` may concern: those waiting for an address
+    /// there, and those whose status holds one of `conflicts` there (they must move off it, or
+    /// say why they cannot).
+    pub fn concerned_by_pool(
+        &self,
+        network: &NamespacedName,
+        conflicts: impl IntoIterator<Item = Ipv4Addr>,
+    ) -> BTreeSet<NamespacedName> {
+        let inner = self.lock();
+        let mut out: BTreeSet<NamespacedName> =
+            inner.live.waiting.get(network).cloned().unwrap_or_default();
+        for ip in conflicts {
+            if let Some(holders) = inner.live.holders.get(&(network.clone(), ip)) {
+                out.extend(holders.iter().cloned());
+            }
+        }
+        out
+    }
+
+    /// The configs with a NIC on `network` (its pool's users).
+    pub fn on_network(&self, network: &NamespacedName) -> BTreeSet<NamespacedName> {
+        self.lock()
+            .live
+            .members
+            .get(network)
+            .cloned()
+            .unwrap_or_default()
+    }
+
+    /// How many NICs are claimed (for tests and metrics).
+    pub fn len(&self) -> usize {
+        self.lock().live.owners.len()
+    }
+
+    /// Whether no NIC is claimed.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+    use vmdhcp_core::crd::{
+        Condition, NetworkConfig, NetworkConfigStatus, VirtualMachineNetworkConfigSpec,
+        VirtualMachineNetworkConfigStatus,
+    };
+
+    const NETWORKS: [&str; 2] = ["ns/net-a", "other/net-b"];
+
+    fn mac(i: u8) -> MacAddr {
+        MacAddr([2, 0, 0, 0, 0, i])
+    }
+
+    fn ip(i: u8) -> Ipv4Addr {
+        Ipv4Addr::new(10, 0, 0, i)
+    }
+
+    /// A config `ns/vm{n}` whose spec has a NIC per entry and whose status holds `entries`
+    /// (network index, MAC index, state), the address `10.0.0.<MAC index>` each; it is
+    /// `Allocated=True` when it has entries and all are allocated.
+    fn config(n: u8, entries: &[(usize, u8, bool)], deleting: bool) -> VirtualMachineNetworkConfig {
+        let spec = VirtualMachineNetworkConfigSpec {
+            network_configs: entries
+                .iter()
+                .map(|(net, m, _)| NetworkConfig {
+                    network_name: NETWORKS[*net % NETWORKS.len()].into(),
+                    mac_address: mac(*m).to_string(),
+                    ip_address: None,
+                })
+                .collect(),
+            ..Default::default()
+        };
+        let mut cfg = VirtualMachineNetworkConfig::new(&format!("vm{n}"), spec);
+        cfg.metadata.namespace = Some("ns".into());
+        if deleting {
+            cfg.metadata.deletion_timestamp =
+                Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(
+                    k8s_openapi::jiff::Timestamp::now(),
+                ));
+        }
+        cfg.status = Some(VirtualMachineNetworkConfigStatus {
+            network_configs: entries
+                .iter()
+                .map(|(net, m, allocated)| NetworkConfigStatus {
+                    allocated_ip_address: Some(ip(*m).to_string()),
+                    mac_address: Some(mac(*m).to_string()),
+                    network_name: Some(NETWORKS[*net % NETWORKS.len()].into()),
+                    state: Some(if *allocated {
+                        NetworkConfigState::Allocated
+                    } else {
+                        NetworkConfigState::Pending
+                    }),
+                })
+                .collect(),
+            conditions: vec![Condition {
+                type_: CONDITION_ALLOCATED.into(),
+                status: if !entries.is_empty() && entries.iter().all(|e| e.2) {
+                    "True"
+                } else {
+                    "False"
+                }
+                .into(),
+                ..Default::default()
+            }],
+        });
+        cfg
+    }
+
+    /// What the pool trigger did before this index: scan every config.
+    fn naive_concerned(
+        configs: &BTreeMap<NamespacedName, VirtualMachineNetworkConfig>,
+        network: &NamespacedName,
+        conflicts: &[Ipv4Addr],
+    ) -> BTreeSet<NamespacedName> {
+        configs
+            .iter()
+            .filter(|(_, c)| {
+                let waits = !is_allocated(c)
+                    && c.spec
+                        .network_configs
+                        .iter()
+                        .any(|n| n.network_name == network.to_string());
+                let holds = c.recorded_nics().into_iter().any(|(net, _, ip, _)| {
+                    net == *network && ip.is_some_and(|ip| conflicts.contains(&ip))
+                });
+                waits || holds
+            })
+            .map(|(k, _)| k.clone())
+            .collect()
+    }
+
+    /// What the reconciler did before this index: scan every config.
+    fn naive(
+        configs: &BTreeMap<NamespacedName, VirtualMachineNetworkConfig>,
+        network: &NamespacedName,
+        mac: MacAddr,
+        me: &NamespacedName,
+    ) -> BTreeSet<NamespacedName> {
+        configs
+            .iter()
+            .filter(|(k, c)| *k != me && claims_of(c).contains(&(network.clone(), mac)))
+            .map(|(k, _)| k.clone())
+            .collect()
+    }
+
+    #[test]
+    fn a_config_claims_its_allocated_nics_and_lets_go_when_it_changes_or_goes() {
+        let index = ConfigIndex::default();
+        let me: NamespacedName = "ns/vm9".parse().unwrap();
+        let net: NamespacedName = NETWORKS[0].parse().unwrap();
+        let a = config(1, &[(0, 1, true), (1, 2, false)], false);
+        index.observe(&watcher::Event::Apply(a.clone()));
+        assert_eq!(
+            index.concerned_by_pool(&net, []),
+            BTreeSet::from(["ns/vm1".parse().unwrap()]),
+            "not Allocated=True: waits on both its networks"
+        );
+        assert!(
+            index
+                .concerned_by_pool(&"ns/elsewhere".parse().unwrap(), [ip(1)])
+                .is_empty()
+        );
+        assert_eq!(
+            index.claimed_elsewhere(&net, mac(1), &me),
+            Some("ns/vm1".parse().unwrap())
+        );
+        assert_eq!(
+            index.claimed_elsewhere(&net, mac(1), &"ns/vm1".parse().unwrap()),
+            None
+        );
+        assert_eq!(index.len(), 1, "a Pending entry claims nothing");
+        // Being deleted, or deleted: the claim goes.
+        index.observe(&watcher::Event::Apply(config(1, &[(0, 1, true)], true)));
+        assert!(index.is_empty());
+        index.observe(&watcher::Event::Apply(a.clone()));
+        index.observe(&watcher::Event::Delete(a));
+        assert!(index.is_empty());
+        // A relist replaces everything only when it is complete.
+        index.observe(&watcher::Event::Apply(config(3, &[(0, 3, true)], false)));
+        index.observe(&watcher::Event::Init);
+        index.observe(&watcher::Event::InitApply(config(
+            4,
+            &[(0, 4, true)],
+            false,
+        )));
+        assert!(index.claimed_elsewhere(&net, mac(3), &me).is_some());
+        index.observe(&watcher::Event::InitDone);
+        assert!(index.claimed_elsewhere(&net, mac(3), &me).is_none());
+        assert!(index.claimed_elsewhere(&net, mac(4), &me).is_some());
+    }
+
+    /// Status entries of a test config: (network index, MAC index, allocated).
+    type Entries = Vec<(usize, u8, bool)>;
+
+    #[derive(Debug, Clone)]
+    enum Step {
+        Apply(u8, Entries, bool),
+        Delete(u8),
+        Relist(Vec<(u8, Entries)>),
+    }
+
+    fn entries() -> impl Strategy<Value = Entries> {
+        prop::collection::vec((0..2usize, 0..4u8, any::<bool>()), 0..3)
+    }
+
+    fn step() -> impl Strategy<Value = Step> {
+        prop_oneof![
+            6 => (0..6u8, entries(), prop::bool::weighted(0.1)).prop_map(|(n, e, d)| Step::Apply(n, e, d)),
+            2 => (0..6u8).prop_map(Step::Delete),
+            1 => prop::collection::vec((0..6u8, entries()), 0..5).prop_map(Step::Relist),
+        ]
+    }
+
+    proptest! {
+        #[test]
+        fn answers_as_a_scan_of_every_config_would(history in prop::collection::vec(step(), 1..40)) {
+            let index = ConfigIndex::default();
+            let mut configs: BTreeMap<NamespacedName, VirtualMachineNetworkConfig> = BTreeMap::new();
+            for step in history {
+                match step {
+                    Step::Apply(n, e, deleting) => {
+                        let cfg = config(n, &e, deleting);
+                        configs.insert(key(&cfg).unwrap(), cfg.clone());
+                        index.observe(&watcher::Event::Apply(cfg));
+                    }
+                    Step::Delete(n) => {
+                        let k: NamespacedName = format!("ns/vm{n}").parse().unwrap();
+                        if let Some(cfg) = configs.remove(&k) {
+                            index.observe(&watcher::Event::Delete(cfg));
+                        }
+                    }
+                    Step::Relist(all) => {
+                        configs.clear();
+                        index.observe(&watcher::Event::Init);
+                        for (n, e) in all {
+                            let cfg = config(n, &e, false);
+                            configs.insert(key(&cfg).unwrap(), cfg.clone());
+                            index.observe(&watcher::Event::InitApply(cfg));
+                        }
+                        index.observe(&watcher::Event::InitDone);
+                    }
+                }
+                for net in NETWORKS {
+                    let net: NamespacedName = net.parse().unwrap();
+                    let members: BTreeSet<NamespacedName> = configs
+                        .iter()
+                        .filter(|(_, c)| {
+                            c.spec.network_configs.iter().any(|n| n.network_name == net.to_string())
+                        })
+                        .map(|(k, _)| k.clone())
+                        .collect();
+                    prop_assert_eq!(index.on_network(&net), members);
+                    for conflicts in [vec![], vec![ip(1)], vec![ip(0), ip(3)]] {
+                        prop_assert_eq!(
+                            index.concerned_by_pool(&net, conflicts.iter().copied()),
+                            naive_concerned(&configs, &net, &conflicts)
+                        );
+                    }
+                    for m in 0..4 {
+                        for me in 0..7u8 {
+                            let me: NamespacedName = format!("ns/vm{me}").parse().unwrap();
+                            let want = naive(&configs, &net, mac(m), &me);
+                            let got = index.claimed_elsewhere(&net, mac(m), &me);
+                            prop_assert_eq!(got.is_some(), !want.is_empty());
+                            if let Some(got) = got {
+                                prop_assert!(want.contains(&got));
+                            }
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
