@@ -472,6 +472,36 @@ mod tests {
         assert_eq!(out[0].leases[0].ip.to_string(), ip);
     }
 
+    /// The bootstrap env carries addressing only (the JSON of upstream PR #64); an agent without
+    /// its stream gets the pool's options from the IPPool it reads, as the stream would send
+    /// them: MTU, routes, no default route, host names.
+    #[test]
+    fn without_the_stream_the_ippool_gives_the_options_the_stream_would() {
+        let ip = example_ip(1);
+        let mut pool = ippool("a", &[(ip.as_str(), "02:00:00:00:00:01")], false);
+        pool.spec.ipv4_config.mtu = Some(1450);
+        pool.spec.ipv4_config.routes = vec![vmdhcp_core::crd::StaticRoute {
+            destination: "10.96.0.0/12".into(),
+            gateway: pool.spec.ipv4_config.router.clone().unwrap_or_default(),
+        }];
+        pool.spec.ipv4_config.default_route = Some(false);
+        pool.spec.ipv4_config.send_host_name = Some(true);
+        if let Some(v4) = pool.status.as_mut().and_then(|s| s.ipv4.as_mut()) {
+            v4.host_names.insert(ip.clone(), "vm-1".into());
+        }
+        let out = pools_from_ippools([&pool], &refs(&["a"]));
+        assert_eq!(out.len(), 1, "{out:?}");
+        let (config, lease) = (&out[0].config, &out[0].leases[0]);
+        assert_eq!(config.mtu, Some(1450));
+        assert_eq!(config.routes.len(), 1);
+        assert_eq!(config.routes[0].destination.to_string(), "10.96.0.0/12");
+        assert_eq!(
+            config.router, None,
+            "defaultRoute: false leaves the router out"
+        );
+        assert_eq!(lease.host_name.as_deref(), Some("vm-1"));
+    }
+
     fn stream_state(pools: &[PoolLeases], revision: u64) -> AppliedState {
         AppliedState {
             epoch: "e".into(),
