@@ -482,23 +482,41 @@ fn seeded_faults_under_churn_lose_no_lease_and_bound_every_outage() {
     stop.store(true, Ordering::Relaxed);
     let churned = churn.join().unwrap();
     let probes = prober.join().unwrap();
-    let macs = wait_for(
-        "every VM's NIC allocated and the pool holding exactly those",
-        Duration::from_secs(120),
-        || {
-            let macs = vm_macs(&fleet);
-            let allocated = fleet.allocated();
-            let configs = configs(&fleet);
-            let held: BTreeSet<String> = configs
-                .values()
-                .flatten()
-                .filter(|(_, ip)| ip.is_some())
-                .map(|(mac, _)| mac.to_lowercase())
+    // On a timeout the message says which MACs are off and the controllers' last words.
+    let deadline = Instant::now() + Duration::from_secs(120);
+    let macs = loop {
+        let macs = vm_macs(&fleet);
+        let allocated = fleet.allocated();
+        let configs = configs(&fleet);
+        let held: BTreeSet<String> = configs
+            .values()
+            .flatten()
+            .filter(|(_, ip)| ip.is_some())
+            .map(|(mac, _)| mac.to_lowercase())
+            .collect();
+        let in_pool: BTreeSet<String> = allocated.keys().map(|m| m.to_lowercase()).collect();
+        if held == macs && in_pool == macs {
+            break macs;
+        }
+        if Instant::now() > deadline {
+            let logs: Vec<String> = fleet
+                .replicas
+                .iter()
+                .filter_map(|r| Some(format!("{}:\n{}", r.identity, r.process.as_ref()?.log_tail(40))))
                 .collect();
-            let in_pool: BTreeSet<String> = allocated.keys().map(|m| m.to_lowercase()).collect();
-            (held == macs && in_pool == macs).then_some(macs)
-        },
-    );
+            panic!(
+                "not converged 120 s after the faults: VMs' MACs without an address in their \
+                 config {:?}; configs holding one for no VM {:?}; VMs' MACs missing from the pool \
+                 {:?}; in the pool for no VM {:?}\nconfigs: {configs:?}\ncontroller logs:\n{}",
+                macs.difference(&held).collect::<Vec<_>>(),
+                held.difference(&macs).collect::<Vec<_>>(),
+                macs.difference(&in_pool).collect::<Vec<_>>(),
+                in_pool.difference(&macs).collect::<Vec<_>>(),
+                logs.join("\n")
+            );
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    };
 
     phase("converged");
     // No address held by two MACs: in the configs, in the pool (IP → MAC, one MAC per IP by
