@@ -3,6 +3,11 @@
 # insomniacslk/dhcp, the library upstream's agent uses) and kea-dhcp4 (memfile, host reservations),
 # all with reservations for the same 10 000 MACs, on the same veth pair between two network
 # namespaces, in one run. perfdhcp (from kea-admin) acts as a relay from the generator namespace.
+# Our agent runs twice: "ours" serves a pool as upstream's IPPool describes it (router, DNS);
+# "ours+opts" serves the same pool with this project's options on — MTU (26), four classless
+# routes (121) and a host name on every lease (12) — and perfdhcp asks for all three (its default
+# parameter request list already has 12; `-o 55,…` appends 26 and 121), so every OFFER and ACK
+# carries them. The ratio ours+opts/ours is what the options cost on the data plane.
 #
 # For each server: request->ack latency (p50/p99) and server CPU per DORA at a fixed 2 000/s, in
 # ROUNDS interleaved rounds (median and range reported: this shared machine's speed drifts by 2x
@@ -74,6 +79,16 @@ json.dump({"pools": [{"config": {
     "dns": ["198.18.0.53"], "domain_name": None, "domain_search": [], "ntp": [],
     "lease_seconds": 3600},
     "leases": [{"mac": m, "ip": ip} for m, ip in pairs]}]}, open(f"{work}/agent.json", "w"))
+# The same pool with every option this project adds on top of upstream's IPPool.
+json.dump({"pools": [{"config": {
+    "pool": "bench/pool", "network": "bench/net", "interface_name": "srv0",
+    "server_ip": "198.18.0.1", "subnet": "198.18.0.0/15", "router": "198.18.0.1",
+    "dns": ["198.18.0.53"], "domain_name": None, "domain_search": [], "ntp": [],
+    "lease_seconds": 3600, "mtu": 1450,
+    "routes": [{"destination": d, "gateway": "198.18.0.1"}
+               for d in ("10.0.0.0/8", "172.16.0.0/12", "192.168.0.0/16", "100.64.0.0/10")]},
+    "leases": [{"mac": m, "ip": ip, "host_name": "vm-%d" % i} for i, (m, ip) in enumerate(pairs)]}]},
+    open(f"{work}/agent-opts.json", "w"))
 with open(f"{work}/leases.txt", "w") as f:
     f.writelines(f"{m} {ip}\n" for m, ip in pairs)
 open(f"{work}/coredhcp.yml", "w").write(f"""server4:
@@ -101,10 +116,13 @@ json.dump({"Dhcp4": {
 PY
 export KEA_PIDFILE_DIR="$work" KEA_LOCKFILE_DIR="$work"
 
+# Extra perfdhcp arguments for the server under test (set by launch): ours+opts asks for MTU (26)
+# and classless routes (121) on top of perfdhcp's default request list (1 28 2 3 15 6 12).
+PERF_EXTRA=()
 perf() { # rate seconds [extra perfdhcp args]
   local rate="$1" secs="$2"; shift 2
   ip netns exec "$GEN" taskset -c 1 perfdhcp -4 -g multi -l 198.18.0.2 -r "$rate" -R "$CLIENTS" \
-    -b mac=02:00:00:00:00:00 -p "$secs" -W 500000 "$@" 198.18.0.1 2>&1 | tee -a "$work/perfdhcp-raw.txt" || true
+    -b mac=02:00:00:00:00:00 -p "$secs" -W 500000 "${PERF_EXTRA[@]}" "$@" 198.18.0.1 2>&1 | tee -a "$work/perfdhcp-raw.txt" || true
 }
 # perfdhcp output -> "do_sent do_recv ra_sent ra_recv p50_ms p99_ms drops" (percentiles only with
 # -x t). Drops are perfdhcp's own count over both exchanges; with -W it waits half a second after
@@ -149,8 +167,10 @@ declare -A R
 # Starts server $1 on core 0 and waits until it answers.
 launch() {
   local name="$1"
+  PERF_EXTRA=()
   case "$name" in
     ours) set -- "$AGENT" serve-static --config "$work/agent.json" ;;
+    ours+opts) set -- "$AGENT" serve-static --config "$work/agent-opts.json"; PERF_EXTRA=(-o 55,1a79) ;;
     coredhcp) set -- coredhcp -c "$work/coredhcp.yml" -L warning ;;
     kea) set -- kea-dhcp4 -c "$work/kea.json" ;;
   esac
@@ -210,10 +230,10 @@ steps() { # name
 # round, so a slow spell of a shared machine (CPU steal) falls on all of them rather than on
 # whichever ran at that moment; the report gives each figure's median and range over the rounds,
 # and the ratios of each round's adjacent measurements. The rate steps run once, in the last round.
-SERVERS=(ours coredhcp kea)
+SERVERS=(ours ours+opts coredhcp kea)
 for round in $(seq 1 "$ROUNDS"); do
-  for i in 0 1 2; do
-    name="${SERVERS[$(( (i + round - 1) % 3 ))]}"
+  for i in "${!SERVERS[@]}"; do
+    name="${SERVERS[$(( (i + round - 1) % ${#SERVERS[@]} ))]}"
     echo "== $name (round $round of $ROUNDS)" >&2
     launch "$name"
     [ "$round" -eq 1 ] && R[$name.rss_idle]=$(rss_kb "$server_pid" VmRSS)
@@ -238,11 +258,17 @@ per_round() { python3 -c "import sys; a, b = sys.argv[1].split(), sys.argv[2].sp
 printf '\n%s rounds of %s s at 2 000/s per server (median, range); rate steps of %s s in the last round.\n' "$ROUNDS" "$FIXED_SECONDS" "$STEP_SECONDS"
 printf '\n| server | sustained DORA/s (<0.1%% drops) | CPU µs/DORA @2000/s | CPU µs/DORA @sustained | req→ack p50 / p99 ms @2000/s | RSS idle / after / peak MB |\n'
 printf '|---|---|---|---|---|---|\n'
-for s in ours coredhcp kea; do
+for s in "${SERVERS[@]}"; do
   printf '| %s | %s | %s | %s | %s / %s | %.1f / %.1f / %.1f |\n' "$s" "${R[$s.rate]}" "$(spread "${R[$s.cpu2000]}")" \
     "${R[$s.cpu_sustained]}" "$(median "${R[$s.p50]}")" "$(spread "${R[$s.p99]}")" \
     "$(mb "${R[$s.rss_idle]}")" "$(mb "${R[$s.rss_after]}")" "$(mb "${R[$s.rss_peak]}")"
 done
+printf '| ours+opts/ours | %s | %s | %s | %s | %s |\n' \
+  "$(ratio "${R[ours+opts.rate]}" "${R[ours.rate]}")" \
+  "$(ratio "$(median "${R[ours+opts.cpu2000]}")" "$(median "${R[ours.cpu2000]}")")" \
+  "$(ratio "${R[ours+opts.cpu_sustained]}" "${R[ours.cpu_sustained]}")" \
+  "$(ratio "$(median "${R[ours+opts.p99]}")" "$(median "${R[ours.p99]}")") (p99)" \
+  "$(ratio "${R[ours+opts.rss_peak]}" "${R[ours.rss_peak]}") (peak)"
 for other in coredhcp kea; do
   printf '| ours/%s | %s | %s | %s | %s | %s |\n' "$other" \
     "$(ratio "${R[ours.rate]}" "${R[$other.rate]}")" \
@@ -253,5 +279,7 @@ for other in coredhcp kea; do
 done
 printf '\nEach round on its own, ours/coredhcp at 2 000/s: CPU/DORA %s; p99 %s\n' \
   "$(per_round "${R[ours.cpu2000]}" "${R[coredhcp.cpu2000]}")" "$(per_round "${R[ours.p99]}" "${R[coredhcp.p99]}")"
+printf 'Each round on its own, ours+opts/ours at 2 000/s: CPU/DORA %s; p99 %s\n' \
+  "$(per_round "${R[ours+opts.cpu2000]}" "${R[ours.cpu2000]}")" "$(per_round "${R[ours+opts.p99]}" "${R[ours.p99]}")"
 printf '\nAt the first rate each server did not sustain (who ran out: a core at ~100%% is saturated; receive-buffer drops name the side that could not keep up):\n'
-for s in ours coredhcp kea; do printf -- '- %s: %s\n' "$s" "${R[$s.limit]}"; done
+for s in "${SERVERS[@]}"; do printf -- '- %s: %s\n' "$s" "${R[$s.limit]}"; done
