@@ -10,6 +10,7 @@
 //!   runs the Helm chart's pods, with a Multus stand-in (`src/bin/vmdhcp-multus-standin.rs`).
 //! - [`netns`]: network namespaces, veth pairs and bridges, cleaned up on every exit path.
 //! - [`otlp`]: a real OTLP/gRPC trace receiver, keeping the spans it is sent.
+//! - [`pools`]: many NADs and IPPools at once, for the tests and benchmarks at size.
 //! - [`process`]: child processes that cannot outlive the test process.
 //! - [`tls`]: TLS client handshakes verified against the controller's published CA.
 //!
@@ -24,5 +25,6 @@ pub mod http;
 pub mod netns;
 pub mod node;
 pub mod otlp;
+pub mod pools;
 pub mod process;
 pub mod tls;

@@ -192,42 +192,13 @@ async fn one_vm_costs_the_same_at_any_size_and_a_restart_writes_nothing() {
     let cp = ControlPlane::start().unwrap();
     let client = cp.client().await.unwrap();
     let ns = cp.namespace(&client, "scale").await.unwrap();
-    let nad_ar = ApiResource::from_gvk_with_plural(
-        &GroupVersionKind::gvk("k8s.cni.cncf.io", "v1", "NetworkAttachmentDefinition"),
-        "network-attachment-definitions",
-    );
-    let nads: Api<DynamicObject> = Api::namespaced_with(client.clone(), &ns, &nad_ar);
-    let pools: Api<IPPool> = Api::namespaced(client.clone(), &ns);
-    for p in 0..POOLS {
-        let nad = json!({"apiVersion": "k8s.cni.cncf.io/v1", "kind": "NetworkAttachmentDefinition", "metadata": {"name": format!("net-{p}")}, "spec": {"config": "{}"}});
-        nads.create(
-            &PostParams::default(),
-            &serde_json::from_value(nad).unwrap(),
-        )
+    vmdhcp_integration::pools::create(&client, &ns, POOLS, 40)
         .await
         .unwrap();
-        let pool = json!({
-            "apiVersion": "network.harvesterhci.io/v1alpha1", "kind": "IPPool", "metadata": {"name": format!("pool-{p}")},
-            "spec": {"networkName": format!("{ns}/net-{p}"), "ipv4Config": {"serverIP": format!("10.40.{p}.1"), "cidr": format!("10.40.{p}.0/24"), "pool": {"start": format!("10.40.{p}.2"), "end": format!("10.40.{p}.254")}}}
-        });
-        pools
-            .create(
-                &PostParams::default(),
-                &serde_json::from_value(pool).unwrap(),
-            )
-            .await
-            .unwrap();
-    }
     let controller = InProcess::start(&client, "scale").await;
     poll("every pool ready", Duration::from_secs(60), async || {
-        let list = pools.list(&Default::default()).await.ok()?;
-        list.items
-            .iter()
-            .all(|p| {
-                p.status.as_ref().is_some_and(|s| {
-                    find_condition(&s.conditions, "CacheReady").is_some_and(|c| c.status == "True")
-                })
-            })
+        vmdhcp_integration::pools::all_ready(&client, &ns)
+            .await
             .then_some(())
     })
     .await;

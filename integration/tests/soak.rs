@@ -502,7 +502,13 @@ fn seeded_faults_under_churn_lose_no_lease_and_bound_every_outage() {
             let logs: Vec<String> = fleet
                 .replicas
                 .iter()
-                .filter_map(|r| Some(format!("{}:\n{}", r.identity, r.process.as_ref()?.log_tail(40))))
+                .filter_map(|r| {
+                    Some(format!(
+                        "{}:\n{}",
+                        r.identity,
+                        r.process.as_ref()?.log_tail(40)
+                    ))
+                })
                 .collect();
             panic!(
                 "not converged 120 s after the faults: VMs' MACs without an address in their \
