@@ -15,6 +15,11 @@
 //! starts after the initial list still reconciles everything. Cached objects lose their
 //! `managedFields`, which nothing here reads (they are often the larger part of an object).
 //!
+//! A relist (after the watch fell too far behind, e.g. across an API server restart) replaces the
+//! cache without saying what disappeared; kube's own streams forget those objects silently, so a
+//! VM deleted in the gap would leave its config and address behind until the next restart. Here
+//! every object the relist dropped is announced as [`Touch::Deleted`] before [`Touch::Listed`].
+//!
 //! Readiness is this module's own ([`SharedWatch::ready`]): kube's `Store::wait_until_ready`
 //! wakes only its most recent waiter, which the controllers reading the store already are.
 
@@ -47,9 +52,8 @@ pub enum Touch<K> {
     Applied(K),
     /// Deleted.
     Deleted(K),
-    /// A (re)list is complete: the cache now holds exactly the listed objects. Objects deleted
-    /// while the watch was down are not announced one by one; a consumer that must forget them
-    /// compares against the cache here.
+    /// A (re)list is complete: the cache now holds exactly the listed objects (those it dropped
+    /// were announced as deleted just before).
     Listed,
 }
 
@@ -102,7 +106,7 @@ where
         observe: impl Fn(&watcher::Event<K>) + Send + 'static,
     ) -> (Self, impl Future<Output = ()> + Send) {
         let kind = K::kind(&dyntype).into_owned();
-        let writer = reflector::store::Writer::new(dyntype);
+        let writer = reflector::store::Writer::new(dyntype.clone());
         let store = writer.as_reader();
         let events = watcher(api, config)
             .default_backoff()
@@ -116,7 +120,13 @@ where
             .reflect(writer);
         let subscribers = Subscribers::default();
         let (ready_tx, ready) = watch::channel(false);
-        let drive = fan_out(events, subscribers.clone(), ready_tx, kind);
+        let drive = fan_out(
+            events,
+            Relist::new(store.clone(), dyntype),
+            subscribers.clone(),
+            ready_tx,
+            kind,
+        );
         (
             SharedWatch {
                 store,
@@ -186,31 +196,86 @@ fn lock<K>(subscribers: &Subscribers<K>) -> std::sync::MutexGuard<'_, Vec<mpsc::
     subscribers.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
+/// What a relist dropped from the cache: the cache as it was when the relist began, compared with
+/// the cache once it is complete.
+struct Relist<K: Resource + 'static>
+where
+    K::DynamicType: Hash + Eq,
+{
+    store: Store<K>,
+    dyntype: K::DynamicType,
+    before: Option<Vec<Arc<K>>>,
+}
+
+impl<K> Relist<K>
+where
+    K: Resource + Clone + 'static,
+    K::DynamicType: Clone + Hash + Eq,
+{
+    fn new(store: Store<K>, dyntype: K::DynamicType) -> Self {
+        Relist {
+            store,
+            dyntype,
+            before: None,
+        }
+    }
+
+    /// A relist begins (`Init`: the cache still holds the old objects).
+    fn begin(&mut self) {
+        self.before = Some(self.store.state());
+    }
+
+    /// The relist is complete (`InitDone`: the cache holds the new list): what it dropped.
+    fn dropped(&mut self) -> Vec<K> {
+        self.before
+            .take()
+            .unwrap_or_default()
+            .into_iter()
+            .filter(|old| {
+                let key = reflector::ObjectRef::from_obj_with(old.as_ref(), self.dyntype.clone());
+                self.store.get(&key).is_none()
+            })
+            .map(|old| old.as_ref().clone())
+            .collect()
+    }
+}
+
 /// Hands each event of `source` (already applied to the cache) to every subscriber in order,
 /// waiting for room in each (a slow subscriber slows the watch rather than losing changes), and
-/// flips `ready` at the end of the first list. Errors are logged here, not forwarded: the watch
-/// retries by itself and the subscribers need not each report them. A subscriber that has gone
-/// away is dropped from the list.
+/// flips `ready` at the end of the first list. What a relist dropped is announced as deleted.
+/// Errors are logged here, not forwarded: the watch retries by itself and the subscribers need
+/// not each report them. A subscriber that has gone away is dropped from the list.
 async fn fan_out<K, E, S>(
     source: S,
+    mut relist: Relist<K>,
     subscribers: Subscribers<K>,
     ready: watch::Sender<bool>,
     kind: String,
 ) where
-    K: Clone + Send + 'static,
+    K: Resource + Clone + Send + Sync + 'static,
+    K::DynamicType: Clone + Hash + Eq,
     E: std::fmt::Display + Send,
     S: Stream<Item = Result<watcher::Event<K>, E>> + Send + 'static,
 {
     let mut source = std::pin::pin!(source);
     while let Some(event) = source.next().await {
-        let touch = match event {
-            Ok(watcher::Event::Apply(o) | watcher::Event::InitApply(o)) => Touch::Applied(o),
-            Ok(watcher::Event::Delete(o)) => Touch::Deleted(o),
-            Ok(watcher::Event::InitDone) => {
-                ready.send_replace(true);
-                Touch::Listed
+        let touches = match event {
+            Ok(watcher::Event::Apply(o) | watcher::Event::InitApply(o)) => vec![Touch::Applied(o)],
+            Ok(watcher::Event::Delete(o)) => vec![Touch::Deleted(o)],
+            Ok(watcher::Event::Init) => {
+                relist.begin();
+                continue;
             }
-            Ok(watcher::Event::Init) => continue,
+            Ok(watcher::Event::InitDone) => {
+                let mut touches: Vec<Touch<K>> =
+                    relist.dropped().into_iter().map(Touch::Deleted).collect();
+                if !touches.is_empty() {
+                    warn!(%kind, dropped = touches.len(), "relisted: announcing objects deleted while the watch was behind");
+                }
+                ready.send_replace(true);
+                touches.push(Touch::Listed);
+                touches
+            }
             Err(error) => {
                 warn!(%kind, %error, "watch failed; retrying");
                 continue;
@@ -218,9 +283,11 @@ async fn fan_out<K, E, S>(
         };
         let senders = lock(&subscribers).clone();
         let mut gone = false;
-        for sender in &senders {
-            // Err: that subscriber has stopped; the others go on.
-            gone |= sender.send(touch.clone()).await.is_err();
+        for touch in touches {
+            for sender in &senders {
+                // Err: that subscriber has stopped; the others go on.
+                gone |= sender.send(touch.clone()).await.is_err();
+            }
         }
         if gone {
             lock(&subscribers).retain(|s| !s.is_closed());
@@ -267,6 +334,7 @@ mod tests {
         let (ready_tx, ready) = watch::channel(false);
         let driver = tokio::spawn(fan_out(
             source,
+            Relist::new(store.clone(), ()),
             subscribers.clone(),
             ready_tx,
             "ConfigMap".into(),
@@ -360,6 +428,34 @@ mod tests {
         }
         drop(events);
         driver.await.unwrap();
+    }
+
+    /// A VM deleted while the watch was behind (an API server restart) is not in the relist; it
+    /// is announced as deleted, or its config would keep its address.
+    #[tokio::test]
+    async fn a_relist_announces_what_it_dropped() {
+        let (shared, events, driver) = fed();
+        let touches = shared.subscribe();
+        for e in [
+            watcher::Event::Init,
+            watcher::Event::InitApply(cm("a")),
+            watcher::Event::InitApply(cm("b")),
+            watcher::Event::InitDone,
+            // The relist: "a" is gone, "c" is new.
+            watcher::Event::Init,
+            watcher::Event::InitApply(cm("b")),
+            watcher::Event::InitApply(cm("c")),
+            watcher::Event::InitDone,
+        ] {
+            send(&events, e).await;
+        }
+        drop(events);
+        driver.await.unwrap();
+        drop(shared);
+        assert_eq!(
+            touches.map(|t| describe(&t)).collect::<Vec<_>>().await,
+            ["+a", "+b", "listed", "+b", "+c", "-a", "listed"]
+        );
     }
 
     /// A leadership term subscribes long after the first list: its trigger starts with what is
