@@ -39,6 +39,7 @@ use vmdhcp_agent::stream::{AppliedState, Applier, ClientSettings, ConfigSink, Po
 use vmdhcp_core::MacAddr;
 use vmdhcp_core::crd::{IPPool, VirtualMachineNetworkConfig, find_condition};
 use vmdhcp_integration::control_plane::ControlPlane;
+use vmdhcp_integration::dhcp_client::wait_for_async;
 use vmdhcp_integration::fleet::{free_port, metric, vm_manifest};
 use vmdhcp_integration::process::{Supervised, workspace_binary};
 use vmdhcp_proto::agent::v1 as pb;
@@ -201,15 +202,9 @@ impl Replica {
     }
 }
 
-async fn poll<T>(what: &str, limit: Duration, mut f: impl AsyncFnMut() -> Option<T>) -> T {
-    let deadline = Instant::now() + limit;
-    loop {
-        if let Some(v) = f().await {
-            return v;
-        }
-        assert!(Instant::now() < deadline, "timed out waiting for {what}");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+/// [`wait_for_async`], polling every 20 ms.
+async fn poll<T>(what: &str, limit: Duration, f: impl AsyncFnMut() -> Option<T>) -> T {
+    wait_for_async(what, limit, Duration::from_millis(20), f).await
 }
 
 /// What the bench's own watches saw: allocated configs and when, and when each MAC first

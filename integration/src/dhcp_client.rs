@@ -25,6 +25,27 @@ pub fn wait_for<T>(what: &str, limit: Duration, mut f: impl FnMut() -> Option<T>
     }
 }
 
+/// [`wait_for`] for async checks: polls `f` every `every` until it returns `Some` or `limit`
+/// passes (a test that reads the API polls less often than one that times a reply).
+pub async fn wait_for_async<T>(
+    what: &str,
+    limit: Duration,
+    every: Duration,
+    mut f: impl AsyncFnMut() -> Option<T>,
+) -> T {
+    let deadline = tokio::time::Instant::now() + limit;
+    loop {
+        if let Some(v) = f().await {
+            return v;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "timed out waiting for {what}"
+        );
+        tokio::time::sleep(every).await;
+    }
+}
+
 /// The hook both clients call: configures the address (so unicast renewals work) and appends
 /// the whole environment it was given, one file per event, numbered in order.
 pub fn hook_script(dir: &Path) -> PathBuf {
@@ -90,6 +111,24 @@ pub fn wait_event(dir: &Path, name: &str, nth: usize, limit: Duration) -> BTreeM
             .into_iter()
             .filter(|(e, _)| e == name)
             .nth(nth)
+            .map(|(_, env)| env)
+    })
+}
+
+/// Waits for a `RENEW` event after the first `since` events whose `key` is `value` (an option
+/// change reaching the next renewal); returns its environment.
+pub fn wait_renewal_with(
+    dir: &Path,
+    since: usize,
+    key: &str,
+    value: &str,
+    limit: Duration,
+) -> BTreeMap<String, String> {
+    wait_for(&format!("a renewal with {key}={value}"), limit, || {
+        events(dir)
+            .into_iter()
+            .skip(since)
+            .find(|(e, env)| e == "RENEW" && env.get(key).map(String::as_str) == Some(value))
             .map(|(_, env)| env)
     })
 }

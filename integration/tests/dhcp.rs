@@ -12,7 +12,7 @@ use std::time::Duration;
 use serde_json::{Value, json};
 use vmdhcp_integration::dhcp_client::{
     dhclient_lease, events, hook_script, http_get, start_dhclient, start_dhclient_configuring,
-    start_dhcpcd, udhcpc, udhcpc_bound, wait_event, wait_for,
+    start_dhcpcd, udhcpc, udhcpc_bound, wait_event, wait_for, wait_renewal_with,
 };
 use vmdhcp_integration::netns::{Lab, Netns};
 
@@ -241,21 +241,14 @@ fn dhclient_gets_its_reservation_with_exact_options_renews_and_sees_option_chang
     // An option change reaches the next renewal without restarting anything.
     rig.reload(&[pool_a(6, "192.0.2.99")]);
     let seen_before = events(dir.path()).len();
-    let changed = wait_for(
-        "a renewal with the new DNS",
+    let changed = wait_renewal_with(
+        dir.path(),
+        seen_before,
+        "new_domain_name_servers",
+        "192.0.2.99 192.0.2.54",
         Duration::from_secs(20),
-        || {
-            events(dir.path())
-                .into_iter()
-                .skip(seen_before)
-                .find(|(e, env)| {
-                    e == "RENEW"
-                        && env.get("new_domain_name_servers").map(String::as_str)
-                            == Some("192.0.2.99 192.0.2.54")
-                })
-        },
     );
-    assert_eq!(changed.1["new_ip_address"], IP_1);
+    assert_eq!(changed["new_ip_address"], IP_1);
     let log = rig.agent_log();
     assert!(!log.contains("panicked"), "{log}");
 }
@@ -284,20 +277,14 @@ fn the_host_name_arrives_and_a_rename_reaches_the_next_renewal() {
     assert_eq!(bound["new_host_name"], "vm-1");
     rig.reload(&[pool_a_named(6, "vm-renamed")]);
     let seen_before = events(dir.path()).len();
-    let renewed = wait_for(
-        "a renewal with the new name",
+    let renewed = wait_renewal_with(
+        dir.path(),
+        seen_before,
+        "new_host_name",
+        "vm-renamed",
         Duration::from_secs(20),
-        || {
-            events(dir.path())
-                .into_iter()
-                .skip(seen_before)
-                .find(|(e, env)| {
-                    e == "RENEW"
-                        && env.get("new_host_name").map(String::as_str) == Some("vm-renamed")
-                })
-        },
     );
-    assert_eq!(renewed.1["new_ip_address"], IP_1);
+    assert_eq!(renewed["new_ip_address"], IP_1);
     let log = rig.agent_log();
     assert!(!log.contains("panicked"), "{log}");
 }

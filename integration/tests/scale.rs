@@ -13,6 +13,7 @@ use serde_json::json;
 use tokio::time::Instant;
 use vmdhcp_core::crd::{IPPool, VirtualMachineNetworkConfig, find_condition};
 use vmdhcp_integration::control_plane::ControlPlane;
+use vmdhcp_integration::dhcp_client::wait_for_async;
 
 #[path = "support/in_process.rs"]
 mod in_process;
@@ -42,15 +43,9 @@ fn allocated(cfg: &VirtualMachineNetworkConfig) -> bool {
     })
 }
 
-async fn poll<T>(what: &str, limit: Duration, mut f: impl AsyncFnMut() -> Option<T>) -> T {
-    let deadline = Instant::now() + limit;
-    loop {
-        if let Some(v) = f().await {
-            return v;
-        }
-        assert!(Instant::now() < deadline, "timed out waiting for {what}");
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+/// [`wait_for_async`], polling every 100 ms.
+async fn poll<T>(what: &str, limit: Duration, f: impl AsyncFnMut() -> Option<T>) -> T {
+    wait_for_async(what, limit, Duration::from_millis(100), f).await
 }
 
 /// Writes (anything but GET and LIST) between two readings of `apiserver_request_total`,
