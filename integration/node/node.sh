@@ -259,13 +259,15 @@ for root in $(cgroup_roots); do
   [ -f "$root/$cg/cpuset.cpus" ] && cat "$root/cpuset.cpus" >"$root/$cg/cpuset.cpus" && cat "$root/cpuset.mems" >"$root/$cg/cpuset.mems"
 done
 : >"$dir/resolv.conf"
+# The node shares the machine's disk, whose free space this test does not own: eviction thresholds
+# are absolute (a percentage of a large, busy disk tainted the node with gigabytes still free).
 start kubelet "$BIN/kubelet" --kubeconfig="$dir/kubeconfig/kubelet" --hostname-override="$NODE" --node-ip="$NODE_IP" \
   --container-runtime=remote --container-runtime-endpoint="unix://$dir/containerd.sock" --runtime-request-timeout=5m \
   --root-dir="$dir/kubelet" --cert-dir="$dir/kubelet/pki" --volume-plugin-dir="$dir/kubelet/volume-plugins" \
   --cgroup-driver=cgroupfs --cgroup-root="/$cg" --fail-swap-on=false \
   --cluster-dns="$NODE_IP" --cluster-domain=cluster.local --resolv-conf="$dir/resolv.conf" \
   --read-only-port=0 --image-gc-high-threshold=100 --image-gc-low-threshold=99 \
-  --eviction-hard='memory.available<100Mi,nodefs.available<2%,imagefs.available<2%' \
+  --eviction-hard='memory.available<100Mi,nodefs.available<256Mi,imagefs.available<256Mi' \
   --serialize-image-pulls=false --max-pods=60
 start kube-proxy "$BIN/kube-proxy" --kubeconfig="$dir/kubeconfig/proxy" --hostname-override="$NODE" \
   --proxy-mode=iptables --masquerade-all --cluster-cidr=10.244.0.0/16 --conntrack-max-per-core=0 \

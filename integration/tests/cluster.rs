@@ -284,8 +284,9 @@ impl Cluster {
                 text.push_str(&format!("--- logs of {name}\n{logs}\n"));
             }
         }
+        let (_, disk) = output(Command::new("df").arg("-h").arg(self.node.dir()));
         text.push_str(&format!(
-            "--- kubelet\n{}\n",
+            "--- disk of the node\n{disk}--- kubelet\n{}\n",
             self.node.log_tail("kubelet", 15)
         ));
         text
