@@ -9,7 +9,9 @@ use std::time::{Duration, Instant};
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::Event;
-use kube::api::{Api, ApiResource, DynamicObject, GroupVersionKind, PostParams};
+use kube::api::{
+    Api, ApiResource, DynamicObject, GroupVersionKind, Patch, PatchParams, PostParams,
+};
 use kube::{Client, ResourceExt};
 use serde_json::json;
 use vmdhcp_core::crd::{IPPool, VirtualMachineNetworkConfig, find_condition};
@@ -401,7 +403,9 @@ async fn missing_agent_deployment_is_reported_and_an_unchanged_bootstrap_writes_
     assert_eq!(checks("written"), 1.0);
     let unchanged_before = checks("unchanged");
 
-    // Allocations change the index but not the set of pools: checks run, nothing is written.
+    // Allocations change leases, not the set of pools: the bootstrap is not written (nor even
+    // looked at: it wakes on pool changes only). A change to the Deployment that leaves the
+    // bootstrap alone is checked and not written either.
     let (_, ip) = vm_allocated(
         &client,
         &ns,
@@ -411,14 +415,22 @@ async fn missing_agent_deployment_is_reported_and_an_unchanged_bootstrap_writes_
         "VM allocated",
     )
     .await;
-    poll("a bootstrap check after the allocation", async || {
-        (checks("unchanged") > unchanged_before).then_some(())
-    })
+    deployments
+        .patch(
+            "vm-dhcp-agent",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"metadata": {"labels": {"touched": "by-the-test"}}})),
+        )
+        .await
+        .unwrap();
+    poll(
+        "a bootstrap check after the Deployment changed",
+        async || (checks("unchanged") > unchanged_before).then_some(()),
+    )
     .await;
     let now = deployments.get("vm-dhcp-agent").await.unwrap();
     assert_eq!(
-        now.resource_version(),
-        written.resource_version(),
+        now.metadata.generation, written.metadata.generation,
         "an unchanged bootstrap was written"
     );
     assert_eq!(checks("written"), 1.0);

@@ -124,6 +124,8 @@ pub struct Index {
     epoch: Arc<str>,
     state: Mutex<State>,
     revisions: watch::Sender<u64>,
+    /// The last revision that added, changed or removed a pool (not only leases).
+    pool_revisions: watch::Sender<u64>,
 }
 
 impl Index {
@@ -157,6 +159,7 @@ impl Index {
                 history_keys_limit: history_keys,
             }),
             revisions: watch::channel(0).0,
+            pool_revisions: watch::channel(0).0,
         }
     }
 
@@ -173,6 +176,24 @@ impl Index {
     /// A receiver that wakes on every new revision (it sees the latest, not each one).
     pub fn subscribe(&self) -> watch::Receiver<u64> {
         self.revisions.subscribe()
+    }
+
+    /// A receiver that wakes when a pool is added, changed or removed, and not when only leases
+    /// change: for readers of the pool set (the agent bootstrap), whose work must not grow with
+    /// the rate of allocations.
+    pub fn subscribe_pools(&self) -> watch::Receiver<u64> {
+        self.pool_revisions.subscribe()
+    }
+
+    /// The configs of the pools `filter` accepts, in pool order, without their leases: what
+    /// [`Index::snapshot`] gives minus the part that grows with the number of VMs.
+    pub fn pool_configs(&self, filter: &PoolFilter) -> Vec<PoolConfig> {
+        self.lock()
+            .pools
+            .iter()
+            .filter(|(pool, _)| filter.accepts(pool))
+            .map(|(_, cfg)| cfg.clone())
+            .collect()
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, State> {
@@ -256,6 +277,7 @@ impl Index {
             leases: &touched.leases,
         });
         st.history_keys += touched.pools.len() + touched.leases.len();
+        let pools_changed = !touched.pools.is_empty();
         st.history.push_back(touched);
         while st.history.len() > st.history_limit
             || (st.history.len() > 1 && st.history_keys > st.history_keys_limit)
@@ -266,6 +288,9 @@ impl Index {
         }
         let revision = st.revision;
         drop(st);
+        if pools_changed {
+            self.pool_revisions.send_replace(revision);
+        }
         self.revisions.send_replace(revision);
         Some(revision)
     }
@@ -568,6 +593,43 @@ mod tests {
         let huge = Index::with_limits(1000, 5);
         huge.apply((0..20u8).map(|m| Op::UpsertLease(lease("a", m, 1))));
         assert_eq!(huge.history_len(), 1, "the latest revision is always kept");
+    }
+
+    #[test]
+    fn pool_readers_wake_on_pool_changes_only() {
+        let index = Index::new();
+        let mut pools = index.subscribe_pools();
+        let mut all = index.subscribe();
+        index.apply([Op::UpsertPool(Box::new(pool("a")))]);
+        assert!(pools.has_changed().unwrap() && all.has_changed().unwrap());
+        pools.mark_unchanged();
+        all.mark_unchanged();
+        index.apply([Op::UpsertLease(lease("a", 1, 10))]);
+        assert!(all.has_changed().unwrap());
+        assert!(
+            !pools.has_changed().unwrap(),
+            "a lease is not a pool change"
+        );
+        index.apply([Op::UpsertPool(Box::new(pool("a")))]);
+        assert!(
+            !pools.has_changed().unwrap(),
+            "an unchanged config is no change"
+        );
+        index.apply([
+            Op::UpsertPool(Box::new(pool("b"))),
+            Op::RemovePool("ns/a".parse().unwrap()),
+        ]);
+        assert!(pools.has_changed().unwrap());
+        assert_eq!(
+            index.pool_configs(&PoolFilter::all()),
+            vec![pool("b")],
+            "configs only, in pool order"
+        );
+        assert!(
+            index
+                .pool_configs(&PoolFilter::only(["ns/a".parse().unwrap()]))
+                .is_empty()
+        );
     }
 
     #[test]

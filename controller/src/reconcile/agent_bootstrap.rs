@@ -74,8 +74,51 @@ pub fn patch_for(bootstrap: &Bootstrap, container: &str) -> serde_json::Value {
     }}})
 }
 
+/// The agent Deployment as its watch last showed it: the loop compares against this instead of
+/// reading the Deployment on every pool change.
+#[derive(Debug, Default)]
+enum Seen {
+    /// The watch has not listed yet.
+    #[default]
+    Unknown,
+    /// The list or a deletion said there is none.
+    Missing,
+    /// The latest version seen (or written by our own patch).
+    Present(Box<Deployment>),
+}
+
+/// [`Seen`], kept from the watch's events; a relist replaces it only once complete.
+#[derive(Debug, Default)]
+struct Watched {
+    seen: Seen,
+    /// While a (re)list is under way: what it has shown so far.
+    listing: Option<Option<Deployment>>,
+}
+
+impl Watched {
+    fn apply(&mut self, event: watcher::Event<Deployment>) {
+        match event {
+            watcher::Event::Init => self.listing = Some(None),
+            watcher::Event::InitApply(d) => self.listing = Some(Some(d)),
+            watcher::Event::InitDone => {
+                self.seen = match self.listing.take().flatten() {
+                    Some(d) => Seen::Present(Box::new(d)),
+                    None => Seen::Missing,
+                }
+            }
+            watcher::Event::Apply(d) => self.seen = Seen::Present(Box::new(d)),
+            watcher::Event::Delete(_) => self.seen = Seen::Missing,
+        }
+    }
+}
+
 /// Keeps the Deployment's bootstrap equal to the index's pools until `stop` turns true (it
 /// returns between two writes, never in the middle of one) or the term is dropped.
+///
+/// It wakes on pool changes (not on lease changes: allocations never touch the bootstrap) and on
+/// the Deployment's own changes (created at last, or its env reset by a `helm upgrade`), and
+/// compares against the Deployment its watch last showed: the API is written only when they
+/// differ, and never read per change.
 pub async fn run(
     ctx: Arc<Context>,
     index: Arc<Index>,
@@ -83,9 +126,7 @@ pub async fn run(
     mut stop: watch::Receiver<bool>,
 ) {
     let api: Api<Deployment> = Api::namespaced(ctx.client.clone(), &target.deployment.namespace);
-    let mut revisions = index.subscribe();
-    // Changes to the Deployment itself (created at last, or its env reset by a `helm upgrade`)
-    // are acted on at once, not at the next index change.
+    let mut pool_changes = index.subscribe_pools();
     let mut deployment_changes = std::pin::pin!(
         watcher(
             api.clone(),
@@ -93,68 +134,83 @@ pub async fn run(
         )
         .default_backoff()
     );
+    let mut watched = Watched::default();
     // Pools told (condition + event) that the Deployment is missing, so each pool hears it once
     // per absence, including pools that start being served while it is still missing.
     let mut missing_reported: BTreeSet<NamespacedName> = BTreeSet::new();
     loop {
-        let snapshot = index.snapshot(&PoolFilter::all());
-        let bootstrap = Bootstrap::from_pools(snapshot.pools.iter().map(|(c, _)| c));
+        let pools = index.pool_configs(&PoolFilter::all());
+        let bootstrap = Bootstrap::from_pools(pools.iter());
         let desired = (
             Some(bootstrap.render_multus_networks()),
             Some(bootstrap.render_network_configs()),
             Some(bootstrap.render_pool_refs()),
         );
-        let outcome = match api.get_opt(&target.deployment.name).await {
-            Ok(Some(deploy)) => {
+        let mut failed = false;
+        match &watched.seen {
+            Seen::Unknown => {}
+            Seen::Present(deploy) => {
                 missing_reported.clear();
                 ctx.agent_deployment_missing
                     .store(false, std::sync::atomic::Ordering::Relaxed);
-                if current(&deploy, &target.container) == desired {
+                if current(deploy, &target.container) == desired {
                     ctx.metrics.bootstrap_checked("unchanged");
-                    Ok(())
                 } else if ctx.ensure_leader().is_ok() {
                     let patch = patch_for(&bootstrap, &target.container);
-                    api.patch(&target.deployment.name, &PatchParams::default(), &Patch::Strategic(&patch)).await.map(|_| {
-                        ctx.metrics.bootstrap_checked("written");
-                        info!(deployment = %target.deployment, pools = bootstrap.pool_refs.len(), "agent Deployment bootstrap updated");
-                    })
-                } else {
-                    Ok(())
+                    match api
+                        .patch(
+                            &target.deployment.name,
+                            &PatchParams::default(),
+                            &Patch::Strategic(&patch),
+                        )
+                        .await
+                    {
+                        Ok(written) => {
+                            ctx.metrics.bootstrap_checked("written");
+                            info!(deployment = %target.deployment, pools = bootstrap.pool_refs.len(), "agent Deployment bootstrap updated");
+                            // What the API now holds, until the watch shows a newer version.
+                            watched.seen = Seen::Present(Box::new(written));
+                        }
+                        Err(e) => {
+                            ctx.metrics.bootstrap_checked("error");
+                            warn!(deployment = %target.deployment, error = %e, "cannot update the agent Deployment; retrying");
+                            failed = true;
+                        }
+                    }
                 }
             }
-            Ok(None) => {
+            Seen::Missing => {
                 ctx.metrics.bootstrap_checked("missing");
                 ctx.agent_deployment_missing
                     .store(true, std::sync::atomic::Ordering::Relaxed);
-                let unreported: Vec<NamespacedName> = snapshot
-                    .pools
+                let unreported: Vec<NamespacedName> = pools
                     .iter()
-                    .map(|(c, _)| c.pool.clone())
+                    .map(|c| c.pool.clone())
                     .filter(|p| !missing_reported.contains(p))
                     .collect();
                 if !unreported.is_empty() {
                     report_missing(&ctx, &target, &unreported).await;
                     missing_reported.extend(unreported);
                 }
-                Ok(())
             }
-            Err(e) => Err(e),
-        };
-        if let Err(e) = outcome {
-            ctx.metrics.bootstrap_checked("error");
-            warn!(deployment = %target.deployment, error = %e, "cannot update the agent Deployment; retrying");
-            tokio::select! {
-                () = tokio::time::sleep(Duration::from_secs(5)) => {}
-                _ = stop.wait_for(|s| *s) => return,
-            }
-            continue;
         }
-        // Re-check on every index change and Deployment change, and now and then regardless;
-        // on shutdown, stop here, between writes, never in the middle of one.
+        let retry = async {
+            if failed {
+                tokio::time::sleep(Duration::from_secs(5)).await
+            } else {
+                std::future::pending().await
+            }
+        };
+        // On shutdown, stop here, between writes, never in the middle of one.
         tokio::select! {
-            _ = revisions.changed() => {}
-            _ = deployment_changes.next() => {}
-            () = tokio::time::sleep(Duration::from_secs(60)) => {}
+            _ = pool_changes.changed() => {}
+            event = deployment_changes.next() => match event {
+                Some(Ok(event)) => watched.apply(event),
+                // The watcher backs off and relists by itself; what it shows next is current.
+                Some(Err(e)) => warn!(deployment = %target.deployment, error = %e, "watching the agent Deployment"),
+                None => return,
+            },
+            () = retry => {}
             _ = stop.wait_for(|s| *s) => return,
         }
     }
@@ -200,6 +256,47 @@ async fn report_missing(ctx: &Context, target: &AgentDeployment, pools: &[Namesp
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn deployment(generation: i64) -> Deployment {
+        let mut d = Deployment::default();
+        d.metadata.generation = Some(generation);
+        d
+    }
+
+    fn generation(w: &Watched) -> Option<i64> {
+        match &w.seen {
+            Seen::Present(d) => d.metadata.generation,
+            _ => None,
+        }
+    }
+
+    #[test]
+    fn the_watched_deployment_follows_its_events_and_a_relist_only_once_complete() {
+        let mut w = Watched::default();
+        assert!(
+            matches!(w.seen, Seen::Unknown),
+            "nothing known before the first list"
+        );
+        w.apply(watcher::Event::Init);
+        assert!(matches!(w.seen, Seen::Unknown));
+        w.apply(watcher::Event::InitDone);
+        assert!(matches!(w.seen, Seen::Missing), "listed and absent");
+        w.apply(watcher::Event::Apply(deployment(1)));
+        assert_eq!(generation(&w), Some(1));
+        // A relist keeps showing the last version until it is complete.
+        w.apply(watcher::Event::Init);
+        w.apply(watcher::Event::InitApply(deployment(2)));
+        assert_eq!(generation(&w), Some(1));
+        w.apply(watcher::Event::InitDone);
+        assert_eq!(generation(&w), Some(2));
+        // A relist that no longer finds it: missing.
+        w.apply(watcher::Event::Init);
+        w.apply(watcher::Event::InitDone);
+        assert!(matches!(w.seen, Seen::Missing));
+        w.apply(watcher::Event::Apply(deployment(3)));
+        w.apply(watcher::Event::Delete(deployment(3)));
+        assert!(matches!(w.seen, Seen::Missing));
+    }
 
     #[test]
     fn a_fresh_deployment_with_no_pools_needs_no_patch() {
