@@ -20,8 +20,10 @@
 use std::collections::{BTreeMap, HashMap};
 use std::net::Ipv4Addr;
 use std::sync::{Arc, Mutex, PoisonError, RwLock};
+use std::time::Duration;
 
 use ipnet::Ipv4Net;
+use tokio::sync::watch;
 use vmdhcp_core::crd::AddressConflict;
 use vmdhcp_core::pool::{Holder, PoolRange, parse_allocated};
 use vmdhcp_core::{MacAddr, NamespacedName};
@@ -646,9 +648,19 @@ impl PoolAllocator {
 /// Every pool's allocator, keyed by pool. Safe to share between reconcilers and HTTP handlers:
 /// the map is behind a read-write lock and each pool behind its own mutex, so work on one pool
 /// never waits for another.
-#[derive(Default)]
 pub struct Ipam {
     pools: RwLock<HashMap<NamespacedName, Arc<Mutex<PoolAllocator>>>>,
+    /// Bumped whenever a pool is registered or forgotten, for [`Ipam::built`].
+    registered: watch::Sender<u64>,
+}
+
+impl Default for Ipam {
+    fn default() -> Self {
+        Ipam {
+            pools: RwLock::default(),
+            registered: watch::channel(0).0,
+        }
+    }
 }
 
 impl Ipam {
@@ -662,12 +674,36 @@ impl Ipam {
         let pool = allocator.range.pool().clone();
         let mut pools = self.pools.write().unwrap_or_else(PoisonError::into_inner);
         pools.insert(pool, Arc::new(Mutex::new(allocator)));
+        drop(pools);
+        self.registered.send_modify(|n| *n += 1);
     }
 
     /// Forgets a pool (pause or deletion); returns whether it was known.
     pub fn remove(&self, pool: &NamespacedName) -> bool {
         let mut pools = self.pools.write().unwrap_or_else(PoisonError::into_inner);
-        pools.remove(pool).is_some()
+        let known = pools.remove(pool).is_some();
+        drop(pools);
+        self.registered.send_modify(|n| *n += 1);
+        known
+    }
+
+    /// Waits, at most `limit`, until the pool's allocator is built; returns whether it is.
+    ///
+    /// After a restart or a change of leader every config waits for its pool's rebuild: waiting
+    /// here wakes each of them once, when it happens, where thousands of configs polling every
+    /// few hundred milliseconds would take the CPU from the very rebuild they wait for.
+    pub async fn built(&self, pool: &NamespacedName, limit: Duration) -> bool {
+        // Subscribed before the first look: a pool registered after it wakes the wait.
+        let mut registered = self.registered.subscribe();
+        let wait = async {
+            while !self.contains(pool) {
+                if registered.changed().await.is_err() {
+                    // Cannot happen while `self` lives (it holds the sender).
+                    std::future::pending::<()>().await;
+                }
+            }
+        };
+        tokio::time::timeout(limit, wait).await.is_ok()
     }
 
     /// Whether the pool's allocator has been built (upstream's `IsNetworkInitialized`).
@@ -993,6 +1029,26 @@ mod tests {
             Err(IpamError::UnknownPool { .. })
         ));
         assert_eq!(ipam.pools(), [a.pool().clone()]);
+    }
+
+    #[tokio::test]
+    async fn a_wait_for_a_pool_ends_when_it_is_built_or_at_its_limit() {
+        let ipam = Arc::new(Ipam::new());
+        let (a, b) = (readme_range(), readme_range_of("default/net-48-b"));
+        // Never built: the wait gives up at its limit.
+        assert!(!ipam.built(b.pool(), Duration::from_millis(10)).await);
+        let waiter = {
+            let (ipam, pool) = (ipam.clone(), a.pool().clone());
+            tokio::spawn(async move { ipam.built(&pool, Duration::from_secs(3600)).await })
+        };
+        tokio::task::yield_now().await;
+        // Another pool's registration wakes it, but it keeps waiting for its own.
+        ipam.insert(PoolAllocator::new(b.clone()));
+        tokio::task::yield_now().await;
+        assert!(!waiter.is_finished());
+        ipam.insert(PoolAllocator::new(a.clone()));
+        assert!(waiter.await.unwrap(), "woken by the pool's rebuild");
+        assert!(ipam.built(a.pool(), Duration::ZERO).await, "built already");
     }
 
     #[test]

@@ -42,8 +42,11 @@ pub struct Context {
     pub pools: Store<IPPool>,
     /// VirtualMachineNetworkConfigs as last seen.
     pub vmnetcfgs: Store<VirtualMachineNetworkConfig>,
-    /// KubeVirt VirtualMachines as last seen.
+    /// KubeVirt VirtualMachines as last seen, trimmed to what the reconcilers read
+    /// ([`crate::reconcile::vm::trim`]).
     pub vms: Store<DynamicObject>,
+    /// NetworkAttachmentDefinitions as last seen, metadata only (a pool labels its network).
+    pub nads: Store<DynamicObject>,
     /// Allocations, rebuilt from status when leadership starts.
     pub ipam: Arc<Ipam>,
     /// Batches IPAM → IPPool status writes.
@@ -70,8 +73,9 @@ pub struct Context {
     /// [`Context::caches_ready`]). A watch channel rather than each store's own wait, which wakes
     /// only the last of many concurrent waiters (kube-runtime 5's `DelayedInit` holds one waker).
     pub caches: watch::Receiver<bool>,
-    /// The status last written per config, with the resourceVersion it was computed from.
-    pub written: std::sync::Mutex<std::collections::HashMap<String, (String, serde_json::Value)>>,
+    /// The status last written per config (serialised, without timestamps), with the
+    /// resourceVersion it was computed from; only until the cache shows it.
+    pub written: std::sync::Mutex<std::collections::HashMap<String, (String, String)>>,
 }
 
 impl Context {
@@ -183,15 +187,23 @@ impl Context {
                     .as_ref()
                     == Some(network)
             })
-            .min_by_key(|p| {
-                let created = p
-                    .metadata
-                    .creation_timestamp
-                    .as_ref()
-                    .map_or(Timestamp::MAX, |t| t.0);
-                (created, p.namespace().unwrap_or_default(), p.name_any())
-            })
+            .min_by_key(|p| serving_order(p))
     }
+}
+
+/// Of several pools on one network, the first in this order serves it: the oldest, then by
+/// namespace and name (a pool not yet given a creation time comes last).
+pub fn serving_order(pool: &IPPool) -> (Timestamp, String, String) {
+    let created = pool
+        .metadata
+        .creation_timestamp
+        .as_ref()
+        .map_or(Timestamp::MAX, |t| t.0);
+    (
+        created,
+        pool.namespace().unwrap_or_default(),
+        pool.name_any(),
+    )
 }
 
 #[cfg(test)]

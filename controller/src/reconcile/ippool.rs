@@ -21,14 +21,14 @@ use serde_json::json;
 use tracing::{info, warn};
 use vmdhcp_core::crd::{
     AddressConflict, CONDITION_AGENT_READY, CONDITION_CACHE_READY, CONDITION_REGISTERED,
-    CONDITION_STOPPED, IPPool, LABEL_IPPOOL_NAME, LABEL_IPPOOL_NAMESPACE,
+    CONDITION_STOPPED, IPPool, LABEL_IPPOOL_NAME, LABEL_IPPOOL_NAMESPACE, find_condition,
 };
 use vmdhcp_core::pool::{PoolRange, ValidPool};
 
 use crate::ipam::{IpamError, PoolAllocator};
 use crate::kinds::{nad_resource, object_ref};
 use crate::metrics::PoolLabels;
-use crate::reconcile::context::{Context, IPPOOL_FINALIZER, NotLeader};
+use crate::reconcile::context::{Context, IPPOOL_FINALIZER, NotLeader, serving_order};
 use crate::reconcile::status::{StatusError, fill_ipv4, set_condition, update_pool_status};
 use crate::reports::{AddressProbe, AgentReport, InterfaceState, ProbeReason};
 use vmdhcp_core::{MacAddr, NamespacedName};
@@ -302,6 +302,20 @@ async fn label_network(
     pool_ref: &NamespacedName,
     network: &NamespacedName,
 ) -> Result<Option<Action>, Error> {
+    let labelled = |nad: &DynamicObject| {
+        let l = nad.labels();
+        l.get(LABEL_IPPOOL_NAMESPACE) == Some(&pool_ref.namespace)
+            && l.get(LABEL_IPPOOL_NAME) == Some(&pool_ref.name)
+    };
+    // The cache answers the common case (labelled already) without a read per reconcile; what
+    // it does not show yet is read from the API (a NAD just created, or just labelled by us).
+    let cached = ctx.nads.get(
+        &kube::runtime::reflector::ObjectRef::new_with(&network.name, nad_resource())
+            .within(&network.namespace),
+    );
+    if cached.is_some_and(|nad| labelled(&nad)) {
+        return Ok(None);
+    }
     let nads: Api<DynamicObject> =
         Api::namespaced_with(ctx.client.clone(), &network.namespace, &nad_resource());
     match nads.get_opt(&network.name).await {
@@ -317,10 +331,7 @@ async fn label_network(
             return Ok(Some(Action::requeue(Duration::from_secs(30))));
         }
         Ok(Some(nad)) => {
-            let l = nad.labels();
-            if l.get(LABEL_IPPOOL_NAMESPACE) != Some(&pool_ref.namespace)
-                || l.get(LABEL_IPPOOL_NAME) != Some(&pool_ref.name)
-            {
+            if !labelled(&nad) {
                 ctx.ensure_leader()?;
                 let patch = json!({"metadata": {"labels": {LABEL_IPPOOL_NAMESPACE: pool_ref.namespace, LABEL_IPPOOL_NAME: pool_ref.name}}});
                 nads.patch(
@@ -339,6 +350,18 @@ async fn label_network(
     Ok(None)
 }
 
+/// The pool's allocator as its status records it, with what could not be replayed.
+fn allocator_from_status(pool: &IPPool, range: &PoolRange) -> (PoolAllocator, Vec<IpamError>) {
+    let recorded = pool.status.as_ref().and_then(|s| s.ipv4.as_ref());
+    let allocated = recorded.map(|v| v.allocated.clone()).unwrap_or_default();
+    let (mut allocator, mut problems) = PoolAllocator::rebuild(range.clone(), &allocated);
+    if let Some(v4) = recorded {
+        problems.extend(allocator.restore_conflicts(&v4.conflicts));
+        allocator.restore_host_names(&v4.host_names);
+    }
+    (allocator, problems)
+}
+
 /// (Re)builds the pool's IPAM from what etcd records whenever it is missing or the range changed.
 async fn rebuild_ipam(
     ctx: &Context,
@@ -350,13 +373,7 @@ async fn rebuild_ipam(
     if current.as_ref() == Some(range) {
         return Ok(());
     }
-    let recorded = pool.status.as_ref().and_then(|s| s.ipv4.as_ref());
-    let allocated = recorded.map(|v| v.allocated.clone()).unwrap_or_default();
-    let (mut allocator, mut problems) = PoolAllocator::rebuild(range.clone(), &allocated);
-    if let Some(v4) = recorded {
-        problems.extend(allocator.restore_conflicts(&v4.conflicts));
-        allocator.restore_host_names(&v4.host_names);
-    }
+    let (allocator, problems) = allocator_from_status(pool, range);
     for problem in problems.iter().take(5) {
         warn!(pool = %pool_ref, %problem, "status entry not replayed");
         ctx.event(
@@ -372,6 +389,55 @@ async fn rebuild_ipam(
     ctx.ipam.insert(allocator);
     info!(pool = %pool_ref, leases = ctx.ipam.with_pool(pool_ref, |a| a.used()).unwrap_or(0), "IPAM rebuilt from status");
     Ok(())
+}
+
+/// Builds, when a leadership term starts, the IPAM of every pool its reconcile would rebuild
+/// as it is: ready in the last term (`CacheReady`), valid, not paused or being deleted, the
+/// pool serving its network, and with a status that replays without a problem (a pool with one
+/// is left to its reconcile, which reports it). Returns how many were built.
+///
+/// Every config of such a pool can then be reconciled at once: without this, each of them
+/// waits for its pool's reconcile, and after a failover at scale the configs (thousands) crowd
+/// out the pools (hundreds) they wait for. The pool's reconcile still runs; it finds the IPAM
+/// built, with the same range, and keeps it.
+pub fn prebuild(pools: &[Arc<IPPool>], ipam: &crate::ipam::Ipam) -> usize {
+    // Which pool serves each network: the first in `serving_order`, as the reconcilers decide.
+    let mut serving: BTreeMap<NamespacedName, &IPPool> = BTreeMap::new();
+    for pool in pools
+        .iter()
+        .filter(|p| p.metadata.deletion_timestamp.is_none())
+    {
+        let ns = pool.namespace().unwrap_or_default();
+        let Ok(network) = NamespacedName::parse_in(&pool.spec.network_name, &ns) else {
+            continue;
+        };
+        serving
+            .entry(network)
+            .and_modify(|owner| {
+                if serving_order(pool) < serving_order(owner) {
+                    *owner = pool;
+                }
+            })
+            .or_insert(pool);
+    }
+    let mut built = 0;
+    for pool in serving.into_values() {
+        let ready = pool.status.as_ref().is_some_and(|s| {
+            find_condition(&s.conditions, CONDITION_CACHE_READY).is_some_and(|c| c.status == "True")
+        });
+        let (Ok(valid), Some(pool_ref)) = (ValidPool::parse(pool), object_ref(pool)) else {
+            continue;
+        };
+        if !ready || pool.spec.paused == Some(true) || ipam.contains(&pool_ref) {
+            continue;
+        }
+        let (allocator, problems) = allocator_from_status(pool, valid.range());
+        if problems.is_empty() {
+            ipam.insert(allocator);
+            built += 1;
+        }
+    }
+    built
 }
 
 /// The probe verdicts on `pool` of the agent serving it now: the latest fresh report of a
@@ -555,6 +621,72 @@ async fn cleanup(pool: Arc<IPPool>, ctx: Arc<Context>) -> Result<Action, Error> 
 mod tests {
     use super::*;
     use crate::reports::{AgentIdentity, InterfaceReport};
+    use vmdhcp_core::fixtures::{nn, pool_on, with_allocated, with_conditions};
+
+    #[test]
+    fn a_new_term_prebuilds_exactly_the_pools_their_reconcile_would_keep() {
+        use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+        let at = |secs: i64| {
+            Some(Time(
+                k8s_openapi::jiff::Timestamp::from_second(secs).unwrap(),
+            ))
+        };
+        let ready = |key: &str, network: &str, created: i64| {
+            let mut p = with_conditions(
+                with_allocated(
+                    pool_on(key, network),
+                    &[("192.168.48.82", "aa:bb:cc:00:00:01")],
+                ),
+                &[(CONDITION_CACHE_READY, true)],
+            );
+            p.metadata.creation_timestamp = at(created);
+            p
+        };
+        let mut paused = ready("ns/paused", "ns/net-p", 1);
+        paused.spec.paused = Some(true);
+        let mut deleting = ready("ns/deleting", "ns/net-d", 1);
+        deleting.metadata.deletion_timestamp = at(2);
+        let mut invalid_owner = ready("ns/invalid", "ns/net-i", 1);
+        invalid_owner.spec.ipv4_config.cidr = "not a cidr".into();
+        let pools: Vec<Arc<IPPool>> = [
+            ready("ns/ok", "ns/net-a", 1),
+            // Second on net-b: the older one serves it.
+            ready("ns/newer", "ns/net-b", 5),
+            ready("ns/older", "ns/net-b", 3),
+            // Not ready in the last term: its reconcile decides.
+            with_conditions(
+                pool_on("ns/unready", "ns/net-u"),
+                &[(CONDITION_CACHE_READY, false)],
+            ),
+            paused,
+            deleting,
+            // An older invalid pool holds its network: the valid one will be refused.
+            invalid_owner,
+            ready("ns/refused", "ns/net-i", 9),
+            // A status entry that does not replay: left to the reconcile, which reports it.
+            with_conditions(
+                with_allocated(
+                    pool_on("ns/odd", "ns/net-o"),
+                    &[("192.168.48.82", "not a mac")],
+                ),
+                &[(CONDITION_CACHE_READY, true)],
+            ),
+        ]
+        .into_iter()
+        .map(Arc::new)
+        .collect();
+        let ipam = crate::ipam::Ipam::new();
+        assert_eq!(prebuild(&pools, &ipam), 2);
+        assert_eq!(ipam.pools(), [nn("ns/ok"), nn("ns/older")]);
+        let mac: MacAddr = "aa:bb:cc:00:00:01".parse().unwrap();
+        assert_eq!(
+            ipam.with_pool(&nn("ns/ok"), |a| a.lookup(&mac)).unwrap(),
+            Some("192.168.48.82".parse().unwrap()),
+            "built from the recorded allocations"
+        );
+        // Built already: a second call (or the pool's reconcile) keeps it.
+        assert_eq!(prebuild(&pools, &ipam), 0);
+    }
 
     fn report(leader: bool, age: u64, state: InterfaceState, error: &str) -> AgentReport {
         AgentReport {

@@ -13,9 +13,9 @@ use std::sync::{Arc, Mutex, PoisonError};
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use k8s_openapi::jiff::Timestamp;
-use kube::Client;
 use kube::api::{Api, PostParams};
 use kube::runtime::reflector::Store;
+use kube::{Client, ResourceExt};
 use tracing::debug;
 use vmdhcp_core::NamespacedName;
 use vmdhcp_core::crd::{Condition, IPPool, IPPoolStatus, IPv4Status};
@@ -101,6 +101,18 @@ pub async fn update_pool_status(
     client: &Client,
     cache: Option<&Store<IPPool>>,
     pool: &NamespacedName,
+    edit: impl FnMut(&mut IPPoolStatus) -> Result<(), StatusError>,
+) -> Result<IPPool, StatusError> {
+    update_pool_status_from(client, None, cache, pool, edit).await
+}
+
+/// [`update_pool_status`] starting from `start` when given (a version known to be newer than
+/// the cache's).
+async fn update_pool_status_from(
+    client: &Client,
+    start: Option<IPPool>,
+    cache: Option<&Store<IPPool>>,
+    pool: &NamespacedName,
     mut edit: impl FnMut(&mut IPPoolStatus) -> Result<(), StatusError>,
 ) -> Result<IPPool, StatusError> {
     let api: Api<IPPool> = Api::namespaced(client.clone(), &pool.namespace);
@@ -108,9 +120,9 @@ pub async fn update_pool_status(
         pool: pool.clone(),
         source,
     };
-    let cached = cache.and_then(|s| s.get(&store_key(pool)));
-    let mut current: IPPool = match cached {
-        Some(obj) => (*obj).clone(),
+    let cached = || cache.and_then(|s| s.get(&store_key(pool)));
+    let mut current: IPPool = match start.or_else(|| cached().map(|o| (*o).clone())) {
+        Some(obj) => obj,
         None => api.get_status(&pool.name).await.map_err(api_err)?,
     };
     for attempt in 0..CONFLICT_RETRIES {
@@ -173,6 +185,12 @@ struct Tickets {
 struct Slot {
     tickets: Mutex<Tickets>,
     writing: tokio::sync::Mutex<()>,
+    /// The pool as our last write left it, with the cache's resourceVersion when that write
+    /// began. While the cache still shows that version it has not seen our write, and the next
+    /// write starts from ours: under a burst, writes to one pool follow each other faster than
+    /// the watch brings them back, and starting from the cache would cost a conflict and a
+    /// re-read each time.
+    last: Mutex<Option<(String, IPPool)>>,
 }
 
 /// Batches IPAM → `IPPool.status` writes per pool (see the module docs).
@@ -210,7 +228,21 @@ impl PoolStatusWriter {
             }
             t.issued
         };
-        update_pool_status(client, cache, pool, |status| fill_ipv4(ipam, pool, status)).await?;
+        let seen = cache
+            .and_then(|s| s.get(&store_key(pool)))
+            .and_then(|o| o.resource_version());
+        let start = {
+            let last = slot.last.lock().unwrap_or_else(PoisonError::into_inner);
+            last.as_ref()
+                .filter(|(base, _)| seen.as_ref() == Some(base))
+                .map(|(_, written)| written.clone())
+        };
+        let written = update_pool_status_from(client, start, cache, pool, |status| {
+            fill_ipv4(ipam, pool, status)
+        })
+        .await?;
+        *slot.last.lock().unwrap_or_else(PoisonError::into_inner) =
+            seen.map(|base| (base, written));
         let mut t = slot.tickets.lock().unwrap_or_else(PoisonError::into_inner);
         t.written = t.written.max(covering);
         Ok(())

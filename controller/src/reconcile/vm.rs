@@ -92,6 +92,34 @@ pub fn network_configs(vm: &DynamicObject) -> Vec<NetworkConfig> {
     out
 }
 
+/// Keeps of a cached VirtualMachine what this controller reads ([`network_configs`] and
+/// [`desired_config`]: identity, deletion, the MAC annotation, the template's networks and
+/// interfaces) and drops the rest (status, volumes, labels, other annotations…): the leader
+/// caches every VM of the cluster, and a whole one costs kilobytes.
+pub fn trim(vm: &mut DynamicObject) {
+    let meta = &mut vm.metadata;
+    meta.managed_fields = None;
+    meta.labels = None;
+    meta.owner_references = None;
+    meta.finalizers = None;
+    if let Some(annotations) = meta.annotations.as_mut() {
+        annotations.retain(|k, _| k == MAC_ANNOTATION);
+    }
+    // Pointers, not indexing: a malformed object must not panic the watch.
+    let mut take = |path: &str| {
+        vm.data
+            .pointer_mut(path)
+            .map(serde_json::Value::take)
+            .unwrap_or_default()
+    };
+    let networks = take("/spec/template/spec/networks");
+    let interfaces = take("/spec/template/spec/domain/devices/interfaces");
+    vm.data = serde_json::json!({"spec": {"template": {"spec": {
+        "networks": networks,
+        "domain": {"devices": {"interfaces": interfaces}},
+    }}}});
+}
+
 /// The config a VM asks for, as this controller applies it (server-side, owning the spec's
 /// NICs): named after the VM, owned by it, created with the finalizer. An empty `configs`
 /// serialises without `networkConfigs`, so the apply drops the NICs this manager owned.
@@ -213,6 +241,50 @@ mod tests {
             "spec": {"template": {"spec": {"domain": {"devices": {"interfaces": interfaces}}, "networks": networks}}}
         }))
         .unwrap()
+    }
+
+    #[test]
+    fn a_trimmed_vm_asks_for_the_same_configs() {
+        let mut v = vm(
+            json!({MAC_ANNOTATION: r#"{"nic-2":"aa:bb:cc:00:00:02"}"#, "kubevirt.io/latest-observed-api-version": "v1"}),
+            json!([{"name": "nic-1", "macAddress": "aa:bb:cc:00:00:01", "bridge": {}}, {"name": "nic-2", "bridge": {}}]),
+            json!([{"name": "default", "pod": {}}, {"name": "nic-1", "multus": {"networkName": "net-a"}}, {"name": "nic-2", "multus": {"networkName": "other/net-b"}}]),
+        );
+        v.data["status"] = json!({"printableStatus": "Running", "conditions": [{"type": "Ready"}]});
+        v.data["spec"]["template"]["spec"]["volumes"] =
+            json!([{"name": "disk", "containerDisk": {}}]);
+        v.data["spec"]["template"]["spec"]["domain"]["cpu"] = json!({"cores": 2});
+        v.metadata.uid = Some("u1".into());
+        let before = network_configs(&v);
+        trim(&mut v);
+        assert_eq!(network_configs(&v), before);
+        assert_eq!(before.len(), 2);
+        assert!(v.data.get("status").is_none());
+        assert!(v.data["spec"]["template"]["spec"].get("volumes").is_none());
+        assert_eq!(v.annotations().len(), 1, "only the MAC annotation is kept");
+        assert_eq!(
+            v.uid().as_deref(),
+            Some("u1"),
+            "the owner reference needs the uid"
+        );
+        // A VM without a template stays one: nothing to ask for.
+        let mut bare: DynamicObject = serde_json::from_value(json!({
+            "apiVersion": "kubevirt.io/v1", "kind": "VirtualMachine",
+            "metadata": {"name": "vm2", "namespace": "vms"}, "spec": {"running": true}
+        }))
+        .unwrap();
+        trim(&mut bare);
+        assert!(network_configs(&bare).is_empty());
+        let mut odd: DynamicObject = serde_json::from_value(json!({
+            "apiVersion": "kubevirt.io/v1", "kind": "VirtualMachine",
+            "metadata": {"name": "vm3", "namespace": "vms"}, "spec": {"template": "not an object"}
+        }))
+        .unwrap();
+        trim(&mut odd);
+        assert!(
+            network_configs(&odd).is_empty(),
+            "a malformed VM is trimmed, not a panic"
+        );
     }
 
     #[test]

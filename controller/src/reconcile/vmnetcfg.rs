@@ -116,24 +116,22 @@ pub async fn reconcile(
     .map_err(|e| Error::Finalizer(Box::new(e)))
 }
 
-/// How soon a config waiting for its pool's rebuild ([`pool_rebuilding`]) looks again.
-const POOL_REBUILD_WAIT: Duration = Duration::from_millis(200);
+/// How long a config waits for its pool's rebuild ([`pool_rebuilding`]) within one reconcile,
+/// and how soon it looks again if the rebuild has not happened by then (the pool's reconcile
+/// failed and is retried).
+const POOL_REBUILD_WAIT: Duration = Duration::from_secs(5);
 
-/// Whether the pool serving `nc`'s network was ready in the last term (its status says
+/// The pool serving `nc`'s network if it was ready in the last term (its status says
 /// `CacheReady`) but this term has not rebuilt its IPAM yet: the pool's own reconcile is about to.
 /// A config waits for that instead of writing `Pending`/"not ready" and then `Allocated` again —
 /// after a restart or a change of leader, every config would flap and be written twice.
-fn pool_rebuilding(ctx: &Context, nc: &NetworkConfig, namespace: &str) -> bool {
-    let Ok(network) = NamespacedName::parse_in(&nc.network_name, namespace) else {
-        return false;
-    };
-    let Some(pool) = ctx.pool_for_network(&network) else {
-        return false;
-    };
+fn pool_rebuilding(ctx: &Context, nc: &NetworkConfig, namespace: &str) -> Option<NamespacedName> {
+    let network = NamespacedName::parse_in(&nc.network_name, namespace).ok()?;
+    let pool = ctx.pool_for_network(&network)?;
     let was_ready = pool.status.as_ref().is_some_and(|s| {
         find_condition(&s.conditions, CONDITION_CACHE_READY).is_some_and(|c| c.status == "True")
     });
-    was_ready && object_ref(pool.as_ref()).is_some_and(|p| !ctx.ipam.contains(&p))
+    object_ref(pool.as_ref()).filter(|p| was_ready && !ctx.ipam.contains(p))
 }
 
 /// Releases `mac` on the pool serving `network`; returns the pool if something was released.
@@ -214,12 +212,16 @@ async fn write_status(
             c.remove("lastTransitionTime");
         }
     }
-    let already = ctx
-        .written
-        .lock()
-        .unwrap_or_else(PoisonError::into_inner)
-        .get(&key)
-        == Some(&(version.clone(), timeless.clone()));
+    let timeless = timeless.to_string();
+    let already = {
+        let mut written = ctx.written.lock().unwrap_or_else(PoisonError::into_inner);
+        if unchanged {
+            // The cache shows the status: the note of our write has served its purpose (kept,
+            // it would cost memory per config for ever).
+            written.remove(&key);
+        }
+        written.get(&key) == Some(&(version.clone(), timeless.clone()))
+    };
     if !unchanged && !already {
         let api: Api<VirtualMachineNetworkConfig> = Api::namespaced(ctx.client.clone(), &ns);
         api.patch_status(&name, &PatchParams::default(), &Patch::Merge(&status))
@@ -304,13 +306,17 @@ async fn apply(cfg: Arc<VirtualMachineNetworkConfig>, ctx: Arc<Context>) -> Resu
         delete_orphan(&ctx, &me).await?;
         return Ok(Action::await_change());
     }
-    if cfg
+    let rebuilding: BTreeSet<NamespacedName> = cfg
         .spec
         .network_configs
         .iter()
-        .any(|nc| pool_rebuilding(&ctx, nc, &me.namespace))
-    {
-        return Ok(Action::requeue(POOL_REBUILD_WAIT));
+        .filter_map(|nc| pool_rebuilding(&ctx, nc, &me.namespace))
+        .collect();
+    for pool in &rebuilding {
+        if !ctx.ipam.built(pool, POOL_REBUILD_WAIT).await {
+            debug!(vmnetcfg = %me, %pool, "pool not rebuilt yet; looking again");
+            return Ok(Action::requeue(POOL_REBUILD_WAIT));
+        }
     }
     let previous = cfg.recorded_nics();
     if cfg.spec.paused == Some(true) {

@@ -19,7 +19,7 @@ use kube::{Client, ResourceExt};
 use serde::de::DeserializeOwned;
 use tokio::sync::watch;
 use tokio::time::Instant;
-use tracing::{Instrument, debug, error, field, info, info_span, warn};
+use tracing::{Instrument, error, field, info, info_span, warn};
 use vmdhcp_core::NamespacedName;
 use vmdhcp_core::crd::{IPPool, VirtualMachineNetworkConfig};
 
@@ -203,7 +203,8 @@ pub(super) async fn lead(
 ) {
     // The process's shared watches (see `shared_watch`): a reconcile woken by an event always
     // reads a cache that has applied it, the API server sends each event once, and a new term
-    // starts from caches that are already full. VMs are watched by the leader only.
+    // starts from caches that are already full. VMs and NADs are watched by the leader only,
+    // trimmed to the fields it reads.
     let shared_caches = shared.caches.clone();
     let pools = shared_caches.pools.store();
     let (pool_self, pool_siblings, pool_for_cfgs) = (
@@ -213,11 +214,27 @@ pub(super) async fn lead(
     );
     let vm_api: Api<DynamicObject> = Api::all_with(client.clone(), &vm_resource());
     let (vm_watch, vm_watch_drive) =
-        SharedWatch::start(vm_api, vm_resource(), watcher::Config::default());
+        SharedWatch::start_trimmed(vm_api, vm_resource(), watcher::Config::default(), vm::trim);
     let vms = vm_watch.store();
     let (vm_self, vm_for_cfgs) = (vm_watch.trigger(), vm_watch.trigger());
-    let pool_ctrl = pool_controller(&client, &pools, pool_self, pool_siblings, &shared.reports)
-        .graceful_shutdown_on(stopped(stop.clone()));
+    let nad_api: Api<DynamicObject> = Api::all_with(client.clone(), &nad_resource());
+    let (nad_watch, nad_watch_drive) = SharedWatch::start_trimmed(
+        nad_api,
+        nad_resource(),
+        watcher::Config::default(),
+        |nad: &mut DynamicObject| {
+            nad.metadata.annotations = None;
+            nad.data = serde_json::Value::Null;
+        },
+    );
+    let pool_ctrl = pool_controller(
+        &pools,
+        pool_self,
+        pool_siblings,
+        nad_watch.trigger(),
+        &shared.reports,
+    )
+    .graceful_shutdown_on(stopped(stop.clone()));
     let cfgs = shared_caches.configs.store();
     let cfg_ctrl = Controller::for_stream(shared_caches.configs.trigger(), cfgs.clone());
     let vm_ctrl = Controller::for_stream_with(vm_self, vms.clone(), vm_resource())
@@ -240,13 +257,20 @@ pub(super) async fn lead(
     };
     let (events, queued_events) = Events::new(EVENT_QUEUE);
     let (caches_tx, caches) = watch::channel(false);
-    // Every reconcile may start once every cache holds its first list.
+    // Every reconcile may start once every cache holds its first list, and the pools that were
+    // ready have their IPAM back (see `ippool::prebuild`).
     let caches_ready = {
-        let (shared_caches, vms) = (shared_caches.clone(), vm_watch.ready());
+        let (shared_caches, vms, nads) =
+            (shared_caches.clone(), vm_watch.ready(), nad_watch.ready());
+        let (pools, ipam) = (shared_caches.pools.store(), ipam.clone());
         async move {
-            tokio::join!(shared_caches.ready(), vms);
+            tokio::join!(shared_caches.ready(), vms, nads);
+            let built = ippool::prebuild(&pools.state(), &ipam);
             caches_tx.send_replace(true);
-            debug!("caches filled: reconciles may read them");
+            info!(
+                pools = built,
+                "caches filled, IPAM rebuilt from pool status: reconciles may start"
+            );
         }
     };
     let ctx = Arc::new(Context {
@@ -254,6 +278,7 @@ pub(super) async fn lead(
         pools,
         vmnetcfgs: cfgs,
         vms,
+        nads: nad_watch.store(),
         ipam,
         writer: PoolStatusWriter::default(),
         events,
@@ -293,7 +318,7 @@ pub(super) async fn lead(
     };
     tokio::select! {
         () = writers => info!("reconcilers stopped; their writes are finished"),
-        _ = async { tokio::join!(vm_watch_drive, events_task, caches_ready) } => error!("the VM watch ended"),
+        _ = async { tokio::join!(vm_watch_drive, nad_watch_drive, events_task, caches_ready) } => error!("the VM and NAD watches ended"),
     }
 }
 
@@ -326,10 +351,10 @@ where
 /// The IPPool controller: a pool is reconciled on its own changes, on its network's (NAD), on
 /// another pool claiming the same network, and when an agent report about it changed.
 fn pool_controller(
-    client: &Client,
     pools: &reflector::Store<IPPool>,
     own: Trigger<IPPool>,
     siblings: Trigger<IPPool>,
+    nads: Trigger<DynamicObject>,
     reports: &Arc<Reports>,
 ) -> Controller<IPPool> {
     // A pool waits on its network (NAD) and on the other pools claiming the same network.
@@ -365,11 +390,10 @@ fn pool_controller(
     let by_sibling = pools_on(pools.clone());
     Controller::for_stream(own, pools.clone())
         .reconcile_on(report_changes)
-        .watches_with(
-            Api::<DynamicObject>::all_with(client.clone(), &nad_resource()),
-            nad_resource(),
-            watcher::Config::default(),
+        .watches_stream_with(
+            nads,
             move |nad: DynamicObject| by_nad(object_ref(&nad)),
+            nad_resource(),
         )
         .watches_stream(siblings, move |pool: IPPool| {
             by_sibling(
