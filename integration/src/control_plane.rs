@@ -501,3 +501,21 @@ fn write_pki(dir: &Path) -> Result<(), ControlPlaneError> {
     run(openssl().args(["ec", "-in", "sa.key", "-pubout", "-out", "sa.pub"]))?;
     Ok(())
 }
+
+/// The writes (anything but GET and LIST) between two readings of [`ControlPlane::requests`],
+/// by (verb, resource), leaving out the resources in `except` (e.g. `endpoints`, which the API
+/// server rewrites for itself now and then, or the `leases` of electing replicas).
+pub fn writes_between(
+    before: &BTreeMap<(String, String), f64>,
+    after: &BTreeMap<(String, String), f64>,
+    except: &[&str],
+) -> BTreeMap<(String, String), f64> {
+    after
+        .iter()
+        .filter(|((verb, resource), _)| {
+            verb != "GET" && verb != "LIST" && !except.contains(&resource.as_str())
+        })
+        .map(|(k, v)| (k.clone(), v - before.get(k).copied().unwrap_or(0.0)))
+        .filter(|(_, d)| *d > 0.0)
+        .collect()
+}

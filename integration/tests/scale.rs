@@ -54,12 +54,7 @@ fn writes(
     before: &BTreeMap<(String, String), f64>,
     after: &BTreeMap<(String, String), f64>,
 ) -> BTreeMap<(String, String), f64> {
-    after
-        .iter()
-        .filter(|((verb, resource), _)| verb != "GET" && verb != "LIST" && resource != "endpoints")
-        .map(|(k, v)| (k.clone(), v - before.get(k).copied().unwrap_or(0.0)))
-        .filter(|(_, d)| *d > 0.0)
-        .collect()
+    vmdhcp_integration::control_plane::writes_between(before, after, &["endpoints"])
 }
 
 /// Waits until the API server has seen no write for a second (the controller's queued events
