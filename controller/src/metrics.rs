@@ -3,7 +3,7 @@
 //! counts, errors and durations, agent-bootstrap checks, and gauges of live state read at scrape
 //! time (open config streams, index revision, leadership).
 
-use std::collections::{BTreeSet, HashMap};
+use std::collections::HashMap;
 use std::sync::{Mutex, PoisonError};
 use std::time::Duration;
 
@@ -77,7 +77,7 @@ pub struct Metrics {
     index_pools_examined: Counter,
     leader: Gauge,
     pool_series: Mutex<HashMap<String, PoolLabels>>,
-    vmnetcfg_series: Mutex<HashMap<String, BTreeSet<VmnetcfgLabels>>>,
+    vmnetcfg_series: Mutex<HashMap<String, Box<[VmnetcfgLabels]>>>,
 }
 
 impl Default for Metrics {
@@ -214,13 +214,16 @@ impl Metrics {
         }
     }
 
-    /// Makes a config's status series exactly `series`.
-    pub fn set_vmnetcfg(&self, vmnetcfg: &str, series: BTreeSet<VmnetcfgLabels>) {
+    /// Makes a config's status series exactly `series` (kept as a sorted slice: a config has one
+    /// series per NIC, and a set per config would cost a tree node, over a kilobyte, each).
+    pub fn set_vmnetcfg(&self, vmnetcfg: &str, mut series: Vec<VmnetcfgLabels>) {
+        series.sort();
+        series.dedup();
         let mut all = self
             .vmnetcfg_series
             .lock()
             .unwrap_or_else(PoisonError::into_inner);
-        for old in all.get(vmnetcfg).into_iter().flatten() {
+        for old in all.get(vmnetcfg).map_or(&[][..], |b| &b[..]) {
             if !series.contains(old) {
                 self.vmnetcfg_status.remove(old);
             }
@@ -228,12 +231,12 @@ impl Metrics {
         for s in &series {
             self.vmnetcfg_status.get_or_create(s).set(1);
         }
-        all.insert(vmnetcfg.to_owned(), series);
+        all.insert(vmnetcfg.to_owned(), series.into_boxed_slice());
     }
 
     /// Removes every series of a config (deletion).
     pub fn remove_vmnetcfg(&self, vmnetcfg: &str) {
-        self.set_vmnetcfg(vmnetcfg, BTreeSet::new());
+        self.set_vmnetcfg(vmnetcfg, Vec::new());
         self.vmnetcfg_series
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
@@ -350,8 +353,8 @@ mod tests {
             ip: "192.168.48.86".into(),
             state: state.into(),
         };
-        m.set_vmnetcfg("default/vm", [s("Allocated")].into());
-        m.set_vmnetcfg("default/vm", [s("Pending")].into());
+        m.set_vmnetcfg("default/vm", vec![s("Allocated")]);
+        m.set_vmnetcfg("default/vm", vec![s("Pending")]);
         let text = m.encode();
         assert!(
             text.contains(r#"state="Pending""#) && !text.contains(r#"state="Allocated""#),
@@ -399,7 +402,7 @@ mod tests {
             ip: "192.168.48.86".into(),
             state: "Allocated".into(),
         };
-        m.set_vmnetcfg("default/vm", [cfg].into());
+        m.set_vmnetcfg("default/vm", vec![cfg]);
         m.allocation("default/net-48", "allocated");
         m.clear_objects();
         let text = m.encode();

@@ -106,17 +106,39 @@ fn unlink<K: Ord>(map: &mut BTreeMap<K, BTreeSet<NamespacedName>>, k: &K, c: &Na
     }
 }
 
+/// [`link`] for keys almost always held by one config (a NIC, an address): a sorted `Vec`
+/// costs one small allocation where a one-element `BTreeSet` costs a whole tree node (over half
+/// a kilobyte), once per config.
+fn link_one<K: Ord + Clone>(map: &mut BTreeMap<K, Vec<NamespacedName>>, k: &K, c: &NamespacedName) {
+    let configs = map.entry(k.clone()).or_default();
+    if let Err(at) = configs.binary_search(c) {
+        configs.insert(at, c.clone());
+    }
+}
+
+/// [`unlink`] for the maps of [`link_one`].
+fn unlink_one<K: Ord>(map: &mut BTreeMap<K, Vec<NamespacedName>>, k: &K, c: &NamespacedName) {
+    if let Some(configs) = map.get_mut(k) {
+        if let Ok(at) = configs.binary_search(c) {
+            configs.remove(at);
+        }
+        if configs.is_empty() {
+            map.remove(k);
+        }
+    }
+}
+
 /// Every config's footprint, and the reverse maps the questions need.
 #[derive(Debug, Default, Clone, PartialEq)]
 struct Claims {
     /// Network → the configs with a NIC on it.
     members: BTreeMap<NamespacedName, BTreeSet<NamespacedName>>,
-    /// (network, MAC) → the configs whose status holds it.
-    owners: BTreeMap<Nic, BTreeSet<NamespacedName>>,
+    /// (network, MAC) → the configs whose status holds it (sorted; one but for duplicates).
+    owners: BTreeMap<Nic, Vec<NamespacedName>>,
     /// Network → the configs not yet `Allocated` on it.
     waiting: BTreeMap<NamespacedName, BTreeSet<NamespacedName>>,
-    /// (network, address) → the configs whose status records it.
-    holders: BTreeMap<Held, BTreeSet<NamespacedName>>,
+    /// (network, address) → the configs whose status records it (sorted; one but for conflicts).
+    holders: BTreeMap<Held, Vec<NamespacedName>>,
     /// Config → its footprint (what to withdraw when it changes).
     by_config: HashMap<NamespacedName, Footprint>,
 }
@@ -131,13 +153,13 @@ impl Claims {
             link(&mut self.members, network, &config);
         }
         for nic in &footprint.nics {
-            link(&mut self.owners, nic, &config);
+            link_one(&mut self.owners, nic, &config);
         }
         for network in &footprint.waits_on {
             link(&mut self.waiting, network, &config);
         }
         for held in &footprint.holds {
-            link(&mut self.holders, held, &config);
+            link_one(&mut self.holders, held, &config);
         }
         self.by_config.insert(config, footprint);
     }
@@ -150,13 +172,13 @@ impl Claims {
             unlink(&mut self.members, network, config);
         }
         for nic in &footprint.nics {
-            unlink(&mut self.owners, nic, config);
+            unlink_one(&mut self.owners, nic, config);
         }
         for network in &footprint.waits_on {
             unlink(&mut self.waiting, network, config);
         }
         for held in &footprint.holds {
-            unlink(&mut self.holders, held, config);
+            unlink_one(&mut self.holders, held, config);
         }
     }
 }

@@ -17,6 +17,7 @@ use vmdhcp_core::crd::{IPPool, VirtualMachineNetworkConfig};
 
 use crate::causes::TraceCauses;
 use crate::ipam::{Ipam, MacOwners};
+use crate::kinds::VirtualMachine;
 use crate::metrics::Metrics;
 use crate::reconcile::status::PoolStatusWriter;
 
@@ -44,7 +45,7 @@ pub struct Context {
     pub vmnetcfgs: Store<VirtualMachineNetworkConfig>,
     /// KubeVirt VirtualMachines as last seen, trimmed to what the reconcilers read
     /// ([`crate::reconcile::vm::trim`]).
-    pub vms: Store<DynamicObject>,
+    pub vms: Store<VirtualMachine>,
     /// NetworkAttachmentDefinitions as last seen, metadata only (a pool labels its network).
     pub nads: Store<DynamicObject>,
     /// Allocations, rebuilt from status when leadership starts.

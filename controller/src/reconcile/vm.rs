@@ -10,7 +10,7 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
-use kube::api::{Api, DynamicObject, ObjectMeta, Patch, PatchParams};
+use kube::api::{Api, ObjectMeta, Patch, PatchParams};
 use kube::runtime::controller::Action;
 use kube::{Resource, ResourceExt};
 use tracing::{debug, warn};
@@ -19,6 +19,7 @@ use vmdhcp_core::crd::{
 };
 use vmdhcp_core::{MacAddr, NamespacedName};
 
+use crate::kinds::VirtualMachine;
 use crate::reconcile::context::{Context, NotLeader};
 
 /// Annotation in which Harvester records the MAC of each NIC (`{"nic-1": "aa:bb:…"}`).
@@ -46,30 +47,34 @@ pub enum Error {
 }
 
 /// The network configs a VM's spec asks for, in its network order (at most 4, as the CRD allows).
-pub fn network_configs(vm: &DynamicObject) -> Vec<NetworkConfig> {
+pub fn network_configs(vm: &VirtualMachine) -> Vec<NetworkConfig> {
     let ns = vm.namespace().unwrap_or_default();
-    let spec = &vm.data["spec"]["template"]["spec"];
+    let Some(spec) = vm.template_spec() else {
+        return Vec::new();
+    };
     let annotated: BTreeMap<String, String> = vm
         .annotations()
         .get(MAC_ANNOTATION)
         .and_then(|a| serde_json::from_str(a).map_err(|e| warn!(vm = %vm.name_any(), error = %e, "unreadable {MAC_ANNOTATION} annotation")).ok())
         .unwrap_or_default();
-    let interfaces = spec["domain"]["devices"]["interfaces"]
-        .as_array()
-        .cloned()
-        .unwrap_or_default();
     let mut out = Vec::new();
-    for network in spec["networks"].as_array().into_iter().flatten() {
+    for network in &spec.networks {
         let (Some(nic), Some(net)) = (
-            network["name"].as_str(),
-            network["multus"]["networkName"].as_str(),
+            network.name.as_deref(),
+            network
+                .multus
+                .as_ref()
+                .and_then(|m| m.network_name.as_deref()),
         ) else {
             continue;
         };
-        let from_spec = interfaces
+        let from_spec = spec
+            .domain
+            .devices
+            .interfaces
             .iter()
-            .find(|i| i["name"].as_str() == Some(nic))
-            .and_then(|i| i["macAddress"].as_str());
+            .find(|i| i.name.as_deref() == Some(nic))
+            .and_then(|i| i.mac_address.as_deref());
         let Some(mac) = from_spec.or(annotated.get(nic).map(String::as_str)) else {
             debug!(vm = %vm.name_any(), nic, "no MAC yet; waiting for KubeVirt or Harvester to assign one");
             continue;
@@ -92,11 +97,10 @@ pub fn network_configs(vm: &DynamicObject) -> Vec<NetworkConfig> {
     out
 }
 
-/// Keeps of a cached VirtualMachine what this controller reads ([`network_configs`] and
-/// [`desired_config`]: identity, deletion, the MAC annotation, the template's networks and
-/// interfaces) and drops the rest (status, volumes, labels, other annotations…): the leader
-/// caches every VM of the cluster, and a whole one costs kilobytes.
-pub fn trim(vm: &mut DynamicObject) {
+/// Keeps of a cached VirtualMachine's metadata what this controller reads (identity, deletion,
+/// the MAC annotation) and drops the rest (managed fields, labels, other annotations…); the
+/// spec was already read down to the networks and interfaces ([`VirtualMachine`]).
+pub fn trim(vm: &mut VirtualMachine) {
     let meta = &mut vm.metadata;
     meta.managed_fields = None;
     meta.labels = None;
@@ -104,27 +108,17 @@ pub fn trim(vm: &mut DynamicObject) {
     meta.finalizers = None;
     if let Some(annotations) = meta.annotations.as_mut() {
         annotations.retain(|k, _| k == MAC_ANNOTATION);
+        if annotations.is_empty() {
+            meta.annotations = None;
+        }
     }
-    // Pointers, not indexing: a malformed object must not panic the watch.
-    let mut take = |path: &str| {
-        vm.data
-            .pointer_mut(path)
-            .map(serde_json::Value::take)
-            .unwrap_or_default()
-    };
-    let networks = take("/spec/template/spec/networks");
-    let interfaces = take("/spec/template/spec/domain/devices/interfaces");
-    vm.data = serde_json::json!({"spec": {"template": {"spec": {
-        "networks": networks,
-        "domain": {"devices": {"interfaces": interfaces}},
-    }}}});
 }
 
 /// The config a VM asks for, as this controller applies it (server-side, owning the spec's
 /// NICs): named after the VM, owned by it, created with the finalizer. An empty `configs`
 /// serialises without `networkConfigs`, so the apply drops the NICs this manager owned.
 pub fn desired_config(
-    vm: &DynamicObject,
+    vm: &VirtualMachine,
     ns: &str,
     name: &str,
     configs: Vec<NetworkConfig>,
@@ -161,7 +155,7 @@ pub fn desired_config(
 }
 
 /// Reconciles one VirtualMachine.
-pub async fn reconcile(vm: Arc<DynamicObject>, ctx: Arc<Context>) -> Result<Action, Error> {
+pub async fn reconcile(vm: Arc<VirtualMachine>, ctx: Arc<Context>) -> Result<Action, Error> {
     ctx.ensure_leader()?;
     let ns = vm.namespace().ok_or(Error::Unnamespaced)?;
     let name = vm.name_any();
@@ -234,7 +228,7 @@ mod tests {
     use super::*;
     use serde_json::{Value, json};
 
-    fn vm(annotations: Value, interfaces: Value, networks: Value) -> DynamicObject {
+    fn vm(annotations: Value, interfaces: Value, networks: Value) -> VirtualMachine {
         serde_json::from_value(json!({
             "apiVersion": "kubevirt.io/v1", "kind": "VirtualMachine",
             "metadata": {"name": "vm1", "namespace": "vms", "annotations": annotations},
@@ -244,47 +238,66 @@ mod tests {
     }
 
     #[test]
-    fn a_trimmed_vm_asks_for_the_same_configs() {
-        let mut v = vm(
-            json!({MAC_ANNOTATION: r#"{"nic-2":"aa:bb:cc:00:00:02"}"#, "kubevirt.io/latest-observed-api-version": "v1"}),
-            json!([{"name": "nic-1", "macAddress": "aa:bb:cc:00:00:01", "bridge": {}}, {"name": "nic-2", "bridge": {}}]),
-            json!([{"name": "default", "pod": {}}, {"name": "nic-1", "multus": {"networkName": "net-a"}}, {"name": "nic-2", "multus": {"networkName": "other/net-b"}}]),
-        );
-        v.data["status"] = json!({"printableStatus": "Running", "conditions": [{"type": "Ready"}]});
-        v.data["spec"]["template"]["spec"]["volumes"] =
-            json!([{"name": "disk", "containerDisk": {}}]);
-        v.data["spec"]["template"]["spec"]["domain"]["cpu"] = json!({"cores": 2});
-        v.metadata.uid = Some("u1".into());
+    fn a_vm_is_read_down_to_its_nics_and_trimmed_to_what_is_read() {
+        let full = json!({
+            "apiVersion": "kubevirt.io/v1", "kind": "VirtualMachine",
+            "metadata": {"name": "vm1", "namespace": "vms", "uid": "u1",
+                "labels": {"app": "x"},
+                "managedFields": [{"manager": "kubectl", "operation": "Apply"}],
+                "annotations": {MAC_ANNOTATION: r#"{"nic-2":"aa:bb:cc:00:00:02"}"#, "kubevirt.io/latest-observed-api-version": "v1"}},
+            "spec": {"running": true, "template": {"spec": {
+                "domain": {"cpu": {"cores": 2}, "devices": {
+                    "disks": [{"name": "disk"}],
+                    "interfaces": [{"name": "nic-1", "macAddress": "aa:bb:cc:00:00:01", "bridge": {}}, {"name": "nic-2", "bridge": {}}]}},
+                "networks": [{"name": "default", "pod": {}}, {"name": "nic-1", "multus": {"networkName": "net-a"}}, {"name": "nic-2", "multus": {"networkName": "other/net-b"}}],
+                "volumes": [{"name": "disk", "containerDisk": {}}]}}},
+            "status": {"printableStatus": "Running", "conditions": [{"type": "Ready"}]}
+        });
+        let mut v: VirtualMachine = serde_json::from_value(full).unwrap();
         let before = network_configs(&v);
         trim(&mut v);
         assert_eq!(network_configs(&v), before);
-        assert_eq!(before.len(), 2);
-        assert!(v.data.get("status").is_none());
-        assert!(v.data["spec"]["template"]["spec"].get("volumes").is_none());
+        let pairs: Vec<_> = before
+            .iter()
+            .map(|c| (c.network_name.as_str(), c.mac_address.as_str()))
+            .collect();
+        assert_eq!(
+            pairs,
+            [
+                ("vms/net-a", "aa:bb:cc:00:00:01"),
+                ("other/net-b", "aa:bb:cc:00:00:02")
+            ]
+        );
         assert_eq!(v.annotations().len(), 1, "only the MAC annotation is kept");
+        assert!(v.metadata.managed_fields.is_none() && v.metadata.labels.is_none());
         assert_eq!(
             v.uid().as_deref(),
             Some("u1"),
             "the owner reference needs the uid"
         );
-        // A VM without a template stays one: nothing to ask for.
-        let mut bare: DynamicObject = serde_json::from_value(json!({
+        // A VM without a template asks for nothing.
+        let bare: VirtualMachine = serde_json::from_value(json!({
             "apiVersion": "kubevirt.io/v1", "kind": "VirtualMachine",
             "metadata": {"name": "vm2", "namespace": "vms"}, "spec": {"running": true}
         }))
         .unwrap();
-        trim(&mut bare);
         assert!(network_configs(&bare).is_empty());
-        let mut odd: DynamicObject = serde_json::from_value(json!({
-            "apiVersion": "kubevirt.io/v1", "kind": "VirtualMachine",
-            "metadata": {"name": "vm3", "namespace": "vms"}, "spec": {"template": "not an object"}
-        }))
-        .unwrap();
-        trim(&mut odd);
-        assert!(
-            network_configs(&odd).is_empty(),
-            "a malformed VM is trimmed, not a panic"
-        );
+        // A malformed spec reads as one without NICs; the VM itself (its identity) still reads,
+        // so one bad object does not fail the watch page it arrives in.
+        for spec in [
+            json!({"template": "not an object"}),
+            json!({"template": {"spec": {"networks": {"not": "a list"}}}}),
+            json!({"template": {"spec": {"networks": [{"name": 7}]}}}),
+            json!("a string"),
+        ] {
+            let odd: VirtualMachine = serde_json::from_value(json!({
+                "apiVersion": "kubevirt.io/v1", "kind": "VirtualMachine",
+                "metadata": {"name": "vm3", "namespace": "vms"}, "spec": spec
+            }))
+            .unwrap();
+            assert_eq!(odd.name_any(), "vm3");
+            assert!(network_configs(&odd).is_empty(), "{spec}");
+        }
     }
 
     #[test]

@@ -30,7 +30,7 @@ use vmdhcp_core::names::host_name_of;
 use vmdhcp_core::{MacAddr, NamespacedName};
 
 use crate::ipam::{IpamError, PoolAllocator};
-use crate::kinds::{object_ref, vm_resource};
+use crate::kinds::{VirtualMachine, object_ref};
 use crate::metrics::VmnetcfgLabels;
 use crate::reconcile::context::{Context, NotLeader, VMNETCFG_FINALIZER};
 use crate::reconcile::status::{StatusError, set_condition};
@@ -266,13 +266,12 @@ async fn vm_gone(ctx: &Context, cfg: &VirtualMachineNetworkConfig) -> Result<boo
     let ns = cfg.namespace().unwrap_or_default();
     if ctx
         .vms
-        .get(&kube::runtime::reflector::ObjectRef::new_with(&owner.name, vm_resource()).within(&ns))
+        .get(&kube::runtime::reflector::ObjectRef::new(&owner.name).within(&ns))
         .is_some()
     {
         return Ok(false);
     }
-    let vms: Api<kube::api::DynamicObject> =
-        Api::namespaced_with(ctx.client.clone(), &ns, &vm_resource());
+    let vms: Api<VirtualMachine> = Api::namespaced(ctx.client.clone(), &ns);
     let found = vms
         .get_opt(&owner.name)
         .await
