@@ -21,7 +21,8 @@ use serde_json::json;
 use tracing::{info, warn};
 use vmdhcp_core::crd::{
     AddressConflict, CONDITION_AGENT_READY, CONDITION_CACHE_READY, CONDITION_REGISTERED,
-    CONDITION_STOPPED, IPPool, LABEL_IPPOOL_NAME, LABEL_IPPOOL_NAMESPACE, find_condition,
+    CONDITION_STOPPED, IPPool, IPPoolStatus, LABEL_IPPOOL_NAME, LABEL_IPPOOL_NAMESPACE,
+    find_condition,
 };
 use vmdhcp_core::pool::{PoolRange, ValidPool};
 
@@ -29,7 +30,7 @@ use crate::ipam::{IpamError, PoolAllocator};
 use crate::kinds::{nad_resource, object_ref};
 use crate::metrics::PoolLabels;
 use crate::reconcile::context::{Context, IPPOOL_FINALIZER, NotLeader, serving_order};
-use crate::reconcile::status::{StatusError, fill_ipv4, set_condition, update_pool_status};
+use crate::reconcile::status::{StatusError, set_condition, update_pool_status};
 use crate::reports::{AddressProbe, AgentReport, InterfaceState, ProbeReason};
 use vmdhcp_core::{MacAddr, NamespacedName};
 
@@ -87,7 +88,9 @@ pub async fn reconcile(pool: Arc<IPPool>, ctx: Arc<Context>) -> Result<Action, E
     .map_err(|e| Error::Finalizer(Box::new(e)))
 }
 
-/// Writes the conditions (and, when the IPAM holds the pool, the books) in one status update.
+/// Writes the conditions (and, when the IPAM holds the pool, the books) in one status update;
+/// with the books, through the pool's status writer, so that it is one write among the
+/// allocations' and covers them.
 async fn write_status(
     ctx: &Context,
     pool: &NamespacedName,
@@ -95,16 +98,22 @@ async fn write_status(
     books: bool,
 ) -> Result<(), Error> {
     ctx.ensure_leader()?;
-    update_pool_status(&ctx.client, Some(&ctx.pools), pool, |status| {
+    let set = |status: &mut IPPoolStatus| {
         for (type_, value, reason, message) in conditions {
             set_condition(&mut status.conditions, type_, *value, reason, message);
         }
-        if books {
-            fill_ipv4(&ctx.ipam, pool, status)?;
-        }
-        Ok(())
-    })
-    .await?;
+    };
+    if books {
+        ctx.writer
+            .persist_with(&ctx.client, Some(&ctx.pools), &ctx.ipam, pool, set)
+            .await?;
+    } else {
+        update_pool_status(&ctx.client, Some(&ctx.pools), pool, |status| {
+            set(status);
+            Ok(())
+        })
+        .await?;
+    }
     Ok(())
 }
 

@@ -214,6 +214,34 @@ impl PoolStatusWriter {
         ipam: &Ipam,
         pool: &NamespacedName,
     ) -> Result<(), StatusError> {
+        self.write(client, cache, ipam, pool, None::<fn(&mut IPPoolStatus)>)
+            .await
+    }
+
+    /// As [`PoolStatusWriter::persist`], with `also` applied in the same write (the pool
+    /// reconcile's conditions), which is always made. The pool's own reconcile writes through
+    /// here rather than beside it: it is woken by every status write, and as a second writer it
+    /// raced the allocations' writes (conflicts, and a write of the same books each time)
+    /// instead of covering their tickets.
+    pub async fn persist_with(
+        &self,
+        client: &Client,
+        cache: Option<&Store<IPPool>>,
+        ipam: &Ipam,
+        pool: &NamespacedName,
+        also: impl FnMut(&mut IPPoolStatus),
+    ) -> Result<(), StatusError> {
+        self.write(client, cache, ipam, pool, Some(also)).await
+    }
+
+    async fn write(
+        &self,
+        client: &Client,
+        cache: Option<&Store<IPPool>>,
+        ipam: &Ipam,
+        pool: &NamespacedName,
+        mut also: Option<impl FnMut(&mut IPPoolStatus)>,
+    ) -> Result<(), StatusError> {
         let slot = self.slot(pool);
         let ticket = {
             let mut t = slot.tickets.lock().unwrap_or_else(PoisonError::into_inner);
@@ -223,7 +251,7 @@ impl PoolStatusWriter {
         let _writer = slot.writing.lock().await;
         let covering = {
             let t = slot.tickets.lock().unwrap_or_else(PoisonError::into_inner);
-            if t.written >= ticket {
+            if also.is_none() && t.written >= ticket {
                 return Ok(());
             }
             t.issued
@@ -238,6 +266,9 @@ impl PoolStatusWriter {
                 .map(|(_, written)| written.clone())
         };
         let written = update_pool_status_from(client, start, cache, pool, |status| {
+            if let Some(also) = also.as_mut() {
+                also(status);
+            }
             fill_ipv4(ipam, pool, status)
         })
         .await?;
