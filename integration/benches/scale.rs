@@ -257,14 +257,19 @@ fn watch_cluster(client: &Client, ns: &str, seen: Arc<Seen>) -> [tokio::task::Jo
     [configs, pools]
 }
 
+/// Requests by (verb, resource).
+type Counts = BTreeMap<(String, String), f64>;
+
 /// The controllers' API calls between two readings: everything but the bench's own creates,
-/// its two watches' lists, the Leases (elections) and the API server's own endpoints.
+/// the namespaced LISTs (the bench's and the standby agent's watches; the controllers list
+/// across all namespaces), the Leases (elections) and the API server's own endpoints.
 fn controller_calls(
     before: &BTreeMap<(String, String), f64>,
     after: &BTreeMap<(String, String), f64>,
     own_creates: f64,
-) -> (f64, BTreeMap<(String, String), f64>) {
+) -> (f64, Counts, BTreeMap<String, f64>) {
     let mut by = BTreeMap::new();
+    let mut namespaced_lists = BTreeMap::new();
     for (k, v) in after {
         let mut d = v - before.get(k).copied().unwrap_or(0.0);
         if k.0 == "POST" && k.1 == "virtualmachines" {
@@ -273,9 +278,13 @@ fn controller_calls(
         if k.1 == "leases" || k.1 == "endpoints" || d < 1.0 {
             continue;
         }
+        if k.0 == "LIST" && !k.1.ends_with(" (all namespaces)") {
+            namespaced_lists.insert(k.1.clone(), d);
+            continue;
+        }
         by.insert(k.clone(), d);
     }
-    (by.values().sum(), by)
+    (by.values().sum(), by, namespaced_lists)
 }
 
 /// Writes (not GET or LIST) in a delta of request counts, Leases and endpoints left out.
@@ -498,7 +507,8 @@ async fn main() {
             .await;
         let took = started.elapsed().as_secs_f64();
         let cpu = cpu_seconds(leader_pid) - cpu0;
-        let (calls, by) = controller_calls(&before, &bench.cp.requests().unwrap(), adding as f64);
+        let (calls, by, others) =
+            controller_calls(&before, &bench.cp.requests().unwrap(), adding as f64);
         let rate = adding as f64 / took;
 
         // One more VM at a time.
@@ -559,9 +569,14 @@ async fn main() {
             snapshot_ms
         );
         println!(
-            "        controller calls while building up: {}",
+            "        controller calls while building up: {}; namespaced LISTs (the bench's and the agent's watches): {}",
             by.iter()
                 .map(|((v, r), n)| format!("{v} {r} {n:.0}"))
+                .collect::<Vec<_>>()
+                .join(", "),
+            others
+                .iter()
+                .map(|(r, n)| format!("{r} {n:.0}"))
                 .collect::<Vec<_>>()
                 .join(", ")
         );

@@ -323,7 +323,8 @@ impl ControlPlane {
     }
 
     /// The API server's `apiserver_request_total`, summed by (verb, resource), watches left out:
-    /// what clients asked of it so far, for counting a component's calls.
+    /// what clients asked of it so far, for counting a component's calls. A LIST across all
+    /// namespaces has ` (all namespaces)` after its resource.
     pub fn requests(&self) -> Result<BTreeMap<(String, String), f64>, ControlPlaneError> {
         let text = run(self.kubectl().args(["get", "--raw", "/metrics"]))?;
         let mut out = BTreeMap::new();
@@ -338,9 +339,14 @@ impl ControlPlane {
                     .unwrap_or_default()
                     .to_owned()
             };
-            let (verb, resource) = (label("verb"), label("resource"));
+            let (verb, mut resource) = (label("verb"), label("resource"));
             if verb == "WATCH" {
                 continue;
+            }
+            // A cluster-wide LIST is a controller's (its caches watch every namespace); agents
+            // and the tests list within a namespace. Told apart, a relist is attributable.
+            if verb == "LIST" && label("scope") == "cluster" {
+                resource.push_str(" (all namespaces)");
             }
             let value: f64 = line
                 .rsplit(' ')

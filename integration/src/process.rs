@@ -161,6 +161,26 @@ pub fn workspace_binary(package: &str, bin: &str) -> PathBuf {
     let mut cmd = Command::new(option_env!("CARGO").unwrap_or("cargo"));
     cmd.args(["build", "--quiet", "-p", package, "--bin", bin])
         .current_dir(env!("CARGO_MANIFEST_DIR"));
+    // Not the variables cargo set for this test or bench: build scripts read some of them
+    // (ring's reruns when CARGO_MANIFEST_DIR changes), and a build seeing them would differ from
+    // the outer `cargo` one and recompile the dependency tree each time the two alternate.
+    for (name, _) in std::env::vars_os() {
+        let name = name.to_string_lossy();
+        if name.starts_with("CARGO_PKG_")
+            || [
+                "CARGO_MANIFEST_DIR",
+                "CARGO_MANIFEST_PATH",
+                "CARGO_CRATE_NAME",
+                "CARGO_BIN_NAME",
+                "CARGO_PRIMARY_PACKAGE",
+                "CARGO_TARGET_TMPDIR",
+                "CARGO_RUSTC_CURRENT_DIR",
+            ]
+            .contains(&name.as_ref())
+        {
+            cmd.env_remove(name.as_ref());
+        }
+    }
     if profile_dir.file_name().is_some_and(|n| n == "release") {
         cmd.arg("--release");
     }
