@@ -237,6 +237,14 @@ mod tests {
         .unwrap()
     }
 
+    /// (network, MAC) of each config, in order.
+    fn pairs(configs: &[NetworkConfig]) -> Vec<(&str, &str)> {
+        configs
+            .iter()
+            .map(|c| (c.network_name.as_str(), c.mac_address.as_str()))
+            .collect()
+    }
+
     #[test]
     fn a_vm_is_read_down_to_its_nics_and_trimmed_to_what_is_read() {
         let full = json!({
@@ -257,12 +265,8 @@ mod tests {
         let before = network_configs(&v);
         trim(&mut v);
         assert_eq!(network_configs(&v), before);
-        let pairs: Vec<_> = before
-            .iter()
-            .map(|c| (c.network_name.as_str(), c.mac_address.as_str()))
-            .collect();
         assert_eq!(
-            pairs,
+            pairs(&before),
             [
                 ("vms/net-a", "aa:bb:cc:00:00:01"),
                 ("other/net-b", "aa:bb:cc:00:00:02")
@@ -307,13 +311,8 @@ mod tests {
             json!([{"name": "default", "masquerade": {}}, {"name": "nic-1", "macAddress": "aa:bb:cc:00:00:01", "bridge": {}}, {"name": "nic-2", "bridge": {}}, {"name": "nic-3", "macAddress": "aa-bb-cc-00-00-99"}]),
             json!([{"name": "default", "pod": {}}, {"name": "nic-1", "multus": {"networkName": "net-a"}}, {"name": "nic-2", "multus": {"networkName": "other/net-b"}}, {"name": "nic-3", "multus": {"networkName": "vms/net-c"}}]),
         );
-        let got = network_configs(&v);
-        let pairs: Vec<_> = got
-            .iter()
-            .map(|c| (c.network_name.as_str(), c.mac_address.as_str()))
-            .collect();
         assert_eq!(
-            pairs,
+            pairs(&network_configs(&v)),
             [
                 ("vms/net-a", "aa:bb:cc:00:00:01"),
                 ("other/net-b", "aa:bb:cc:00:00:02"),
