@@ -14,6 +14,7 @@ use kube::runtime::reflector::ObjectRef;
 use kube::{Resource, ResourceExt};
 use serde::{Deserialize, Deserializer};
 use vmdhcp_core::NamespacedName;
+use vmdhcp_core::crd::IPPool;
 
 /// KubeVirt's `VirtualMachine`, as far as this controller reads it: its identity, annotations
 /// (the MAC one) and its template's networks and interfaces.
@@ -157,6 +158,16 @@ pub fn nad_resource() -> ApiResource {
         &GroupVersionKind::gvk("k8s.cni.cncf.io", "v1", "NetworkAttachmentDefinition"),
         "network-attachment-definitions",
     )
+}
+
+/// The network an IPPool names: its `spec.networkName`, in the pool's namespace when it gives
+/// none. `None` when the name does not parse (the pool is refused as invalid).
+pub fn network_of(pool: &IPPool) -> Option<NamespacedName> {
+    NamespacedName::parse_in(
+        &pool.spec.network_name,
+        &pool.namespace().unwrap_or_default(),
+    )
+    .ok()
 }
 
 /// The `namespace/name` of any namespaced object.

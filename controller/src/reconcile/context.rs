@@ -17,7 +17,7 @@ use vmdhcp_core::crd::{IPPool, VirtualMachineNetworkConfig};
 
 use crate::causes::TraceCauses;
 use crate::ipam::{Ipam, MacOwners};
-use crate::kinds::VirtualMachine;
+use crate::kinds::{VirtualMachine, network_of};
 use crate::metrics::Metrics;
 use crate::reconcile::status::PoolStatusWriter;
 
@@ -181,13 +181,7 @@ impl Context {
             .state()
             .into_iter()
             .filter(|p| p.metadata.deletion_timestamp.is_none())
-            .filter(|p| {
-                let ns = p.namespace().unwrap_or_default();
-                NamespacedName::parse_in(&p.spec.network_name, &ns)
-                    .ok()
-                    .as_ref()
-                    == Some(network)
-            })
+            .filter(|p| network_of(p).as_ref() == Some(network))
             .min_by_key(|p| serving_order(p))
     }
 }

@@ -27,7 +27,7 @@ use vmdhcp_core::crd::{
 use vmdhcp_core::pool::{PoolRange, ValidPool};
 
 use crate::ipam::{IpamError, PoolAllocator};
-use crate::kinds::{nad_resource, object_ref};
+use crate::kinds::{nad_resource, network_of, object_ref};
 use crate::metrics::PoolLabels;
 use crate::reconcile::context::{Context, IPPOOL_FINALIZER, NotLeader, serving_order};
 use crate::reconcile::status::{StatusError, set_condition, update_pool_status};
@@ -416,8 +416,7 @@ pub fn prebuild(pools: &[Arc<IPPool>], ipam: &crate::ipam::Ipam) -> usize {
         .iter()
         .filter(|p| p.metadata.deletion_timestamp.is_none())
     {
-        let ns = pool.namespace().unwrap_or_default();
-        let Ok(network) = NamespacedName::parse_in(&pool.spec.network_name, &ns) else {
+        let Some(network) = network_of(pool) else {
             continue;
         };
         serving
@@ -595,7 +594,7 @@ async fn cleanup(pool: Arc<IPPool>, ctx: Arc<Context>) -> Result<Action, Error> 
     ctx.ensure_leader()?;
     forget(&ctx, &pool_ref);
     ctx.writer.forget(&pool_ref);
-    if let Ok(network) = NamespacedName::parse_in(&pool.spec.network_name, &pool_ref.namespace) {
+    if let Some(network) = network_of(&pool) {
         let nads: Api<DynamicObject> =
             Api::namespaced_with(ctx.client.clone(), &network.namespace, &nad_resource());
         if let Ok(Some(nad)) = nads.get_opt(&network.name).await

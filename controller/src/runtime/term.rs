@@ -30,7 +30,7 @@ use crate::index::caches::Caches;
 use crate::index::configs::ConfigIndex;
 use crate::index::shared_watch::{SharedWatch, Trigger};
 use crate::ipam::{Ipam, MacOwners};
-use crate::kinds::{VirtualMachine, nad_resource, object_ref, store_key};
+use crate::kinds::{VirtualMachine, nad_resource, network_of, object_ref, store_key};
 use crate::metrics::Metrics;
 use crate::reconcile::context::{Context, EVENT_QUEUE, Events};
 use crate::reconcile::status::PoolStatusWriter;
@@ -373,14 +373,7 @@ fn pool_controller(
             store
                 .state()
                 .into_iter()
-                .filter(|p| {
-                    NamespacedName::parse_in(
-                        &p.spec.network_name,
-                        &p.namespace().unwrap_or_default(),
-                    )
-                    .ok()
-                        == network
-                })
+                .filter(|p| network_of(p) == network)
                 .map(|p| ObjectRef::from_obj(p.as_ref()))
                 .collect::<Vec<_>>()
         }
@@ -405,15 +398,7 @@ fn pool_controller(
             move |nad: DynamicObject| by_nad(object_ref(&nad)),
             nad_resource(),
         )
-        .watches_stream(siblings, move |pool: IPPool| {
-            by_sibling(
-                NamespacedName::parse_in(
-                    &pool.spec.network_name,
-                    &pool.namespace().unwrap_or_default(),
-                )
-                .ok(),
-            )
-        })
+        .watches_stream(siblings, move |pool: IPPool| by_sibling(network_of(&pool)))
 }
 
 /// The config controller's triggers besides its own watch: the VM it is named after, and the
@@ -431,8 +416,7 @@ fn config_triggers(
         Some(ObjectRef::new(&vm.name_any()).within(&vm.namespace().unwrap_or_default()))
     })
     .watches_stream(pools, move |pool: IPPool| {
-        let ns = pool.namespace().unwrap_or_default();
-        let Ok(network) = NamespacedName::parse_in(&pool.spec.network_name, &ns) else {
+        let Some(network) = network_of(&pool) else {
             return Vec::new();
         };
         let conflicts = pool

@@ -36,7 +36,7 @@ use vmdhcp_core::admission::{self, Nad, PoolFacts, VmNetCfgFacts};
 use vmdhcp_core::crd::{IPPool, VirtualMachineNetworkConfig};
 
 use crate::index::caches::Caches;
-use crate::kinds::{nad_resource, store_key};
+use crate::kinds::{nad_resource, network_of, store_key};
 use crate::security::listener::Limits;
 
 /// How long a client may take to send a request's headers.
@@ -405,8 +405,7 @@ async fn pool_users(
     pool: &IPPool,
 ) -> Result<Vec<VirtualMachineNetworkConfig>, WebhookError> {
     caches_ready(state).await?;
-    let ns = pool.namespace().unwrap_or_default();
-    let Ok(network) = NamespacedName::parse_in(&pool.spec.network_name, &ns) else {
+    let Some(network) = network_of(pool) else {
         return Ok(Vec::new());
     };
     Ok(configs_on(state, [&network]))
