@@ -103,15 +103,15 @@ pub async fn update_pool_status(
     pool: &NamespacedName,
     edit: impl FnMut(&mut IPPoolStatus) -> Result<(), StatusError>,
 ) -> Result<IPPool, StatusError> {
-    update_pool_status_from(client, None, cache, pool, edit).await
+    let cached = cache.and_then(|s| s.get(&store_key(pool)));
+    update_pool_status_from(client, cached.map(|o| (*o).clone()), pool, edit).await
 }
 
-/// [`update_pool_status`] starting from `start` when given (a version known to be newer than
-/// the cache's).
+/// [`update_pool_status`] starting from `start` (the cached pool, or a version known to be
+/// newer than the cache's); read from the API when there is none.
 async fn update_pool_status_from(
     client: &Client,
     start: Option<IPPool>,
-    cache: Option<&Store<IPPool>>,
     pool: &NamespacedName,
     mut edit: impl FnMut(&mut IPPoolStatus) -> Result<(), StatusError>,
 ) -> Result<IPPool, StatusError> {
@@ -120,8 +120,7 @@ async fn update_pool_status_from(
         pool: pool.clone(),
         source,
     };
-    let cached = || cache.and_then(|s| s.get(&store_key(pool)));
-    let mut current: IPPool = match start.or_else(|| cached().map(|o| (*o).clone())) {
+    let mut current: IPPool = match start {
         Some(obj) => obj,
         None => api.get_status(&pool.name).await.map_err(api_err)?,
     };
@@ -256,16 +255,16 @@ impl PoolStatusWriter {
             }
             t.issued
         };
-        let seen = cache
-            .and_then(|s| s.get(&store_key(pool)))
-            .and_then(|o| o.resource_version());
+        let cached = cache.and_then(|s| s.get(&store_key(pool)));
+        let seen = cached.as_ref().and_then(|o| o.resource_version());
         let start = {
             let last = slot.last.lock().unwrap_or_else(PoisonError::into_inner);
             last.as_ref()
                 .filter(|(base, _)| seen.as_ref() == Some(base))
                 .map(|(_, written)| written.clone())
-        };
-        let written = update_pool_status_from(client, start, cache, pool, |status| {
+        }
+        .or_else(|| cached.map(|o| (*o).clone()));
+        let written = update_pool_status_from(client, start, pool, |status| {
             if let Some(also) = also.as_mut() {
                 also(status);
             }
