@@ -264,8 +264,8 @@ type Counts = BTreeMap<(String, String), f64>;
 /// the namespaced LISTs (the bench's and the standby agent's watches; the controllers list
 /// across all namespaces), the Leases (elections) and the API server's own endpoints.
 fn controller_calls(
-    before: &BTreeMap<(String, String), f64>,
-    after: &BTreeMap<(String, String), f64>,
+    before: &Counts,
+    after: &Counts,
     own_creates: f64,
 ) -> (f64, Counts, BTreeMap<String, f64>) {
     let mut by = BTreeMap::new();
@@ -288,10 +288,7 @@ fn controller_calls(
 }
 
 /// Writes (not GET or LIST) in a delta of request counts, Leases and endpoints left out.
-fn writes(
-    before: &BTreeMap<(String, String), f64>,
-    after: &BTreeMap<(String, String), f64>,
-) -> BTreeMap<(String, String), f64> {
+fn writes(before: &Counts, after: &Counts) -> Counts {
     vmdhcp_integration::control_plane::writes_between(before, after, &["endpoints", "leases"])
 }
 
