@@ -849,8 +849,8 @@ fn the_agent_without_net_admin_fails_naming_the_capability() {
             && error.contains("grant NET_ADMIN"),
         "{error}"
     );
-    let log = container.log();
-    assert!(log.contains("CAP_NET_ADMIN"), "{log}");
+    let log = container.wait_log("CAP_NET_ADMIN", Duration::from_secs(10));
+    assert!(log.is_some(), "{}", container.log());
     assert_eq!(rig.addresses(), "");
     rig.assert_no_lease();
 }
@@ -878,7 +878,8 @@ fn the_agent_without_net_bind_service_fails_naming_the_capability() {
             && error.contains("grant NET_BIND_SERVICE"),
         "{error}"
     );
-    assert!(container.log().contains("CAP_NET_BIND_SERVICE"));
+    let log = container.wait_log("CAP_NET_BIND_SERVICE", Duration::from_secs(10));
+    assert!(log.is_some(), "{}", container.log());
     rig.assert_no_lease();
 }
 
@@ -887,7 +888,9 @@ fn the_agent_without_net_raw_serves_without_arp_announcements_naming_the_capabil
     let mut rig = AgentRig::new();
     let container = rig.start(&rig.without("NET_RAW"));
     rig.wait_state(&container, "serving");
-    let log = container.log();
+    let log = container
+        .wait_log("ARP announcements disabled", Duration::from_secs(10))
+        .unwrap_or_else(|| container.log());
     assert!(
         log.contains("ARP announcements disabled")
             && log.contains("the agent lacks CAP_NET_RAW")
