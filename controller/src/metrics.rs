@@ -201,6 +201,24 @@ impl Metrics {
             .set(i64::try_from(available).unwrap_or(i64::MAX));
     }
 
+    /// Updates the gauges of a pool the reconcile has labelled ([`Metrics::set_pool`]); nothing
+    /// for one it has not (paused, refused, or not reconciled yet). The status writer calls this
+    /// with each write's counts, so the gauges follow allocations without waking the reconcile.
+    pub fn set_pool_counts(&self, ippool: &str, used: u64, available: u64) {
+        let series = self
+            .pool_series
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        if let Some(labels) = series.get(ippool) {
+            self.ippool_used
+                .get_or_create(labels)
+                .set(i64::try_from(used).unwrap_or(i64::MAX));
+            self.ippool_available
+                .get_or_create(labels)
+                .set(i64::try_from(available).unwrap_or(i64::MAX));
+        }
+    }
+
     /// Removes a pool's gauges (pause, deletion).
     pub fn remove_pool(&self, ippool: &str) {
         if let Some(old) = self
@@ -340,9 +358,17 @@ mod tests {
             cidr: "192.168.48.0/24".into(),
             network: "default/net-48".into(),
         };
+        m.set_pool_counts("default/net-48", 1, 7);
+        assert!(
+            !m.encode().contains("default/net-48"),
+            "no labels yet: no series"
+        );
         m.set_pool(labels.clone(), 2, 6);
         let text = m.encode();
         assert!(text.contains(r#"vmdhcpcontroller_ippool_used{ippool="default/net-48",cidr="192.168.48.0/24",network="default/net-48"} 2"#), "{text}");
+        m.set_pool_counts("default/net-48", 3, 5);
+        let text = m.encode();
+        assert!(text.contains(r#"vmdhcpcontroller_ippool_available{ippool="default/net-48",cidr="192.168.48.0/24",network="default/net-48"} 5"#), "{text}");
         m.remove_pool("default/net-48");
         assert!(!m.encode().contains("default/net-48"));
 

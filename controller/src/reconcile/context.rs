@@ -51,7 +51,7 @@ pub struct Context {
     /// Allocations, rebuilt from status when leadership starts.
     pub ipam: Arc<Ipam>,
     /// Batches IPAM → IPPool status writes.
-    pub writer: PoolStatusWriter,
+    pub writer: Arc<PoolStatusWriter>,
     /// Kubernetes events, published in order by one task.
     pub events: Events,
     /// Prometheus metrics.

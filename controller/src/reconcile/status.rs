@@ -7,8 +7,13 @@
 //! whole `allocated` map as it stands (covering every ticket taken so far), and the others find
 //! their ticket already covered. Writes carry the object's `resourceVersion`; a conflict re-reads
 //! the pool and writes again.
+//!
+//! The writer also remembers the resourceVersions its writes produced
+//! ([`PoolStatusWriter::wrote`]): the pool controller drops the watch events of those writes
+//! instead of reconciling the pool once per allocation, and the writer keeps the pool's gauges
+//! current itself.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 use std::sync::{Arc, Mutex, PoisonError};
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
@@ -22,9 +27,15 @@ use vmdhcp_core::crd::{Condition, IPPool, IPPoolStatus, IPv4Status};
 
 use crate::ipam::{Ipam, IpamError};
 use crate::kinds::store_key;
+use crate::metrics::Metrics;
 
 /// How many times a status write is retried after a conflict.
 const CONFLICT_RETRIES: usize = 8;
+
+/// How many of its own writes' resourceVersions the writer remembers per pool. The watch brings
+/// a write back within milliseconds, while the next write to the pool waits for the previous
+/// one: a few suffice, and a version that fell out only costs one needless reconcile.
+const OWN_VERSIONS: usize = 8;
 
 /// Why a status could not be written.
 #[derive(Debug, thiserror::Error)]
@@ -104,17 +115,22 @@ pub async fn update_pool_status(
     edit: impl FnMut(&mut IPPoolStatus) -> Result<(), StatusError>,
 ) -> Result<IPPool, StatusError> {
     let cached = cache.and_then(|s| s.get(&store_key(pool)));
-    update_pool_status_from(client, cached.map(|o| (*o).clone()), pool, edit).await
+    update_pool_status_from(client, cached.map(|o| (*o).clone()), pool, edit, |_| {})
+        .await
+        .map(|(pool, _)| pool)
 }
 
 /// [`update_pool_status`] starting from `start` (the cached pool, or a version known to be
-/// newer than the cache's); read from the API when there is none.
+/// newer than the cache's); read from the API when there is none. `sending` sees each object
+/// just before it is sent. Also returns whether it wrote (false: the status already held the
+/// edit).
 async fn update_pool_status_from(
     client: &Client,
     start: Option<IPPool>,
     pool: &NamespacedName,
     mut edit: impl FnMut(&mut IPPoolStatus) -> Result<(), StatusError>,
-) -> Result<IPPool, StatusError> {
+    mut sending: impl FnMut(&IPPool),
+) -> Result<(IPPool, bool), StatusError> {
     let api: Api<IPPool> = Api::namespaced(client.clone(), &pool.namespace);
     let api_err = |source| StatusError::Api {
         pool: pool.clone(),
@@ -128,16 +144,17 @@ async fn update_pool_status_from(
         let mut status = current.status.clone().unwrap_or_default();
         edit(&mut status)?;
         if current.status.as_ref() == Some(&status) {
-            return Ok(current);
+            return Ok((current, false));
         }
         status.last_update = Some(now());
         let mut desired = current.clone();
         desired.status = Some(status);
+        sending(&desired);
         match api
             .replace_status(&pool.name, &PostParams::default(), &desired)
             .await
         {
-            Ok(written) => return Ok(written),
+            Ok(written) => return Ok((written, true)),
             Err(kube::Error::Api(s)) if s.code == 409 => {
                 debug!(%pool, attempt, "status conflict; re-reading");
                 current = api.get_status(&pool.name).await.map_err(api_err)?;
@@ -149,11 +166,12 @@ async fn update_pool_status_from(
 }
 
 /// Puts the IPAM's books of one pool into an IPPool status.
+/// Returns the pool's used and available counts, as written.
 pub fn fill_ipv4(
     ipam: &Ipam,
     pool: &NamespacedName,
     status: &mut IPPoolStatus,
-) -> Result<(), StatusError> {
+) -> Result<(u64, u64), StatusError> {
     let (allocated, conflicts, host_names, used, available) = ipam.with_pool(pool, |a| {
         (
             a.status_allocated(),
@@ -170,7 +188,7 @@ pub fn fill_ipv4(
         conflicts,
         host_names,
     });
-    Ok(())
+    Ok((used, available))
 }
 
 #[derive(Default)]
@@ -190,15 +208,56 @@ struct Slot {
     /// the watch brings them back, and starting from the cache would cost a conflict and a
     /// re-read each time.
     last: Mutex<Option<(String, IPPool)>>,
+    /// The resourceVersions of this writer's latest writes (at most [`OWN_VERSIONS`]).
+    ours: Mutex<VecDeque<String>>,
+    /// The pool as the write in flight sends it: its watch event may arrive before the
+    /// response that tells its resourceVersion.
+    sending: Mutex<Option<IPPool>>,
 }
 
 /// Batches IPAM → `IPPool.status` writes per pool (see the module docs).
-#[derive(Default)]
 pub struct PoolStatusWriter {
     tickets: Mutex<HashMap<NamespacedName, Arc<Slot>>>,
+    metrics: Arc<Metrics>,
 }
 
 impl PoolStatusWriter {
+    /// A writer that keeps `metrics`' pool gauges at what it writes.
+    pub fn new(metrics: Arc<Metrics>) -> Self {
+        PoolStatusWriter {
+            tickets: Mutex::default(),
+            metrics,
+        }
+    }
+
+    /// Whether `pool`, as a watch event shows it, is the result of one of this writer's recent
+    /// writes: its status is the IPAM's books (and the reconcile's conditions) and nothing else
+    /// changed, so there is nothing for the pool's reconcile to look at again.
+    pub fn wrote(&self, pool: &IPPool) -> bool {
+        let (Some(version), Some(pool_ref)) =
+            (pool.resource_version(), crate::kinds::object_ref(pool))
+        else {
+            return false;
+        };
+        let slot = self
+            .tickets
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .get(&pool_ref)
+            .cloned();
+        slot.is_some_and(|slot| {
+            let sending = slot.sending.lock().unwrap_or_else(PoisonError::into_inner);
+            sending
+                .as_ref()
+                .is_some_and(|sent| same_to_reconcile(sent, pool))
+                || slot
+                    .ours
+                    .lock()
+                    .unwrap_or_else(PoisonError::into_inner)
+                    .contains(&version)
+        })
+    }
+
     fn slot(&self, pool: &NamespacedName) -> Arc<Slot> {
         let mut map = self.tickets.lock().unwrap_or_else(PoisonError::into_inner);
         map.entry(pool.clone()).or_default().clone()
@@ -264,13 +323,33 @@ impl PoolStatusWriter {
                 .map(|(_, written)| written.clone())
         }
         .or_else(|| cached.map(|o| (*o).clone()));
-        let written = update_pool_status_from(client, start, pool, |status| {
+        let mut counts = None;
+        // As the watch will show it: through JSON, which keeps timestamps to the second.
+        let sending = |sent: &IPPool| {
+            let shown = serde_json::to_value(sent).and_then(serde_json::from_value);
+            *slot.sending.lock().unwrap_or_else(PoisonError::into_inner) = shown.ok();
+        };
+        let edit = |status: &mut IPPoolStatus| {
             if let Some(also) = also.as_mut() {
                 also(status);
             }
-            fill_ipv4(ipam, pool, status)
-        })
-        .await?;
+            counts = Some(fill_ipv4(ipam, pool, status)?);
+            Ok(())
+        };
+        let result = update_pool_status_from(client, start, pool, edit, sending).await;
+        *slot.sending.lock().unwrap_or_else(PoisonError::into_inner) = None;
+        let (written, wrote) = result?;
+        if let Some((used, available)) = counts {
+            self.metrics
+                .set_pool_counts(&pool.to_string(), used, available);
+        }
+        if let Some(version) = written.resource_version().filter(|_| wrote) {
+            let mut ours = slot.ours.lock().unwrap_or_else(PoisonError::into_inner);
+            if ours.len() == OWN_VERSIONS {
+                ours.pop_front();
+            }
+            ours.push_back(version);
+        }
         *slot.last.lock().unwrap_or_else(PoisonError::into_inner) =
             seen.map(|base| (base, written));
         let mut t = slot.tickets.lock().unwrap_or_else(PoisonError::into_inner);
@@ -287,9 +366,52 @@ impl PoolStatusWriter {
     }
 }
 
+/// Whether two versions of a pool are the same for its reconcile: the same spec, status,
+/// finalizers and deletion (labels, annotations and the version itself aside).
+fn same_to_reconcile(a: &IPPool, b: &IPPool) -> bool {
+    let (ma, mb) = (&a.metadata, &b.metadata);
+    ma.generation == mb.generation
+        && ma.finalizers == mb.finalizers
+        && ma.deletion_timestamp == mb.deletion_timestamp
+        && a.spec == b.spec
+        && a.status == b.status
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_pool_is_the_same_to_its_reconcile_unless_spec_status_finalizers_or_deletion_differ() {
+        let mut sent = IPPool::new("net", Default::default());
+        sent.metadata.namespace = Some("default".into());
+        sent.metadata.generation = Some(3);
+        sent.metadata.finalizers = Some(vec!["vmdhcp".into()]);
+        sent.status = Some(IPPoolStatus {
+            last_update: Some(now()),
+            ..Default::default()
+        });
+        // What the watch shows of the write: through JSON, with a new version and labels.
+        let shown = |p: &IPPool| -> IPPool {
+            serde_json::from_value(serde_json::to_value(p).unwrap()).unwrap()
+        };
+        let sent = shown(&sent);
+        let mut event = shown(&sent);
+        event.metadata.resource_version = Some("42".into());
+        event.metadata.labels = Some([("a".to_owned(), "b".to_owned())].into());
+        assert!(same_to_reconcile(&sent, &event));
+
+        let differs = |edit: fn(&mut IPPool)| {
+            let mut other = event.clone();
+            edit(&mut other);
+            !same_to_reconcile(&sent, &other)
+        };
+        assert!(differs(|p| p.metadata.generation = Some(4)));
+        assert!(differs(|p| p.metadata.finalizers = None));
+        assert!(differs(|p| p.metadata.deletion_timestamp = Some(now())));
+        assert!(differs(|p| p.spec.paused = Some(true)));
+        assert!(differs(|p| p.status = None));
+    }
 
     #[test]
     fn conditions_keep_transition_time_until_status_changes() {

@@ -227,12 +227,13 @@ pub(super) async fn lead(
             nad.data = serde_json::Value::Null;
         },
     );
+    let writer = Arc::new(PoolStatusWriter::new(shared.metrics.clone()));
     let pool_ctrl = pool_controller(
         &pools,
-        pool_self,
-        pool_siblings,
+        (pool_self, pool_siblings),
         nad_watch.trigger(),
         &shared.reports,
+        &writer,
     )
     .graceful_shutdown_on(stopped(stop.clone()));
     let cfgs = shared_caches.configs.store();
@@ -280,7 +281,7 @@ pub(super) async fn lead(
         vms,
         nads: nad_watch.store(),
         ipam,
-        writer: PoolStatusWriter::default(),
+        writer,
         events,
         metrics: shared.metrics,
         leader,
@@ -359,14 +360,26 @@ where
 }
 
 /// The IPPool controller: a pool is reconciled on its own changes, on its network's (NAD), on
-/// another pool claiming the same network, and when an agent report about it changed.
+/// another pool claiming the same network, and when an agent report about it changed. Changes
+/// that are the status writer's own writes ([`PoolStatusWriter::wrote`]) wake nothing: every
+/// allocation writes its pool, and a reconcile of the whole pool per allocation made the cost
+/// of one allocation grow with the pool. A write by anyone else (a user's edit of status,
+/// the other replica's last writes) still wakes the pool, and its 300 s requeue bounds drift.
 fn pool_controller(
     pools: &reflector::Store<IPPool>,
-    own: Trigger<IPPool>,
-    siblings: Trigger<IPPool>,
+    (own, siblings): (Trigger<IPPool>, Trigger<IPPool>),
     nads: Trigger<DynamicObject>,
     reports: &Arc<Reports>,
+    writer: &Arc<PoolStatusWriter>,
 ) -> Controller<IPPool> {
+    let not_ours = |writer: Arc<PoolStatusWriter>| {
+        move |event: &Result<IPPool, watcher::Error>| {
+            let ours = matches!(event, Ok(pool) if writer.wrote(pool));
+            std::future::ready(!ours)
+        }
+    };
+    let own = own.filter(not_ours(writer.clone()));
+    let siblings = siblings.filter(not_ours(writer.clone()));
     // A pool waits on its network (NAD) and on the other pools claiming the same network.
     let pools_on = |store: reflector::Store<IPPool>| {
         move |network: Option<NamespacedName>| {
