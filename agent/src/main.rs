@@ -100,7 +100,7 @@ struct RunArgs {
 }
 
 async fn kube_client(kubeconfig: Option<&std::path::Path>) -> anyhow::Result<kube::Client> {
-    let config = match kubeconfig {
+    let mut config = match kubeconfig {
         Some(path) => {
             let kc = kube::config::Kubeconfig::read_from(path)
                 .with_context(|| format!("reading {}", path.display()))?;
@@ -112,6 +112,11 @@ async fn kube_client(kubeconfig: Option<&std::path::Path>) -> anyhow::Result<kub
             .await
             .context("inferring kube config")?,
     };
+    // Named in the API server's audit log and request metrics (kube-rs sends no User-Agent).
+    config.headers.push((
+        http::header::USER_AGENT,
+        http::HeaderValue::from_static(concat!("vm-dhcp-agent/", env!("CARGO_PKG_VERSION"))),
+    ));
     kube::Client::try_from(config).context("building kube client")
 }
 

@@ -224,7 +224,7 @@ async fn run_controller(args: RunArgs) -> anyhow::Result<()> {
 
 /// The API client: from `kubeconfig` if given, else in-cluster config (or `$KUBECONFIG`).
 async fn kube_client(kubeconfig: Option<&std::path::Path>) -> anyhow::Result<kube::Client> {
-    let config = match kubeconfig {
+    let mut config = match kubeconfig {
         Some(path) => {
             let kc = kube::config::Kubeconfig::read_from(path)
                 .with_context(|| format!("reading {}", path.display()))?;
@@ -236,6 +236,11 @@ async fn kube_client(kubeconfig: Option<&std::path::Path>) -> anyhow::Result<kub
             .await
             .context("inferring kube config")?,
     };
+    // Named in the API server's audit log and request metrics (kube-rs sends no User-Agent).
+    config.headers.push((
+        http::header::USER_AGENT,
+        http::HeaderValue::from_static(concat!("vm-dhcp-controller/", env!("CARGO_PKG_VERSION"))),
+    ));
     kube::Client::try_from(config).context("building kube client")
 }
 
