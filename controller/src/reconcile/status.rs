@@ -202,17 +202,49 @@ struct Tickets {
 struct Slot {
     tickets: Mutex<Tickets>,
     writing: tokio::sync::Mutex<()>,
-    /// The pool as our last write left it, with the cache's resourceVersion when that write
-    /// began. While the cache still shows that version it has not seen our write, and the next
-    /// write starts from ours: under a burst, writes to one pool follow each other faster than
-    /// the watch brings them back, and starting from the cache would cost a conflict and a
-    /// re-read each time.
-    last: Mutex<Option<(String, IPPool)>>,
-    /// The resourceVersions of this writer's latest writes (at most [`OWN_VERSIONS`]).
-    ours: Mutex<VecDeque<String>>,
+    written: Mutex<Written>,
     /// The pool as the write in flight sends it: its watch event may arrive before the
     /// response that tells its resourceVersion.
     sending: Mutex<Option<IPPool>>,
+}
+
+/// What one pool's writer knows of its own writes.
+#[derive(Default)]
+struct Written {
+    /// The pool as our last write left it.
+    last: Option<IPPool>,
+    /// Our latest writes (at most [`OWN_VERSIONS`], newest last): the resourceVersion each
+    /// replaced, and the one it made.
+    versions: VecDeque<(String, String)>,
+}
+
+impl Written {
+    /// Records a write from version `base` to `made`.
+    fn record(&mut self, base: String, made: String) {
+        if self.versions.len() == OWN_VERSIONS {
+            self.versions.pop_front();
+        }
+        self.versions.push_back((base, made));
+    }
+
+    /// Whether `version` is one our writes made.
+    fn made(&self, version: &str) -> bool {
+        self.versions.iter().any(|(_, made)| made == version)
+    }
+
+    /// Where the next write starts, given the cache's version: from our last write while the
+    /// cache shows a version our writes replaced or made (it has not caught up with them: under
+    /// a burst, writes to one pool follow each other faster than the watch brings them back,
+    /// and starting from the cache cost a conflict and a re-read each time, a third of all
+    /// writes); from the cache once it shows anything else (someone else wrote).
+    fn start(&self, cached: Option<&str>) -> Option<&IPPool> {
+        let behind = |v: &str| {
+            self.versions
+                .iter()
+                .any(|(base, made)| base == v || made == v)
+        };
+        self.last.as_ref().filter(|_| cached.is_none_or(behind))
+    }
 }
 
 /// Batches IPAM → `IPPool.status` writes per pool (see the module docs).
@@ -251,10 +283,10 @@ impl PoolStatusWriter {
                 .as_ref()
                 .is_some_and(|sent| same_to_reconcile(sent, pool))
                 || slot
-                    .ours
+                    .written
                     .lock()
                     .unwrap_or_else(PoisonError::into_inner)
-                    .contains(&version)
+                    .made(&version)
         })
     }
 
@@ -317,15 +349,15 @@ impl PoolStatusWriter {
         let cached = cache.and_then(|s| s.get(&store_key(pool)));
         let seen = cached.as_ref().and_then(|o| o.resource_version());
         let start = {
-            let last = slot.last.lock().unwrap_or_else(PoisonError::into_inner);
-            last.as_ref()
-                .filter(|(base, _)| seen.as_ref() == Some(base))
-                .map(|(_, written)| written.clone())
+            let written = slot.written.lock().unwrap_or_else(PoisonError::into_inner);
+            written.start(seen.as_deref()).cloned()
         }
         .or_else(|| cached.map(|o| (*o).clone()));
         let mut counts = None;
+        let mut base = None;
         // As the watch will show it: through JSON, which keeps timestamps to the second.
         let sending = |sent: &IPPool| {
+            base = sent.resource_version();
             let shown = serde_json::to_value(sent).and_then(serde_json::from_value);
             *slot.sending.lock().unwrap_or_else(PoisonError::into_inner) = shown.ok();
         };
@@ -343,15 +375,12 @@ impl PoolStatusWriter {
             self.metrics
                 .set_pool_counts(&pool.to_string(), used, available);
         }
-        if let Some(version) = written.resource_version().filter(|_| wrote) {
-            let mut ours = slot.ours.lock().unwrap_or_else(PoisonError::into_inner);
-            if ours.len() == OWN_VERSIONS {
-                ours.pop_front();
-            }
-            ours.push_back(version);
+        let mut ours = slot.written.lock().unwrap_or_else(PoisonError::into_inner);
+        if let (true, Some(base), Some(made)) = (wrote, base, written.resource_version()) {
+            ours.record(base, made);
         }
-        *slot.last.lock().unwrap_or_else(PoisonError::into_inner) =
-            seen.map(|base| (base, written));
+        ours.last = Some(written);
+        drop(ours);
         let mut t = slot.tickets.lock().unwrap_or_else(PoisonError::into_inner);
         t.written = t.written.max(covering);
         Ok(())
@@ -411,6 +440,36 @@ mod tests {
         assert!(differs(|p| p.metadata.deletion_timestamp = Some(now())));
         assert!(differs(|p| p.spec.paused = Some(true)));
         assert!(differs(|p| p.status = None));
+    }
+
+    #[test]
+    fn a_write_starts_from_ours_until_the_cache_shows_someone_elses() {
+        let at = |v: &str| {
+            let mut p = IPPool::new("net", Default::default());
+            p.metadata.resource_version = Some(v.into());
+            p
+        };
+        let mut w = Written::default();
+        assert!(w.start(Some("1")).is_none(), "nothing written: the cache");
+        // Three writes in a burst: 1 → 2 → 3 → 4, the cache still at 1 or 2.
+        for (base, made) in [("1", "2"), ("2", "3"), ("3", "4")] {
+            w.record(base.into(), made.into());
+            w.last = Some(at(made));
+        }
+        for cached in [Some("1"), Some("2"), Some("4"), None] {
+            let start = w.start(cached).and_then(|p| p.resource_version());
+            assert_eq!(start.as_deref(), Some("4"), "cache at {cached:?}");
+        }
+        assert!(
+            w.start(Some("7")).is_none(),
+            "someone else wrote: the cache"
+        );
+        assert!(w.made("3") && !w.made("1") && !w.made("7"));
+        // Only the latest few are remembered.
+        for n in 10..10 + OWN_VERSIONS {
+            w.record(n.to_string(), (n + 100).to_string());
+        }
+        assert!(!w.made("4") && w.made("110"));
     }
 
     #[test]
