@@ -261,8 +261,9 @@ fn watch_cluster(client: &Client, ns: &str, seen: Arc<Seen>) -> [tokio::task::Jo
 type Counts = BTreeMap<(String, String), f64>;
 
 /// The controllers' API calls between two readings: everything but the bench's own creates,
-/// the namespaced LISTs (the bench's and the standby agent's watches; the controllers list
-/// across all namespaces), the Leases (elections) and the API server's own endpoints.
+/// the namespaced LISTs (the bench's and the standby agent's watches relisting; the controllers
+/// list across all namespaces, and their GETs of a pool's status after a conflict are counted
+/// as GETs), the Leases (elections) and the API server's own endpoints.
 fn controller_calls(
     before: &Counts,
     after: &Counts,

@@ -357,9 +357,18 @@ impl ControlPlane {
                     .unwrap_or_default()
                     .to_owned()
             };
-            let (verb, mut resource) = (label("verb"), label("resource"));
+            let (mut verb, mut resource) = (label("verb"), label("resource"));
             if verb == "WATCH" {
                 continue;
+            }
+            // v1.20 files a GET of one object's subresource (`ippools/status`) under LIST; its
+            // scope says it is one object.
+            if verb == "LIST" && label("scope") == "resource" {
+                verb = "GET".into();
+            }
+            let subresource = label("subresource");
+            if !subresource.is_empty() {
+                resource = format!("{resource}/{subresource}");
             }
             // A cluster-wide LIST is a controller's (its caches watch every namespace); agents
             // and the tests list within a namespace. Told apart, a relist is attributable.
