@@ -469,23 +469,6 @@ impl Container {
         std::fs::read_to_string(&self.log).unwrap_or_default()
     }
 
-    /// The log once it contains `needle`, or `None` at the deadline. The shim copies the
-    /// container's output to the file on its own schedule, so a line the process wrote before
-    /// some other observable effect (a status file) may reach the log after it: poll.
-    pub fn wait_log(&self, needle: &str, within: std::time::Duration) -> Option<String> {
-        let deadline = std::time::Instant::now() + within;
-        loop {
-            let log = self.log();
-            if log.contains(needle) {
-                return Some(log);
-            }
-            if std::time::Instant::now() >= deadline {
-                return None;
-            }
-            std::thread::sleep(std::time::Duration::from_millis(50));
-        }
-    }
-
     /// The host PID of the container's first process, once its task runs.
     pub fn pid(&self) -> Option<u32> {
         let out = run(self.ctr().args(["tasks", "ls"])).ok()?;
