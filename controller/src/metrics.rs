@@ -193,11 +193,15 @@ impl Metrics {
             self.ippool_used.remove(&old);
             self.ippool_available.remove(&old);
         }
+        self.set_counts(&labels, used, available);
+    }
+
+    fn set_counts(&self, labels: &PoolLabels, used: u64, available: u64) {
         self.ippool_used
-            .get_or_create(&labels)
+            .get_or_create(labels)
             .set(i64::try_from(used).unwrap_or(i64::MAX));
         self.ippool_available
-            .get_or_create(&labels)
+            .get_or_create(labels)
             .set(i64::try_from(available).unwrap_or(i64::MAX));
     }
 
@@ -210,12 +214,7 @@ impl Metrics {
             .lock()
             .unwrap_or_else(PoisonError::into_inner);
         if let Some(labels) = series.get(ippool) {
-            self.ippool_used
-                .get_or_create(labels)
-                .set(i64::try_from(used).unwrap_or(i64::MAX));
-            self.ippool_available
-                .get_or_create(labels)
-                .set(i64::try_from(available).unwrap_or(i64::MAX));
+            self.set_counts(labels, used, available);
         }
     }
 

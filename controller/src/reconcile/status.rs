@@ -34,7 +34,8 @@ const CONFLICT_RETRIES: usize = 8;
 
 /// How many of its own writes' resourceVersions the writer remembers per pool. The watch brings
 /// a write back within milliseconds, while the next write to the pool waits for the previous
-/// one: a few suffice, and a version that fell out only costs one needless reconcile.
+/// one: a few suffice, and a version that fell out only costs one needless reconcile (or one
+/// conflict and re-read).
 const OWN_VERSIONS: usize = 8;
 
 /// Why a status could not be written.
