@@ -767,3 +767,93 @@ async fn metrics_text(addr: std::net::SocketAddr) -> String {
     .await
     .unwrap()
 }
+
+/// Repeats of one event about one object become one Event with a series count (as
+/// `kubectl describe` shows for built-in controllers); an Event the API server dropped ends its
+/// series; and however many distinct events are published, the publisher remembers a bounded
+/// number of series (kube's `Recorder` kept every event for six minutes).
+#[tokio::test]
+async fn repeated_events_fold_into_a_series_and_the_series_kept_are_bounded() {
+    use k8s_openapi::api::core::v1::ObjectReference;
+    use k8s_openapi::api::events::v1::Event as K8sEvent;
+    use kube::runtime::events::{Event, EventType, Reporter};
+    use vmdhcp_controller::reconcile::events::Publisher;
+
+    let cp = ControlPlane::shared();
+    let client = cp.client().await.unwrap();
+    let ns = cp.namespace(&client, "events").await.unwrap();
+    let reporter = Reporter {
+        controller: "vm-dhcp-controller".into(),
+        instance: Some("controller-test".into()),
+    };
+    let publisher = Publisher::with_capacity(client.clone(), reporter, 16);
+    let about = |name: &str| ObjectReference {
+        api_version: Some("network.harvesterhci.io/v1alpha1".into()),
+        kind: Some("VirtualMachineNetworkConfig".into()),
+        namespace: Some(ns.clone()),
+        name: Some(name.into()),
+        uid: Some(format!("uid-{name}")),
+        ..Default::default()
+    };
+    let ev = |note: &str| Event {
+        type_: EventType::Warning,
+        reason: "AllocationRefused".into(),
+        note: Some(note.into()),
+        action: "Allocate".into(),
+        secondary: None,
+    };
+    let events: Api<K8sEvent> = Api::namespaced(client.clone(), &ns);
+    let listed = async || events.list(&Default::default()).await.unwrap().items;
+
+    for _ in 0..3 {
+        publisher
+            .publish(&ev("pool full"), &about("vm-a"))
+            .await
+            .unwrap();
+    }
+    let all = listed().await;
+    assert_eq!(all.len(), 1, "{all:?}");
+    assert_eq!(all[0].series.as_ref().map(|s| s.count), Some(3));
+    assert_eq!(all[0].reason.as_deref(), Some("AllocationRefused"));
+    assert_eq!(
+        all[0].reporting_instance.as_deref(),
+        Some("controller-test")
+    );
+    let regarding = all[0].regarding.clone().unwrap();
+    assert_eq!(regarding.name.as_deref(), Some("vm-a"));
+
+    // Something else said about the same object is an Event of its own.
+    publisher
+        .publish(&ev("other"), &about("vm-a"))
+        .await
+        .unwrap();
+    assert_eq!(listed().await.len(), 2);
+
+    // The API server dropped the Event (its TTL): the next repeat starts a new one.
+    let first = all[0].metadata.name.clone().unwrap();
+    events
+        .delete(&first, &DeleteParams::default())
+        .await
+        .unwrap();
+    publisher
+        .publish(&ev("pool full"), &about("vm-a"))
+        .await
+        .unwrap();
+    let all = listed().await;
+    assert_eq!(all.len(), 2, "{all:?}");
+    assert!(
+        all.iter()
+            .all(|e| e.metadata.name.as_deref() != Some(&first))
+    );
+
+    // A flood of distinct events: each is published, at most 16 series are remembered.
+    for i in 0..100 {
+        publisher
+            .publish(&ev("pool full"), &about(&format!("vm-{i}")))
+            .await
+            .unwrap();
+    }
+    assert_eq!(listed().await.len(), 102);
+    let kept = publisher.series_kept().await;
+    assert!(kept <= 16, "{kept} series kept");
+}

@@ -2,16 +2,13 @@
 //! pool-status writer, the bounded event queue, and the leadership flag that gates every write.
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
 
-use k8s_openapi::api::core::v1::ObjectReference;
 use k8s_openapi::jiff::Timestamp;
 use kube::api::DynamicObject;
-use kube::runtime::events::{Event, EventType, Recorder};
+use kube::runtime::events::{Event, EventType};
 use kube::runtime::reflector::Store;
 use kube::{Client, Resource, ResourceExt};
-use tokio::sync::{mpsc, watch};
-use tracing::warn;
+use tokio::sync::watch;
 use vmdhcp_core::NamespacedName;
 use vmdhcp_core::crd::{IPPool, VirtualMachineNetworkConfig};
 
@@ -19,6 +16,7 @@ use crate::causes::TraceCauses;
 use crate::ipam::{Ipam, MacOwners};
 use crate::kinds::{VirtualMachine, network_of};
 use crate::metrics::Metrics;
+use crate::reconcile::events::Events;
 use crate::reconcile::status::PoolStatusWriter;
 
 /// Finalizer on IPPools (upstream's name, so objects created by upstream carry over).
@@ -90,53 +88,6 @@ impl Context {
     }
 }
 
-/// Events waiting to be published at most; more are dropped (and counted in the log).
-pub const EVENT_QUEUE: usize = 1024;
-
-/// A bounded queue of Kubernetes events, drained by one publisher task ([`Events::run`]).
-pub struct Events {
-    tx: mpsc::Sender<(Event, ObjectReference)>,
-    dropped: AtomicU64,
-}
-
-impl Events {
-    /// A queue of at most `capacity` events and its receiving end, for [`Events::run`].
-    pub fn new(capacity: usize) -> (Self, mpsc::Receiver<(Event, ObjectReference)>) {
-        let (tx, rx) = mpsc::channel(capacity.max(1));
-        (
-            Events {
-                tx,
-                dropped: AtomicU64::new(0),
-            },
-            rx,
-        )
-    }
-
-    /// Queues an event; drops it when the queue is full (the API server is slow or down).
-    pub fn send(&self, event: Event, about: ObjectReference) {
-        if self.tx.try_send((event, about)).is_err() {
-            let n = self.dropped.fetch_add(1, Ordering::Relaxed) + 1;
-            if n.is_power_of_two() {
-                warn!(dropped = n, "event queue full; events dropped");
-            }
-        }
-    }
-
-    /// Events dropped so far.
-    pub fn dropped(&self) -> u64 {
-        self.dropped.load(Ordering::Relaxed)
-    }
-
-    /// Publishes queued events one at a time until every sender is gone.
-    pub async fn run(recorder: Recorder, mut rx: mpsc::Receiver<(Event, ObjectReference)>) {
-        while let Some((event, about)) = rx.recv().await {
-            if let Err(e) = recorder.publish(&event, &about).await {
-                warn!(error = %e, reason = %event.reason, "could not record event");
-            }
-        }
-    }
-}
-
 /// This replica lost leadership: the write was not made.
 #[derive(Debug, thiserror::Error)]
 #[error("not the leader; write skipped")]
@@ -199,33 +150,4 @@ pub fn serving_order(pool: &IPPool) -> (Timestamp, String, String) {
         pool.namespace().unwrap_or_default(),
         pool.name_any(),
     )
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[tokio::test]
-    async fn a_flood_of_events_is_bounded_and_counted() {
-        let (events, mut rx) = Events::new(8);
-        let ev = || Event {
-            type_: EventType::Normal,
-            reason: "Allocated".into(),
-            note: None,
-            action: "Allocate".into(),
-            secondary: None,
-        };
-        for _ in 0..10_000 {
-            events.send(ev(), ObjectReference::default());
-        }
-        assert_eq!(events.dropped(), 10_000 - 8);
-        let mut queued = 0;
-        while rx.try_recv().is_ok() {
-            queued += 1;
-        }
-        assert_eq!(queued, 8);
-        // Room again once drained.
-        events.send(ev(), ObjectReference::default());
-        assert!(rx.try_recv().is_ok());
-    }
 }

@@ -3,6 +3,7 @@
 //! bootstrapped.
 //!
 //! - [`context`]: what every reconciler shares (client, caches, IPAM, events, leadership gate);
+//! - [`events`]: the bounded event queue and its publisher, repeats folded into series;
 //! - [`ippool`]: a pool's network label, IPAM and status (`AgentReady` from agent reports);
 //! - [`vm`]: a VirtualMachine → its VirtualMachineNetworkConfig (NICs and MACs);
 //! - [`vmnetcfg`]: a config's NICs → addresses, written to the pool's status first;
@@ -15,6 +16,7 @@
 
 pub mod agent_bootstrap;
 pub mod context;
+pub mod events;
 pub mod ippool;
 pub mod status;
 pub mod upstream_agent;

@@ -12,7 +12,7 @@ use std::time::Duration;
 use futures_util::StreamExt;
 use kube::api::{Api, DynamicObject};
 use kube::runtime::controller::{self, Action, Controller};
-use kube::runtime::events::{Recorder, Reporter};
+use kube::runtime::events::Reporter;
 use kube::runtime::reflector::{self, ObjectRef};
 use kube::runtime::watcher;
 use kube::{Client, ResourceExt};
@@ -32,7 +32,8 @@ use crate::index::shared_watch::{SharedWatch, Trigger};
 use crate::ipam::{Ipam, MacOwners};
 use crate::kinds::{VirtualMachine, nad_resource, network_of, object_ref, store_key};
 use crate::metrics::Metrics;
-use crate::reconcile::context::{Context, EVENT_QUEUE, Events};
+use crate::reconcile::context::Context;
+use crate::reconcile::events::{EVENT_QUEUE, Events, Publisher};
 use crate::reconcile::status::PoolStatusWriter;
 use crate::reconcile::{agent_bootstrap, ippool, vm, vmnetcfg};
 use crate::reports::Reports;
@@ -311,7 +312,7 @@ pub(super) async fn lead(
         }
     };
     // Events are published by one task per term, from a bounded queue.
-    let events_task = Events::run(Recorder::new(client.clone(), reporter), queued_events);
+    let events_task = Events::run(Publisher::new(client.clone(), reporter), queued_events);
     // The writers end together on `stop`, each after its last write; the watches feeding them
     // never end on their own.
     let writers = async {

@@ -1,0 +1,282 @@
+//! Kubernetes events: the bounded queue reconcilers hand them to, and the one task per term that
+//! publishes them (`events.k8s.io/v1`), folding repeats into a series.
+//!
+//! kube-runtime's `Recorder` keeps every event it published for six minutes, keyed by the
+//! object's full reference (resourceVersion included, so nearly every event is a new key), and
+//! walks that whole map on every publish to expire old entries. Building up 20 000 VMs, that is
+//! one cached event per allocation — tens of megabytes, and a scan growing with the allocation
+//! rate on every event. Here repeats are remembered in a cache bounded in size and age: the cost
+//! of one event is one API call and O(1) bookkeeping, whatever the cluster's size or history.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use k8s_openapi::api::core::v1::ObjectReference;
+use k8s_openapi::api::events::v1::{Event as K8sEvent, EventSeries};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, ObjectMeta};
+use k8s_openapi::jiff::Timestamp;
+use kube::Client;
+use kube::api::{Api, Patch, PatchParams, PostParams};
+use kube::runtime::events::{Event, EventType, Reporter};
+use moka::future::Cache;
+use serde_json::json;
+use tokio::sync::mpsc;
+use tracing::warn;
+
+/// Events waiting to be published at most; more are dropped (and counted in the log).
+pub const EVENT_QUEUE: usize = 1024;
+
+/// Series remembered at most (a repeat of an event older or evicted starts a new Event object).
+pub const SERIES_KEPT: u64 = 4096;
+
+/// How long a published event may be continued as a series: client-go's and kube-runtime's six
+/// minutes, so `kubectl describe` shows the same aggregation as for built-in controllers.
+pub const SERIES_TTL: Duration = Duration::from_secs(6 * 60);
+
+/// A bounded queue of Kubernetes events, drained by one publisher task ([`Events::run`]).
+pub struct Events {
+    tx: mpsc::Sender<(Event, ObjectReference)>,
+    dropped: AtomicU64,
+}
+
+impl Events {
+    /// A queue of at most `capacity` events and its receiving end, for [`Events::run`].
+    pub fn new(capacity: usize) -> (Self, mpsc::Receiver<(Event, ObjectReference)>) {
+        let (tx, rx) = mpsc::channel(capacity.max(1));
+        (
+            Events {
+                tx,
+                dropped: AtomicU64::new(0),
+            },
+            rx,
+        )
+    }
+
+    /// Queues an event; drops it when the queue is full (the API server is slow or down).
+    pub fn send(&self, event: Event, about: ObjectReference) {
+        if self.tx.try_send((event, about)).is_err() {
+            let n = self.dropped.fetch_add(1, Ordering::Relaxed) + 1;
+            if n.is_power_of_two() {
+                warn!(dropped = n, "event queue full; events dropped");
+            }
+        }
+    }
+
+    /// Events dropped so far.
+    pub fn dropped(&self) -> u64 {
+        self.dropped.load(Ordering::Relaxed)
+    }
+
+    /// Publishes queued events one at a time until every sender is gone.
+    pub async fn run(publisher: Publisher, mut rx: mpsc::Receiver<(Event, ObjectReference)>) {
+        while let Some((event, about)) = rx.recv().await {
+            // Boxed: the cache's futures are large, and this loop is polled inside the term's
+            // future, on the stack of whoever drives it.
+            if let Err(e) = Box::pin(publisher.publish(&event, &about)).await {
+                warn!(error = %e, reason = %event.reason, "could not record event");
+            }
+        }
+    }
+}
+
+/// What makes two events the same occurrence: the object (by identity, not version) and
+/// everything the event says.
+#[derive(Clone, Debug, Hash, PartialEq, Eq)]
+struct SeriesKey {
+    kind: Option<String>,
+    namespace: Option<String>,
+    name: Option<String>,
+    uid: Option<String>,
+    type_: &'static str,
+    reason: String,
+    action: String,
+    note: Option<String>,
+}
+
+impl SeriesKey {
+    fn of(ev: &Event, about: &ObjectReference) -> Self {
+        SeriesKey {
+            kind: about.kind.clone(),
+            namespace: about.namespace.clone(),
+            name: about.name.clone(),
+            uid: about.uid.clone(),
+            type_: type_name(ev.type_),
+            reason: ev.reason.clone(),
+            action: ev.action.clone(),
+            note: ev.note.clone(),
+        }
+    }
+}
+
+/// The Event object a series continues, and how many times it happened.
+#[derive(Clone, Debug)]
+struct Series {
+    namespace: String,
+    name: String,
+    count: i32,
+}
+
+/// Publishes events as `reporter`; a repeat within [`SERIES_TTL`] raises the first Event's
+/// `series.count` instead of creating another object.
+#[derive(Clone)]
+pub struct Publisher {
+    client: Client,
+    reporter: Reporter,
+    series: Cache<SeriesKey, Series>,
+}
+
+impl Publisher {
+    /// A publisher remembering at most [`SERIES_KEPT`] series.
+    pub fn new(client: Client, reporter: Reporter) -> Self {
+        Self::with_capacity(client, reporter, SERIES_KEPT)
+    }
+
+    /// A publisher remembering at most `kept` series (tests use a small one).
+    pub fn with_capacity(client: Client, reporter: Reporter, kept: u64) -> Self {
+        Publisher {
+            client,
+            reporter,
+            series: Cache::builder()
+                .max_capacity(kept)
+                .time_to_live(SERIES_TTL)
+                .build(),
+        }
+    }
+
+    /// Series remembered right now (after pending evictions).
+    pub async fn series_kept(&self) -> u64 {
+        self.series.run_pending_tasks().await;
+        self.series.entry_count()
+    }
+
+    /// Publishes one event about `about` (in its namespace; "default" for a cluster-scoped one).
+    pub async fn publish(&self, ev: &Event, about: &ObjectReference) -> Result<(), kube::Error> {
+        let key = SeriesKey::of(ev, about);
+        let now = Timestamp::now();
+        if let Some(mut series) = self.series.get(&key).await {
+            series.count = series.count.saturating_add(1);
+            let api: Api<K8sEvent> = Api::namespaced(self.client.clone(), &series.namespace);
+            let patch = json!({"series": EventSeries {
+                count: series.count,
+                last_observed_time: MicroTime(now),
+            }});
+            match api
+                .patch(&series.name, &PatchParams::default(), &Patch::Merge(&patch))
+                .await
+            {
+                Ok(_) => {
+                    self.series.insert(key, series).await;
+                    return Ok(());
+                }
+                // Deleted or expired by the API server: start over with a new Event.
+                Err(kube::Error::Api(e)) if e.code == 404 => {}
+                Err(e) => return Err(e),
+            }
+        }
+        let event = self.event(ev, about, now);
+        let namespace = event.metadata.namespace.clone().unwrap_or_default();
+        let api: Api<K8sEvent> = Api::namespaced(self.client.clone(), &namespace);
+        let created = api.create(&PostParams::default(), &event).await?;
+        let series = Series {
+            namespace,
+            name: created.metadata.name.unwrap_or_default(),
+            count: 1,
+        };
+        self.series.insert(key, series).await;
+        Ok(())
+    }
+
+    fn event(&self, ev: &Event, about: &ObjectReference, now: Timestamp) -> K8sEvent {
+        let namespace = about.namespace.clone().unwrap_or_else(|| "default".into());
+        let name = about.name.as_deref().unwrap_or(&self.reporter.controller);
+        K8sEvent {
+            action: Some(ev.action.clone()),
+            reason: Some(ev.reason.clone()),
+            note: ev.note.clone(),
+            type_: Some(type_name(ev.type_).into()),
+            event_time: Some(MicroTime(now)),
+            regarding: Some(about.clone()),
+            related: ev.secondary.clone(),
+            reporting_controller: Some(self.reporter.controller.clone()),
+            reporting_instance: Some(
+                self.reporter
+                    .instance
+                    .clone()
+                    .unwrap_or_else(|| self.reporter.controller.clone()),
+            ),
+            metadata: ObjectMeta {
+                name: Some(format!("{name}.{:x}", now.as_nanosecond())),
+                namespace: Some(namespace),
+                ..Default::default()
+            },
+            ..Default::default()
+        }
+    }
+}
+
+fn type_name(t: EventType) -> &'static str {
+    match t {
+        EventType::Normal => "Normal",
+        EventType::Warning => "Warning",
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ev(note: &str) -> Event {
+        Event {
+            type_: EventType::Normal,
+            reason: "Allocated".into(),
+            note: Some(note.into()),
+            action: "Allocate".into(),
+            secondary: None,
+        }
+    }
+
+    #[tokio::test]
+    async fn a_flood_of_events_is_bounded_and_counted() {
+        let (events, mut rx) = Events::new(8);
+        for _ in 0..10_000 {
+            events.send(ev("x"), ObjectReference::default());
+        }
+        assert_eq!(events.dropped(), 10_000 - 8);
+        let mut queued = 0;
+        while rx.try_recv().is_ok() {
+            queued += 1;
+        }
+        assert_eq!(queued, 8);
+        // Room again once drained.
+        events.send(ev("x"), ObjectReference::default());
+        assert!(rx.try_recv().is_ok());
+    }
+
+    #[test]
+    fn a_series_is_the_object_by_identity_and_what_the_event_says() {
+        let about = |rv: &str| ObjectReference {
+            kind: Some("VirtualMachineNetworkConfig".into()),
+            namespace: Some("ns".into()),
+            name: Some("vm".into()),
+            uid: Some("u1".into()),
+            resource_version: Some(rv.into()),
+            ..Default::default()
+        };
+        // Another version of the same object: the same series.
+        assert_eq!(
+            SeriesKey::of(&ev("a"), &about("1")),
+            SeriesKey::of(&ev("a"), &about("2"))
+        );
+        // Another note, or another object with the same name: not.
+        assert_ne!(
+            SeriesKey::of(&ev("a"), &about("1")),
+            SeriesKey::of(&ev("b"), &about("1"))
+        );
+        let mut recreated = about("1");
+        recreated.uid = Some("u2".into());
+        assert_ne!(
+            SeriesKey::of(&ev("a"), &about("1")),
+            SeriesKey::of(&ev("a"), &recreated)
+        );
+    }
+}
