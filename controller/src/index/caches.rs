@@ -2,7 +2,8 @@
 //! the webhook, the leader's reconcilers) and VirtualMachineNetworkConfigs (the webhook, the
 //! leader's reconcilers, the [`ConfigIndex`]). One watch each for the whole process, started
 //! once and kept across leadership terms, so a new leader starts from a filled cache instead of
-//! listing everything again, and no object is held twice.
+//! listing everything again, and no object is held twice. Configs are cached trimmed to what is
+//! read of them ([`crate::reconcile::vm::trim_config`]).
 
 use std::sync::Arc;
 
@@ -45,10 +46,13 @@ impl Caches {
         let (pools, pool_watch) = SharedWatch::start(Api::all(client.clone()), (), wc.clone());
         let config_index = Arc::new(ConfigIndex::default());
         let observer = config_index.clone();
-        let (configs, config_watch) =
-            SharedWatch::start_observed(Api::all(client.clone()), (), wc, move |event| {
-                observer.observe(event)
-            });
+        let (configs, config_watch) = SharedWatch::start_with(
+            Api::all(client.clone()),
+            (),
+            wc,
+            crate::reconcile::vm::trim_config,
+            move |event| observer.observe(event),
+        );
         let tasks = CacheTasks([tokio::spawn(pool_watch), tokio::spawn(config_watch)]);
         (
             Caches {

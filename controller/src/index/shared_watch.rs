@@ -30,10 +30,10 @@ use std::sync::{Arc, Mutex, PoisonError};
 
 use futures_util::stream::BoxStream;
 use futures_util::{Stream, StreamExt};
+use kube::Resource;
 use kube::api::Api;
 use kube::runtime::reflector::{self, Store};
 use kube::runtime::{WatchStreamExt, watcher};
-use kube::{Resource, ResourceExt};
 use serde::de::DeserializeOwned;
 use tokio::sync::{mpsc, watch};
 use tokio_stream::wrappers::ReceiverStream;
@@ -94,7 +94,7 @@ where
         dyntype: K::DynamicType,
         config: watcher::Config,
     ) -> (Self, impl Future<Output = ()> + Send) {
-        Self::start_observed(api, dyntype, config, |_| {})
+        Self::start_with(api, dyntype, config, |_| {}, |_| {})
     }
 
     /// As [`SharedWatch::start`], with `trim` applied to every object before anything sees it:
@@ -109,18 +109,10 @@ where
         Self::start_with(api, dyntype, config, trim, |_| {})
     }
 
-    /// As [`SharedWatch::start`], with `observe` called on every event before the cache and the
-    /// subscribers see it (to keep an index of the objects in step with the cache).
-    pub fn start_observed(
-        api: Api<K>,
-        dyntype: K::DynamicType,
-        config: watcher::Config,
-        observe: impl Fn(&watcher::Event<K>) + Send + 'static,
-    ) -> (Self, impl Future<Output = ()> + Send) {
-        Self::start_with(api, dyntype, config, |_| {}, observe)
-    }
-
-    fn start_with(
+    /// As [`SharedWatch::start_trimmed`], with `observe` also called on every (trimmed) event
+    /// before the cache and the subscribers see it (to keep an index of the objects in step with
+    /// the cache).
+    pub fn start_with(
         api: Api<K>,
         dyntype: K::DynamicType,
         config: watcher::Config,
@@ -133,7 +125,7 @@ where
         let events = watcher(api, config)
             .default_backoff()
             .modify(move |o| {
-                o.managed_fields_mut().clear();
+                forget_managed_fields(o);
                 trim(o);
             })
             .map(move |event| {
@@ -206,14 +198,20 @@ where
                 Touch::Listed => None,
             }
         });
-        let cached: Vec<Result<K, watcher::Error>> = self
-            .store
-            .state()
-            .into_iter()
+        // Cloned one at a time as the controller takes them: a copy of the whole cache at
+        // once (20 000 configs: tens of megabytes) would outlive the moment in the heap.
+        let cached = self.store.state();
+        futures_util::stream::iter(cached)
             .map(|o| Ok(o.as_ref().clone()))
-            .collect();
-        futures_util::stream::iter(cached).chain(live).boxed()
+            .chain(live)
+            .boxed()
     }
+}
+
+/// Drops an object's `managedFields`, which nothing here reads and which are often the larger
+/// part of an object.
+pub fn forget_managed_fields<K: Resource>(o: &mut K) {
+    o.meta_mut().managed_fields = None;
 }
 
 fn lock<K>(subscribers: &Subscribers<K>) -> std::sync::MutexGuard<'_, Vec<mpsc::Sender<Touch<K>>>> {
