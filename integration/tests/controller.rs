@@ -421,6 +421,69 @@ async fn second_pool_on_a_network_and_missing_network_are_refused_with_condition
     wait_for(&pools, "orphan", "ready", ready).await;
 }
 
+/// The (address, MAC) entries of a pool's `allocated`, without the RESERVED/EXCLUDED markers.
+fn held_by_vms(pool: &IPPool) -> BTreeSet<(String, String)> {
+    allocated(pool)
+        .into_iter()
+        .filter(|(_, v)| v.contains(':'))
+        .collect()
+}
+
+/// An allocated config waits for changes only (no periodic pass): a pool that comes back on its
+/// network without its allocations (deleted and created again) must wake it, or the VM would
+/// have no lease until something else touched its config.
+#[tokio::test]
+async fn a_pool_created_again_gets_back_the_addresses_its_vms_hold() {
+    let (client, ns) = setup("recreate").await;
+    create_nad(&client, &ns, "net-r").await;
+    create_pool(&client, &ns, "pool-r", "net-r", 7).await;
+    let pools: Api<IPPool> = Api::namespaced(client.clone(), &ns);
+    wait_for(&pools, "pool-r", "ready", ready).await;
+    let cfgs: Api<VirtualMachineNetworkConfig> = Api::namespaced(client.clone(), &ns);
+    let vms = vm_api(&client, &ns);
+    for (name, mac) in [("vm1", "02:00:00:00:07:01"), ("vm2", "02:00:00:00:07:02")] {
+        vms.create(&PostParams::default(), &vm(&ns, name, &[("net-r", mac)]))
+            .await
+            .unwrap();
+    }
+    let mut held = BTreeSet::new();
+    for name in ["vm1", "vm2"] {
+        let cfg = wait_for(&cfgs, name, "allocated", |c| {
+            cfg_condition(c, "Allocated").is_some_and(|a| a.0 == "True")
+        })
+        .await;
+        let (mac, ip, _) = cfg_ips(&cfg).remove(0);
+        held.insert((ip, mac));
+    }
+    wait_for(&pools, "pool-r", "recording both", |p| {
+        held_by_vms(p) == held
+    })
+    .await;
+
+    pools
+        .delete("pool-r", &DeleteParams::default())
+        .await
+        .unwrap();
+    let deadline = Instant::now() + DEADLINE;
+    while pools.get_opt("pool-r").await.unwrap().is_some() {
+        assert!(Instant::now() < deadline, "pool never deleted");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    create_pool(&client, &ns, "pool-r", "net-r", 7).await;
+    // Each VM keeps its address.
+    wait_for(&pools, "pool-r", "given back both addresses", |p| {
+        held_by_vms(p) == held
+    })
+    .await;
+    for name in ["vm1", "vm2"] {
+        let cfg = cfgs.get(name).await.unwrap();
+        assert_eq!(
+            cfg_condition(&cfg, "Allocated").map(|a| a.0).as_deref(),
+            Some("True")
+        );
+    }
+}
+
 #[tokio::test]
 async fn vm_gets_an_address_recorded_in_the_pool_first_and_released_on_every_path() {
     let (client, ns) = setup("vm").await;

@@ -8,7 +8,7 @@ use kube::api::DynamicObject;
 use kube::runtime::events::{Event, EventType};
 use kube::runtime::reflector::Store;
 use kube::{Client, Resource, ResourceExt};
-use tokio::sync::watch;
+use tokio::sync::{mpsc, watch};
 use vmdhcp_core::NamespacedName;
 use vmdhcp_core::crd::{IPPool, VirtualMachineNetworkConfig};
 
@@ -72,6 +72,11 @@ pub struct Context {
     /// [`Context::caches_ready`]). A watch channel rather than each store's own wait, which wakes
     /// only the last of many concurrent waiters (kube-runtime 5's `DelayedInit` holds one waker).
     pub caches: watch::Receiver<bool>,
+    /// The networks whose pool's IPAM its reconcile has just (re)built: every config on such a
+    /// network is reconciled again. An allocated config waits for its own changes only, so a
+    /// pool that comes (back) without the allocations its configs record (recreated, or on a
+    /// new range) must wake them to be registered again.
+    pub pool_rebuilt: mpsc::Sender<NamespacedName>,
     /// The status last written per config (serialised, without timestamps), with the
     /// resourceVersion it was computed from; only until the cache shows it.
     pub written: std::sync::Mutex<std::collections::HashMap<String, (String, String)>>,

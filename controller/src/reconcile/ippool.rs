@@ -371,6 +371,9 @@ fn allocator_from_status(pool: &IPPool, range: &PoolRange) -> (PoolAllocator, Ve
     (allocator, problems)
 }
 
+/// How long a rebuilt pool waits to hand its network to the config controller.
+const POOL_REBUILT_WAIT: Duration = Duration::from_secs(5);
+
 /// (Re)builds the pool's IPAM from what etcd records whenever it is missing or the range changed.
 async fn rebuild_ipam(
     ctx: &Context,
@@ -397,6 +400,14 @@ async fn rebuild_ipam(
     ctx.mac_owners.forget_pool(pool_ref);
     ctx.ipam.insert(allocator);
     info!(pool = %pool_ref, leases = ctx.ipam.with_pool(pool_ref, |a| a.used()).unwrap_or(0), "IPAM rebuilt from status");
+    if let Some(network) = network_of(pool) {
+        // Bounded: a term shutting down may no longer take them (the next term reconciles
+        // every config anyway). Closed: the term is ending.
+        let wake = ctx.pool_rebuilt.send(network.clone());
+        if tokio::time::timeout(POOL_REBUILT_WAIT, wake).await.is_err() {
+            warn!(pool = %pool_ref, %network, "the configs on the network were not woken; they wait for their next change");
+        }
+    }
     Ok(())
 }
 

@@ -435,7 +435,11 @@ async fn finish(
     )
     .await?;
     Ok(match (allocated, out.waiting) {
-        (true, _) => Action::requeue(Duration::from_secs(600)),
+        // Nothing to look at until something changes: its own object, its VM, its pool's
+        // conflicts, or its pool's IPAM rebuilt (`Context::pool_rebuilt`). A periodic pass over
+        // every allocated config would cost, at 20 000 configs, 33 reconciles a second of a
+        // busy leader's time for nothing, and a scheduler entry per config.
+        (true, _) => Action::await_change(),
         (false, true) => Action::requeue(Duration::from_secs(5)),
         (false, false) => Action::requeue(Duration::from_secs(60)),
     })

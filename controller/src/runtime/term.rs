@@ -17,8 +17,9 @@ use kube::runtime::reflector::{self, ObjectRef};
 use kube::runtime::watcher;
 use kube::{Client, ResourceExt};
 use serde::de::DeserializeOwned;
-use tokio::sync::watch;
+use tokio::sync::{mpsc, watch};
 use tokio::time::Instant;
+use tokio_stream::wrappers::ReceiverStream;
 use tracing::{Instrument, error, field, info, info_span, warn};
 use vmdhcp_core::NamespacedName;
 use vmdhcp_core::crd::{IPPool, VirtualMachineNetworkConfig};
@@ -241,12 +242,17 @@ pub(super) async fn lead(
     let cfg_ctrl = Controller::for_stream(shared_caches.configs.trigger(), cfgs.clone());
     let vm_ctrl =
         Controller::for_stream(vm_self, vms.clone()).graceful_shutdown_on(stopped(stop.clone()));
+    let (pool_rebuilt, rebuilt_networks) = mpsc::channel(POOL_REBUILT_QUEUE);
     let cfg_ctrl = config_triggers(
         cfg_ctrl.graceful_shutdown_on(stopped(stop.clone())),
         shared_caches.config_index.clone(),
         vm_for_cfgs,
         pool_for_cfgs,
-    );
+    )
+    .reconcile_on(members_of(
+        rebuilt_networks,
+        shared_caches.config_index.clone(),
+    ));
 
     let ipam = Arc::new(Ipam::new());
     *shared
@@ -293,6 +299,7 @@ pub(super) async fn lead(
         agent_deployment_missing: Default::default(),
         causes: shared.causes,
         caches,
+        pool_rebuilt,
         written: Default::default(),
     });
     let term = Arc::new(Term {
@@ -413,6 +420,26 @@ fn pool_controller(
             nad_resource(),
         )
         .watches_stream(siblings, move |pool: IPPool| by_sibling(network_of(&pool)))
+}
+
+/// Networks whose pool's IPAM was rebuilt that may wait for the config controller to take them
+/// (the pool reconciles sending them wait for room: none is lost).
+const POOL_REBUILT_QUEUE: usize = 64;
+
+/// Every config on each network whose pool's IPAM its reconcile has (re)built
+/// ([`Context::pool_rebuilt`]), looked up in the [`ConfigIndex`] when the network arrives.
+fn members_of(
+    networks: mpsc::Receiver<NamespacedName>,
+    configs: Arc<ConfigIndex>,
+) -> impl futures_util::Stream<Item = ObjectRef<VirtualMachineNetworkConfig>> + Send + 'static {
+    ReceiverStream::new(networks).flat_map(move |network| {
+        futures_util::stream::iter(
+            configs
+                .on_network(&network)
+                .into_iter()
+                .map(|c| store_key::<VirtualMachineNetworkConfig>(&c)),
+        )
+    })
 }
 
 /// The config controller's triggers besides its own watch: the VM it is named after, and the
