@@ -244,10 +244,10 @@ fn main() {
             metrics.set_vmnetcfg(
                 &key,
                 vec![VmnetcfgLabels {
-                    vmnetcfg: key.clone(),
-                    network: format!("{NS}/net-{pool}"),
-                    mac: mac(k).to_string(),
-                    ip: ip.to_string(),
+                    vmnetcfg: key.as_str().into(),
+                    network: format!("{NS}/net-{pool}").into(),
+                    mac: mac(k).to_string().into(),
+                    ip: ip.to_string().into(),
                     state: "Allocated".into(),
                 }],
             );

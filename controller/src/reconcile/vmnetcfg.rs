@@ -181,14 +181,15 @@ async fn write_status(
         set_condition(&mut all, type_, *value, reason, message);
     }
     let key = format!("{ns}/{name}");
+    let shared_key: Arc<str> = key.as_str().into();
     let series = entries
         .iter()
         .map(|e| VmnetcfgLabels {
-            vmnetcfg: key.clone(),
-            network: e.network_name.clone().unwrap_or_default(),
-            mac: e.mac_address.clone().unwrap_or_default(),
-            ip: e.allocated_ip_address.clone().unwrap_or_default(),
-            state: e.state.map(|s| format!("{s:?}")).unwrap_or_default(),
+            vmnetcfg: shared_key.clone(),
+            network: e.network_name.as_deref().unwrap_or_default().into(),
+            mac: e.mac_address.as_deref().unwrap_or_default().into(),
+            ip: e.allocated_ip_address.as_deref().unwrap_or_default().into(),
+            state: e.state.map(|s| format!("{s:?}")).unwrap_or_default().into(),
         })
         .collect();
     let status = json!({"status": {"networkConfigs": entries, "conditions": all}});
