@@ -190,6 +190,16 @@ where
     }
 }
 
+/// Deletes a pool and waits, bounded, until its finalizer has let it go.
+async fn delete_pool(pools: &Api<IPPool>, name: &str) {
+    pools.delete(name, &DeleteParams::default()).await.unwrap();
+    let deadline = Instant::now() + DEADLINE;
+    while pools.get_opt(name).await.unwrap().is_some() {
+        assert!(Instant::now() < deadline, "{name}: never deleted");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
 fn condition(pool: &IPPool, t: &str) -> Option<(String, Option<String>)> {
     find_condition(&pool.status.as_ref()?.conditions, t)
         .map(|c| (c.status.clone(), c.reason.clone()))
@@ -365,15 +375,7 @@ async fn pool_is_registered_marked_counted_paused_and_deleted_cleanly() {
     .await;
 
     // Deletion: finalizer released, NAD unlabelled, series gone.
-    pools
-        .delete("pool-a", &DeleteParams::default())
-        .await
-        .unwrap();
-    let deadline = Instant::now() + DEADLINE;
-    while pools.get_opt("pool-a").await.unwrap().is_some() {
-        assert!(Instant::now() < deadline, "pool never deleted");
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    delete_pool(&pools, "pool-a").await;
     let nad = nad_api(&client, &ns).get("net-a").await.unwrap();
     assert!(
         !nad.labels()
@@ -460,15 +462,7 @@ async fn a_pool_created_again_gets_back_the_addresses_its_vms_hold() {
     })
     .await;
 
-    pools
-        .delete("pool-r", &DeleteParams::default())
-        .await
-        .unwrap();
-    let deadline = Instant::now() + DEADLINE;
-    while pools.get_opt("pool-r").await.unwrap().is_some() {
-        assert!(Instant::now() < deadline, "pool never deleted");
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    delete_pool(&pools, "pool-r").await;
     create_pool(&client, &ns, "pool-r", "net-r", 7).await;
     // Each VM keeps its address.
     wait_for(&pools, "pool-r", "given back both addresses", |p| {
