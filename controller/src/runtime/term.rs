@@ -422,8 +422,9 @@ fn pool_controller(
         .watches_stream(siblings, move |pool: IPPool| by_sibling(network_of(&pool)))
 }
 
-/// Networks whose pool's IPAM was rebuilt that may wait for the config controller to take them
-/// (the pool reconciles sending them wait for room: none is lost).
+/// Networks whose pool's IPAM was rebuilt that may wait for the config controller to take them.
+/// A pool reconcile finding no room waits for it, up to `POOL_REBUILT_WAIT` (then it logs that
+/// the configs were not woken).
 const POOL_REBUILT_QUEUE: usize = 64;
 
 /// Every config on each network whose pool's IPAM its reconcile has (re)built
