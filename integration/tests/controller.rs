@@ -16,7 +16,9 @@ use serde_json::{Value, json};
 use tokio::sync::watch;
 use vmdhcp_controller::reconcile::context::AgentDeployment;
 use vmdhcp_controller::runtime::{Handles, Settings, run};
-use vmdhcp_core::crd::{IPPool, VirtualMachineNetworkConfig, find_condition};
+use vmdhcp_core::crd::{
+    ALLOCATED_EXCLUDED, ALLOCATED_RESERVED, IPPool, VirtualMachineNetworkConfig, find_condition,
+};
 use vmdhcp_integration::control_plane::ControlPlane;
 
 const DEADLINE: Duration = Duration::from_secs(30);
@@ -427,7 +429,7 @@ async fn second_pool_on_a_network_and_missing_network_are_refused_with_condition
 fn held_by_vms(pool: &IPPool) -> BTreeSet<(String, String)> {
     allocated(pool)
         .into_iter()
-        .filter(|(_, v)| v.contains(':'))
+        .filter(|(_, v)| v != ALLOCATED_RESERVED && v != ALLOCATED_EXCLUDED)
         .collect()
 }
 
@@ -777,11 +779,7 @@ async fn many_vms_at_once_get_distinct_addresses_agreeing_with_the_pool() {
     });
     futures_util::future::join_all(creates).await;
     let pool = wait_for(&pools, "pool-c", "all recorded", |p| {
-        allocated(p)
-            .values()
-            .filter(|m| m.starts_with("02:"))
-            .count()
-            == n as usize
+        held_by_vms(p).len() == n as usize
     })
     .await;
     let cfgs: Api<VirtualMachineNetworkConfig> = Api::namespaced(client.clone(), &ns);
