@@ -137,6 +137,21 @@ fn measure<T>(what: &str, vms: usize, build: impl FnOnce() -> T) -> (T, f64) {
     (kept, per)
 }
 
+/// A kube reflector store of objects `0..n`, each prepared by `prepare` (what the shared watch
+/// does to it) before the store takes it.
+fn cache<K>(n: usize, make: impl Fn(usize) -> K, prepare: impl Fn(&mut K)) -> Writer<K>
+where
+    K: kube::Resource<DynamicType = ()> + Clone + 'static,
+{
+    let mut w = Writer::<K>::new(());
+    for k in 0..n {
+        let mut o = make(k);
+        prepare(&mut o);
+        w.apply_watcher_event(&watcher::Event::Apply(o));
+    }
+    w
+}
+
 fn main() {
     let _profiler = dhat::Profiler::builder().testing().build();
     let vms: usize = std::env::var("VMDHCP_MEMORY_VMS")
@@ -149,34 +164,20 @@ fn main() {
     );
 
     let (vm_cache, vm_bytes) = measure("VM cache (trimmed to what is read)", vms, || {
-        let mut w = Writer::<VirtualMachine>::new(());
-        for k in 0..vms {
-            let mut v = vm(k);
-            forget_managed_fields(&mut v);
-            trim(&mut v);
-            w.apply_watcher_event(&watcher::Event::Apply(v));
-        }
-        w
+        cache(vms, vm, |v| {
+            forget_managed_fields(v);
+            trim(v);
+        })
     });
     let (untrimmed, untrimmed_bytes) = measure("config cache, untrimmed (as before)", vms, || {
-        let mut w = Writer::<VirtualMachineNetworkConfig>::new(());
-        for k in 0..vms {
-            let mut c = config(k);
-            c.managed_fields_mut().clear();
-            w.apply_watcher_event(&watcher::Event::Apply(c));
-        }
-        w
+        cache(vms, config, |c| c.managed_fields_mut().clear())
     });
     drop(untrimmed);
     let (cfg_cache, cfg_bytes) = measure("config cache (trimmed)", vms, || {
-        let mut w = Writer::<VirtualMachineNetworkConfig>::new(());
-        for k in 0..vms {
-            let mut c = config(k);
-            forget_managed_fields(&mut c);
-            trim_config(&mut c);
-            w.apply_watcher_event(&watcher::Event::Apply(c));
-        }
-        w
+        cache(vms, config, |c| {
+            forget_managed_fields(c);
+            trim_config(c);
+        })
     });
     let (index, index_bytes) = measure("config index (MAC owners, members, holders)", vms, || {
         let index = ConfigIndex::default();
