@@ -14,7 +14,8 @@
 //! converged cluster, counting its writes to the API.
 //!
 //! `cargo bench -p vmdhcp-integration --bench scale` (as root or not; no network namespaces).
-//! `VMDHCP_SCALE_POOLS=20 VMDHCP_SCALE_VMS=2000` runs it small (steps scale with the total).
+//! `VMDHCP_SCALE_POOLS=20 VMDHCP_SCALE_VMS=2000` runs it small (steps scale with the total);
+//! `VMDHCP_SCALE_LOGS=<dir>` keeps the controllers' and the agent's logs there.
 #![allow(
     clippy::print_stdout,
     clippy::unwrap_used,
@@ -382,6 +383,10 @@ async fn main() {
     let ns = cp.namespace(&client, "scale").await.unwrap();
     let system = cp.namespace(&client, "scale-system").await.unwrap();
     let dir = tempfile::tempdir().unwrap();
+    // The processes' logs: kept where VMDHCP_SCALE_LOGS says, else gone with the run.
+    let logs =
+        std::env::var_os("VMDHCP_SCALE_LOGS").map_or_else(|| dir.path().to_owned(), PathBuf::from);
+    std::fs::create_dir_all(&logs).unwrap();
 
     // 200 NADs and pools, a /24 each.
     vmdhcp_integration::pools::create(&client, &ns, pools, 60)
@@ -398,7 +403,7 @@ async fn main() {
         })
         .collect();
     for (i, r) in replicas.iter_mut().enumerate() {
-        r.start(i, cp.kubeconfig(), &system, dir.path());
+        r.start(i, cp.kubeconfig(), &system, &logs);
     }
     let leader = poll("a leader", Duration::from_secs(120), async || {
         replicas.iter().position(Replica::leads)
@@ -454,7 +459,7 @@ async fn main() {
     ];
     let agent_bin: PathBuf = workspace_binary("vmdhcp-agent", "vm-dhcp-agent");
     let mut agent =
-        Supervised::spawn(&agent_bin, &agent_args, &dir.path().join("agent.log"), None).unwrap();
+        Supervised::spawn(&agent_bin, &agent_args, &logs.join("agent.log"), None).unwrap();
     let agent_pid = agent.pid().unwrap();
     let agent_leases = || {
         let text = vmdhcp_integration::http::get(&format!("127.0.0.1:{agent_http}"), "/metrics")
@@ -475,7 +480,7 @@ async fn main() {
     };
 
     println!(
-        "scale: {pools} pools (/24), up to {total} VMs, 2 controller processes, {CLIENTS} stream clients, 1 standby agent (real kube-apiserver v1.20)"
+        "scale: {pools} pools (/24), up to {total} VMs, 2 controller processes (host build, jemalloc as in the image), {CLIENTS} stream clients, 1 standby agent (real kube-apiserver v1.20)"
     );
     println!(
         "{:>7} | {:>8} | {:>9} | {:>10} | {:>17} | {:>8} | {:>17} | {:>9} | {:>9} | {:>9}",
@@ -615,7 +620,7 @@ async fn main() {
         allocated.saturating_duration_since(acquired).as_secs_f64()
     );
     replicas[leader].process = None;
-    replicas[leader].start(leader, bench.cp.kubeconfig(), &system, dir.path());
+    replicas[leader].start(leader, bench.cp.kubeconfig(), &system, &logs);
 
     // A restart of both controllers on the converged cluster: nothing to write. The agent's
     // reports would be published again by the new replicas; it has been measured, so it stops.
@@ -640,7 +645,7 @@ async fn main() {
     }
     let restarted = Instant::now();
     for (i, r) in replicas.iter_mut().enumerate() {
-        r.start(i, bench.cp.kubeconfig(), &system, dir.path());
+        r.start(i, bench.cp.kubeconfig(), &system, &logs);
     }
     let new_leader = poll(
         "a leader after the restart",
