@@ -1,6 +1,7 @@
 //! The process's caches of the kinds every replica reads: IPPools (the index served to agents,
 //! the webhook, the leader's reconcilers) and VirtualMachineNetworkConfigs (the webhook, the
-//! leader's reconcilers, the [`ConfigIndex`]). One watch each for the whole process, started
+//! leader's reconcilers, the [`ConfigIndex`]), each with the index kept from its events
+//! ([`PoolNetworks`], [`ConfigIndex`]). One watch each for the whole process, started
 //! once and kept across leadership terms, so a new leader starts from a filled cache instead of
 //! listing everything again, and no object is held twice. Configs are cached trimmed to what is
 //! read of them ([`crate::reconcile::vm::trim_config`]).
@@ -14,6 +15,7 @@ use tokio::task::JoinHandle;
 use vmdhcp_core::crd::{IPPool, VirtualMachineNetworkConfig};
 
 use crate::index::configs::ConfigIndex;
+use crate::index::pools::PoolNetworks;
 use crate::index::shared_watch::SharedWatch;
 
 /// The shared watches and the indexes kept from them. Cheap to clone.
@@ -21,6 +23,8 @@ use crate::index::shared_watch::SharedWatch;
 pub struct Caches {
     /// Every IPPool.
     pub pools: SharedWatch<IPPool>,
+    /// The pools by network, kept in step with `pools` event by event.
+    pub pool_networks: Arc<PoolNetworks>,
     /// Every VirtualMachineNetworkConfig.
     pub configs: SharedWatch<VirtualMachineNetworkConfig>,
     /// The configs by network (MAC claims, waiting configs, held addresses), kept in step with
@@ -43,7 +47,15 @@ impl Caches {
     /// Starts both watches (on the current runtime).
     pub fn start(client: &Client) -> (Self, CacheTasks) {
         let wc = watcher::Config::default();
-        let (pools, pool_watch) = SharedWatch::start(Api::all(client.clone()), (), wc.clone());
+        let pool_networks = Arc::new(PoolNetworks::default());
+        let observer = pool_networks.clone();
+        let (pools, pool_watch) = SharedWatch::start_with(
+            Api::all(client.clone()),
+            (),
+            wc.clone(),
+            |_| {},
+            move |event| observer.observe(event),
+        );
         let config_index = Arc::new(ConfigIndex::default());
         let observer = config_index.clone();
         let (configs, config_watch) = SharedWatch::start_with(
@@ -57,6 +69,7 @@ impl Caches {
         (
             Caches {
                 pools,
+                pool_networks,
                 configs,
                 config_index,
             },

@@ -6,7 +6,8 @@
 //! - [`shared_watch`]: one watch and cache per kind, feeding every reader in the process;
 //! - [`caches`]: the process's shared watches of IPPools and configs;
 //! - [`configs`]: which config holds each MAC on each network, and which configs a pool write
-//!   concerns, kept per config event.
+//!   concerns, kept per config event;
+//! - [`pools`]: which pools name each network, kept per pool event.
 //!
 //! It must not reach into the reconcilers or the gRPC layer: both depend on it, not the reverse.
 //!
@@ -32,6 +33,7 @@ use vmdhcp_core::{MacAddr, NamespacedName};
 
 pub mod caches;
 pub mod configs;
+pub mod pools;
 pub mod shared_watch;
 pub mod sync;
 

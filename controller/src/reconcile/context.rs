@@ -14,7 +14,7 @@ use vmdhcp_core::crd::{IPPool, VirtualMachineNetworkConfig};
 
 use crate::causes::TraceCauses;
 use crate::ipam::{Ipam, MacOwners};
-use crate::kinds::{VirtualMachine, network_of};
+use crate::kinds::{VirtualMachine, network_of, store_key};
 use crate::metrics::Metrics;
 use crate::reconcile::events::Events;
 use crate::reconcile::status::PoolStatusWriter;
@@ -60,6 +60,8 @@ pub struct Context {
     pub agent: Option<AgentDeployment>,
     /// Which config owns each MAC on each pool (claims made in this term).
     pub mac_owners: MacOwners,
+    /// Which pools name each network (kept from the pools' watch).
+    pub pool_networks: Arc<crate::index::pools::PoolNetworks>,
     /// Which config's status holds each MAC on each network (kept from the configs' watch).
     pub config_index: Arc<crate::index::configs::ConfigIndex>,
     /// What agents report over the config stream (feeds `AgentReady`).
@@ -132,10 +134,12 @@ impl Context {
     /// The IPPool that serves `network`: among live pools naming it, the oldest (then by name).
     /// Upstream let a second pool on one network silently clobber the first; here the first
     /// keeps it and the others are refused.
+    /// Looked up in [`Context::pool_networks`]: it costs the pools on `network`, not every pool.
     pub fn pool_for_network(&self, network: &NamespacedName) -> Option<Arc<IPPool>> {
-        self.pools
-            .state()
-            .into_iter()
+        self.pool_networks
+            .on(network)
+            .iter()
+            .filter_map(|p| self.pools.get(&store_key(p)))
             .filter(|p| p.metadata.deletion_timestamp.is_none())
             .filter(|p| network_of(p).as_ref() == Some(network))
             .min_by_key(|p| serving_order(p))

@@ -29,6 +29,7 @@ use crate::causes::TraceCauses;
 use crate::index::Index;
 use crate::index::caches::Caches;
 use crate::index::configs::ConfigIndex;
+use crate::index::pools::PoolNetworks;
 use crate::index::shared_watch::{SharedWatch, Trigger};
 use crate::ipam::{Ipam, MacOwners};
 use crate::kinds::{VirtualMachine, nad_resource, network_of, object_ref, store_key};
@@ -232,6 +233,7 @@ pub(super) async fn lead(
     let writer = Arc::new(PoolStatusWriter::new(shared.metrics.clone()));
     let pool_ctrl = pool_controller(
         &pools,
+        &shared_caches.pool_networks,
         (pool_self, pool_siblings),
         nad_watch.trigger(),
         &shared.reports,
@@ -294,6 +296,7 @@ pub(super) async fn lead(
         leader,
         agent: settings.agent.clone(),
         mac_owners: MacOwners::default(),
+        pool_networks: shared_caches.pool_networks.clone(),
         config_index: shared_caches.config_index.clone(),
         reports: shared.reports.clone(),
         agent_deployment_missing: Default::default(),
@@ -375,6 +378,7 @@ where
 /// the other replica's last writes) still wakes the pool, and its 300 s requeue bounds drift.
 fn pool_controller(
     pools: &reflector::Store<IPPool>,
+    networks: &Arc<PoolNetworks>,
     (own, siblings): (Trigger<IPPool>, Trigger<IPPool>),
     nads: Trigger<DynamicObject>,
     reports: &Arc<Reports>,
@@ -388,15 +392,14 @@ fn pool_controller(
     };
     let own = own.filter(not_ours(writer.clone()));
     let siblings = siblings.filter(not_ours(writer.clone()));
-    // A pool waits on its network (NAD) and on the other pools claiming the same network.
-    let pools_on = |store: reflector::Store<IPPool>| {
+    // A pool waits on its network (NAD) and on the other pools claiming the same network,
+    // looked up in the pools' network index (a pool whose network name does not parse serves
+    // nothing and waits on nothing).
+    let pools_on = |networks: Arc<PoolNetworks>| {
         move |network: Option<NamespacedName>| {
-            store
-                .state()
-                .into_iter()
-                .filter(|p| network_of(p) == network)
-                .map(|p| ObjectRef::from_obj(p.as_ref()))
-                .collect::<Vec<_>>()
+            network
+                .map(|n| networks.on(&n).iter().map(store_key).collect::<Vec<_>>())
+                .unwrap_or_default()
         }
     };
     // A report re-checks only the pools it names (and only when its content changed).
@@ -410,8 +413,8 @@ fn pool_controller(
                     .map(|p| store_key::<IPPool>(&p)),
             )
         });
-    let by_nad = pools_on(pools.clone());
-    let by_sibling = pools_on(pools.clone());
+    let by_nad = pools_on(networks.clone());
+    let by_sibling = pools_on(networks.clone());
     Controller::for_stream(own, pools.clone())
         .reconcile_on(report_changes)
         .watches_stream_with(
