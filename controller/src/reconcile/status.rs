@@ -102,9 +102,12 @@ pub fn set_condition(
     }
 }
 
-/// The current time as a status timestamp.
+/// The current time as a status timestamp, in whole seconds: what the API keeps of it (a
+/// `Time` is written to the second), so a status holding it is the same before it is sent and
+/// as its watch event shows it.
 pub fn now() -> Time {
-    Time(Timestamp::now())
+    let now = Timestamp::now();
+    Time(Timestamp::from_second(now.as_second()).unwrap_or(now))
 }
 
 /// Writes IPPool status, read-modify-write with optimistic concurrency; starts from the cached
@@ -148,8 +151,11 @@ async fn update_pool_status_from(
             return Ok((current, false));
         }
         status.last_update = Some(now());
-        let mut desired = current.clone();
-        desired.status = Some(status);
+        let desired = IPPool {
+            metadata: current.metadata.clone(),
+            spec: current.spec.clone(),
+            status: Some(status),
+        };
         sending(&desired);
         match api
             .replace_status(&pool.name, &PostParams::default(), &desired)
@@ -356,11 +362,11 @@ impl PoolStatusWriter {
         .or_else(|| cached.map(|o| (*o).clone()));
         let mut counts = None;
         let mut base = None;
-        // As the watch will show it: through JSON, which keeps timestamps to the second.
+        // As the watch will show it: what is sent comes back unchanged (the timestamps the
+        // status gets are whole seconds, as JSON keeps them; see the test of `now`).
         let sending = |sent: &IPPool| {
             base = sent.resource_version();
-            let shown = serde_json::to_value(sent).and_then(serde_json::from_value);
-            *slot.sending.lock().unwrap_or_else(PoisonError::into_inner) = shown.ok();
+            *slot.sending.lock().unwrap_or_else(PoisonError::into_inner) = Some(sent.clone());
         };
         let edit = |status: &mut IPPoolStatus| {
             if let Some(also) = also.as_mut() {
@@ -441,6 +447,55 @@ mod tests {
         assert!(differs(|p| p.metadata.deletion_timestamp = Some(now())));
         assert!(differs(|p| p.spec.paused = Some(true)));
         assert!(differs(|p| p.status = None));
+    }
+
+    /// The writer recognises its write's watch event by comparing it with what it sent, without
+    /// passing what it sends through JSON first: a status as the writer makes it (books,
+    /// conflicts, host names, conditions, its time) must come back from JSON unchanged.
+    #[test]
+    fn a_status_as_written_comes_back_from_json_unchanged() {
+        let mut conditions = Vec::new();
+        set_condition(&mut conditions, "CacheReady", true, "", "");
+        set_condition(
+            &mut conditions,
+            "AgentReady",
+            false,
+            "NoAgent",
+            "no agent serves it",
+        );
+        let full = IPPoolStatus {
+            last_update: Some(now()),
+            ipv4: Some(IPv4Status {
+                allocated: [("10.0.0.2".to_owned(), "02:00:00:00:00:01".to_owned())].into(),
+                used: 1,
+                available: 250,
+                conflicts: [(
+                    "10.0.0.3".to_owned(),
+                    vmdhcp_core::crd::AddressConflict {
+                        mac_address: "02:00:00:00:00:02".into(),
+                        answered_by: "02:00:00:00:00:09".into(),
+                        source: "Probe".into(),
+                        since: Some(now()),
+                    },
+                )]
+                .into(),
+                host_names: [("10.0.0.2".to_owned(), "vm1".to_owned())].into(),
+            }),
+            agent_pod_ref: None,
+            conditions,
+        };
+        let empty = IPPoolStatus {
+            last_update: Some(now()),
+            ipv4: Some(IPv4Status::default()),
+            ..Default::default()
+        };
+        for status in [full, empty] {
+            let mut pool = IPPool::new("net", Default::default());
+            pool.status = Some(status);
+            let shown: IPPool =
+                serde_json::from_value(serde_json::to_value(&pool).unwrap()).unwrap();
+            assert!(same_to_reconcile(&pool, &shown), "{:?}", pool.status);
+        }
     }
 
     #[test]
