@@ -5,8 +5,10 @@
 //! allocations land on one pool at once (500 VMs created together). [`PoolStatusWriter::persist`]
 //! batches them: callers take a ticket after changing the IPAM, one of them writes the pool's
 //! whole `allocated` map as it stands (covering every ticket taken so far), and the others find
-//! their ticket already covered. Writes carry the object's `resourceVersion`; a conflict re-reads
-//! the pool and writes again.
+//! their ticket already covered. Writes carry the object's `resourceVersion` and start from the
+//! pool as the writer's own last write left it (the cache only before its first); a conflict
+//! (someone else wrote meanwhile) re-reads the pool and writes again, and so does finding
+//! nothing to change on a start the cache cannot confirm is the latest.
 //!
 //! The writer also remembers the resourceVersions its writes produced
 //! ([`PoolStatusWriter::wrote`]): the pool controller drops the watch events of those writes
@@ -32,11 +34,12 @@ use crate::metrics::Metrics;
 /// How many times a status write is retried after a conflict.
 const CONFLICT_RETRIES: usize = 8;
 
-/// How many of its own writes' resourceVersions the writer remembers per pool. The watch brings
-/// a write back within milliseconds, while the next write to the pool waits for the previous
-/// one: a few suffice, and a version that fell out only costs one needless reconcile (or one
-/// conflict and re-read).
-const OWN_VERSIONS: usize = 8;
+/// How many of its own writes' resourceVersions the writer remembers per pool, to know their
+/// watch events for its own. The watch usually brings a write back within milliseconds, but an
+/// API server short of CPU has been seen to deliver the pools' events 20 s late (20 000 VMs on
+/// 200 pools, the scale bench), while each pool was written every 2 to 3 s; a version that fell
+/// out costs one needless reconcile of the pool.
+const OWN_VERSIONS: usize = 32;
 
 /// Why a status could not be written.
 #[derive(Debug, thiserror::Error)]
@@ -119,18 +122,27 @@ pub async fn update_pool_status(
     edit: impl FnMut(&mut IPPoolStatus) -> Result<(), StatusError>,
 ) -> Result<IPPool, StatusError> {
     let cached = cache.and_then(|s| s.get(&store_key(pool)));
-    update_pool_status_from(client, cached.map(|o| (*o).clone()), pool, edit, |_| {})
-        .await
-        .map(|(pool, _)| pool)
+    update_pool_status_from(
+        client,
+        cached.map(|o| (*o).clone()),
+        true,
+        pool,
+        edit,
+        |_| {},
+    )
+    .await
+    .map(|(pool, _)| pool)
 }
 
-/// [`update_pool_status`] starting from `start` (the cached pool, or a version known to be
-/// newer than the cache's); read from the API when there is none. `sending` sees each object
-/// just before it is sent. Also returns whether it wrote (false: the status already held the
-/// edit).
+/// [`update_pool_status`] starting from `start` (the cached pool, or the writer's last write);
+/// read from the API when there is none. `trusted`: whether `start` already holding the edit
+/// proves there is nothing to write (false: it may trail someone else's write, and the pool is
+/// read again to decide). `sending` sees each object just before it is sent. Also returns
+/// whether it wrote (false: the status already held the edit).
 async fn update_pool_status_from(
     client: &Client,
     start: Option<IPPool>,
+    mut trusted: bool,
     pool: &NamespacedName,
     mut edit: impl FnMut(&mut IPPoolStatus) -> Result<(), StatusError>,
     mut sending: impl FnMut(&IPPool),
@@ -148,7 +160,13 @@ async fn update_pool_status_from(
         let mut status = current.status.clone().unwrap_or_default();
         edit(&mut status)?;
         if current.status.as_ref() == Some(&status) {
-            return Ok((current, false));
+            if trusted {
+                return Ok((current, false));
+            }
+            debug!(%pool, attempt, "nothing to write on a version that may trail; re-reading");
+            current = api.get_status(&pool.name).await.map_err(api_err)?;
+            trusted = true;
+            continue;
         }
         status.last_update = Some(now());
         let desired = IPPool {
@@ -163,7 +181,7 @@ async fn update_pool_status_from(
         {
             Ok(written) => return Ok((written, true)),
             Err(kube::Error::Api(s)) if s.code == 409 => {
-                debug!(%pool, attempt, "status conflict; re-reading");
+                debug!(%pool, attempt, sent = current.metadata.resource_version.as_deref().unwrap_or_default(), "status conflict; re-reading");
                 current = api.get_status(&pool.name).await.map_err(api_err)?;
             }
             Err(e) => return Err(api_err(e)),
@@ -239,18 +257,29 @@ impl Written {
         self.versions.iter().any(|(_, made)| made == version)
     }
 
-    /// Where the next write starts, given the cache's version: from our last write while the
-    /// cache shows a version our writes replaced or made (it has not caught up with them: under
-    /// a burst, writes to one pool follow each other faster than the watch brings them back,
-    /// and starting from the cache cost a conflict and a re-read each time, a third of all
-    /// writes); from the cache once it shows anything else (someone else wrote).
-    fn start(&self, cached: Option<&str>) -> Option<&IPPool> {
-        let behind = |v: &str| {
-            self.versions
-                .iter()
-                .any(|(base, made)| base == v || made == v)
-        };
-        self.last.as_ref().filter(|_| cached.is_none_or(behind))
+    /// Where the next write starts: from our last write, whatever the cache shows; from the
+    /// cache only before our first. The cache trails our writes (under a burst they follow each
+    /// other faster than the watch brings them back, and an API server short of CPU delivered
+    /// them 20 s late), and starting from it cost a conflict and a re-read each time: a third of
+    /// all writes once, and in the scale bench half of them at 20 000 VMs until the build-up
+    /// ended, each conflict adding load to an API server that was already late. A write by
+    /// someone else (rare: an operator's edit, the pool reconcile's writes without books for a
+    /// paused or refused pool) costs one conflict and re-read instead.
+    ///
+    /// Also returns whether the start is known to be the pool's latest version as far as the
+    /// cache can tell: the cache shows nothing, our last write, or a version our writes made or
+    /// replaced. Otherwise (someone else's write, or one of ours older than we remember) the
+    /// start may trail, and finding nothing to change there proves nothing.
+    fn start(&self, cached: Option<&str>) -> Option<(&IPPool, bool)> {
+        let last = self.last.as_ref()?;
+        let known = cached.is_none_or(|v| {
+            last.metadata.resource_version.as_deref() == Some(v)
+                || self
+                    .versions
+                    .iter()
+                    .any(|(base, made)| base == v || made == v)
+        });
+        Some((last, known))
     }
 }
 
@@ -355,11 +384,20 @@ impl PoolStatusWriter {
         };
         let cached = cache.and_then(|s| s.get(&store_key(pool)));
         let seen = cached.as_ref().and_then(|o| o.resource_version());
-        let start = {
+        let (start, trusted) = {
             let written = slot.written.lock().unwrap_or_else(PoisonError::into_inner);
-            written.start(seen.as_deref()).cloned()
-        }
-        .or_else(|| cached.map(|o| (*o).clone()));
+            match written.start(seen.as_deref()) {
+                Some((last, known)) => (Some(last.clone()), known),
+                None => (cached.map(|o| (*o).clone()), true),
+            }
+        };
+        debug!(
+            %pool,
+            cached = seen.as_deref().unwrap_or_default(),
+            from = start.as_ref().and_then(|p| p.metadata.resource_version.as_deref()).unwrap_or_default(),
+            trusted,
+            "writing pool status"
+        );
         let mut counts = None;
         let mut base = None;
         // As the watch will show it: what is sent comes back unchanged (the timestamps the
@@ -375,7 +413,7 @@ impl PoolStatusWriter {
             counts = Some(fill_ipv4(ipam, pool, status)?);
             Ok(())
         };
-        let result = update_pool_status_from(client, start, pool, edit, sending).await;
+        let result = update_pool_status_from(client, start, trusted, pool, edit, sending).await;
         *slot.sending.lock().unwrap_or_else(PoisonError::into_inner) = None;
         let (written, wrote) = result?;
         if let Some((used, available)) = counts {
@@ -499,7 +537,7 @@ mod tests {
     }
 
     #[test]
-    fn a_write_starts_from_ours_until_the_cache_shows_someone_elses() {
+    fn a_write_starts_from_our_last_and_our_recent_versions_are_known() {
         let at = |v: &str| {
             let mut p = IPPool::new("net", Default::default());
             p.metadata.resource_version = Some(v.into());
@@ -507,25 +545,34 @@ mod tests {
         };
         let mut w = Written::default();
         assert!(w.start(Some("1")).is_none(), "nothing written: the cache");
-        // Three writes in a burst: 1 → 2 → 3 → 4, the cache still at 1 or 2.
-        for (base, made) in [("1", "2"), ("2", "3"), ("3", "4")] {
-            w.record(base.into(), made.into());
-            w.last = Some(at(made));
+        // Writes in a burst: 1 → 2 → … → 40; however far the cache trails, the next write
+        // starts from the last.
+        for made in 2..=40 {
+            w.record((made - 1).to_string(), made.to_string());
+            w.last = Some(at(&made.to_string()));
         }
-        for cached in [Some("1"), Some("2"), Some("4"), None] {
-            let start = w.start(cached).and_then(|p| p.resource_version());
-            assert_eq!(start.as_deref(), Some("4"), "cache at {cached:?}");
+        let start = |cached| {
+            w.start(cached)
+                .map(|(p, known)| (p.resource_version().unwrap_or_default(), known))
+        };
+        for cached in [None, Some("40"), Some("9"), Some("8")] {
+            assert_eq!(
+                start(cached),
+                Some(("40".into(), true)),
+                "cache at {cached:?}"
+            );
         }
-        assert!(
-            w.start(Some("7")).is_none(),
-            "someone else wrote: the cache"
-        );
-        assert!(w.made("3") && !w.made("1") && !w.made("7"));
-        // Only the latest few are remembered.
-        for n in 10..10 + OWN_VERSIONS {
-            w.record(n.to_string(), (n + 100).to_string());
+        // A version we do not know (someone else's, or ours from long ago): still from ours,
+        // but finding nothing to change there proves nothing.
+        for cached in ["1", "7", "41"] {
+            assert_eq!(
+                start(Some(cached)),
+                Some(("40".into(), false)),
+                "cache at {cached}"
+            );
         }
-        assert!(!w.made("4") && w.made("110"));
+        assert!(w.made("40") && w.made("9") && !w.made("8") && !w.made("41"));
+        assert_eq!(w.versions.len(), OWN_VERSIONS);
     }
 
     #[test]
