@@ -247,11 +247,18 @@ pub struct IPPoolStatus {
 }
 
 /// Address accounting of a pool.
+///
+/// Its three maps are written whole, by the controller alone, and are declared atomic
+/// (`x-kubernetes-map-type: atomic`): the API server then tracks each as one field in
+/// `managedFields` instead of one per address. Per key, that bookkeeping doubled the stored
+/// pool, and with its decoding was a quarter of the API server's CPU at 20 000 VMs on 200 pools
+/// (every allocation writes its pool's status; the scale bench).
 #[derive(Deserialize, Serialize, Clone, Debug, Default, PartialEq, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct IPv4Status {
     /// Address → MAC of the lease holder, or `RESERVED` / `EXCLUDED`.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    #[schemars(extend("x-kubernetes-map-type" = "atomic"))]
     pub allocated: BTreeMap<String, String>,
     /// Addresses allocated to MACs.
     pub used: i64,
@@ -261,12 +268,14 @@ pub struct IPv4Status {
     /// probe), which are not handed out until a later probe finds them free or an operator
     /// removes the entry. A vmdhcp addition: upstream's clients ignore it.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    #[schemars(extend("x-kubernetes-map-type" = "atomic"))]
     pub conflicts: BTreeMap<String, AddressConflict>,
     /// Address → host name of the VirtualMachine holding it (its name, as a DNS label of at
     /// most 63 bytes), recorded with the allocation whether or not `sendHostName` is on, so
     /// turning it on needs no write and an agent without its stream reads them here. A vmdhcp
     /// addition: upstream's clients ignore it.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    #[schemars(extend("x-kubernetes-map-type" = "atomic"))]
     pub host_names: BTreeMap<String, String>,
 }
 
