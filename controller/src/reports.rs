@@ -327,8 +327,7 @@ impl Reports {
         let mut all = self.lock();
         let touched = match all.get(&key) {
             Some(held) if held.received_at >= report.received_at => return Ok(()),
-            Some(held) if held.same_content(&report) => Vec::new(),
-            Some(held) => pools_named(held).chain(pools_named(&report)).collect(),
+            Some(held) => changed_pools(held, &report),
             None if all.len() >= MAX_AGENTS => return Err(ReportError::TooManyAgents(all.len())),
             None => pools_named(&report).collect(),
         };
@@ -379,6 +378,42 @@ impl Reports {
     fn attach_outbox(&self, outbox: mpsc::Sender<AgentReport>) {
         let _ = self.outbox.set(outbox);
     }
+}
+
+/// The pools whose `AgentReady` (or conflicts) a newer report of the same agent may change:
+/// every pool either names when what concerns them all changed (leadership, epoch), otherwise
+/// only those whose interface entry was added, removed or changed in what a pool's status reads
+/// (interface, state, error, probes). The applied revision and lease counts touch none: they
+/// change with every allocation, and re-checking every pool an agent serves on each report
+/// made one allocation cost a reconcile of every pool (200 at once, every half second).
+fn changed_pools(held: &AgentReport, new: &AgentReport) -> Vec<NamespacedName> {
+    if held.leader != new.leader || held.epoch != new.epoch {
+        return pools_named(held).chain(pools_named(new)).collect();
+    }
+    let (before, after) = (entries_by_pool(held), entries_by_pool(new));
+    before
+        .keys()
+        .chain(after.keys())
+        .filter(|p| before.get(*p) != after.get(*p))
+        .filter_map(|p| p.parse().ok())
+        .collect()
+}
+
+/// What a pool's status reads of one interface entry: interface, state, error, probes.
+type Entry<'a> = (&'a str, InterfaceState, &'a str, &'a [AddressProbe]);
+
+/// A report's interface entries by the pool they name.
+fn entries_by_pool(report: &AgentReport) -> BTreeMap<&str, Vec<Entry<'_>>> {
+    let mut pools: BTreeMap<&str, Vec<Entry<'_>>> = BTreeMap::new();
+    for i in &report.interfaces {
+        pools.entry(i.pool_ref.as_str()).or_default().push((
+            i.interface_name.as_str(),
+            i.state,
+            i.error.as_str(),
+            &i.probes,
+        ));
+    }
+    pools
 }
 
 /// The pools a report names (entries that do not parse name none: they were refused on receipt).
@@ -848,9 +883,38 @@ mod tests {
         other.interfaces[0].pool_ref = "default/pool-c".into();
         reports.record(other).unwrap();
         assert_eq!(reports.take_touched(), [pool("pool-c")]);
+        // A new revision and lease count alone re-check nothing; a pool whose entry changed is
+        // re-checked alone; a change of leadership re-checks every pool named.
+        let mut two = report("agent-1", 180, InterfaceState::Serving);
+        two.interfaces[0].pool_ref = "default/pool-c".into();
+        let mut d = two.interfaces[0].clone();
+        d.pool_ref = "default/pool-d".into();
+        two.interfaces.push(d);
+        reports.record(two.clone()).unwrap();
+        assert_eq!(reports.take_touched(), [pool("pool-d")]);
+        two.received_at += Duration::from_secs(1);
+        two.applied_revision += 1;
+        two.interfaces[0].lease_count += 1;
+        reports.record(two.clone()).unwrap();
+        assert!(
+            reports.take_touched().is_empty(),
+            "revision and lease count"
+        );
+        two.received_at += Duration::from_secs(1);
+        two.interfaces[1].state = InterfaceState::Error;
+        reports.record(two.clone()).unwrap();
+        assert_eq!(reports.take_touched(), [pool("pool-d")]);
+        two.received_at += Duration::from_secs(1);
+        two.leader = false;
+        reports.record(two).unwrap();
+        assert_eq!(reports.take_touched(), [pool("pool-c"), pool("pool-d")]);
         // A report going stale re-checks its pools (AgentReady turns False).
         let later = UNIX_EPOCH + Duration::from_secs(165) + STALE_AFTER;
-        assert_eq!(reports.retain_fresh(later), 1);
+        assert_eq!(
+            reports.retain_fresh(later),
+            1,
+            "agent-1's reports are fresh"
+        );
         assert_eq!(reports.take_touched(), [pool("pool-b")]);
     }
 }
