@@ -98,8 +98,8 @@ fn rss_mb(pid: u32) -> f64 {
         / 1024.0
 }
 
-/// User + system CPU seconds of a process.
-fn cpu_seconds(pid: u32) -> f64 {
+/// User + system CPU seconds of a process (`"self"`: this one).
+fn cpu_seconds(pid: impl std::fmt::Display) -> f64 {
     let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
     let fields: Vec<&str> = stat
         .rsplit(')')
@@ -505,6 +505,19 @@ async fn main() {
         let before = bench.cp.requests().unwrap();
         let leader_pid = replicas[leader].pid();
         let cpu0 = cpu_seconds(leader_pid);
+        // Everyone else's CPU over the same build-up: where an allocation's cost goes.
+        let (apiserver_pid, etcd_pid) = bench.cp.pids();
+        let others = [
+            ("kube-apiserver", apiserver_pid),
+            ("etcd", etcd_pid),
+            ("follower", Some(replicas[1 - leader].pid())),
+            ("agent", Some(agent_pid)),
+        ];
+        let others0: Vec<f64> = others
+            .iter()
+            .map(|(_, p)| p.map_or(0.0, cpu_seconds))
+            .collect();
+        let bench0 = cpu_seconds("self");
         let started = Instant::now();
         bench.create_up_to(step).await;
         bench
@@ -512,6 +525,18 @@ async fn main() {
             .await;
         let took = started.elapsed().as_secs_f64();
         let cpu = cpu_seconds(leader_pid) - cpu0;
+        let per_1000 = |s: f64| s / adding.max(1) as f64 * 1000.0;
+        let mut spent: Vec<String> = others
+            .iter()
+            .zip(&others0)
+            .map(|((name, p), c0)| {
+                format!("{name} {:.2}", per_1000(p.map_or(0.0, cpu_seconds) - c0))
+            })
+            .collect();
+        spent.push(format!(
+            "bench (creates, watches, 20 clients) {:.2}",
+            per_1000(cpu_seconds("self") - bench0)
+        ));
         let (calls, by, others) =
             controller_calls(&before, &bench.cp.requests().unwrap(), adding as f64);
         let rate = adding as f64 / took;
@@ -575,6 +600,10 @@ async fn main() {
             leader_mb,
             agent_mb,
             snapshot_ms
+        );
+        println!(
+            "        CPU s per 1 000 allocations besides the leader: {}",
+            spent.join(", ")
         );
         println!(
             "        create → address in the pool's status (the bench's watch) p50 / p99: {:.1} / {:.1} ms",

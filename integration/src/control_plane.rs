@@ -431,6 +431,12 @@ impl ControlPlane {
         &self.server
     }
 
+    /// The process ids of the API server and etcd, as running now (benchmarks read their CPU
+    /// time).
+    pub fn pids(&self) -> (Option<u32>, Option<u32>) {
+        (self.apiserver.pid(), self.etcd.pid())
+    }
+
     /// The directory holding the control plane's files and logs.
     pub fn dir(&self) -> &Path {
         &self.dir
