@@ -25,6 +25,9 @@ use vmdhcp_core::crd::{
 };
 use vmdhcp_core::{MacAddr, NamespacedName};
 
+use crate::index::shared_watch::Relisted;
+use crate::kinds::object_ref;
+
 /// A NIC: (network, MAC).
 pub type Nic = (NamespacedName, MacAddr);
 
@@ -240,14 +243,7 @@ impl Claims {
 /// The index; shared by the watch that feeds it and the reconcilers and triggers that ask it.
 #[derive(Debug, Default)]
 pub struct ConfigIndex {
-    inner: Mutex<Inner>,
-}
-
-#[derive(Debug, Default)]
-struct Inner {
-    live: Claims,
-    /// A relist in progress.
-    relist: Option<Claims>,
+    inner: Mutex<Relisted<Claims>>,
 }
 
 /// The NICs `cfg`'s status records as `Allocated`; none while it is being deleted (its
@@ -267,42 +263,27 @@ pub fn claims_of(cfg: &VirtualMachineNetworkConfig) -> Vec<Nic> {
     nics
 }
 
-fn key(cfg: &VirtualMachineNetworkConfig) -> Option<NamespacedName> {
-    NamespacedName::new(&cfg.namespace()?, &cfg.name_any()).ok()
-}
-
 impl ConfigIndex {
-    fn lock(&self) -> std::sync::MutexGuard<'_, Inner> {
+    fn lock(&self) -> std::sync::MutexGuard<'_, Relisted<Claims>> {
         // Whole values replaced under the lock: a panic elsewhere cannot leave one torn.
         self.inner.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
     /// Takes one event of the configs' watch into account.
     pub fn observe(&self, event: &watcher::Event<VirtualMachineNetworkConfig>) {
-        let mut inner = self.lock();
-        match event {
-            watcher::Event::Apply(cfg) => {
-                if let Some(k) = key(cfg) {
-                    inner.live.set(k, Footprint::of(cfg));
+        self.lock().observe(
+            event,
+            |claims, cfg| {
+                if let Some(k) = object_ref(cfg) {
+                    claims.set(k, Footprint::of(cfg));
                 }
-            }
-            watcher::Event::Delete(cfg) => {
-                if let Some(k) = key(cfg) {
-                    inner.live.remove(&k);
+            },
+            |claims, cfg| {
+                if let Some(k) = object_ref(cfg) {
+                    claims.remove(&k);
                 }
-            }
-            watcher::Event::Init => inner.relist = Some(Claims::default()),
-            watcher::Event::InitApply(cfg) => {
-                if let (Some(k), Some(relist)) = (key(cfg), inner.relist.as_mut()) {
-                    relist.set(k, Footprint::of(cfg));
-                }
-            }
-            watcher::Event::InitDone => {
-                if let Some(relist) = inner.relist.take() {
-                    inner.live = relist;
-                }
-            }
-        }
+            },
+        );
     }
 
     /// A config other than `me` whose status holds `mac` on `network` (the first by name when
@@ -559,7 +540,7 @@ mod tests {
                 match step {
                     Step::Apply(n, e, deleting) => {
                         let cfg = config(n, &e, deleting);
-                        configs.insert(key(&cfg).unwrap(), cfg.clone());
+                        configs.insert(object_ref(&cfg).unwrap(), cfg.clone());
                         index.observe(&watcher::Event::Apply(cfg));
                     }
                     Step::Delete(n) => {
@@ -573,7 +554,7 @@ mod tests {
                         index.observe(&watcher::Event::Init);
                         for (n, e) in all {
                             let cfg = config(n, &e, false);
-                            configs.insert(key(&cfg).unwrap(), cfg.clone());
+                            configs.insert(object_ref(&cfg).unwrap(), cfg.clone());
                             index.observe(&watcher::Event::InitApply(cfg));
                         }
                         index.observe(&watcher::Event::InitDone);

@@ -16,19 +16,13 @@ use kube::runtime::watcher;
 use vmdhcp_core::NamespacedName;
 use vmdhcp_core::crd::IPPool;
 
+use crate::index::shared_watch::Relisted;
 use crate::kinds::{network_of, object_ref};
 
 /// Pools by the network they name; see the module docs. Fed by [`PoolNetworks::observe`].
 #[derive(Default)]
 pub struct PoolNetworks {
-    inner: Mutex<Inner>,
-}
-
-#[derive(Default)]
-struct Inner {
-    live: Networks,
-    /// A relist being received: it replaces `live` once complete.
-    relist: Option<Networks>,
+    inner: Mutex<Relisted<Networks>>,
 }
 
 #[derive(Default)]
@@ -73,33 +67,18 @@ impl Networks {
 }
 
 impl PoolNetworks {
-    fn lock(&self) -> MutexGuard<'_, Inner> {
+    fn lock(&self) -> MutexGuard<'_, Relisted<Networks>> {
         // Each event is applied whole under the lock: a panic elsewhere cannot leave one torn.
         self.inner.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
     /// Takes one event of the pools' watch into account.
     pub fn observe(&self, event: &watcher::Event<IPPool>) {
-        let mut inner = self.lock();
-        match event {
-            watcher::Event::Apply(pool) => inner.live.set(pool),
-            watcher::Event::Delete(pool) => {
-                if let Some(key) = object_ref(pool) {
-                    inner.live.remove(&key);
-                }
+        self.lock().observe(event, Networks::set, |networks, pool| {
+            if let Some(key) = object_ref(pool) {
+                networks.remove(&key);
             }
-            watcher::Event::Init => inner.relist = Some(Networks::default()),
-            watcher::Event::InitApply(pool) => {
-                if let Some(relist) = inner.relist.as_mut() {
-                    relist.set(pool);
-                }
-            }
-            watcher::Event::InitDone => {
-                if let Some(relist) = inner.relist.take() {
-                    inner.live = relist;
-                }
-            }
-        }
+        });
     }
 
     /// The pools naming `network` (by namespace/name), being deleted or not.

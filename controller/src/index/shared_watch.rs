@@ -208,6 +208,44 @@ where
     }
 }
 
+/// An index kept from a watch's events: changed object by object, and replaced whole once a
+/// relist (`Init` … `InitDone`) is complete, so its readers never see half of one. Shared by the
+/// indexes the caches keep ([`crate::index::configs`], [`crate::index::pools`]).
+#[derive(Debug, Default)]
+pub struct Relisted<T> {
+    /// What readers see.
+    pub live: T,
+    /// A relist being received.
+    relist: Option<T>,
+}
+
+impl<T: Default> Relisted<T> {
+    /// Takes one event into account: `set` puts an object (changed, or listed) into an index,
+    /// `remove` takes a deleted one out.
+    pub fn observe<K>(
+        &mut self,
+        event: &watcher::Event<K>,
+        set: impl Fn(&mut T, &K),
+        remove: impl Fn(&mut T, &K),
+    ) {
+        match event {
+            watcher::Event::Apply(obj) => set(&mut self.live, obj),
+            watcher::Event::Delete(obj) => remove(&mut self.live, obj),
+            watcher::Event::Init => self.relist = Some(T::default()),
+            watcher::Event::InitApply(obj) => {
+                if let Some(relist) = self.relist.as_mut() {
+                    set(relist, obj);
+                }
+            }
+            watcher::Event::InitDone => {
+                if let Some(relist) = self.relist.take() {
+                    self.live = relist;
+                }
+            }
+        }
+    }
+}
+
 /// Drops an object's `managedFields`, which nothing here reads and which are often the larger
 /// part of an object.
 pub fn forget_managed_fields<K: Resource>(o: &mut K) {
