@@ -507,13 +507,13 @@ async fn main() {
         let cpu0 = cpu_seconds(leader_pid);
         // Everyone else's CPU over the same build-up: where an allocation's cost goes.
         let (apiserver_pid, etcd_pid) = bench.cp.pids();
-        let others = [
+        let processes = [
             ("kube-apiserver", apiserver_pid),
             ("etcd", etcd_pid),
             ("follower", Some(replicas[1 - leader].pid())),
             ("agent", Some(agent_pid)),
         ];
-        let others0: Vec<f64> = others
+        let processes0: Vec<f64> = processes
             .iter()
             .map(|(_, p)| p.map_or(0.0, cpu_seconds))
             .collect();
@@ -526,9 +526,9 @@ async fn main() {
         let took = started.elapsed().as_secs_f64();
         let cpu = cpu_seconds(leader_pid) - cpu0;
         let per_1000 = |s: f64| s / adding.max(1) as f64 * 1000.0;
-        let mut spent: Vec<String> = others
+        let mut spent: Vec<String> = processes
             .iter()
-            .zip(&others0)
+            .zip(&processes0)
             .map(|((name, p), c0)| {
                 format!("{name} {:.2}", per_1000(p.map_or(0.0, cpu_seconds) - c0))
             })
@@ -591,7 +591,7 @@ async fn main() {
             bench.created,
             rate,
             calls / adding.max(1) as f64,
-            cpu / adding.max(1) as f64 * 1000.0,
+            per_1000(cpu),
             p50,
             percentile(&offered, 0.99),
             p50 / reference,
