@@ -9,9 +9,9 @@
 //! Tests in one binary share one control plane through [`ControlPlane::shared`] and isolate
 //! themselves by namespace ([`ControlPlane::namespace`]).
 
+use crate::ports::free_port;
 use std::collections::BTreeMap;
 use std::io::Write;
-use std::net::TcpListener;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::sync::OnceLock;
@@ -106,14 +106,6 @@ pub fn repo_root() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
 }
 
-fn free_port() -> Result<u16, ControlPlaneError> {
-    let listener = TcpListener::bind("127.0.0.1:0").map_err(io("binding a free port"))?;
-    Ok(listener
-        .local_addr()
-        .map_err(io("reading a free port"))?
-        .port())
-}
-
 /// Runs a command to completion; its output becomes the error on failure.
 pub fn run(cmd: &mut Command) -> Result<String, ControlPlaneError> {
     let command = format!("{cmd:?}");
@@ -176,7 +168,7 @@ impl ControlPlane {
         )
         .map_err(io("writing tokens.csv"))?;
 
-        let (etcd_client, etcd_peer, secure_port) = (free_port()?, free_port()?, free_port()?);
+        let (etcd_client, etcd_peer, secure_port) = (free_port(), free_port(), free_port());
         let etcd_args: Vec<String> = vec![
             "--name=test".into(),
             format!("--data-dir={}", p("etcd")),

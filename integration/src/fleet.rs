@@ -46,14 +46,7 @@ pub const VM1_MAC: &str = "02:12:34:00:00:01";
 pub const VM2_MAC: &str = "02:12:34:00:00:02";
 const AGENT_HTTP: &str = "http://127.0.0.1:8080";
 
-/// A free TCP port on the host loopback.
-pub fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
+pub use crate::ports::free_port;
 
 /// One agent replica: its namespace (its pod), process and identity.
 pub struct Agent {

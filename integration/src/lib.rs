@@ -11,6 +11,7 @@
 //! - [`netns`]: network namespaces, veth pairs and bridges, cleaned up on every exit path.
 //! - [`otlp`]: a real OTLP/gRPC trace receiver, keeping the spans it is sent.
 //! - [`pools`]: many NADs and IPPools at once, for the tests and benchmarks at size.
+//! - [`ports`]: free loopback ports for the processes the tests start.
 //! - [`process`]: child processes that cannot outlive the test process.
 //! - [`tls`]: TLS client handshakes verified against the controller's published CA.
 //!
@@ -26,5 +27,6 @@ pub mod netns;
 pub mod node;
 pub mod otlp;
 pub mod pools;
+pub mod ports;
 pub mod process;
 pub mod tls;
