@@ -271,9 +271,9 @@ pub struct IPv4Status {
     #[schemars(extend("x-kubernetes-map-type" = "atomic"))]
     pub conflicts: BTreeMap<String, AddressConflict>,
     /// Address → host name of the VirtualMachine holding it (its name, as a DNS label of at
-    /// most 63 bytes), recorded with the allocation whether or not `sendHostName` is on, so
-    /// turning it on needs no write and an agent without its stream reads them here. A vmdhcp
-    /// addition: upstream's clients ignore it.
+    /// most 63 bytes), recorded while the pool's `sendHostName` is on, so an agent without its
+    /// stream reads them here; empty while it is off (turning it on is one write of the pool).
+    /// A vmdhcp addition: upstream's clients ignore it.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     #[schemars(extend("x-kubernetes-map-type" = "atomic"))]
     pub host_names: BTreeMap<String, String>,

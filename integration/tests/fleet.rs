@@ -61,11 +61,13 @@ fn kubectl_apply_to_lease_then_failover_fallback_and_resume() {
     assert_eq!(bound["new_dhcp_server_identifier"], SERVER_IP);
     // The pool names its NTP server by host: `run` resolves it (option 42 carries addresses).
     assert_eq!(bound["new_ntp_servers"], NTP_IP);
-    // Host names are off by default, but the VM's name is recorded with its address...
+    // Host names are off by default, and the pool's status records none...
     assert!(!bound.contains_key("new_host_name"), "{bound:?}");
     let pool = fleet.kubectl_json(&["-n", NS, "get", "ippool", "pool-a"]);
-    assert_eq!(pool["status"]["ipv4"]["hostNames"][&ip1], "vm1", "{pool}");
-    // ...so opting in sends it from the next ACK on, with no allocation written again.
+    assert!(pool["status"]["ipv4"].get("hostNames").is_none(), "{pool}");
+    let addresses = pool["status"]["ipv4"]["allocated"].clone();
+    // ...opting in records the VM's name with its address (the controller kept it) and sends
+    // it from the next ACK on, with no allocation changed.
     fleet.kubectl_json(&[
         "-n",
         NS,
@@ -85,6 +87,9 @@ fn kubectl_apply_to_lease_then_failover_fallback_and_resume() {
                 e == "RENEW" && env.get("new_host_name").map(String::as_str) == Some("vm1")
             })
     });
+    let pool = fleet.kubectl_json(&["-n", NS, "get", "ippool", "pool-a"]);
+    assert_eq!(pool["status"]["ipv4"]["hostNames"][&ip1], "vm1", "{pool}");
+    assert_eq!(pool["status"]["ipv4"]["allocated"], addresses, "{pool}");
 
     // The pool says which agent serves it.
     wait_for("AgentReady on the pool", Duration::from_secs(30), || {

@@ -707,8 +707,9 @@ async fn allocate(
     match outcome {
         Ok(Ok(ip)) => {
             span.record("ip", field::display(ip));
-            // The VM's name goes into the pool's status with the address (a name recorded for
-            // an address allocated before names were, by the same write as any other change).
+            // The VM's name goes into the IPAM with the address, and into the pool's status
+            // while the pool sends host names (a name the status lacks, by the same write as
+            // any other change; none is written while the pool does not send them).
             let vm_name = Some(cfg.spec.vm_name.as_str())
                 .filter(|n| !n.is_empty())
                 .map_or_else(|| cfg.name_any(), str::to_owned);
