@@ -30,8 +30,11 @@ use std::time::Duration;
 
 use futures_util::StreamExt;
 use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
+use k8s_openapi::api::core::v1::ConfigMap;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime;
-use kube::api::{Api, ApiResource, DynamicObject, GroupVersionKind, ObjectMeta, PostParams};
+use kube::api::{
+    Api, ApiResource, DynamicObject, GroupVersionKind, ObjectMeta, Patch, PatchParams, PostParams,
+};
 use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Client, ResourceExt};
 use tokio::sync::watch;
@@ -335,12 +338,13 @@ impl Bench {
     }
 
     /// One more VM: (create → in a client's table, pool status recorded → in all clients,
-    /// create → pool status recorded), s.
-    async fn one_more(&mut self) -> (f64, f64, f64) {
+    /// create → pool status recorded, the create's own round trip), s.
+    async fn one_more(&mut self) -> (f64, f64, f64, f64) {
         let k = self.created;
         let (_, mac, _) = vm_of(k, self.pools);
         let t0 = Instant::now();
         self.create_up_to(k + 1).await;
+        let posted = t0.elapsed().as_secs_f64();
         let sinks = self.sinks.clone();
         let times: Vec<Instant> = poll(
             "a new VM's lease in every client",
@@ -366,7 +370,35 @@ impl Bench {
             first.duration_since(t0).as_secs_f64(),
             last.saturating_duration_since(recorded).as_secs_f64(),
             recorded.saturating_duration_since(t0).as_secs_f64(),
+            posted,
         )
+    }
+
+    /// Round trips of a write whose cost does not depend on the cluster (a label on one
+    /// ConfigMap), one at a time, ms sorted: how fast the API server itself answers at this size.
+    async fn probe_writes(&self, n: usize) -> Vec<f64> {
+        let maps: Api<ConfigMap> = Api::namespaced(self.client.clone(), &self.ns);
+        if maps.get_opt("probe").await.unwrap().is_none() {
+            let probe = ConfigMap {
+                metadata: ObjectMeta {
+                    name: Some("probe".into()),
+                    ..Default::default()
+                },
+                ..Default::default()
+            };
+            maps.create(&PostParams::default(), &probe).await.unwrap();
+        }
+        let mut took = Vec::with_capacity(n);
+        for i in 0..n {
+            let patch = serde_json::json!({"metadata": {"labels": {"probe": i.to_string()}}});
+            let t = Instant::now();
+            maps.patch("probe", &PatchParams::default(), &Patch::Merge(&patch))
+                .await
+                .unwrap();
+            took.push(t.elapsed().as_secs_f64() * 1e3);
+        }
+        took.sort_by(f64::total_cmp);
+        took
     }
 }
 
@@ -545,15 +577,19 @@ async fn main() {
         let mut offered = Vec::new();
         let mut applied = Vec::new();
         let mut recorded = Vec::new();
+        let mut posted = Vec::new();
         for _ in 0..SAMPLES {
-            let (o, a, r) = bench.one_more().await;
+            let (o, a, r, c) = bench.one_more().await;
             offered.push(o * 1e3);
             applied.push(a * 1e3);
             recorded.push(r * 1e3);
+            posted.push(c * 1e3);
         }
         offered.sort_by(f64::total_cmp);
         applied.sort_by(f64::total_cmp);
         recorded.sort_by(f64::total_cmp);
+        posted.sort_by(f64::total_cmp);
+        let probes = bench.probe_writes(SAMPLES).await;
         let p50 = percentile(&offered, 0.5);
         let reference = *reference_p50.get_or_insert(p50);
 
@@ -609,6 +645,13 @@ async fn main() {
             "        create → address in the pool's status (the bench's watch) p50 / p99: {:.1} / {:.1} ms",
             percentile(&recorded, 0.5),
             percentile(&recorded, 0.99)
+        );
+        println!(
+            "        the API server alone, idle, p50 / p99: the VM's POST {:.1} / {:.1} ms, a ConfigMap label PATCH {:.1} / {:.1} ms",
+            percentile(&posted, 0.5),
+            percentile(&posted, 0.99),
+            percentile(&probes, 0.5),
+            percentile(&probes, 0.99)
         );
         println!(
             "        controller calls while building up: {}; namespaced LISTs (the bench's and the agent's watches): {}",
