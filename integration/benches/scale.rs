@@ -6,10 +6,12 @@
 //!
 //! At each step (200, 2 000, 5 000, 10 000, 20 000 VMs) it prints: allocations/s while building
 //! up to the step and the controllers' API calls per allocation; the leader's CPU seconds per
-//! 1 000 allocations; for 20 more VMs created one at a time, create → lease in a stream client's
-//! table (what the serving agent would offer; p50/p99, and the ratio to the 200-VM step), and
-//! pool status recorded → lease applied by all 20 clients (p50/p99); the leader's and the agent's
-//! RSS; a fresh client's snapshot time. At the end: `kill -9` of the leader → the new leader's
+//! 1 000 allocations (and every other process's); for 20 more VMs created one at a time, once
+//! the build-up's events are published, create → lease in a stream client's table (what the
+//! serving agent would offer; p50/p99, and the ratio to the 200-VM step), and pool status
+//! recorded → lease applied by all 20 clients (p50/p99); the API server's own round trips on the
+//! idle cluster (the VM's POST, a ConfigMap PATCH); the leader's and the agent's RSS; a fresh
+//! client's snapshot time. At the end: `kill -9` of the leader → the new leader's
 //! first allocation (from its Lease acquired), and a restart of both controllers on the
 //! converged cluster, counting its writes to the API.
 //!
