@@ -30,7 +30,7 @@ use vmdhcp_core::names::host_name_of;
 use vmdhcp_core::{MacAddr, NamespacedName};
 
 use crate::ipam::{IpamError, PoolAllocator};
-use crate::kinds::{VirtualMachine, object_ref};
+use crate::kinds::{VirtualMachine, object_ref, store_key};
 use crate::metrics::VmnetcfgLabels;
 use crate::reconcile::context::{Context, NotLeader, VMNETCFG_FINALIZER};
 use crate::reconcile::status::{StatusError, set_condition};
@@ -709,7 +709,9 @@ async fn allocate(
             span.record("ip", field::display(ip));
             // The VM's name goes into the IPAM with the address, and into the pool's status
             // while the pool sends host names (a name the status lacks, by the same write as
-            // any other change; none is written while the pool does not send them).
+            // any other change). While it does not, a new name changes nothing to write: after
+            // an IPAM rebuild every config names its address again, and touching the pool for
+            // each would rebuild and compare its whole status for nothing.
             let vm_name = Some(cfg.spec.vm_name.as_str())
                 .filter(|n| !n.is_empty())
                 .map_or_else(|| cfg.name_any(), str::to_owned);
@@ -718,7 +720,11 @@ async fn allocate(
                 .ipam
                 .with_pool(pool, |a| a.set_host_name(ip, host_name.as_deref()))
                 .unwrap_or(false);
-            if renamed {
+            let names_written = ctx
+                .pools
+                .get(&store_key(pool))
+                .is_none_or(|p| p.spec.ipv4_config.send_host_name == Some(true));
+            if renamed && names_written {
                 out.touched.insert(pool.clone());
             }
             let conflicts = ctx
