@@ -46,7 +46,8 @@ use vmdhcp_core::MacAddr;
 use vmdhcp_core::crd::{IPPool, VirtualMachineNetworkConfig, find_condition};
 use vmdhcp_integration::control_plane::ControlPlane;
 use vmdhcp_integration::dhcp_client::wait_for_async;
-use vmdhcp_integration::fleet::{free_port, metric, vm_manifest};
+use vmdhcp_integration::fleet::{metric, vm_manifest};
+use vmdhcp_integration::ports::free_port;
 use vmdhcp_integration::process::{Supervised, workspace_binary};
 use vmdhcp_proto::agent::v1 as pb;
 

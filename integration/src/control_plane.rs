@@ -9,7 +9,6 @@
 //! Tests in one binary share one control plane through [`ControlPlane::shared`] and isolate
 //! themselves by namespace ([`ControlPlane::namespace`]).
 
-use crate::ports::free_port;
 use std::collections::BTreeMap;
 use std::io::Write;
 use std::path::{Path, PathBuf};
@@ -23,6 +22,7 @@ use kube::api::{Api, ObjectMeta, PostParams};
 use kube::config::{KubeConfigOptions, Kubeconfig};
 use kube::{Client, Config};
 
+use crate::ports::free_port;
 use crate::process::{ProcessError, Supervised};
 
 /// Why the control plane could not be started or used.

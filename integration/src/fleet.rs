@@ -23,6 +23,7 @@ use serde_json::{Value, json};
 use crate::control_plane::ControlPlane;
 use crate::dhcp_client::{try_http_get, udhcpc, wait_for};
 use crate::netns::{Lab, Netns};
+use crate::ports::free_port;
 use crate::process::{Supervised, workspace_binary};
 
 /// Namespace of the pools and VMs.
@@ -45,8 +46,6 @@ pub const VM1_MAC: &str = "02:12:34:00:00:01";
 /// The second VM's NIC.
 pub const VM2_MAC: &str = "02:12:34:00:00:02";
 const AGENT_HTTP: &str = "http://127.0.0.1:8080";
-
-pub use crate::ports::free_port;
 
 /// One agent replica: its namespace (its pod), process and identity.
 pub struct Agent {

@@ -99,7 +99,7 @@ impl Node {
             .tempdir()
             .map_err(io("creating the node directory"))?
             .keep();
-        let api_port = crate::fleet::free_port();
+        let api_port = crate::ports::free_port();
         let mut script = Command::new("bash")
             .arg(repo_root().join("integration/node/node.sh"))
             .arg(&dir)

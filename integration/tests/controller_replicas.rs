@@ -16,7 +16,7 @@ use kube::{Client, ResourceExt};
 use serde_json::json;
 use vmdhcp_core::crd::{IPPool, VirtualMachineNetworkConfig, find_condition};
 use vmdhcp_integration::control_plane::ControlPlane;
-use vmdhcp_integration::fleet::free_port;
+use vmdhcp_integration::ports::free_port;
 use vmdhcp_integration::process::Supervised;
 use vmdhcp_proto::agent::v1 as pb;
 use vmdhcp_proto::agent::v1::config_service_client::ConfigServiceClient;

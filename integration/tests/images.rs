@@ -33,8 +33,8 @@ use vmdhcp_integration::containerd::{
 };
 use vmdhcp_integration::control_plane::{ControlPlane, bin_dir, repo_root};
 use vmdhcp_integration::dhcp_client::{start_dhclient, udhcpc, wait_event, wait_for};
-use vmdhcp_integration::fleet::free_port;
 use vmdhcp_integration::netns::{Lab, Netns};
+use vmdhcp_integration::ports::free_port;
 
 /// The size budget of each image, compressed and unpacked.
 const MAX_IMAGE_BYTES: u64 = 20_000_000;

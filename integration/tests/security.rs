@@ -20,7 +20,7 @@ use serde_json::{Value, json};
 use vmdhcp_agent::credentials::Credentials;
 use vmdhcp_core::crd::{IPPool, VirtualMachineNetworkConfig};
 use vmdhcp_integration::control_plane::ControlPlane;
-use vmdhcp_integration::fleet::free_port;
+use vmdhcp_integration::ports::free_port;
 use vmdhcp_integration::process::{Supervised, workspace_binary};
 use vmdhcp_proto::agent::v1 as pb;
 use vmdhcp_proto::agent::v1::config_service_client::ConfigServiceClient;

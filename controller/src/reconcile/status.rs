@@ -137,9 +137,8 @@ pub async fn update_pool_status(
 /// [`update_pool_status`] starting from `start` (the cached pool, or the writer's last write);
 /// read from the API when there is none; `edit` sees the spec of the version it edits (a write
 /// from a version whose spec has changed since conflicts and edits the latest). `trusted`:
-/// whether `start` already holding the edit
-/// proves there is nothing to write (false: it may trail someone else's write, and the pool is
-/// read again to decide). `sending` sees each object just before it is sent. Also returns
+/// whether `start` already holding the edit proves there is nothing to write (false: it may
+/// trail someone else's write, and the pool is read again to decide). `sending` sees each object just before it is sent. Also returns
 /// whether it wrote (false: the status already held the edit).
 async fn update_pool_status_from(
     client: &Client,
