@@ -17,7 +17,10 @@
 //!
 //! `cargo bench -p vmdhcp-integration --bench scale` (as root or not; no network namespaces).
 //! `VMDHCP_SCALE_POOLS=20 VMDHCP_SCALE_VMS=2000` runs it small (steps scale with the total);
-//! `VMDHCP_SCALE_LOGS=<dir>` keeps the controllers' and the agent's logs there.
+//! `VMDHCP_SCALE_LOGS=<dir>` keeps the controllers' and the agent's logs there;
+//! `VMDHCP_SCALE_PERF=<dir>` has `perf record` (DWARF call graphs: the build has no frame
+//! pointers) sample the leader through each step's build-up, into `<dir>/leader-<VMs>.data`, so
+//! where its CPU per allocation grows can be read off two steps of one run.
 #![allow(
     clippy::print_stdout,
     clippy::unwrap_used,
@@ -48,7 +51,7 @@ use vmdhcp_integration::control_plane::ControlPlane;
 use vmdhcp_integration::dhcp_client::wait_for_async;
 use vmdhcp_integration::fleet::{metric, vm_manifest};
 use vmdhcp_integration::ports::free_port;
-use vmdhcp_integration::process::{Supervised, workspace_binary};
+use vmdhcp_integration::process::{Supervised, cpu_seconds, workspace_binary};
 use vmdhcp_proto::agent::v1 as pb;
 
 const CLIENTS: usize = 20;
@@ -86,6 +89,26 @@ fn vm_of(k: usize, pools: usize) -> (String, MacAddr, usize) {
     )
 }
 
+/// `perf record` of process `pid` into `out`, until [`stop_perf`].
+fn start_perf(pid: u32, out: &Path) -> std::process::Child {
+    std::process::Command::new("perf")
+        .args(["record", "-F", "99", "--call-graph", "dwarf,8192", "-o"])
+        .arg(out)
+        .args(["-p", &pid.to_string()])
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap()
+}
+
+/// Stops a [`start_perf`] recording the way perf expects (SIGINT), and waits for its file.
+fn stop_perf(mut perf: std::process::Child) {
+    let _ = std::process::Command::new("kill")
+        .args(["-INT", &perf.id().to_string()])
+        .status();
+    let _ = perf.wait();
+}
+
 fn percentile(sorted: &[f64], p: f64) -> f64 {
     if sorted.is_empty() {
         return f64::NAN;
@@ -102,24 +125,6 @@ fn rss_mb(pid: u32) -> f64 {
         .and_then(|v| v.parse::<f64>().ok())
         .unwrap_or(0.0)
         / 1024.0
-}
-
-/// User + system CPU seconds of a process (`"self"`: this one).
-fn cpu_seconds(pid: impl std::fmt::Display) -> f64 {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
-    let fields: Vec<&str> = stat
-        .rsplit(')')
-        .next()
-        .unwrap_or_default()
-        .split_whitespace()
-        .collect();
-    // After the command: state is field 3, utime 14 and stime 15 (1-based, whole line), in
-    // clock ticks (USER_HZ, 100 on Linux).
-    let ticks: f64 = [11, 12]
-        .iter()
-        .filter_map(|i| fields.get(*i)?.parse::<f64>().ok())
-        .sum();
-    ticks / 100.0
 }
 
 /// When each MAC first reached a stream client's table, and when its snapshots landed.
@@ -424,6 +429,10 @@ async fn main() {
     let logs =
         std::env::var_os("VMDHCP_SCALE_LOGS").map_or_else(|| dir.path().to_owned(), PathBuf::from);
     std::fs::create_dir_all(&logs).unwrap();
+    let perf_dir = std::env::var_os("VMDHCP_SCALE_PERF").map(PathBuf::from);
+    if let Some(d) = &perf_dir {
+        std::fs::create_dir_all(d).unwrap();
+    }
 
     // 200 NADs and pools, a /24 each.
     vmdhcp_integration::pools::create(&client, &ns, pools, 60)
@@ -553,12 +562,18 @@ async fn main() {
             .map(|(_, p)| p.map_or(0.0, cpu_seconds))
             .collect();
         let bench0 = cpu_seconds("self");
+        let perf = perf_dir
+            .as_ref()
+            .map(|d| start_perf(leader_pid, &d.join(format!("leader-{step}.data"))));
         let started = Instant::now();
         bench.create_up_to(step).await;
         bench
             .wait_allocated(bench.created, Duration::from_secs(1800))
             .await;
         let took = started.elapsed().as_secs_f64();
+        if let Some(perf) = perf {
+            stop_perf(perf);
+        }
         let cpu = cpu_seconds(leader_pid) - cpu0;
         let per_1000 = |s: f64| s / adding.max(1) as f64 * 1000.0;
         let mut spent: Vec<String> = processes

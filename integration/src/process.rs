@@ -194,3 +194,41 @@ pub fn workspace_binary(package: &str, bin: &str) -> PathBuf {
     }
     path
 }
+
+/// User + system CPU seconds of a process (`"self"`: this one), 0 if it is gone: what the
+/// benchmarks divide by their work to tell what each process spent on it.
+pub fn cpu_seconds(pid: impl std::fmt::Display) -> f64 {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+    let fields: Vec<&str> = stat
+        .rsplit(')')
+        .next()
+        .unwrap_or_default()
+        .split_whitespace()
+        .collect();
+    // After the command: state is field 3, utime 14 and stime 15 (1-based, whole line), in
+    // clock ticks (USER_HZ, 100 on Linux).
+    let ticks: f64 = [11, 12]
+        .iter()
+        .filter_map(|i| fields.get(*i)?.parse::<f64>().ok())
+        .sum();
+    ticks / 100.0
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn cpu_seconds_grow_with_work_and_are_zero_for_a_process_that_is_gone() {
+        let before = cpu_seconds("self");
+        let started = std::time::Instant::now();
+        let mut x = 0u64;
+        // Spin until the kernel's tick-based accounting has certainly moved (0.3 s of CPU).
+        while started.elapsed() < std::time::Duration::from_millis(300) {
+            x = std::hint::black_box(x.wrapping_mul(31).wrapping_add(7));
+        }
+        assert!(cpu_seconds("self") > before, "{x}");
+        // Above the kernel's largest pid (2^22): never a live process.
+        assert_eq!(cpu_seconds(4_194_305u32), 0.0);
+    }
+}
