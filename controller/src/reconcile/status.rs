@@ -122,16 +122,9 @@ pub async fn update_pool_status(
     mut edit: impl FnMut(&mut IPPoolStatus) -> Result<(), StatusError>,
 ) -> Result<IPPool, StatusError> {
     let cached = cache.and_then(|s| s.get(&store_key(pool)));
-    update_pool_status_from(
-        client,
-        cached.map(|o| (*o).clone()),
-        true,
-        pool,
-        |_, status| edit(status),
-        |_| {},
-    )
-    .await
-    .map(|(pool, _)| pool)
+    update_pool_status_from(client, cached, true, pool, |_, status| edit(status), |_| {})
+        .await
+        .map(|(pool, _)| Arc::unwrap_or_clone(pool))
 }
 
 /// [`update_pool_status`] starting from `start` (the cached pool, or the writer's last write);
@@ -142,20 +135,22 @@ pub async fn update_pool_status(
 /// whether it wrote (false: the status already held the edit).
 async fn update_pool_status_from(
     client: &Client,
-    start: Option<IPPool>,
+    start: Option<Arc<IPPool>>,
     mut trusted: bool,
     pool: &NamespacedName,
     mut edit: impl FnMut(&IPPoolSpec, &mut IPPoolStatus) -> Result<(), StatusError>,
-    mut sending: impl FnMut(&IPPool),
-) -> Result<(IPPool, bool), StatusError> {
+    mut sending: impl FnMut(&Arc<IPPool>),
+) -> Result<(Arc<IPPool>, bool), StatusError> {
     let api: Api<IPPool> = Api::namespaced(client.clone(), &pool.namespace);
     let api_err = |source| StatusError::Api {
         pool: pool.clone(),
         source,
     };
-    let mut current: IPPool = match start {
+    // Shared, not copied: a full pool's status is the largest thing the leader handles per
+    // allocation, and the writer used to clone it three times per write (start, cache, sent).
+    let mut current: Arc<IPPool> = match start {
         Some(obj) => obj,
-        None => api.get_status(&pool.name).await.map_err(api_err)?,
+        None => Arc::new(api.get_status(&pool.name).await.map_err(api_err)?),
     };
     for attempt in 0..CONFLICT_RETRIES {
         let mut status = current.status.clone().unwrap_or_default();
@@ -165,25 +160,25 @@ async fn update_pool_status_from(
                 return Ok((current, false));
             }
             debug!(%pool, attempt, "nothing to write on a version that may trail; re-reading");
-            current = api.get_status(&pool.name).await.map_err(api_err)?;
+            current = Arc::new(api.get_status(&pool.name).await.map_err(api_err)?);
             trusted = true;
             continue;
         }
         status.last_update = Some(now());
-        let desired = IPPool {
+        let desired = Arc::new(IPPool {
             metadata: current.metadata.clone(),
             spec: current.spec.clone(),
             status: Some(status),
-        };
+        });
         sending(&desired);
         match api
-            .replace_status(&pool.name, &PostParams::default(), &desired)
+            .replace_status(&pool.name, &PostParams::default(), desired.as_ref())
             .await
         {
-            Ok(written) => return Ok((written, true)),
+            Ok(written) => return Ok((Arc::new(written), true)),
             Err(kube::Error::Api(s)) if s.code == 409 => {
                 debug!(%pool, attempt, sent = current.metadata.resource_version.as_deref().unwrap_or_default(), "status conflict; re-reading");
-                current = api.get_status(&pool.name).await.map_err(api_err)?;
+                current = Arc::new(api.get_status(&pool.name).await.map_err(api_err)?);
             }
             Err(e) => return Err(api_err(e)),
         }
@@ -240,14 +235,14 @@ struct Slot {
     written: Mutex<Written>,
     /// The pool as the write in flight sends it: its watch event may arrive before the
     /// response that tells its resourceVersion.
-    sending: Mutex<Option<IPPool>>,
+    sending: Mutex<Option<Arc<IPPool>>>,
 }
 
 /// What one pool's writer knows of its own writes.
 #[derive(Default)]
 struct Written {
     /// The pool as our last write left it.
-    last: Option<IPPool>,
+    last: Option<Arc<IPPool>>,
     /// Our latest writes (at most [`OWN_VERSIONS`], newest last): the resourceVersion each
     /// replaced, and the one it made.
     versions: VecDeque<(String, String)>,
@@ -280,7 +275,7 @@ impl Written {
     /// cache can tell: the cache shows nothing, our last write, or a version our writes made or
     /// replaced. Otherwise (someone else's write, or one of ours older than we remember) the
     /// start may trail, and finding nothing to change there proves nothing.
-    fn start(&self, cached: Option<&str>) -> Option<(&IPPool, bool)> {
+    fn start(&self, cached: Option<&str>) -> Option<(&Arc<IPPool>, bool)> {
         let last = self.last.as_ref()?;
         let known = cached.is_none_or(|v| {
             last.metadata.resource_version.as_deref() == Some(v)
@@ -397,8 +392,8 @@ impl PoolStatusWriter {
         let (start, trusted) = {
             let written = slot.written.lock().unwrap_or_else(PoisonError::into_inner);
             match written.start(seen.as_deref()) {
-                Some((last, known)) => (Some(last.clone()), known),
-                None => (cached.map(|o| (*o).clone()), true),
+                Some((last, known)) => (Some(Arc::clone(last)), known),
+                None => (cached, true),
             }
         };
         debug!(
@@ -412,9 +407,9 @@ impl PoolStatusWriter {
         let mut base = None;
         // As the watch will show it: what is sent comes back unchanged (the timestamps the
         // status gets are whole seconds, as JSON keeps them; see the test of `now`).
-        let sending = |sent: &IPPool| {
+        let sending = |sent: &Arc<IPPool>| {
             base = sent.resource_version();
-            *slot.sending.lock().unwrap_or_else(PoisonError::into_inner) = Some(sent.clone());
+            *slot.sending.lock().unwrap_or_else(PoisonError::into_inner) = Some(Arc::clone(sent));
         };
         let edit = |spec: &IPPoolSpec, status: &mut IPPoolStatus| {
             if let Some(also) = also.as_mut() {
@@ -604,7 +599,7 @@ mod tests {
         // starts from the last.
         for made in 2..=40 {
             w.record((made - 1).to_string(), made.to_string());
-            w.last = Some(at(&made.to_string()));
+            w.last = Some(Arc::new(at(&made.to_string())));
         }
         let start = |cached| {
             w.start(cached)
