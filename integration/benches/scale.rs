@@ -98,7 +98,7 @@ fn start_perf(pid: u32, out: &Path) -> std::process::Child {
         .stdout(std::process::Stdio::null())
         .stderr(std::process::Stdio::null())
         .spawn()
-        .unwrap()
+        .expect("VMDHCP_SCALE_PERF needs `perf` on PATH")
 }
 
 /// Stops a [`start_perf`] recording the way perf expects (SIGINT), and waits for its file.

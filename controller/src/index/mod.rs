@@ -588,7 +588,7 @@ mod tests {
 
     proptest::proptest! {
         /// On random histories, trimmed by both limits, the bisection finds exactly the
-        /// revisions a scan of the whole history finds, and the deltas built on it agree.
+        /// revisions a scan of the whole history finds, for every reader's revision.
         #[test]
         fn revisions_after_are_found_as_a_scan_finds_them(
             batches in proptest::collection::vec(proptest::collection::vec((0u8..3, 0u8..8, 0u8..4), 1..6), 1..60),
