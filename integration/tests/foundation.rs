@@ -152,6 +152,49 @@ async fn status_subresource_takes_upstream_status_shape() {
     );
 }
 
+/// The controller's status writes ask for the written pool's metadata alone and take the rest
+/// from what they sent: the real API server must answer a status PUT that way, and hold exactly
+/// what the writer believes it wrote, at the version it was told.
+#[tokio::test]
+async fn a_status_write_answered_with_metadata_alone_holds_what_was_sent() {
+    use vmdhcp_controller::reconcile::status::{set_condition, update_pool_status};
+    let cp = ControlPlane::shared();
+    let client = cp.client().await.unwrap();
+    let ns = cp.namespace(&client, "status-put").await.unwrap();
+    cp.kubectl_stdin(&["apply", "-f", "-"], &example("ippool.yaml", &ns))
+        .unwrap();
+    let pool_ref = vmdhcp_core::NamespacedName::new(&ns, "net-48").unwrap();
+    let pools: Api<IPPool> = Api::namespaced(client.clone(), &ns);
+    for (round, mac) in ["c6:d6:82:39:d3:c3", "c6:d6:82:39:d3:c4"]
+        .iter()
+        .enumerate()
+    {
+        let written = update_pool_status(&client, None, &pool_ref, |s| {
+            let v4 = s.ipv4.get_or_insert_with(Default::default);
+            v4.allocated
+                .insert(format!("192.168.48.{}", 86 + round), (*mac).to_owned());
+            v4.used = v4.allocated.len() as i64;
+            set_condition(&mut s.conditions, "CacheReady", true, "", "");
+            Ok(())
+        })
+        .await
+        .unwrap();
+        let held = pools.get_status("net-48").await.unwrap();
+        assert_eq!(
+            held.metadata.resource_version, written.metadata.resource_version,
+            "round {round}"
+        );
+        assert_eq!(held.status, written.status, "round {round}");
+        assert_eq!(held.spec, written.spec, "round {round}");
+        assert_eq!(
+            held.status
+                .and_then(|s| s.ipv4)
+                .map(|v4| v4.allocated.len()),
+            Some(round + 1)
+        );
+    }
+}
+
 #[tokio::test]
 async fn the_server_enforces_the_generated_schema() {
     let cp = ControlPlane::shared();

@@ -55,6 +55,12 @@ pub enum StatusError {
     /// The pool's allocator is gone (paused or deleted meanwhile).
     #[error(transparent)]
     Ipam(#[from] IpamError),
+    /// A write succeeded but its response carries no resourceVersion to continue from.
+    #[error("IPPool {pool}: the status write's response has no resourceVersion")]
+    Unversioned {
+        /// The pool.
+        pool: NamespacedName,
+    },
     /// Too many conflicting writers.
     #[error("IPPool {pool}: status still conflicting after {CONFLICT_RETRIES} attempts")]
     Conflicts {
@@ -122,21 +128,32 @@ pub async fn update_pool_status(
     mut edit: impl FnMut(&mut IPPoolStatus) -> Result<(), StatusError>,
 ) -> Result<IPPool, StatusError> {
     let cached = cache.and_then(|s| s.get(&store_key(pool)));
-    update_pool_status_from(client, cached, true, pool, |_, status| edit(status), |_| {})
-        .await
-        .map(|(pool, _)| Arc::unwrap_or_clone(pool))
+    update_pool_status_from(
+        client,
+        cached,
+        true,
+        false,
+        pool,
+        |_, status| edit(status),
+        |_| {},
+    )
+    .await
+    .map(|(pool, _)| Arc::unwrap_or_clone(pool))
 }
 
 /// [`update_pool_status`] starting from `start` (the cached pool, or the writer's last write);
 /// read from the API when there is none; `edit` sees the spec of the version it edits (a write
 /// from a version whose spec has changed since conflicts and edits the latest). `trusted`:
 /// whether `start` already holding the edit proves there is nothing to write (false: it may
-/// trail someone else's write, and the pool is read again to decide). `sending` sees each object just before it is sent. Also returns
+/// trail someone else's write, and the pool is read again to decide). `refills_books`: `edit`
+/// writes `ipv4` whole (the IPAM's books), so the start's is not copied for it. `sending` sees
+/// each object just before it is sent. Also returns
 /// whether it wrote (false: the status already held the edit).
 async fn update_pool_status_from(
     client: &Client,
     start: Option<Arc<IPPool>>,
     mut trusted: bool,
+    refills_books: bool,
     pool: &NamespacedName,
     mut edit: impl FnMut(&IPPoolSpec, &mut IPPoolStatus) -> Result<(), StatusError>,
     mut sending: impl FnMut(&Arc<IPPool>),
@@ -153,7 +170,7 @@ async fn update_pool_status_from(
         None => Arc::new(api.get_status(&pool.name).await.map_err(api_err)?),
     };
     for attempt in 0..CONFLICT_RETRIES {
-        let mut status = current.status.clone().unwrap_or_default();
+        let mut status = to_edit(&current, refills_books);
         edit(&current.spec, &mut status)?;
         if current.status.as_ref() == Some(&status) {
             if trusted {
@@ -165,17 +182,25 @@ async fn update_pool_status_from(
             continue;
         }
         status.last_update = Some(now());
-        let desired = Arc::new(IPPool {
-            metadata: current.metadata.clone(),
+        let mut metadata = current.metadata.clone();
+        // Left out, the API server keeps them as they are; nothing here reads them.
+        metadata.managed_fields = None;
+        let desired = IPPool {
+            metadata,
             spec: current.spec.clone(),
             status: Some(status),
-        });
+        };
+        let desired = Arc::new(desired);
         sending(&desired);
-        match api
-            .replace_status(&pool.name, &PostParams::default(), desired.as_ref())
-            .await
-        {
-            Ok(written) => return Ok((Arc::new(written), true)),
+        match replace_status(client, &api, &pool.name, desired.as_ref()).await {
+            Ok(Some(made)) => {
+                let mut written = Arc::unwrap_or_clone(desired);
+                written.metadata.resource_version = Some(made);
+                return Ok((Arc::new(written), true));
+            }
+            Ok(None) => {
+                return Err(StatusError::Unversioned { pool: pool.clone() });
+            }
             Err(kube::Error::Api(s)) if s.code == 409 => {
                 debug!(%pool, attempt, sent = current.metadata.resource_version.as_deref().unwrap_or_default(), "status conflict; re-reading");
                 current = Arc::new(api.get_status(&pool.name).await.map_err(api_err)?);
@@ -184,6 +209,63 @@ async fn update_pool_status_from(
         }
     }
     Err(StatusError::Conflicts { pool: pool.clone() })
+}
+
+/// The status to edit: `current`'s, without its books when the edit writes them anew
+/// (`refills_books`): copying a full pool's three maps only to replace them was one of the
+/// leader's costs per allocation that grow with the pool.
+fn to_edit(current: &IPPool, refills_books: bool) -> IPPoolStatus {
+    match &current.status {
+        None => IPPoolStatus::default(),
+        Some(s) if refills_books => IPPoolStatus {
+            last_update: s.last_update.clone(),
+            ipv4: None,
+            agent_pod_ref: s.agent_pod_ref.clone(),
+            conditions: s.conditions.clone(),
+        },
+        Some(s) => s.clone(),
+    }
+}
+
+/// The `Accept` of a status write: its response is the object's metadata alone.
+const METADATA_ONLY: &str = "application/json;as=PartialObjectMetadata;g=meta.k8s.io;v=v1";
+
+/// What a status write's response is read for: the version it made.
+#[derive(serde::Deserialize)]
+struct Made {
+    metadata: MadeMeta,
+}
+
+#[derive(serde::Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct MadeMeta {
+    resource_version: Option<String>,
+}
+
+/// PUTs `pool`'s status and returns the resourceVersion the write made (`None`: the response
+/// did not say, which the API server never does). The written object is
+/// what was sent with that version (a status comes back from JSON as it went in: see the test
+/// `a_status_as_written_comes_back_from_json_unchanged`; the write's precondition is the
+/// version the rest was read at), so the response is asked for as metadata alone: the API
+/// server encoding the whole pool, and the leader decoding it, once per allocation, was a
+/// cost that grows with the pool.
+async fn replace_status(
+    client: &Client,
+    api: &Api<IPPool>,
+    name: &str,
+    pool: &IPPool,
+) -> Result<Option<String>, kube::Error> {
+    let body = serde_json::to_vec(pool).map_err(kube::Error::SerdeError)?;
+    let mut req = kube::core::Request::new(api.resource_url())
+        .replace_subresource("status", name, &PostParams::default(), body)
+        .map_err(kube::Error::BuildRequest)?;
+    req.headers_mut().insert(
+        http::header::ACCEPT,
+        http::HeaderValue::from_static(METADATA_ONLY),
+    );
+    req.extensions_mut().insert("replace_status");
+    let made: Made = client.request(req).await?;
+    Ok(made.metadata.resource_version)
 }
 
 /// Puts the IPAM's books of one pool into an IPPool status, the holders' host names only when
@@ -418,7 +500,8 @@ impl PoolStatusWriter {
             counts = Some(fill_ipv4(ipam, pool, spec, status)?);
             Ok(())
         };
-        let result = update_pool_status_from(client, start, trusted, pool, edit, sending).await;
+        let result =
+            update_pool_status_from(client, start, trusted, true, pool, edit, sending).await;
         *slot.sending.lock().unwrap_or_else(PoisonError::into_inner) = None;
         let (written, wrote) = result?;
         if let Some((used, available)) = counts {
@@ -623,6 +706,33 @@ mod tests {
         }
         assert!(w.made("40") && w.made("9") && !w.made("8") && !w.made("41"));
         assert_eq!(w.versions.len(), OWN_VERSIONS);
+    }
+
+    #[test]
+    fn an_edit_that_refills_the_books_starts_from_everything_else() {
+        let mut conditions = Vec::new();
+        set_condition(&mut conditions, "CacheReady", true, "", "");
+        let status = IPPoolStatus {
+            last_update: Some(now()),
+            ipv4: Some(IPv4Status {
+                allocated: [("10.0.0.2".to_owned(), "02:00:00:00:00:01".to_owned())].into(),
+                used: 1,
+                ..Default::default()
+            }),
+            agent_pod_ref: Some(Default::default()),
+            conditions,
+        };
+        let mut pool = IPPool::new("net", Default::default());
+        assert_eq!(to_edit(&pool, true), IPPoolStatus::default());
+        pool.status = Some(status.clone());
+        assert_eq!(to_edit(&pool, false), status);
+        assert_eq!(
+            to_edit(&pool, true),
+            IPPoolStatus {
+                ipv4: None,
+                ..status
+            }
+        );
     }
 
     #[test]
