@@ -7,17 +7,18 @@
 //! agents only once it is recorded in etcd. Interface names come from [`ifname::assign`] over the
 //! served set, and a pool is re-read only when its `resourceVersion` changed.
 //!
-//! One event costs what its pool costs ([`IndexSync::changed`]): the whole served set is looked
-//! at again only when it changes (a pool starts or stops being served, which may move a colliding
-//! interface name) and after a relist ([`IndexSync::sync`]).
+//! One event costs what its pool's change costs ([`IndexSync::changed`]): a new version of a
+//! served pool whose spec is the same is read by the status entries that differ from the version
+//! before ([`RecordedLeases::update`]), and the whole served set is looked at again only when it
+//! changes (a pool starts or stops being served, which may move a colliding interface name) and
+//! after a relist ([`IndexSync::sync`]).
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeMap;
 use std::sync::Arc;
 
-use kube::ResourceExt;
 use tracing::{debug, field, info_span, warn};
 use vmdhcp_core::crd::IPPool;
-use vmdhcp_core::pool::{PoolConfig, is_served, leases_from_status};
+use vmdhcp_core::pool::{PoolConfig, RecordedLeases, is_served};
 use vmdhcp_core::{NamespacedName, ifname};
 use vmdhcp_telemetry::trace;
 
@@ -29,10 +30,26 @@ use crate::kinds::object_ref;
 pub struct IndexSync {
     index: Arc<Index>,
     causes: Arc<TraceCauses>,
-    /// Served pools → (resourceVersion, interface name) as last applied.
-    served: BTreeMap<NamespacedName, (String, String)>,
+    /// Served pools as last applied.
+    served: BTreeMap<NamespacedName, Served>,
     /// Pools looked at so far: what the changes cost (a metric, and tests count it).
     examined: u64,
+}
+
+/// A served pool as last applied.
+struct Served {
+    /// The interface it is served on.
+    name: String,
+    /// The version read (the cache's own, shared), which the next one is compared with.
+    pool: Arc<IPPool>,
+    /// Its recorded leases, kept for that comparison.
+    leases: RecordedLeases,
+}
+
+impl Served {
+    fn version(&self) -> Option<&str> {
+        self.pool.metadata.resource_version.as_deref()
+    }
 }
 
 impl IndexSync {
@@ -62,34 +79,72 @@ impl IndexSync {
     /// for only when the set of served pools changes. Returns the new revision, if any.
     pub fn changed(
         &mut self,
-        pool: &IPPool,
+        pool: &Arc<IPPool>,
         deleted: bool,
         all: impl FnOnce() -> Vec<Arc<IPPool>>,
     ) -> Option<u64> {
         self.examined += 1;
-        let key = object_ref(pool)?;
+        let key = object_ref(pool.as_ref())?;
         let serve = !deleted && is_served(pool);
-        let Some((version, name)) = self.served.get(&key).cloned() else {
+        let Some(before) = self.served.remove(&key) else {
             return if serve { self.sync(&all()) } else { None };
         };
         if !serve {
+            self.served.insert(key, before);
             return self.sync(&all());
         }
-        let now = pool.resource_version().unwrap_or_default();
-        if now == version {
+        if before.version() == pool.metadata.resource_version.as_deref() {
+            self.served.insert(key, before);
             return None;
         }
-        let Some(ops) = self.read(&key, pool, &name) else {
+        let name = before.name.clone();
+        let mut slot = Some(before);
+        let ops = Self::read(&key, pool, &name, &mut slot);
+        if let Some(served) = slot {
+            self.served.insert(key, served);
+        }
+        match ops {
+            Some(ops) => self.publish(ops),
             // No longer servable as it is: the full pass withdraws it.
-            return self.sync(&all());
-        };
-        self.served.insert(key, (now, name));
-        self.publish(ops)
+            None => self.sync(&all()),
+        }
     }
 
-    /// The ops that make the index hold `pool` as served on `name`; `None` (logged) if its spec
-    /// or name cannot be read.
-    fn read(&mut self, key: &NamespacedName, pool: &IPPool, name: &str) -> Option<Vec<Op>> {
+    /// The ops that make the index hold `pool` as served on `name`, `served` then holding what
+    /// is kept of it; `None` (logged, `served` untouched) if its spec or name cannot be read.
+    /// From the version last applied on the same interface (`served`), only what changed is
+    /// read when the pool's config did not change.
+    fn read(
+        key: &NamespacedName,
+        pool: &Arc<IPPool>,
+        name: &str,
+        served: &mut Option<Served>,
+    ) -> Option<Vec<Op>> {
+        if let Some(kept) = served
+            .as_mut()
+            .filter(|b| b.name == name && same_config(b.pool.as_ref(), pool.as_ref()))
+        {
+            let (changes, errors) = match kept.leases.update(&kept.pool, pool) {
+                Ok(c) => c,
+                Err(e) => {
+                    warn!(pool = %key, error = %e, "not serving a pool without a name");
+                    return None;
+                }
+            };
+            for e in errors.iter().take(5) {
+                warn!(pool = %key, error = %e, "status entry skipped");
+            }
+            kept.pool = Arc::clone(pool);
+            return Some(
+                changes
+                    .into_iter()
+                    .map(|(mac, binding)| match binding {
+                        Some(b) => Op::UpsertLease(b.lease(key.clone(), mac)),
+                        None => Op::RemoveLease(key.clone(), mac),
+                    })
+                    .collect(),
+            );
+        }
         let config = match PoolConfig::from_ippool(pool, name) {
             Ok(c) => c,
             Err(e) => {
@@ -97,7 +152,7 @@ impl IndexSync {
                 return None;
             }
         };
-        let (leases, errors) = match leases_from_status(pool) {
+        let (leases, read, errors) = match RecordedLeases::read(pool) {
             Ok(l) => l,
             Err(e) => {
                 warn!(pool = %key, error = %e, "not serving a pool without a name");
@@ -107,11 +162,16 @@ impl IndexSync {
         for e in errors.iter().take(5) {
             warn!(pool = %key, error = %e, "status entry skipped");
         }
+        *served = Some(Served {
+            name: name.to_owned(),
+            pool: Arc::clone(pool),
+            leases,
+        });
         Some(vec![
             Op::UpsertPool(Box::new(config)),
             Op::ReplaceLeases(
                 key.clone(),
-                leases.into_iter().map(|l| (l.mac, l.binding())).collect(),
+                read.into_iter().map(|l| (l.mac, l.binding())).collect(),
             ),
         ])
     }
@@ -127,27 +187,30 @@ impl IndexSync {
             .collect();
         let names = ifname::assign(live.keys());
         let mut ops = Vec::new();
-        let mut served = BTreeMap::new();
+        let mut before = std::mem::take(&mut self.served);
         for (pool_ref, pool) in &live {
-            let version = pool.resource_version().unwrap_or_default();
             let name = names.get(pool_ref).cloned().unwrap_or_default();
-            if self.served.get(pool_ref) == Some(&(version.clone(), name.clone())) {
-                served.insert((*pool_ref).clone(), (version, name));
-                continue;
+            let mut slot = before.remove(pool_ref);
+            let unchanged = slot.as_ref().is_some_and(|k| {
+                k.name == name && k.version() == pool.metadata.resource_version.as_deref()
+            });
+            if !unchanged {
+                match Self::read(pool_ref, pool, &name, &mut slot) {
+                    Some(pool_ops) => ops.extend(pool_ops),
+                    None => {
+                        // Served until now, unreadable now: withdrawn.
+                        if slot.take().is_some() {
+                            ops.push(Op::RemovePool((*pool_ref).clone()));
+                        }
+                        continue;
+                    }
+                }
             }
-            let Some(pool_ops) = self.read(pool_ref, pool, &name) else {
-                continue;
-            };
-            ops.extend(pool_ops);
-            served.insert((*pool_ref).clone(), (version, name));
+            if let Some(served) = slot {
+                self.served.insert((*pool_ref).clone(), served);
+            }
         }
-        let gone: BTreeSet<&NamespacedName> = self
-            .served
-            .keys()
-            .filter(|p| !served.contains_key(*p))
-            .collect();
-        ops.extend(gone.into_iter().map(|p| Op::RemovePool(p.clone())));
-        self.served = served;
+        ops.extend(before.into_keys().map(Op::RemovePool));
         self.publish(ops)
     }
 
@@ -190,6 +253,21 @@ impl IndexSync {
         }
         revision
     }
+}
+
+/// Whether two versions of a pool give it the same config (spec, and the conflicted addresses
+/// its status records), so that only its leases can differ.
+fn same_config(a: &IPPool, b: &IPPool) -> bool {
+    a.spec == b.spec && conflicted(a).eq(conflicted(b))
+}
+
+/// The addresses (keys) of a pool's recorded conflicts.
+fn conflicted(pool: &IPPool) -> impl Iterator<Item = &String> {
+    pool.status
+        .as_ref()
+        .and_then(|s| s.ipv4.as_ref())
+        .into_iter()
+        .flat_map(|v4| v4.conflicts.keys())
 }
 
 #[cfg(test)]
@@ -298,5 +376,118 @@ mod tests {
         IndexSync::new(fresh.clone()).sync(&all(&cache));
         assert_eq!(served(&index), served(&fresh));
         assert_eq!(served(&index).len(), 49);
+    }
+
+    /// One version of pool `name` in a random history: its books, whether it sends host
+    /// names (a spec change), a recorded conflict (a config change), and whether it is served.
+    #[derive(Clone, Debug)]
+    struct Version {
+        pool: usize,
+        allocated: Vec<(u8, u8)>,
+        host_names: Vec<(u8, u8)>,
+        names: bool,
+        conflict: bool,
+        ready: bool,
+    }
+
+    fn versions() -> impl proptest::strategy::Strategy<Value = Vec<Version>> {
+        use proptest::prelude::*;
+        let version = (
+            0usize..3,
+            proptest::collection::vec((80u8..90, 0u8..6), 0..8),
+            proptest::collection::vec((80u8..90, 0u8..3), 0..3),
+            proptest::bool::weighted(0.2),
+            proptest::bool::weighted(0.1),
+            proptest::bool::weighted(0.9),
+        )
+            .prop_map(
+                |(pool, allocated, host_names, names, conflict, ready)| Version {
+                    pool,
+                    allocated,
+                    host_names,
+                    names,
+                    conflict,
+                    ready,
+                },
+            );
+        proptest::collection::vec(version, 1..30)
+    }
+
+    /// Version `n` of a history as the cache would hold it. MACs 1-4, `EXCLUDED` (0) and a bad
+    /// value (5); host names good and bad.
+    fn object(v: &Version, n: usize) -> Arc<IPPool> {
+        let name = format!("p{}", v.pool);
+        let entries: Vec<(String, String)> = v
+            .allocated
+            .iter()
+            .map(|(o, m)| {
+                let value = match m {
+                    0 => "EXCLUDED".to_owned(),
+                    5 => "bad".to_owned(),
+                    m => format!("02:00:00:00:00:0{m}"),
+                };
+                (format!("192.168.48.{o}"), value)
+            })
+            .collect();
+        let entries: Vec<(&str, &str)> = entries
+            .iter()
+            .map(|(k, v)| (k.as_str(), v.as_str()))
+            .collect();
+        let mut p = (*pool(&name, v.ready, &entries)).clone();
+        p.metadata.resource_version = Some(n.to_string());
+        p.spec.ipv4_config.send_host_name = Some(v.names);
+        let v4 = p
+            .status
+            .as_mut()
+            .and_then(|s| s.ipv4.as_mut())
+            .expect("with_allocated sets books");
+        v4.host_names = v
+            .host_names
+            .iter()
+            .map(|(o, h)| {
+                let host = if *h == 2 {
+                    "Not A Name".to_owned()
+                } else {
+                    format!("vm-{h}")
+                };
+                (format!("192.168.48.{o}"), host)
+            })
+            .collect();
+        if v.conflict {
+            v4.conflicts
+                .insert("192.168.48.85".into(), Default::default());
+        }
+        Arc::new(p)
+    }
+
+    proptest::proptest! {
+        /// Following each pool event by what changed in it serves, after every event, what a
+        /// full pass over the cache serves, and looks at one pool per event while the served
+        /// set stays the same.
+        #[test]
+        fn events_end_where_a_full_pass_would(history in versions()) {
+            let index = Arc::new(Index::new());
+            let mut sync = IndexSync::new(index.clone());
+            let mut cache: BTreeMap<usize, Arc<IPPool>> = BTreeMap::new();
+            for (n, v) in history.iter().enumerate() {
+                let obj = object(v, n + 1);
+                cache.insert(v.pool, obj.clone());
+                let all: Vec<Arc<IPPool>> = cache.values().cloned().collect();
+                let key = format!("default/p{}", v.pool);
+                let was_served = served(&index).iter().any(|(p, _, _)| *p == key);
+                let examined = sync.examined();
+                sync.changed(&obj, false, || all.clone());
+                let fresh = Arc::new(Index::new());
+                IndexSync::new(fresh.clone()).sync(&all);
+                let (ours, full) = (
+                    index.snapshot(&PoolFilter::all()).pools,
+                    fresh.snapshot(&PoolFilter::all()).pools,
+                );
+                proptest::prop_assert_eq!(ours, full, "after version {}: {:?}", n + 1, v);
+                if was_served && v.ready {
+                    proptest::prop_assert_eq!(sync.examined(), examined + 1, "one pool looked at");
+                }
+            }
+        }
     }
 }

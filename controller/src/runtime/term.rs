@@ -241,9 +241,9 @@ pub(super) async fn lead(
     )
     .graceful_shutdown_on(stopped(stop.clone()));
     let cfgs = shared_caches.configs.store();
-    let cfg_ctrl = Controller::for_stream(shared_caches.configs.trigger(), cfgs.clone());
-    let vm_ctrl =
-        Controller::for_stream(vm_self, vms.clone()).graceful_shutdown_on(stopped(stop.clone()));
+    let cfg_ctrl = Controller::for_shared_stream(shared_caches.configs.trigger(), cfgs.clone());
+    let vm_ctrl = Controller::for_shared_stream(vm_self, vms.clone())
+        .graceful_shutdown_on(stopped(stop.clone()));
     let (pool_rebuilt, rebuilt_networks) = mpsc::channel(POOL_REBUILT_QUEUE);
     let cfg_ctrl = config_triggers(
         cfg_ctrl.graceful_shutdown_on(stopped(stop.clone())),
@@ -391,10 +391,7 @@ fn pool_controller(
     writer: &Arc<PoolStatusWriter>,
 ) -> Controller<IPPool> {
     let not_ours = |writer: Arc<PoolStatusWriter>| {
-        move |event: &Result<IPPool, watcher::Error>| {
-            let ours = matches!(event, Ok(pool) if writer.wrote(pool));
-            std::future::ready(!ours)
-        }
+        move |pool: &Arc<IPPool>| std::future::ready(!writer.wrote(pool))
     };
     let own = own.filter(not_ours(writer.clone()));
     let siblings = siblings.filter(not_ours(writer.clone()));
@@ -421,14 +418,16 @@ fn pool_controller(
         });
     let by_nad = pools_on(networks.clone());
     let by_sibling = pools_on(networks.clone());
-    Controller::for_stream(own, pools.clone())
+    Controller::for_shared_stream(own, pools.clone())
         .reconcile_on(report_changes)
-        .watches_stream_with(
+        .watches_shared_stream_with(
             nads,
-            move |nad: DynamicObject| by_nad(object_ref(&nad)),
+            move |nad: Arc<DynamicObject>| by_nad(object_ref(nad.as_ref())),
             nad_resource(),
         )
-        .watches_stream(siblings, move |pool: IPPool| by_sibling(network_of(&pool)))
+        .watches_shared_stream(siblings, move |pool: Arc<IPPool>| {
+            by_sibling(network_of(&pool))
+        })
 }
 
 /// Networks whose pool's IPAM was rebuilt that may wait for the config controller to take them.
@@ -463,10 +462,10 @@ fn config_triggers(
     vms: Trigger<VirtualMachine>,
     pools: Trigger<IPPool>,
 ) -> Controller<VirtualMachineNetworkConfig> {
-    ctrl.watches_stream(vms, |vm: VirtualMachine| {
+    ctrl.watches_shared_stream(vms, |vm: Arc<VirtualMachine>| {
         Some(ObjectRef::new(&vm.name_any()).within(&vm.namespace().unwrap_or_default()))
     })
-    .watches_stream(pools, move |pool: IPPool| {
+    .watches_shared_stream(pools, move |pool: Arc<IPPool>| {
         let Some(network) = network_of(&pool) else {
             return Vec::new();
         };

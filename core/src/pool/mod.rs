@@ -14,12 +14,14 @@ use serde::{Deserialize, Serialize};
 
 use crate::crd::{
     ALLOCATED_EXCLUDED, ALLOCATED_RESERVED, CONDITION_CACHE_READY, CONDITION_REGISTERED,
-    CONDITION_STOPPED, IPPool, find_condition,
+    CONDITION_STOPPED, IPPool, IPv4Status, find_condition,
 };
 use crate::mac::MacAddr;
 use crate::names::{NamespacedName, is_host_name};
 
+pub mod recorded;
 pub mod spec;
+pub use recorded::RecordedLeases;
 pub use spec::{PoolRange, ValidPool};
 
 /// Lease time when the pool sets none (or 0): one year, as upstream.
@@ -114,21 +116,33 @@ pub fn parse_allocated(
     let mut good = BTreeMap::new();
     let mut bad = Vec::new();
     for (ip, value) in allocated {
-        let invalid = |reason: String| PoolError::InvalidAllocation {
-            pool: pool.to_string(),
-            ip: ip.clone(),
-            value: value.clone(),
-            reason,
-        };
-        match (ip.parse::<Ipv4Addr>(), Holder::parse(value)) {
-            (Ok(addr), Ok(holder)) => {
+        match parse_entry(pool, ip, value) {
+            Ok((addr, holder)) => {
                 good.insert(addr, holder);
             }
-            (Err(_), _) => bad.push(invalid("has a key that is not an IPv4 address".into())),
-            (_, Err(reason)) => bad.push(invalid(reason)),
+            Err(e) => bad.push(e),
         }
     }
     (good, bad)
+}
+
+/// Parses one `allocated` entry.
+pub fn parse_entry(
+    pool: &NamespacedName,
+    ip: &str,
+    value: &str,
+) -> Result<(Ipv4Addr, Holder), PoolError> {
+    let invalid = |reason: String| PoolError::InvalidAllocation {
+        pool: pool.to_string(),
+        ip: ip.to_owned(),
+        value: value.to_owned(),
+        reason,
+    };
+    match (ip.parse::<Ipv4Addr>(), Holder::parse(value)) {
+        (Ok(addr), Ok(holder)) => Ok((addr, holder)),
+        (Err(_), _) => Err(invalid("has a key that is not an IPv4 address".into())),
+        (_, Err(reason)) => Err(invalid(reason)),
+    }
 }
 
 /// One reservation: the address a NIC gets on a pool.
@@ -244,33 +258,41 @@ pub fn leases_from_status(pool: &IPPool) -> Result<(Vec<Lease>, Vec<PoolError>),
     let leases = entries
         .into_iter()
         .filter_map(|(ip, holder)| match holder {
-            Holder::Mac(mac) => {
-                let key = ip.to_string();
-                let host_name = names
-                    .then(|| v4.host_names.get(&key))
-                    .flatten()
-                    .and_then(|name| {
-                        if is_host_name(name) {
-                            return Some(name.clone());
-                        }
-                        errors.push(PoolError::InvalidHostName {
-                            pool: pool_ref.to_string(),
-                            ip: key,
-                            value: name.clone(),
-                        });
-                        None
-                    });
-                Some(Lease {
-                    pool: pool_ref.clone(),
-                    mac,
-                    ip,
-                    host_name,
-                })
-            }
+            Holder::Mac(mac) => Some(Lease {
+                pool: pool_ref.clone(),
+                mac,
+                ip,
+                host_name: recorded_host_name(&pool_ref, v4, names, ip, &mut errors),
+            }),
             Holder::Reserved | Holder::Excluded => None,
         })
         .collect();
     Ok((leases, errors))
+}
+
+/// The host name `v4` records for `ip` when the pool sends them (`names`), if it is one we
+/// would hand out (else an error, and none).
+fn recorded_host_name(
+    pool: &NamespacedName,
+    v4: &IPv4Status,
+    names: bool,
+    ip: Ipv4Addr,
+    errors: &mut Vec<PoolError>,
+) -> Option<String> {
+    if !names {
+        return None;
+    }
+    let key = ip.to_string();
+    let name = v4.host_names.get(&key)?;
+    if is_host_name(name) {
+        return Some(name.clone());
+    }
+    errors.push(PoolError::InvalidHostName {
+        pool: pool.to_string(),
+        ip: key,
+        value: name.clone(),
+    });
+    None
 }
 
 /// The `namespace/name` of an IPPool object.
