@@ -138,7 +138,30 @@ pub async fn update_pool_status(
         |_| {},
     )
     .await
-    .map(|(pool, _)| Arc::unwrap_or_clone(pool))
+    .map(|outcome| Arc::unwrap_or_clone(outcome.into_pool()))
+}
+
+/// What a status update came to.
+enum Outcome {
+    /// Nothing to write: the pool as it stands.
+    Unchanged(Arc<IPPool>),
+    /// Written: the object sent, and the resourceVersion the write made.
+    Written(Arc<IPPool>, String),
+}
+
+impl Outcome {
+    /// The pool as etcd now holds it. Once the sent object is no longer shared (the writer
+    /// lets go of its copy for the watch first), it becomes that without a copy.
+    fn into_pool(self) -> Arc<IPPool> {
+        match self {
+            Outcome::Unchanged(pool) => pool,
+            Outcome::Written(sent, version) => {
+                let mut pool = Arc::unwrap_or_clone(sent);
+                pool.metadata.resource_version = Some(version);
+                Arc::new(pool)
+            }
+        }
+    }
 }
 
 /// [`update_pool_status`] starting from `start` (the cached pool, or the writer's last write);
@@ -147,8 +170,7 @@ pub async fn update_pool_status(
 /// whether `start` already holding the edit proves there is nothing to write (false: it may
 /// trail someone else's write, and the pool is read again to decide). `refills_books`: `edit`
 /// writes `ipv4` whole (the IPAM's books), so the start's is not copied for it. `sending` sees
-/// each object just before it is sent. Also returns
-/// whether it wrote (false: the status already held the edit).
+/// each object just before it is sent.
 async fn update_pool_status_from(
     client: &Client,
     start: Option<Arc<IPPool>>,
@@ -157,7 +179,7 @@ async fn update_pool_status_from(
     pool: &NamespacedName,
     mut edit: impl FnMut(&IPPoolSpec, &mut IPPoolStatus) -> Result<(), StatusError>,
     mut sending: impl FnMut(&Arc<IPPool>),
-) -> Result<(Arc<IPPool>, bool), StatusError> {
+) -> Result<Outcome, StatusError> {
     let api: Api<IPPool> = Api::namespaced(client.clone(), &pool.namespace);
     let api_err = |source| StatusError::Api {
         pool: pool.clone(),
@@ -174,7 +196,7 @@ async fn update_pool_status_from(
         edit(&current.spec, &mut status)?;
         if current.status.as_ref() == Some(&status) {
             if trusted {
-                return Ok((current, false));
+                return Ok(Outcome::Unchanged(current));
             }
             debug!(%pool, attempt, "nothing to write on a version that may trail; re-reading");
             current = Arc::new(api.get_status(&pool.name).await.map_err(api_err)?);
@@ -193,11 +215,7 @@ async fn update_pool_status_from(
         let desired = Arc::new(desired);
         sending(&desired);
         match replace_status(client, &api, &pool.name, desired.as_ref()).await {
-            Ok(Some(made)) => {
-                let mut written = Arc::unwrap_or_clone(desired);
-                written.metadata.resource_version = Some(made);
-                return Ok((Arc::new(written), true));
-            }
+            Ok(Some(made)) => return Ok(Outcome::Written(desired, made)),
             Ok(None) => {
                 return Err(StatusError::Unversioned { pool: pool.clone() });
             }
@@ -502,18 +520,25 @@ impl PoolStatusWriter {
         };
         let result =
             update_pool_status_from(client, start, trusted, true, pool, edit, sending).await;
+        // The version our write made is known before the object sent is let go, so its watch
+        // event is recognised by one or the other throughout. (Not under one lock: `wrote`
+        // takes `sending`, then `written`.)
+        if let (Ok(Outcome::Written(_, made)), Some(base)) = (&result, base) {
+            slot.written
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .record(base, made.clone());
+        }
         *slot.sending.lock().unwrap_or_else(PoisonError::into_inner) = None;
-        let (written, wrote) = result?;
+        let written = result?.into_pool();
         if let Some((used, available)) = counts {
             self.metrics
                 .set_pool_counts(&pool.to_string(), used, available);
         }
-        let mut ours = slot.written.lock().unwrap_or_else(PoisonError::into_inner);
-        if let (true, Some(base), Some(made)) = (wrote, base, written.resource_version()) {
-            ours.record(base, made);
-        }
-        ours.last = Some(written);
-        drop(ours);
+        slot.written
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .last = Some(written);
         let mut t = slot.tickets.lock().unwrap_or_else(PoisonError::into_inner);
         t.written = t.written.max(covering);
         Ok(())
