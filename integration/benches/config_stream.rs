@@ -27,6 +27,7 @@ use vmdhcp_controller::stream::config_service::{StreamSettings, serve, snapshot_
 use vmdhcp_core::MacAddr;
 use vmdhcp_core::fixtures::pool_config;
 use vmdhcp_core::pool::{Lease, PoolConfig};
+use vmdhcp_integration::process::rss_mb;
 use vmdhcp_proto::agent::v1 as pb;
 use vmdhcp_proto::agent::v1::config_service_client::ConfigServiceClient;
 
@@ -59,17 +60,6 @@ fn lease(p: &PoolConfig, i: u32, host: u32) -> Lease {
     }
 }
 
-fn rss_mb() -> f64 {
-    let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
-    let kb: f64 = status
-        .lines()
-        .find_map(|l| l.strip_prefix("VmRSS:"))
-        .and_then(|v| v.split_whitespace().next())
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(0.0);
-    kb / 1024.0
-}
-
 /// Records when each revision was applied.
 #[derive(Default)]
 struct Recorder(Mutex<BTreeMap<u64, Instant>>);
@@ -95,7 +85,7 @@ fn percentile(sorted: &[Duration], p: f64) -> Duration {
 
 #[tokio::main(flavor = "multi_thread", worker_threads = 2)]
 async fn main() {
-    let rss_start = rss_mb();
+    let rss_start = rss_mb("self");
     let index = Arc::new(Index::new());
     let pools: Vec<PoolConfig> = (0..POOLS).map(pool).collect();
     for p in &pools {
@@ -104,7 +94,7 @@ async fn main() {
                 .chain((0..LEASES).map(|h| Op::UpsertLease(lease(p, h, h)))),
         );
     }
-    let rss_index = rss_mb();
+    let rss_index = rss_mb("self");
 
     let t = Instant::now();
     let parts = snapshot_parts(
@@ -186,7 +176,7 @@ async fn main() {
     let t = Instant::now();
     wait_all(index.revision()).await;
     let sync_all = t.elapsed();
-    let rss_agents = rss_mb();
+    let rss_agents = rss_mb("self");
 
     let mut samples = Vec::new();
     for c in 0..CHANGES {

@@ -51,7 +51,7 @@ use vmdhcp_integration::control_plane::ControlPlane;
 use vmdhcp_integration::dhcp_client::wait_for_async;
 use vmdhcp_integration::fleet::{metric, vm_manifest};
 use vmdhcp_integration::ports::free_port;
-use vmdhcp_integration::process::{Supervised, cpu_seconds, workspace_binary};
+use vmdhcp_integration::process::{Supervised, cpu_seconds, rss_mb, workspace_binary};
 use vmdhcp_proto::agent::v1 as pb;
 
 const CLIENTS: usize = 20;
@@ -114,17 +114,6 @@ fn percentile(sorted: &[f64], p: f64) -> f64 {
         return f64::NAN;
     }
     sorted[((sorted.len() as f64 - 1.0) * p).round() as usize]
-}
-
-fn rss_mb(pid: u32) -> f64 {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
-    status
-        .lines()
-        .find_map(|l| l.strip_prefix("VmRSS:"))
-        .and_then(|v| v.split_whitespace().next())
-        .and_then(|v| v.parse::<f64>().ok())
-        .unwrap_or(0.0)
-        / 1024.0
 }
 
 /// When each MAC first reached a stream client's table, and when its snapshots landed.

@@ -214,9 +214,34 @@ pub fn cpu_seconds(pid: impl std::fmt::Display) -> f64 {
     ticks / 100.0
 }
 
+/// Resident set size of a process (`"self"`: this one) in MiB, 0 if it is gone: what the
+/// benchmarks report as a process's memory.
+pub fn rss_mb(pid: impl std::fmt::Display) -> f64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.split_whitespace().next())
+        .and_then(|v| v.parse::<f64>().ok())
+        .unwrap_or(0.0)
+        / 1024.0
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn rss_is_this_process_memory_and_zero_for_a_process_that_is_gone() {
+        let before = rss_mb("self");
+        assert!(before > 0.0, "{before}");
+        // 64 MiB touched page by page is resident.
+        let held = vec![1u8; 64 << 20];
+        let after = rss_mb("self");
+        assert!(after >= before + 32.0, "{before} → {after}");
+        drop(held);
+        assert_eq!(rss_mb(u32::MAX), 0.0);
+    }
 
     #[test]
     fn cpu_seconds_grow_with_work_and_are_zero_for_a_process_that_is_gone() {
