@@ -11,7 +11,10 @@
 //! serving agent would offer; p50/p99, and the ratio to the 200-VM step), and pool status
 //! recorded → lease applied by all 20 clients (p50/p99); the API server's own round trips on the
 //! idle cluster (the VM's POST, a ConfigMap PATCH); the leader's and the agent's RSS; a fresh
-//! client's snapshot time. At the end: `kill -9` of the leader → the new leader's
+//! client's snapshot time. Then a control: half as many fresh pools built up as the second step
+//! built up the first ones, at the full cluster's size, with the leader's CPU per allocation —
+//! the same as at the second step if that cost follows the pools' fill, not the cluster's size.
+//! At the end: `kill -9` of the leader → the new leader's
 //! first allocation (from its Lease acquired), and a restart of both controllers on the
 //! converged cluster, counting its writes to the API.
 //!
@@ -304,26 +307,36 @@ struct Bench {
     created: usize,
 }
 
+/// Creates the VMs `vm(k)` (name, MAC, pool number) for each `k` of `ks` in `ns`, on
+/// `ns/net-<pool>`, in waves of 100 at once.
+async fn create_vms(
+    client: &Client,
+    ns: &str,
+    ks: std::ops::Range<usize>,
+    vm: impl Fn(usize) -> (String, MacAddr, usize),
+) {
+    let vms: Api<DynamicObject> = Api::namespaced_with(client.clone(), ns, &vm_ar());
+    let ks: Vec<usize> = ks.collect();
+    for wave in ks.chunks(100) {
+        let creates = wave.iter().map(|k| {
+            let (name, mac, pool) = vm(*k);
+            let manifest = vm_manifest(ns, &name, &mac.to_string(), &format!("{ns}/net-{pool}"));
+            let object: DynamicObject = serde_json::from_value(manifest).unwrap();
+            let vms = vms.clone();
+            async move { vms.create(&PostParams::default(), &object).await.unwrap() }
+        });
+        futures_util::future::join_all(creates).await;
+    }
+}
+
 impl Bench {
     /// Creates VMs `self.created..upto`, in waves of 100 at once.
     async fn create_up_to(&mut self, upto: usize) {
-        let vms: Api<DynamicObject> = Api::namespaced_with(self.client.clone(), &self.ns, &vm_ar());
-        let ks: Vec<usize> = (self.created..upto).collect();
-        for wave in ks.chunks(100) {
-            let creates = wave.iter().map(|k| {
-                let (name, mac, pool) = vm_of(*k, self.pools);
-                let manifest = vm_manifest(
-                    &self.ns,
-                    &name,
-                    &mac.to_string(),
-                    &format!("{}/net-{pool}", self.ns),
-                );
-                let object: DynamicObject = serde_json::from_value(manifest).unwrap();
-                let vms = vms.clone();
-                async move { vms.create(&PostParams::default(), &object).await.unwrap() }
-            });
-            futures_util::future::join_all(creates).await;
-        }
+        let pools = self.pools;
+        create_vms(&self.client, &self.ns, self.created..upto, |k| {
+            vm_of(k, pools)
+        })
+        .await;
         self.created = upto;
     }
 
@@ -702,6 +715,72 @@ async fn main() {
             last_mb,
             bench.created
         );
+    }
+
+    // The control: is what the leader spends per allocation at the last step the cluster's size,
+    // or its pools' fill? The pools fill as the cluster grows here (VM k on pool k % 200), and
+    // every allocation rewrites its pool's status, whose size is the pool's. Half as many fresh
+    // pools, in their own namespace, built up as the second step built up the first ones (0 to
+    // steps[1] / pools VMs each), at the full cluster's size.
+    {
+        let control_pools = (pools / 2).max(1);
+        let per_pool = (steps[1] / pools).max(1);
+        let control_ns = bench.cp.namespace(&client, "scale-control").await.unwrap();
+        vmdhcp_integration::pools::create(&client, &control_ns, control_pools, 120)
+            .await
+            .unwrap();
+        poll(
+            "the control pools ready",
+            Duration::from_secs(300),
+            async || {
+                tokio::time::sleep(Duration::from_millis(500)).await;
+                vmdhcp_integration::pools::all_ready(&client, &control_ns)
+                    .await
+                    .then_some(())
+            },
+        )
+        .await;
+        let control_seen = Arc::new(Seen::default());
+        let control_watches = watch_cluster(&client, &control_ns, control_seen.clone());
+        let n = control_pools * per_pool;
+        let leader_pid = replicas[leader].pid();
+        let (apiserver_pid, _) = bench.cp.pids();
+        let (cpu0, api0) = (
+            cpu_seconds(leader_pid),
+            apiserver_pid.map_or(0.0, cpu_seconds),
+        );
+        let before = bench.cp.requests().unwrap();
+        let started = Instant::now();
+        create_vms(&client, &control_ns, 0..n, |k| {
+            let b = (k as u32).to_be_bytes();
+            (
+                format!("control-{k}"),
+                MacAddr([2, 0x51, b[1], b[2], b[3], 1]),
+                k % control_pools,
+            )
+        })
+        .await;
+        poll(
+            &format!("{n} control configs allocated"),
+            Duration::from_secs(600),
+            async || (control_seen.allocated.lock().unwrap().len() >= n).then_some(()),
+        )
+        .await;
+        let took = started.elapsed().as_secs_f64();
+        let per_1000 = |s: f64| s / n as f64 * 1000.0;
+        let (calls, _, _) = controller_calls(&before, &bench.cp.requests().unwrap(), n as f64);
+        println!(
+            "control at {} VMs: {n} VMs on {control_pools} fresh pools (0 → {per_pool} VMs each, as the {} step filled the first pools): {:.0} alloc/s, {:.2} API calls/alloc, leader CPU {:.2} s / 1 000 (kube-apiserver {:.2})",
+            bench.created,
+            steps[1],
+            n as f64 / took,
+            calls / n as f64,
+            per_1000(cpu_seconds(leader_pid) - cpu0),
+            per_1000(apiserver_pid.map_or(0.0, cpu_seconds) - api0),
+        );
+        for task in control_watches {
+            task.abort();
+        }
     }
 
     // kill -9 of the leader; a VM created at once; the new leader's first allocation.
