@@ -113,13 +113,20 @@ async fn upstream_examples_apply_with_kubectl_and_read_back_through_kube_rs() {
     }
 }
 
-#[tokio::test]
-async fn status_subresource_takes_upstream_status_shape() {
+/// The shared API server, a client, and a new namespace holding the example pool (`net-48`),
+/// applied with kubectl.
+async fn example_pool(prefix: &str) -> (&'static ControlPlane, kube::Client, String) {
     let cp = ControlPlane::shared();
     let client = cp.client().await.unwrap();
-    let ns = cp.namespace(&client, "status").await.unwrap();
+    let ns = cp.namespace(&client, prefix).await.unwrap();
     cp.kubectl_stdin(&["apply", "-f", "-"], &example("ippool.yaml", &ns))
         .unwrap();
+    (cp, client, ns)
+}
+
+#[tokio::test]
+async fn status_subresource_takes_upstream_status_shape() {
+    let (cp, client, ns) = example_pool("status").await;
     let pools: Api<IPPool> = Api::namespaced(client, &ns);
     let status = json!({"status": {
         "lastUpdate": "2026-11-22T00:00:00Z",
@@ -158,11 +165,7 @@ async fn status_subresource_takes_upstream_status_shape() {
 #[tokio::test]
 async fn a_status_write_answered_with_metadata_alone_holds_what_was_sent() {
     use vmdhcp_controller::reconcile::status::{set_condition, update_pool_status};
-    let cp = ControlPlane::shared();
-    let client = cp.client().await.unwrap();
-    let ns = cp.namespace(&client, "status-put").await.unwrap();
-    cp.kubectl_stdin(&["apply", "-f", "-"], &example("ippool.yaml", &ns))
-        .unwrap();
+    let (_, client, ns) = example_pool("status-put").await;
     let pool_ref = vmdhcp_core::NamespacedName::new(&ns, "net-48").unwrap();
     let pools: Api<IPPool> = Api::namespaced(client.clone(), &ns);
     for (round, mac) in ["c6:d6:82:39:d3:c3", "c6:d6:82:39:d3:c4"]

@@ -18,7 +18,7 @@ use std::sync::Arc;
 
 use tracing::{debug, field, info_span, warn};
 use vmdhcp_core::crd::IPPool;
-use vmdhcp_core::pool::{PoolConfig, RecordedLeases, is_served};
+use vmdhcp_core::pool::{PoolConfig, PoolError, RecordedLeases, is_served};
 use vmdhcp_core::{NamespacedName, ifname};
 use vmdhcp_telemetry::trace;
 
@@ -124,16 +124,7 @@ impl IndexSync {
             .as_mut()
             .filter(|b| b.name == name && same_config(b.pool.as_ref(), pool.as_ref()))
         {
-            let (changes, errors) = match kept.leases.update(&kept.pool, pool) {
-                Ok(c) => c,
-                Err(e) => {
-                    warn!(pool = %key, error = %e, "not serving a pool without a name");
-                    return None;
-                }
-            };
-            for e in errors.iter().take(5) {
-                warn!(pool = %key, error = %e, "status entry skipped");
-            }
+            let changes = logged(key, kept.leases.update(&kept.pool, pool))?;
             kept.pool = Arc::clone(pool);
             return Some(
                 changes
@@ -152,16 +143,10 @@ impl IndexSync {
                 return None;
             }
         };
-        let (leases, read, errors) = match RecordedLeases::read(pool) {
-            Ok(l) => l,
-            Err(e) => {
-                warn!(pool = %key, error = %e, "not serving a pool without a name");
-                return None;
-            }
-        };
-        for e in errors.iter().take(5) {
-            warn!(pool = %key, error = %e, "status entry skipped");
-        }
+        let (leases, read) = logged(
+            key,
+            RecordedLeases::read(pool).map(|(leases, read, errors)| ((leases, read), errors)),
+        )?;
         *served = Some(Served {
             name: name.to_owned(),
             pool: Arc::clone(pool),
@@ -252,6 +237,23 @@ impl IndexSync {
             });
         }
         revision
+    }
+}
+
+/// What was read of a pool's leases, its bad entries logged (the first five: they come back with
+/// every version until someone mends them); `None` (logged) for a pool without a name.
+fn logged<T>(key: &NamespacedName, read: Result<(T, Vec<PoolError>), PoolError>) -> Option<T> {
+    match read {
+        Ok((read, errors)) => {
+            for e in errors.iter().take(5) {
+                warn!(pool = %key, error = %e, "status entry skipped");
+            }
+            Some(read)
+        }
+        Err(e) => {
+            warn!(pool = %key, error = %e, "not serving a pool without a name");
+            None
+        }
     }
 }
 
