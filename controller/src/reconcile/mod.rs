@@ -9,7 +9,8 @@
 //! - [`vmnetcfg`]: a config's NICs → addresses, written to the pool's status first;
 //! - [`status`]: conditions and the batched IPAM → `IPPool.status` writer;
 //! - [`agent_bootstrap`]: the agent Deployment's Multus annotation and env;
-//! - [`upstream_agent`]: retiring the Go controller's per-pool agent pod once ours serves.
+//! - [`upstream_agent`]: retiring the Go controller's per-pool agent pod once ours serves;
+//! - [`versioned`]: writes whose response is read for the resourceVersion alone.
 //!
 //! Every write checks leadership first. Reconcilers read the index and agent reports, never the
 //! gRPC layer: what agents said reaches them as [`crate::reports`] types.
@@ -20,5 +21,6 @@ pub mod events;
 pub mod ippool;
 pub mod status;
 pub mod upstream_agent;
+pub mod versioned;
 pub mod vm;
 pub mod vmnetcfg;

@@ -30,6 +30,7 @@ use vmdhcp_core::crd::{Condition, IPPool, IPPoolSpec, IPPoolStatus, IPv4Status};
 use crate::ipam::{Ipam, IpamError};
 use crate::kinds::store_key;
 use crate::metrics::Metrics;
+use crate::reconcile::versioned;
 
 /// How many times a status write is retried after a conflict.
 const CONFLICT_RETRIES: usize = 8;
@@ -245,28 +246,12 @@ fn to_edit(current: &IPPool, refills_books: bool) -> IPPoolStatus {
     }
 }
 
-/// The `Accept` of a status write: its response is the object's metadata alone.
-const METADATA_ONLY: &str = "application/json;as=PartialObjectMetadata;g=meta.k8s.io;v=v1";
-
-/// What a status write's response is read for: the version it made.
-#[derive(serde::Deserialize)]
-struct Made {
-    metadata: MadeMeta,
-}
-
-#[derive(serde::Deserialize)]
-#[serde(rename_all = "camelCase")]
-struct MadeMeta {
-    resource_version: Option<String>,
-}
-
 /// PUTs `pool`'s status and returns the resourceVersion the write made (`None`: the response
-/// did not say, which the API server never does). The written object is
-/// what was sent with that version (a status comes back from JSON as it went in: see the test
-/// `a_status_as_written_comes_back_from_json_unchanged`; the write's precondition is the
-/// version the rest was read at), so the response is asked for as metadata alone: the API
-/// server encoding the whole pool, and the leader decoding it, once per allocation, was a
-/// cost that grows with the pool.
+/// did not say). The written object is what was sent with that version (a status comes back
+/// from JSON as it went in: see the test `a_status_as_written_comes_back_from_json_unchanged`;
+/// the write's precondition is the version the rest was read at), so the response is asked for
+/// as metadata alone ([`versioned`]): the API server encoding the whole pool, and the leader
+/// decoding it, once per allocation, was a cost that grows with the pool.
 async fn replace_status(
     client: &Client,
     api: &Api<IPPool>,
@@ -274,16 +259,10 @@ async fn replace_status(
     pool: &IPPool,
 ) -> Result<Option<String>, kube::Error> {
     let body = serde_json::to_vec(pool).map_err(kube::Error::SerdeError)?;
-    let mut req = kube::core::Request::new(api.resource_url())
+    let request = kube::core::Request::new(api.resource_url())
         .replace_subresource("status", name, &PostParams::default(), body)
         .map_err(kube::Error::BuildRequest)?;
-    req.headers_mut().insert(
-        http::header::ACCEPT,
-        http::HeaderValue::from_static(METADATA_ONLY),
-    );
-    req.extensions_mut().insert("replace_status");
-    let made: Made = client.request(req).await?;
-    Ok(made.metadata.resource_version)
+    versioned::send(client, request, "replace_status").await
 }
 
 /// Puts the IPAM's books of one pool into an IPPool status, the holders' host names only when

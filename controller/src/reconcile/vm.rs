@@ -21,6 +21,7 @@ use vmdhcp_core::{MacAddr, NamespacedName};
 
 use crate::kinds::VirtualMachine;
 use crate::reconcile::context::{Context, NotLeader};
+use crate::reconcile::versioned;
 
 /// Annotation in which Harvester records the MAC of each NIC (`{"nic-1": "aa:bb:…"}`).
 pub const MAC_ANNOTATION: &str = "harvesterhci.io/mac-address";
@@ -234,17 +235,22 @@ pub async fn reconcile(vm: Arc<VirtualMachine>, ctx: Arc<Context>) -> Result<Act
         // event may start that reconcile before this call returns.
         ctx.causes.vmnetcfgs.record_current(config);
     }
-    api.patch(
-        &name,
-        &PatchParams::apply(FIELD_MANAGER).force(),
-        // The typed object: its serialisation cannot fail, and it carries apiVersion and kind.
-        &Patch::Apply(&desired),
-    )
-    .await
-    .map_err(|source| Error::Kube {
+    let kube_err = |source| Error::Kube {
         action: format!("applying VirtualMachineNetworkConfig {ns}/{name}"),
         source,
-    })?;
+    };
+    // The typed object: its serialisation cannot fail, and it carries apiVersion and kind.
+    // Answered with its metadata alone: nothing here reads the config back.
+    let request = kube::core::Request::new(api.resource_url())
+        .patch(
+            &name,
+            &PatchParams::apply(FIELD_MANAGER).force(),
+            &Patch::Apply(&desired),
+        )
+        .map_err(|e| kube_err(kube::Error::BuildRequest(e)))?;
+    versioned::send(&ctx.client, request, "patch")
+        .await
+        .map_err(kube_err)?;
     Ok(Action::await_change())
 }
 

@@ -34,6 +34,7 @@ use crate::kinds::{VirtualMachine, object_ref, store_key};
 use crate::metrics::VmnetcfgLabels;
 use crate::reconcile::context::{Context, NotLeader, VMNETCFG_FINALIZER};
 use crate::reconcile::status::{StatusError, set_condition};
+use crate::reconcile::versioned;
 
 /// Why a VirtualMachineNetworkConfig reconcile failed (retried with per-object backoff).
 #[derive(Debug, thiserror::Error)]
@@ -225,12 +226,22 @@ async fn write_status(
     };
     if !unchanged && !already {
         let api: Api<VirtualMachineNetworkConfig> = Api::namespaced(ctx.client.clone(), &ns);
-        api.patch_status(&name, &PatchParams::default(), &Patch::Merge(&status))
+        let kube_err = |source| Error::Kube {
+            action: format!("writing status of {key}"),
+            source,
+        };
+        // Answered with its metadata alone: nothing here reads the config back.
+        let request = kube::core::Request::new(api.resource_url())
+            .patch_subresource(
+                "status",
+                &name,
+                &PatchParams::default(),
+                &Patch::Merge(&status),
+            )
+            .map_err(|e| kube_err(kube::Error::BuildRequest(e)))?;
+        versioned::send(&ctx.client, request, "patch_status")
             .await
-            .map_err(|source| Error::Kube {
-                action: format!("writing status of {key}"),
-                source,
-            })?;
+            .map_err(kube_err)?;
         ctx.written
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
