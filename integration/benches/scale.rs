@@ -11,9 +11,9 @@
 //! serving agent would offer; p50/p99, and the ratio to the 200-VM step), and pool status
 //! recorded → lease applied by all 20 clients (p50/p99); the API server's own round trips on the
 //! idle cluster (the VM's POST, a ConfigMap PATCH); the leader's and the agent's RSS; a fresh
-//! client's snapshot time. Then a control: half as many fresh pools built up as the second step
-//! built up the first ones, at the full cluster's size, with the leader's CPU per allocation —
-//! the same as at the second step if that cost follows the pools' fill, not the cluster's size.
+//! client's snapshot time. Then a control: as many fresh pools built up as the second step built
+//! up the first ones, at the full cluster's size, with the leader's CPU per allocation — the same
+//! as at the second step if that cost follows the pools' fill, not the cluster's size.
 //! At the end: `kill -9` of the leader → the new leader's
 //! first allocation (from its Lease acquired), and a restart of both controllers on the
 //! converged cluster, counting its writes to the API.
@@ -719,11 +719,12 @@ async fn main() {
 
     // The control: is what the leader spends per allocation at the last step the cluster's size,
     // or its pools' fill? The pools fill as the cluster grows here (VM k on pool k % 200), and
-    // every allocation rewrites its pool's status, whose size is the pool's. Half as many fresh
+    // every allocation rewrites its pool's status, whose size is the pool's. As many fresh
     // pools, in their own namespace, built up as the second step built up the first ones (0 to
-    // steps[1] / pools VMs each), at the full cluster's size.
+    // steps[1] / pools VMs each, the same number of allocations), at the full cluster's size.
+    let control_pools = pools;
+    let control_vms = control_pools * (steps[1] / pools).max(1);
     {
-        let control_pools = (pools / 2).max(1);
         let per_pool = (steps[1] / pools).max(1);
         let control_ns = bench.cp.namespace(&client, "scale-control").await.unwrap();
         vmdhcp_integration::pools::create(&client, &control_ns, control_pools, 120)
@@ -740,9 +741,22 @@ async fn main() {
             },
         )
         .await;
+        // Measured from a quiet cluster: the new pools' own writes (status, conditions) over.
+        poll(
+            "the API writes to stop",
+            Duration::from_secs(300),
+            async || {
+                let a = bench.cp.requests().unwrap();
+                tokio::time::sleep(Duration::from_secs(2)).await;
+                writes(&a, &bench.cp.requests().unwrap())
+                    .is_empty()
+                    .then_some(())
+            },
+        )
+        .await;
         let control_seen = Arc::new(Seen::default());
         let control_watches = watch_cluster(&client, &control_ns, control_seen.clone());
-        let n = control_pools * per_pool;
+        let n = control_vms;
         let leader_pid = replicas[leader].pid();
         let (apiserver_pid, _) = bench.cp.pids();
         let (cpu0, api0) = (
@@ -814,7 +828,7 @@ async fn main() {
     // reports would be published again by the new replicas; it has been measured, so it stops.
     agent.stop();
     clients_stop.send_replace(true);
-    let vms_total = bench.created as f64;
+    let vms_total = (bench.created + control_vms) as f64;
     poll(
         "the API writes to stop",
         Duration::from_secs(300),
@@ -853,7 +867,9 @@ async fn main() {
                 )
                 .unwrap_or(0.0)
             };
-            (n("vm") >= vms_total && n("vmnetcfg") >= vms_total && n("ippool") >= pools as f64)
+            (n("vm") >= vms_total
+                && n("vmnetcfg") >= vms_total
+                && n("ippool") >= (pools + control_pools) as f64)
                 .then_some(())
         },
     )
@@ -867,8 +883,9 @@ async fn main() {
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
     println!(
-        "restart of both controllers at {} VMs: every object reconciled in {converged:.1} s, writes to the API: {:.0} {written:?} (target 0)",
-        bench.created,
+        "restart of both controllers at {} VMs on {} pools (the control's included): every object reconciled in {converged:.1} s, writes to the API: {:.0} {written:?} (target 0)",
+        bench.created + control_vms,
+        pools + control_pools,
         written.values().sum::<f64>().abs()
     );
     // The bench's own watches end before the API server does (they would log its going away).
