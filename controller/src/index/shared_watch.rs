@@ -50,7 +50,7 @@ pub type Trigger<K> = BoxStream<'static, Arc<K>>;
 #[derive(Clone, Debug, PartialEq)]
 pub enum Touch<K> {
     /// Created or changed; also each object of a (re)list. Shared with the cache and every
-    /// subscriber: the leader has five subscribers to pools, and a copy each of a pool that
+    /// subscriber: the leader's pools have four subscribers, and a copy each of a pool that
     /// changes with every allocation grew its cost per allocation with the pool.
     Applied(Arc<K>),
     /// Deleted.
