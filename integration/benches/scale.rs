@@ -297,6 +297,20 @@ fn writes(before: &Counts, after: &Counts) -> Counts {
     vmdhcp_integration::control_plane::writes_between(before, after, &["endpoints", "leases"])
 }
 
+/// Returns once 2 s pass without a write to the API (Leases and endpoints aside); 300 s at most.
+async fn quiet(cp: &ControlPlane) {
+    poll(
+        "the API writes to stop",
+        Duration::from_secs(300),
+        async || {
+            let a = cp.requests().unwrap();
+            tokio::time::sleep(Duration::from_secs(2)).await;
+            writes(&a, &cp.requests().unwrap()).is_empty().then_some(())
+        },
+    )
+    .await;
+}
+
 struct Bench {
     cp: ControlPlane,
     client: Client,
@@ -742,18 +756,7 @@ async fn main() {
         )
         .await;
         // Measured from a quiet cluster: the new pools' own writes (status, conditions) over.
-        poll(
-            "the API writes to stop",
-            Duration::from_secs(300),
-            async || {
-                let a = bench.cp.requests().unwrap();
-                tokio::time::sleep(Duration::from_secs(2)).await;
-                writes(&a, &bench.cp.requests().unwrap())
-                    .is_empty()
-                    .then_some(())
-            },
-        )
-        .await;
+        quiet(&bench.cp).await;
         let control_seen = Arc::new(Seen::default());
         let control_watches = watch_cluster(&client, &control_ns, control_seen.clone());
         let n = control_vms;
@@ -829,18 +832,7 @@ async fn main() {
     agent.stop();
     clients_stop.send_replace(true);
     let vms_total = (bench.created + control_vms) as f64;
-    poll(
-        "the API writes to stop",
-        Duration::from_secs(300),
-        async || {
-            let a = bench.cp.requests().unwrap();
-            tokio::time::sleep(Duration::from_secs(2)).await;
-            writes(&a, &bench.cp.requests().unwrap())
-                .is_empty()
-                .then_some(())
-        },
-    )
-    .await;
+    quiet(&bench.cp).await;
     let before = bench.cp.requests().unwrap();
     for r in &mut replicas {
         r.process = None;
