@@ -737,9 +737,9 @@ async fn main() {
     // pools, in their own namespace, built up as the second step built up the first ones (0 to
     // steps[1] / pools VMs each, the same number of allocations), at the full cluster's size.
     let control_pools = pools;
-    let control_vms = control_pools * (steps[1] / pools).max(1);
+    let per_pool = (steps[1] / pools).max(1);
+    let control_vms = control_pools * per_pool;
     {
-        let per_pool = (steps[1] / pools).max(1);
         let control_ns = bench.cp.namespace(&client, "scale-control").await.unwrap();
         vmdhcp_integration::pools::create(&client, &control_ns, control_pools, 120)
             .await

@@ -86,19 +86,17 @@ impl IndexSync {
         self.examined += 1;
         let key = object_ref(pool.as_ref())?;
         let serve = !deleted && is_served(pool);
-        let Some(before) = self.served.remove(&key) else {
+        let Some(before) = self.served.get(&key) else {
             return if serve { self.sync(&all()) } else { None };
         };
         if !serve {
-            self.served.insert(key, before);
             return self.sync(&all());
         }
         if before.version() == pool.metadata.resource_version.as_deref() {
-            self.served.insert(key, before);
             return None;
         }
         let name = before.name.clone();
-        let mut slot = Some(before);
+        let mut slot = self.served.remove(&key);
         let ops = Self::read(&key, pool, &name, &mut slot);
         if let Some(served) = slot {
             self.served.insert(key, served);

@@ -208,12 +208,11 @@ async fn update_pool_status_from(
         let mut metadata = current.metadata.clone();
         // Left out, the API server keeps them as they are; nothing here reads them.
         metadata.managed_fields = None;
-        let desired = IPPool {
+        let desired = Arc::new(IPPool {
             metadata,
             spec: current.spec.clone(),
             status: Some(status),
-        };
-        let desired = Arc::new(desired);
+        });
         sending(&desired);
         match replace_status(client, &api, &pool.name, desired.as_ref()).await {
             Ok(Some(made)) => return Ok(Outcome::Written(desired, made)),
@@ -259,9 +258,12 @@ async fn replace_status(
     pool: &IPPool,
 ) -> Result<Option<String>, kube::Error> {
     let body = serde_json::to_vec(pool).map_err(kube::Error::SerdeError)?;
-    let request = kube::core::Request::new(api.resource_url())
-        .replace_subresource("status", name, &PostParams::default(), body)
-        .map_err(kube::Error::BuildRequest)?;
+    let request = kube::core::Request::new(api.resource_url()).replace_subresource(
+        "status",
+        name,
+        &PostParams::default(),
+        body,
+    );
     versioned::send(client, request, "replace_status").await
 }
 

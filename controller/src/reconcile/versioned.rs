@@ -25,15 +25,16 @@ struct WrittenMeta {
     resource_version: Option<String>,
 }
 
-/// Sends `request` (a write built by `kube::core::Request`) asking for its object's metadata
+/// Sends `request` (a write as `kube::core::Request` builds it) asking for its object's metadata
 /// alone, and returns the resourceVersion the write made (`None`: the response did not say,
 /// which the API server never does). `verb` names the call in kube's request spans, as its
 /// `Api` methods do.
 pub async fn send(
     client: &Client,
-    mut request: http::Request<Vec<u8>>,
+    request: Result<http::Request<Vec<u8>>, kube::core::request::Error>,
     verb: &'static str,
 ) -> Result<Option<String>, kube::Error> {
+    let mut request = request.map_err(kube::Error::BuildRequest)?;
     request.headers_mut().insert(
         http::header::ACCEPT,
         http::HeaderValue::from_static(METADATA_ONLY),

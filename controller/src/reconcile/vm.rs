@@ -235,22 +235,19 @@ pub async fn reconcile(vm: Arc<VirtualMachine>, ctx: Arc<Context>) -> Result<Act
         // event may start that reconcile before this call returns.
         ctx.causes.vmnetcfgs.record_current(config);
     }
-    let kube_err = |source| Error::Kube {
-        action: format!("applying VirtualMachineNetworkConfig {ns}/{name}"),
-        source,
-    };
     // The typed object: its serialisation cannot fail, and it carries apiVersion and kind.
     // Answered with its metadata alone: nothing here reads the config back.
-    let request = kube::core::Request::new(api.resource_url())
-        .patch(
-            &name,
-            &PatchParams::apply(FIELD_MANAGER).force(),
-            &Patch::Apply(&desired),
-        )
-        .map_err(|e| kube_err(kube::Error::BuildRequest(e)))?;
+    let request = kube::core::Request::new(api.resource_url()).patch(
+        &name,
+        &PatchParams::apply(FIELD_MANAGER).force(),
+        &Patch::Apply(&desired),
+    );
     versioned::send(&ctx.client, request, "patch")
         .await
-        .map_err(kube_err)?;
+        .map_err(|source| Error::Kube {
+            action: format!("applying VirtualMachineNetworkConfig {ns}/{name}"),
+            source,
+        })?;
     Ok(Action::await_change())
 }
 

@@ -226,22 +226,19 @@ async fn write_status(
     };
     if !unchanged && !already {
         let api: Api<VirtualMachineNetworkConfig> = Api::namespaced(ctx.client.clone(), &ns);
-        let kube_err = |source| Error::Kube {
-            action: format!("writing status of {key}"),
-            source,
-        };
         // Answered with its metadata alone: nothing here reads the config back.
-        let request = kube::core::Request::new(api.resource_url())
-            .patch_subresource(
-                "status",
-                &name,
-                &PatchParams::default(),
-                &Patch::Merge(&status),
-            )
-            .map_err(|e| kube_err(kube::Error::BuildRequest(e)))?;
+        let request = kube::core::Request::new(api.resource_url()).patch_subresource(
+            "status",
+            &name,
+            &PatchParams::default(),
+            &Patch::Merge(&status),
+        );
         versioned::send(&ctx.client, request, "patch_status")
             .await
-            .map_err(kube_err)?;
+            .map_err(|source| Error::Kube {
+                action: format!("writing status of {key}"),
+                source,
+            })?;
         ctx.written
             .lock()
             .unwrap_or_else(PoisonError::into_inner)

@@ -223,11 +223,11 @@ mod tests {
         );
     }
 
-    /// Statuses drawn from a few addresses (some not addresses), a few MACs (so that one MAC
-    /// often holds two addresses), markers, garbage and host names good and bad.
     /// Map entries, key and value.
     type Entries = Vec<(String, String)>;
 
+    /// Statuses drawn from a few addresses (some not addresses), a few MACs (so that one MAC
+    /// often holds two addresses), markers, garbage and host names good and bad.
     fn books() -> impl Strategy<Value = (Entries, Entries)> {
         let key = prop_oneof![
             (80u8..88).prop_map(|o| format!("192.168.48.{o}")),
