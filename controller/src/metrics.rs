@@ -59,6 +59,19 @@ struct ResultLabel {
     result: String,
 }
 
+/// The counters of the Kubernetes events a term publishes, by outcome: events are best-effort
+/// (a bounded queue, dropped when full), and how many never reached the API is what an operator
+/// reading `kubectl describe` needs to know.
+#[derive(Clone, Debug, Default)]
+pub struct EventCounts {
+    /// Created, or continued as a series.
+    pub published: Counter,
+    /// Not queued: the queue was full (the API server slower than the events came).
+    pub dropped: Counter,
+    /// Refused by the API server, or the request failed.
+    pub failed: Counter,
+}
+
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct ControllerLabel {
     controller: String,
@@ -74,6 +87,7 @@ pub struct Metrics {
     durations: Family<ControllerLabel, Histogram>,
     bootstrap_checks: Family<ResultLabel, Counter>,
     allocations: Family<AllocationLabels, Counter>,
+    events: Family<ResultLabel, Counter>,
     stream_clients: Gauge,
     index_revision: Gauge,
     index_pools_examined: Counter,
@@ -117,6 +131,12 @@ impl Default for Metrics {
             "vmdhcpcontroller_allocations",
             "Address allocations by pool and result (allocated, released, refused)",
             allocations.clone(),
+        );
+        let events = Family::<ResultLabel, Counter>::default();
+        registry.register(
+            "vmdhcpcontroller_events",
+            "Kubernetes events by result (published, dropped: the bounded queue was full, failed)",
+            events.clone(),
         );
         registry.register(
             "vmdhcpcontroller_build",
@@ -167,6 +187,7 @@ impl Default for Metrics {
             registry,
             bootstrap_checks,
             allocations,
+            events,
             stream_clients,
             index_revision,
             index_pools_examined,
@@ -318,6 +339,22 @@ impl Metrics {
             .inc();
     }
 
+    /// The counters the event queue and its publisher count into (one series per result).
+    pub fn event_counts(&self) -> EventCounts {
+        let counter = |result: &str| {
+            self.events
+                .get_or_create(&ResultLabel {
+                    result: result.into(),
+                })
+                .clone()
+        };
+        EventCounts {
+            published: counter("published"),
+            dropped: counter("dropped"),
+            failed: counter("failed"),
+        }
+    }
+
     /// Counts one check of the agent Deployment's bootstrap: `unchanged` (nothing written),
     /// `written`, `missing` (no such Deployment) or `error`.
     pub fn bootstrap_checked(&self, result: &str) {
@@ -402,6 +439,18 @@ mod tests {
             text.contains(
                 r#"vmdhcpcontroller_allocations_total{ippool="default/net-48",result="allocated"} 2"#
             ),
+            "{text}"
+        );
+        // Each term's queue counts into the same series.
+        let (first, second) = (m.event_counts(), m.event_counts());
+        first.dropped.inc();
+        second.dropped.inc();
+        second.published.inc();
+        let text = m.encode();
+        assert!(
+            text.contains(r#"vmdhcpcontroller_events_total{result="dropped"} 2"#)
+                && text.contains(r#"vmdhcpcontroller_events_total{result="published"} 1"#)
+                && text.contains(r#"vmdhcpcontroller_events_total{result="failed"} 0"#),
             "{text}"
         );
         assert!(

@@ -50,7 +50,15 @@ fn one_trace_follows_a_vm_from_creation_to_the_agent_and_each_dhcp_exchange_is_a
         )
         .unwrap_or(0.0)
     };
+    let published = |fleet: &vmdhcp_integration::fleet::Fleet| {
+        metric(
+            &fleet.controller_metrics(),
+            "vmdhcpcontroller_events_total{result=\"published\"}",
+        )
+        .unwrap_or(0.0)
+    };
     let allocated_before = allocations(&fleet);
+    let published_before = published(&fleet);
     fleet.apply_vm("vm3", VM3_MAC, "net-a");
     let ip = wait_for("vm3 allocated", Duration::from_secs(30), || {
         fleet.allocated().get(VM3_MAC).cloned()
@@ -64,6 +72,12 @@ fn one_trace_follows_a_vm_from_creation_to_the_agent_and_each_dhcp_exchange_is_a
         allocations(&fleet),
         allocated_before + 1.0,
         "the allocation counter moved"
+    );
+    // Its `Allocated` event is published in the background, and counted.
+    wait_for(
+        "the allocation's event counted as published",
+        Duration::from_secs(30),
+        || (published(&fleet) > published_before).then_some(()),
     );
     let vm3 = fleet.vm("vm3", VM3_MAC);
     let dir = fleet.dir.path().join("vm3");

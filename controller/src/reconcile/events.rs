@@ -8,7 +8,6 @@
 //! rate on every event. Here repeats are remembered in a cache bounded in size and age: the cost
 //! of one event is one API call and O(1) bookkeeping, whatever the cluster's size or history.
 
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use k8s_openapi::api::core::v1::ObjectReference;
@@ -23,7 +22,10 @@ use serde_json::json;
 use tokio::sync::mpsc;
 use tracing::warn;
 
-/// Events waiting to be published at most; more are dropped (and counted in the log).
+use crate::metrics::EventCounts;
+
+/// Events waiting to be published at most; more are dropped (counted: `vmdhcpcontroller_events`
+/// with `result="dropped"`, and in the log).
 pub const EVENT_QUEUE: usize = 1024;
 
 /// Series remembered at most (a repeat of an event older or evicted starts a new Event object).
@@ -36,44 +38,53 @@ pub const SERIES_TTL: Duration = Duration::from_secs(6 * 60);
 /// A bounded queue of Kubernetes events, drained by one publisher task ([`Events::run`]).
 pub struct Events {
     tx: mpsc::Sender<(Event, ObjectReference)>,
-    dropped: AtomicU64,
+    counts: EventCounts,
 }
 
 impl Events {
-    /// A queue of at most `capacity` events and its receiving end, for [`Events::run`].
-    pub fn new(capacity: usize) -> (Self, mpsc::Receiver<(Event, ObjectReference)>) {
+    /// A queue of at most `capacity` events and its receiving end, for [`Events::run`]; what
+    /// becomes of each event is counted in `counts`.
+    pub fn new(
+        capacity: usize,
+        counts: EventCounts,
+    ) -> (Self, mpsc::Receiver<(Event, ObjectReference)>) {
         let (tx, rx) = mpsc::channel(capacity.max(1));
-        (
-            Events {
-                tx,
-                dropped: AtomicU64::new(0),
-            },
-            rx,
-        )
+        (Events { tx, counts }, rx)
     }
 
     /// Queues an event; drops it when the queue is full (the API server is slow or down).
     pub fn send(&self, event: Event, about: ObjectReference) {
         if self.tx.try_send((event, about)).is_err() {
-            let n = self.dropped.fetch_add(1, Ordering::Relaxed) + 1;
+            let n = self.counts.dropped.inc() + 1;
             if n.is_power_of_two() {
                 warn!(dropped = n, "event queue full; events dropped");
             }
         }
     }
 
-    /// Events dropped so far.
+    /// Events dropped so far (by every queue counting into the same counters).
     pub fn dropped(&self) -> u64 {
-        self.dropped.load(Ordering::Relaxed)
+        self.counts.dropped.get()
     }
 
-    /// Publishes queued events one at a time until every sender is gone.
-    pub async fn run(publisher: Publisher, mut rx: mpsc::Receiver<(Event, ObjectReference)>) {
+    /// Publishes queued events one at a time until every sender is gone, counting each in
+    /// `counts` as published or failed.
+    pub async fn run(
+        publisher: Publisher,
+        mut rx: mpsc::Receiver<(Event, ObjectReference)>,
+        counts: EventCounts,
+    ) {
         while let Some((event, about)) = rx.recv().await {
             // Boxed: the cache's futures are large, and this loop is polled inside the term's
             // future, on the stack of whoever drives it.
-            if let Err(e) = Box::pin(publisher.publish(&event, &about)).await {
-                warn!(error = %e, reason = %event.reason, "could not record event");
+            match Box::pin(publisher.publish(&event, &about)).await {
+                Ok(()) => {
+                    counts.published.inc();
+                }
+                Err(e) => {
+                    counts.failed.inc();
+                    warn!(error = %e, reason = %event.reason, "could not record event");
+                }
             }
         }
     }
@@ -237,11 +248,13 @@ mod tests {
 
     #[tokio::test]
     async fn a_flood_of_events_is_bounded_and_counted() {
-        let (events, mut rx) = Events::new(8);
+        let counts = EventCounts::default();
+        let (events, mut rx) = Events::new(8, counts.clone());
         for _ in 0..10_000 {
             events.send(ev("x"), ObjectReference::default());
         }
         assert_eq!(events.dropped(), 10_000 - 8);
+        assert_eq!(counts.dropped.get(), 10_000 - 8);
         let mut queued = 0;
         while rx.try_recv().is_ok() {
             queued += 1;

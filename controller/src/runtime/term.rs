@@ -265,7 +265,8 @@ pub(super) async fn lead(
         controller: "vm-dhcp-controller".into(),
         instance: Some(settings.identity.clone()),
     };
-    let (events, queued_events) = Events::new(EVENT_QUEUE);
+    let event_counts = shared.metrics.event_counts();
+    let (events, queued_events) = Events::new(EVENT_QUEUE, event_counts.clone());
     let (caches_tx, caches) = watch::channel(false);
     // Every reconcile may start once every cache holds its first list, and the pools that were
     // ready have their IPAM back (see `ippool::prebuild`).
@@ -322,7 +323,11 @@ pub(super) async fn lead(
         }
     };
     // Events are published by one task per term, from a bounded queue.
-    let events_task = Events::run(Publisher::new(client.clone(), reporter), queued_events);
+    let events_task = Events::run(
+        Publisher::new(client.clone(), reporter),
+        queued_events,
+        event_counts,
+    );
     // The writers end together on `stop`, each after its last write; the watches feeding them
     // never end on their own.
     let writers = async {
