@@ -20,6 +20,8 @@
 //!
 //! `cargo bench -p vmdhcp-integration --bench scale` (as root or not; no network namespaces).
 //! `VMDHCP_SCALE_POOLS=20 VMDHCP_SCALE_VMS=2000` runs it small (steps scale with the total);
+//! `VMDHCP_SCALE_PACE=<VMs/s>` creates the VMs at that pace instead of as fast as the API takes
+//! them (alloc/s is then the pace; the CPU per allocation of the steps compares at one rate);
 //! `VMDHCP_SCALE_LOGS=<dir>` keeps the controllers' and the agent's logs there;
 //! `VMDHCP_SCALE_PERF=<dir>` has `perf record` (DWARF call graphs: the build has no frame
 //! pointers) sample the leader through each step's build-up, into `<dir>/leader-<VMs>.data`, so
@@ -267,7 +269,10 @@ type Counts = BTreeMap<(String, String), f64>;
 /// The controllers' API calls between two readings: everything but the bench's own creates,
 /// the namespaced LISTs (the bench's and the standby agent's watches relisting; the controllers
 /// list across all namespaces, and their GETs of a pool's status after a conflict are counted
-/// as GETs), the Leases (elections) and the API server's own endpoints.
+/// as GETs), the Leases (elections), the API server's own endpoints, and the Kubernetes events:
+/// those are best-effort, published from a bounded queue after the allocation and dropped when
+/// it is full, so how many fall within a build-up depends on its rate (about one per allocation
+/// when paced, most dropped when API-bound); they are counted apart ([`EventsSeen`]).
 fn controller_calls(
     before: &Counts,
     after: &Counts,
@@ -280,7 +285,7 @@ fn controller_calls(
         if k.0 == "POST" && k.1 == "virtualmachines" {
             d -= own_creates;
         }
-        if k.1 == "leases" || k.1 == "endpoints" || d < 1.0 {
+        if k.1 == "leases" || k.1 == "endpoints" || k.1 == "events" || d < 1.0 {
             continue;
         }
         if k.0 == "LIST" && !k.1.ends_with(" (all namespaces)") {
@@ -290,6 +295,30 @@ fn controller_calls(
         by.insert(k.clone(), d);
     }
     (by.values().sum(), by, namespaced_lists)
+}
+
+/// The leader's event counters (`vmdhcpcontroller_events`): published, dropped.
+#[derive(Clone, Copy, Default)]
+struct EventsSeen {
+    published: f64,
+    dropped: f64,
+}
+
+impl EventsSeen {
+    fn read(replica: &Replica) -> Self {
+        let text = replica.metrics();
+        let count = |result: &str| {
+            metric(
+                &text,
+                &format!("vmdhcpcontroller_events_total{{result=\"{result}\"}}"),
+            )
+            .unwrap_or(0.0)
+        };
+        EventsSeen {
+            published: count("published"),
+            dropped: count("dropped"),
+        }
+    }
 }
 
 /// Writes (not GET or LIST) in a delta of request counts, Leases and endpoints left out.
@@ -321,8 +350,20 @@ struct Bench {
     created: usize,
 }
 
+/// The pace of the build-ups, VMs created per second (`VMDHCP_SCALE_PACE`; unset: as fast as
+/// the API takes them, in waves of 100). What a component spends per allocation depends on the
+/// rate as well as on the cluster (at a higher rate more events share a read, a wakeup, a TLS
+/// record), and the API-bound rate falls as the cluster grows: a pace below the slowest step's
+/// rate compares the steps' CPU per allocation at one rate.
+fn pace() -> Option<f64> {
+    std::env::var("VMDHCP_SCALE_PACE")
+        .ok()
+        .and_then(|v| v.parse::<f64>().ok())
+        .filter(|r| *r > 0.0)
+}
+
 /// Creates the VMs `vm(k)` (name, MAC, pool number) for each `k` of `ks` in `ns`, on
-/// `ns/net-<pool>`, in waves of 100 at once.
+/// `ns/net-<pool>`: in waves of 100 at once, or one every 1 / [`pace`] s.
 async fn create_vms(
     client: &Client,
     ns: &str,
@@ -330,16 +371,28 @@ async fn create_vms(
     vm: impl Fn(usize) -> (String, MacAddr, usize),
 ) {
     let vms: Api<DynamicObject> = Api::namespaced_with(client.clone(), ns, &vm_ar());
+    let create = |k: usize| {
+        let (name, mac, pool) = vm(k);
+        let manifest = vm_manifest(ns, &name, &mac.to_string(), &format!("{ns}/net-{pool}"));
+        let object: DynamicObject = serde_json::from_value(manifest).unwrap();
+        let vms = vms.clone();
+        async move { vms.create(&PostParams::default(), &object).await.unwrap() }
+    };
+    if let Some(rate) = pace() {
+        let ticks = tokio_stream::wrappers::IntervalStream::new(tokio::time::interval(
+            Duration::from_secs_f64(1.0 / rate),
+        ));
+        futures_util::stream::iter(ks)
+            .zip(ticks)
+            .for_each_concurrent(None, |(k, _)| async move {
+                create(k).await;
+            })
+            .await;
+        return;
+    }
     let ks: Vec<usize> = ks.collect();
     for wave in ks.chunks(100) {
-        let creates = wave.iter().map(|k| {
-            let (name, mac, pool) = vm(*k);
-            let manifest = vm_manifest(ns, &name, &mac.to_string(), &format!("{ns}/net-{pool}"));
-            let object: DynamicObject = serde_json::from_value(manifest).unwrap();
-            let vms = vms.clone();
-            async move { vms.create(&PostParams::default(), &object).await.unwrap() }
-        });
-        futures_util::future::join_all(creates).await;
+        futures_util::future::join_all(wave.iter().map(|k| create(*k))).await;
     }
 }
 
@@ -557,12 +610,16 @@ async fn main() {
         "agent MB",
         "snapshot ms"
     );
+    if let Some(rate) = pace() {
+        println!("        (paced: {rate} VMs created per second; alloc/s is not the API's limit)");
+    }
     let mut reference_p50 = None;
     let mut rss_first = None;
     for &step in &steps {
         // Build up to the step.
         let adding = step.saturating_sub(bench.created);
         let before = bench.cp.requests().unwrap();
+        let events0 = EventsSeen::read(&replicas[leader]);
         let leader_pid = replicas[leader].pid();
         let cpu0 = cpu_seconds(leader_pid);
         // Everyone else's CPU over the same build-up: where an allocation's cost goes.
@@ -626,6 +683,7 @@ async fn main() {
             events = now;
         }
         let drained = drain.elapsed().as_secs_f64();
+        let events1 = EventsSeen::read(&replicas[leader]);
 
         // One more VM at a time.
         let mut offered = Vec::new();
@@ -706,6 +764,11 @@ async fn main() {
             percentile(&posted, 0.99),
             percentile(&probes, 0.5),
             percentile(&probes, 0.99)
+        );
+        println!(
+            "        Kubernetes events (best-effort, not in API/alloc), build-up and its drain: {:.2} published, {:.2} dropped per allocation",
+            (events1.published - events0.published) / adding.max(1) as f64,
+            (events1.dropped - events0.dropped) / adding.max(1) as f64,
         );
         println!(
             "        controller calls while building up: {}; namespaced LISTs (the bench's and the agent's watches): {}",
