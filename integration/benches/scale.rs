@@ -114,6 +114,31 @@ fn stop_perf(mut perf: std::process::Child) {
     let _ = perf.wait();
 }
 
+/// CPU seconds a fixed piece of work takes on this machine right now: a full pool's
+/// `allocated` map (100 entries) through JSON and back 40 000 times, on a thread of its own,
+/// timed by that thread's CPU clock. This shared machine's speed drifts by tens of percent within
+/// a run (the figures of processes whose work per allocation is fixed move together); a step's
+/// CPU per allocation over this, against the first step's, tells the code's growth from the
+/// machine's.
+fn reference_seconds() -> f64 {
+    std::thread::spawn(|| {
+        let allocated: BTreeMap<String, String> = (0..100u32)
+            .map(|i| (format!("10.0.0.{i}"), format!("02:00:00:00:00:{i:02x}")))
+            .collect();
+        let t0 = cpu_seconds("thread-self");
+        let mut entries = 0;
+        for _ in 0..40_000 {
+            let text = serde_json::to_string(&allocated).unwrap();
+            let back: BTreeMap<String, String> = serde_json::from_str(&text).unwrap();
+            entries += back.len();
+        }
+        std::hint::black_box(entries);
+        cpu_seconds("thread-self") - t0
+    })
+    .join()
+    .unwrap()
+}
+
 fn percentile(sorted: &[f64], p: f64) -> f64 {
     if sorted.is_empty() {
         return f64::NAN;
@@ -614,6 +639,8 @@ async fn main() {
         println!("        (paced: {rate} VMs created per second; alloc/s is not the API's limit)");
     }
     let mut reference_p50 = None;
+    let mut machine_first = None;
+    let mut leader_first = None;
     let mut rss_first = None;
     for &step in &steps {
         // Build up to the step.
@@ -702,6 +729,9 @@ async fn main() {
         recorded.sort_by(f64::total_cmp);
         posted.sort_by(f64::total_cmp);
         let probes = bench.probe_writes(SAMPLES).await;
+        let machine = reference_seconds();
+        let machine0 = *machine_first.get_or_insert(machine);
+        let leader_first = *leader_first.get_or_insert(per_1000(cpu));
         let p50 = percentile(&offered, 0.5);
         let reference = *reference_p50.get_or_insert(p50);
 
@@ -752,6 +782,12 @@ async fn main() {
         println!(
             "        CPU s per 1 000 allocations besides the leader: {}",
             spent.join(", ")
+        );
+        println!(
+            "        reference workload (fixed, on the idle cluster) {machine:.2} s CPU, {:.2}x the first step's; leader CPU per allocation against the first step's {:.2}x, over the reference's {:.2}x",
+            machine / machine0,
+            per_1000(cpu) / leader_first,
+            (per_1000(cpu) / leader_first) / (machine / machine0),
         );
         println!(
             "        create → address in the pool's status (the bench's watch) p50 / p99: {:.1} / {:.1} ms",
