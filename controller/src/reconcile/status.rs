@@ -70,9 +70,9 @@ pub enum StatusError {
     },
 }
 
-/// Sets condition `type_` in `conditions`, as wrangler does: `lastUpdateTime` always,
-/// `lastTransitionTime` only when the status changes. Returns whether anything but the update
-/// time changed.
+/// Sets condition `type_` in `conditions`: `lastUpdateTime` when its status, reason or message
+/// changes, `lastTransitionTime` only when its status does (so a status rewritten unchanged
+/// stays byte for byte what it was). Returns whether anything changed.
 pub fn set_condition(
     conditions: &mut Vec<Condition>,
     type_: &str,
@@ -80,17 +80,20 @@ pub fn set_condition(
     reason: &str,
     message: &str,
 ) -> bool {
-    let now = Timestamp::now().to_string();
+    // The time is formatted only when something changed: most calls (one per allocation, from
+    // the config's status) find the condition as it was.
+    let now = || Timestamp::now().to_string();
     let status = if status { "True" } else { "False" }.to_owned();
     let reason = Some(reason.to_owned()).filter(|r| !r.is_empty());
     let message = Some(message.to_owned()).filter(|m| !m.is_empty());
     match conditions.iter_mut().find(|c| c.type_ == type_) {
         Some(c) => {
             let changed = c.status != status || c.reason != reason || c.message != message;
-            if c.status != status {
-                c.last_transition_time = Some(now.clone());
-            }
             if changed {
+                let now = now();
+                if c.status != status {
+                    c.last_transition_time = Some(now.clone());
+                }
                 c.last_update_time = Some(now);
             }
             c.status = status;
@@ -99,6 +102,7 @@ pub fn set_condition(
             changed
         }
         None => {
+            let now = now();
             conditions.push(Condition {
                 type_: type_.to_owned(),
                 status,
@@ -751,7 +755,7 @@ mod tests {
             "NotInitialized",
             ""
         ));
-        let first = cs[0].last_transition_time.clone();
+        let first = cs[0].clone();
         assert!(!set_condition(
             &mut cs,
             "CacheReady",
@@ -759,9 +763,10 @@ mod tests {
             "NotInitialized",
             ""
         ));
-        assert_eq!(cs[0].last_transition_time, first);
+        assert_eq!(cs[0], first, "unchanged, times included");
         assert!(set_condition(&mut cs, "CacheReady", true, "", ""));
         assert_eq!(cs[0].status, "True");
+        assert_eq!(cs[0].last_transition_time, cs[0].last_update_time);
         assert_eq!(cs[0].reason, None);
         assert!(set_condition(&mut cs, "Stopped", false, "", ""));
         assert_eq!(cs.len(), 2);
