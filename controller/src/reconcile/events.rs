@@ -255,13 +255,25 @@ mod tests {
         }
     }
 
-    #[tokio::test]
-    async fn a_flood_of_events_is_bounded_and_counted() {
+    /// A queue of 8 that `n` normal events were sent to, its receiver and its counts.
+    fn flooded(
+        n: usize,
+    ) -> (
+        Events,
+        mpsc::Receiver<(Event, ObjectReference)>,
+        EventCounts,
+    ) {
         let counts = EventCounts::default();
-        let (events, mut rx) = Events::new(8, counts.clone());
-        for _ in 0..10_000 {
+        let (events, rx) = Events::new(8, counts.clone());
+        for _ in 0..n {
             events.send(ev("x"), ObjectReference::default());
         }
+        (events, rx, counts)
+    }
+
+    #[tokio::test]
+    async fn a_flood_of_events_is_bounded_and_counted() {
+        let (events, mut rx, counts) = flooded(10_000);
         // Normal events: all but the quarter kept for warnings.
         assert_eq!(events.dropped(), 10_000 - 6);
         assert_eq!(counts.dropped.get(), 10_000 - 6);
@@ -277,11 +289,7 @@ mod tests {
 
     #[tokio::test]
     async fn warnings_keep_the_last_quarter_of_the_queue() {
-        let counts = EventCounts::default();
-        let (events, mut rx) = Events::new(8, counts.clone());
-        for _ in 0..100 {
-            events.send(ev("allocated"), ObjectReference::default());
-        }
+        let (events, mut rx, counts) = flooded(100);
         // Normal events take three quarters of it.
         assert_eq!(counts.dropped.get(), 100 - 6);
         let warning = || Event {
