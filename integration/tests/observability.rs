@@ -43,19 +43,17 @@ fn one_trace_follows_a_vm_from_creation_to_the_agent_and_each_dhcp_exchange_is_a
         (r["agent"]["source"] == "stream").then_some(())
     });
 
+    let counter = |fleet: &vmdhcp_integration::fleet::Fleet, series: &str| {
+        metric(&fleet.controller_metrics(), series).unwrap_or(0.0)
+    };
     let allocations = |fleet: &vmdhcp_integration::fleet::Fleet| {
-        metric(
-            &fleet.controller_metrics(),
+        counter(
+            fleet,
             "vmdhcpcontroller_allocations_total{ippool=\"fleet/pool-a\",result=\"allocated\"}",
         )
-        .unwrap_or(0.0)
     };
     let published = |fleet: &vmdhcp_integration::fleet::Fleet| {
-        metric(
-            &fleet.controller_metrics(),
-            "vmdhcpcontroller_events_total{result=\"published\"}",
-        )
-        .unwrap_or(0.0)
+        counter(fleet, "vmdhcpcontroller_events_total{result=\"published\"}")
     };
     let allocated_before = allocations(&fleet);
     let published_before = published(&fleet);
