@@ -193,17 +193,25 @@ where
 
     /// A controller trigger: every cached object, then every object changed or deleted from now
     /// on. (An object may come twice around the moment of subscribing; triggers are idempotent.)
+    /// Made while the first list is arriving, it starts with the whole cache once the list is
+    /// complete: the list's objects sent before it subscribed never reach it, and the cache
+    /// holds none of them until then.
     pub fn trigger(&self) -> Trigger<K> {
         // Subscribed first: whatever the cache applies after the snapshot below is sent live.
-        let live = self.subscribe().filter_map(|touch| async move {
-            match touch {
-                Touch::Applied(o) | Touch::Deleted(o) => Some(o),
-                Touch::Listed => None,
-            }
+        let live = self.subscribe();
+        let mut listing = (!self.is_ready()).then(|| self.store.clone());
+        let snapshot = match listing {
+            Some(_) => Vec::new(),
+            None => self.store.state(),
+        };
+        let live = live.flat_map(move |touch| {
+            futures_util::stream::iter(match touch {
+                Touch::Applied(_) if listing.is_some() => Vec::new(),
+                Touch::Applied(o) | Touch::Deleted(o) => vec![o],
+                Touch::Listed => listing.take().map(|s| s.state()).unwrap_or_default(),
+            })
         });
-        futures_util::stream::iter(self.store.state())
-            .chain(live)
-            .boxed()
+        futures_util::stream::iter(snapshot).chain(live).boxed()
     }
 }
 
@@ -366,14 +374,14 @@ async fn fan_out<K, E, S>(
     }
 }
 
+/// A shared watch the tests feed by hand, for this module's tests and its users'.
 #[cfg(test)]
-mod tests {
+pub(crate) mod fixtures {
     use super::*;
     use k8s_openapi::api::core::v1::ConfigMap;
     use kube::api::ObjectMeta;
-    use kube::runtime::reflector::ObjectRef;
 
-    fn cm(name: &str) -> ConfigMap {
+    pub(crate) fn cm(name: &str) -> ConfigMap {
         ConfigMap {
             metadata: ObjectMeta {
                 name: Some(name.into()),
@@ -384,12 +392,12 @@ mod tests {
         }
     }
 
-    fn name(o: &ConfigMap) -> String {
+    pub(crate) fn name(o: &ConfigMap) -> String {
         o.meta().name.clone().unwrap_or_default()
     }
 
     /// A shared watch over events the test sends: the handle, the sender, the driver task.
-    type Fed = (
+    pub(crate) type Fed = (
         SharedWatch<ConfigMap>,
         mpsc::Sender<Result<watcher::Event<ConfigMap>, watcher::Error>>,
         tokio::task::JoinHandle<()>,
@@ -397,7 +405,7 @@ mod tests {
 
     /// A shared watch fed by the test instead of an API server (nothing else differs: the cache,
     /// the fan-out and the readiness are the module's own).
-    fn fed() -> Fed {
+    pub(crate) fn fed() -> Fed {
         let (store, writer) = reflector::store::<ConfigMap>();
         let (events, rx) = mpsc::channel(1);
         let source = ReceiverStream::new(rx).reflect(writer);
@@ -418,12 +426,20 @@ mod tests {
         (shared, events, driver)
     }
 
-    async fn send(
+    pub(crate) async fn send(
         events: &mpsc::Sender<Result<watcher::Event<ConfigMap>, watcher::Error>>,
         e: watcher::Event<ConfigMap>,
     ) {
         events.send(Ok(e)).await.unwrap_or_default();
     }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::fixtures::*;
+    use super::*;
+    use k8s_openapi::api::core::v1::ConfigMap;
+    use kube::runtime::reflector::ObjectRef;
 
     fn describe(t: &Touch<ConfigMap>) -> String {
         match t {
@@ -531,6 +547,33 @@ mod tests {
 
     /// A leadership term subscribes long after the first list: its trigger starts with what is
     /// cached, then carries on live.
+    #[tokio::test]
+    async fn a_trigger_made_mid_list_gets_the_whole_list() {
+        let (shared, events, driver) = fed();
+        let mut probe = shared.subscribe();
+        send(&events, watcher::Event::Init).await;
+        send(&events, watcher::Event::InitApply(cm("a"))).await;
+        // `a` has gone out to the subscribers before the trigger subscribes.
+        let first = probe.next().await.map(|t| describe(&t));
+        assert_eq!(first.as_deref(), Some("+a"));
+        drop(probe);
+        let trigger = shared.trigger();
+        send(&events, watcher::Event::InitApply(cm("b"))).await;
+        send(&events, watcher::Event::InitDone).await;
+        send(&events, watcher::Event::Apply(cm("c"))).await;
+        drop(events);
+        driver.await.unwrap();
+        drop(shared);
+        let seen: Vec<String> = trigger.map(|o| name(&o)).collect().await;
+        // The cache once listed (which by then may hold `c` too: a trigger may repeat an
+        // object), then `c` live.
+        assert_eq!(seen.last().map(String::as_str), Some("c"));
+        let mut all = seen.clone();
+        all.sort();
+        all.dedup();
+        assert_eq!(all, ["a", "b", "c"]);
+    }
+
     #[tokio::test]
     async fn a_late_trigger_starts_with_the_cache_then_goes_live() {
         let (shared, events, driver) = fed();

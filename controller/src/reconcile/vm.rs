@@ -182,6 +182,21 @@ pub fn desired_config(
     }
 }
 
+/// Whether a VM looks as if its config is still to be written: it asks for Multus NICs and no
+/// config named after it is cached. For ordering a new term's first pass only
+/// ([`crate::runtime::replay`]): cheap, and allowed to be wrong (a VM whose NICs changed while
+/// there was no leader is reconciled in the pass's settled part).
+pub fn looks_unsettled(
+    vm: &VirtualMachine,
+    configs: &kube::runtime::reflector::Store<VirtualMachineNetworkConfig>,
+) -> bool {
+    let Some(ns) = vm.namespace() else {
+        return false;
+    };
+    let key = kube::runtime::reflector::ObjectRef::new(&vm.name_any()).within(&ns);
+    configs.get(&key).is_none() && !network_configs(vm).is_empty()
+}
+
 /// Reconciles one VirtualMachine.
 pub async fn reconcile(vm: Arc<VirtualMachine>, ctx: Arc<Context>) -> Result<Action, Error> {
     ctx.ensure_leader()?;
@@ -271,6 +286,22 @@ mod tests {
             .iter()
             .map(|c| (c.network_name.as_str(), c.mac_address.as_str()))
             .collect()
+    }
+
+    #[test]
+    fn a_vm_looks_unsettled_while_it_asks_for_nics_and_has_no_config() {
+        let (store, mut writer) = kube::runtime::reflector::store::<VirtualMachineNetworkConfig>();
+        let with_nic = vm(
+            json!({}),
+            json!([{"name": "nic-1", "macAddress": "0a:00:00:00:00:01", "bridge": {}}]),
+            json!([{"name": "nic-1", "multus": {"networkName": "vms/net-a"}}]),
+        );
+        let without = vm(json!({}), json!([]), json!([]));
+        assert!(looks_unsettled(&with_nic, &store));
+        assert!(!looks_unsettled(&without, &store));
+        let config = desired_config(&with_nic, "vms", "vm1", network_configs(&with_nic), None);
+        writer.apply_watcher_event(&kube::runtime::watcher::Event::Apply(config));
+        assert!(!looks_unsettled(&with_nic, &store));
     }
 
     #[test]

@@ -117,6 +117,34 @@ pub async fn reconcile(
     .map_err(|e| Error::Finalizer(Box::new(e)))
 }
 
+/// Whether a config looks as if it still needs work: being deleted, or not paused with a NIC
+/// of its spec that its status does not record as allocated. For ordering a new term's first
+/// pass only ([`crate::runtime::replay`]): cheap, and allowed to be wrong.
+pub fn looks_unsettled(cfg: &VirtualMachineNetworkConfig) -> bool {
+    if cfg.metadata.deletion_timestamp.is_some() {
+        return true;
+    }
+    if cfg.spec.paused == Some(true) {
+        return false;
+    }
+    let ns = cfg.metadata.namespace.as_deref().unwrap_or_default();
+    let recorded = cfg.recorded_nics();
+    cfg.spec.network_configs.iter().any(|nc| {
+        let (Ok(network), Ok(mac)) = (
+            NamespacedName::parse_in(&nc.network_name, ns),
+            nc.mac_address.parse::<MacAddr>(),
+        ) else {
+            return true;
+        };
+        !recorded.iter().any(|(n, m, ip, state)| {
+            *n == network
+                && *m == mac
+                && ip.is_some()
+                && *state == Some(NetworkConfigState::Allocated)
+        })
+    })
+}
+
 /// How long a config waits for its pool's rebuild ([`pool_rebuilding`]) within one reconcile,
 /// and how soon it looks again if the rebuild has not happened by then (the pool's reconcile
 /// failed and is retried).
@@ -1133,5 +1161,58 @@ mod tests {
                 (name("vms/net-d"), A, Some(ip("192.0.2.12")), true),
             ]
         );
+    }
+
+    #[test]
+    fn a_config_looks_unsettled_until_its_status_records_every_nic() {
+        let config = |spec: serde_json::Value, status: serde_json::Value| {
+            serde_json::from_value::<VirtualMachineNetworkConfig>(json!({
+                "apiVersion": "network.harvesterhci.io/v1alpha1",
+                "kind": "VirtualMachineNetworkConfig",
+                "metadata": {"name": "vm1", "namespace": "vms"},
+                "spec": spec, "status": status,
+            }))
+            .unwrap()
+        };
+        let nics = json!({"vmName": "vm1", "networkConfigs": [
+            {"networkName": "net-a", "macAddress": "0A:00:00:00:00:01"},
+            {"networkName": "other/net-b", "macAddress": "0a:00:00:00:00:02"}]});
+        let allocated = |network: &str, mac: &str, ip: Option<&str>| {
+            json!({"networkName": network, "macAddress": mac,
+                   "allocatedIPAddress": ip, "state": "Allocated"})
+        };
+        let a = allocated("vms/net-a", "0a:00:00:00:00:01", Some("192.0.2.10"));
+        let b = allocated("other/net-b", "0a:00:00:00:00:02", Some("192.0.2.11"));
+        // Every NIC recorded (names and MACs in either form): settled.
+        assert!(!looks_unsettled(&config(
+            nics.clone(),
+            json!({"networkConfigs": [a, b]})
+        )));
+        for (why, status) in [
+            ("no status", json!(null)),
+            ("one NIC missing", json!({"networkConfigs": [a]})),
+            (
+                "no address",
+                json!({"networkConfigs": [a, allocated("other/net-b", "0a:00:00:00:00:02", None)]}),
+            ),
+            (
+                "pending",
+                json!({"networkConfigs": [a, {"networkName": "other/net-b",
+                    "macAddress": "0a:00:00:00:00:02", "state": "Pending"}]}),
+            ),
+            (
+                "another MAC",
+                json!({"networkConfigs": [a, allocated("other/net-b", "0a:00:00:00:00:03", Some("192.0.2.11"))]}),
+            ),
+        ] {
+            assert!(looks_unsettled(&config(nics.clone(), status)), "{why}");
+        }
+        // Paused: nothing to allocate; being deleted: addresses to release.
+        let mut paused = nics.clone();
+        paused["paused"] = json!(true);
+        assert!(!looks_unsettled(&config(paused, json!(null))));
+        let mut deleted = config(nics, json!({"networkConfigs": [a, b]}));
+        deleted.metadata.deletion_timestamp = Some(crate::reconcile::status::now());
+        assert!(looks_unsettled(&deleted));
     }
 }

@@ -1,6 +1,6 @@
 //! Wires the controller together: on every replica, the IPPool watch that feeds the index, the
 //! config stream and the HTTP endpoints; on the leader only, the reconcilers and the agent
-//! bootstrap writer ([`term`]), started when leadership is gained and dropped — with every
+//! bootstrap writer ([`term`], its first pass paced by [`replay`]), started when leadership is gained and dropped — with every
 //! reconcile in flight — the moment it is lost. Each leadership term starts from a fresh IPAM,
 //! rebuilt from status, so nothing a previous leader held in memory is trusted.
 //!
@@ -32,6 +32,7 @@ use crate::reconcile::context::AgentDeployment;
 use crate::reports::{Reports, ReportsObject};
 use crate::stream::config_service::StreamSettings;
 
+pub mod replay;
 pub mod replica;
 mod term;
 

@@ -10,7 +10,7 @@ use std::sync::{Arc, Mutex, PoisonError, RwLock};
 use std::time::Duration;
 
 use futures_util::StreamExt;
-use kube::api::{Api, DynamicObject};
+use kube::api::DynamicObject;
 use kube::runtime::controller::{self, Action, Controller};
 use kube::runtime::events::Reporter;
 use kube::runtime::reflector::{self, ObjectRef};
@@ -20,17 +20,18 @@ use serde::de::DeserializeOwned;
 use tokio::sync::{mpsc, watch};
 use tokio::time::Instant;
 use tokio_stream::wrappers::ReceiverStream;
-use tracing::{Instrument, error, field, info, info_span, warn};
+use tracing::{Instrument, field, info, info_span, warn};
 use vmdhcp_core::NamespacedName;
 use vmdhcp_core::crd::{IPPool, VirtualMachineNetworkConfig};
 
+use super::replay::{self, Backlog};
 use super::{Settings, stopped};
 use crate::causes::TraceCauses;
 use crate::index::Index;
 use crate::index::caches::Caches;
 use crate::index::configs::ConfigIndex;
 use crate::index::pools::PoolNetworks;
-use crate::index::shared_watch::{SharedWatch, Trigger};
+use crate::index::shared_watch::Trigger;
 use crate::ipam::{Ipam, MacOwners};
 use crate::kinds::{VirtualMachine, nad_resource, network_of, object_ref, store_key};
 use crate::metrics::Metrics;
@@ -206,8 +207,8 @@ pub(super) async fn lead(
 ) {
     // The process's shared watches (see `shared_watch`): a reconcile woken by an event always
     // reads a cache that has applied it, the API server sends each event once, and a new term
-    // starts from caches that are already full. VMs and NADs are watched by the leader only,
-    // trimmed to the fields it reads.
+    // starts from caches that are already full (VMs and NADs too, though only a leader reads
+    // them: listing 22 000 VMs when a term starts was most of a failover).
     let shared_caches = shared.caches.clone();
     let pools = shared_caches.pools.store();
     let (pool_self, pool_siblings, pool_for_cfgs) = (
@@ -215,21 +216,22 @@ pub(super) async fn lead(
         shared_caches.pools.trigger(),
         shared_caches.pools.trigger(),
     );
-    let vm_api: Api<VirtualMachine> = Api::all(client.clone());
-    let (vm_watch, vm_watch_drive) =
-        SharedWatch::start_trimmed(vm_api, (), watcher::Config::default(), vm::trim);
+    let (vm_watch, nad_watch) = (&shared_caches.vms, &shared_caches.nads);
     let vms = vm_watch.store();
-    let (vm_self, vm_for_cfgs) = (vm_watch.trigger(), vm_watch.trigger());
-    let nad_api: Api<DynamicObject> = Api::all_with(client.clone(), &nad_resource());
-    let (nad_watch, nad_watch_drive) = SharedWatch::start_trimmed(
-        nad_api,
-        nad_resource(),
-        watcher::Config::default(),
-        |nad: &mut DynamicObject| {
-            nad.metadata.annotations = None;
-            nad.data = serde_json::Value::Null;
+    // A term's first pass reconciles every cached config and VM once; paced, so what changes
+    // meanwhile (a VM created while there was no leader) does not wait behind them all.
+    let cfgs = shared_caches.configs.store();
+    let (cfg_backlog, vm_backlog) = (Arc::new(Backlog::default()), Arc::new(Backlog::default()));
+    let vm_self = replay::paced_trigger(
+        vm_watch,
+        {
+            let cfgs = cfgs.clone();
+            move |vm: &VirtualMachine| vm::looks_unsettled(vm, &cfgs)
         },
+        vm_backlog.clone(),
     );
+    // The configs' own first pass covers every config the VMs' first list would wake.
+    let vm_for_cfgs = replay::changes_after_list(vm_watch);
     let writer = Arc::new(PoolStatusWriter::new(shared.metrics.clone()));
     let pool_ctrl = pool_controller(
         &pools,
@@ -240,8 +242,14 @@ pub(super) async fn lead(
         &writer,
     )
     .graceful_shutdown_on(stopped(stop.clone()));
-    let cfgs = shared_caches.configs.store();
-    let cfg_ctrl = Controller::for_shared_stream(shared_caches.configs.trigger(), cfgs.clone());
+    let cfg_ctrl = Controller::for_shared_stream(
+        replay::paced_trigger(
+            &shared_caches.configs,
+            vmnetcfg::looks_unsettled,
+            cfg_backlog.clone(),
+        ),
+        cfgs.clone(),
+    );
     let vm_ctrl = Controller::for_shared_stream(vm_self, vms.clone())
         .graceful_shutdown_on(stopped(stop.clone()));
     let (pool_rebuilt, rebuilt_networks) = mpsc::channel(POOL_REBUILT_QUEUE);
@@ -311,9 +319,21 @@ pub(super) async fn lead(
         backoff: Backoff::default(),
     });
 
-    let pools_run = drive(pool_ctrl, "ippool", term.clone(), ippool::reconcile);
-    let cfgs_run = drive(cfg_ctrl, "vmnetcfg", term.clone(), vmnetcfg::reconcile);
-    let vms_run = drive(vm_ctrl, "vm", term.clone(), vm::reconcile);
+    let pools_run = drive(
+        pool_ctrl,
+        "ippool",
+        term.clone(),
+        ippool::reconcile,
+        Arc::default(),
+    );
+    let cfgs_run = drive(
+        cfg_ctrl,
+        "vmnetcfg",
+        term.clone(),
+        vmnetcfg::reconcile,
+        cfg_backlog,
+    );
+    let vms_run = drive(vm_ctrl, "vm", term.clone(), vm::reconcile, vm_backlog);
     let bootstrap = async {
         match settings.agent.clone() {
             Some(target) => {
@@ -335,7 +355,11 @@ pub(super) async fn lead(
     };
     tokio::select! {
         () = writers => info!("reconcilers stopped; their writes are finished"),
-        _ = async { tokio::join!(vm_watch_drive, nad_watch_drive, events_task, caches_ready) } => error!("the VM and NAD watches ended"),
+        () = async {
+            tokio::join!(events_task, caches_ready);
+            // The event queue's sender lives in the context, as long as the writers.
+            std::future::pending::<()>().await
+        } => {}
     }
 }
 
@@ -355,18 +379,26 @@ const RECONCILE_CONCURRENCY: u16 = 64;
 
 /// Runs one controller until it ends: every reconcile timed and traced ([`timed`]), failures
 /// retried with the term's per-object backoff, the rest of its stream logged; at most
-/// [`RECONCILE_CONCURRENCY`] reconciles at once.
-async fn drive<K, R, F, E>(ctrl: Controller<K>, kind: &'static str, term: Arc<Term>, reconcile: R)
-where
+/// [`RECONCILE_CONCURRENCY`] reconciles at once. Each start, and each queued object found gone,
+/// is counted off the controller's first-pass `backlog` ([`replay`]).
+async fn drive<K, R, F, E>(
+    ctrl: Controller<K>,
+    kind: &'static str,
+    term: Arc<Term>,
+    reconcile: R,
+    backlog: Arc<Backlog>,
+) where
     K: kube::Resource + Clone + DeserializeOwned + Debug + Send + Sync + 'static,
     K::DynamicType: Debug + Eq + Hash + Clone + Unpin,
     R: Fn(Arc<K>, Arc<Context>) -> F,
     F: Future<Output = Result<Action, E>> + Send + 'static,
     E: Into<ReconcileError>,
 {
+    let gone = backlog.clone();
     ctrl.with_config(controller::Config::default().concurrency(RECONCILE_CONCURRENCY))
         .run(
             move |o: Arc<K>, t: Arc<Term>| {
+                backlog.taken();
                 let fut = reconcile(o.clone(), t.ctx.clone());
                 async move {
                     // Futures are lazy: the reconcile starts reading caches only once they are whole.
@@ -377,7 +409,13 @@ where
             error_policy(kind),
             term,
         )
-        .for_each(|r| async move { log_outcome(kind, r) })
+        .for_each(|r| {
+            if matches!(r, Err(controller::Error::ObjectNotFound(_))) {
+                gone.taken();
+            }
+            log_outcome(kind, r);
+            std::future::ready(())
+        })
         .await
 }
 
