@@ -745,6 +745,8 @@ async fn main() {
         .await;
         let leader_mb = rss_mb(replicas[leader].pid());
         let agent_mb = rss_mb(agent_pid);
+        // The follower holds the leader's caches (to lead at once), not its IPAM or queues.
+        let follower_mb = rss_mb(replicas[1 - leader].pid());
         rss_first.get_or_insert((bench.created, leader_mb));
 
         // A fresh client's snapshot (an agent reconnecting), from the leader.
@@ -780,7 +782,7 @@ async fn main() {
             snapshot_ms
         );
         println!(
-            "        CPU s per 1 000 allocations besides the leader: {}",
+            "        CPU s per 1 000 allocations besides the leader: {}; follower RSS {follower_mb:.1} MB",
             spent.join(", ")
         );
         println!(
