@@ -326,8 +326,11 @@ async fn one_vm_costs_the_same_at_any_size_and_a_restart_writes_nothing() {
         "a VM created while down: its config written after {vms_before} of the new term's {} VM reconciles",
         total + 1
     );
+    // Reconciled first, it is written while the pass goes on: 58–168 of 1 002 here (those the
+    // pass finished during its write, and the 5 ms polls); in hash order, anywhere (812 and 193
+    // in two runs without the pacing).
     assert!(
-        vms_before < objects / 4.0,
+        vms_before < objects / 3.0,
         "the VM created while down waited for {vms_before} of {objects} VMs"
     );
     third.stop().await;

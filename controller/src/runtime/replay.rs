@@ -11,11 +11,13 @@
 //! order changes, not what is reconciled.
 
 use std::collections::VecDeque;
+use std::future::Future;
 use std::hash::Hash;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
+use futures_util::future::BoxFuture;
 use futures_util::{FutureExt, StreamExt};
 use kube::Resource;
 use kube::runtime::reflector::Store;
@@ -88,6 +90,10 @@ where
     /// list is complete, is the first pass (the list's objects sent before the trigger
     /// subscribed never reach it).
     listing: Option<Store<K>>,
+    /// The first pass, not sorted yet: `looks_unsettled` may read other caches, which are
+    /// whole only once `sort_after` has resolved.
+    unsorted: Vec<Arc<K>>,
+    sort_after: Option<BoxFuture<'static, ()>>,
     /// First-pass objects that look settled, handed over as the [`Backlog`] allows.
     settled: VecDeque<Arc<K>>,
     /// First-pass objects that do not, handed over first.
@@ -103,11 +109,17 @@ where
     K::DynamicType: Clone + Hash + Eq,
     U: Fn(&K) -> bool,
 {
-    fn first_pass(&mut self, o: Arc<K>) {
-        if (self.looks_unsettled)(&o) {
-            self.unsettled.push_back(o);
-        } else {
-            self.settled.push_back(o);
+    /// Sorts the first pass, once it is known and may be sorted.
+    fn sort(&mut self) {
+        if self.sort_after.is_some() {
+            return;
+        }
+        for o in std::mem::take(&mut self.unsorted) {
+            if (self.looks_unsettled)(&o) {
+                self.unsettled.push_back(o);
+            } else {
+                self.settled.push_back(o);
+            }
         }
     }
 
@@ -118,13 +130,19 @@ where
             Touch::Applied(o) | Touch::Deleted(o) => Some(o),
             Touch::Listed => {
                 if let Some(store) = self.listing.take() {
-                    for o in store.state() {
-                        self.first_pass(o);
-                    }
+                    self.unsorted = store.state();
+                    self.sort();
                 }
                 None
             }
         }
+    }
+
+    /// Whether the trigger waits for nothing any more.
+    fn done(&self) -> bool {
+        self.live_ended
+            && self.settled.is_empty()
+            && (self.unsorted.is_empty() || self.sort_after.is_none())
     }
 }
 
@@ -132,11 +150,14 @@ where
 /// and every change from then on, as [`SharedWatch::trigger`] does, in this order: changes and
 /// first-pass objects for which `looks_unsettled` holds at once, the other first-pass objects
 /// only while fewer than [`BACKLOG`] of them wait in the controller's queue (its runner calls
-/// [`Backlog::taken`]). `looks_unsettled` only orders: it should be cheap, and may be wrong.
+/// [`Backlog::taken`]). The first pass is sorted once `sort_after` resolves (when the caches
+/// `looks_unsettled` reads are whole; changes flow meanwhile). `looks_unsettled` only orders:
+/// it should be cheap, and may be wrong.
 pub fn paced_trigger<K, U>(
     watch: &SharedWatch<K>,
     looks_unsettled: U,
     backlog: Arc<Backlog>,
+    sort_after: impl Future<Output = ()> + Send + 'static,
 ) -> Trigger<K>
 where
     K: Resource + Clone + Send + Sync + 'static,
@@ -146,23 +167,21 @@ where
     // Subscribed first: whatever the cache applies after the snapshot below is sent live.
     let live = watch.subscribe();
     let listing = (!watch.is_ready()).then(|| watch.store());
-    let mut pass = Pass {
+    let unsorted = match listing {
+        Some(_) => Vec::new(),
+        None => watch.store().state(),
+    };
+    let pass = Pass {
         live,
+        listing,
+        unsorted,
+        sort_after: Some(sort_after.boxed()),
         settled: VecDeque::new(),
         unsettled: VecDeque::new(),
         looks_unsettled,
         backlog,
         live_ended: false,
-        listing: None,
     };
-    match listing {
-        Some(store) => pass.listing = Some(store),
-        None => {
-            for o in watch.store().state() {
-                pass.first_pass(o);
-            }
-        }
-    }
     futures_util::stream::unfold(pass, |mut pass| async move {
         loop {
             if let Some(o) = pass.unsettled.pop_front() {
@@ -181,14 +200,26 @@ where
                     None => {}
                 }
             }
+            if let Some(gate) = pass.sort_after.as_mut()
+                && gate.now_or_never().is_some()
+            {
+                pass.sort_after = None;
+                pass.sort();
+                continue;
+            }
             if !pass.settled.is_empty() && pass.backlog.has_room() {
                 pass.backlog.handed();
                 return pass.settled.pop_front().map(|o| (o, pass));
             }
-            match (pass.live_ended, pass.settled.is_empty()) {
-                (true, true) => return None,
-                (true, false) => pass.backlog.room().await,
-                (false, true) => match pass.live.next().await {
+            if pass.done() {
+                return None;
+            }
+            let live = !pass.live_ended;
+            let settled = !pass.settled.is_empty();
+            let (changes, gate, backlog) = (&mut pass.live, &mut pass.sort_after, &pass.backlog);
+            tokio::select! {
+                biased;
+                touch = changes.next(), if live => match touch {
                     Some(touch) => {
                         if let Some(o) = pass.take(touch) {
                             return Some((o, pass));
@@ -196,20 +227,16 @@ where
                     }
                     None => pass.live_ended = true,
                 },
-                (false, false) => {
-                    tokio::select! {
-                        biased;
-                        touch = pass.live.next() => match touch {
-                            Some(touch) => {
-                                if let Some(o) = pass.take(touch) {
-                                    return Some((o, pass));
-                                }
-                            }
-                            None => pass.live_ended = true,
-                        },
-                        () = pass.backlog.room() => {}
+                () = async {
+                    match gate.as_mut() {
+                        Some(gate) => gate.await,
+                        None => std::future::pending().await,
                     }
+                } => {
+                    pass.sort_after = None;
+                    pass.sort();
                 }
+                () = backlog.room(), if settled => {}
             }
         }
     })
@@ -285,7 +312,7 @@ mod tests {
         listed(&events, &names).await;
         shared.ready().await;
         let backlog = Arc::new(Backlog::default());
-        let mut trigger = paced_trigger(&shared, by_name, backlog.clone());
+        let mut trigger = paced_trigger(&shared, by_name, backlog.clone(), async {});
 
         // The unsettled object first, wherever it was listed; then as many settled as fit.
         let first = ready_now(&mut trigger);
@@ -323,7 +350,7 @@ mod tests {
     async fn a_first_list_arriving_after_the_trigger_is_its_first_pass() {
         let (shared, events, _driver) = fed();
         let backlog = Arc::new(Backlog::default());
-        let mut trigger = paced_trigger(&shared, by_name, backlog.clone());
+        let mut trigger = paced_trigger(&shared, by_name, backlog.clone(), async {});
         let mut names = settled(BACKLOG + 5);
         names.push("u1".into());
         listed(&events, &names).await;
@@ -344,7 +371,7 @@ mod tests {
         listed(&events, &settled(BACKLOG + 1)).await;
         shared.ready().await;
         let backlog = Arc::new(Backlog::default());
-        let mut trigger = paced_trigger(&shared, by_name, backlog.clone());
+        let mut trigger = paced_trigger(&shared, by_name, backlog.clone(), async {});
         assert_eq!(ready_now(&mut trigger).len(), BACKLOG);
         // Nothing is ever taken (say, every one was deleted before its turn, uncounted): after
         // a second of the clock the pass goes on.
@@ -352,6 +379,35 @@ mod tests {
         assert!(trigger.next().await.is_some());
         assert!(started.elapsed() >= RECOUNT_AFTER);
         assert_eq!(backlog.waiting(), 1);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn the_pass_is_sorted_once_the_caches_it_reads_are_whole() {
+        let (shared, events, _driver) = fed();
+        listed(&events, &settled(BACKLOG + 5)).await;
+        shared.ready().await;
+        // Which object looks unsettled is known only once another cache is whole.
+        let known = Arc::new(std::sync::Mutex::new(None::<String>));
+        let reads = known.clone();
+        let (whole, gate) = tokio::sync::oneshot::channel::<()>();
+        let mut trigger = paced_trigger(
+            &shared,
+            move |o: &ConfigMap| reads.lock().unwrap().as_deref() == Some(name(o).as_str()),
+            Arc::default(),
+            async {
+                let _ = gate.await;
+            },
+        );
+        // Before: no first pass yet, changes flow.
+        assert!(ready_now(&mut trigger).is_empty());
+        send(&events, watcher::Event::Apply(cm("new"))).await;
+        let change = trigger.next().await.map(|o| name(&o));
+        assert_eq!(change.as_deref(), Some("new"));
+        *known.lock().unwrap() = Some("s042".into());
+        whole.send(()).unwrap();
+        let first = trigger.next().await.map(|o| name(&o));
+        assert_eq!(first.as_deref(), Some("s042"));
+        assert_eq!(ready_now(&mut trigger).len(), BACKLOG);
     }
 
     #[tokio::test]
@@ -373,7 +429,7 @@ mod tests {
         let (shared, events, driver) = fed();
         listed(&events, &settled(3)).await;
         shared.ready().await;
-        let trigger = paced_trigger(&shared, by_name, Arc::default());
+        let trigger = paced_trigger(&shared, by_name, Arc::default(), async {});
         drop(events);
         driver.await.unwrap_or_default();
         drop(shared);

@@ -219,7 +219,16 @@ pub(super) async fn lead(
     let (vm_watch, nad_watch) = (&shared_caches.vms, &shared_caches.nads);
     let vms = vm_watch.store();
     // A term's first pass reconciles every cached config and VM once; paced, so what changes
-    // meanwhile (a VM created while there was no leader) does not wait behind them all.
+    // meanwhile (a VM created while there was no leader) does not wait behind them all. Sorted
+    // once every cache is whole (a VM looks unsettled by the configs cache).
+    let (caches_tx, caches) = watch::channel(false);
+    let caches_whole = || {
+        let mut caches = caches.clone();
+        async move {
+            // Err: the term is ending; nothing will be reconciled anyway.
+            let _ = caches.wait_for(|whole| *whole).await;
+        }
+    };
     let cfgs = shared_caches.configs.store();
     let (cfg_backlog, vm_backlog) = (Arc::new(Backlog::default()), Arc::new(Backlog::default()));
     let vm_self = replay::paced_trigger(
@@ -229,6 +238,7 @@ pub(super) async fn lead(
             move |vm: &VirtualMachine| vm::looks_unsettled(vm, &cfgs)
         },
         vm_backlog.clone(),
+        caches_whole(),
     );
     // The configs' own first pass covers every config the VMs' first list would wake.
     let vm_for_cfgs = replay::changes_after_list(vm_watch);
@@ -247,6 +257,7 @@ pub(super) async fn lead(
             &shared_caches.configs,
             vmnetcfg::looks_unsettled,
             cfg_backlog.clone(),
+            caches_whole(),
         ),
         cfgs.clone(),
     );
@@ -275,7 +286,6 @@ pub(super) async fn lead(
     };
     let event_counts = shared.metrics.event_counts();
     let (events, queued_events) = Events::new(EVENT_QUEUE, event_counts.clone());
-    let (caches_tx, caches) = watch::channel(false);
     // Every reconcile may start once every cache holds its first list, and the pools that were
     // ready have their IPAM back (see `ippool::prebuild`).
     let caches_ready = {
