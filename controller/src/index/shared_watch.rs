@@ -191,28 +191,48 @@ where
         ReceiverStream::new(receiver)
     }
 
-    /// A controller trigger: every cached object, then every object changed or deleted from now
-    /// on. (An object may come twice around the moment of subscribing; triggers are idempotent.)
-    /// Made while the first list is arriving, it starts with the whole cache once the list is
-    /// complete: the list's objects sent before it subscribed never reach it, and the cache
-    /// holds none of them until then.
-    pub fn trigger(&self) -> Trigger<K> {
+    /// The whole cache, then every object changed or deleted from now on, in order. Made while
+    /// the first list is arriving, it yields the cache once the list is complete: the list's
+    /// objects sent before it subscribed never reach it, and the cache holds none of them
+    /// until then. (An object may come twice around the moment of subscribing.)
+    pub fn changes(&self) -> BoxStream<'static, Seen<K>> {
         // Subscribed first: whatever the cache applies after the snapshot below is sent live.
         let live = self.subscribe();
         let mut listing = (!self.is_ready()).then(|| self.store.clone());
-        let snapshot = match listing {
-            Some(_) => Vec::new(),
-            None => self.store.state(),
+        let cache = match listing {
+            Some(_) => None,
+            None => Some(Seen::Cache(self.store.state())),
         };
-        let live = live.flat_map(move |touch| {
-            futures_util::stream::iter(match touch {
-                Touch::Applied(_) if listing.is_some() => Vec::new(),
-                Touch::Applied(o) | Touch::Deleted(o) => vec![o],
-                Touch::Listed => listing.take().map(|s| s.state()).unwrap_or_default(),
+        let live = live.filter_map(move |touch| {
+            std::future::ready(match touch {
+                Touch::Applied(_) if listing.is_some() => None,
+                Touch::Applied(o) | Touch::Deleted(o) => Some(Seen::Change(o)),
+                Touch::Listed => listing.take().map(|s| Seen::Cache(s.state())),
             })
         });
-        futures_util::stream::iter(snapshot).chain(live).boxed()
+        futures_util::stream::iter(cache).chain(live).boxed()
     }
+
+    /// A controller trigger: every cached object, then every object changed or deleted from now
+    /// on ([`SharedWatch::changes`], flattened; triggers are idempotent).
+    pub fn trigger(&self) -> Trigger<K> {
+        self.changes()
+            .flat_map(|seen| {
+                futures_util::stream::iter(match seen {
+                    Seen::Cache(all) => all,
+                    Seen::Change(o) => vec![o],
+                })
+            })
+            .boxed()
+    }
+}
+
+/// What [`SharedWatch::changes`] yields.
+pub enum Seen<K> {
+    /// The whole cache, once it holds the first list.
+    Cache(Vec<Arc<K>>),
+    /// An object changed or deleted after it.
+    Change(Arc<K>),
 }
 
 /// An index kept from a watch's events: changed object by object, and replaced whole once a

@@ -18,13 +18,12 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use futures_util::future::BoxFuture;
+use futures_util::stream::BoxStream;
 use futures_util::{FutureExt, StreamExt};
 use kube::Resource;
-use kube::runtime::reflector::Store;
 use tokio::sync::Notify;
-use tokio_stream::wrappers::ReceiverStream;
 
-use crate::index::shared_watch::{SharedWatch, Touch, Trigger};
+use crate::index::shared_watch::{Seen, SharedWatch, Trigger};
 
 /// How many settled objects of the first pass may wait in a controller's queue at once: a
 /// change arriving then waits for at most about as many reconciles to start, each of a settled
@@ -81,15 +80,9 @@ impl Backlog {
 }
 
 /// Where a paced trigger is.
-struct Pass<K: Resource + 'static, U>
-where
-    K::DynamicType: Hash + Eq,
-{
-    live: ReceiverStream<Touch<K>>,
-    /// The watch's first list was still arriving when the trigger was made: the cache, once the
-    /// list is complete, is the first pass (the list's objects sent before the trigger
-    /// subscribed never reach it).
-    listing: Option<Store<K>>,
+struct Pass<K, U> {
+    /// The cache (the first pass, once the first list is complete), then the changes.
+    live: BoxStream<'static, Seen<K>>,
     /// The first pass, not sorted yet: `looks_unsettled` may read other caches, which are
     /// whole only once `sort_after` has resolved.
     unsorted: Vec<Arc<K>>,
@@ -103,12 +96,7 @@ where
     live_ended: bool,
 }
 
-impl<K, U> Pass<K, U>
-where
-    K: Resource + Clone + 'static,
-    K::DynamicType: Clone + Hash + Eq,
-    U: Fn(&K) -> bool,
-{
+impl<K, U: Fn(&K) -> bool> Pass<K, U> {
     /// Sorts the first pass, once it is known and may be sorted.
     fn sort(&mut self) {
         if self.sort_after.is_some() {
@@ -123,16 +111,13 @@ where
         }
     }
 
-    /// What a change hands over at once (the first list's objects are left to the pass).
-    fn take(&mut self, touch: Touch<K>) -> Option<Arc<K>> {
-        match touch {
-            Touch::Applied(_) if self.listing.is_some() => None,
-            Touch::Applied(o) | Touch::Deleted(o) => Some(o),
-            Touch::Listed => {
-                if let Some(store) = self.listing.take() {
-                    self.unsorted = store.state();
-                    self.sort();
-                }
+    /// What a change hands over at once (the cache is left to the pass).
+    fn take(&mut self, seen: Seen<K>) -> Option<Arc<K>> {
+        match seen {
+            Seen::Change(o) => Some(o),
+            Seen::Cache(all) => {
+                self.unsorted = all;
+                self.sort();
                 None
             }
         }
@@ -140,9 +125,8 @@ where
 
     /// Whether the trigger waits for nothing any more.
     fn done(&self) -> bool {
-        self.live_ended
-            && self.settled.is_empty()
-            && (self.unsorted.is_empty() || self.sort_after.is_none())
+        // Once sorted, `unsorted` stays empty.
+        self.live_ended && self.settled.is_empty() && self.unsorted.is_empty()
     }
 }
 
@@ -164,17 +148,9 @@ where
     K::DynamicType: Clone + Eq + Hash,
     U: Fn(&K) -> bool + Send + 'static,
 {
-    // Subscribed first: whatever the cache applies after the snapshot below is sent live.
-    let live = watch.subscribe();
-    let listing = (!watch.is_ready()).then(|| watch.store());
-    let unsorted = match listing {
-        Some(_) => Vec::new(),
-        None => watch.store().state(),
-    };
     let pass = Pass {
-        live,
-        listing,
-        unsorted,
+        live: watch.changes(),
+        unsorted: Vec::new(),
         sort_after: Some(sort_after.boxed()),
         settled: VecDeque::new(),
         unsettled: VecDeque::new(),
@@ -252,19 +228,13 @@ where
     K: Resource + Clone + Send + Sync + 'static,
     K::DynamicType: Clone + Eq + Hash,
 {
-    let mut listing = !watch.is_ready();
     watch
-        .subscribe()
-        .filter_map(move |touch| {
-            let o = match touch {
-                Touch::Applied(_) if listing => None,
-                Touch::Applied(o) | Touch::Deleted(o) => Some(o),
-                Touch::Listed => {
-                    listing = false;
-                    None
-                }
-            };
-            std::future::ready(o)
+        .changes()
+        .filter_map(|seen| {
+            std::future::ready(match seen {
+                Seen::Change(o) => Some(o),
+                Seen::Cache(_) => None,
+            })
         })
         .boxed()
 }
