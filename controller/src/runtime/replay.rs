@@ -55,8 +55,8 @@ impl Backlog {
         self.taken.notify_one();
     }
 
-    /// How many wait.
-    pub fn waiting(&self) -> usize {
+    /// How many wait (the pacing's own test, and its tests').
+    fn waiting(&self) -> usize {
         self.waiting.load(Ordering::Acquire)
     }
 
