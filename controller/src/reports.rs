@@ -10,8 +10,9 @@
 //! within one watch event of its arrival anywhere.
 //!
 //! Bounded whatever the callers send: at most [`MAX_AGENTS`] agents and [`MAX_INTERFACES`]
-//! interfaces per report (more is refused); an unchanged report is written at most once per
-//! [`REFRESH`]; entries older than [`STALE_AFTER`] are dropped from memory and, by the leader,
+//! interfaces per report (more is refused); a report unchanged but for its applied revision and
+//! lease counts (which move with every allocation) is written at most once per [`REFRESH`];
+//! entries older than [`STALE_AFTER`] are dropped from memory and, by the leader,
 //! from the ConfigMap.
 //!
 //! The types here are the controller's own, not the gRPC messages: the config stream translates
@@ -227,15 +228,22 @@ impl AgentReport {
         })
     }
 
-    /// Same content, whenever it arrived.
-    fn same_content(&self, other: &AgentReport) -> bool {
-        AgentReport {
-            received_at: UNIX_EPOCH,
-            ..self.clone()
-        } == AgentReport {
-            received_at: UNIX_EPOCH,
-            ..other.clone()
-        }
+    /// Whether `other` tells the replicas that read reports from the ConfigMap nothing new: the
+    /// same agent, epoch, leadership and interface entries (interface, state, error, probes),
+    /// whenever it arrived and whatever its applied revision and lease counts. Those two move
+    /// with every allocation and nothing reads them from the ConfigMap (a pool's status does
+    /// not: see [`changed_pools`]); published as they moved, they rewrote the whole ConfigMap
+    /// (every agent's entry for every pool) about twice a second per agent while VMs were being
+    /// created, for the periodic refresh to carry instead.
+    fn same_to_publish(&self, other: &AgentReport) -> bool {
+        self.agent == other.agent
+            && self.epoch == other.epoch
+            && self.leader == other.leader
+            && self.interfaces.len() == other.interfaces.len()
+            && self.interfaces.iter().zip(&other.interfaces).all(|(a, b)| {
+                (&a.pool_ref, &a.interface_name, a.state, &a.error, &a.probes)
+                    == (&b.pool_ref, &b.interface_name, b.state, &b.error, &b.probes)
+            })
     }
 }
 
@@ -643,8 +651,8 @@ async fn put(
     }
 }
 
-/// Publishes the reports this replica receives until `stop`: a changed report at once, an
-/// unchanged one at most every [`REFRESH`].
+/// Publishes the reports this replica receives until `stop`: a changed report at once, one
+/// that is the same to publish ([`AgentReport::same_to_publish`]) at most every [`REFRESH`].
 pub async fn publish(
     client: kube::Client,
     object: ReportsObject,
@@ -663,7 +671,7 @@ pub async fn publish(
         let Ok(agent) = report.key() else { continue };
         let due = written
             .get(&agent)
-            .is_none_or(|(last, at)| !last.same_content(&report) || at.elapsed() >= REFRESH);
+            .is_none_or(|(last, at)| !last.same_to_publish(&report) || at.elapsed() >= REFRESH);
         if !due {
             continue;
         }
@@ -851,12 +859,29 @@ mod tests {
     }
 
     #[test]
-    fn an_unchanged_report_is_the_same_content_whenever_it_arrived() {
+    fn only_what_a_pool_reads_makes_a_report_worth_publishing_at_once() {
         let a = report("agent-0", 100, InterfaceState::Serving);
-        let b = report("agent-0", 200, InterfaceState::Serving);
-        let c = report("agent-0", 200, InterfaceState::Error);
-        assert!(a.same_content(&b));
-        assert!(!a.same_content(&c));
+        // Later, having applied more revisions and loaded more leases: the same to publish.
+        let mut b = report("agent-0", 200, InterfaceState::Serving);
+        b.applied_revision += 40;
+        b.interfaces[0].lease_count += 40;
+        assert!(a.same_to_publish(&b));
+        // Anything a pool's status reads, or who reports, is news.
+        let changed: [fn(&mut AgentReport); 8] = [
+            |r| r.interfaces[0].state = InterfaceState::Error,
+            |r| r.interfaces[0].error = "socket failed".into(),
+            |r| r.interfaces[0].probes.clear(),
+            |r| r.interfaces[0].interface_name = "vmd9876543210".into(),
+            |r| r.interfaces.push(r.interfaces[0].clone()),
+            |r| r.leader = false,
+            |r| r.epoch = "e2".into(),
+            |r| r.agent.node_name = "node-2".into(),
+        ];
+        for change in changed {
+            let mut c = b.clone();
+            change(&mut c);
+            assert!(!a.same_to_publish(&c), "{c:?}");
+        }
     }
 
     #[test]

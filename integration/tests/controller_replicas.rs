@@ -702,7 +702,7 @@ fn serving_report(ns: &str, pod: &str, pool: &str) -> pb::ReportRequest {
 
 #[tokio::test]
 async fn agent_ready_holds_whichever_replica_the_agent_reports_to() {
-    let (_cp, client, ns, a, b) = two_replicas("ready", "ready", "net-ar", 25).await;
+    let (cp, client, ns, a, b) = two_replicas("ready", "ready", "net-ar", 25).await;
     let pools: Api<IPPool> = Api::namespaced(client.clone(), &ns);
     wait_pool_ready(&pools, "net-ar").await;
     let leases: Api<Lease> = Api::namespaced(client.clone(), &ns);
@@ -742,6 +742,43 @@ async fn agent_ready_holds_whichever_replica_the_agent_reports_to() {
             .unwrap_or_default()
             .contains_key(&format!("{ns}.agent-x")),
         "the report is not in the shared ConfigMap"
+    );
+
+    // What moves with every allocation (the applied revision, lease counts) is not news: such
+    // reports are not written to the ConfigMap until its refresh, while a change a pool reads
+    // is, at once. Reports are published in order, so once the changed one shows, every
+    // earlier one was handled.
+    let stored_revision = async || {
+        let cm = cms.get("vm-dhcp-controllers-agent-reports").await.ok()?;
+        let entry = cm.data?.remove(&format!("{ns}.agent-x"))?;
+        serde_json::from_str::<serde_json::Value>(&entry).ok()?["revision"].as_u64()
+    };
+    let patches = |c: &BTreeMap<(String, String), f64>| {
+        c.get(&("PATCH".to_owned(), "configmaps".to_owned()))
+            .copied()
+            .unwrap_or(0.0)
+    };
+    let before = patches(&cp.requests().unwrap());
+    for n in 1..=5 {
+        let mut moved = serving_report(&ns, "agent-x", &pool_ref);
+        moved.applied_revision = n;
+        moved.interfaces[0].lease_count = u32::try_from(n).unwrap();
+        grpc.report(moved).await.unwrap();
+    }
+    let mut failed = serving_report(&ns, "agent-x", &pool_ref);
+    failed.applied_revision = 6;
+    failed.interfaces[0].state = pb::InterfaceState::Error as i32;
+    failed.interfaces[0].error = "socket failed".into();
+    grpc.report(failed).await.unwrap();
+    poll("the changed report in the ConfigMap", async || {
+        (stored_revision().await == Some(6)).then_some(())
+    })
+    .await;
+    let written = patches(&cp.requests().unwrap()) - before;
+    // 1: the changed report; 2 if the first report's 30 s refresh fell due meanwhile.
+    assert!(
+        (1.0..=2.0).contains(&written),
+        "{written} ConfigMap writes for five reports that moved only their counts and one change"
     );
 
     // Bad input is refused with the reason, and keeps nothing.
