@@ -669,15 +669,28 @@ pub async fn publish(
             () = stop_requested(&mut stop) => return,
         };
         let Ok(agent) = report.key() else { continue };
-        let due = written
-            .get(&agent)
-            .is_none_or(|(last, at)| !last.same_to_publish(&report) || at.elapsed() >= REFRESH);
+        let (news, due) = match written.get(&agent) {
+            None => (true, true),
+            Some((last, at)) => {
+                let news = !last.same_to_publish(&report);
+                (news, news || at.elapsed() >= REFRESH)
+            }
+        };
         if !due {
             continue;
         }
         match put(&api, &object, &data_key(&agent), Some(encode(&report))).await {
             Ok(()) => {
-                debug!(%agent, "agent report published");
+                if news {
+                    let serving = report
+                        .interfaces
+                        .iter()
+                        .filter(|i| i.state == InterfaceState::Serving)
+                        .count();
+                    info!(%agent, leader = report.leader, epoch = %report.epoch, interfaces = report.interfaces.len(), serving, "agent report changed; published");
+                } else {
+                    debug!(%agent, "agent report refreshed");
+                }
                 written.insert(agent, (report, tokio::time::Instant::now()));
             }
             Err(error) => warn!(%error, "agent report not published; the agent reports again"),

@@ -226,7 +226,9 @@ impl ConfigService for ConfigServer {
                 ));
             }
         }
-        info!(agent = %format!("{}/{}", agent.namespace, agent.pod_name), revision = req.applied_revision, leader = req.leader, interfaces = req.interfaces.len(), "agent report");
+        // Every applied revision brings one (twice a second while VMs are created): what is
+        // news among them is logged where it is published.
+        debug!(agent = %format!("{}/{}", agent.namespace, agent.pod_name), revision = req.applied_revision, leader = req.leader, interfaces = req.interfaces.len(), "agent report");
         let recorded = self.reports.record(AgentReport {
             agent: identity(agent),
             epoch: req.epoch,
