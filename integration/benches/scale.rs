@@ -6,9 +6,10 @@
 //!
 //! At each step (200, 2 000, 5 000, 10 000, 20 000 VMs) it prints: allocations/s while building
 //! up to the step and the controllers' API calls per allocation; the leader's CPU seconds per
-//! 1 000 allocations (and every other process's); for 100 more VMs created one at a time, once
+//! 1 000 allocations (and every other process's); for 300 more VMs created one at a time, once
 //! the build-up's events are published, create → lease in a stream client's table (what the
-//! serving agent would offer; p50/p99, and their ratios to the first step's), and pool status
+//! serving agent would offer; p50/p99, and their ratios to the first step's; also from the VM's
+//! POST answered, which leaves out the API server's own round trip), and pool status
 //! recorded → lease applied by all 20 clients (p50/p99); the API server's own round trips on the
 //! idle cluster (the VM's POST, a ConfigMap PATCH); the leader's and the agent's RSS; a fresh
 //! client's snapshot time; the leader's CPU at rest (and the build-up's less that). Then a control: as many fresh pools built up as the second step built
@@ -60,9 +61,11 @@ use vmdhcp_integration::process::{Supervised, cpu_seconds, rss_mb, workspace_bin
 use vmdhcp_proto::agent::v1 as pb;
 
 const CLIENTS: usize = 20;
-/// One-at-a-time VMs measured at each step: enough that the p99 is not simply the slowest one
-/// (with 20 it was, and one slow POST of the API server's made the step's p99).
-const SAMPLES: usize = 100;
+/// One-at-a-time VMs measured at each step: enough that the p99 is not one of the API server's
+/// own slow answers (with 20 the p99 was the slowest VM, and one slow POST made it; with 100 it
+/// was the second slowest, and a step's ratio moved 0.5-1.9x from run to run with the API
+/// server's own idle p99); with 300 it is the fourth slowest.
+const SAMPLES: usize = 300;
 /// How long the leader is watched at rest after each step: what it spends with nothing to do
 /// (Lease renewals, watch bookmarks, the agent's reports, timers) is part of the build-up's CPU
 /// per allocation in proportion to how long the build-up took, so a slower step shows more of
@@ -646,6 +649,7 @@ async fn main() {
     }
     let mut reference_p50 = None;
     let mut reference_p99 = None;
+    let mut after_post_first = None;
     let mut machine_first = None;
     let mut leader_first = None;
     let mut rss_first = None;
@@ -724,9 +728,11 @@ async fn main() {
         let mut applied = Vec::new();
         let mut recorded = Vec::new();
         let mut posted = Vec::new();
+        let mut after_post = Vec::new();
         for _ in 0..SAMPLES {
             let (o, a, r, c) = bench.one_more().await;
             offered.push(o * 1e3);
+            after_post.push((o - c) * 1e3);
             applied.push(a * 1e3);
             recorded.push(r * 1e3);
             posted.push(c * 1e3);
@@ -735,6 +741,9 @@ async fn main() {
         applied.sort_by(f64::total_cmp);
         recorded.sort_by(f64::total_cmp);
         posted.sort_by(f64::total_cmp);
+        after_post.sort_by(f64::total_cmp);
+        let ours = (percentile(&after_post, 0.5), percentile(&after_post, 0.99));
+        let ours0 = *after_post_first.get_or_insert(ours);
         let probes = bench.probe_writes(SAMPLES).await;
         let machine = reference_seconds();
         let machine0 = *machine_first.get_or_insert(machine);
@@ -811,6 +820,13 @@ async fn main() {
             "        leader at rest at this size {:.1} ms CPU per s; its CPU over the build-up ({took:.0} s) less that: {:.2} s per 1 000 allocations",
             at_rest * 1e3,
             per_1000(cpu - at_rest * took),
+        );
+        println!(
+            "        create → in a client's table, from the VM's POST answered (the controllers' and the stream's part) p50 / p99: {:.1} / {:.1} ms, {:.2}x / {:.2}x the first step's",
+            ours.0,
+            ours.1,
+            ours.0 / ours0.0,
+            ours.1 / ours0.1,
         );
         println!(
             "        create → address in the pool's status (the bench's watch) p50 / p99: {:.1} / {:.1} ms",
