@@ -239,11 +239,7 @@ impl AgentReport {
         self.agent == other.agent
             && self.epoch == other.epoch
             && self.leader == other.leader
-            && self.interfaces.len() == other.interfaces.len()
-            && self.interfaces.iter().zip(&other.interfaces).all(|(a, b)| {
-                (&a.pool_ref, &a.interface_name, a.state, &a.error, &a.probes)
-                    == (&b.pool_ref, &b.interface_name, b.state, &b.error, &b.probes)
-            })
+            && entries_by_pool(self) == entries_by_pool(other)
     }
 }
 

@@ -12,9 +12,10 @@
 //! POST answered, which leaves out the API server's own round trip), and pool status
 //! recorded → lease applied by all 20 clients (p50/p99); the API server's own round trips on the
 //! idle cluster (the VM's POST, a ConfigMap PATCH); the leader's and the agent's RSS; a fresh
-//! client's snapshot time; the leader's CPU at rest (and the build-up's less that). Then a control: as many fresh pools built up as the second step built
-//! up the first ones, at the full cluster's size, with the leader's CPU per allocation — the same
-//! as at the second step if that cost follows the pools' fill, not the cluster's size.
+//! client's snapshot time; the leader's CPU at rest (and the build-up's less that). Then a
+//! control: as many fresh pools built up as the second step built up the first ones, at the full
+//! cluster's size, with the leader's CPU per allocation — the same as at the second step if that
+//! cost follows the pools' fill, not the cluster's size.
 //! At the end: `kill -9` of the leader → the new leader's
 //! first allocation (from its Lease acquired), and a restart of both controllers on the
 //! converged cluster, counting its writes to the API.
@@ -706,15 +707,11 @@ async fn main() {
         // queue; the VMs below are timed once that is over, as on a cluster at rest (how long it
         // took is printed).
         let drain = Instant::now();
-        let event_posts = |c: &Counts| {
-            c.get(&("POST".to_owned(), "events".to_owned()))
-                .copied()
-                .unwrap_or(0.0)
-        };
-        let mut events = event_posts(&bench.cp.requests().unwrap());
+        let event_posts = || bench.cp.requests_of("POST", "events").unwrap();
+        let mut events = event_posts();
         while drain.elapsed() < Duration::from_secs(120) {
             tokio::time::sleep(Duration::from_secs(1)).await;
-            let now = event_posts(&bench.cp.requests().unwrap());
+            let now = event_posts();
             if now == events {
                 break;
             }

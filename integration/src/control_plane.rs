@@ -332,6 +332,15 @@ impl ControlPlane {
         Ok(())
     }
 
+    /// How many `verb` requests on `resource` the API server counted so far ([`Self::requests`]).
+    pub fn requests_of(&self, verb: &str, resource: &str) -> Result<f64, ControlPlaneError> {
+        Ok(self
+            .requests()?
+            .get(&(verb.to_owned(), resource.to_owned()))
+            .copied()
+            .unwrap_or(0.0))
+    }
+
     /// The API server's `apiserver_request_total`, summed by (verb, resource), watches left out:
     /// what clients asked of it so far, for counting a component's calls. A LIST across all
     /// namespaces has ` (all namespaces)` after its resource.

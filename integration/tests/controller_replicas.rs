@@ -753,12 +753,8 @@ async fn agent_ready_holds_whichever_replica_the_agent_reports_to() {
         let entry = cm.data?.remove(&format!("{ns}.agent-x"))?;
         serde_json::from_str::<serde_json::Value>(&entry).ok()?["revision"].as_u64()
     };
-    let patches = |c: &BTreeMap<(String, String), f64>| {
-        c.get(&("PATCH".to_owned(), "configmaps".to_owned()))
-            .copied()
-            .unwrap_or(0.0)
-    };
-    let before = patches(&cp.requests().unwrap());
+    let patches = || cp.requests_of("PATCH", "configmaps").unwrap();
+    let before = patches();
     for n in 1..=5 {
         let mut moved = serving_report(&ns, "agent-x", &pool_ref);
         moved.applied_revision = n;
@@ -774,7 +770,7 @@ async fn agent_ready_holds_whichever_replica_the_agent_reports_to() {
         (stored_revision().await == Some(6)).then_some(())
     })
     .await;
-    let written = patches(&cp.requests().unwrap()) - before;
+    let written = patches() - before;
     // 1: the changed report; 2 if the first report's 30 s refresh fell due meanwhile.
     assert!(
         (1.0..=2.0).contains(&written),
