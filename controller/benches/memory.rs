@@ -19,11 +19,11 @@ use kube::runtime::watcher;
 use serde_json::{Value, json};
 use vmdhcp_controller::index::configs::ConfigIndex;
 use vmdhcp_controller::index::shared_watch::forget_managed_fields;
+use vmdhcp_controller::index::trim;
 use vmdhcp_controller::index::{DEFAULT_HISTORY, Index, Op};
 use vmdhcp_controller::ipam::PoolAllocator;
 use vmdhcp_controller::kinds::VirtualMachine;
 use vmdhcp_controller::metrics::{Metrics, VmnetcfgLabels};
-use vmdhcp_controller::reconcile::vm::{trim, trim_config};
 use vmdhcp_core::MacAddr;
 use vmdhcp_core::crd::VirtualMachineNetworkConfig;
 use vmdhcp_core::pool::PoolRange;
@@ -166,7 +166,7 @@ fn main() {
     let (vm_cache, vm_bytes) = measure("VM cache (trimmed to what is read)", vms, || {
         cache(vms, vm, |v| {
             forget_managed_fields(v);
-            trim(v);
+            trim::vm(v);
         })
     });
     let (untrimmed, untrimmed_bytes) = measure("config cache, untrimmed (as before)", vms, || {
@@ -176,7 +176,7 @@ fn main() {
     let (cfg_cache, cfg_bytes) = measure("config cache (trimmed)", vms, || {
         cache(vms, config, |c| {
             forget_managed_fields(c);
-            trim_config(c);
+            trim::config(c);
         })
     });
     let (index, index_bytes) = measure("config index (MAC owners, members, holders)", vms, || {

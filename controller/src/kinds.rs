@@ -16,16 +16,19 @@ use serde::{Deserialize, Deserializer};
 use vmdhcp_core::NamespacedName;
 use vmdhcp_core::crd::IPPool;
 
+/// Annotation in which Harvester records the MAC of each NIC (`{"nic-1": "aa:bb:…"}`).
+pub const MAC_ANNOTATION: &str = "harvesterhci.io/mac-address";
+
 /// KubeVirt's `VirtualMachine`, as far as this controller reads it: its identity, annotations
 /// (the MAC one) and its template's networks and interfaces.
 ///
 /// Decoded straight from the API's JSON, skipping every other field while parsing: the leader
-/// caches every VM of the cluster, and the whole object as JSON values costs kilobytes (measured
-/// with heaptrack: 6.9 KB per VM even trimmed to these fields, as a `DynamicObject` of nested
-/// maps) where this costs a few hundred bytes. Read-only: the controller never writes VMs.
+/// caches every VM of the cluster, and the whole object as JSON values costs kilobytes per VM,
+/// even trimmed to these fields, where this costs a few hundred bytes (docs/tuning.md).
+/// Read-only: the controller never writes VMs.
 #[derive(Clone, Debug, Default, Deserialize)]
 pub struct VirtualMachine {
-    /// The VM's metadata (the cache drops what is not read; see `reconcile::vm::trim`).
+    /// The VM's metadata (the cache drops what is not read; see `index::trim::vm`).
     #[serde(default)]
     pub metadata: ObjectMeta,
     /// `spec`; a malformed one reads as empty (no NICs), see [`lenient`].

@@ -16,9 +16,18 @@
 //! | [`causes`] | trace links from a write to the task that later acts on it |
 //! | [`metrics`], [`http`] | Prometheus metrics and the HTTP endpoints |
 //!
-//! Dependencies point one way: `runtime` → `reconcile` → `index`, `reports`, `ipam`; `runtime` →
-//! `stream` → `index`, `reports`, `security`. The index, IPAM, reports and kinds import none of
-//! the folders above them, and the reconcilers never import the gRPC layer.
+//! # Layers
+//!
+//! A module imports only modules of the layers below its own, never one above or beside it:
+//! the index, IPAM, reports and kinds know nothing of who drives them, and the reconcilers never
+//! import the gRPC layer. `tests/layering.rs` reads this list and fails on any import against
+//! it, so a new module must be placed here.
+//!
+//! 1. `runtime`
+//! 2. `reconcile`, `stream`, `http`
+//! 3. `security`
+//! 4. `index`
+//! 5. `ipam`, `reports`, `kinds`, `causes`, `metrics`
 //!
 //! # One lease, from `kubectl apply` to the agent
 //!

@@ -14,6 +14,8 @@
 //! - [`admission`]: the admission webhook's decisions (IPPool defaults, what is refused and why).
 //! - `fixtures` (tests only, feature `test-support` for the other crates): the objects and
 //!   configs every crate's tests build on.
+//! - `layering` (tests only, same feature): the check that each crate's modules import only
+//!   the layers below their own, as its `lib.rs` lists them.
 #![forbid(unsafe_code)]
 
 pub mod admission;
@@ -22,6 +24,8 @@ pub mod crd;
 #[cfg(any(test, feature = "test-support"))]
 pub mod fixtures;
 pub mod ifname;
+#[cfg(any(test, feature = "test-support"))]
+pub mod layering;
 pub mod mac;
 pub mod names;
 pub mod pool;

@@ -4,10 +4,9 @@
 //! [`ConfigIndex`]); and the VirtualMachines and NetworkAttachmentDefinitions only the leader's
 //! reconcilers read, kept warm on a follower too. One watch each for the whole process, started
 //! once and kept across leadership terms, so a new leader starts from filled caches instead of
-//! listing everything again (22 000 VMs took 5.8 s to list in the scale bench, all of it between
-//! the Lease and the first allocation), and no object is held twice. Configs, VMs and NADs are
-//! cached trimmed to what is read of them ([`crate::reconcile::vm::trim_config`],
-//! [`crate::reconcile::vm::trim`], [`trim_nad`]).
+//! listing everything again between the Lease and its first allocation (at scale, most of a
+//! failover: docs/tuning.md), and no object is held twice. Configs, VMs and NADs are
+//! cached trimmed to what is read of them ([`trim`]).
 
 use std::sync::Arc;
 
@@ -20,6 +19,7 @@ use vmdhcp_core::crd::{IPPool, VirtualMachineNetworkConfig};
 use crate::index::configs::ConfigIndex;
 use crate::index::pools::PoolNetworks;
 use crate::index::shared_watch::SharedWatch;
+use crate::index::trim;
 use crate::kinds::{VirtualMachine, nad_resource};
 
 /// The shared watches and the indexes kept from them. Cheap to clone.
@@ -70,20 +70,16 @@ impl Caches {
             Api::all(client.clone()),
             (),
             wc.clone(),
-            crate::reconcile::vm::trim_config,
+            trim::config,
             move |event| observer.observe(event),
         );
-        let (vms, vm_watch) = SharedWatch::start_trimmed(
-            Api::all(client.clone()),
-            (),
-            wc.clone(),
-            crate::reconcile::vm::trim,
-        );
+        let (vms, vm_watch) =
+            SharedWatch::start_trimmed(Api::all(client.clone()), (), wc.clone(), trim::vm);
         let (nads, nad_watch) = SharedWatch::start_trimmed(
             Api::all_with(client.clone(), &nad_resource()),
             nad_resource(),
             wc,
-            trim_nad,
+            trim::nad,
         );
         let tasks = CacheTasks([
             tokio::spawn(pool_watch),
@@ -110,11 +106,4 @@ impl Caches {
     pub async fn ready(&self) {
         tokio::join!(self.pools.ready(), self.configs.ready());
     }
-}
-
-/// A NAD as the pool reconciler reads it: its name and labels; its annotations and its
-/// configuration (`spec.config`, often kilobytes) are dropped.
-pub fn trim_nad(nad: &mut DynamicObject) {
-    nad.metadata.annotations = None;
-    nad.data = serde_json::Value::Null;
 }

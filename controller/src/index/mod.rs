@@ -7,7 +7,8 @@
 //! - [`caches`]: the process's shared watches of IPPools and configs;
 //! - [`configs`]: which config holds each MAC on each network, and which configs a pool write
 //!   concerns, kept per config event;
-//! - [`pools`]: which pools name each network, kept per pool event.
+//! - [`pools`]: which pools name each network, kept per pool event;
+//! - [`trim`]: what the caches keep of each object.
 //!
 //! It must not reach into the reconcilers or the gRPC layer: both depend on it, not the reverse.
 //!
@@ -23,7 +24,8 @@
 
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
 
-use std::sync::{Arc, Mutex, PoisonError};
+use parking_lot::Mutex;
+use std::sync::Arc;
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use opentelemetry::trace::SpanContext;
@@ -36,6 +38,7 @@ pub mod configs;
 pub mod pools;
 pub mod shared_watch;
 pub mod sync;
+pub mod trim;
 
 /// How many revisions of history an index keeps by default for resuming agents.
 pub const DEFAULT_HISTORY: usize = 4096;
@@ -91,9 +94,9 @@ struct State {
 
 impl State {
     /// The history's revisions after `since`, oldest first. Found by bisection (the history is
-    /// in revision order): each of the 20 stream clients asks once per revision it catches up
-    /// on, and a scan from the oldest of the 4 096 kept revisions made that cost grow with
-    /// the history rather than with what changed (1.6 % of the leader's CPU at 20 000 VMs).
+    /// in revision order): each stream client asks once per revision it catches up on, and a
+    /// scan from the oldest kept revision would make that cost grow with the history rather
+    /// than with what changed (docs/tuning.md).
     fn after(&self, since: u64) -> std::collections::vec_deque::Iter<'_, Touched> {
         let first = self.history.partition_point(|t| t.revision <= since);
         self.history.range(first..)
@@ -209,8 +212,8 @@ impl Index {
             .collect()
     }
 
-    fn lock(&self) -> std::sync::MutexGuard<'_, State> {
-        self.state.lock().unwrap_or_else(PoisonError::into_inner)
+    fn lock(&self) -> parking_lot::MutexGuard<'_, State> {
+        self.state.lock()
     }
 
     /// Applies `ops` as one atomic change. Returns the new revision, or `None` when the ops

@@ -19,12 +19,11 @@ use vmdhcp_core::crd::{
 };
 use vmdhcp_core::{MacAddr, NamespacedName};
 
-use crate::kinds::VirtualMachine;
+use crate::index::trim;
+use crate::kinds::{MAC_ANNOTATION, VirtualMachine};
 use crate::reconcile::context::{Context, NotLeader};
 use crate::reconcile::versioned;
 
-/// Annotation in which Harvester records the MAC of each NIC (`{"nic-1": "aa:bb:…"}`).
-pub const MAC_ANNOTATION: &str = "harvesterhci.io/mac-address";
 /// Field manager of the configs this controller writes.
 pub const FIELD_MANAGER: &str = "vm-dhcp-controller";
 
@@ -98,50 +97,6 @@ pub fn network_configs(vm: &VirtualMachine) -> Vec<NetworkConfig> {
     out
 }
 
-/// Keeps of a cached VirtualMachine's metadata what this controller reads (identity, deletion,
-/// the MAC annotation) and drops the rest (managed fields, labels, other annotations…); the
-/// spec was already read down to the networks and interfaces ([`VirtualMachine`]).
-pub fn trim(vm: &mut VirtualMachine) {
-    let meta = &mut vm.metadata;
-    meta.managed_fields = None;
-    meta.labels = None;
-    meta.owner_references = None;
-    meta.finalizers = None;
-    if let Some(annotations) = meta.annotations.as_mut() {
-        annotations.retain(|k, _| k == MAC_ANNOTATION);
-        if annotations.is_empty() {
-            meta.annotations = None;
-        }
-    }
-}
-
-/// Keeps of a cached config's metadata what this controller reads: annotations go (nothing
-/// reads them), and the labels shrink to whether the config carries the VM-name label this
-/// controller applies ([`labelled_as_applied`]). A map of one label costs a whole tree node
-/// (over half a kilobyte), once per config; at 20 000 configs that was 11 MB of the leader's
-/// heap for one bit. The label right: no map; otherwise a map holding at most that label, empty
-/// when it is missing, so the two can never be confused.
-pub fn trim_config(cfg: &mut VirtualMachineNetworkConfig) {
-    let meta = &mut cfg.metadata;
-    meta.annotations = None;
-    let name = meta.name.as_deref().unwrap_or_default();
-    let labels = meta.labels.take().unwrap_or_default();
-    if labels.get(LABEL_VM_NAME).map(String::as_str) != Some(name) {
-        meta.labels = Some(
-            labels
-                .into_iter()
-                .filter(|(k, _)| k == LABEL_VM_NAME)
-                .collect(),
-        );
-    }
-}
-
-/// Whether a config, as the cache holds it ([`trim_config`]), carries the VM-name label this
-/// controller applies (`harvesterhci.io/vmName` = its own name).
-pub fn labelled_as_applied(cfg: &VirtualMachineNetworkConfig) -> bool {
-    cfg.metadata.labels.is_none()
-}
-
 /// The config a VM asks for, as this controller applies it (server-side, owning the spec's
 /// NICs): named after the VM, owned by it, created with the finalizer. An empty `configs`
 /// serialises without `networkConfigs`, so the apply drops the NICs this manager owned.
@@ -204,6 +159,7 @@ pub async fn reconcile(vm: Arc<VirtualMachine>, ctx: Arc<Context>) -> Result<Act
     let name = vm.name_any();
     let api: Api<VirtualMachineNetworkConfig> = Api::namespaced(ctx.client.clone(), &ns);
     let existing = ctx
+        .stores
         .vmnetcfgs
         .get(&kube::runtime::reflector::ObjectRef::new(&name).within(&ns));
     let mut configs = network_configs(&vm);
@@ -233,7 +189,7 @@ pub async fn reconcile(vm: Arc<VirtualMachine>, ctx: Arc<Context>) -> Result<Act
                 })
                 .and_then(|e| e.ip_address.clone());
         }
-        if current.spec.network_configs == configs && labelled_as_applied(current) {
+        if current.spec.network_configs == configs && trim::labelled_as_applied(current) {
             return Ok(Action::await_change());
         }
     }
@@ -248,7 +204,7 @@ pub async fn reconcile(vm: Arc<VirtualMachine>, ctx: Arc<Context>) -> Result<Act
     if let Ok(config) = NamespacedName::new(&ns, &name) {
         // The config's reconcile continues this trace. Recorded before the write: its watch
         // event may start that reconcile before this call returns.
-        ctx.causes.vmnetcfgs.record_current(config);
+        ctx.signals.causes.vmnetcfgs.record_current(config);
     }
     // The typed object: its serialisation cannot fail, and it carries apiVersion and kind.
     // Answered with its metadata alone: nothing here reads the config back.
@@ -314,12 +270,12 @@ mod tests {
                 "spec": {"vmName": "vm1"}
             }))
             .unwrap();
-            trim_config(&mut c);
+            trim::config(&mut c);
             assert!(c.metadata.annotations.is_none());
             c
         };
         let applied = config(json!({LABEL_VM_NAME: "vm1", "team": "a"}));
-        assert!(labelled_as_applied(&applied));
+        assert!(trim::labelled_as_applied(&applied));
         assert!(applied.metadata.labels.is_none(), "no tree node is kept");
         for (labels, kept) in [
             (json!({LABEL_VM_NAME: "vm2", "team": "a"}), 1),
@@ -327,7 +283,7 @@ mod tests {
             (json!(null), 0),
         ] {
             let c = config(labels.clone());
-            assert!(!labelled_as_applied(&c), "{labels}");
+            assert!(!trim::labelled_as_applied(&c), "{labels}");
             assert_eq!(c.labels().len(), kept, "{labels}");
         }
         // What this controller applies reads, once cached, as applied.
@@ -338,8 +294,8 @@ mod tests {
             Vec::new(),
             None,
         );
-        trim_config(&mut desired);
-        assert!(labelled_as_applied(&desired));
+        trim::config(&mut desired);
+        assert!(trim::labelled_as_applied(&desired));
     }
 
     #[test]
@@ -360,7 +316,7 @@ mod tests {
         });
         let mut v: VirtualMachine = serde_json::from_value(full).unwrap();
         let before = network_configs(&v);
-        trim(&mut v);
+        trim::vm(&mut v);
         assert_eq!(network_configs(&v), before);
         assert_eq!(
             pairs(&before),
