@@ -151,10 +151,11 @@ pub async fn run(
             Seen::Unknown => {}
             Seen::Present(deploy) => {
                 missing_reported.clear();
-                ctx.agent_deployment_missing
+                ctx.agents
+                    .deployment_missing
                     .store(false, std::sync::atomic::Ordering::Relaxed);
                 if current(deploy, &target.container) == desired {
-                    ctx.metrics.bootstrap_checked("unchanged");
+                    ctx.signals.metrics.bootstrap_checked("unchanged");
                 } else if ctx.ensure_leader().is_ok() {
                     let patch = patch_for(&bootstrap, &target.container);
                     match api
@@ -166,13 +167,13 @@ pub async fn run(
                         .await
                     {
                         Ok(written) => {
-                            ctx.metrics.bootstrap_checked("written");
+                            ctx.signals.metrics.bootstrap_checked("written");
                             info!(deployment = %target.deployment, pools = bootstrap.pool_refs.len(), "agent Deployment bootstrap updated");
                             // What the API now holds, until the watch shows a newer version.
                             watched.seen = Seen::Present(Box::new(written));
                         }
                         Err(e) => {
-                            ctx.metrics.bootstrap_checked("error");
+                            ctx.signals.metrics.bootstrap_checked("error");
                             warn!(deployment = %target.deployment, error = %e, "cannot update the agent Deployment; retrying");
                             failed = true;
                         }
@@ -180,8 +181,9 @@ pub async fn run(
                 }
             }
             Seen::Missing => {
-                ctx.metrics.bootstrap_checked("missing");
-                ctx.agent_deployment_missing
+                ctx.signals.metrics.bootstrap_checked("missing");
+                ctx.agents
+                    .deployment_missing
                     .store(true, std::sync::atomic::Ordering::Relaxed);
                 let unreported: Vec<NamespacedName> = pools
                     .iter()
@@ -226,17 +228,16 @@ async fn report_missing(ctx: &Context, target: &AgentDeployment, pools: &[Namesp
         if ctx.ensure_leader().is_err() {
             return;
         }
-        if let Some(obj) = ctx.pools.get(&store_key(pool)) {
+        if let Some(obj) = ctx.stores.pools.get(&store_key(pool)) {
             ctx.event(
                 obj.as_ref(),
                 EventType::Warning,
                 "AgentDeploymentNotFound",
                 "Bootstrap",
                 message.clone(),
-            )
-            .await;
+            );
         }
-        let result = update_pool_status(&ctx.client, Some(&ctx.pools), pool, |s| {
+        let result = update_pool_status(&ctx.client, Some(&ctx.stores.pools), pool, |s| {
             set_condition(
                 &mut s.conditions,
                 CONDITION_AGENT_READY,

@@ -2,6 +2,7 @@
 //! pool-status writer, the bounded event queue, and the leadership flag that gates every write.
 
 use std::sync::Arc;
+use std::sync::atomic::AtomicBool;
 
 use k8s_openapi::jiff::Timestamp;
 use kube::api::DynamicObject;
@@ -13,11 +14,15 @@ use vmdhcp_core::NamespacedName;
 use vmdhcp_core::crd::{IPPool, VirtualMachineNetworkConfig};
 
 use crate::causes::TraceCauses;
+use crate::index::configs::ConfigIndex;
+use crate::index::pools::PoolNetworks;
 use crate::ipam::{Ipam, MacOwners};
 use crate::kinds::{VirtualMachine, network_of, store_key};
 use crate::metrics::Metrics;
 use crate::reconcile::events::Events;
 use crate::reconcile::status::PoolStatusWriter;
+use crate::reconcile::vmnetcfg::StatusMemo;
+use crate::reports::Reports;
 
 /// Finalizer on IPPools (upstream's name, so objects created by upstream carry over).
 pub const IPPOOL_FINALIZER: &str = "wrangler.cattle.io/vm-dhcp-ippool-controller";
@@ -33,55 +38,79 @@ pub struct AgentDeployment {
     pub container: String,
 }
 
-/// Shared by all reconcilers.
+/// Shared by all reconcilers: the API client, the leadership flag every write checks, and what
+/// they read and keep, grouped by who it belongs to.
 pub struct Context {
     /// The API client.
     pub client: Client,
+    /// True while this replica leads; every write checks it.
+    pub leader: watch::Receiver<bool>,
+    /// The caches the reconcilers read.
+    pub stores: Stores,
+    /// This term's allocations and how they reach the pools' status.
+    pub books: Books,
+    /// The agents: their Deployment and what they report.
+    pub agents: Agents,
+    /// Events, metrics and trace links.
+    pub signals: Signals,
+}
+
+/// The caches the reconcilers read: the objects as last seen, and the indexes kept from them.
+pub struct Stores {
     /// IPPools as last seen.
     pub pools: Store<IPPool>,
     /// VirtualMachineNetworkConfigs as last seen.
     pub vmnetcfgs: Store<VirtualMachineNetworkConfig>,
     /// KubeVirt VirtualMachines as last seen, trimmed to what the reconcilers read
-    /// ([`crate::reconcile::vm::trim`]).
+    /// ([`crate::index::trim::vm`]).
     pub vms: Store<VirtualMachine>,
     /// NetworkAttachmentDefinitions as last seen, metadata only (a pool labels its network).
     pub nads: Store<DynamicObject>,
-    /// Allocations, rebuilt from status when leadership starts.
-    pub ipam: Arc<Ipam>,
-    /// Batches IPAM → IPPool status writes.
-    pub writer: Arc<PoolStatusWriter>,
-    /// Kubernetes events, published in order by one task.
-    pub events: Events,
-    /// Prometheus metrics.
-    pub metrics: Arc<Metrics>,
-    /// True while this replica leads; every write checks it.
-    pub leader: watch::Receiver<bool>,
-    /// The agent Deployment to bootstrap, if configured.
-    pub agent: Option<AgentDeployment>,
-    /// Which config owns each MAC on each pool (claims made in this term).
-    pub mac_owners: MacOwners,
     /// Which pools name each network (kept from the pools' watch).
-    pub pool_networks: Arc<crate::index::pools::PoolNetworks>,
+    pub pool_networks: Arc<PoolNetworks>,
     /// Which config's status holds each MAC on each network (kept from the configs' watch).
-    pub config_index: Arc<crate::index::configs::ConfigIndex>,
-    /// What agents report over the config stream (feeds `AgentReady`).
-    pub reports: Arc<crate::reports::Reports>,
-    /// Set by the bootstrap writer while the agent Deployment is missing.
-    pub agent_deployment_missing: std::sync::atomic::AtomicBool,
-    /// Spans whose work later reconciles and index revisions continue.
-    pub causes: Arc<TraceCauses>,
+    pub config_index: Arc<ConfigIndex>,
     /// True once `pools`, `vmnetcfgs` and `vms` have each had their first full list (see
     /// [`Context::caches_ready`]). A watch channel rather than each store's own wait, which wakes
-    /// only the last of many concurrent waiters (kube-runtime 5's `DelayedInit` holds one waker).
-    pub caches: watch::Receiver<bool>,
+    /// only the last of many concurrent waiters (kube-runtime's `DelayedInit` holds one waker).
+    pub ready: watch::Receiver<bool>,
+}
+
+/// This term's allocations: the IPAM, who claimed each MAC, and the writers that record them.
+pub struct Books {
+    /// Allocations, rebuilt from status when leadership starts.
+    pub ipam: Arc<Ipam>,
+    /// Which config owns each MAC on each pool (claims made in this term).
+    pub mac_owners: MacOwners,
+    /// Batches IPAM → IPPool status writes.
+    pub writer: Arc<PoolStatusWriter>,
+    /// The status last written per config, until the cache shows it.
+    pub written: StatusMemo,
     /// The networks whose pool's IPAM its reconcile has just (re)built: every config on such a
     /// network is reconciled again. An allocated config waits for its own changes only, so a
     /// pool that comes (back) without the allocations its configs record (recreated, or on a
     /// new range) must wake them to be registered again.
-    pub pool_rebuilt: mpsc::Sender<NamespacedName>,
-    /// The status last written per config (serialised, without timestamps), with the
-    /// resourceVersion it was computed from; only until the cache shows it.
-    pub written: std::sync::Mutex<std::collections::HashMap<String, (String, String)>>,
+    pub rebuilt: mpsc::Sender<NamespacedName>,
+}
+
+/// The agents as the reconcilers see them.
+pub struct Agents {
+    /// The agent Deployment to bootstrap, if configured.
+    pub deployment: Option<AgentDeployment>,
+    /// Set by the bootstrap writer while the agent Deployment is missing.
+    pub deployment_missing: AtomicBool,
+    /// What agents report over the config stream (feeds `AgentReady`).
+    pub reports: Arc<Reports>,
+}
+
+/// What the reconcilers tell the world besides the objects they write.
+pub struct Signals {
+    /// Kubernetes events, published in order by one task.
+    pub events: Events,
+    /// Prometheus metrics.
+    pub metrics: Arc<Metrics>,
+    /// Spans whose work later reconciles and index revisions continue.
+    pub causes: Arc<TraceCauses>,
 }
 
 impl Context {
@@ -91,7 +120,7 @@ impl Context {
     /// config that is already there, or judge a VM gone. Returns at once afterwards.
     pub async fn caches_ready(&self) {
         // Err: the term is ending (its sender is gone); the reconcile's writes check leadership.
-        let _ = self.caches.clone().wait_for(|ready| *ready).await;
+        let _ = self.stores.ready.clone().wait_for(|ready| *ready).await;
     }
 }
 
@@ -113,7 +142,7 @@ impl Context {
     /// Publishes a Kubernetes event about `obj` in the background: events are best-effort and
     /// must not slow allocation. They go through the term's bounded [`Events`] queue; when it
     /// is full the event is dropped and counted, never a task or memory per event.
-    pub async fn event<K: Resource<DynamicType = ()>>(
+    pub fn event<K: Resource<DynamicType = ()>>(
         &self,
         obj: &K,
         type_: EventType,
@@ -128,18 +157,19 @@ impl Context {
             action: action.into(),
             secondary: None,
         };
-        self.events.send(ev, obj.object_ref(&()));
+        self.signals.events.send(ev, obj.object_ref(&()));
     }
 
     /// The IPPool that serves `network`: among live pools naming it, the oldest (then by name).
     /// Upstream let a second pool on one network silently clobber the first; here the first
     /// keeps it and the others are refused.
-    /// Looked up in [`Context::pool_networks`]: it costs the pools on `network`, not every pool.
+    /// Looked up in [`Stores::pool_networks`]: it costs the pools on `network`, not every pool.
     pub fn pool_for_network(&self, network: &NamespacedName) -> Option<Arc<IPPool>> {
-        self.pool_networks
+        self.stores
+            .pool_networks
             .on(network)
             .iter()
-            .filter_map(|p| self.pools.get(&store_key(p)))
+            .filter_map(|p| self.stores.pools.get(&store_key(p)))
             .filter(|p| p.metadata.deletion_timestamp.is_none())
             .filter(|p| network_of(p).as_ref() == Some(network))
             .min_by_key(|p| serving_order(p))

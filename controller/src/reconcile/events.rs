@@ -3,10 +3,11 @@
 //!
 //! kube-runtime's `Recorder` keeps every event it published for six minutes, keyed by the
 //! object's full reference (resourceVersion included, so nearly every event is a new key), and
-//! walks that whole map on every publish to expire old entries. Building up 20 000 VMs, that is
-//! one cached event per allocation — tens of megabytes, and a scan growing with the allocation
-//! rate on every event. Here repeats are remembered in a cache bounded in size and age: the cost
-//! of one event is one API call and O(1) bookkeeping, whatever the cluster's size or history.
+//! walks that whole map on every publish to expire old entries. Building up a cluster, that is
+//! one cached event per allocation of the last six minutes, and a scan growing with the
+//! allocation rate on every event. Here repeats are remembered in a cache bounded in size and
+//! age: the cost of one event is one API call and O(1) bookkeeping, whatever the cluster's size
+//! or history.
 
 use std::time::Duration;
 
@@ -54,9 +55,9 @@ impl Events {
 
     /// Queues an event; drops it when the queue is full (the API server is slow or down). The
     /// last quarter of the queue is kept for warnings: a burst of allocations fills the queue
-    /// with `Allocated` events faster than one publisher empties it under load (the scale bench
-    /// dropped most of them at 20 000 VMs), and a refusal or an address conflict in that burst,
-    /// what an operator reads events for, must not be dropped for them.
+    /// with `Allocated` events faster than one publisher empties it under load (most of them
+    /// are dropped: docs/tuning.md), and a refusal or an address conflict in that burst, what
+    /// an operator reads events for, must not be dropped for them.
     pub fn send(&self, event: Event, about: ObjectReference) {
         let reserved = self.tx.max_capacity() / 4;
         let admitted = match event.type_ {

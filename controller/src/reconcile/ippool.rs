@@ -2,7 +2,7 @@
 //! status, keeps `RESERVED`/`EXCLUDED`, `used`/`available` and the conditions current, and on
 //! pause or deletion lets go of everything in memory while keeping the allocations in etcd.
 //!
-//! Order of work follows upstream (§2 of upstream-behaviour.md) with its bugs fixed: IPAM is
+//! Order of work follows upstream (docs/compatibility.md) with its bugs fixed: IPAM is
 //! keyed by pool, a second pool on a network is refused rather than clobbering the first, and
 //! metrics are removed under the labels they were created with.
 
@@ -30,7 +30,7 @@ use crate::ipam::{IpamError, PoolAllocator};
 use crate::kinds::{nad_resource, network_of, object_ref};
 use crate::metrics::PoolLabels;
 use crate::reconcile::context::{Context, IPPOOL_FINALIZER, NotLeader, serving_order};
-use crate::reconcile::status::{StatusError, set_condition, update_pool_status};
+use crate::reconcile::status::{StatusError, Wanted, update_pool_status};
 use crate::reports::{AddressProbe, AgentReport, InterfaceState, ProbeReason};
 use vmdhcp_core::{MacAddr, NamespacedName};
 
@@ -94,21 +94,28 @@ pub async fn reconcile(pool: Arc<IPPool>, ctx: Arc<Context>) -> Result<Action, E
 async fn write_status(
     ctx: &Context,
     pool: &NamespacedName,
-    conditions: &[(&str, bool, &str, String)],
+    conditions: &[Wanted],
     books: bool,
 ) -> Result<(), Error> {
     ctx.ensure_leader()?;
     let set = |status: &mut IPPoolStatus| {
-        for (type_, value, reason, message) in conditions {
-            set_condition(&mut status.conditions, type_, *value, reason, message);
+        for wanted in conditions {
+            wanted.apply(&mut status.conditions);
         }
     };
     if books {
-        ctx.writer
-            .persist_with(&ctx.client, Some(&ctx.pools), &ctx.ipam, pool, set)
+        ctx.books
+            .writer
+            .persist_with(
+                &ctx.client,
+                Some(&ctx.stores.pools),
+                &ctx.books.ipam,
+                pool,
+                set,
+            )
             .await?;
     } else {
-        update_pool_status(&ctx.client, Some(&ctx.pools), pool, |status| {
+        update_pool_status(&ctx.client, Some(&ctx.stores.pools), pool, |status| {
             set(status);
             Ok(())
         })
@@ -142,12 +149,14 @@ fn fresh_leaders(
 
 /// `AgentReady` from what agents report: True when a fresh report of the leading agent has the
 /// pool's interface serving; otherwise False with the reason (the interface's error, not served,
-/// no report at all). Returns (status, reason, message).
+/// no report at all).
 pub fn agent_ready(
     reports: &BTreeMap<String, AgentReport>,
     pool: &NamespacedName,
     now: SystemTime,
-) -> (bool, &'static str, String) {
+) -> Wanted {
+    let not_ready =
+        |reason, message| Wanted::new(CONDITION_AGENT_READY, false).because(reason, message);
     let pool_ref = pool.to_string();
     let mut seen_leader = None;
     for (agent, report) in fresh_leaders(reports, now) {
@@ -156,13 +165,12 @@ pub fn agent_ready(
             match i.state {
                 InterfaceState::Serving => {
                     // Not the revision it applied: that changes with every allocation, and
-                    // a condition naming it was a write of every pool on every report.
+                    // a condition naming it would be a write of every pool on every report.
                     let msg = format!("served by {agent} on {}", i.interface_name);
-                    return (true, "", msg);
+                    return Wanted::new(CONDITION_AGENT_READY, true).because("", msg);
                 }
                 InterfaceState::Error => {
-                    return (
-                        false,
+                    return not_ready(
                         "InterfaceError",
                         format!("{agent}: {}: {}", i.interface_name, i.error),
                     );
@@ -172,13 +180,11 @@ pub fn agent_ready(
         }
     }
     match seen_leader {
-        Some(agent) => (
-            false,
+        Some(agent) => not_ready(
             "NotServed",
             format!("the leading agent {agent} does not report serving this pool"),
         ),
-        None => (
-            false,
+        None => not_ready(
             "NoAgentReport",
             "no leading agent has reported in the last 90 s".to_owned(),
         ),
@@ -187,9 +193,9 @@ pub fn agent_ready(
 
 /// Drops what this replica holds in memory for a pool (its IPPool stays, with its allocations).
 fn forget(ctx: &Context, pool_ref: &NamespacedName) {
-    ctx.ipam.remove(pool_ref);
-    ctx.mac_owners.forget_pool(pool_ref);
-    ctx.metrics.remove_pool(&pool_ref.to_string());
+    ctx.books.ipam.remove(pool_ref);
+    ctx.books.mac_owners.forget_pool(pool_ref);
+    ctx.signals.metrics.remove_pool(&pool_ref.to_string());
 }
 
 /// Refuses to register a pool: a warning event and `Registered=False` with `reason`.
@@ -197,7 +203,7 @@ async fn refuse(
     ctx: &Context,
     pool: &IPPool,
     pool_ref: &NamespacedName,
-    reason: &str,
+    reason: &'static str,
     message: String,
 ) -> Result<(), Error> {
     ctx.event(
@@ -206,12 +212,11 @@ async fn refuse(
         reason,
         "Register",
         message.clone(),
-    )
-    .await;
+    );
     write_status(
         ctx,
         pool_ref,
-        &[(CONDITION_REGISTERED, false, reason, message)],
+        &[Wanted::new(CONDITION_REGISTERED, false).because(reason, message)],
         false,
     )
     .await
@@ -256,8 +261,8 @@ async fn apply(pool: Arc<IPPool>, ctx: Arc<Context>) -> Result<Action, Error> {
             &ctx,
             &pool_ref,
             &[
-                (CONDITION_REGISTERED, true, "", String::new()),
-                (CONDITION_STOPPED, true, "Paused", String::new()),
+                Wanted::new(CONDITION_REGISTERED, true),
+                Wanted::new(CONDITION_STOPPED, true).because("Paused", ""),
             ],
             false,
         )
@@ -268,22 +273,22 @@ async fn apply(pool: Arc<IPPool>, ctx: Arc<Context>) -> Result<Action, Error> {
 
     rebuild_ipam(&ctx, &pool, &pool_ref, range).await?;
     // One copy of the agents' reports serves both the conflicts and `AgentReady`.
-    let (reports, now) = (ctx.reports.all(), SystemTime::now());
+    let (reports, now) = (ctx.agents.reports.all(), SystemTime::now());
     record_conflicts(&ctx, &pool, &pool_ref, &reports, now).await;
     let agent = agent_condition(&ctx, &pool_ref, &reports, now);
     write_status(
         &ctx,
         &pool_ref,
         &[
-            (CONDITION_REGISTERED, true, "", String::new()),
-            (CONDITION_STOPPED, false, "", String::new()),
-            (CONDITION_CACHE_READY, true, "", String::new()),
-            (CONDITION_AGENT_READY, agent.0, agent.1, agent.2),
+            Wanted::new(CONDITION_REGISTERED, true),
+            Wanted::new(CONDITION_STOPPED, false),
+            Wanted::new(CONDITION_CACHE_READY, true),
+            agent.clone(),
         ],
         true,
     )
     .await?;
-    if agent.0 {
+    if agent.status {
         // Our agent serves the pool: upstream's agent pod, if the Go controller left one, goes.
         crate::reconcile::upstream_agent::retire(&ctx, &pool, &pool_ref)
             .await
@@ -295,9 +300,11 @@ async fn apply(pool: Arc<IPPool>, ctx: Arc<Context>) -> Result<Action, Error> {
             })?;
     }
     let (used, available) = ctx
+        .books
         .ipam
         .with_pool(&pool_ref, |a| (a.used(), a.available()))?;
-    ctx.metrics
+    ctx.signals
+        .metrics
         .set_pool(labels(range, network), used, available);
     Ok(Action::requeue(Duration::from_secs(300)))
 }
@@ -317,7 +324,7 @@ async fn label_network(
     };
     // The cache answers the common case (labelled already) without a read per reconcile; what
     // it does not show yet is read from the API (a NAD just created, or just labelled by us).
-    let cached = ctx.nads.get(
+    let cached = ctx.stores.nads.get(
         &kube::runtime::reflector::ObjectRef::new_with(&network.name, nad_resource())
             .within(&network.namespace),
     );
@@ -380,7 +387,11 @@ async fn rebuild_ipam(
     pool_ref: &NamespacedName,
     range: &PoolRange,
 ) -> Result<(), Error> {
-    let current = ctx.ipam.with_pool(pool_ref, |a| a.range().clone()).ok();
+    let current = ctx
+        .books
+        .ipam
+        .with_pool(pool_ref, |a| a.range().clone())
+        .ok();
     if current.as_ref() == Some(range) {
         return Ok(());
     }
@@ -393,16 +404,15 @@ async fn rebuild_ipam(
             "StatusEntry",
             "Rebuild",
             problem.to_string(),
-        )
-        .await;
+        );
     }
-    ctx.mac_owners.forget_pool(pool_ref);
-    ctx.ipam.insert(allocator);
-    info!(pool = %pool_ref, leases = ctx.ipam.with_pool(pool_ref, |a| a.used()).unwrap_or(0), "IPAM rebuilt from status");
+    ctx.books.mac_owners.forget_pool(pool_ref);
+    ctx.books.ipam.insert(allocator);
+    info!(pool = %pool_ref, leases = ctx.books.ipam.with_pool(pool_ref, |a| a.used()).unwrap_or(0), "IPAM rebuilt from status");
     if let Some(network) = network_of(pool) {
         // Bounded: a term shutting down may no longer take them (the next term reconciles
         // every config anyway). Closed: the term is ending.
-        let wake = ctx.pool_rebuilt.send(network.clone());
+        let wake = ctx.books.rebuilt.send(network.clone());
         if tokio::time::timeout(POOL_REBUILT_WAIT, wake).await.is_err() {
             warn!(pool = %pool_ref, %network, "the configs on the network were not woken; they wait for their next change");
         }
@@ -538,6 +548,7 @@ async fn record_conflicts(
     }
     let since = crate::reconcile::status::now();
     let Ok(changes) = ctx
+        .books
         .ipam
         .with_pool(pool_ref, |a| apply_probes(a, probes, &since))
     else {
@@ -556,8 +567,7 @@ async fn record_conflicts(
             "AddressConflict",
             "Probe",
             format!("{ip} is in use by another host: {by} answered an ARP probe {how} ({agent}); it is not handed out until a probe finds it free"),
-        )
-        .await;
+        );
     }
     for ip in &changes.cleared {
         info!(pool = %pool_ref, %ip, %agent, "conflicted address found free: cleared");
@@ -567,30 +577,28 @@ async fn record_conflicts(
             "ConflictCleared",
             "Probe",
             format!("{ip} is free again: nobody else answered an ARP probe ({agent})"),
-        )
-        .await;
+        );
     }
     for e in changes.refused.iter().take(3) {
         warn!(pool = %pool_ref, error = %e, "conflict not recorded");
     }
 }
 
-/// `AgentReady` as (status, reason, message): the agent Deployment missing overrides whatever
-/// agents report.
+/// `AgentReady`: the agent Deployment missing overrides whatever agents report.
 fn agent_condition(
     ctx: &Context,
     pool_ref: &NamespacedName,
     reports: &BTreeMap<String, AgentReport>,
     now: SystemTime,
-) -> (bool, &'static str, String) {
+) -> Wanted {
     if ctx
-        .agent_deployment_missing
+        .agents
+        .deployment_missing
         .load(std::sync::atomic::Ordering::Relaxed)
     {
-        (
-            false,
+        Wanted::new(CONDITION_AGENT_READY, false).because(
             "AgentDeploymentNotFound",
-            "the agent Deployment was not found".to_owned(),
+            "the agent Deployment was not found",
         )
     } else {
         agent_ready(reports, pool_ref, now)
@@ -603,7 +611,7 @@ async fn cleanup(pool: Arc<IPPool>, ctx: Arc<Context>) -> Result<Action, Error> 
     };
     ctx.ensure_leader()?;
     forget(&ctx, &pool_ref);
-    ctx.writer.forget(&pool_ref);
+    ctx.books.writer.forget(&pool_ref);
     if let Some(network) = network_of(&pool) {
         let nads: Api<DynamicObject> =
             Api::namespaced_with(ctx.client.clone(), &network.namespace, &nad_resource());
@@ -798,7 +806,12 @@ mod tests {
         let pool: NamespacedName = "ns/pool".parse().unwrap();
         let now = SystemTime::now();
         let one = |r: AgentReport| BTreeMap::from([("vmdhcp/agent-0".to_owned(), r)]);
-        let (ok, reason, msg) = agent_ready(
+        let Wanted {
+            status: ok,
+            reason,
+            message: msg,
+            ..
+        } = agent_ready(
             &one(report(true, 1, InterfaceState::Serving, "")),
             &pool,
             now,
@@ -807,7 +820,12 @@ mod tests {
             ok && reason.is_empty() && msg.contains("vmd1") && !msg.contains("revision"),
             "{msg}"
         );
-        let (ok, reason, msg) = agent_ready(
+        let Wanted {
+            status: ok,
+            reason,
+            message: msg,
+            ..
+        } = agent_ready(
             &one(report(
                 true,
                 1,
@@ -825,7 +843,7 @@ mod tests {
                 &pool,
                 now
             )
-            .1,
+            .reason,
             "NoAgentReport",
             "a standby does not serve"
         );
@@ -835,7 +853,7 @@ mod tests {
                 &pool,
                 now
             )
-            .1,
+            .reason,
             "NoAgentReport",
             "stale"
         );
@@ -845,10 +863,13 @@ mod tests {
                 &pool,
                 now
             )
-            .1,
+            .reason,
             "NotServed"
         );
-        assert_eq!(agent_ready(&BTreeMap::new(), &pool, now).1, "NoAgentReport");
+        assert_eq!(
+            agent_ready(&BTreeMap::new(), &pool, now).reason,
+            "NoAgentReport"
+        );
     }
 
     #[test]
@@ -867,7 +888,12 @@ mod tests {
                 report(true, 1, InterfaceState::Error, "no such device"),
             ),
         ]);
-        let (ok, reason, msg) = agent_ready(&reports, &pool, now);
+        let Wanted {
+            status: ok,
+            reason,
+            message: msg,
+            ..
+        } = agent_ready(&reports, &pool, now);
         assert_eq!((ok, reason), (false, "InterfaceError"), "{msg}");
         assert!(msg.contains("agent-b"), "{msg}");
     }

@@ -15,8 +15,9 @@
 //! instead of reconciling the pool once per allocation, and the writer keeps the pool's gauges
 //! current itself.
 
+use parking_lot::Mutex;
 use std::collections::{BTreeMap, HashMap, VecDeque};
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::Arc;
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use k8s_openapi::jiff::Timestamp;
@@ -37,9 +38,8 @@ const CONFLICT_RETRIES: usize = 8;
 
 /// How many of its own writes' resourceVersions the writer remembers per pool, to know their
 /// watch events for its own. The watch usually brings a write back within milliseconds, but an
-/// API server short of CPU has been seen to deliver the pools' events 20 s late (20 000 VMs on
-/// 200 pools, the scale bench), while each pool was written every 2 to 3 s; a version that fell
-/// out costs one needless reconcile of the pool.
+/// API server short of CPU can deliver the pools' events several writes late (docs/tuning.md);
+/// a version that fell out costs one needless reconcile of the pool.
 const OWN_VERSIONS: usize = 32;
 
 /// Why a status could not be written.
@@ -68,6 +68,52 @@ pub enum StatusError {
         /// The pool.
         pool: NamespacedName,
     },
+}
+
+/// A condition as a reconciler wants it to read. [`Wanted::apply`] sets it with the times
+/// [`set_condition`] gives, so the reconcilers state what, never when.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Wanted {
+    /// The condition's type (`Registered`, `Allocated`, …).
+    pub type_: &'static str,
+    /// True or False.
+    pub status: bool,
+    /// A CamelCase reason; empty for none.
+    pub reason: &'static str,
+    /// A sentence for people; empty for none.
+    pub message: String,
+}
+
+impl Wanted {
+    /// `type_` with `status`, no reason and no message.
+    pub fn new(type_: &'static str, status: bool) -> Self {
+        Wanted {
+            type_,
+            status,
+            reason: "",
+            message: String::new(),
+        }
+    }
+
+    /// The same condition with a reason and a message.
+    pub fn because(self, reason: &'static str, message: impl Into<String>) -> Self {
+        Wanted {
+            reason,
+            message: message.into(),
+            ..self
+        }
+    }
+
+    /// Sets it in `conditions`; returns whether anything changed.
+    pub fn apply(&self, conditions: &mut Vec<Condition>) -> bool {
+        set_condition(
+            conditions,
+            self.type_,
+            self.status,
+            self.reason,
+            &self.message,
+        )
+    }
 }
 
 /// Sets condition `type_` in `conditions`: `lastUpdateTime` when its status, reason or message
@@ -191,7 +237,7 @@ async fn update_pool_status_from(
         source,
     };
     // Shared, not copied: a full pool's status is the largest thing the leader handles per
-    // allocation, and the writer used to clone it three times per write (start, cache, sent).
+    // allocation, and a write needs it in three places (start, cache, sent).
     let mut current: Arc<IPPool> = match start {
         Some(obj) => obj,
         None => Arc::new(api.get_status(&pool.name).await.map_err(api_err)?),
@@ -234,8 +280,8 @@ async fn update_pool_status_from(
 }
 
 /// The status to edit: `current`'s, without its books when the edit writes them anew
-/// (`refills_books`): copying a full pool's three maps only to replace them was one of the
-/// leader's costs per allocation that grow with the pool.
+/// (`refills_books`): copying a full pool's three maps only to replace them would be a cost
+/// per allocation that grows with the pool.
 fn to_edit(current: &IPPool, refills_books: bool) -> IPPoolStatus {
     match &current.status {
         None => IPPoolStatus::default(),
@@ -254,7 +300,7 @@ fn to_edit(current: &IPPool, refills_books: bool) -> IPPoolStatus {
 /// from JSON as it went in: see the test `a_status_as_written_comes_back_from_json_unchanged`;
 /// the write's precondition is the version the rest was read at), so the response is asked for
 /// as metadata alone ([`versioned`]): the API server encoding the whole pool, and the leader
-/// decoding it, once per allocation, was a cost that grows with the pool.
+/// decoding it, once per allocation, would be a cost that grows with the pool.
 async fn replace_status(
     client: &Client,
     api: &Api<IPPool>,
@@ -272,10 +318,11 @@ async fn replace_status(
 }
 
 /// Puts the IPAM's books of one pool into an IPPool status, the holders' host names only when
-/// the pool sends them (`spec`'s `sendHostName`). Recorded always, they made every write of a
-/// full pool ~40 % larger for a field nobody reads while it is off; turning it on (or off) is
-/// one write of the pool, made by its reconcile, and the IPAM keeps the names meanwhile (each
-/// config's reconcile sets them). Returns the pool's used and available counts, as written.
+/// the pool sends them (`spec`'s `sendHostName`). Recorded always, they would make every write
+/// of a full pool much larger (docs/tuning.md) for a field nobody reads while it is off;
+/// turning it on (or off) is one write of the pool, made by its reconcile, and the IPAM keeps
+/// the names meanwhile (each config's reconcile sets them). Returns the pool's used and
+/// available counts, as written.
 pub fn fill_ipv4(
     ipam: &Ipam,
     pool: &NamespacedName,
@@ -349,10 +396,9 @@ impl Written {
 
     /// Where the next write starts: from our last write, whatever the cache shows; from the
     /// cache only before our first. The cache trails our writes (under a burst they follow each
-    /// other faster than the watch brings them back, and an API server short of CPU delivered
-    /// them 20 s late), and starting from it cost a conflict and a re-read each time: a third of
-    /// all writes once, and in the scale bench half of them at 20 000 VMs until the build-up
-    /// ended, each conflict adding load to an API server that was already late. A write by
+    /// other faster than the watch brings them back, and an API server short of CPU delivers
+    /// them late), and starting from it costs a conflict and a re-read each time, each conflict
+    /// adding load to an API server that is already late (docs/tuning.md). A write by
     /// someone else (rare: an operator's edit, the pool reconcile's writes without books for a
     /// paused or refused pool) costs one conflict and re-read instead.
     ///
@@ -397,27 +443,18 @@ impl PoolStatusWriter {
         else {
             return false;
         };
-        let slot = self
-            .tickets
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .get(&pool_ref)
-            .cloned();
+        let slot = self.tickets.lock().get(&pool_ref).cloned();
         slot.is_some_and(|slot| {
-            let sending = slot.sending.lock().unwrap_or_else(PoisonError::into_inner);
+            let sending = slot.sending.lock();
             sending
                 .as_ref()
                 .is_some_and(|sent| same_to_reconcile(sent, pool))
-                || slot
-                    .written
-                    .lock()
-                    .unwrap_or_else(PoisonError::into_inner)
-                    .made(&version)
+                || slot.written.lock().made(&version)
         })
     }
 
     fn slot(&self, pool: &NamespacedName) -> Arc<Slot> {
-        let mut map = self.tickets.lock().unwrap_or_else(PoisonError::into_inner);
+        let mut map = self.tickets.lock();
         map.entry(pool.clone()).or_default().clone()
     }
 
@@ -437,7 +474,7 @@ impl PoolStatusWriter {
     /// As [`PoolStatusWriter::persist`], with `also` applied in the same write (the pool
     /// reconcile's conditions), which is always made. The pool's own reconcile writes through
     /// here rather than beside it: it is woken by every status write, and as a second writer it
-    /// raced the allocations' writes (conflicts, and a write of the same books each time)
+    /// would race the allocations' writes (conflicts, and a write of the same books each time)
     /// instead of covering their tickets.
     pub async fn persist_with(
         &self,
@@ -460,13 +497,13 @@ impl PoolStatusWriter {
     ) -> Result<(), StatusError> {
         let slot = self.slot(pool);
         let ticket = {
-            let mut t = slot.tickets.lock().unwrap_or_else(PoisonError::into_inner);
+            let mut t = slot.tickets.lock();
             t.issued += 1;
             t.issued
         };
         let _writer = slot.writing.lock().await;
         let covering = {
-            let t = slot.tickets.lock().unwrap_or_else(PoisonError::into_inner);
+            let t = slot.tickets.lock();
             if also.is_none() && t.written >= ticket {
                 return Ok(());
             }
@@ -475,7 +512,7 @@ impl PoolStatusWriter {
         let cached = cache.and_then(|s| s.get(&store_key(pool)));
         let seen = cached.as_ref().and_then(|o| o.resource_version());
         let (start, trusted) = {
-            let written = slot.written.lock().unwrap_or_else(PoisonError::into_inner);
+            let written = slot.written.lock();
             match written.start(seen.as_deref()) {
                 Some((last, known)) => (Some(Arc::clone(last)), known),
                 None => (cached, true),
@@ -494,7 +531,7 @@ impl PoolStatusWriter {
         // status gets are whole seconds, as JSON keeps them; see the test of `now`).
         let sending = |sent: &Arc<IPPool>| {
             base = sent.resource_version();
-            *slot.sending.lock().unwrap_or_else(PoisonError::into_inner) = Some(Arc::clone(sent));
+            *slot.sending.lock() = Some(Arc::clone(sent));
         };
         let edit = |spec: &IPPoolSpec, status: &mut IPPoolStatus| {
             if let Some(also) = also.as_mut() {
@@ -509,32 +546,23 @@ impl PoolStatusWriter {
         // event is recognised by one or the other throughout. (Not under one lock: `wrote`
         // takes `sending`, then `written`.)
         if let (Ok(Outcome::Written(_, made)), Some(base)) = (&result, base) {
-            slot.written
-                .lock()
-                .unwrap_or_else(PoisonError::into_inner)
-                .record(base, made.clone());
+            slot.written.lock().record(base, made.clone());
         }
-        *slot.sending.lock().unwrap_or_else(PoisonError::into_inner) = None;
+        *slot.sending.lock() = None;
         let written = result?.into_pool();
         if let Some((used, available)) = counts {
             self.metrics
                 .set_pool_counts(&pool.to_string(), used, available);
         }
-        slot.written
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .last = Some(written);
-        let mut t = slot.tickets.lock().unwrap_or_else(PoisonError::into_inner);
+        slot.written.lock().last = Some(written);
+        let mut t = slot.tickets.lock();
         t.written = t.written.max(covering);
         Ok(())
     }
 
     /// Forgets a pool's tickets (it was deleted).
     pub fn forget(&self, pool: &NamespacedName) {
-        self.tickets
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .remove(pool);
+        self.tickets.lock().remove(pool);
     }
 }
 

@@ -154,12 +154,12 @@ pub async fn retire(
         }
     };
     ctx.ensure_leader()?;
-    update_pool_status(&ctx.client, Some(&ctx.pools), pool_ref, |s| {
+    update_pool_status(&ctx.client, Some(&ctx.stores.pools), pool_ref, |s| {
         s.agent_pod_ref = None;
         Ok(())
     })
     .await?;
-    ctx.event(pool, event_type, reason, "Upgrade", note).await;
+    ctx.event(pool, event_type, reason, "Upgrade", note);
     Ok(())
 }
 

@@ -9,9 +9,9 @@
 //! again in the pool's status when it rebuilds. A MAC claimed by one config on a network is
 //! refused to any other (upstream shared the address).
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeSet, HashMap};
 use std::net::Ipv4Addr;
-use std::sync::{Arc, PoisonError};
+use std::sync::Arc;
 use std::time::Duration;
 
 use kube::ResourceExt;
@@ -19,6 +19,7 @@ use kube::api::{Api, Patch, PatchParams};
 use kube::runtime::controller::Action;
 use kube::runtime::events::EventType;
 use kube::runtime::finalizer::{Event as Finalizer, finalizer};
+use parking_lot::Mutex;
 use serde_json::json;
 use tracing::{debug, field, info, info_span};
 use vmdhcp_core::crd::{
@@ -33,7 +34,7 @@ use crate::ipam::{IpamError, PoolAllocator};
 use crate::kinds::{VirtualMachine, object_ref, store_key};
 use crate::metrics::VmnetcfgLabels;
 use crate::reconcile::context::{Context, NotLeader, VMNETCFG_FINALIZER};
-use crate::reconcile::status::{StatusError, set_condition};
+use crate::reconcile::status::{StatusError, Wanted};
 use crate::reconcile::versioned;
 
 /// Why a VirtualMachineNetworkConfig reconcile failed (retried with per-object backoff).
@@ -160,7 +161,7 @@ fn pool_rebuilding(ctx: &Context, nc: &NetworkConfig, namespace: &str) -> Option
     let was_ready = pool.status.as_ref().is_some_and(|s| {
         find_condition(&s.conditions, CONDITION_CACHE_READY).is_some_and(|c| c.status == "True")
     });
-    object_ref(pool.as_ref()).filter(|p| was_ready && !ctx.ipam.contains(p))
+    object_ref(pool.as_ref()).filter(|p| was_ready && !ctx.books.ipam.contains(p))
 }
 
 /// Releases `mac` on the pool serving `network`; returns the pool if something was released.
@@ -171,14 +172,17 @@ fn release(
     owner: &NamespacedName,
 ) -> Option<NamespacedName> {
     let pool = object_ref(ctx.pool_for_network(network)?.as_ref())?;
-    ctx.mac_owners.release(&pool, mac, owner);
+    ctx.books.mac_owners.release(&pool, mac, owner);
     let released = ctx
+        .books
         .ipam
         .with_pool(&pool, |a| a.release_mac(&mac))
         .ok()
         .flatten();
     released.map(|_| {
-        ctx.metrics.allocation(&pool.to_string(), "released");
+        ctx.signals
+            .metrics
+            .allocation(&pool.to_string(), "released");
         pool
     })
 }
@@ -186,8 +190,9 @@ fn release(
 async fn persist(ctx: &Context, pools: &BTreeSet<NamespacedName>) -> Result<(), Error> {
     for pool in pools {
         ctx.ensure_leader()?;
-        ctx.writer
-            .persist(&ctx.client, Some(&ctx.pools), &ctx.ipam, pool)
+        ctx.books
+            .writer
+            .persist(&ctx.client, Some(&ctx.stores.pools), &ctx.books.ipam, pool)
             .await?;
     }
     Ok(())
@@ -197,7 +202,7 @@ async fn write_status(
     ctx: &Context,
     cfg: &VirtualMachineNetworkConfig,
     entries: Vec<NetworkConfigStatus>,
-    conditions: &[(&str, bool, &str, String)],
+    conditions: &[Wanted],
 ) -> Result<(), Error> {
     ctx.ensure_leader()?;
     let (ns, name) = (cfg.namespace().unwrap_or_default(), cfg.name_any());
@@ -206,8 +211,8 @@ async fn write_status(
         .as_ref()
         .map(|s| s.conditions.clone())
         .unwrap_or_default();
-    for (type_, value, reason, message) in conditions {
-        set_condition(&mut all, type_, *value, reason, message);
+    for wanted in conditions {
+        wanted.apply(&mut all);
     }
     let key = format!("{ns}/{name}");
     let shared_key: Arc<str> = key.as_str().into();
@@ -243,16 +248,12 @@ async fn write_status(
         }
     }
     let timeless = timeless.to_string();
-    let already = {
-        let mut written = ctx.written.lock().unwrap_or_else(PoisonError::into_inner);
-        if unchanged {
-            // The cache shows the status: the note of our write has served its purpose (kept,
-            // it would cost memory per config for ever).
-            written.remove(&key);
-        }
-        written.get(&key) == Some(&(version.clone(), timeless.clone()))
-    };
-    if !unchanged && !already {
+    if unchanged {
+        // The cache shows the status: the note of our write has served its purpose (kept, it
+        // would cost memory per config for ever).
+        ctx.books.written.forget(&key);
+    }
+    if !unchanged && !ctx.books.written.already(&key, &version, &timeless) {
         let api: Api<VirtualMachineNetworkConfig> = Api::namespaced(ctx.client.clone(), &ns);
         // Answered with its metadata alone: nothing here reads the config back.
         let request = kube::core::Request::new(api.resource_url()).patch_subresource(
@@ -267,13 +268,51 @@ async fn write_status(
                 action: format!("writing status of {key}"),
                 source,
             })?;
-        ctx.written
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .insert(key.clone(), (version, timeless));
+        ctx.books.written.record(key.clone(), version, timeless);
     }
-    ctx.metrics.set_vmnetcfg(&key, series);
+    ctx.signals.metrics.set_vmnetcfg(&key, series);
     Ok(())
+}
+
+/// The status this replica last wrote to each config, until its cache shows it: a reconcile
+/// queued behind our own write may still see the version the write was computed from, and the
+/// same version with the same result means the write is already done.
+#[derive(Debug, Default)]
+pub struct StatusMemo(Mutex<HashMap<String, WrittenStatus>>);
+
+/// One config's status as written, and the version it was computed from.
+#[derive(Debug, PartialEq, Eq)]
+struct WrittenStatus {
+    /// The config's resourceVersion the status was computed from.
+    from_version: String,
+    /// The status sent, serialised without its conditions' times.
+    timeless: String,
+}
+
+impl StatusMemo {
+    /// Whether `timeless`, computed from `version`, is what was last written to `key`.
+    fn already(&self, key: &str, version: &str, timeless: &str) -> bool {
+        self.0
+            .lock()
+            .get(key)
+            .is_some_and(|w| w.from_version == version && w.timeless == timeless)
+    }
+
+    /// Notes a write.
+    fn record(&self, key: String, from_version: String, timeless: String) {
+        self.0.lock().insert(
+            key,
+            WrittenStatus {
+                from_version,
+                timeless,
+            },
+        );
+    }
+
+    /// Forgets `key`'s note: the cache shows the write, or the config is gone.
+    fn forget(&self, key: &str) {
+        self.0.lock().remove(key);
+    }
 }
 
 fn entry(
@@ -302,6 +341,7 @@ async fn vm_gone(ctx: &Context, cfg: &VirtualMachineNetworkConfig) -> Result<boo
     };
     let ns = cfg.namespace().unwrap_or_default();
     if ctx
+        .stores
         .vms
         .get(&kube::runtime::reflector::ObjectRef::new(&owner.name).within(&ns))
         .is_some()
@@ -349,7 +389,7 @@ async fn apply(cfg: Arc<VirtualMachineNetworkConfig>, ctx: Arc<Context>) -> Resu
         .filter_map(|nc| pool_rebuilding(&ctx, nc, &me.namespace))
         .collect();
     for pool in &rebuilding {
-        if !ctx.ipam.built(pool, POOL_REBUILD_WAIT).await {
+        if !ctx.books.ipam.built(pool, POOL_REBUILD_WAIT).await {
             debug!(vmnetcfg = %me, %pool, "pool not rebuilt yet; looking again");
             return Ok(Action::requeue(POOL_REBUILD_WAIT));
         }
@@ -382,8 +422,7 @@ async fn apply(cfg: Arc<VirtualMachineNetworkConfig>, ctx: Arc<Context>) -> Resu
                     "{} released from {mac} on {network}",
                     ip.map(|i| i.to_string()).unwrap_or_default()
                 ),
-            )
-            .await;
+            );
         }
         if keep_entry {
             out.entries
@@ -415,7 +454,7 @@ async fn pause(
         ctx,
         cfg,
         entries,
-        &[(CONDITION_DISABLED, true, "Paused", String::new())],
+        &[Wanted::new(CONDITION_DISABLED, true).because("Paused", "")],
     )
     .await?;
     Ok(Action::await_change())
@@ -448,7 +487,7 @@ async fn finish(
     let allocated = out.problems.is_empty();
     if allocated {
         // Later reconciles of an allocated config are traces of their own.
-        ctx.causes.vmnetcfgs.take(me);
+        ctx.signals.causes.vmnetcfgs.take(me);
     }
     let message = out.problems.join("; ");
     write_status(
@@ -456,9 +495,7 @@ async fn finish(
         cfg,
         out.entries,
         &[
-            (
-                CONDITION_ALLOCATED,
-                allocated,
+            Wanted::new(CONDITION_ALLOCATED, allocated).because(
                 match (allocated, out.conflict) {
                     (true, _) => "",
                     (false, true) => "AddressConflict",
@@ -466,8 +503,8 @@ async fn finish(
                 },
                 message,
             ),
-            (CONDITION_DISABLED, false, "", String::new()),
-            (CONDITION_IN_SYNCED, true, "", String::new()),
+            Wanted::new(CONDITION_DISABLED, false),
+            Wanted::new(CONDITION_IN_SYNCED, true),
         ],
     )
     .await?;
@@ -509,11 +546,12 @@ impl NicFacts for CacheFacts<'_> {
     }
 
     fn pool_ready(&self, pool: &NamespacedName) -> bool {
-        self.ctx.ipam.contains(pool)
+        self.ctx.books.ipam.contains(pool)
     }
 
     fn claimed_elsewhere(&self, network: &NamespacedName, mac: MacAddr) -> Option<NamespacedName> {
         self.ctx
+            .stores
             .config_index
             .claimed_elsewhere(network, mac, self.me)
     }
@@ -672,8 +710,7 @@ async fn perform(
             let msg = format!(
                 "{mac} on {network} is already allocated to VirtualMachineNetworkConfig {other}"
             );
-            ctx.event(cfg, EventType::Warning, "MacInUse", "Allocate", msg.clone())
-                .await;
+            ctx.event(cfg, EventType::Warning, "MacInUse", "Allocate", msg.clone());
             out.problems.push(msg);
             out.entries
                 .push(entry(&network, mac, None, NetworkConfigState::Pending));
@@ -685,7 +722,7 @@ async fn perform(
             requested,
             previous,
         } => {
-            if let Err(other) = ctx.mac_owners.claim(&pool, mac, me) {
+            if let Err(other) = ctx.books.mac_owners.claim(&pool, mac, me) {
                 out.problems.push(format!(
                     "{mac} on {network} is already allocated to VirtualMachineNetworkConfig {other}"
                 ));
@@ -698,7 +735,7 @@ async fn perform(
                 mac,
                 pool: &pool,
             };
-            allocate(ctx, cfg, me, nic, requested, previous, out).await;
+            allocate(ctx, cfg, me, nic, requested, previous, out);
         }
     }
 }
@@ -710,9 +747,53 @@ struct Nic<'a> {
     pool: &'a NamespacedName,
 }
 
+/// What one NIC's allocation decided, taken under one hold of its pool's lock so that no other
+/// reconcile's change can fall between the address chosen and what is read about it.
+#[derive(Debug, PartialEq, Eq)]
+struct Decision {
+    /// The address the NIC held before.
+    held_before: Option<Ipv4Addr>,
+    /// The address it holds now, or why it got none.
+    result: Result<Ipv4Addr, IpamError>,
+    /// Whether the address's host name changed.
+    renamed: bool,
+    /// The address it moved away from, and why that one was in conflict.
+    moved_from: Option<(Ipv4Addr, String)>,
+    /// Why the address it holds now is in conflict (only a static one can be).
+    conflict: Option<String>,
+}
+
+/// Decides one NIC's address on its pool's allocator: [`allocate_nic`], then the host name and
+/// the conflicts read from the same state.
+fn decide(
+    alloc: &mut PoolAllocator,
+    mac: MacAddr,
+    requested: Option<Ipv4Addr>,
+    previous: Option<Ipv4Addr>,
+    host_name: Option<&str>,
+) -> Decision {
+    let held_before = alloc.lookup(&mac);
+    let result = allocate_nic(alloc, mac, requested, previous);
+    let (mut renamed, mut moved_from, mut conflict) = (false, None, None);
+    if let Ok(ip) = result {
+        renamed = alloc.set_host_name(ip, host_name);
+        moved_from = held_before
+            .filter(|old| *old != ip)
+            .and_then(|old| Some((old, alloc.conflict_reason(old)?)));
+        conflict = alloc.conflict_reason(ip);
+    }
+    Decision {
+        held_before,
+        result,
+        renamed,
+        moved_from,
+        conflict,
+    }
+}
+
 /// Allocates one NIC its address (a traced `allocate` span): an event and a metric when the
 /// address is new, the MAC claim undone and an event when refused.
-async fn allocate(
+fn allocate(
     ctx: &Context,
     cfg: &VirtualMachineNetworkConfig,
     me: &NamespacedName,
@@ -722,7 +803,6 @@ async fn allocate(
     out: &mut Outcome,
 ) {
     let Nic { network, mac, pool } = nic;
-    let held_before = ctx.ipam.with_pool(pool, |a| a.lookup(&mac)).ok().flatten();
     let span = info_span!(
         "allocate",
         pool = %pool,
@@ -736,53 +816,49 @@ async fn allocate(
     if let Some(r) = requested {
         span.record("requested", field::display(r));
     }
-    let outcome = span.in_scope(|| {
-        ctx.ipam
-            .with_pool(pool, |a| allocate_nic(a, mac, requested, prev_ip))
+    // The VM's name goes into the IPAM with the address, and into the pool's status while the
+    // pool sends host names (a name the status lacks, by the same write as any other change).
+    // While it does not, a new name changes nothing to write: after an IPAM rebuild every
+    // config names its address again, and touching the pool for each would rebuild and compare
+    // its whole status for nothing.
+    let vm_name = Some(cfg.spec.vm_name.as_str())
+        .filter(|n| !n.is_empty())
+        .map_or_else(|| cfg.name_any(), str::to_owned);
+    let host_name = host_name_of(&vm_name);
+    let decision = span.in_scope(|| {
+        ctx.books.ipam.with_pool(pool, |a| {
+            decide(a, mac, requested, prev_ip, host_name.as_deref())
+        })
     });
-    match outcome {
-        Ok(Ok(ip)) => {
+    let decision = decision.unwrap_or_else(|e| Decision {
+        held_before: None,
+        result: Err(e),
+        renamed: false,
+        moved_from: None,
+        conflict: None,
+    });
+    let held_before = decision.held_before;
+    match decision.result {
+        Ok(ip) => {
             span.record("ip", field::display(ip));
-            // The VM's name goes into the IPAM with the address, and into the pool's status
-            // while the pool sends host names (a name the status lacks, by the same write as
-            // any other change). While it does not, a new name changes nothing to write: after
-            // an IPAM rebuild every config names its address again, and touching the pool for
-            // each would rebuild and compare its whole status for nothing.
-            let vm_name = Some(cfg.spec.vm_name.as_str())
-                .filter(|n| !n.is_empty())
-                .map_or_else(|| cfg.name_any(), str::to_owned);
-            let host_name = host_name_of(&vm_name);
-            let renamed = ctx
-                .ipam
-                .with_pool(pool, |a| a.set_host_name(ip, host_name.as_deref()))
-                .unwrap_or(false);
             let names_written = ctx
+                .stores
                 .pools
                 .get(&store_key(pool))
                 .is_none_or(|p| p.spec.ipv4_config.send_host_name == Some(true));
-            if renamed && names_written {
+            if decision.renamed && names_written {
                 out.touched.insert(pool.clone());
             }
-            let conflicts = ctx
-                .ipam
-                .with_pool(pool, |a| {
-                    let moved_from = held_before
-                        .filter(|old| *old != ip)
-                        .and_then(|old| Some((old, a.conflict_reason(old)?)));
-                    (moved_from, a.conflict_reason(ip))
-                })
-                .unwrap_or_default();
-            if let (Some((old, why)), _) = &conflicts {
+            if let Some((old, why)) = &decision.moved_from {
                 ctx.event(
                     cfg,
                     EventType::Warning,
                     "AddressConflict",
                     "Allocate",
                     format!("{old} is {why}: {mac} on {network} moved to {ip}"),
-                )
-                .await;
+                );
             }
-            if let (_, Some(why)) = &conflicts {
+            if let Some(why) = &decision.conflict {
                 // Only a static address stays in conflict (a dynamic one has just moved).
                 out.problems.push(format!(
                     "{mac} on {network}: static ip {ip} is {why}; it is not served until a probe finds it free"
@@ -793,10 +869,12 @@ async fn allocate(
                 span.record("result", "kept");
             } else {
                 span.record("result", "allocated");
-                ctx.metrics.allocation(&pool.to_string(), "allocated");
+                ctx.signals
+                    .metrics
+                    .allocation(&pool.to_string(), "allocated");
                 // The index revision that publishes this lease continues this trace.
                 if let Some(cause) = vmdhcp_telemetry::trace::span_context(&span) {
-                    ctx.causes.leases.record((pool.clone(), mac), cause);
+                    ctx.signals.causes.leases.record((pool.clone(), mac), cause);
                 }
                 out.touched.insert(pool.clone());
                 ctx.event(
@@ -805,19 +883,18 @@ async fn allocate(
                     "Allocated",
                     "Allocate",
                     format!("{ip} allocated to {mac} on {network}"),
-                )
-                .await;
+                );
             }
             out.entries
                 .push(entry(network, mac, Some(ip), NetworkConfigState::Allocated));
         }
-        Ok(Err(e)) | Err(e) => {
+        Err(e) => {
             span.record("result", "refused");
             span.record("otel.status_code", "ERROR");
-            ctx.metrics.allocation(&pool.to_string(), "refused");
+            ctx.signals.metrics.allocation(&pool.to_string(), "refused");
             span.in_scope(|| debug!(error = %e, "allocation refused"));
             if held_before.is_none() {
-                ctx.mac_owners.release(pool, mac, me);
+                ctx.books.mac_owners.release(pool, mac, me);
             }
             ctx.event(
                 cfg,
@@ -825,8 +902,7 @@ async fn allocate(
                 "AllocationRefused",
                 "Allocate",
                 e.to_string(),
-            )
-            .await;
+            );
             out.problems.push(e.to_string());
             out.entries.push(entry(
                 network,
@@ -854,11 +930,8 @@ async fn cleanup(
         touched.extend(release(&ctx, &network, mac, &me));
     }
     persist(&ctx, &touched).await?;
-    ctx.metrics.remove_vmnetcfg(&me.to_string());
-    ctx.written
-        .lock()
-        .unwrap_or_else(PoisonError::into_inner)
-        .remove(&me.to_string());
+    ctx.signals.metrics.remove_vmnetcfg(&me.to_string());
+    ctx.books.written.forget(&me.to_string());
     info!(vmnetcfg = %me, pools = touched.len(), "config deleted; addresses released");
     Ok(Action::await_change())
 }
@@ -988,6 +1061,41 @@ mod tests {
         a.record_conflict(want, squatted()).unwrap();
         assert_eq!(allocate_nic(&mut a, A, Some(want), None).unwrap(), want);
         assert!(a.conflict(want).is_some());
+    }
+
+    #[test]
+    fn one_decision_reads_the_move_the_name_and_the_conflict_from_the_same_state() {
+        let mut a = alloc();
+        let first = decide(&mut a, A, None, None, Some("vm1"));
+        assert_eq!(first.held_before, None);
+        assert_eq!(first.result, Ok(ip("192.0.2.10")));
+        assert!(first.renamed, "a new address takes the VM's name");
+        assert_eq!((first.moved_from, first.conflict), (None, None));
+        let again = decide(&mut a, A, None, None, Some("vm1"));
+        assert_eq!(again.held_before, Some(ip("192.0.2.10")));
+        assert!(!again.renamed, "the same name is no change");
+
+        // Another host answers for the address: a dynamic NIC moves, and says from where.
+        a.record_conflict(ip("192.0.2.10"), squatted()).unwrap();
+        let moved = decide(&mut a, A, None, None, Some("vm1"));
+        assert_eq!(moved.result, Ok(ip("192.0.2.11")));
+        let (from, why) = moved.moved_from.unwrap();
+        assert_eq!(from, ip("192.0.2.10"));
+        assert!(why.contains("02:00:00:00:00:99"), "{why}");
+        assert_eq!(moved.conflict, None);
+
+        // A static NIC keeps its conflicted address, and the decision says it is in conflict.
+        let stays = decide(&mut a, B, Some(ip("192.0.2.12")), None, None);
+        a.record_conflict(ip("192.0.2.12"), squatted()).unwrap();
+        let stays_again = decide(&mut a, B, Some(ip("192.0.2.12")), None, None);
+        assert_eq!(stays.result, stays_again.result);
+        assert!(stays_again.conflict.is_some());
+
+        // Refused: nothing else is read.
+        let refused = decide(&mut a, B, Some(ip("198.51.100.1")), None, None);
+        assert!(refused.result.is_err());
+        assert_eq!(refused.held_before, Some(ip("192.0.2.12")));
+        assert!(!refused.renamed && refused.moved_from.is_none() && refused.conflict.is_none());
     }
 
     /// A cluster as a table: which pool serves each network, which pools are ready, which

@@ -2,11 +2,12 @@
 //! with per-object backoff, a span and a metric per reconcile. Started when this replica gains
 //! leadership, dropped — with every reconcile in flight — the moment it is lost.
 
+use parking_lot::{Mutex, RwLock};
 use std::collections::HashMap;
 use std::fmt::Debug;
 use std::future::Future;
 use std::hash::Hash;
-use std::sync::{Arc, Mutex, PoisonError, RwLock};
+use std::sync::Arc;
 use std::time::Duration;
 
 use futures_util::StreamExt;
@@ -35,7 +36,7 @@ use crate::index::shared_watch::Trigger;
 use crate::ipam::{Ipam, MacOwners};
 use crate::kinds::{VirtualMachine, nad_resource, network_of, object_ref, store_key};
 use crate::metrics::Metrics;
-use crate::reconcile::context::Context;
+use crate::reconcile::context::{Agents, Books, Context, Signals, Stores};
 use crate::reconcile::events::{EVENT_QUEUE, Events, Publisher};
 use crate::reconcile::status::PoolStatusWriter;
 use crate::reconcile::{agent_bootstrap, ippool, vm, vmnetcfg};
@@ -78,7 +79,7 @@ impl Backoff {
     const MAX: Duration = Duration::from_secs(300);
 
     fn failed(&self, key: String) -> Duration {
-        let mut m = self.0.lock().unwrap_or_else(PoisonError::into_inner);
+        let mut m = self.0.lock();
         m.entry(key)
             .or_insert_with(|| vmdhcp_core::retry::exponential(Self::MIN, Self::MAX))
             .next()
@@ -86,10 +87,7 @@ impl Backoff {
     }
 
     fn succeeded(&self, key: &str) {
-        self.0
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .remove(key);
+        self.0.lock().remove(key);
     }
 }
 
@@ -128,7 +126,7 @@ async fn timed<T: ResourceExt, E: Into<ReconcileError>>(
     );
     if kind == "vmnetcfg"
         && let Some(name) = &name
-        && let Some(cause) = term.ctx.causes.vmnetcfgs.get(name)
+        && let Some(cause) = term.ctx.signals.causes.vmnetcfgs.get(name)
     {
         // The VM reconcile that wrote this config: one trace from VM to lease.
         vmdhcp_telemetry::trace::continue_from(&span, &[cause]);
@@ -146,6 +144,7 @@ async fn timed<T: ResourceExt, E: Into<ReconcileError>>(
     };
     span.record("outcome", outcome);
     term.ctx
+        .signals
         .metrics
         .reconciled(kind, outcome, started.elapsed());
     if result.is_ok() {
@@ -208,7 +207,7 @@ pub(super) async fn lead(
     // The process's shared watches (see `shared_watch`): a reconcile woken by an event always
     // reads a cache that has applied it, the API server sends each event once, and a new term
     // starts from caches that are already full (VMs and NADs too, though only a leader reads
-    // them: listing 22 000 VMs when a term starts was most of a failover).
+    // them: listing every VM when a term starts would be most of a failover).
     let shared_caches = shared.caches.clone();
     let pools = shared_caches.pools.store();
     let (pool_self, pool_siblings, pool_for_cfgs) = (
@@ -276,10 +275,7 @@ pub(super) async fn lead(
     ));
 
     let ipam = Arc::new(Ipam::new());
-    *shared
-        .ipam_slot
-        .write()
-        .unwrap_or_else(PoisonError::into_inner) = Some(ipam.clone());
+    *shared.ipam_slot.write() = Some(ipam.clone());
     let reporter = Reporter {
         controller: "vm-dhcp-controller".into(),
         instance: Some(settings.identity.clone()),
@@ -304,25 +300,33 @@ pub(super) async fn lead(
     };
     let ctx = Arc::new(Context {
         client: client.clone(),
-        pools,
-        vmnetcfgs: cfgs,
-        vms,
-        nads: nad_watch.store(),
-        ipam,
-        writer,
-        events,
-        metrics: shared.metrics,
         leader,
-        agent: settings.agent.clone(),
-        mac_owners: MacOwners::default(),
-        pool_networks: shared_caches.pool_networks.clone(),
-        config_index: shared_caches.config_index.clone(),
-        reports: shared.reports.clone(),
-        agent_deployment_missing: Default::default(),
-        causes: shared.causes,
-        caches,
-        pool_rebuilt,
-        written: Default::default(),
+        stores: Stores {
+            pools,
+            vmnetcfgs: cfgs,
+            vms,
+            nads: nad_watch.store(),
+            pool_networks: shared_caches.pool_networks.clone(),
+            config_index: shared_caches.config_index.clone(),
+            ready: caches,
+        },
+        books: Books {
+            ipam,
+            mac_owners: MacOwners::default(),
+            writer,
+            written: Default::default(),
+            rebuilt: pool_rebuilt,
+        },
+        agents: Agents {
+            deployment: settings.agent.clone(),
+            deployment_missing: Default::default(),
+            reports: shared.reports.clone(),
+        },
+        signals: Signals {
+            events,
+            metrics: shared.metrics,
+            causes: shared.causes,
+        },
     });
     let term = Arc::new(Term {
         ctx: ctx.clone(),
@@ -377,14 +381,10 @@ pub(super) async fn lead(
 /// (HTTP/1.1: one request per connection, kept open idle afterwards) and its buffers; unbounded,
 /// a burst of 20 000 objects (a restart, a new leader) could open as many connections. And
 /// kube-runtime's runner keeps the reconciles in flight in a `FutureHashMap` that polls every
-/// one of them whenever it is woken (each trigger, each completion): `perf` on the leader
-/// building up to 20 000 VMs put 14 % of its CPU there at 256, a cost per allocation that grows
-/// as a slower API server keeps more reconciles waiting. 64 still lets the configs allocating
-/// on one pool together share its status write ([`PoolStatusWriter`]; at 32, with conflicts
-/// then, the scale bench on 20 pools made 1.2 `IPPool` writes per allocation against 0.35 at
-/// 256). Scale bench at 20 020 VMs on 200 pools, 256 → 64 back to back: leader RSS 178 → 146
-/// MB, allocations/s 119 → 126, leader CPU per 1 000 allocations 2.05 → 2.00 s, pool status
-/// writes per allocation 0.82 → 0.99 (API calls per allocation 2.89 → 3.06).
+/// one of them whenever it is woken (each trigger, each completion), a cost per allocation that
+/// grows as a slower API server keeps more reconciles waiting. 64 is low enough for that, and
+/// still lets the configs allocating on one pool together share its status write
+/// ([`PoolStatusWriter`]). The measurements behind 64: docs/tuning.md.
 const RECONCILE_CONCURRENCY: u16 = 64;
 
 /// Runs one controller until it ends: every reconcile timed and traced ([`timed`]), failures
@@ -432,8 +432,8 @@ async fn drive<K, R, F, E>(
 /// The IPPool controller: a pool is reconciled on its own changes, on its network's (NAD), on
 /// another pool claiming the same network, and when an agent report about it changed. Changes
 /// that are the status writer's own writes ([`PoolStatusWriter::wrote`]) wake nothing: every
-/// allocation writes its pool, and a reconcile of the whole pool per allocation made the cost
-/// of one allocation grow with the pool. A write by anyone else (a user's edit of status,
+/// allocation writes its pool, and a reconcile of the whole pool per allocation would make the
+/// cost of one allocation grow with the pool. A write by anyone else (a user's edit of status,
 /// the other replica's last writes) still wakes the pool, and its 300 s requeue bounds drift.
 fn pool_controller(
     pools: &reflector::Store<IPPool>,
