@@ -2,8 +2,9 @@
 //! `/metrics` (Prometheus text), and, behind `--enable-cache-dump-api`, upstream's debug dumps
 //! `/ipams/{ns}/{pool}` (address → holder) and `/caches/{ns}/{pool}` (MAC → address).
 
+use parking_lot::RwLock;
 use std::collections::BTreeMap;
-use std::sync::{Arc, RwLock};
+use std::sync::Arc;
 
 use axum::Router;
 use axum::extract::{Path, State};
@@ -78,11 +79,7 @@ fn dump(
     let Ok(pool) = NamespacedName::new(ns, pool) else {
         return (StatusCode::BAD_REQUEST, "invalid pool reference").into_response();
     };
-    let ipam = s
-        .ipam
-        .read()
-        .unwrap_or_else(std::sync::PoisonError::into_inner)
-        .clone();
+    let ipam = s.ipam.read().clone();
     match ipam.and_then(|i| f(&i, &pool)) {
         Some(map) => Json(map).into_response(),
         None => (

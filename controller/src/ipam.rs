@@ -17,9 +17,10 @@
 //! This module only keeps the books. Writing them to etcd before anything is served is the
 //! reconciler's job; the IPAM is always rebuilt from there after a restart.
 
+use parking_lot::{Mutex, RwLock};
 use std::collections::{BTreeMap, HashMap};
 use std::net::Ipv4Addr;
-use std::sync::{Arc, Mutex, PoisonError, RwLock};
+use std::sync::Arc;
 use std::time::Duration;
 
 use ipnet::Ipv4Net;
@@ -672,7 +673,7 @@ impl Ipam {
     /// Registers (or replaces) a pool's allocator.
     pub fn insert(&self, allocator: PoolAllocator) {
         let pool = allocator.range.pool().clone();
-        let mut pools = self.pools.write().unwrap_or_else(PoisonError::into_inner);
+        let mut pools = self.pools.write();
         pools.insert(pool, Arc::new(Mutex::new(allocator)));
         drop(pools);
         self.registered.send_modify(|n| *n += 1);
@@ -680,7 +681,7 @@ impl Ipam {
 
     /// Forgets a pool (pause or deletion); returns whether it was known.
     pub fn remove(&self, pool: &NamespacedName) -> bool {
-        let mut pools = self.pools.write().unwrap_or_else(PoisonError::into_inner);
+        let mut pools = self.pools.write();
         let known = pools.remove(pool).is_some();
         drop(pools);
         self.registered.send_modify(|n| *n += 1);
@@ -708,7 +709,7 @@ impl Ipam {
 
     /// Whether the pool's allocator has been built (upstream's `IsNetworkInitialized`).
     pub fn contains(&self, pool: &NamespacedName) -> bool {
-        let pools = self.pools.read().unwrap_or_else(PoisonError::into_inner);
+        let pools = self.pools.read();
         pools.contains_key(pool)
     }
 
@@ -719,11 +720,11 @@ impl Ipam {
         f: impl FnOnce(&mut PoolAllocator) -> T,
     ) -> Result<T, IpamError> {
         let allocator = {
-            let pools = self.pools.read().unwrap_or_else(PoisonError::into_inner);
+            let pools = self.pools.read();
             pools.get(pool).cloned()
         }
         .ok_or_else(|| IpamError::UnknownPool { pool: pool.clone() })?;
-        let mut guard = allocator.lock().unwrap_or_else(PoisonError::into_inner);
+        let mut guard = allocator.lock();
         Ok(f(&mut guard))
     }
 
@@ -753,7 +754,7 @@ impl Ipam {
 
     /// Pools currently registered, sorted.
     pub fn pools(&self) -> Vec<NamespacedName> {
-        let pools = self.pools.read().unwrap_or_else(PoisonError::into_inner);
+        let pools = self.pools.read();
         let mut out: Vec<_> = pools.keys().cloned().collect();
         out.sort();
         out
@@ -772,7 +773,7 @@ impl MacOwners {
         mac: MacAddr,
         owner: &NamespacedName,
     ) -> Result<(), NamespacedName> {
-        let mut map = self.0.lock().unwrap_or_else(PoisonError::into_inner);
+        let mut map = self.0.lock();
         match map.get(&(pool.clone(), mac)) {
             Some(other) if other != owner => Err(other.clone()),
             _ => {
@@ -784,7 +785,7 @@ impl MacOwners {
 
     /// Gives up `owner`'s claim on `mac` (another owner's claim stays).
     pub fn release(&self, pool: &NamespacedName, mac: MacAddr, owner: &NamespacedName) {
-        let mut map = self.0.lock().unwrap_or_else(PoisonError::into_inner);
+        let mut map = self.0.lock();
         if map.get(&(pool.clone(), mac)) == Some(owner) {
             map.remove(&(pool.clone(), mac));
         }
@@ -792,10 +793,7 @@ impl MacOwners {
 
     /// Forgets every claim on a pool (its IPAM was dropped or rebuilt).
     pub fn forget_pool(&self, pool: &NamespacedName) {
-        self.0
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .retain(|(p, _), _| p != pool);
+        self.0.lock().retain(|(p, _), _| p != pool);
     }
 }
 

@@ -3,8 +3,9 @@
 //! counts, errors and durations, agent-bootstrap checks, and gauges of live state read at scrape
 //! time (open config streams, index revision, leadership).
 
+use parking_lot::Mutex;
 use std::collections::HashMap;
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::Arc;
 use std::time::Duration;
 
 use prometheus_client::encoding::EncodeLabelSet;
@@ -206,10 +207,7 @@ impl Default for Metrics {
 impl Metrics {
     /// Sets a pool's gauges, replacing its previous series if its labels changed.
     pub fn set_pool(&self, labels: PoolLabels, used: u64, available: u64) {
-        let mut series = self
-            .pool_series
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner);
+        let mut series = self.pool_series.lock();
         if let Some(old) = series.insert(labels.ippool.clone(), labels.clone())
             && old != labels
         {
@@ -232,10 +230,7 @@ impl Metrics {
     /// for one it has not (paused, refused, or not reconciled yet). The status writer calls this
     /// with each write's counts, so the gauges follow allocations without waking the reconcile.
     pub fn set_pool_counts(&self, ippool: &str, used: u64, available: u64) {
-        let series = self
-            .pool_series
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner);
+        let series = self.pool_series.lock();
         if let Some(labels) = series.get(ippool) {
             self.set_counts(labels, used, available);
         }
@@ -243,12 +238,7 @@ impl Metrics {
 
     /// Removes a pool's gauges (pause, deletion).
     pub fn remove_pool(&self, ippool: &str) {
-        if let Some(old) = self
-            .pool_series
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .remove(ippool)
-        {
+        if let Some(old) = self.pool_series.lock().remove(ippool) {
             self.ippool_used.remove(&old);
             self.ippool_available.remove(&old);
         }
@@ -259,10 +249,7 @@ impl Metrics {
     pub fn set_vmnetcfg(&self, vmnetcfg: &str, mut series: Vec<VmnetcfgLabels>) {
         series.sort();
         series.dedup();
-        let mut all = self
-            .vmnetcfg_series
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner);
+        let mut all = self.vmnetcfg_series.lock();
         for old in all.get(vmnetcfg).map_or(&[][..], |b| &b[..]) {
             if !series.contains(old) {
                 self.vmnetcfg_status.remove(old);
@@ -277,31 +264,18 @@ impl Metrics {
     /// Removes every series of a config (deletion).
     pub fn remove_vmnetcfg(&self, vmnetcfg: &str) {
         self.set_vmnetcfg(vmnetcfg, Vec::new());
-        self.vmnetcfg_series
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .remove(vmnetcfg);
+        self.vmnetcfg_series.lock().remove(vmnetcfg);
     }
 
     /// Removes every per-object series (pools and configs): called when a leadership term ends,
     /// so that only the leader exports them and sums across replicas do not double-count.
     pub fn clear_objects(&self) {
-        let pools = std::mem::take(
-            &mut *self
-                .pool_series
-                .lock()
-                .unwrap_or_else(PoisonError::into_inner),
-        );
+        let pools = std::mem::take(&mut *self.pool_series.lock());
         for labels in pools.values() {
             self.ippool_used.remove(labels);
             self.ippool_available.remove(labels);
         }
-        let configs = std::mem::take(
-            &mut *self
-                .vmnetcfg_series
-                .lock()
-                .unwrap_or_else(PoisonError::into_inner),
-        );
+        let configs = std::mem::take(&mut *self.vmnetcfg_series.lock());
         for labels in configs.values().flatten() {
             self.vmnetcfg_status.remove(labels);
         }

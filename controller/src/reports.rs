@@ -19,10 +19,11 @@
 //! an agent's `ReportRequest` into an [`AgentReport`], so the IPPool reconciler reads reports
 //! without depending on the stream layer.
 
+use parking_lot::Mutex;
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::net::Ipv4Addr;
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex, OnceLock, PoisonError};
+use std::sync::{Arc, OnceLock};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use futures_util::StreamExt;
@@ -232,9 +233,9 @@ impl AgentReport {
     /// same agent, epoch, leadership and interface entries (interface, state, error, probes),
     /// whenever it arrived and whatever its applied revision and lease counts. Those two move
     /// with every allocation and nothing reads them from the ConfigMap (a pool's status does
-    /// not: see [`changed_pools`]); published as they moved, they rewrote the whole ConfigMap
-    /// (every agent's entry for every pool) about twice a second per agent while VMs were being
-    /// created, for the periodic refresh to carry instead.
+    /// not: see [`changed_pools`]); published as they move, they would rewrite the whole
+    /// ConfigMap (every agent's entry for every pool) at each agent's report rate while VMs are
+    /// being created, so the periodic refresh carries them instead.
     fn same_to_publish(&self, other: &AgentReport) -> bool {
         self.agent == other.agent
             && self.epoch == other.epoch
@@ -274,9 +275,9 @@ impl Reports {
             .collect()
     }
 
-    fn lock(&self) -> std::sync::MutexGuard<'_, BTreeMap<NamespacedName, AgentReport>> {
+    fn lock(&self) -> parking_lot::MutexGuard<'_, BTreeMap<NamespacedName, AgentReport>> {
         // Plain values replaced whole: a panic elsewhere cannot leave one torn.
-        self.by_agent.lock().unwrap_or_else(PoisonError::into_inner)
+        self.by_agent.lock()
     }
 
     /// Watch streams open right now (agents connected to this replica).
@@ -343,10 +344,7 @@ impl Reports {
 
     fn touch(&self, pools: Vec<NamespacedName>) {
         if !pools.is_empty() {
-            self.touched
-                .lock()
-                .unwrap_or_else(PoisonError::into_inner)
-                .extend(pools);
+            self.touched.lock().extend(pools);
         }
         self.changed.send_modify(|n| *n += 1);
     }
@@ -354,7 +352,7 @@ impl Reports {
     /// The pools whose reports changed since the last call (each once), for their
     /// `AgentReady` to be re-checked.
     pub fn take_touched(&self) -> Vec<NamespacedName> {
-        std::mem::take(&mut *self.touched.lock().unwrap_or_else(PoisonError::into_inner))
+        std::mem::take(&mut *self.touched.lock())
             .into_iter()
             .collect()
     }
@@ -389,7 +387,7 @@ impl Reports {
 /// only those whose interface entry was added, removed or changed in what a pool's status reads
 /// (interface, state, error, probes). The applied revision and lease counts touch none: they
 /// change with every allocation, and re-checking every pool an agent serves on each report
-/// made one allocation cost a reconcile of every pool (200 at once, every half second).
+/// would make one allocation cost a reconcile of every pool (docs/tuning.md).
 fn changed_pools(held: &AgentReport, new: &AgentReport) -> Vec<NamespacedName> {
     if held.leader != new.leader || held.epoch != new.epoch {
         return pools_named(held).chain(pools_named(new)).collect();

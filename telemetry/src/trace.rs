@@ -8,10 +8,10 @@
 //! `OTEL_BSP_*` batch settings, all read by the OpenTelemetry SDK itself. With no endpoint no
 //! exporter exists, [`enabled`] is false, and the packet path creates no spans at all.
 
+use parking_lot::Mutex;
 use std::collections::{HashMap, VecDeque};
 use std::hash::Hash;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Mutex, PoisonError};
 
 use opentelemetry::propagation::TextMapPropagator;
 use opentelemetry::trace::{SpanContext, TraceContextExt, TracerProvider as _};
@@ -189,7 +189,7 @@ impl<K: Eq + Hash + Clone> Causes<K> {
 
     /// Records `cause` for `key`, replacing an earlier one.
     pub fn record(&self, key: K, cause: SpanContext) {
-        let mut inner = self.inner.lock().unwrap_or_else(PoisonError::into_inner);
+        let mut inner = self.inner.lock();
         if inner.by_key.insert(key.clone(), cause).is_none() {
             inner.order.push_back(key);
         }
@@ -202,17 +202,12 @@ impl<K: Eq + Hash + Clone> Causes<K> {
 
     /// The cause of `key`, if still remembered.
     pub fn get(&self, key: &K) -> Option<SpanContext> {
-        self.inner
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .by_key
-            .get(key)
-            .cloned()
+        self.inner.lock().by_key.get(key).cloned()
     }
 
     /// The cause of `key`, forgotten as it is returned.
     pub fn take(&self, key: &K) -> Option<SpanContext> {
-        let mut inner = self.inner.lock().unwrap_or_else(PoisonError::into_inner);
+        let mut inner = self.inner.lock();
         let found = inner.by_key.remove(key);
         if found.is_some() {
             inner.order.retain(|k| k != key);
@@ -222,11 +217,7 @@ impl<K: Eq + Hash + Clone> Causes<K> {
 
     /// How many keys are remembered.
     pub fn len(&self) -> usize {
-        self.inner
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .by_key
-            .len()
+        self.inner.lock().by_key.len()
     }
 
     /// Whether nothing is remembered.

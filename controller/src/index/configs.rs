@@ -3,20 +3,21 @@
 //!
 //! - which config's status holds each MAC on each network: before it hands a NIC an address, the
 //!   config reconciler must know whether another config already holds that MAC there (upstream
-//!   gave both the same address). Scanning every cached config for every NIC made one reconcile
-//!   cost O(configs) and a resync O(configs²);
+//!   gave both the same address). Scanning every cached config for every NIC would make one
+//!   reconcile cost O(configs) and a resync O(configs²);
 //! - which configs wait for an address on a network, and which hold a given address there: a
 //!   pool's status write (every allocation makes one) wakes exactly those, where a scan of every
-//!   config per pool event made building up a cluster quadratic.
+//!   config per pool event would make building up a cluster quadratic.
 //!
 //! Each answer costs O(log n + answer); an event costs what its one config costs. The index is
 //! fed by [`ConfigIndex::observe`] with every event of the config watch, before the cache and the
 //! controller see it: a relist (`Init` … `InitDone`) builds a fresh copy that replaces the old one
 //! only when complete, as kube's own store does.
 
+use parking_lot::Mutex;
 use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::net::Ipv4Addr;
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::Arc;
 
 use kube::ResourceExt;
 use kube::runtime::watcher;
@@ -33,8 +34,8 @@ pub type Nic = (NamespacedName, MacAddr);
 
 /// A name as the index holds it: one allocation shared by every map and footprint that
 /// mentions it. A config's name is in up to five places and a network's in every entry of
-/// every config on it; cloned strings made the index cost 1.7 KB per config (heaptrack, scale
-/// bench), and a tree node of `Arc`s is a sixth of one of names.
+/// every config on it; cloned strings would make those copies most of the index's memory
+/// (docs/tuning.md), and a tree node of `Arc`s is a sixth of one of names.
 type Name = Arc<NamespacedName>;
 
 /// What one config contributes to the index.
@@ -264,9 +265,9 @@ pub fn claims_of(cfg: &VirtualMachineNetworkConfig) -> Vec<Nic> {
 }
 
 impl ConfigIndex {
-    fn lock(&self) -> std::sync::MutexGuard<'_, Relisted<Claims>> {
+    fn lock(&self) -> parking_lot::MutexGuard<'_, Relisted<Claims>> {
         // Whole values replaced under the lock: a panic elsewhere cannot leave one torn.
-        self.inner.lock().unwrap_or_else(PoisonError::into_inner)
+        self.inner.lock()
     }
 
     /// Takes one event of the configs' watch into account.
@@ -426,7 +427,7 @@ mod tests {
         cfg
     }
 
-    /// What the pool trigger did before this index: scan every config.
+    /// The pool trigger's answer without this index: a scan of every config.
     fn naive_concerned(
         configs: &BTreeMap<NamespacedName, VirtualMachineNetworkConfig>,
         network: &NamespacedName,
@@ -449,7 +450,7 @@ mod tests {
             .collect()
     }
 
-    /// What the reconciler did before this index: scan every config.
+    /// The reconciler's answer without this index: a scan of every config.
     fn naive(
         configs: &BTreeMap<NamespacedName, VirtualMachineNetworkConfig>,
         network: &NamespacedName,

@@ -2,15 +2,15 @@
 //!
 //! Every allocation asks which pool serves its network (a config reconcile asks up to three
 //! times), and every pool event not written by the leader asks which pools share its network.
-//! Scanning the pool cache for that made each allocation cost every pool in the cluster (200
-//! pools: 600 name parses per allocation); this index answers in time proportional to the pools
-//! on the one network asked about, usually one.
+//! Scanning the pool cache for that would make each allocation cost every pool in the cluster
+//! (up to three name parses per pool); this index answers in time proportional to the pools on
+//! the one network asked about, usually one.
 //!
 //! The index names pools; their objects stay in the cache, where the caller reads them (and
 //! checks they still name the network: the index sees an event just before the cache does).
 
+use parking_lot::{Mutex, MutexGuard};
 use std::collections::{BTreeSet, HashMap};
-use std::sync::{Mutex, MutexGuard, PoisonError};
 
 use kube::runtime::watcher;
 use vmdhcp_core::NamespacedName;
@@ -69,7 +69,7 @@ impl Networks {
 impl PoolNetworks {
     fn lock(&self) -> MutexGuard<'_, Relisted<Networks>> {
         // Each event is applied whole under the lock: a panic elsewhere cannot leave one torn.
-        self.inner.lock().unwrap_or_else(PoisonError::into_inner)
+        self.inner.lock()
     }
 
     /// Takes one event of the pools' watch into account.

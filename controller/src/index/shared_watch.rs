@@ -23,10 +23,11 @@
 //! Readiness is this module's own ([`SharedWatch::ready`]): kube's `Store::wait_until_ready`
 //! wakes only its most recent waiter, which the controllers reading the store already are.
 
+use parking_lot::Mutex;
 use std::fmt::Debug;
 use std::future::Future;
 use std::hash::Hash;
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::Arc;
 
 use futures_util::stream::BoxStream;
 use futures_util::{Stream, StreamExt};
@@ -51,7 +52,7 @@ pub type Trigger<K> = BoxStream<'static, Arc<K>>;
 pub enum Touch<K> {
     /// Created or changed; also each object of a (re)list. Shared with the cache and every
     /// subscriber: the leader's pools have four subscribers, and a copy each of a pool that
-    /// changes with every allocation grew its cost per allocation with the pool.
+    /// changes with every allocation would grow the cost per allocation with the pool.
     Applied(Arc<K>),
     /// Deleted.
     Deleted(Arc<K>),
@@ -279,9 +280,11 @@ pub fn forget_managed_fields<K: Resource>(o: &mut K) {
     o.meta_mut().managed_fields = None;
 }
 
-fn lock<K>(subscribers: &Subscribers<K>) -> std::sync::MutexGuard<'_, Vec<mpsc::Sender<Touch<K>>>> {
+fn lock<K>(
+    subscribers: &Subscribers<K>,
+) -> parking_lot::MutexGuard<'_, Vec<mpsc::Sender<Touch<K>>>> {
     // Only whole senders are pushed or removed under the lock: nothing can be left torn.
-    subscribers.lock().unwrap_or_else(PoisonError::into_inner)
+    subscribers.lock()
 }
 
 /// What a relist dropped from the cache: the cache as it was when the relist began, compared with

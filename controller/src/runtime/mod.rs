@@ -8,8 +8,9 @@
 //! certificates, the webhook, then [`run`], then the Lease released after the last write. Tests
 //! embed [`run`] alone.
 
+use parking_lot::RwLock;
 use std::net::SocketAddr;
-use std::sync::{Arc, PoisonError, RwLock};
+use std::sync::Arc;
 use std::time::Duration;
 
 use futures_util::StreamExt;
@@ -345,7 +346,7 @@ async fn follow_leadership(
         }
         // This replica no longer leads: only the leader exports per-object series.
         shared.metrics.clear_objects();
-        *ipam_slot.write().unwrap_or_else(PoisonError::into_inner) = None;
+        *ipam_slot.write() = None;
         if *stop.borrow() {
             break;
         }

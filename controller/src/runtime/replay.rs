@@ -4,11 +4,10 @@
 //! A trigger hands a controller every cached object, then every change
 //! ([`SharedWatch::trigger`]). kube-runtime queues whatever it is handed and, with all its
 //! reconcile slots busy, takes the next from a hash set: a VM created while there was no leader
-//! waited, in the new term, behind a random share of the 22 000 objects of the scale bench (4 to
-//! 10 s from the Lease to its allocation, run to run). A [`paced_trigger`] hands the cached
-//! objects that look settled only while few of its own wait in the queue ([`Backlog`]), and the
-//! rest — changes, deletions, objects that look unsettled — at once. Nothing is skipped: the
-//! order changes, not what is reconciled.
+//! would wait, in the new term, behind a random share of every object in the cluster
+//! (docs/tuning.md). A [`paced_trigger`] hands the cached objects that look settled only while
+//! few of its own wait in the queue ([`Backlog`]), and the rest — changes, deletions, objects
+//! that look unsettled — at once. Nothing is skipped: the order changes, not what is reconciled.
 
 use std::collections::VecDeque;
 use std::future::Future;
@@ -357,12 +356,12 @@ mod tests {
         listed(&events, &settled(BACKLOG + 5)).await;
         shared.ready().await;
         // Which object looks unsettled is known only once another cache is whole.
-        let known = Arc::new(std::sync::Mutex::new(None::<String>));
+        let known = Arc::new(parking_lot::Mutex::new(None::<String>));
         let reads = known.clone();
         let (whole, gate) = tokio::sync::oneshot::channel::<()>();
         let mut trigger = paced_trigger(
             &shared,
-            move |o: &ConfigMap| reads.lock().unwrap().as_deref() == Some(name(o).as_str()),
+            move |o: &ConfigMap| reads.lock().as_deref() == Some(name(o).as_str()),
             Arc::default(),
             async {
                 let _ = gate.await;
@@ -373,7 +372,7 @@ mod tests {
         send(&events, watcher::Event::Apply(cm("new"))).await;
         let change = trigger.next().await.map(|o| name(&o));
         assert_eq!(change.as_deref(), Some("new"));
-        *known.lock().unwrap() = Some("s042".into());
+        *known.lock() = Some("s042".into());
         whole.send(()).unwrap();
         let first = trigger.next().await.map(|o| name(&o));
         assert_eq!(first.as_deref(), Some("s042"));
