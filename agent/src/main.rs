@@ -99,25 +99,10 @@ struct RunArgs {
     report_interval_seconds: u64,
 }
 
+/// The API client: from `kubeconfig` if given, else in-cluster config (or `$KUBECONFIG`).
 async fn kube_client(kubeconfig: Option<&std::path::Path>) -> anyhow::Result<kube::Client> {
-    let mut config = match kubeconfig {
-        Some(path) => {
-            let kc = kube::config::Kubeconfig::read_from(path)
-                .with_context(|| format!("reading {}", path.display()))?;
-            kube::Config::from_custom_kubeconfig(kc, &Default::default())
-                .await
-                .context("loading kubeconfig")?
-        }
-        None => kube::Config::infer()
-            .await
-            .context("inferring kube config")?,
-    };
-    // Named in the API server's audit log and request metrics (kube-rs sends no User-Agent).
-    config.headers.push((
-        http::header::USER_AGENT,
-        http::HeaderValue::from_static(concat!("vm-dhcp-agent/", env!("CARGO_PKG_VERSION"))),
-    ));
-    kube::Client::try_from(config).context("building kube client")
+    const USER_AGENT: &str = concat!("vm-dhcp-agent/", env!("CARGO_PKG_VERSION"));
+    Ok(vmdhcp_leader::client::connect(kubeconfig, USER_AGENT).await?)
 }
 
 async fn run_agent(args: RunArgs) -> anyhow::Result<()> {

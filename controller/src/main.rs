@@ -17,10 +17,9 @@ use vmdhcp_core::NamespacedName;
 use vmdhcp_leader::ElectionArgs;
 
 /// jemalloc rather than the C library's allocator. The image links musl, whose allocator
-/// serialises every thread on one lock; and with glibc's, a third of the leader's CPU at
-/// 10 000 VMs was `malloc`/`free` and RSS grew 10.6 KB per VM on 3.9 KB of counted structures
-/// (README, "Scale"). The same allocator on both targets also means the host-built binaries the
-/// benchmarks run allocate as the image does.
+/// serialises every thread on one lock; glibc's spends much of the leader's CPU and memory on
+/// its many small blocks (docs/tuning.md). The same allocator on both targets also means the
+/// host-built binaries the benchmarks run allocate as the image does.
 #[global_allocator]
 static ALLOCATOR: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
 
@@ -232,24 +231,8 @@ async fn run_controller(args: RunArgs) -> anyhow::Result<()> {
 
 /// The API client: from `kubeconfig` if given, else in-cluster config (or `$KUBECONFIG`).
 async fn kube_client(kubeconfig: Option<&std::path::Path>) -> anyhow::Result<kube::Client> {
-    let mut config = match kubeconfig {
-        Some(path) => {
-            let kc = kube::config::Kubeconfig::read_from(path)
-                .with_context(|| format!("reading {}", path.display()))?;
-            kube::Config::from_custom_kubeconfig(kc, &Default::default())
-                .await
-                .context("loading kubeconfig")?
-        }
-        None => kube::Config::infer()
-            .await
-            .context("inferring kube config")?,
-    };
-    // Named in the API server's audit log and request metrics (kube-rs sends no User-Agent).
-    config.headers.push((
-        http::header::USER_AGENT,
-        http::HeaderValue::from_static(concat!("vm-dhcp-controller/", env!("CARGO_PKG_VERSION"))),
-    ));
-    kube::Client::try_from(config).context("building kube client")
+    const USER_AGENT: &str = concat!("vm-dhcp-controller/", env!("CARGO_PKG_VERSION"));
+    Ok(vmdhcp_leader::client::connect(kubeconfig, USER_AGENT).await?)
 }
 
 impl RunArgs {

@@ -1,6 +1,7 @@
 //! Leader election among replicas through a `coordination.k8s.io/v1` Lease, as client-go's
 //! `leaderelection` package does it, for the controller and the agents.
 //!
+//! - [`client`] builds the API client every electing process uses.
 //! - [`config`] holds the timing knobs and their validation; [`cli`] the flags that set them.
 //! - [`record`] is the pure part: reading a Lease (who holds it, has it expired for us) and
 //!   computing the next Lease spec to write. No I/O, tested on plain data.
@@ -38,6 +39,7 @@
 #![forbid(unsafe_code)]
 
 pub mod cli;
+pub mod client;
 pub mod config;
 pub mod elector;
 pub mod record;
