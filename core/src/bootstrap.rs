@@ -1,5 +1,5 @@
 //! The agent Deployment's bootstrap: `AGENT_NETWORK_CONFIGS`, `IPPOOL_REFS_JSON` and the Multus
-//! network-selection annotation, in the JSON of upstream PR #64 (design.md, contract 2).
+//! network-selection annotation, in the JSON of upstream PR #64 (docs/design.md, contract 2).
 //!
 //! The controller renders these from its active pools; an agent parses them at start so it knows
 //! its pools before (or without) the config stream. Parsing is strict and every error names the

@@ -250,9 +250,9 @@ pub struct IPPoolStatus {
 ///
 /// Its three maps are written whole, by the controller alone, and are declared atomic
 /// (`x-kubernetes-map-type: atomic`): the API server then tracks each as one field in
-/// `managedFields` instead of one per address. Per key, that bookkeeping doubled the stored
-/// pool, and with its decoding was a quarter of the API server's CPU at 20 000 VMs on 200 pools
-/// (every allocation writes its pool's status; the scale bench).
+/// `managedFields` instead of one per address. Per key, that bookkeeping would double the stored
+/// pool and take much of the API server's CPU, on the status write every allocation makes
+/// (docs/tuning.md).
 #[derive(Deserialize, Serialize, Clone, Debug, Default, PartialEq, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct IPv4Status {

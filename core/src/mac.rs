@@ -87,8 +87,8 @@ fn hex_digit(b: u8) -> Option<u8> {
 }
 
 /// Lowercase `aa:bb:cc:dd:ee:ff`, written from one buffer: a MAC is formatted for every entry
-/// of a pool's status each time it is written, and six `{:02x}` through the formatter were a
-/// visible share of the leader's CPU per allocation on full pools.
+/// of a pool's status each time it is written, and six `{:02x}` through the formatter would be a
+/// visible share of the leader's CPU per allocation on full pools (docs/tuning.md).
 impl fmt::Display for MacAddr {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         const HEX: &[u8; 16] = b"0123456789abcdef";

@@ -260,7 +260,7 @@ for root in $(cgroup_roots); do
 done
 : >"$dir/resolv.conf"
 # The node shares the machine's disk, whose free space this test does not own: eviction thresholds
-# are absolute (a percentage of a large, busy disk tainted the node with gigabytes still free).
+# are absolute (a percentage of a large, busy disk taints the node with gigabytes still free).
 start kubelet "$BIN/kubelet" --kubeconfig="$dir/kubeconfig/kubelet" --hostname-override="$NODE" --node-ip="$NODE_IP" \
   --container-runtime=remote --container-runtime-endpoint="unix://$dir/containerd.sock" --runtime-request-timeout=5m \
   --root-dir="$dir/kubelet" --cert-dir="$dir/kubelet/pki" --volume-plugin-dir="$dir/kubelet/volume-plugins" \

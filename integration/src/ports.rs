@@ -1,8 +1,8 @@
 //! Free loopback ports for the processes the tests start (etcd, kube-apiserver, controllers).
 //!
 //! A port found by binding port 0 and closing the socket is a race twice over: the kernel may
-//! hand the same ephemeral port to the next `bind(0)` (two processes of one control plane were
-//! given the same port), and any outgoing connection may take it before the process we start
+//! hand the same ephemeral port to the next `bind(0)` (two processes of one control plane can
+//! be given the same port), and any outgoing connection may take it before the process we start
 //! binds it. So ports come from *below* the kernel's ephemeral range, where neither happens,
 //! each is handed out at most once per test process, and each is checked to be free on
 //! 127.0.0.1 when handed out.

@@ -555,9 +555,9 @@ async fn sigterm_mid_burst_releases_the_lease_only_after_the_last_write() {
     let client = cp.client().await.unwrap();
     let ns = cp.namespace(&client, "drain").await.unwrap();
     network_and_pool(&client, &ns, "net-d", 23).await;
-    // Slower elections than the other tests: this one is about SIGTERM, and a burst of 300 VMs
-    // on a loaded 2-core machine once held a 2 s renewal past its deadline, so the replica was
-    // deposed (its writes cut, correctly) before the signal and there was nothing to drain.
+    // Slower elections than the other tests: this one is about SIGTERM, and a burst on a loaded
+    // 2-core machine can hold a short renewal past its deadline, deposing the replica (its
+    // writes cut, correctly) before the signal, with nothing left to drain (docs/tuning.md).
     let timings = [
         "--lease-duration-seconds=15",
         "--renew-deadline-seconds=10",

@@ -383,8 +383,8 @@ fn after_a_takeover_clients_renew_by_unicast_with_the_new_leader_at_once() {
     let unicast = |r: &Captured| r.dst == new_hw && r.dst_ip == server && r.ciaddr == client;
     // Bounded by the lease: 20 s, so T1 10 s and T2 17.5 s. Without announcements, RENEWs go
     // to the old MAC and are lost; the client may even let its lease expire and start over with
-    // a broadcast DISCOVER (seen: once or twice in 60 s); only a broadcast REBIND answered by unicast
-    // makes the new leader ARP for the client and so fixes the client's entry.
+    // a broadcast DISCOVER (docs/tuning.md); only a broadcast REBIND answered by unicast makes
+    // the new leader ARP for the client and so fixes the client's entry.
     let deadline = std::time::Instant::now() + Duration::from_secs(60);
     let first_unicast = loop {
         if neighbour_moved.is_none()

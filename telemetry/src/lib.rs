@@ -76,8 +76,8 @@ pub enum TelemetryError {
 /// ([`Targets`]): decided once per callsite, with nothing to do per span. Directives on spans and
 /// their fields (`target[span{field=value}]=level`) need [`EnvFilter`], which tracks every span
 /// it might match: a read lock and a map lookup on every span enter and exit, whether or not any
-/// such directive is given (`perf` on the controller under the scale bench: 5 % of its CPU, in
-/// `EnvFilter::on_enter`/`cares_about_span` alone), so it is used only for those.
+/// such directive is given (a share of the controller's CPU under load: docs/tuning.md), so it is
+/// used only for those.
 #[derive(Debug)]
 pub enum LogFilter {
     /// Only `target=level` directives.

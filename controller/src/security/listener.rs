@@ -219,7 +219,7 @@ mod tests {
         };
         let (stream, usage) = accept(listener, server_config(), limits);
         let _stream = std::pin::pin!(stream);
-        // 50 clients that connect and never say a word (today's loop spawned a task for each).
+        // 50 clients that connect and never say a word (an unbounded loop spawns a task for each).
         let mut silent = Vec::new();
         for _ in 0..50 {
             silent.push(TcpStream::connect(addr).await.unwrap());

@@ -2,8 +2,8 @@
 //!
 //! Every allocation rewrites its pool's status, so the controller's index sees one new version
 //! of a pool per allocation. Reading each version whole ([`leases_from_status`]) costs what the
-//! pool holds — 100 entries parsed and compared to record one — and that grew the leader's CPU
-//! per allocation with the pools' fill (the scale bench). [`RecordedLeases::update`] compares
+//! pool holds — every entry parsed and compared to record one — a cost per allocation that
+//! grows with the pools' fill (docs/tuning.md). [`RecordedLeases::update`] compares
 //! the two versions' maps entry by entry (strings, without parsing) and parses only what
 //! differs; its answer is the full read's, which a property test checks on random histories.
 
