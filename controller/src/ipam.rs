@@ -472,6 +472,14 @@ impl PoolAllocator {
             .collect()
     }
 
+    /// How many addresses the pool records as in conflict because `host` answers for them.
+    pub fn conflicts_held_by(&self, host: &str) -> usize {
+        self.conflicts
+            .values()
+            .filter(|c| c.answered_by.eq_ignore_ascii_case(host))
+            .count()
+    }
+
     /// The conflict recorded on `ip`, if another host was found using it.
     pub fn conflict(&self, ip: Ipv4Addr) -> Option<&AddressConflict> {
         self.conflicts.get(&u32::from(ip))

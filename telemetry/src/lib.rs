@@ -22,8 +22,10 @@ use tracing_subscriber::registry::LookupSpan;
 use tracing_subscriber::util::SubscriberInitExt;
 use tracing_subscriber::{EnvFilter, Layer, Registry};
 
-/// Filter used when neither `--log-level` nor `RUST_LOG` says otherwise.
-pub const DEFAULT_FILTER: &str = "info";
+/// Filter used when neither `--log-level` nor `RUST_LOG` says otherwise: `info`, but errors
+/// only from the netlink packet parser, which warns on every link read from a kernel newer than
+/// it (`IFLA_INET6_CONF` holding more than it knows).
+pub const DEFAULT_FILTER: &str = "info,netlink_packet_route=error";
 
 /// How log lines are written.
 #[derive(clap::ValueEnum, Clone, Copy, Debug, Default, PartialEq, Eq)]

@@ -24,7 +24,7 @@ use vmdhcp_core::crd::{
     CONDITION_STOPPED, IPPool, IPPoolStatus, LABEL_IPPOOL_NAME, LABEL_IPPOOL_NAMESPACE,
     find_condition,
 };
-use vmdhcp_core::pool::{PoolRange, ValidPool};
+use vmdhcp_core::pool::{MAX_CONFLICTS_PER_HOST, PoolRange, ValidPool};
 
 use crate::ipam::{IpamError, PoolAllocator};
 use crate::kinds::{nad_resource, network_of, object_ref};
@@ -496,11 +496,15 @@ pub struct ConflictChanges {
     pub cleared: Vec<Ipv4Addr>,
     /// Not recorded (outside the range, or too many already).
     pub refused: Vec<IpamError>,
+    /// Not recorded: (address, the host answering for it), a host that holds
+    /// [`MAX_CONFLICTS_PER_HOST`] of the pool's addresses in conflict already.
+    pub capped: Vec<(Ipv4Addr, MacAddr)>,
 }
 
 /// Applies the serving agent's verdicts to the pool's books: another host answering for an
-/// address records a conflict (once; the client's own answer is none), a recheck nobody else
-/// answers clears one. `since` stamps new records.
+/// address records a conflict (once; the client's own answer is none) unless that host holds
+/// [`MAX_CONFLICTS_PER_HOST`] already, a recheck nobody else answers clears one. `since` stamps
+/// new records.
 pub fn apply_probes(
     alloc: &mut PoolAllocator,
     probes: &[AddressProbe],
@@ -510,6 +514,12 @@ pub fn apply_probes(
     for p in probes {
         match p.answered_by {
             Some(other) if Some(other) != p.mac => {
+                if alloc.conflict(p.ip).is_none()
+                    && alloc.conflicts_held_by(&other.to_string()) >= MAX_CONFLICTS_PER_HOST
+                {
+                    changes.capped.push((p.ip, other));
+                    continue;
+                }
                 let conflict = AddressConflict {
                     mac_address: MacAddr::text_or_empty(p.mac),
                     answered_by: other.to_string(),
@@ -581,6 +591,16 @@ async fn record_conflicts(
     }
     for e in changes.refused.iter().take(3) {
         warn!(pool = %pool_ref, error = %e, "conflict not recorded");
+    }
+    for (ip, by) in &changes.capped {
+        warn!(pool = %pool_ref, %ip, answered_by = %by, %agent, "host answers for more addresses than it may hold in conflict: not recorded");
+        ctx.event(
+            pool,
+            EventType::Warning,
+            "ConflictLimit",
+            "Probe",
+            format!("{by} also answers ARP for {ip}, but it holds {MAX_CONFLICTS_PER_HOST} of this pool's addresses in conflict already: no more are withheld for it"),
+        );
     }
 }
 
@@ -799,6 +819,29 @@ mod tests {
             apply_probes(&mut alloc, &probes[..3], &since),
             ConflictChanges::default()
         );
+
+        // One host answering for every address holds at most MAX_CONFLICTS_PER_HOST of them.
+        let all: Vec<AddressProbe> = (13..=20)
+            .map(|last| verdict(last, Some(squatter), ProbeReason::Offer))
+            .collect();
+        let changes = apply_probes(&mut alloc, &all, &since);
+        assert_eq!(changes.recorded.len(), MAX_CONFLICTS_PER_HOST - 1);
+        assert_eq!(
+            changes.capped.len(),
+            all.len() - (MAX_CONFLICTS_PER_HOST - 1)
+        );
+        assert_eq!(
+            alloc.conflicts_held_by(&squatter.to_string()),
+            MAX_CONFLICTS_PER_HOST
+        );
+        // Another host is not held back by the first one's count.
+        let other: MacAddr = "02:00:00:00:00:0a".parse().unwrap();
+        let changes = apply_probes(
+            &mut alloc,
+            &[verdict(20, Some(other), ProbeReason::Offer)],
+            &since,
+        );
+        assert_eq!(changes.recorded.len(), 1);
     }
 
     #[test]

@@ -24,6 +24,11 @@ pub mod spec;
 pub use recorded::RecordedLeases;
 pub use spec::{PoolRange, ValidPool};
 
+/// Most of one pool's addresses that one host answering ARP for them can hold in conflict. Any
+/// tenant can answer ARP for any address; past this number its answers withhold nothing more,
+/// so no host can drain a pool (the agent stops withholding, the controller stops recording).
+pub const MAX_CONFLICTS_PER_HOST: usize = 2;
+
 /// Lease time when the pool sets none (or 0): one year, as upstream.
 pub const DEFAULT_LEASE_SECONDS: u32 = 31_536_000;
 
