@@ -59,4 +59,7 @@ cargo test --workspace --locked "$@"
 if [ "$#" -eq 0 ]; then
   HELM="$bin/helm" chart/tests/check.sh
   HELM="$bin/helm" chart/tests/install-check.sh
+  # Every benchmark once, at a smoke size, to its end (figures printed, not checked), so that
+  # none stops building or running unseen.
+  scripts/bench-smoke.sh
 fi

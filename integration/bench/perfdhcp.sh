@@ -10,8 +10,8 @@
 # carries them. The ratio ours+opts/ours is what the options cost on the data plane.
 #
 # For each server: request->ack latency (p50/p99) and server CPU per DORA at a fixed 2 000/s, in
-# ROUNDS interleaved rounds (median and range reported: this shared machine's speed drifts by 2x
-# between runs, so one sequential pass can favour whichever server ran in a quiet moment);
+# ROUNDS interleaved rounds (median and range reported: a shared machine's speed drifts between
+# runs, so one sequential pass can favour whichever server ran in a quiet moment);
 # then the rate is stepped up until drops reach 0.1%, giving the highest sustained rate, CPU per
 # DORA there, and RSS (idle, after the run, peak). Each step also prints how busy each core was
 # and how many datagrams each side's kernel dropped because its receiver was too slow (UDP
@@ -23,6 +23,9 @@
 #   STEP_SECONDS=5 RATES="2000 10000 20000 30000" integration/bench/perfdhcp.sh
 #   ROUNDS=5 FIXED_SECONDS=10 integration/bench/perfdhcp.sh   # more rounds of the fixed-rate phase
 #   RAW_DIR=/tmp integration/bench/perfdhcp.sh   # also keeps perfdhcp's own reports (perfdhcp-raw.txt)
+#   PROFILE=dev ROUNDS=1 FIXED_SECONDS=1 STEP_SECONDS=1 RATES=2000 integration/bench/perfdhcp.sh
+#       # a smoke run (scripts/bench-smoke.sh): our agent from the test build, which needs no
+#       # release build of its own; every phase runs to its end, its figures not comparable
 #
 # perfdhcp's clients: with -b mac=02:00:00:00:00:00 -R 10000 it uses MACs 02:00:00:00:<i>>8>:<i&255>
 # for i in 0..9999 (the counter is added to the low octets), so every request has a reservation.
@@ -33,6 +36,8 @@ STEP_SECONDS="${STEP_SECONDS:-5}"
 FIXED_SECONDS="${FIXED_SECONDS:-10}"
 ROUNDS="${ROUNDS:-3}"
 RATES="${RATES:-2000 5000 10000 15000 20000 25000 30000 40000 60000}"
+# The cargo profile our agent is built with.
+PROFILE="${PROFILE:-release}"
 CLIENTS=10000
 
 if [ "$(id -u)" -ne 0 ]; then echo "needs root (network namespaces)" >&2; exit 1; fi
@@ -45,8 +50,9 @@ if ((${#need[@]})); then
   DEBIAN_FRONTEND=noninteractive apt-get update -qq >&2
   DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${need[@]}" >&2
 fi
-cargo build --release --locked -p vmdhcp-agent --bin vm-dhcp-agent >&2
-AGENT="$PWD/target/release/vm-dhcp-agent"
+cargo build --profile "$PROFILE" --locked -p vmdhcp-agent --bin vm-dhcp-agent >&2
+# cargo writes the dev profile's binaries under target/debug, every other profile's under its name.
+AGENT="${CARGO_TARGET_DIR:-$PWD/target}/$([ "$PROFILE" = dev ] && echo debug || echo "$PROFILE")/vm-dhcp-agent"
 
 work="$(mktemp -d)"
 NS="vmdb$$"

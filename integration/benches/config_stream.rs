@@ -5,7 +5,9 @@
 //! single-lease changes, and the process RSS (server and agents share this process; the figures
 //! before and after the agents connect are printed so the server's part can be read off).
 //!
-//! `cargo bench -p vmdhcp-integration --bench config_stream`
+//! `cargo bench -p vmdhcp-integration --bench config_stream`; `VMDHCP_STREAM_POOLS=<n>` and
+//! `VMDHCP_STREAM_CHANGES=<n>` set the pools and the timed changes (defaults [`POOLS`] and
+//! [`CHANGES`]), so that a small run (`scripts/bench-smoke.sh`) reaches the end quickly.
 #![allow(
     clippy::print_stdout,
     clippy::unwrap_used,
@@ -35,6 +37,14 @@ const POOLS: u32 = 1000;
 const LEASES: u32 = 250;
 const AGENTS: usize = 20;
 const CHANGES: u32 = 200;
+
+/// `name`'s value, or `default` when it is unset or not a number.
+fn env_u32(name: &str, default: u32) -> u32 {
+    std::env::var(name)
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(default)
+}
 
 fn pool(i: u32) -> PoolConfig {
     let key = format!("tenant-{}/pool-{i}", i % 10);
@@ -85,9 +95,11 @@ fn percentile(sorted: &[Duration], p: f64) -> Duration {
 
 #[tokio::main(flavor = "multi_thread", worker_threads = 2)]
 async fn main() {
+    let pool_count = env_u32("VMDHCP_STREAM_POOLS", POOLS).max(1);
+    let changes = env_u32("VMDHCP_STREAM_CHANGES", CHANGES).max(1);
     let rss_start = rss_mb("self");
     let index = Arc::new(Index::new());
-    let pools: Vec<PoolConfig> = (0..POOLS).map(pool).collect();
+    let pools: Vec<PoolConfig> = (0..pool_count).map(pool).collect();
     for p in &pools {
         index.apply(
             std::iter::once(Op::UpsertPool(Box::new(p.clone())))
@@ -132,10 +144,13 @@ async fn main() {
         applier.apply(&msg).unwrap();
     }
     let send_apply = t.elapsed();
-    assert_eq!(applier.state().lease_count(), (POOLS * LEASES) as usize);
+    assert_eq!(
+        applier.state().lease_count(),
+        (pool_count * LEASES) as usize
+    );
     drop(stream);
 
-    // 20 agents, then 200 single-lease changes, each waited for on every agent.
+    // The agents, then the single-lease changes, each waited for on every agent.
     let (agents_stop, agents_stop_rx) = watch::channel(false);
     let recorders: Vec<Arc<Recorder>> =
         (0..AGENTS).map(|_| Arc::new(Recorder::default())).collect();
@@ -179,8 +194,8 @@ async fn main() {
     let rss_agents = rss_mb("self");
 
     let mut samples = Vec::new();
-    for c in 0..CHANGES {
-        let p = &pools[(c * 7 % POOLS) as usize];
+    for c in 0..changes {
+        let p = &pools[(c * 7 % pool_count) as usize];
         let t0 = Instant::now();
         let rev = index
             .apply([Op::UpsertLease(lease(p, c % LEASES, (c + 1) % LEASES))])
@@ -193,8 +208,8 @@ async fn main() {
     samples.sort();
 
     println!(
-        "config stream: {POOLS} pools × {LEASES} leases = {} leases, {AGENTS} agents",
-        POOLS * LEASES
+        "config stream: {pool_count} pools × {LEASES} leases = {} leases, {AGENTS} agents",
+        pool_count * LEASES
     );
     println!(
         "  snapshot build (server)            {:>10.1} ms",

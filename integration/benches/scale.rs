@@ -4,8 +4,10 @@
 //! half on each replica) and one real `vm-dhcp-agent` process (standby, every pool: it holds the
 //! whole lease table as a hot standby does).
 //!
-//! At each step (200, 2 000, 5 000, 10 000, 20 000 VMs) it prints: allocations/s while building
-//! up to the step and the controllers' API calls per allocation; the leader's CPU seconds per
+//! At each step (200, 2 000, 5 000, 10 000, 20 000 VMs built up; the timed VMs below are named
+//! apart and come on top, so the VMs column, the cluster's size, also counts every step's timed
+//! VMs so far) it prints: allocations/s while building up to the step and the controllers' API
+//! calls per allocation; the leader's CPU seconds per
 //! 1 000 allocations (and every other process's); for 300 more VMs created one at a time, once
 //! the build-up's events are published, create → lease in a stream client's table (what the
 //! serving agent would offer; p50/p99, and their ratios to the first step's; also from the VM's
@@ -22,6 +24,11 @@
 //!
 //! `cargo bench -p vmdhcp-integration --bench scale` (as root or not; no network namespaces).
 //! `VMDHCP_SCALE_POOLS=20 VMDHCP_SCALE_VMS=2000` runs it small (steps scale with the total);
+//! `VMDHCP_SCALE_SAMPLES=<n>` times n VMs one at a time per step (default [`SAMPLES`]),
+//! `VMDHCP_SCALE_AT_REST=<s>` watches the leader at rest for s seconds (default [`AT_REST`]) and
+//! `VMDHCP_SCALE_REFERENCE=<n>` makes the reference workload n round trips (default
+//! [`REFERENCE_ROUND_TRIPS`]): smaller, they let a tiny run (`scripts/bench-smoke.sh`) reach the
+//! end quickly, its tails and ratios then rough;
 //! `VMDHCP_SCALE_PACE=<VMs/s>` creates the VMs at that pace instead of as fast as the API takes
 //! them (alloc/s is then the pace; the CPU per allocation of the steps compares at one rate);
 //! `VMDHCP_SCALE_LOGS=<dir>` keeps the controllers' and the agent's logs there;
@@ -63,15 +70,17 @@ use vmdhcp_proto::agent::v1 as pb;
 
 const CLIENTS: usize = 20;
 /// One-at-a-time VMs measured at each step: enough that the p99 is not one of the API server's
-/// own slow answers (with 20 the p99 was the slowest VM, and one slow POST made it; with 100 it
-/// was the second slowest, and a step's ratio moved 0.5-1.9x from run to run with the API
-/// server's own idle p99); with 300 it is the fourth slowest.
+/// own slow answers (with 300 it is the fourth slowest; with fewer it follows the API server's
+/// own tail from run to run: docs/tuning.md).
 const SAMPLES: usize = 300;
 /// How long the leader is watched at rest after each step: what it spends with nothing to do
 /// (Lease renewals, watch bookmarks, the agent's reports, timers) is part of the build-up's CPU
 /// per allocation in proportion to how long the build-up took, so a slower step shows more of
 /// it without any allocation costing more.
 const AT_REST: Duration = Duration::from_secs(10);
+/// The reference workload's round trips ([`reference_seconds`]): many, since the thread's CPU
+/// clock counts in ticks of 10 ms.
+const REFERENCE_ROUND_TRIPS: usize = 40_000;
 /// The controllers' elections: slow enough that a loaded 2-core machine does not depose the
 /// leader mid-build (the failover figure is measured from the Lease's acquisition).
 const ELECTION: [&str; 3] = [
@@ -104,6 +113,17 @@ fn vm_of(k: usize, pools: usize) -> (String, MacAddr, usize) {
     )
 }
 
+/// Timed VM number `t`: named and addressed apart from every [`vm_of`] (and the control's
+/// VMs), so the build-ups and the timed VMs never take each other's names or MACs.
+fn timed_vm_of(t: usize, pools: usize) -> (String, MacAddr, usize) {
+    let b = (t as u32).to_be_bytes();
+    (
+        format!("timed-{t}"),
+        MacAddr([2, 0x52, b[1], b[2], b[3], 1]),
+        t % pools,
+    )
+}
+
 /// `perf record` of process `pid` into `out`, until [`stop_perf`].
 fn start_perf(pid: u32, out: &Path) -> std::process::Child {
     std::process::Command::new("perf")
@@ -125,19 +145,20 @@ fn stop_perf(mut perf: std::process::Child) {
 }
 
 /// CPU seconds a fixed piece of work takes on this machine right now: a full pool's
-/// `allocated` map (100 entries) through JSON and back 40 000 times, on a thread of its own,
-/// timed by that thread's CPU clock. This shared machine's speed drifts by tens of percent within
-/// a run (the figures of processes whose work per allocation is fixed move together); a step's
+/// `allocated` map (100 entries) through JSON and back `round_trips` times
+/// ([`REFERENCE_ROUND_TRIPS`] unless `VMDHCP_SCALE_REFERENCE` says), on a thread of its own,
+/// timed by that thread's CPU clock. A shared machine's speed drifts within a run (the figures
+/// of processes whose work per allocation is fixed move together: docs/tuning.md); a step's
 /// CPU per allocation over this, against the first step's, tells the code's growth from the
 /// machine's.
-fn reference_seconds() -> f64 {
-    std::thread::spawn(|| {
+fn reference_seconds(round_trips: usize) -> f64 {
+    std::thread::spawn(move || {
         let allocated: BTreeMap<String, String> = (0..100u32)
             .map(|i| (format!("10.0.0.{i}"), format!("02:00:00:00:00:{i:02x}")))
             .collect();
         let t0 = cpu_seconds("thread-self");
         let mut entries = 0;
-        for _ in 0..40_000 {
+        for _ in 0..round_trips {
             let text = serde_json::to_string(&allocated).unwrap();
             let back: BTreeMap<String, String> = serde_json::from_str(&text).unwrap();
             entries += back.len();
@@ -375,14 +396,21 @@ async fn quiet(cp: &ControlPlane) {
     .await;
 }
 
+/// The cluster under test as the bench drives it: the API, its watches and the stream clients'
+/// tables, and the VMs created so far.
 struct Bench {
     cp: ControlPlane,
     client: Client,
     ns: String,
     pools: usize,
     seen: Arc<Seen>,
+    watches: [tokio::task::JoinHandle<()>; 2],
     sinks: Vec<Arc<Sink>>,
-    created: usize,
+    /// Build-up VMs created, [`vm_of`] `0..built`.
+    built: usize,
+    /// Timed VMs created, [`timed_vm_of`] `0..timed`: counted apart, so that a build-up never
+    /// starts on a name a timed VM took.
+    timed: usize,
 }
 
 /// The pace of the build-ups, VMs created per second (`VMDHCP_SCALE_PACE`; unset: as fast as
@@ -432,14 +460,20 @@ async fn create_vms(
 }
 
 impl Bench {
-    /// Creates VMs `self.created..upto`, in waves of 100 at once.
+    /// VMs in the cluster's namespace: built up and timed.
+    fn vms(&self) -> usize {
+        self.built + self.timed
+    }
+
+    /// Creates build-up VMs `self.built..upto` (none if there are that many already), in waves
+    /// of 100 at once.
     async fn create_up_to(&mut self, upto: usize) {
         let pools = self.pools;
-        create_vms(&self.client, &self.ns, self.created..upto, |k| {
+        create_vms(&self.client, &self.ns, self.built..upto, |k| {
             vm_of(k, pools)
         })
         .await;
-        self.created = upto;
+        self.built = self.built.max(upto);
     }
 
     async fn wait_allocated(&self, n: usize, limit: Duration) {
@@ -449,13 +483,14 @@ impl Bench {
         .await;
     }
 
-    /// One more VM: (create → in a client's table, pool status recorded → in all clients,
+    /// One more timed VM: (create → in a client's table, pool status recorded → in all clients,
     /// create → pool status recorded, the create's own round trip), s.
     async fn one_more(&mut self) -> (f64, f64, f64, f64) {
-        let k = self.created;
-        let (_, mac, _) = vm_of(k, self.pools);
+        let (t, pools) = (self.timed, self.pools);
+        let (_, mac, _) = timed_vm_of(t, pools);
         let t0 = Instant::now();
-        self.create_up_to(k + 1).await;
+        create_vms(&self.client, &self.ns, t..t + 1, |k| timed_vm_of(k, pools)).await;
+        self.timed += 1;
         let posted = t0.elapsed().as_secs_f64();
         let sinks = self.sinks.clone();
         let times: Vec<Instant> = poll(
@@ -514,16 +549,86 @@ impl Bench {
     }
 }
 
-#[tokio::main(flavor = "multi_thread", worker_threads = 2)]
-async fn main() {
-    let _ = tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "warn".into()),
-        )
-        .try_init();
-    let pools = env_usize("VMDHCP_SCALE_POOLS", 200);
-    let total = env_usize("VMDHCP_SCALE_VMS", 20_000);
-    let steps = [pools, total / 10, total / 4, total / 2, total];
+/// The run's sizes and settings, from the environment (the top comment lists them).
+struct Settings {
+    pools: usize,
+    total: usize,
+    /// Build-up VMs at each step.
+    steps: [usize; 5],
+    /// VMs timed one at a time per step, and the API server's own round trips probed.
+    samples: usize,
+    at_rest: Duration,
+    /// The reference workload's round trips.
+    reference: usize,
+    /// Where the leader's `perf` recordings go, if anywhere.
+    perf: Option<PathBuf>,
+}
+
+impl Settings {
+    fn from_env() -> Self {
+        let pools = env_usize("VMDHCP_SCALE_POOLS", 200);
+        let total = env_usize("VMDHCP_SCALE_VMS", 20_000);
+        let at_rest = std::env::var("VMDHCP_SCALE_AT_REST")
+            .ok()
+            .and_then(|v| v.parse::<f64>().ok())
+            .filter(|s| *s > 0.0)
+            .map_or(AT_REST, Duration::from_secs_f64);
+        let perf = std::env::var_os("VMDHCP_SCALE_PERF").map(PathBuf::from);
+        if let Some(d) = &perf {
+            std::fs::create_dir_all(d).unwrap();
+        }
+        Settings {
+            pools,
+            total,
+            steps: [pools, total / 10, total / 4, total / 2, total],
+            samples: env_usize("VMDHCP_SCALE_SAMPLES", SAMPLES).max(1),
+            at_rest,
+            reference: env_usize("VMDHCP_SCALE_REFERENCE", REFERENCE_ROUND_TRIPS).max(1),
+            perf,
+        }
+    }
+}
+
+/// The processes measured besides the API server: two controller replicas electing a leader
+/// and the standby agent; and the switch that stops the bench's stream clients.
+struct Processes {
+    replicas: Vec<Replica>,
+    /// The replica that leads.
+    leader: usize,
+    /// The namespace of the Leases.
+    system: String,
+    logs: PathBuf,
+    agent: Supervised,
+    agent_pid: u32,
+    agent_http: u16,
+    clients_stop: watch::Sender<bool>,
+    /// The logs' directory unless `VMDHCP_SCALE_LOGS` names one; last, so that it goes once the
+    /// processes writing there have stopped.
+    _dir: tempfile::TempDir,
+}
+
+impl Processes {
+    fn leader(&self) -> &Replica {
+        &self.replicas[self.leader]
+    }
+
+    fn follower(&self) -> &Replica {
+        &self.replicas[1 - self.leader]
+    }
+
+    /// The leases the standby agent holds.
+    fn agent_leases(&self) -> usize {
+        let text =
+            vmdhcp_integration::http::get(&format!("127.0.0.1:{}", self.agent_http), "/metrics")
+                .unwrap_or_default();
+        metric(&text, "vmdhcp_agent_leases{").unwrap_or(0.0) as usize
+    }
+}
+
+/// Starts the API server, the pools, both controllers, the stream clients, the standby agent and
+/// the bench's own watches.
+async fn setup(settings: &Settings) -> (Bench, Processes) {
+    let pools = settings.pools;
     let cp = ControlPlane::start().unwrap();
     let client = cp.client().await.unwrap();
     let ns = cp.namespace(&client, "scale").await.unwrap();
@@ -533,12 +638,8 @@ async fn main() {
     let logs =
         std::env::var_os("VMDHCP_SCALE_LOGS").map_or_else(|| dir.path().to_owned(), PathBuf::from);
     std::fs::create_dir_all(&logs).unwrap();
-    let perf_dir = std::env::var_os("VMDHCP_SCALE_PERF").map(PathBuf::from);
-    if let Some(d) = &perf_dir {
-        std::fs::create_dir_all(d).unwrap();
-    }
 
-    // 200 NADs and pools, a /24 each.
+    // The NADs and pools, a /24 each.
     vmdhcp_integration::pools::create(&client, &ns, pools, 60)
         .await
         .unwrap();
@@ -567,7 +668,7 @@ async fn main() {
     })
     .await;
 
-    // 20 stream clients, half on each replica, and one standby agent holding every pool: the
+    // The stream clients, half on each replica, and one standby agent holding every pool: the
     // agents' Lease is held by someone else for a day, so it follows the stream without serving.
     let (clients_stop, clients_stop_rx) = watch::channel(false);
     let sinks: Vec<Arc<Sink>> = (0..CLIENTS)
@@ -608,27 +709,38 @@ async fn main() {
         format!("--http-listen=127.0.0.1:{agent_http}"),
     ];
     let agent_bin: PathBuf = workspace_binary("vmdhcp-agent", "vm-dhcp-agent");
-    let mut agent =
-        Supervised::spawn(&agent_bin, &agent_args, &logs.join("agent.log"), None).unwrap();
+    let agent = Supervised::spawn(&agent_bin, &agent_args, &logs.join("agent.log"), None).unwrap();
     let agent_pid = agent.pid().unwrap();
-    let agent_leases = || {
-        let text = vmdhcp_integration::http::get(&format!("127.0.0.1:{agent_http}"), "/metrics")
-            .unwrap_or_default();
-        metric(&text, "vmdhcp_agent_leases{").unwrap_or(0.0) as usize
-    };
 
     let seen = Arc::new(Seen::default());
     let watches = watch_cluster(&client, &ns, seen.clone());
-    let mut bench = Bench {
+    let bench = Bench {
         cp,
-        client: client.clone(),
-        ns: ns.clone(),
+        client,
+        ns,
         pools,
         seen,
+        watches,
         sinks,
-        created: 0,
+        built: 0,
+        timed: 0,
     };
+    let processes = Processes {
+        replicas,
+        leader,
+        system,
+        logs,
+        agent,
+        agent_pid,
+        agent_http,
+        clients_stop,
+        _dir: dir,
+    };
+    (bench, processes)
+}
 
+fn print_header(settings: &Settings) {
+    let (pools, total) = (settings.pools, settings.total);
     println!(
         "scale: {pools} pools (/24), up to {total} VMs, 2 controller processes (host build, jemalloc as in the image), {CLIENTS} stream clients, 1 standby agent (real kube-apiserver v1.20)"
     );
@@ -648,175 +760,328 @@ async fn main() {
     if let Some(rate) = pace() {
         println!("        (paced: {rate} VMs created per second; alloc/s is not the API's limit)");
     }
-    let mut reference_p50 = None;
-    let mut reference_p99 = None;
-    let mut after_post_first = None;
-    let mut machine_first = None;
-    let mut leader_first = None;
-    let mut rss_first = None;
-    for &step in &steps {
-        // Build up to the step.
-        let adding = step.saturating_sub(bench.created);
-        let before = bench.cp.requests().unwrap();
-        let events0 = EventsSeen::read(&replicas[leader]);
-        let leader_pid = replicas[leader].pid();
-        let cpu0 = cpu_seconds(leader_pid);
-        // Everyone else's CPU over the same build-up: where an allocation's cost goes.
-        let (apiserver_pid, etcd_pid) = bench.cp.pids();
-        let processes = [
-            ("kube-apiserver", apiserver_pid),
-            ("etcd", etcd_pid),
-            ("follower", Some(replicas[1 - leader].pid())),
-            ("agent", Some(agent_pid)),
-        ];
-        let processes0: Vec<f64> = processes
-            .iter()
-            .map(|(_, p)| p.map_or(0.0, cpu_seconds))
-            .collect();
-        let bench0 = cpu_seconds("self");
-        let perf = perf_dir
-            .as_ref()
-            .map(|d| start_perf(leader_pid, &d.join(format!("leader-{step}.data"))));
-        let started = Instant::now();
-        bench.create_up_to(step).await;
-        bench
-            .wait_allocated(bench.created, Duration::from_secs(1800))
-            .await;
-        let took = started.elapsed().as_secs_f64();
-        if let Some(perf) = perf {
-            stop_perf(perf);
-        }
-        let cpu = cpu_seconds(leader_pid) - cpu0;
-        let per_1000 = |s: f64| s / adding.max(1) as f64 * 1000.0;
-        let mut spent: Vec<String> = processes
-            .iter()
-            .zip(&processes0)
-            .map(|((name, p), c0)| {
-                format!("{name} {:.2}", per_1000(p.map_or(0.0, cpu_seconds) - c0))
-            })
-            .collect();
-        spent.push(format!(
-            "bench (creates, watches, 20 clients) {:.2}",
-            per_1000(cpu_seconds("self") - bench0)
-        ));
-        let (calls, by, others) =
-            controller_calls(&before, &bench.cp.requests().unwrap(), adding as f64);
-        let rate = adding as f64 / took;
+}
 
-        // The controller publishes the build-up's events after it, one at a time from a bounded
-        // queue; the VMs below are timed once that is over, as on a cluster at rest (how long it
-        // took is printed).
-        let drain = Instant::now();
-        let event_posts = || bench.cp.requests_of("POST", "events").unwrap();
-        let mut events = event_posts();
-        while drain.elapsed() < Duration::from_secs(120) {
-            tokio::time::sleep(Duration::from_secs(1)).await;
-            let now = event_posts();
-            if now == events {
-                break;
-            }
-            events = now;
-        }
-        let drained = drain.elapsed().as_secs_f64();
-        let events1 = EventsSeen::read(&replicas[leader]);
+/// A build-up to a step: what it allocated, how fast, and what that cost whom.
+struct BuildUp {
+    /// VMs created, each one allocation.
+    adding: usize,
+    /// Seconds from the first create to the last config allocated.
+    took: f64,
+    /// The leader's CPU seconds.
+    cpu: f64,
+    /// Every other process's CPU per 1 000 allocations, as printed.
+    spent: Vec<String>,
+    /// The controllers' API calls, in all and by (verb, resource), and the namespaced LISTs
+    /// ([`controller_calls`]).
+    calls: f64,
+    by: Counts,
+    namespaced_lists: BTreeMap<String, f64>,
+    /// The leader's event counters before it.
+    events0: EventsSeen,
+}
 
-        // One more VM at a time.
-        let mut offered = Vec::new();
-        let mut applied = Vec::new();
-        let mut recorded = Vec::new();
-        let mut posted = Vec::new();
-        let mut after_post = Vec::new();
-        for _ in 0..SAMPLES {
-            let (o, a, r, c) = bench.one_more().await;
-            offered.push(o * 1e3);
-            after_post.push((o - c) * 1e3);
-            applied.push(a * 1e3);
-            recorded.push(r * 1e3);
-            posted.push(c * 1e3);
-        }
-        offered.sort_by(f64::total_cmp);
-        applied.sort_by(f64::total_cmp);
-        recorded.sort_by(f64::total_cmp);
-        posted.sort_by(f64::total_cmp);
-        after_post.sort_by(f64::total_cmp);
-        let ours = (percentile(&after_post, 0.5), percentile(&after_post, 0.99));
-        let ours0 = *after_post_first.get_or_insert(ours);
-        let probes = bench.probe_writes(SAMPLES).await;
-        let machine = reference_seconds();
-        let machine0 = *machine_first.get_or_insert(machine);
-        let leader_first = *leader_first.get_or_insert(per_1000(cpu));
-        let p50 = percentile(&offered, 0.5);
-        let reference = *reference_p50.get_or_insert(p50);
-        let p99 = percentile(&offered, 0.99);
-        let reference99 = *reference_p99.get_or_insert(p99);
+impl BuildUp {
+    /// `s` CPU seconds per 1 000 of the build-up's allocations.
+    fn per_1000(&self, s: f64) -> f64 {
+        s / self.adding.max(1) as f64 * 1000.0
+    }
+}
 
-        // Memory, once the agent holds every lease.
-        let expected = bench.created;
-        poll(
-            "the agent to hold every lease",
-            Duration::from_secs(120),
-            async || (agent_leases() >= expected).then_some(()),
-        )
+/// Builds the cluster up to `step` build-up VMs and waits for every config allocated, with the
+/// leader's CPU and every other process's over it (and the leader under `perf` if asked).
+async fn build_up(
+    bench: &mut Bench,
+    processes: &Processes,
+    step: usize,
+    perf_dir: Option<&Path>,
+) -> BuildUp {
+    let adding = step.saturating_sub(bench.built);
+    let before = bench.cp.requests().unwrap();
+    let events0 = EventsSeen::read(processes.leader());
+    let leader_pid = processes.leader().pid();
+    let cpu0 = cpu_seconds(leader_pid);
+    // Everyone else's CPU over the same build-up: where an allocation's cost goes.
+    let (apiserver_pid, etcd_pid) = bench.cp.pids();
+    let others = [
+        ("kube-apiserver", apiserver_pid),
+        ("etcd", etcd_pid),
+        ("follower", Some(processes.follower().pid())),
+        ("agent", Some(processes.agent_pid)),
+    ];
+    let others0: Vec<f64> = others
+        .iter()
+        .map(|(_, p)| p.map_or(0.0, cpu_seconds))
+        .collect();
+    let bench0 = cpu_seconds("self");
+    let perf = perf_dir.map(|d| start_perf(leader_pid, &d.join(format!("leader-{step}.data"))));
+    let started = Instant::now();
+    bench.create_up_to(step).await;
+    bench
+        .wait_allocated(bench.vms(), Duration::from_secs(1800))
         .await;
-        let leader_mb = rss_mb(replicas[leader].pid());
-        let agent_mb = rss_mb(agent_pid);
-        // The follower holds the leader's caches (to lead at once), not its IPAM or queues.
-        let follower_mb = rss_mb(replicas[1 - leader].pid());
-        rss_first.get_or_insert((bench.created, leader_mb));
+    let took = started.elapsed().as_secs_f64();
+    if let Some(perf) = perf {
+        stop_perf(perf);
+    }
+    let cpu = cpu_seconds(leader_pid) - cpu0;
+    let per_1000 = |s: f64| s / adding.max(1) as f64 * 1000.0;
+    let mut spent: Vec<String> = others
+        .iter()
+        .zip(&others0)
+        .map(|((name, p), c0)| format!("{name} {:.2}", per_1000(p.map_or(0.0, cpu_seconds) - c0)))
+        .collect();
+    spent.push(format!(
+        "bench (creates, watches, 20 clients) {:.2}",
+        per_1000(cpu_seconds("self") - bench0)
+    ));
+    let (calls, by, namespaced_lists) =
+        controller_calls(&before, &bench.cp.requests().unwrap(), adding as f64);
+    BuildUp {
+        adding,
+        took,
+        cpu,
+        spent,
+        calls,
+        by,
+        namespaced_lists,
+        events0,
+    }
+}
 
-        // A fresh client's snapshot (an agent reconnecting), from the leader.
-        let (stop, stop_rx) = watch::channel(false);
-        let t = Instant::now();
-        let fresh = start_client(
-            format!("http://127.0.0.1:{}", replicas[leader].grpc),
-            "fresh".into(),
-            stop_rx,
+/// Waits for the build-up's events to be published: the controller publishes them after it, one
+/// at a time from a bounded queue, and the timed VMs are timed once that is over, as on a
+/// cluster at rest. Returns how long it took, s (printed).
+async fn drain_events(bench: &Bench) -> f64 {
+    let drain = Instant::now();
+    let event_posts = || bench.cp.requests_of("POST", "events").unwrap();
+    let mut events = event_posts();
+    while drain.elapsed() < Duration::from_secs(120) {
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        let now = event_posts();
+        if now == events {
+            break;
+        }
+        events = now;
+    }
+    drain.elapsed().as_secs_f64()
+}
+
+/// A step's timed VMs, ms, each list sorted.
+#[derive(Default)]
+struct Timed {
+    /// Create → in a client's table.
+    offered: Vec<f64>,
+    /// Pool status recorded → in all clients' tables.
+    applied: Vec<f64>,
+    /// Create → in the pool's status.
+    recorded: Vec<f64>,
+    /// The VM's POST, its own round trip.
+    posted: Vec<f64>,
+    /// The VM's POST answered → in a client's table.
+    after_post: Vec<f64>,
+}
+
+/// Creates `samples` timed VMs, one at a time.
+async fn timed_vms(bench: &mut Bench, samples: usize) -> Timed {
+    let mut timed = Timed::default();
+    for _ in 0..samples {
+        let (o, a, r, c) = bench.one_more().await;
+        timed.offered.push(o * 1e3);
+        timed.after_post.push((o - c) * 1e3);
+        timed.applied.push(a * 1e3);
+        timed.recorded.push(r * 1e3);
+        timed.posted.push(c * 1e3);
+    }
+    for list in [
+        &mut timed.offered,
+        &mut timed.applied,
+        &mut timed.recorded,
+        &mut timed.posted,
+        &mut timed.after_post,
+    ] {
+        list.sort_by(f64::total_cmp);
+    }
+    timed
+}
+
+/// The cluster at a step's size, its timed VMs in.
+struct AtSize {
+    /// The API server's own round trips on the idle cluster, ms sorted.
+    probes: Vec<f64>,
+    /// [`reference_seconds`], the machine's speed now.
+    machine: f64,
+    leader_mb: f64,
+    agent_mb: f64,
+    follower_mb: f64,
+    /// A fresh client's snapshot, ms.
+    snapshot_ms: f64,
+    /// The leader's CPU seconds per second with nothing to do.
+    at_rest: f64,
+}
+
+/// Measures the cluster at its size: the API server's own round trips, the machine's speed,
+/// the processes' memory once the agent holds every lease, a fresh client's snapshot and the
+/// leader at rest.
+async fn at_size(bench: &Bench, processes: &Processes, settings: &Settings) -> AtSize {
+    let probes = bench.probe_writes(settings.samples).await;
+    let machine = reference_seconds(settings.reference);
+
+    // Memory, once the agent holds every lease.
+    let expected = bench.vms();
+    poll(
+        "the agent to hold every lease",
+        Duration::from_secs(120),
+        async || (processes.agent_leases() >= expected).then_some(()),
+    )
+    .await;
+    let leader_mb = rss_mb(processes.leader().pid());
+    let agent_mb = rss_mb(processes.agent_pid);
+    // The follower holds the leader's caches (to lead at once), not its IPAM or queues.
+    let follower_mb = rss_mb(processes.follower().pid());
+
+    // A fresh client's snapshot (an agent reconnecting), from the leader.
+    let (stop, stop_rx) = watch::channel(false);
+    let t = Instant::now();
+    let fresh = start_client(
+        format!("http://127.0.0.1:{}", processes.leader().grpc),
+        "fresh".into(),
+        stop_rx,
+    );
+    let snapshot_at = poll(
+        "a fresh client's snapshot",
+        Duration::from_secs(60),
+        async || fresh.snapshots.lock().unwrap().first().copied(),
+    )
+    .await;
+    stop.send_replace(true);
+    let snapshot_ms = snapshot_at.duration_since(t).as_secs_f64() * 1e3;
+
+    // The leader at rest at this size (a measuring window, not a wait for anything).
+    let leader_pid = processes.leader().pid();
+    let rest0 = cpu_seconds(leader_pid);
+    let rest_t = Instant::now();
+    tokio::time::sleep(settings.at_rest).await;
+    let at_rest = (cpu_seconds(leader_pid) - rest0) / rest_t.elapsed().as_secs_f64();
+    AtSize {
+        probes,
+        machine,
+        leader_mb,
+        agent_mb,
+        follower_mb,
+        snapshot_ms,
+        at_rest,
+    }
+}
+
+/// What one step measured.
+struct Step {
+    /// VMs in the cluster, its timed VMs in.
+    vms: usize,
+    build: BuildUp,
+    /// Seconds from the build-up's end to its events published.
+    drained: f64,
+    /// The leader's event counters then.
+    events1: EventsSeen,
+    timed: Timed,
+    at: AtSize,
+}
+
+/// One step: the build-up to `step` VMs, its events published, the timed VMs, the cluster at
+/// that size.
+async fn measure_step(
+    bench: &mut Bench,
+    processes: &Processes,
+    settings: &Settings,
+    step: usize,
+) -> Step {
+    let build = build_up(bench, processes, step, settings.perf.as_deref()).await;
+    let drained = drain_events(bench).await;
+    let events1 = EventsSeen::read(processes.leader());
+    let timed = timed_vms(bench, settings.samples).await;
+    let at = at_size(bench, processes, settings).await;
+    Step {
+        vms: bench.vms(),
+        build,
+        drained,
+        events1,
+        timed,
+        at,
+    }
+}
+
+/// The first step's figures, which the later steps' are compared with.
+#[derive(Default)]
+struct Firsts {
+    /// Create → in a client's table, p50 and p99.
+    offered: Option<(f64, f64)>,
+    /// The same from the VM's POST answered.
+    after_post: Option<(f64, f64)>,
+    /// [`reference_seconds`].
+    machine: Option<f64>,
+    /// The leader's CPU seconds per 1 000 allocations.
+    leader: Option<f64>,
+    /// The cluster's size and the leader's RSS, MB.
+    rss: Option<(usize, f64)>,
+}
+
+impl Step {
+    /// Prints the step's row of the table and its lines below it; the first step's figures go
+    /// into `firsts`.
+    fn print(&self, firsts: &mut Firsts) {
+        let Step {
+            vms,
+            build,
+            drained,
+            events1,
+            timed,
+            at,
+        } = self;
+        let per_1000 = |s: f64| build.per_1000(s);
+        let (adding, took) = (build.adding.max(1) as f64, build.took);
+        let p50 = percentile(&timed.offered, 0.5);
+        let p99 = percentile(&timed.offered, 0.99);
+        let (reference, reference99) = *firsts.offered.get_or_insert((p50, p99));
+        let ours = (
+            percentile(&timed.after_post, 0.5),
+            percentile(&timed.after_post, 0.99),
         );
-        let snapshot_at = poll(
-            "a fresh client's snapshot",
-            Duration::from_secs(60),
-            async || fresh.snapshots.lock().unwrap().first().copied(),
-        )
-        .await;
-        stop.send_replace(true);
-        let snapshot_ms = snapshot_at.duration_since(t).as_secs_f64() * 1e3;
-
-        // The leader at rest at this size (a measuring window, not a wait for anything).
-        let rest0 = cpu_seconds(leader_pid);
-        let rest_t = Instant::now();
-        tokio::time::sleep(AT_REST).await;
-        let at_rest = (cpu_seconds(leader_pid) - rest0) / rest_t.elapsed().as_secs_f64();
-
+        let ours0 = *firsts.after_post.get_or_insert(ours);
+        let machine = at.machine;
+        let machine0 = *firsts.machine.get_or_insert(machine);
+        let leader_first = *firsts.leader.get_or_insert(per_1000(build.cpu));
+        firsts.rss.get_or_insert((*vms, at.leader_mb));
+        let follower_mb = at.follower_mb;
         println!(
             "{:>7} | {:>8.0} | {:>9.2} | {:>10.2} | {:>8.1} / {:>6.1} | {:>5.2}x / {:>5.2}x | {:>8.1} / {:>6.1} | {:>9.1} | {:>9.1} | {:>9.1}",
-            bench.created,
-            rate,
-            calls / adding.max(1) as f64,
-            per_1000(cpu),
+            vms,
+            build.adding as f64 / took,
+            build.calls / adding,
+            per_1000(build.cpu),
             p50,
             p99,
             p50 / reference,
             p99 / reference99,
-            percentile(&applied, 0.5),
-            percentile(&applied, 0.99),
-            leader_mb,
-            agent_mb,
-            snapshot_ms
+            percentile(&timed.applied, 0.5),
+            percentile(&timed.applied, 0.99),
+            at.leader_mb,
+            at.agent_mb,
+            at.snapshot_ms
         );
         println!(
             "        CPU s per 1 000 allocations besides the leader: {}; follower RSS {follower_mb:.1} MB",
-            spent.join(", ")
+            build.spent.join(", ")
         );
         println!(
             "        reference workload (fixed, on the idle cluster) {machine:.2} s CPU, {:.2}x the first step's; leader CPU per allocation against the first step's {:.2}x, over the reference's {:.2}x",
             machine / machine0,
-            per_1000(cpu) / leader_first,
-            (per_1000(cpu) / leader_first) / (machine / machine0),
+            per_1000(build.cpu) / leader_first,
+            (per_1000(build.cpu) / leader_first) / (machine / machine0),
         );
         println!(
             "        leader at rest at this size {:.1} ms CPU per s; its CPU over the build-up ({took:.0} s) less that: {:.2} s per 1 000 allocations",
-            at_rest * 1e3,
-            per_1000(cpu - at_rest * took),
+            at.at_rest * 1e3,
+            per_1000(build.cpu - at.at_rest * took),
         );
         println!(
             "        create → in a client's table, from the VM's POST answered (the controllers' and the stream's part) p50 / p99: {:.1} / {:.1} ms, {:.2}x / {:.2}x the first step's",
@@ -827,125 +1092,149 @@ async fn main() {
         );
         println!(
             "        create → address in the pool's status (the bench's watch) p50 / p99: {:.1} / {:.1} ms",
-            percentile(&recorded, 0.5),
-            percentile(&recorded, 0.99)
+            percentile(&timed.recorded, 0.5),
+            percentile(&timed.recorded, 0.99)
         );
         println!(
             "        the build-up's events published {drained:.0} s after it; then the API server alone, idle, p50 / p99: the VM's POST {:.1} / {:.1} ms, a ConfigMap label PATCH {:.1} / {:.1} ms",
-            percentile(&posted, 0.5),
-            percentile(&posted, 0.99),
-            percentile(&probes, 0.5),
-            percentile(&probes, 0.99)
+            percentile(&timed.posted, 0.5),
+            percentile(&timed.posted, 0.99),
+            percentile(&at.probes, 0.5),
+            percentile(&at.probes, 0.99)
         );
         println!(
             "        Kubernetes events (best-effort, not in API/alloc), build-up and its drain: {:.2} published, {:.2} dropped per allocation",
-            (events1.published - events0.published) / adding.max(1) as f64,
-            (events1.dropped - events0.dropped) / adding.max(1) as f64,
+            (events1.published - build.events0.published) / adding,
+            (events1.dropped - build.events0.dropped) / adding,
         );
         println!(
             "        controller calls while building up: {}; namespaced LISTs (the bench's and the agent's watches): {}",
-            by.iter()
+            build
+                .by
+                .iter()
                 .map(|((v, r), n)| format!("{v} {r} {n:.0}"))
                 .collect::<Vec<_>>()
                 .join(", "),
-            others
+            build
+                .namespaced_lists
                 .iter()
                 .map(|(r, n)| format!("{r} {n:.0}"))
                 .collect::<Vec<_>>()
                 .join(", ")
         );
     }
-    if let Some((n0, mb0)) = rss_first {
-        let last_mb = rss_mb(replicas[leader].pid());
+}
+
+/// The leader's RSS per VM, from the first step's to now.
+fn print_rss_per_vm(bench: &Bench, processes: &Processes, firsts: &Firsts) {
+    if let Some((n0, mb0)) = firsts.rss {
+        let last_mb = rss_mb(processes.leader().pid());
         println!(
             "leader RSS per VM (VM, config, allocation and index entry, cached): {:.1} KB ({:.1} MB at {n0} VMs → {:.1} MB at {})",
-            (last_mb - mb0) * 1024.0 / (bench.created - n0).max(1) as f64,
+            (last_mb - mb0) * 1024.0 / (bench.vms() - n0).max(1) as f64,
             mb0,
             last_mb,
-            bench.created
+            bench.vms()
         );
     }
+}
 
-    // The control: is what the leader spends per allocation at the last step the cluster's size,
-    // or its pools' fill? The pools fill as the cluster grows here (VM k on pool k % 200), and
-    // every allocation rewrites its pool's status, whose size is the pool's. As many fresh
-    // pools, in their own namespace, built up as the second step built up the first ones (0 to
-    // steps[1] / pools VMs each, the same number of allocations), at the full cluster's size.
-    let control_pools = pools;
-    let per_pool = (steps[1] / pools).max(1);
-    let control_vms = control_pools * per_pool;
-    {
-        let control_ns = bench.cp.namespace(&client, "scale-control").await.unwrap();
-        vmdhcp_integration::pools::create(&client, &control_ns, control_pools, 120)
-            .await
-            .unwrap();
-        poll(
-            "the control pools ready",
-            Duration::from_secs(300),
-            async || {
-                tokio::time::sleep(Duration::from_millis(500)).await;
-                vmdhcp_integration::pools::all_ready(&client, &control_ns)
-                    .await
-                    .then_some(())
-            },
+/// The control's pools and VMs, which the restart reconciles too.
+struct Control {
+    pools: usize,
+    vms: usize,
+}
+
+/// The control: is what the leader spends per allocation at the last step the cluster's size,
+/// or its pools' fill? The pools fill as the cluster grows here (VM k on pool k % pools), and
+/// every allocation rewrites its pool's status, whose size is the pool's. As many fresh pools,
+/// in their own namespace, built up as the second step built up the first ones (0 to
+/// steps[1] / pools VMs each, the same number of allocations), at the full cluster's size.
+async fn control(bench: &Bench, processes: &Processes, settings: &Settings) -> Control {
+    let client = &bench.client;
+    let control_pools = settings.pools;
+    let per_pool = (settings.steps[1] / settings.pools).max(1);
+    let n = control_pools * per_pool;
+    let control_ns = bench.cp.namespace(client, "scale-control").await.unwrap();
+    vmdhcp_integration::pools::create(client, &control_ns, control_pools, 120)
+        .await
+        .unwrap();
+    poll(
+        "the control pools ready",
+        Duration::from_secs(300),
+        async || {
+            tokio::time::sleep(Duration::from_millis(500)).await;
+            vmdhcp_integration::pools::all_ready(client, &control_ns)
+                .await
+                .then_some(())
+        },
+    )
+    .await;
+    // Measured from a quiet cluster: the new pools' own writes (status, conditions) over.
+    quiet(&bench.cp).await;
+    let control_seen = Arc::new(Seen::default());
+    let control_watches = watch_cluster(client, &control_ns, control_seen.clone());
+    let leader_pid = processes.leader().pid();
+    let (apiserver_pid, _) = bench.cp.pids();
+    let (cpu0, api0) = (
+        cpu_seconds(leader_pid),
+        apiserver_pid.map_or(0.0, cpu_seconds),
+    );
+    let before = bench.cp.requests().unwrap();
+    let started = Instant::now();
+    create_vms(client, &control_ns, 0..n, |k| {
+        let b = (k as u32).to_be_bytes();
+        (
+            format!("control-{k}"),
+            MacAddr([2, 0x51, b[1], b[2], b[3], 1]),
+            k % control_pools,
         )
-        .await;
-        // Measured from a quiet cluster: the new pools' own writes (status, conditions) over.
-        quiet(&bench.cp).await;
-        let control_seen = Arc::new(Seen::default());
-        let control_watches = watch_cluster(&client, &control_ns, control_seen.clone());
-        let n = control_vms;
-        let leader_pid = replicas[leader].pid();
-        let (apiserver_pid, _) = bench.cp.pids();
-        let (cpu0, api0) = (
-            cpu_seconds(leader_pid),
-            apiserver_pid.map_or(0.0, cpu_seconds),
-        );
-        let before = bench.cp.requests().unwrap();
-        let started = Instant::now();
-        create_vms(&client, &control_ns, 0..n, |k| {
-            let b = (k as u32).to_be_bytes();
-            (
-                format!("control-{k}"),
-                MacAddr([2, 0x51, b[1], b[2], b[3], 1]),
-                k % control_pools,
-            )
-        })
-        .await;
-        poll(
-            &format!("{n} control configs allocated"),
-            Duration::from_secs(600),
-            async || (control_seen.allocated.lock().unwrap().len() >= n).then_some(()),
-        )
-        .await;
-        let took = started.elapsed().as_secs_f64();
-        let per_1000 = |s: f64| s / n as f64 * 1000.0;
-        let (calls, _, _) = controller_calls(&before, &bench.cp.requests().unwrap(), n as f64);
-        println!(
-            "control at {} VMs: {n} VMs on {control_pools} fresh pools (0 → {per_pool} VMs each, as the {} step filled the first pools): {:.0} alloc/s, {:.2} API calls/alloc, leader CPU {:.2} s / 1 000 (kube-apiserver {:.2})",
-            bench.created,
-            steps[1],
-            n as f64 / took,
-            calls / n as f64,
-            per_1000(cpu_seconds(leader_pid) - cpu0),
-            per_1000(apiserver_pid.map_or(0.0, cpu_seconds) - api0),
-        );
-        for task in control_watches {
-            task.abort();
-        }
+    })
+    .await;
+    poll(
+        &format!("{n} control configs allocated"),
+        Duration::from_secs(600),
+        async || (control_seen.allocated.lock().unwrap().len() >= n).then_some(()),
+    )
+    .await;
+    let took = started.elapsed().as_secs_f64();
+    let per_1000 = |s: f64| s / n as f64 * 1000.0;
+    let (calls, _, _) = controller_calls(&before, &bench.cp.requests().unwrap(), n as f64);
+    println!(
+        "control at {} VMs: {n} VMs on {control_pools} fresh pools (0 → {per_pool} VMs each, as the {} step filled the first pools): {:.0} alloc/s, {:.2} API calls/alloc, leader CPU {:.2} s / 1 000 (kube-apiserver {:.2})",
+        bench.vms(),
+        settings.steps[1],
+        n as f64 / took,
+        calls / n as f64,
+        per_1000(cpu_seconds(leader_pid) - cpu0),
+        per_1000(apiserver_pid.map_or(0.0, cpu_seconds) - api0),
+    );
+    for task in control_watches {
+        task.abort();
     }
+    Control {
+        pools: control_pools,
+        vms: n,
+    }
+}
 
-    // kill -9 of the leader; a VM created at once; the new leader's first allocation.
-    let follower = 1 - leader;
+/// `kill -9` of the leader; a VM created at once; the new leader's first allocation. The killed
+/// replica then starts again, a follower.
+async fn failover(bench: &mut Bench, processes: &mut Processes) {
+    let (leader, follower) = (processes.leader, 1 - processes.leader);
     let killed = Instant::now();
-    replicas[leader].process.as_ref().unwrap().signal("KILL");
-    let k = bench.created;
+    processes.replicas[leader]
+        .process
+        .as_ref()
+        .unwrap()
+        .signal("KILL");
+    let k = bench.built;
     bench.create_up_to(k + 1).await;
-    let (name, _, _) = vm_of(k, pools);
+    let (name, _, _) = vm_of(k, bench.pools);
     let acquired = poll(
         "the follower to lead",
         Duration::from_secs(120),
-        async || replicas[follower].leads().then(Instant::now),
+        async || processes.replicas[follower].leads().then(Instant::now),
     )
     .await;
     let allocated = poll(
@@ -959,23 +1248,34 @@ async fn main() {
         acquired.duration_since(killed).as_secs_f64(),
         allocated.saturating_duration_since(acquired).as_secs_f64()
     );
-    replicas[leader].process = None;
-    replicas[leader].start(leader, bench.cp.kubeconfig(), &system, &logs);
+    processes.leader = follower;
+    let replica = &mut processes.replicas[leader];
+    replica.process = None;
+    replica.start(
+        leader,
+        bench.cp.kubeconfig(),
+        &processes.system,
+        &processes.logs,
+    );
+}
 
-    // A restart of both controllers on the converged cluster: nothing to write. The agent's
-    // reports would be published again by the new replicas; it has been measured, so it stops.
-    agent.stop();
-    clients_stop.send_replace(true);
-    let vms_total = (bench.created + control_vms) as f64;
+/// A restart of both controllers on the converged cluster: every object reconciled again, and
+/// nothing to write. The agent's reports would be published again by the new replicas; it has
+/// been measured, so it stops, and so do the stream clients.
+async fn restart(bench: &Bench, processes: &mut Processes, control: &Control) {
+    processes.agent.stop();
+    processes.clients_stop.send_replace(true);
+    let vms_total = (bench.vms() + control.vms) as f64;
     quiet(&bench.cp).await;
     let before = bench.cp.requests().unwrap();
-    for r in &mut replicas {
+    for r in &mut processes.replicas {
         r.process = None;
     }
     let restarted = Instant::now();
-    for (i, r) in replicas.iter_mut().enumerate() {
-        r.start(i, bench.cp.kubeconfig(), &system, &logs);
+    for (i, r) in processes.replicas.iter_mut().enumerate() {
+        r.start(i, bench.cp.kubeconfig(), &processes.system, &processes.logs);
     }
+    let replicas = &processes.replicas;
     let new_leader = poll(
         "a leader after the restart",
         Duration::from_secs(120),
@@ -996,7 +1296,7 @@ async fn main() {
             };
             (n("vm") >= vms_total
                 && n("vmnetcfg") >= vms_total
-                && n("ippool") >= (pools + control_pools) as f64)
+                && n("ippool") >= (bench.pools + control.pools) as f64)
                 .then_some(())
         },
     )
@@ -1011,13 +1311,35 @@ async fn main() {
     }
     println!(
         "restart of both controllers at {} VMs on {} pools (the control's included): every object reconciled in {converged:.1} s, writes to the API: {:.0} {written:?} (target 0)",
-        bench.created + control_vms,
-        pools + control_pools,
+        bench.vms() + control.vms,
+        bench.pools + control.pools,
         written.values().sum::<f64>().abs()
     );
+}
+
+#[tokio::main(flavor = "multi_thread", worker_threads = 2)]
+async fn main() {
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "warn".into()),
+        )
+        .try_init();
+    let settings = Settings::from_env();
+    let (mut bench, mut processes) = setup(&settings).await;
+    print_header(&settings);
+    let mut firsts = Firsts::default();
+    for &step in &settings.steps {
+        measure_step(&mut bench, &processes, &settings, step)
+            .await
+            .print(&mut firsts);
+    }
+    print_rss_per_vm(&bench, &processes, &firsts);
+    let control = control(&bench, &processes, &settings).await;
+    failover(&mut bench, &mut processes).await;
+    restart(&bench, &mut processes, &control).await;
     // The bench's own watches end before the API server does (they would log its going away).
-    for task in watches {
+    for task in &bench.watches {
         task.abort();
     }
-    clients_stop.send_replace(true);
+    processes.clients_stop.send_replace(true);
 }
