@@ -7,7 +7,10 @@
 //! close); and DISCOVER→OFFER and REQUEST→ACK through the full handler (parse, decide, encode),
 //! then again with the MTU and four classless routes asked for and sent (ratio printed).
 //!
-//! `cargo bench -p vmdhcp-agent --bench data_plane`
+//! `cargo bench -p vmdhcp-agent --bench data_plane`; `VMDHCP_DATA_PLANE_ROUNDS`,
+//! `VMDHCP_DATA_PLANE_LOOKUPS` and `VMDHCP_DATA_PLANE_REPLIES` set the rounds, the lookups timed
+//! per round and the handler calls per round (defaults [`ROUNDS`], [`LOOKUPS`], [`REPLIES`]), so
+//! that a small run (`scripts/bench-smoke.sh`, an unoptimised build) reaches the end quickly.
 #![allow(clippy::print_stdout, clippy::unwrap_used, missing_docs)]
 
 use std::hint::black_box;
@@ -19,13 +22,26 @@ use std::time::{Duration, Instant};
 use dhcproto::Encodable;
 use dhcproto::v4::{DhcpOption, Message, MessageType, OptionCode};
 use vmdhcp_agent::dhcp::handler::{Action, handle};
-use vmdhcp_agent::lease_table::{Delta, LeaseTable, PoolLeases};
+use vmdhcp_agent::lease_table::LeaseTable;
+use vmdhcp_agent::pools::{PoolDelta, PoolLeases};
 use vmdhcp_core::fixtures::pool_config;
-use vmdhcp_core::pool::{Lease, PoolConfig};
+use vmdhcp_core::pool::{Binding, Lease, PoolConfig};
 use vmdhcp_core::{MacAddr, NamespacedName};
 
 const LEASES: u32 = 250_000;
 const ROUNDS: usize = 5;
+/// Lookups timed per round.
+const LOOKUPS: u32 = 2_000_000;
+/// Handler calls timed per round of each exchange.
+const REPLIES: u32 = 200_000;
+
+/// `name`'s value, or `default` when it is unset or not a number.
+fn env_or<T: std::str::FromStr>(name: &str, default: T) -> T {
+    std::env::var(name)
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(default)
+}
 
 fn name() -> NamespacedName {
     NamespacedName::new("bench", "pool").unwrap()
@@ -55,19 +71,15 @@ fn config() -> PoolConfig {
 fn snapshot() -> Vec<PoolLeases> {
     vec![PoolLeases {
         config: config(),
-        leases: (0..LEASES)
-            .map(|i| Lease {
-                pool: name(),
-                mac: mac(i),
-                ip: ip(i),
-                host_name: None,
-            })
-            .collect(),
+        leases: (0..LEASES).map(|i| (mac(i), Binding::ip(ip(i)))).collect(),
     }]
 }
 
 fn best<F: FnMut() -> Duration>(mut f: F) -> Duration {
-    (0..ROUNDS).map(|_| f()).min().unwrap()
+    (0..env_or("VMDHCP_DATA_PLANE_ROUNDS", ROUNDS).max(1))
+        .map(|_| f())
+        .min()
+        .unwrap()
 }
 
 fn lookups(table: &LeaseTable, n: u32) -> Duration {
@@ -85,7 +97,7 @@ fn main() {
     let full = best(|| {
         let s = snapshot();
         let start = Instant::now();
-        assert!(table.apply_snapshot(s).is_empty());
+        assert!(table.apply_snapshot(&s).is_empty());
         start.elapsed()
     });
     println!(
@@ -95,12 +107,16 @@ fn main() {
 
     let one = best(|| {
         let start = Instant::now();
-        table.apply([Delta::UpsertLease(Lease {
-            pool: name(),
-            mac: mac(LEASES + 1),
-            ip: ip(LEASES + 1),
-            host_name: None,
-        })]);
+        let delta = PoolDelta {
+            upserted_leases: vec![Lease {
+                pool: name(),
+                mac: mac(LEASES + 1),
+                ip: ip(LEASES + 1),
+                host_name: None,
+            }],
+            ..PoolDelta::default()
+        };
+        table.apply(&delta);
         start.elapsed()
     });
     println!(
@@ -108,18 +124,19 @@ fn main() {
         one.as_secs_f64() * 1e3
     );
     let batch = best(|| {
-        let deltas: Vec<Delta> = (0..1000)
-            .map(|i| {
-                Delta::UpsertLease(Lease {
+        let delta = PoolDelta {
+            upserted_leases: (0..1000)
+                .map(|i| Lease {
                     pool: name(),
                     mac: mac(LEASES + 10 + i),
                     ip: ip(LEASES + 10 + i),
                     host_name: None,
                 })
-            })
-            .collect();
+                .collect(),
+            ..PoolDelta::default()
+        };
         let start = Instant::now();
-        table.apply(deltas);
+        table.apply(&delta);
         start.elapsed()
     });
     println!(
@@ -127,11 +144,11 @@ fn main() {
         batch.as_secs_f64() * 1e3
     );
 
-    const N: u32 = 2_000_000;
-    let idle = best(|| lookups(&table, N));
+    let n = env_or("VMDHCP_DATA_PLANE_LOOKUPS", LOOKUPS).max(1);
+    let idle = best(|| lookups(&table, n));
     println!(
         "lookup, no writer:                     {:>9.1} ns",
-        idle.as_nanos() as f64 / f64::from(N)
+        idle.as_nanos() as f64 / f64::from(n)
     );
     let table = Arc::new(table);
     let stop = Arc::new(AtomicBool::new(false));
@@ -140,18 +157,18 @@ fn main() {
         std::thread::spawn(move || {
             let mut applied = 0u32;
             while !stop.load(Ordering::Relaxed) {
-                table.apply_snapshot(snapshot());
+                table.apply_snapshot(&snapshot());
                 applied += 1;
             }
             applied
         })
     };
-    let busy = best(|| lookups(&table, N));
+    let busy = best(|| lookups(&table, n));
     stop.store(true, Ordering::Relaxed);
     let applied = writer.join().unwrap();
     println!(
         "lookup, snapshots applied meanwhile:   {:>9.1} ns   ({applied} snapshots applied)",
-        busy.as_nanos() as f64 / f64::from(N)
+        busy.as_nanos() as f64 / f64::from(n)
     );
 
     let pool = table.pool(&name()).unwrap();
@@ -207,7 +224,10 @@ fn main() {
         gateway: Ipv4Addr::new(10, 0, 0, 1),
     })
     .collect();
-    table.apply([Delta::UpsertPool(Box::new(routed))]);
+    table.apply(&PoolDelta {
+        upserted_pools: vec![routed],
+        ..PoolDelta::default()
+    });
     let pool = table.pool(&name()).unwrap();
     let asking = |mut msg: Message| {
         msg.opts_mut().insert(DhcpOption::ParameterRequestList(vec![
@@ -236,14 +256,14 @@ fn main() {
 /// ns per `handle()` of `msg` on `pool`, best of [`ROUNDS`].
 fn handler_ns(msg: &Message, pool: &vmdhcp_agent::lease_table::PoolSnapshot) -> f64 {
     let bytes = msg.to_vec().unwrap();
-    const M: u32 = 200_000;
+    let m = env_or("VMDHCP_DATA_PLANE_REPLIES", REPLIES).max(1);
     let t = best(|| {
         let start = Instant::now();
-        for _ in 0..M {
+        for _ in 0..m {
             let out = handle(black_box(&bytes), pool, |_| false);
             assert!(matches!(out.action, Action::Reply(_)));
         }
         start.elapsed()
     });
-    t.as_nanos() as f64 / f64::from(M)
+    t.as_nanos() as f64 / f64::from(m)
 }

@@ -13,9 +13,9 @@
 //! (the oldest verdict goes first), each forgotten after [`TTL`], and those of pools no longer
 //! served dropped with them.
 
+use parking_lot::Mutex;
 use std::collections::{BTreeMap, HashMap};
 use std::net::Ipv4Addr;
-use std::sync::{Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
 use tokio::sync::watch;
@@ -102,7 +102,7 @@ impl Findings {
     /// [`MAX_PER_POOL`] forgets its oldest verdict first.
     pub fn record(&self, pool: &NamespacedName, ip: Ipv4Addr, finding: Finding) {
         {
-            let mut all = self.by_pool.lock().unwrap_or_else(PoisonError::into_inner);
+            let mut all = self.by_pool.lock();
             let entries = all.entry(pool.clone()).or_default();
             entries.retain(|_, f| f.live());
             if !entries.contains_key(&ip) && entries.len() >= MAX_PER_POOL {
@@ -120,7 +120,6 @@ impl Findings {
     pub fn of(&self, pool: &NamespacedName) -> Vec<(Ipv4Addr, Finding)> {
         self.by_pool
             .lock()
-            .unwrap_or_else(PoisonError::into_inner)
             .get(pool)
             .map(|e| {
                 e.iter()
@@ -140,7 +139,6 @@ impl Findings {
         let found_free = self
             .by_pool
             .lock()
-            .unwrap_or_else(PoisonError::into_inner)
             .get(&config.pool)
             .and_then(|e| e.get(&ip))
             .is_some_and(|f| f.live() && f.reason == Reason::Recheck && f.answered_by.is_none());
@@ -150,7 +148,7 @@ impl Findings {
     /// Forgets the verdicts of pools `keep` rejects (no longer served).
     pub fn retain_pools(&self, keep: impl Fn(&NamespacedName) -> bool) {
         let removed = {
-            let mut all = self.by_pool.lock().unwrap_or_else(PoisonError::into_inner);
+            let mut all = self.by_pool.lock();
             let before = all.len();
             all.retain(|pool, _| keep(pool));
             all.len() != before

@@ -7,25 +7,28 @@
 //! Readers never wait behind writers: each pool is an immutable [`PoolSnapshot`] behind one
 //! atomically swapped map ([`arc_swap::ArcSwap`]), so a packet's lookup is a pointer load and a
 //! hash probe, whatever is being applied at the same time. Writers build the next version of each
-//! pool they touch and swap it in; a batch of deltas copies each touched pool once. It speaks
-//! only its own vocabulary ([`PoolLeases`], [`Delta`]): translating the config stream's state
-//! into it is [`crate::sources`]' job.
+//! pool they touch and swap it in; a delta copies each touched pool once. It takes the agent's
+//! one vocabulary for pool state as it is ([`crate::pools`]): a whole snapshot is a list of
+//! [`PoolLeases`], a change is a [`PoolDelta`], whichever source ([`crate::sources`]) sends them.
 
+use parking_lot::Mutex;
 use std::collections::{BTreeMap, HashMap};
 use std::net::Ipv4Addr;
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use arc_swap::ArcSwap;
-use vmdhcp_core::pool::{Lease, PoolConfig, is_host_of};
+use vmdhcp_core::pool::{PoolConfig, is_host_of};
 use vmdhcp_core::{MacAddr, NamespacedName};
 
 use crate::findings::Findings;
+use crate::pools::{PoolDelta, PoolLeases};
 
 /// Why an update could not be applied (in part); the rest of the update is applied regardless.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum LeaseTableError {
-    /// A lease names a pool the table has no config for.
+    /// A delta's lease names a pool the table has no config for (or one the same delta
+    /// removes). A snapshot cannot hold one: its leases are listed under their pool.
     #[error("lease {mac} -> {ip} names pool {pool}, which is not configured on this agent")]
     UnknownPool {
         /// The pool named by the lease.
@@ -46,6 +49,21 @@ pub enum LeaseTableError {
         ip: Ipv4Addr,
         /// The pool's subnet.
         subnet: ipnet::Ipv4Net,
+    },
+    /// A snapshot leases one address of a pool to two MACs. An address has one holder: the
+    /// later MAC (in MAC order) keeps it, and the earlier one is served nothing on that pool.
+    #[error(
+        "lease {dropped} -> {ip} of pool {pool} skipped: the same snapshot leases {ip} to {kept}"
+    )]
+    AddressHeldTwice {
+        /// The pool.
+        pool: NamespacedName,
+        /// The address.
+        ip: Ipv4Addr,
+        /// The MAC left without it.
+        dropped: MacAddr,
+        /// The MAC that holds it.
+        kept: MacAddr,
     },
 }
 
@@ -125,12 +143,16 @@ impl PoolSnapshot {
         self.by_mac.iter().map(|(m, ip)| (*m, *ip)).collect()
     }
 
-    /// Records `mac -> ip`, dropping whatever either of them was bound to before: a MAC holds one
-    /// address per pool and an address has one holder (an IP moved to another MAC follows it).
-    fn insert(&mut self, lease: Lease) -> Result<(), LeaseTableError> {
-        let Lease {
-            mac, ip, host_name, ..
-        } = lease;
+    /// Records `mac -> ip` (and its host name), dropping whatever either of them was bound to
+    /// before: a MAC holds one address per pool and an address has one holder (an IP moved to
+    /// another MAC follows it). Returns the other MAC that held `ip` until now, if any, for a
+    /// snapshot to report.
+    fn insert(
+        &mut self,
+        mac: MacAddr,
+        ip: Ipv4Addr,
+        host_name: Option<&str>,
+    ) -> Result<Option<MacAddr>, LeaseTableError> {
         if !is_host_of(self.config.subnet, ip) {
             return Err(LeaseTableError::OutsideSubnet {
                 pool: self.config.pool.clone(),
@@ -144,14 +166,16 @@ impl PoolSnapshot {
         {
             self.by_ip.remove(&old_ip);
         }
+        let mut displaced = None;
         if let Some(old_mac) = self.by_ip.insert(ip, mac)
             && old_mac != mac
         {
             self.by_mac.remove(&old_mac);
             self.host_names.remove(&old_mac);
+            displaced = Some(old_mac);
         }
         match host_name {
-            Some(name) if self.host_name_of(&mac) != Some(name.as_str()) => {
+            Some(name) if self.host_name_of(&mac) != Some(name) => {
                 self.host_names.insert(mac, name.into());
             }
             Some(_) => {}
@@ -159,7 +183,7 @@ impl PoolSnapshot {
                 self.host_names.remove(&mac);
             }
         }
-        Ok(())
+        Ok(displaced)
     }
 
     fn remove(&mut self, mac: &MacAddr) {
@@ -168,34 +192,6 @@ impl PoolSnapshot {
         }
         self.host_names.remove(mac);
     }
-}
-
-/// A change to the table, as the controller's stream delivers it.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Delta {
-    /// A pool is now served, or its config changed; its leases are kept. (Boxed: a config is
-    /// several times the size of the other changes, which are the many.)
-    UpsertPool(Box<PoolConfig>),
-    /// A pool is no longer served; its leases and conflicts go with it.
-    RemovePool(NamespacedName),
-    /// A NIC holds (now) this address.
-    UpsertLease(Lease),
-    /// A NIC no longer holds an address on this pool.
-    RemoveLease {
-        /// The pool.
-        pool: NamespacedName,
-        /// The NIC.
-        mac: MacAddr,
-    },
-}
-
-/// A pool with all its leases, the unit of a whole snapshot.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct PoolLeases {
-    /// The pool's config.
-    pub config: PoolConfig,
-    /// Every lease of the pool.
-    pub leases: Vec<Lease>,
 }
 
 /// An address withheld after a client declined it (RFC 2131 DHCPDECLINE), for a bounded time:
@@ -258,17 +254,23 @@ impl LeaseTable {
             .collect()
     }
 
-    /// Replaces everything with a whole snapshot (the stream's first message, or a resync).
-    /// Conflicts of pools that remain are kept unless their address moved to another MAC.
-    /// Bad leases are skipped and returned; the good ones beside them are applied.
-    pub fn apply_snapshot(&self, pools: Vec<PoolLeases>) -> Vec<LeaseTableError> {
-        let _guard = self.write.lock().unwrap_or_else(PoisonError::into_inner);
+    /// Replaces everything with a whole snapshot (the stream's first message or a resync, the
+    /// fallback's state, the static file). Borrowed, so the stream's applied state goes in as it
+    /// is, without a copy. Conflicts of pools that remain are kept unless their address moved
+    /// to another MAC. Bad leases are skipped and returned; the good ones beside them are
+    /// applied.
+    pub fn apply_snapshot<'a>(
+        &self,
+        pools: impl IntoIterator<Item = &'a PoolLeases>,
+    ) -> Vec<LeaseTableError> {
+        let _guard = self.write.lock();
         let mut errors = Vec::new();
-        let mut next = Pools::with_capacity(pools.len());
+        let pools = pools.into_iter();
+        let mut next = Pools::with_capacity(pools.size_hint().0);
         let previous = self.pools.load();
         for PoolLeases { config, leases } in pools {
             let name = config.pool.clone();
-            let mut snap = PoolSnapshot::new(config);
+            let mut snap = PoolSnapshot::new(config.clone());
             if let Some(old) = previous.get(&name)
                 && old.config.ntp == snap.config.ntp
             {
@@ -276,17 +278,16 @@ impl LeaseTable {
             }
             snap.by_mac.reserve(leases.len());
             snap.by_ip.reserve(leases.len());
-            for lease in leases {
-                if lease.pool != name {
-                    errors.push(LeaseTableError::UnknownPool {
-                        pool: lease.pool,
-                        mac: lease.mac,
-                        ip: lease.ip,
-                    });
-                    continue;
-                }
-                if let Err(e) = snap.insert(lease) {
-                    errors.push(e);
+            for (mac, binding) in leases {
+                match snap.insert(*mac, binding.ip, binding.host_name.as_deref()) {
+                    Ok(None) => {}
+                    Ok(Some(dropped)) => errors.push(LeaseTableError::AddressHeldTwice {
+                        pool: name.clone(),
+                        ip: binding.ip,
+                        dropped,
+                        kept: *mac,
+                    }),
+                    Err(e) => errors.push(e),
                 }
             }
             next.insert(name, Arc::new(snap));
@@ -297,11 +298,16 @@ impl LeaseTable {
         errors
     }
 
-    /// Applies deltas in order, publishing once at the end: a reader sees all of them or none.
-    pub fn apply(&self, deltas: impl IntoIterator<Item = Delta>) -> Vec<LeaseTableError> {
-        let _guard = self.write.lock().unwrap_or_else(PoisonError::into_inner);
+    /// Applies one delta, publishing once at the end: a reader sees all of it or none. Removals
+    /// go before upserts (removed pools, upserted pools, removed leases, upserted leases), so an
+    /// address moving between MACs in one delta lands on the new one, and a pool removed and
+    /// added again starts empty. Its revisions are not checked: the stream's applier ordered the
+    /// deltas already. A lease on a pool not served, or outside its subnet, is skipped and
+    /// returned; the rest of the delta is applied.
+    pub fn apply(&self, delta: &PoolDelta) -> Vec<LeaseTableError> {
+        let _guard = self.write.lock();
         let current = self.pools.load_full();
-        // Pools touched by this batch, copied once; `None` marks a removal.
+        // Pools touched by this delta, copied once; `None` marks a removal.
         let mut touched: HashMap<NamespacedName, Option<PoolSnapshot>> = HashMap::new();
         let mut errors = Vec::new();
         let working = |touched: &mut HashMap<NamespacedName, Option<PoolSnapshot>>,
@@ -317,57 +323,55 @@ impl LeaseTable {
             }
             matches!(touched.get(name), Some(Some(_)))
         };
-        for delta in deltas {
-            match delta {
-                Delta::UpsertPool(config) => {
-                    let name = config.pool.clone();
-                    let snap = if working(&mut touched, &name) {
-                        touched.remove(&name).flatten()
-                    } else {
-                        None
-                    };
-                    let next = match snap {
-                        Some(mut snap) => {
-                            let subnet_changed = snap.config.subnet != config.subnet;
-                            snap.set_config(*config);
-                            if subnet_changed {
-                                let subnet = snap.config.subnet;
-                                snap.by_mac.retain(|_, ip| is_host_of(subnet, *ip));
-                                snap.by_ip.retain(|ip, _| is_host_of(subnet, *ip));
-                                let kept = &snap.by_mac;
-                                snap.host_names.retain(|mac, _| kept.contains_key(mac));
-                            }
-                            snap
-                        }
-                        None => PoolSnapshot::new(*config),
-                    };
-                    touched.insert(name, Some(next));
-                }
-                Delta::RemovePool(name) => {
-                    touched.insert(name, None);
-                }
-                Delta::UpsertLease(lease) => {
-                    if !working(&mut touched, &lease.pool) {
-                        errors.push(LeaseTableError::UnknownPool {
-                            pool: lease.pool,
-                            mac: lease.mac,
-                            ip: lease.ip,
-                        });
-                        continue;
+        for name in &delta.removed_pools {
+            touched.insert(name.clone(), None);
+        }
+        for config in &delta.upserted_pools {
+            let name = config.pool.clone();
+            let snap = if working(&mut touched, &name) {
+                touched.remove(&name).flatten()
+            } else {
+                None
+            };
+            let next = match snap {
+                Some(mut snap) => {
+                    let subnet_changed = snap.config.subnet != config.subnet;
+                    snap.set_config(config.clone());
+                    if subnet_changed {
+                        let subnet = snap.config.subnet;
+                        snap.by_mac.retain(|_, ip| is_host_of(subnet, *ip));
+                        snap.by_ip.retain(|ip, _| is_host_of(subnet, *ip));
+                        let kept = &snap.by_mac;
+                        snap.host_names.retain(|mac, _| kept.contains_key(mac));
                     }
-                    if let Some(Some(snap)) = touched.get_mut(&lease.pool)
-                        && let Err(e) = snap.insert(lease)
-                    {
-                        errors.push(e);
-                    }
+                    snap
                 }
-                Delta::RemoveLease { pool, mac } => {
-                    if working(&mut touched, &pool)
-                        && let Some(Some(snap)) = touched.get_mut(&pool)
-                    {
-                        snap.remove(&mac);
-                    }
-                }
+                None => PoolSnapshot::new(config.clone()),
+            };
+            touched.insert(name, Some(next));
+        }
+        for (pool, mac) in &delta.removed_leases {
+            if working(&mut touched, pool)
+                && let Some(Some(snap)) = touched.get_mut(pool)
+            {
+                snap.remove(mac);
+            }
+        }
+        for lease in &delta.upserted_leases {
+            if !working(&mut touched, &lease.pool) {
+                errors.push(LeaseTableError::UnknownPool {
+                    pool: lease.pool.clone(),
+                    mac: lease.mac,
+                    ip: lease.ip,
+                });
+                continue;
+            }
+            // A displaced holder is the point of a move, not an error: the delta's removals
+            // went first, and the controller gave the address to this MAC.
+            if let Some(Some(snap)) = touched.get_mut(&lease.pool)
+                && let Err(e) = snap.insert(lease.mac, lease.ip, lease.host_name.as_deref())
+            {
+                errors.push(e);
             }
         }
         if !touched.is_empty() {
@@ -398,7 +402,7 @@ impl LeaseTable {
         ntp: &[String],
         addresses: Vec<Ipv4Addr>,
     ) -> bool {
-        let _guard = self.write.lock().unwrap_or_else(PoisonError::into_inner);
+        let _guard = self.write.lock();
         let current = self.pools.load_full();
         let Some(snap) = current.get(pool) else {
             return false;
@@ -424,7 +428,7 @@ impl LeaseTable {
         answered_by: Option<MacAddr>,
         hold: Duration,
     ) {
-        let _guard = self.write.lock().unwrap_or_else(PoisonError::into_inner);
+        let _guard = self.write.lock();
         let mut next = Conflicts::clone(&self.conflicts.load());
         let conflict = Conflict {
             declined_by: mac,
@@ -441,7 +445,7 @@ impl LeaseTable {
         if !self.is_conflicted(pool, &ip) {
             return false;
         }
-        let _guard = self.write.lock().unwrap_or_else(PoisonError::into_inner);
+        let _guard = self.write.lock();
         let mut next = Conflicts::clone(&self.conflicts.load());
         let removed = next.get_mut(pool).is_some_and(|c| c.remove(&ip).is_some());
         self.conflicts.store(Arc::new(next));
@@ -520,6 +524,7 @@ impl LeaseTable {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use vmdhcp_core::pool::{Binding, Lease};
 
     pub(crate) fn config(name: &str, cidr: &str, server: &str) -> PoolConfig {
         PoolConfig {
@@ -546,12 +551,39 @@ mod tests {
         NamespacedName::new("default", pool).unwrap()
     }
 
+    /// A pool of a snapshot with `leases` (MAC's last byte, address).
+    fn pool_with(config: PoolConfig, leases: &[(u8, &str)]) -> PoolLeases {
+        PoolLeases {
+            config,
+            leases: leases
+                .iter()
+                .map(|(m, ip)| (mac(*m), Binding::ip(ip.parse().unwrap())))
+                .collect(),
+        }
+    }
+
+    /// A delta that only upserts `leases`.
+    fn upserts(leases: impl IntoIterator<Item = Lease>) -> PoolDelta {
+        PoolDelta {
+            upserted_leases: leases.into_iter().collect(),
+            ..PoolDelta::default()
+        }
+    }
+
+    /// A delta that only upserts `config`.
+    fn upsert_pool(config: PoolConfig) -> PoolDelta {
+        PoolDelta {
+            upserted_pools: vec![config],
+            ..PoolDelta::default()
+        }
+    }
+
     fn table_with_a() -> LeaseTable {
         let table = LeaseTable::new();
-        let errors = table.apply_snapshot(vec![PoolLeases {
-            config: config("a", "192.0.2.0/24", "192.0.2.1"),
-            leases: vec![lease("a", 1, "192.0.2.10"), lease("a", 2, "192.0.2.11")],
-        }]);
+        let errors = table.apply_snapshot(&[pool_with(
+            config("a", "192.0.2.0/24", "192.0.2.1"),
+            &[(1, "192.0.2.10"), (2, "192.0.2.11")],
+        )]);
         assert!(errors.is_empty(), "{errors:?}");
         table
     }
@@ -569,17 +601,27 @@ mod tests {
     #[test]
     fn snapshot_replaces_everything_and_reports_bad_leases() {
         let table = table_with_a();
-        let errors = table.apply_snapshot(vec![PoolLeases {
-            config: config("b", "198.51.100.0/24", "198.51.100.1"),
-            leases: vec![
-                lease("b", 1, "198.51.100.10"),
-                lease("b", 2, "192.0.2.10"),
-                lease("a", 3, "198.51.100.12"),
+        // A lease listed under its pool cannot name another one; the bad leases a snapshot can
+        // hold are an address outside the subnet and an address held twice.
+        let errors = table.apply_snapshot(&[pool_with(
+            config("b", "198.51.100.0/24", "198.51.100.1"),
+            &[
+                (1, "198.51.100.10"),
+                (2, "192.0.2.10"),
+                (3, "198.51.100.10"),
             ],
-        }]);
+        )]);
         assert_eq!(errors.len(), 2, "{errors:?}");
         assert!(matches!(errors[0], LeaseTableError::OutsideSubnet { .. }));
-        assert!(matches!(errors[1], LeaseTableError::UnknownPool { .. }));
+        assert_eq!(
+            errors[1],
+            LeaseTableError::AddressHeldTwice {
+                pool: name("b"),
+                ip: "198.51.100.10".parse().unwrap(),
+                dropped: mac(1),
+                kept: mac(3),
+            }
+        );
         assert!(table.pool(&name("a")).is_none());
         assert_eq!(table.pool(&name("b")).unwrap().len(), 1);
     }
@@ -591,25 +633,25 @@ mod tests {
             host_name: n.map(str::to_owned),
             ..lease("a", m, ip)
         };
-        table.apply([
-            Delta::UpsertLease(named(1, "192.0.2.10", Some("vm-1"))),
-            Delta::UpsertLease(named(2, "192.0.2.11", Some("vm-2"))),
-        ]);
+        table.apply(&upserts([
+            named(1, "192.0.2.10", Some("vm-1")),
+            named(2, "192.0.2.11", Some("vm-2")),
+        ]));
         let a = table.pool(&name("a")).unwrap();
         assert_eq!(a.host_name_of(&mac(1)), Some("vm-1"));
         // The address of MAC 1 moves to MAC 3: MAC 1's name goes with its lease.
-        table.apply([Delta::UpsertLease(named(3, "192.0.2.10", None))]);
+        table.apply(&upserts([named(3, "192.0.2.10", None)]));
         let a = table.pool(&name("a")).unwrap();
         assert_eq!(a.host_name_of(&mac(1)), None);
         assert_eq!(a.host_name_of(&mac(3)), None);
         // Unnamed again, or removed: no name.
-        table.apply([Delta::UpsertLease(named(2, "192.0.2.11", None))]);
+        table.apply(&upserts([named(2, "192.0.2.11", None)]));
         assert_eq!(table.pool(&name("a")).unwrap().host_name_of(&mac(2)), None);
-        table.apply([Delta::UpsertLease(named(2, "192.0.2.11", Some("vm-2")))]);
-        table.apply([Delta::RemoveLease {
-            pool: name("a"),
-            mac: mac(2),
-        }]);
+        table.apply(&upserts([named(2, "192.0.2.11", Some("vm-2"))]));
+        table.apply(&PoolDelta {
+            removed_leases: vec![(name("a"), mac(2))],
+            ..PoolDelta::default()
+        });
         assert_eq!(table.pool(&name("a")).unwrap().host_name_of(&mac(2)), None);
     }
 
@@ -617,15 +659,17 @@ mod tests {
     fn deltas_upsert_and_remove_leases() {
         let table = table_with_a();
         let before = table.pool(&name("a")).unwrap();
-        let errors = table.apply([
-            Delta::UpsertLease(lease("a", 3, "192.0.2.12")),
-            Delta::RemoveLease {
-                pool: name("a"),
-                mac: mac(1),
-            },
-            Delta::UpsertLease(lease("zz", 4, "192.0.2.13")),
-        ]);
+        let errors = table.apply(&PoolDelta {
+            upserted_leases: vec![lease("a", 3, "192.0.2.12"), lease("zz", 4, "192.0.2.13")],
+            removed_leases: vec![(name("a"), mac(1))],
+            ..PoolDelta::default()
+        });
         assert_eq!(errors.len(), 1);
+        // The lease naming a pool this agent does not serve is the one skipped.
+        assert!(
+            matches!(&errors[0], LeaseTableError::UnknownPool { pool, .. } if *pool == name("zz")),
+            "{errors:?}"
+        );
         let a = table.pool(&name("a")).unwrap();
         assert_eq!(a.address_of(&mac(3)), Some("192.0.2.12".parse().unwrap()));
         assert_eq!(a.address_of(&mac(1)), None);
@@ -641,17 +685,49 @@ mod tests {
     #[test]
     fn an_ip_moving_to_another_mac_follows_it() {
         let table = table_with_a();
-        table.apply([Delta::UpsertLease(lease("a", 9, "192.0.2.10"))]);
+        table.apply(&upserts([lease("a", 9, "192.0.2.10")]));
         let a = table.pool(&name("a")).unwrap();
         assert_eq!(a.holder_of(&"192.0.2.10".parse().unwrap()), Some(mac(9)));
         assert_eq!(a.address_of(&mac(9)), Some("192.0.2.10".parse().unwrap()));
         assert_eq!(a.address_of(&mac(1)), None, "old holder lost the address");
         assert_eq!(a.len(), 2);
         // And a MAC moving to another IP frees the old one.
-        table.apply([Delta::UpsertLease(lease("a", 9, "192.0.2.20"))]);
+        table.apply(&upserts([lease("a", 9, "192.0.2.20")]));
         let a = table.pool(&name("a")).unwrap();
         assert_eq!(a.holder_of(&"192.0.2.10".parse().unwrap()), None);
         assert_eq!(a.address_of(&mac(9)), Some("192.0.2.20".parse().unwrap()));
+    }
+
+    #[test]
+    fn a_delta_applies_its_removals_before_its_upserts() {
+        let table = table_with_a();
+        // The address of MAC 1 moves to MAC 3, and the DNS changes, in one delta.
+        let mut changed = config("a", "192.0.2.0/24", "192.0.2.1");
+        changed.dns = vec!["192.0.2.53".parse().unwrap()];
+        let errors = table.apply(&PoolDelta {
+            base_revision: 1,
+            revision: 2,
+            upserted_pools: vec![changed.clone()],
+            removed_pools: vec![],
+            upserted_leases: vec![lease("a", 3, "192.0.2.10")],
+            removed_leases: vec![(name("a"), mac(1))],
+        });
+        assert!(errors.is_empty(), "{errors:?}");
+        let a = table.pool(&name("a")).unwrap();
+        assert_eq!(a.holder_of(&"192.0.2.10".parse().unwrap()), Some(mac(3)));
+        assert_eq!(a.address_of(&mac(1)), None);
+        assert_eq!(**a.config(), changed);
+        assert_eq!(a.len(), 2);
+        // A pool removed and added again in one delta starts empty, then takes its new leases.
+        let errors = table.apply(&PoolDelta {
+            removed_pools: vec![name("a")],
+            upserted_pools: vec![changed],
+            upserted_leases: vec![lease("a", 4, "192.0.2.40")],
+            ..PoolDelta::default()
+        });
+        assert!(errors.is_empty(), "{errors:?}");
+        let a = table.pool(&name("a")).unwrap();
+        assert_eq!(a.leases(), [(mac(4), "192.0.2.40".parse().unwrap())].into());
     }
 
     #[test]
@@ -660,7 +736,7 @@ mod tests {
         let mut cfg = config("a", "192.0.2.0/24", "192.0.2.1");
         cfg.dns = vec!["192.0.2.53".parse().unwrap()];
         cfg.lease_seconds = 60;
-        table.apply([Delta::UpsertPool(Box::new(cfg.clone()))]);
+        table.apply(&upsert_pool(cfg.clone()));
         let a = table.pool(&name("a")).unwrap();
         assert_eq!(**a.config(), cfg);
         assert_eq!(a.len(), 2);
@@ -671,10 +747,7 @@ mod tests {
         let table = LeaseTable::new();
         let mut cfg = config("a", "192.0.2.0/24", "192.0.2.1");
         cfg.ntp = vec!["192.0.2.123".into(), "ntp.example.test".into()];
-        table.apply_snapshot(vec![PoolLeases {
-            config: cfg.clone(),
-            leases: vec![],
-        }]);
+        table.apply_snapshot(&[PoolLeases::new(cfg.clone())]);
         let literal: Ipv4Addr = "192.0.2.123".parse().unwrap();
         let resolved: Ipv4Addr = "192.0.2.124".parse().unwrap();
         assert_eq!(table.pool(&name("a")).unwrap().ntp_addresses(), [literal]);
@@ -683,33 +756,26 @@ mod tests {
         assert!(!table.set_ntp_addresses(&name("a"), &["other".into()], vec![resolved]));
         // Another option changes: the resolution is kept, in deltas and in snapshots.
         cfg.dns = vec![literal];
-        table.apply([Delta::UpsertPool(Box::new(cfg.clone()))]);
+        table.apply(&upsert_pool(cfg.clone()));
         assert_eq!(
             table.pool(&name("a")).unwrap().ntp_addresses(),
             [literal, resolved]
         );
-        table.apply_snapshot(vec![PoolLeases {
-            config: cfg.clone(),
-            leases: vec![],
-        }]);
+        table.apply_snapshot(&[PoolLeases::new(cfg.clone())]);
         assert_eq!(
             table.pool(&name("a")).unwrap().ntp_addresses(),
             [literal, resolved]
         );
         // The NTP list changes: back to its literals until resolved again.
         cfg.ntp = vec!["ntp2.example.test".into()];
-        table.apply([Delta::UpsertPool(Box::new(cfg))]);
+        table.apply(&upsert_pool(cfg));
         assert!(table.pool(&name("a")).unwrap().ntp_addresses().is_empty());
     }
 
     #[test]
     fn a_subnet_change_drops_leases_outside_it() {
         let table = table_with_a();
-        table.apply([Delta::UpsertPool(Box::new(config(
-            "a",
-            "192.0.2.0/29",
-            "192.0.2.1",
-        )))]);
+        table.apply(&upsert_pool(config("a", "192.0.2.0/29", "192.0.2.1")));
         assert!(table.pool(&name("a")).unwrap().is_empty());
     }
 
@@ -723,15 +789,14 @@ mod tests {
             None,
             HOUR,
         );
-        table.apply([Delta::RemovePool(name("a"))]);
+        table.apply(&PoolDelta {
+            removed_pools: vec![name("a")],
+            ..PoolDelta::default()
+        });
         assert!(table.pool(&name("a")).is_none());
         assert!(table.conflicts().is_empty());
         // Re-adding starts empty.
-        table.apply([Delta::UpsertPool(Box::new(config(
-            "a",
-            "192.0.2.0/24",
-            "192.0.2.1",
-        )))]);
+        table.apply(&upsert_pool(config("a", "192.0.2.0/24", "192.0.2.1")));
         assert!(table.pool(&name("a")).unwrap().is_empty());
     }
 
@@ -759,11 +824,11 @@ mod tests {
         table.mark_conflicted(&name("a"), ip, mac(1), None, HOUR);
         assert!(table.is_conflicted(&name("a"), &ip));
         // Unrelated deltas keep it.
-        table.apply([Delta::UpsertLease(lease("a", 5, "192.0.2.50"))]);
+        table.apply(&upserts([lease("a", 5, "192.0.2.50")]));
         assert!(table.is_conflicted(&name("a"), &ip));
         assert_eq!(table.conflicts()[&name("a")][&ip].declined_by, mac(1));
         // The controller moves the MAC elsewhere: the conflict is history.
-        table.apply([Delta::UpsertLease(lease("a", 1, "192.0.2.60"))]);
+        table.apply(&upserts([lease("a", 1, "192.0.2.60")]));
         assert!(!table.is_conflicted(&name("a"), &ip));
     }
 
@@ -784,12 +849,12 @@ mod tests {
         };
         for i in 0..200u32 {
             let last = u8::try_from(i % 200).unwrap() + 10;
-            table.apply([Delta::UpsertLease(Lease {
+            table.apply(&upserts([Lease {
                 pool: name("a"),
                 mac: mac(u8::try_from(i % 3).unwrap()),
                 ip: Ipv4Addr::new(192, 0, 2, last),
                 host_name: None,
-            })]);
+            }]));
         }
         reader.join().unwrap();
     }

@@ -8,17 +8,19 @@
 //! etcd. Switching is done under one lock, so a late fallback update can never overwrite a state
 //! the stream has just applied.
 //!
-//! A third source stands alone: a JSON file of pools and leases ([`file`], `serve-static`),
+//! A third source stands alone: a JSON file of pools and leases ([`mod@file`], `serve-static`),
 //! which replaces the table whole at start and on each reload; nothing else feeds the table then.
 //!
-//! This module owns that arbitration ([`Sources`], the stream's [`ConfigSink`]), the translation
-//! of the stream's state into the table's pools and deltas, and the IPPool watch feeding the
-//! fallback ([`follow_ippools`]).
+//! Every source speaks the agent's one vocabulary for pool state ([`crate::pools`]), which the
+//! table takes as it is: nothing here translates between shapes. This module owns the
+//! arbitration ([`Sources`], the stream's [`ConfigSink`]), the IPPool watch feeding the
+//! fallback ([`follow_ippools`]) and the reading of IPPools into pools ([`pools_from_ippools`]).
 
 pub mod file;
 
+use parking_lot::Mutex;
 use std::collections::{BTreeMap, BTreeSet};
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::Arc;
 use std::time::Duration;
 
 use futures_util::{StreamExt, TryStreamExt};
@@ -29,10 +31,11 @@ use tokio::sync::watch;
 use tracing::{debug, info, warn};
 use vmdhcp_core::NamespacedName;
 use vmdhcp_core::crd::IPPool;
-use vmdhcp_core::pool::{PoolConfig, is_served, leases_from_status};
+use vmdhcp_core::pool::{Binding, Lease, PoolConfig, is_served, leases_from_status};
 
-use crate::lease_table::{Delta, LeaseTable, PoolLeases};
-use crate::stream::{AppliedState, ConfigSink, PoolDelta};
+use crate::lease_table::LeaseTable;
+use crate::pools::{PoolDelta, PoolLeases};
+use crate::stream::{AppliedState, ConfigSink};
 
 /// Which source the table holds now.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -106,9 +109,9 @@ impl Sources {
         self.view.subscribe()
     }
 
-    fn lock(&self) -> std::sync::MutexGuard<'_, State> {
+    fn lock(&self) -> parking_lot::MutexGuard<'_, State> {
         // The state is a flag and a cloneable vector: a panic elsewhere cannot leave it torn.
-        self.state.lock().unwrap_or_else(PoisonError::into_inner)
+        self.state.lock()
     }
 
     fn changed(&self, source: Source) {
@@ -119,11 +122,19 @@ impl Sources {
         });
     }
 
-    fn apply_fallback(&self, pools: Vec<PoolLeases>) {
+    fn apply_fallback(&self, pools: &[PoolLeases]) {
         for error in self.table.apply_snapshot(pools) {
             warn!(%error, "lease from IPPool status skipped");
         }
         self.changed(Source::IPPoolStatus);
+    }
+
+    /// The stream's whole applied state replaces the table's. A lease the table refuses is
+    /// skipped with a warning; the rest is served.
+    fn apply_stream_state(&self, applied: &AppliedState) {
+        for error in self.table.apply_snapshot(applied.pools.values()) {
+            warn!(%error, "lease from the stream's snapshot skipped");
+        }
     }
 
     /// The stream is gone: from now on the fallback, when it has a state, is served; until it
@@ -134,7 +145,7 @@ impl Sources {
             return;
         }
         state.stream_live = false;
-        if let Some(pools) = state.fallback.clone() {
+        if let Some(pools) = &state.fallback {
             info!("config stream lost; serving leases from IPPool status");
             self.apply_fallback(pools);
         }
@@ -143,17 +154,17 @@ impl Sources {
     /// A complete state read from IPPool status; served unless the stream is live.
     pub fn fallback(&self, pools: Vec<PoolLeases>) {
         let mut state = self.lock();
-        state.fallback = Some(pools.clone());
         if !state.stream_live {
-            self.apply_fallback(pools);
+            self.apply_fallback(&pools);
         }
+        state.fallback = Some(pools);
     }
 
     /// A complete state read from the static file: the only source in that mode, it replaces
     /// the table whole. A lease the table refuses is skipped with a warning.
     pub fn file(&self, pools: Vec<PoolLeases>) {
         let _state = self.lock();
-        for error in self.table.apply_snapshot(pools) {
+        for error in self.table.apply_snapshot(&pools) {
             warn!(%error, "lease skipped");
         }
         self.changed(Source::File);
@@ -163,7 +174,7 @@ impl Sources {
     fn stream_is_back(&self, state: &mut State, applied: &AppliedState) {
         if !state.stream_live {
             state.stream_live = true;
-            table_snapshot(&self.table, applied);
+            self.apply_stream_state(applied);
             self.changed(Source::Stream);
         }
     }
@@ -173,14 +184,16 @@ impl ConfigSink for Sources {
     fn snapshot(&self, applied: &AppliedState) {
         let mut state = self.lock();
         state.stream_live = true;
-        table_snapshot(&self.table, applied);
+        self.apply_stream_state(applied);
         self.changed(Source::Stream);
     }
 
     fn delta(&self, delta: &PoolDelta, applied: &AppliedState) {
         let mut state = self.lock();
         if state.stream_live {
-            table_delta(&self.table, delta);
+            for error in self.table.apply(delta) {
+                warn!(%error, revision = delta.revision, "lease from the stream's delta skipped");
+            }
             self.changed(Source::Stream);
         } else {
             // Resumed with a delta while the fallback was served: the table does not hold the
@@ -192,61 +205,6 @@ impl ConfigSink for Sources {
     fn resumed(&self, applied: &AppliedState) {
         let mut state = self.lock();
         self.stream_is_back(&mut state, applied);
-    }
-}
-
-/// The stream's whole state replaces the table's: the stream's pools and leases, in the table's
-/// vocabulary. A lease the table refuses is skipped with a warning; the rest is served.
-fn table_snapshot(table: &LeaseTable, state: &AppliedState) {
-    let pools = state
-        .pools
-        .values()
-        .map(|p| PoolLeases {
-            config: p.config.clone(),
-            leases: p
-                .leases
-                .iter()
-                .map(|(mac, binding)| binding.lease(p.config.pool.clone(), *mac))
-                .collect(),
-        })
-        .collect();
-    for error in table.apply_snapshot(pools) {
-        warn!(%error, "lease from the stream's snapshot skipped");
-    }
-}
-
-/// One stream delta, applied to the table as one batch (removals first, so an address moving
-/// between MACs in one delta lands on the new one).
-fn table_delta(table: &LeaseTable, delta: &PoolDelta) {
-    let deltas = delta
-        .removed_pools
-        .iter()
-        .cloned()
-        .map(Delta::RemovePool)
-        .chain(
-            delta
-                .upserted_pools
-                .iter()
-                .map(|c| Delta::UpsertPool(Box::new(c.clone()))),
-        )
-        .chain(
-            delta
-                .removed_leases
-                .iter()
-                .map(|(pool, mac)| Delta::RemoveLease {
-                    pool: pool.clone(),
-                    mac: *mac,
-                }),
-        )
-        .chain(
-            delta
-                .upserted_leases
-                .iter()
-                .cloned()
-                .map(Delta::UpsertLease),
-        );
-    for error in table.apply(deltas) {
-        warn!(%error, revision = delta.revision, "lease from the stream's delta skipped");
     }
 }
 
@@ -284,6 +242,16 @@ pub fn pools_from_ippools<'a>(
                 for error in errors.iter().take(5) {
                     warn!(pool = %pool_ref, %error, "status entry skipped");
                 }
+                // Status lists addresses in order; a MAC recorded at two keeps the later one,
+                // as the table kept it when it read the list itself.
+                let leases = leases
+                    .into_iter()
+                    .map(
+                        |Lease {
+                             mac, ip, host_name, ..
+                         }| (mac, Binding { ip, host_name }),
+                    )
+                    .collect();
                 out.push(PoolLeases { config, leases });
             }
             Err(error) => warn!(pool = %pool_ref, %error, "IPPool status not readable"),
@@ -387,13 +355,17 @@ pub async fn follow_ippools(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::stream::PoolState;
     use vmdhcp_core::MacAddr;
     use vmdhcp_core::crd::{CONDITION_CACHE_READY, CONDITION_REGISTERED};
     use vmdhcp_core::fixtures::{
         pool_config, pool_on, readme_pool, with_allocated, with_conditions,
     };
-    use vmdhcp_core::pool::Binding;
+
+    /// The only lease of a pool (the tests' pools have one).
+    fn only_lease(pool: &PoolLeases) -> &Binding {
+        assert_eq!(pool.leases.len(), 1, "{pool:?}");
+        pool.leases.values().next().unwrap()
+    }
 
     /// The README pool renamed `default/<name>`, registered and ready, with `allocated`.
     fn ippool(name: &str, allocated: &[(&str, &str)], paused: bool) -> IPPool {
@@ -469,7 +441,7 @@ mod tests {
         assert_eq!(out[0].config.pool.name, "a");
         assert_eq!(out[0].config.interface_name, "if-a");
         assert_eq!(out[0].leases.len(), 1);
-        assert_eq!(out[0].leases[0].ip.to_string(), ip);
+        assert_eq!(only_lease(&out[0]).ip.to_string(), ip);
     }
 
     /// The bootstrap env carries addressing only (the JSON of upstream PR #64); an agent without
@@ -491,7 +463,7 @@ mod tests {
         }
         let out = pools_from_ippools([&pool], &refs(&["a"]));
         assert_eq!(out.len(), 1, "{out:?}");
-        let (config, lease) = (&out[0].config, &out[0].leases[0]);
+        let (config, lease) = (&out[0].config, only_lease(&out[0]));
         assert_eq!(config.mtu, Some(1450));
         assert_eq!(config.routes.len(), 1);
         assert_eq!(config.routes[0].destination.to_string(), "10.96.0.0/12");
@@ -508,15 +480,7 @@ mod tests {
             revision,
             pools: pools
                 .iter()
-                .map(|p| {
-                    (
-                        p.config.pool.clone(),
-                        PoolState {
-                            config: p.config.clone(),
-                            leases: p.leases.iter().map(|l| (l.mac, l.binding())).collect(),
-                        },
-                    )
-                })
+                .map(|p| (p.config.pool.clone(), p.clone()))
                 .collect(),
         }
     }
@@ -541,7 +505,9 @@ mod tests {
 
         // The stream's snapshot replaces it; a later fallback update does not.
         let mut streamed = from_status.clone();
-        streamed[0].leases[0].ip = ip2.parse().unwrap();
+        for binding in streamed[0].leases.values_mut() {
+            binding.ip = ip2.parse().unwrap();
+        }
         let applied = stream_state(&streamed, 5);
         ConfigSink::snapshot(&sources, &applied);
         assert_eq!(view.borrow().source, Source::Stream);
@@ -595,24 +561,25 @@ mod tests {
             ip: ip.parse().unwrap(),
             host_name: None,
         };
-        let table = LeaseTable::new();
+        let table = Arc::new(LeaseTable::new());
+        let sources = Sources::new(Arc::clone(&table), false);
         let cfg = pool_config("default/a");
         let mut state = AppliedState::default();
         state.pools.insert(
             name("a"),
-            PoolState {
+            PoolLeases {
                 config: cfg.clone(),
                 leases: [(mac(1), Binding::ip("192.0.2.10".parse().unwrap()))].into(),
             },
         );
-        table_snapshot(&table, &state);
+        ConfigSink::snapshot(&sources, &state);
         let a = table.pool(&name("a")).unwrap();
         assert_eq!(a.address_of(&mac(1)), Some("192.0.2.10".parse().unwrap()));
-        // An address moves from MAC 1 to MAC 2, and the DNS changes, in one delta.
+        // An address moves from MAC 1 to MAC 2, and the DNS changes, in one delta. (The sink
+        // applies the delta itself while the stream is live; the state beside it is not read.)
         let mut changed = cfg.clone();
         changed.dns = vec!["192.0.2.53".parse().unwrap()];
-        table_delta(
-            &table,
+        sources.delta(
             &PoolDelta {
                 base_revision: 1,
                 revision: 2,
@@ -621,17 +588,18 @@ mod tests {
                 upserted_leases: vec![lease("a", 2, "192.0.2.10")],
                 removed_leases: vec![(name("a"), mac(1))],
             },
+            &state,
         );
         let a = table.pool(&name("a")).unwrap();
         assert_eq!(a.holder_of(&"192.0.2.10".parse().unwrap()), Some(mac(2)));
         assert_eq!(a.address_of(&mac(1)), None);
         assert_eq!(**a.config(), changed);
-        table_delta(
-            &table,
+        sources.delta(
             &PoolDelta {
                 removed_pools: vec![name("a")],
                 ..PoolDelta::default()
             },
+            &state,
         );
         assert!(table.pool(&name("a")).is_none());
     }

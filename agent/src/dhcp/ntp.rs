@@ -123,7 +123,7 @@ pub async fn run<T>(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::lease_table::PoolLeases;
+    use crate::pools::PoolLeases;
     use vmdhcp_core::NamespacedName;
     use vmdhcp_core::fixtures::pool_config;
     use vmdhcp_core::pool::PoolConfig;
@@ -142,10 +142,7 @@ mod tests {
             ],
             ..pool_config("default/a")
         };
-        table.apply_snapshot(vec![PoolLeases {
-            config,
-            leases: vec![],
-        }]);
+        table.apply_snapshot(&[PoolLeases::new(config)]);
         let mut known = BTreeMap::new();
         resolve_once(&table, &mut known, false).await;
         let want: [Ipv4Addr; 2] = ["192.0.2.123".parse().unwrap(), Ipv4Addr::LOCALHOST];

@@ -23,11 +23,12 @@ use tokio::signal::unix::{Signal, SignalKind, signal};
 use tokio::sync::watch;
 use tracing::{info, warn};
 use vmdhcp_core::MacAddr;
-use vmdhcp_core::pool::{Lease, PoolConfig};
+use vmdhcp_core::pool::{Binding, PoolConfig};
 
 use super::Sources;
 use crate::dhcp::server::InterfaceStatus;
-use crate::lease_table::{Conflict, LeaseTable, PoolLeases};
+use crate::lease_table::{Conflict, LeaseTable};
+use crate::pools::PoolLeases;
 
 /// Why the file cannot be served or reloaded, or its status not written.
 #[derive(Debug, thiserror::Error)]
@@ -123,6 +124,8 @@ pub fn load(path: &Path) -> Result<Vec<PoolLeases>, FileError> {
         path: path.to_owned(),
         source,
     })?;
+    // A MAC listed twice under one pool keeps its last entry, as the table kept it when it read
+    // the list itself.
     Ok(config
         .pools
         .into_iter()
@@ -130,11 +133,12 @@ pub fn load(path: &Path) -> Result<Vec<PoolLeases>, FileError> {
             leases: p
                 .leases
                 .into_iter()
-                .map(|l| Lease {
-                    pool: p.config.pool.clone(),
-                    mac: l.mac,
-                    ip: l.ip,
-                    host_name: l.host_name,
+                .map(|l| {
+                    let binding = Binding {
+                        ip: l.ip,
+                        host_name: l.host_name,
+                    };
+                    (l.mac, binding)
                 })
                 .collect(),
             config: p.config,
@@ -275,18 +279,20 @@ mod tests {
             "leases": [{"mac": "02:00:00:00:00:01", "ip": "192.0.2.10"}],
         }]});
         std::fs::write(&path, config.to_string()).unwrap();
+        let mac: MacAddr = "02:00:00:00:00:01".parse().unwrap();
         let pools = load(&path).unwrap();
         assert_eq!(pools.len(), 1);
-        assert_eq!(pools[0].leases[0].pool, pools[0].config.pool);
-        assert_eq!(pools[0].leases[0].ip, Ipv4Addr::new(192, 0, 2, 10));
+        // The lease is held under the pool it is listed under.
+        assert_eq!(pools[0].config.pool.to_string(), "default/a");
+        assert_eq!(pools[0].leases[&mac].ip, Ipv4Addr::new(192, 0, 2, 10));
 
-        assert_eq!(pools[0].leases[0].host_name, None);
+        assert_eq!(pools[0].leases[&mac].host_name, None);
 
         let mut named = config.clone();
         named["pools"][0]["leases"][0]["host_name"] = "vm-1".into();
         std::fs::write(&path, named.to_string()).unwrap();
         assert_eq!(
-            load(&path).unwrap()[0].leases[0].host_name.as_deref(),
+            load(&path).unwrap()[0].leases[&mac].host_name.as_deref(),
             Some("vm-1")
         );
         named["pools"][0]["leases"][0]["host_name"] = "not a name".into();

@@ -7,11 +7,12 @@ pub(super) use dhcproto::v4::{DhcpOption, Flags, Message, MessageType, Opcode, O
 pub(super) use dhcproto::{Decodable, Encodable};
 pub(super) use vmdhcp_core::MacAddr;
 pub(super) use vmdhcp_core::fixtures::pool_config;
-pub(super) use vmdhcp_core::pool::{DEFAULT_LEASE_SECONDS, Lease, PoolConfig};
+pub(super) use vmdhcp_core::pool::{Binding, DEFAULT_LEASE_SECONDS, PoolConfig};
 
 pub(super) use super::wire::{MAX_PACKET, OPTIONS_START};
 pub(super) use super::{Action, DropReason, Outcome, Silence, handle};
-pub(super) use crate::lease_table::{LeaseTable, PoolLeases, PoolSnapshot};
+pub(super) use crate::lease_table::{LeaseTable, PoolSnapshot};
+pub(super) use crate::pools::PoolLeases;
 
 pub(super) const SERVER: Ipv4Addr = Ipv4Addr::new(192, 0, 2, 1);
 pub(super) const LEASED: Ipv4Addr = Ipv4Addr::new(192, 0, 2, 10);
@@ -29,14 +30,9 @@ pub(super) fn config() -> PoolConfig {
 pub(super) fn pool_with(config: PoolConfig) -> Arc<PoolSnapshot> {
     let table = LeaseTable::new();
     let name = config.pool.clone();
-    table.apply_snapshot(vec![PoolLeases {
+    table.apply_snapshot(&[PoolLeases {
         config,
-        leases: vec![Lease {
-            pool: name.clone(),
-            mac: MacAddr(KNOWN),
-            ip: LEASED,
-            host_name: None,
-        }],
+        leases: [(MacAddr(KNOWN), Binding::ip(LEASED))].into(),
     }]);
     table.pool(&name).unwrap()
 }

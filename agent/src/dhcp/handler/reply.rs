@@ -500,14 +500,9 @@ mod tests {
         let table = LeaseTable::new();
         let cfg = config();
         let name = cfg.pool.clone();
-        table.apply_snapshot(vec![PoolLeases {
+        table.apply_snapshot(&[PoolLeases {
             config: cfg.clone(),
-            leases: vec![Lease {
-                pool: name.clone(),
-                mac: MacAddr(KNOWN),
-                ip: LEASED,
-                host_name: None,
-            }],
+            leases: [(MacAddr(KNOWN), Binding::ip(LEASED))].into(),
         }]);
         let resolved = Ipv4Addr::new(192, 0, 2, 124);
         table.set_ntp_addresses(
@@ -532,14 +527,13 @@ mod tests {
         let table = LeaseTable::new();
         let cfg = config();
         let name = cfg.pool.clone();
-        table.apply_snapshot(vec![PoolLeases {
+        let binding = Binding {
+            ip: LEASED,
+            host_name: Some("vm-1".into()),
+        };
+        table.apply_snapshot(&[PoolLeases {
             config: cfg,
-            leases: vec![Lease {
-                pool: name.clone(),
-                mac: MacAddr(KNOWN),
-                ip: LEASED,
-                host_name: Some("vm-1".into()),
-            }],
+            leases: [(MacAddr(KNOWN), binding)].into(),
         }]);
         let pool = table.pool(&name).unwrap();
         let answer = |m: &Message| {
