@@ -17,11 +17,12 @@
 //! is not fatal: DHCP is served without announcements, and the warning says which capability to
 //! grant.
 
+use parking_lot::Mutex;
 use std::collections::BTreeMap;
 use std::io::{self, Read};
 use std::net::Ipv4Addr;
+use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
 use socket2::{Domain, SockAddr, SockAddrStorage, Socket, Type};
@@ -46,6 +47,7 @@ const ETH_P_ARP: u16 = 0x0806;
 const ETH_P_IP: u16 = 0x0800;
 const ARPHRD_ETHER: u16 = 1;
 const ARPOP_REQUEST: u16 = 1;
+const ARPOP_REPLY: u16 = 2;
 const BROADCAST: [u8; 6] = [0xff; 6];
 
 /// Why an announcement could not be made.
@@ -108,9 +110,82 @@ pub fn probe_frame(mac: MacAddr, ip: Ipv4Addr) -> [u8; FRAME_LEN] {
     frame
 }
 
-/// Who an ARP packet on Ethernet says it is: its sender hardware and protocol addresses.
-/// `None` for anything else (other EtherTypes, other hardware, truncated frames).
-pub fn arp_sender(frame: &[u8]) -> Option<(MacAddr, Ipv4Addr)> {
+/// How many probes one check sends (RFC 5227's PROBE_NUM): an answer counts toward a conflict
+/// only when it answers every one of them.
+pub const PROBE_NUM: u8 = 3;
+
+/// The most distinct (MAC, address) pairs one check remembers: a flood of answers from many
+/// forged MACs costs no more than this.
+pub const MAX_HEARD: usize = 32;
+
+/// One host heard answering for one address, and in which rounds (bit `k`: between the `k`-th
+/// probe and the next).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Heard {
+    /// Who answered (its Ethernet source, equal to its ARP sender hardware address).
+    pub mac: MacAddr,
+    /// The address it answered for.
+    pub ip: Ipv4Addr,
+    /// The rounds it answered in, one bit each.
+    pub rounds: u8,
+}
+
+/// What one check heard: every answer that counts (see [`answer_of`]), bounded by [`MAX_HEARD`].
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Answers {
+    heard: Vec<Heard>,
+}
+
+impl Answers {
+    /// Notes that `mac` answered for `ip` in round `round`.
+    pub fn record(&mut self, mac: MacAddr, ip: Ipv4Addr, round: u8) {
+        let bit = 1u8.checked_shl(u32::from(round)).unwrap_or(0);
+        if let Some(h) = self.heard.iter_mut().find(|h| h.mac == mac && h.ip == ip) {
+            h.rounds |= bit;
+        } else if self.heard.len() < MAX_HEARD {
+            self.heard.push(Heard {
+                mac,
+                ip,
+                rounds: bit,
+            });
+        }
+    }
+
+    /// Whether `mac` answered for `ip` at all.
+    pub fn answered(&self, mac: MacAddr, ip: Ipv4Addr) -> bool {
+        self.heard.iter().any(|h| h.mac == mac && h.ip == ip)
+    }
+
+    /// The hosts that answered for `ip` in each of `rounds` rounds, in the order first heard.
+    pub fn steady(&self, ip: Ipv4Addr, rounds: u8) -> impl Iterator<Item = MacAddr> + '_ {
+        let all = 1u8
+            .checked_shl(u32::from(rounds))
+            .map_or(u8::MAX, |b| b - 1);
+        self.heard
+            .iter()
+            .filter(move |h| h.ip == ip && h.rounds & all == all)
+            .map(|h| h.mac)
+    }
+
+    /// How many distinct addresses `mac` answered for.
+    pub fn addresses_of(&self, mac: MacAddr) -> usize {
+        self.heard.iter().filter(|h| h.mac == mac).count()
+    }
+
+    /// Everything heard.
+    pub fn heard(&self) -> &[Heard] {
+        &self.heard
+    }
+}
+
+/// Who a frame answers for, when it is an answer that counts to a probe by `own` for one of
+/// `targets`: an ARP reply to that probe (sender address the target, target hardware address
+/// `own`, target address zero, as RFC 5227 §2.1.1 has a host answer a probe), or an announcement
+/// of the target (sender and target address both the target, as a host defending its address
+/// sends). In both, the Ethernet source must be the sender hardware address: a frame that says
+/// one thing at layer 2 and another in ARP is forged. Anything else is no answer: requests of
+/// other hosts, replies to someone else, another host's own probe.
+pub fn answer_of(frame: &[u8], own: MacAddr, targets: &[Ipv4Addr]) -> Option<(MacAddr, Ipv4Addr)> {
     let (ethernet, arp) = (frame.get(..14)?, frame.get(14..42)?);
     let is = |bytes: &[u8], value: u16| bytes == value.to_be_bytes();
     if !is(&ethernet[12..14], ETH_P_ARP)
@@ -121,16 +196,32 @@ pub fn arp_sender(frame: &[u8]) -> Option<(MacAddr, Ipv4Addr)> {
     {
         return None;
     }
+    let (sha, spa, tha, tpa) = (&arp[8..14], &arp[14..18], &arp[18..24], &arp[24..28]);
+    if ethernet[6..12] != *sha || *sha == own.0 {
+        return None;
+    }
+    let target = Ipv4Addr::new(spa[0], spa[1], spa[2], spa[3]);
+    if !targets.contains(&target) {
+        return None;
+    }
+    let reply_to_us = is(&arp[6..8], ARPOP_REPLY) && *tha == own.0 && *tpa == [0; 4];
+    let announcement = (is(&arp[6..8], ARPOP_REQUEST) || is(&arp[6..8], ARPOP_REPLY)) && spa == tpa;
     let mut mac = [0u8; 6];
-    mac.copy_from_slice(&arp[8..14]);
-    let ip = Ipv4Addr::new(arp[14], arp[15], arp[16], arp[17]);
-    Some((MacAddr(mac), ip))
+    mac.copy_from_slice(sha);
+    (reply_to_us || announcement).then_some((MacAddr(mac), target))
 }
 
-/// Probes `ip` on `interface` (RFC 5227 §2.1.1): sends an ARP Probe and waits up to `wait` for
-/// any ARP packet whose sender is `ip`. Returns the MAC that answered, `None` when nobody did.
-/// Blocking; needs CAP_NET_RAW.
-pub fn probe(interface: &str, ip: Ipv4Addr, wait: Duration) -> Result<Option<MacAddr>, ArpError> {
+/// Probes `targets` on `interface` (RFC 5227 §2.1.1): [`PROBE_NUM`] rounds, each an ARP Probe
+/// for every target, `interval` apart, and listens until `wait` after the first, noting every
+/// answer that counts ([`answer_of`]) with its round. Stops early once `enough` says what was
+/// heard decides the question. Blocking; needs CAP_NET_RAW.
+pub fn probe(
+    interface: &str,
+    targets: &[Ipv4Addr],
+    interval: Duration,
+    wait: Duration,
+    enough: impl Fn(&Answers) -> bool,
+) -> Result<Answers, ArpError> {
     let (index, own) = link(interface)?;
     let err = |source: io::Error| ArpError::Socket {
         missing: Capability::NetRaw.lacking(&source),
@@ -149,38 +240,50 @@ pub fn probe(interface: &str, ip: Ipv4Addr, wait: Duration) -> Result<Option<Mac
     let link = link_destination(index).map_err(link_err)?;
     // Bound to the interface and to ARP: only its ARP frames are received.
     socket.bind(&link).map_err(link_err)?;
-    socket
-        .send_to(&probe_frame(own, ip), &link)
-        .map_err(link_err)?;
-    let deadline = std::time::Instant::now() + wait;
+    let start = std::time::Instant::now();
+    let end = start + wait;
+    let mut answers = Answers::default();
     let mut buf = [0u8; 128];
-    loop {
-        let left = deadline.saturating_duration_since(std::time::Instant::now());
-        if left.is_zero() {
-            return Ok(None);
+    for round in 0..PROBE_NUM {
+        for target in targets {
+            socket
+                .send_to(&probe_frame(own, *target), &link)
+                .map_err(link_err)?;
         }
-        socket.set_read_timeout(Some(left)).map_err(link_err)?;
-        match (&socket).read(&mut buf) {
-            Ok(len) => {
-                if let Some((mac, sender)) = arp_sender(&buf[..len])
-                    && sender == ip
-                    && mac != own
-                {
-                    return Ok(Some(mac));
+        let round_end = if round + 1 < PROBE_NUM {
+            (start + interval * u32::from(round + 1)).min(end)
+        } else {
+            end
+        };
+        loop {
+            let left = round_end.saturating_duration_since(std::time::Instant::now());
+            if left.is_zero() {
+                break;
+            }
+            socket.set_read_timeout(Some(left)).map_err(link_err)?;
+            match (&socket).read(&mut buf) {
+                Ok(len) => {
+                    if let Some((mac, ip)) = answer_of(&buf[..len], own, targets) {
+                        answers.record(mac, ip, round);
+                        if enough(&answers) {
+                            return Ok(answers);
+                        }
+                    }
                 }
+                Err(e)
+                    if matches!(
+                        e.kind(),
+                        io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut
+                    ) =>
+                {
+                    break;
+                }
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(source) => return Err(link_err(source)),
             }
-            Err(e)
-                if matches!(
-                    e.kind(),
-                    io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut
-                ) =>
-            {
-                return Ok(None);
-            }
-            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-            Err(source) => return Err(link_err(source)),
         }
     }
+    Ok(answers)
 }
 
 /// The destination of a frame on a packet socket: `index`'s link, ARP, broadcast.
@@ -273,10 +376,7 @@ impl ArpCounters {
 
     /// Every interface's counters.
     pub fn read(&self) -> Vec<ArpReading> {
-        let interfaces = self
-            .interfaces
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner);
+        let interfaces = self.interfaces.lock();
         interfaces
             .iter()
             .map(|(interface, (pool, counts))| ArpReading {
@@ -290,10 +390,7 @@ impl ArpCounters {
 
     /// The counts of `interface` serving `pool` (new, or reset when the pool changed).
     fn entry(&self, interface: &str, pool: &NamespacedName) -> Arc<Counts> {
-        let mut interfaces = self
-            .interfaces
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner);
+        let mut interfaces = self.interfaces.lock();
         match interfaces.get(interface) {
             Some((p, counts)) if p == pool => Arc::clone(counts),
             _ => {
@@ -313,10 +410,7 @@ impl ArpCounters {
     }
 
     fn retain(&self, keep: impl Fn(&str) -> bool) {
-        self.interfaces
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .retain(|name, _| keep(name));
+        self.interfaces.lock().retain(|name, _| keep(name));
     }
 }
 
@@ -517,14 +611,115 @@ mod tests {
             "sender address zero"
         );
         assert_eq!(&probe[14 + 24..14 + 28], &ip.octets(), "target");
-        // Who a frame says it is: the probe claims nothing, an announcement claims `ip`.
-        assert_eq!(arp_sender(&probe), Some((mac, Ipv4Addr::UNSPECIFIED)));
-        assert_eq!(arp_sender(&announcement(mac, ip)), Some((mac, ip)));
-        // Not ARP on Ethernet, or cut short: nobody.
+        assert_eq!(&probe[14 + 8..14 + 14], &mac.0, "sender: the prober's MAC");
+        // To another prober, the probe claims nothing, an announcement claims `ip`.
+        let other = MacAddr([2, 0, 0, 0, 0, 8]);
+        assert_eq!(answer_of(&probe, other, &[ip]), None);
+        assert_eq!(
+            answer_of(&announcement(mac, ip), other, &[ip]),
+            Some((mac, ip))
+        );
+        // Not ARP on Ethernet: nobody.
         let mut ipv4 = announcement(mac, ip);
         ipv4[12..14].copy_from_slice(&ETH_P_IP.to_be_bytes());
-        assert_eq!(arp_sender(&ipv4), None);
-        assert_eq!(arp_sender(&probe[..30]), None);
+        assert_eq!(answer_of(&ipv4, other, &[ip]), None);
+    }
+
+    /// An ARP frame on Ethernet: `op`, Ethernet source `eth_src`, then sender and target.
+    fn arp(
+        op: u16,
+        eth_src: MacAddr,
+        sha: MacAddr,
+        spa: Ipv4Addr,
+        tha: MacAddr,
+        tpa: Ipv4Addr,
+    ) -> [u8; 42] {
+        let mut f = [0u8; 42];
+        f[..6].copy_from_slice(&tha.0);
+        f[6..12].copy_from_slice(&eth_src.0);
+        f[12..14].copy_from_slice(&ETH_P_ARP.to_be_bytes());
+        f[14..16].copy_from_slice(&ARPHRD_ETHER.to_be_bytes());
+        f[16..18].copy_from_slice(&ETH_P_IP.to_be_bytes());
+        (f[18], f[19]) = (6, 4);
+        f[20..22].copy_from_slice(&op.to_be_bytes());
+        f[22..28].copy_from_slice(&sha.0);
+        f[28..32].copy_from_slice(&spa.octets());
+        f[32..38].copy_from_slice(&tha.0);
+        f[38..42].copy_from_slice(&tpa.octets());
+        f
+    }
+
+    #[test]
+    fn only_a_reply_to_our_probe_or_an_announcement_from_its_own_mac_is_an_answer() {
+        let us = MacAddr([2, 0, 0, 0, 0, 1]);
+        let host = MacAddr([2, 0, 0, 0, 0, 7]);
+        let ip = Ipv4Addr::new(192, 0, 2, 10);
+        let zero = Ipv4Addr::UNSPECIFIED;
+        let none = MacAddr([0; 6]);
+        let targets = [ip];
+        // A reply to our probe (as Linux answers one), and an announcement: answers.
+        let reply = arp(ARPOP_REPLY, host, host, ip, us, zero);
+        assert_eq!(answer_of(&reply, us, &targets), Some((host, ip)));
+        let announce = arp(ARPOP_REQUEST, host, host, ip, none, ip);
+        assert_eq!(answer_of(&announce, us, &targets), Some((host, ip)));
+        // The Ethernet source is not the ARP sender: forged.
+        let forged = arp(ARPOP_REPLY, MacAddr([2, 0, 0, 0, 0, 8]), host, ip, us, zero);
+        assert_eq!(answer_of(&forged, us, &targets), None);
+        // A reply to someone else, or to another address of ours: not to our probe.
+        let theirs = arp(
+            ARPOP_REPLY,
+            host,
+            host,
+            ip,
+            MacAddr([2, 0, 0, 0, 0, 5]),
+            zero,
+        );
+        assert_eq!(answer_of(&theirs, us, &targets), None);
+        let to_ours = arp(ARPOP_REPLY, host, host, ip, us, Ipv4Addr::new(192, 0, 2, 1));
+        assert_eq!(answer_of(&to_ours, us, &targets), None);
+        // A request about the address, another host's own probe, our own frame, another address.
+        let who_has = arp(
+            ARPOP_REQUEST,
+            host,
+            host,
+            Ipv4Addr::new(192, 0, 2, 9),
+            none,
+            ip,
+        );
+        assert_eq!(answer_of(&who_has, us, &targets), None);
+        let their_probe = arp(ARPOP_REQUEST, host, host, zero, none, ip);
+        assert_eq!(answer_of(&their_probe, us, &targets), None);
+        let ours = arp(ARPOP_REPLY, us, us, ip, us, zero);
+        assert_eq!(answer_of(&ours, us, &targets), None);
+        let elsewhere = arp(
+            ARPOP_REPLY,
+            host,
+            host,
+            Ipv4Addr::new(192, 0, 2, 11),
+            us,
+            zero,
+        );
+        assert_eq!(answer_of(&elsewhere, us, &targets), None);
+        assert_eq!(answer_of(&reply[..30], us, &targets), None, "cut short");
+    }
+
+    #[test]
+    fn answers_are_kept_by_round_and_bounded() {
+        let ip = Ipv4Addr::new(192, 0, 2, 10);
+        let (a, b) = (MacAddr([2, 0, 0, 0, 0, 7]), MacAddr([2, 0, 0, 0, 0, 8]));
+        let mut answers = Answers::default();
+        for round in 0..PROBE_NUM {
+            answers.record(a, ip, round);
+        }
+        answers.record(b, ip, 0);
+        answers.record(b, ip, 0);
+        assert_eq!(answers.steady(ip, PROBE_NUM).collect::<Vec<_>>(), [a]);
+        assert!(answers.answered(b, ip) && !answers.answered(b, Ipv4Addr::new(192, 0, 2, 11)));
+        assert_eq!(answers.addresses_of(a), 1);
+        for n in 0..100u8 {
+            answers.record(MacAddr([2, 0, 0, 0, 1, n]), ip, 0);
+        }
+        assert_eq!(answers.heard().len(), MAX_HEARD);
     }
 
     #[test]

@@ -26,9 +26,11 @@ use tokio::sync::watch;
 
 use crate::arp::ArpCounters;
 use crate::dhcp::counters::Reading;
+use crate::dhcp::foreign::ProbeCounters;
 use crate::dhcp::server::{InterfaceCounters, InterfaceStatus};
 use crate::lease_table::{Conflict, LeaseTable};
 use crate::stream::ConnectionStatus;
+use crate::suspects::{SuspectKind, Suspects};
 
 /// Why the HTTP server stopped or could not start.
 #[derive(Debug, thiserror::Error)]
@@ -38,6 +40,16 @@ pub enum HttpError {
     Bind {
         /// The address.
         addr: SocketAddr,
+        /// The OS error.
+        source: std::io::Error,
+    },
+    /// The listen address cannot be bound on one of the interfaces the endpoints answer on.
+    #[error("cannot listen on {addr} on interface {device}: {source}")]
+    BindDevice {
+        /// The address.
+        addr: SocketAddr,
+        /// The interface.
+        device: String,
         /// The OS error.
         source: std::io::Error,
     },
@@ -127,6 +139,25 @@ impl HttpState {
             Some(registry) => registry.register_collector(Box::new(ArpMetrics(counters))),
             None => tracing::warn!(
                 "HttpState::with_arp called after the state was shared; ARP metrics not registered"
+            ),
+        }
+        self
+    }
+
+    /// Also reports the hosts found acting where they should not on the pools' networks:
+    /// `vmdhcp_agent_network_suspects` per pool and kind (0 for every served pool without any),
+    /// and the probes for foreign DHCP servers sent per interface. Call it before the state is
+    /// cloned.
+    pub fn with_suspects(mut self, suspects: Arc<Suspects>, probes: ProbeCounters) -> Self {
+        let collector = SuspectMetrics {
+            table: Arc::clone(&self.table),
+            suspects,
+            probes,
+        };
+        match Arc::get_mut(&mut self.registry) {
+            Some(registry) => registry.register_collector(Box::new(collector)),
+            None => tracing::warn!(
+                "HttpState::with_suspects called after the state was shared; suspect metrics not registered"
             ),
         }
         self
@@ -256,6 +287,61 @@ impl Collector for ArpMetrics {
     }
 }
 
+/// `vmdhcp_agent_network_suspects` and `vmdhcp_agent_foreign_dhcp_probes`: what the serving
+/// agent found on the pools' networks, and how often it asked.
+#[derive(Debug)]
+struct SuspectMetrics {
+    table: Arc<LeaseTable>,
+    suspects: Arc<Suspects>,
+    probes: ProbeCounters,
+}
+
+impl Collector for SuspectMetrics {
+    fn encode(&self, mut encoder: DescriptorEncoder) -> Result<(), std::fmt::Error> {
+        // Every served pool shows every kind, so that a cleared suspect reads 0 rather than
+        // vanishing.
+        let mut counts: BTreeMap<(String, SuspectKind), usize> = BTreeMap::new();
+        for pool in self.table.pools().keys() {
+            for kind in SuspectKind::ALL {
+                counts.insert((pool.to_string(), kind), 0);
+            }
+        }
+        for (pool, kind, n) in self.suspects.counts() {
+            counts.insert((pool.to_string(), kind), n);
+        }
+        let mut family = encoder.encode_descriptor(
+            "vmdhcp_agent_network_suspects",
+            "Hosts found acting where they should not on a pool's network and seen recently, by \
+             kind (foreign_dhcp_server, proxy_arp_responder); only the serving agent looks.",
+            None,
+            MetricType::Gauge,
+        )?;
+        for ((pool, kind), n) in &counts {
+            let labels = [("pool", pool.as_str()), ("kind", kind.as_str())];
+            ConstGauge::new(i64::try_from(*n).unwrap_or(i64::MAX))
+                .encode(family.encode_family(&labels)?)?;
+        }
+        let mut family = encoder.encode_descriptor(
+            "vmdhcp_agent_foreign_dhcp_probes",
+            "DHCPDISCOVERs sent from a served interface's own MAC to find other DHCP servers, by \
+             result (sent, failed).",
+            None,
+            MetricType::Counter,
+        )?;
+        for r in self.probes.read() {
+            for (result, value) in [("sent", r.sent), ("failed", r.failed)] {
+                let labels = [
+                    ("interface", r.interface.as_str()),
+                    ("pool", r.pool.as_str()),
+                    ("result", result),
+                ];
+                ConstCounter::new(value).encode(family.encode_family(&labels)?)?;
+            }
+        }
+        Ok(())
+    }
+}
+
 /// `vmdhcp_agent_leader`: whether this replica answers DHCP.
 #[derive(Debug)]
 struct RoleMetrics(watch::Receiver<AgentStatus>);
@@ -293,6 +379,53 @@ pub async fn serve(
         .await
         .map_err(|source| HttpError::Bind { addr, source })?;
     serve_on(listener, router, shutdown).await
+}
+
+/// Binds `addr` once per interface of `devices`, each socket bound to its device
+/// (`SO_BINDTODEVICE`): it accepts only connections that arrive on that interface, whatever
+/// local address they are for.
+pub fn bind_on_devices(
+    addr: SocketAddr,
+    devices: &[String],
+) -> Result<Vec<tokio::net::TcpListener>, HttpError> {
+    devices
+        .iter()
+        .map(|device| {
+            let error = |source| HttpError::BindDevice {
+                addr,
+                device: device.clone(),
+                source,
+            };
+            let socket = socket2::Socket::new(
+                socket2::Domain::for_address(addr),
+                socket2::Type::STREAM,
+                Some(socket2::Protocol::TCP),
+            )
+            .map_err(error)?;
+            socket.set_reuse_address(true).map_err(error)?;
+            socket.bind_device(Some(device.as_bytes())).map_err(error)?;
+            socket.bind(&addr.into()).map_err(error)?;
+            socket.listen(1024).map_err(error)?;
+            socket.set_nonblocking(true).map_err(error)?;
+            tokio::net::TcpListener::from_std(socket.into()).map_err(error)
+        })
+        .collect()
+}
+
+/// Serves `router` on every listener until `shutdown` turns true (or its sender goes away); ends
+/// with the first that fails.
+pub async fn serve_all(
+    listeners: Vec<tokio::net::TcpListener>,
+    router: Router,
+    shutdown: watch::Receiver<bool>,
+) -> Result<(), HttpError> {
+    futures_util::future::try_join_all(
+        listeners
+            .into_iter()
+            .map(|listener| serve_on(listener, router.clone(), shutdown.clone())),
+    )
+    .await
+    .map(|_| ())
 }
 
 /// Serves `router` on a bound `listener` until `shutdown` turns true (or its sender goes away).
@@ -558,12 +691,12 @@ mod tests {
     use super::*;
     use crate::dhcp::counters::Counters;
     use crate::dhcp::handler::{Action, DropReason, Outcome, Silence};
-    use crate::lease_table::PoolLeases;
+    use crate::pools::PoolLeases;
     use axum::body::Body;
     use axum::http::Request;
     use tower::ServiceExt;
     use vmdhcp_core::fixtures::pool_config;
-    use vmdhcp_core::pool::Lease;
+    use vmdhcp_core::pool::Binding;
     use vmdhcp_core::{MacAddr, NamespacedName};
 
     fn pool_name() -> NamespacedName {
@@ -572,14 +705,13 @@ mod tests {
 
     fn setup(loaded: bool, status: InterfaceStatus) -> (HttpState, Arc<Counters>, Arc<LeaseTable>) {
         let table = Arc::new(LeaseTable::new());
-        table.apply_snapshot(vec![PoolLeases {
+        table.apply_snapshot(&[PoolLeases {
             config: pool_config("default/a").with_lease_seconds(60),
-            leases: vec![Lease {
-                pool: pool_name(),
-                mac: MacAddr([2, 0, 0, 0, 0, 1]),
-                ip: "192.0.2.10".parse().unwrap(),
-                host_name: None,
-            }],
+            leases: [(
+                MacAddr([2, 0, 0, 0, 0, 1]),
+                Binding::ip("192.0.2.10".parse().unwrap()),
+            )]
+            .into(),
         }]);
         let counters = Arc::new(Counters::default());
         let (_, loaded_rx) = watch::channel(loaded);
@@ -688,6 +820,45 @@ mod tests {
             assert!(
                 metrics.lines().any(|l| l == line),
                 "{line} not in\n{metrics}"
+            );
+        }
+    }
+
+    #[tokio::test]
+    async fn suspects_are_on_metrics_per_pool_and_kind_and_read_zero_when_none() {
+        let (state, _, _) = setup(true, InterfaceStatus::Serving);
+        let suspects = Arc::new(Suspects::default());
+        let state = state.with_suspects(Arc::clone(&suspects), ProbeCounters::default());
+        let line = |kind: &str, n: u32| {
+            format!(r#"vmdhcp_agent_network_suspects{{pool="default/a",kind="{kind}"}} {n}"#)
+        };
+        let (_, metrics) = get(state.clone(), "/metrics").await;
+        for wanted in [
+            line("foreign_dhcp_server", 0),
+            line("proxy_arp_responder", 0),
+        ] {
+            assert!(
+                metrics.lines().any(|l| l == wanted),
+                "{wanted} not in\n{metrics}"
+            );
+        }
+        for last in [7u8, 8] {
+            suspects.record(
+                &pool_name(),
+                SuspectKind::ForeignDhcpServer,
+                MacAddr([2, 0, 0, 0, 0x0e, last]),
+                Some(std::net::Ipv4Addr::new(192, 0, 2, last)),
+                "offered 192.0.2.50",
+            );
+        }
+        let (_, metrics) = get(state, "/metrics").await;
+        for wanted in [
+            line("foreign_dhcp_server", 2),
+            line("proxy_arp_responder", 0),
+        ] {
+            assert!(
+                metrics.lines().any(|l| l == wanted),
+                "{wanted} not in\n{metrics}"
             );
         }
     }

@@ -4,13 +4,17 @@
 //! only the leader configures interfaces and answers, while standbys keep the same state hot.
 //!
 //! - [`runtime`]: the `run` command: bootstrap, sources, election, serving, reports, shutdown.
-//! - [`sources`]: which lease source wins, the controller's stream or IPPool status, and how
-//!   the stream's state lands in the lease table.
+//! - [`sources`]: which lease source wins, the controller's stream, IPPool status or a static
+//!   file, and the IPPool watch behind the fallback.
 //! - [`serving`]: the leader's interfaces and DHCP servers, and silencing them on step-down.
 //! - [`report`]: what the agent applied and how its interfaces fare, back to the controller.
 //! - [`lease_table`]: the pools and leases served, swapped atomically so lookups never wait.
+//! - [`pools`]: the one vocabulary for pool state every source, the stream and the lease table
+//!   share: a pool with its leases (`PoolLeases`) and a change to the pools (`PoolDelta`).
 //! - [`findings`]: what ARP probes found (conflicts, and recorded ones found free again), for
 //!   the controller.
+//! - [`suspects`]: hosts found acting where they should not on a pool's network (foreign DHCP
+//!   servers, proxy-ARP responders), kept while they keep showing, for the controller.
 //! - [`dhcp`]: the DHCPv4 server, one socket per interface, replies built by pure functions
 //!   (`dhcp::handler`: the datagram checked, the decision, the reply encoded).
 //! - [`http`]: `/healthz`, `/readyz`, `/leases` and `/metrics`.
@@ -19,7 +23,22 @@
 //! - [`capability`]: which Linux capability a refused operation lacked, named in its error.
 //! - [`credentials`]: the controller's CA and our ServiceAccount token for the stream.
 //! - [`stream`]: the config-stream client: snapshot then deltas from the controller, resumed by
-//!   revision after any disconnect, validated before anything is applied.
+//!   revision after any disconnect (`stream::client`), each message validated whole before
+//!   anything is applied (`stream::applier`, pure).
+//!
+//! # Layers
+//!
+//! A module imports only modules of the layers below its own, never one above or beside it:
+//! the DHCP server knows nothing of where leases come from, the lease table nothing of the
+//! DHCP server, and the stream client nothing of the table it feeds. `tests/layering.rs` reads
+//! this list and fails on any import against it, so a new module must be placed here.
+//!
+//! 1. `runtime`
+//! 2. `report`
+//! 3. `serving`, `sources`, `http`
+//! 4. `dhcp`, `stream`
+//! 5. `arp`, `netlink`, `lease_table`
+//! 6. `capability`, `credentials`, `findings`, `pools`, `suspects`
 //!
 //! `unsafe` is denied everywhere (workspace lint); the one exception, allowed on that function
 //! alone, is [`arp`] writing a `sockaddr_ll`, for which socket2 has no safe constructor.
@@ -33,8 +52,10 @@ pub mod findings;
 pub mod http;
 pub mod lease_table;
 pub mod netlink;
+pub mod pools;
 pub mod report;
 pub mod runtime;
 pub mod serving;
 pub mod sources;
 pub mod stream;
+pub mod suspects;

@@ -2,8 +2,10 @@
 
 use anyhow::Context;
 use clap::{Parser, Subcommand};
+use vmdhcp_agent::dhcp::foreign::{DetectorSettings, PROBE_INTERVAL};
 use vmdhcp_agent::runtime::{ClusterSettings, LeaseSource, Settings};
 use vmdhcp_agent::sources::file::FileSettings;
+use vmdhcp_agent::suspects::FORGET_AFTER;
 use vmdhcp_core::bootstrap::{Bootstrap, ENV_AGENT_NETWORK_CONFIGS, ENV_IPPOOL_REFS_JSON};
 
 /// The vmdhcp agent.
@@ -47,7 +49,41 @@ enum Command {
         /// Give each pool's interface its server address and bring it up (undone on stop).
         #[arg(long)]
         configure_interfaces: bool,
+        #[command(flatten)]
+        detection: DetectionArgs,
     },
+}
+
+/// Looking for other DHCP servers on the pool networks (docs/operations.md, "Foreign DHCP
+/// servers and proxy-ARP responders").
+#[derive(clap::Args, Debug)]
+struct DetectionArgs {
+    /// Seconds between two probe DISCOVERs for foreign DHCP servers on each served interface;
+    /// 0 sends none (replies heard on the network are still looked at).
+    #[arg(long, env = "FOREIGN_DHCP_PROBE_INTERVAL_SECONDS", default_value_t = PROBE_INTERVAL.as_secs())]
+    foreign_dhcp_probe_interval_seconds: u64,
+    /// Look for no foreign DHCP servers at all.
+    #[arg(long, env = "NO_FOREIGN_DHCP_DETECTION")]
+    no_foreign_dhcp_detection: bool,
+    /// Seconds a foreign DHCP server (or another suspect host) is still reported after it was
+    /// last seen.
+    #[arg(long, env = "SUSPECT_FORGET_AFTER_SECONDS", default_value_t = FORGET_AFTER.as_secs())]
+    suspect_forget_after_seconds: u64,
+}
+
+impl DetectionArgs {
+    fn detector(&self) -> DetectorSettings {
+        DetectorSettings {
+            enabled: !self.no_foreign_dhcp_detection,
+            probe_interval: Some(self.foreign_dhcp_probe_interval_seconds)
+                .filter(|s| *s > 0)
+                .map(std::time::Duration::from_secs),
+        }
+    }
+
+    fn forget_after(&self) -> std::time::Duration {
+        std::time::Duration::from_secs(self.suspect_forget_after_seconds.max(1))
+    }
 }
 
 #[derive(clap::Args, Debug)]
@@ -97,6 +133,8 @@ struct RunArgs {
     /// Longest time between two reports to the controller, in seconds.
     #[arg(long, default_value_t = 15)]
     report_interval_seconds: u64,
+    #[command(flatten)]
+    detection: DetectionArgs,
 }
 
 /// The API client: from `kubeconfig` if given, else in-cluster config (or `$KUBECONFIG`).
@@ -137,6 +175,8 @@ async fn run_agent(args: RunArgs) -> anyhow::Result<()> {
             .config(&args.namespace, &args.leader_election_name, &args.identity),
         configure_interfaces: !args.no_configure_interfaces,
         http: Some(args.http_listen),
+        foreign_dhcp: args.detection.detector(),
+        suspect_forget_after: args.detection.forget_after(),
     };
     vmdhcp_agent::runtime::run(settings, client)
         .await
@@ -170,6 +210,7 @@ fn main() -> anyhow::Result<()> {
             status_file,
             http_listen,
             configure_interfaces,
+            detection,
         } => {
             // One thread is enough for the static file (the sockets have threads of their own),
             // and keeps the benchmark's server on the one core it is pinned to.
@@ -185,6 +226,8 @@ fn main() -> anyhow::Result<()> {
                 election: None,
                 configure_interfaces,
                 http: http_listen,
+                foreign_dhcp: detection.detector(),
+                suspect_forget_after: detection.forget_after(),
             };
             runtime
                 .block_on(vmdhcp_agent::runtime::run(settings, None))

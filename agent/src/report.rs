@@ -2,7 +2,9 @@
 //! RPC), which becomes each IPPool's `AgentReady` condition.
 //!
 //! Each interface's entry also carries the latest ARP probe verdicts on the pool's addresses
-//! ([`crate::findings`]), how conflicts reach the controller.
+//! ([`crate::findings`]), how conflicts reach the controller, and the hosts found acting where
+//! they should not on the pool's network ([`crate::suspects`]), how foreign DHCP servers reach
+//! the pool's conditions.
 //!
 //! A report is sent when something it carries changes (debounced) and at least every
 //! `interval`, so the controller can tell a silent agent from a healthy one. A failed send is
@@ -24,6 +26,7 @@ use crate::findings::Reason;
 use crate::http::AgentStatus;
 use crate::lease_table::LeaseTable;
 use crate::stream::ConnectionStatus;
+use crate::suspects::{SuspectKind, Suspects};
 
 /// What a report is built from.
 pub struct ReportInputs {
@@ -37,6 +40,8 @@ pub struct ReportInputs {
     pub statuses: watch::Receiver<BTreeMap<String, InterfaceStatus>>,
     /// The served pools and their leases.
     pub table: Arc<LeaseTable>,
+    /// The hosts found acting where they should not, per pool.
+    pub suspects: Arc<Suspects>,
 }
 
 /// Builds the report of the current state: one entry per pool in the table.
@@ -67,6 +72,7 @@ pub fn build(inputs: &ReportInputs) -> pb::ReportRequest {
                 error,
                 lease_count: u32::try_from(p.len()).unwrap_or(u32::MAX),
                 probes: probes(&inputs.table, &c.pool),
+                suspects: suspects(&inputs.suspects, &c.pool),
             }
         })
         .collect();
@@ -99,6 +105,26 @@ fn probes(table: &LeaseTable, pool: &NamespacedName) -> Vec<pb::AddressProbe> {
         .collect()
 }
 
+/// The hosts found acting where they should not on `pool`'s network ([`crate::suspects`], at
+/// most as many as the contract allows), as reported.
+fn suspects(suspects: &Suspects, pool: &NamespacedName) -> Vec<pb::NetworkSuspect> {
+    suspects
+        .current(pool)
+        .into_iter()
+        .take(crate::suspects::MAX_PER_POOL)
+        .map(|s| pb::NetworkSuspect {
+            kind: match s.kind {
+                SuspectKind::ForeignDhcpServer => pb::SuspectKind::ForeignDhcpServer,
+                SuspectKind::ProxyArpResponder => pb::SuspectKind::ProxyArpResponder,
+            }
+            .into(),
+            mac_address: s.mac.to_string(),
+            ip_address: s.ip.map(|ip| ip.to_string()).unwrap_or_default(),
+            detail: s.detail,
+        })
+        .collect()
+}
+
 /// How long changes are collected before a report goes out.
 const DEBOUNCE: Duration = Duration::from_millis(500);
 
@@ -126,6 +152,7 @@ pub async fn run(
     let mut client = None;
     let mut last: Option<pb::ReportRequest> = None;
     let mut findings = inputs.table.findings().subscribe();
+    let mut suspects = inputs.suspects.subscribe();
     let mut tick = tokio::time::interval(interval);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
@@ -135,6 +162,7 @@ pub async fn run(
             _ = inputs.role.changed() => false,
             _ = inputs.statuses.changed() => false,
             _ = findings.changed() => false,
+            _ = suspects.changed() => false,
             _ = shutdown.changed() => return,
         };
         if !forced {
@@ -183,25 +211,34 @@ pub async fn run(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::lease_table::PoolLeases;
+    use crate::pools::PoolLeases;
     use vmdhcp_core::fixtures::pool_config;
 
     #[test]
     fn one_entry_per_pool_with_its_interface_state() {
         let table = Arc::new(LeaseTable::new());
-        let pool = |name: &str, ifname: &str, octet: u8| PoolLeases {
-            config: pool_config(&format!("ns/{name}"))
-                .with_interface(ifname)
-                .with_subnet(&format!("192.0.{octet}.0/24"))
-                .with_lease_seconds(60),
-            leases: vec![],
+        let pool = |name: &str, ifname: &str, octet: u8| {
+            PoolLeases::new(
+                pool_config(&format!("ns/{name}"))
+                    .with_interface(ifname)
+                    .with_subnet(&format!("192.0.{octet}.0/24"))
+                    .with_lease_seconds(60),
+            )
         };
-        table.apply_snapshot(vec![pool("a", "vmda", 2), pool("b", "vmdb", 3)]);
+        table.apply_snapshot(&[pool("a", "vmda", 2), pool("b", "vmdb", 3)]);
         let squatter: MacAddr = "02:00:00:00:00:09".parse().unwrap();
         table.findings().record(
             &"ns/a".parse().unwrap(),
             "192.0.2.10".parse().unwrap(),
             crate::findings::Finding::conflict(None, squatter, Reason::Offer),
+        );
+        let suspects = Arc::new(Suspects::default());
+        suspects.record(
+            &"ns/b".parse().unwrap(),
+            SuspectKind::ForeignDhcpServer,
+            "02:00:00:00:0e:0e".parse().unwrap(),
+            Some("192.0.3.7".parse().unwrap()),
+            "offered 192.0.3.50 to 02:00:00:00:01:0a",
         );
         let (_s, stream) = watch::channel(ConnectionStatus {
             epoch: "e1".into(),
@@ -231,6 +268,7 @@ mod tests {
             role,
             statuses,
             table,
+            suspects,
         });
         assert_eq!((report.epoch.as_str(), report.applied_revision), ("e1", 9));
         assert!(report.leader);
@@ -261,5 +299,16 @@ mod tests {
             }]
         );
         assert!(report.interfaces[1].probes.is_empty());
+        // So does a suspect.
+        assert!(report.interfaces[0].suspects.is_empty());
+        assert_eq!(
+            report.interfaces[1].suspects,
+            [pb::NetworkSuspect {
+                kind: pb::SuspectKind::ForeignDhcpServer.into(),
+                mac_address: "02:00:00:00:0e:0e".into(),
+                ip_address: "192.0.3.7".into(),
+                detail: "offered 192.0.3.50 to 02:00:00:00:01:0a".into(),
+            }]
+        );
     }
 }

@@ -10,8 +10,9 @@
 //!   for `serve-static`, a JSON file re-read on SIGHUP ([`crate::sources::file`]), with no
 //!   bootstrap env, election, stream or reports.
 //! - Leadership: only the Lease holder configures interfaces, announces their server addresses
-//!   by gratuitous ARP and answers ([`crate::serving`]); standbys keep the stream and the table
-//!   hot. Without CAP_NET_RAW the agent still serves, without announcements (a warning says so).
+//!   by gratuitous ARP, answers, and looks for other DHCP servers on each interface
+//!   ([`crate::serving`]); standbys keep the stream and the table hot. Without CAP_NET_RAW the
+//!   agent still serves, without announcements or detection (a warning says so).
 //! - SIGTERM/SIGINT: stop answering and remove the server addresses, then release the Lease (a
 //!   standby takes over within about one retry period), then close the stream and HTTP.
 
@@ -30,6 +31,7 @@ use vmdhcp_leader::{ElectionConfig, LeaderElector, LeaseHolder};
 use vmdhcp_proto::agent::v1 as pb;
 
 use crate::arp::Announcer;
+use crate::dhcp::foreign::{DetectorSettings, Detectors};
 use crate::dhcp::server::InterfaceStatus;
 use crate::http::{AgentStatus, HttpState};
 use crate::lease_table::LeaseTable;
@@ -38,6 +40,7 @@ use crate::serving::{Serving, WantedSet, wanted_from_bootstrap, wanted_from_tabl
 use crate::sources::Sources;
 use crate::sources::file::{FileError, FileSettings, FileSource};
 use crate::stream::{Applier, ClientSettings, ConnectionStatus};
+use crate::suspects::Suspects;
 
 /// Why the agent cannot run.
 #[derive(Debug, thiserror::Error)]
@@ -74,6 +77,11 @@ pub struct Settings {
     pub configure_interfaces: bool,
     /// Where `/healthz`, `/readyz`, `/leases`, `/metrics` listen; `None` serves no HTTP.
     pub http: Option<SocketAddr>,
+    /// Looking for other DHCP servers on the served interfaces ([`crate::dhcp::foreign`]).
+    pub foreign_dhcp: DetectorSettings,
+    /// How long a host found acting where it should not is kept after it was last seen
+    /// ([`crate::suspects`]).
+    pub suspect_forget_after: Duration,
 }
 
 /// Where the agent's pools and leases come from. Everything downstream of the lease table
@@ -148,7 +156,13 @@ pub async fn run(settings: Settings, client: Option<kube::Client>) -> Result<(),
     let mut view = sources.subscribe();
     let (loaded_tx, loaded) = watch::channel(view.borrow().loaded);
 
-    let mut serving = new_serving(Arc::clone(&table), active && settings.configure_interfaces)?;
+    let suspects = Arc::new(Suspects::new(settings.suspect_forget_after));
+    let detectors = Detectors::new(Arc::clone(&suspects), settings.foreign_dhcp);
+    let mut serving = new_serving(
+        Arc::clone(&table),
+        active && settings.configure_interfaces,
+        detectors,
+    )?;
 
     let http_task = match settings.http {
         Some(addr) => {
@@ -160,8 +174,21 @@ pub async fn run(settings: Settings, client: Option<kube::Client>) -> Result<(),
             )
             .with_stream(stream_status.clone())
             .with_agent(role.clone())
-            .with_arp(serving.arp_counters());
-            Some(serve_http(addr, state, stop.clone()).await?)
+            .with_arp(serving.arp_counters())
+            .with_suspects(Arc::clone(&suspects), serving.probe_counters());
+            // The pool interfaces known now; later ones are `vmd…` names (checked too).
+            let mut pools: Vec<String> = bootstrap
+                .network_configs
+                .iter()
+                .map(|c| c.interface_name.clone())
+                .collect();
+            pools.extend(
+                table
+                    .pools()
+                    .values()
+                    .map(|p| p.config().interface_name.clone()),
+            );
+            Some(serve_http(addr, &pools, state, stop.clone()).await?)
         }
         None => None,
     };
@@ -194,6 +221,7 @@ pub async fn run(settings: Settings, client: Option<kube::Client>) -> Result<(),
                 stream_status: stream_status.clone(),
                 role: role.clone(),
                 statuses: serving.servers().statuses(),
+                suspects: Arc::clone(&suspects),
                 stop: stop.clone(),
             },
         ));
@@ -320,6 +348,7 @@ impl Leadership {
 fn new_serving(
     table: Arc<LeaseTable>,
     configure_interfaces: bool,
+    detectors: Detectors,
 ) -> Result<Serving, RuntimeError> {
     let setup = if configure_interfaces {
         Some(InterfaceSetup::connect()?)
@@ -332,7 +361,7 @@ fn new_serving(
     } else {
         Announcer::disabled()
     };
-    Ok(Serving::new(table, setup, announcer))
+    Ok(Serving::new(table, setup, announcer, detectors))
 }
 
 /// Parses the bootstrap env. Invalid: the error goes to `/readyz` and the agent serves nothing
@@ -358,17 +387,31 @@ fn read_bootstrap(
     }
 }
 
-/// Binds the HTTP endpoints (a bind failure stops the agent) and serves them until `stop`.
+/// Binds the HTTP endpoints (a bind failure stops the agent) and serves them until `stop`: on
+/// `addr`, bound to the interfaces that are not pool interfaces
+/// ([`InterfaceSetup::endpoint_interfaces`]), so no tenant of a pool network reaches them.
 async fn serve_http(
     addr: SocketAddr,
+    pools: &[String],
     state: HttpState,
     stop: watch::Receiver<bool>,
 ) -> Result<JoinHandle<Result<(), crate::http::HttpError>>, RuntimeError> {
-    let listener = tokio::net::TcpListener::bind(addr)
-        .await
-        .map_err(|source| crate::http::HttpError::Bind { addr, source })?;
-    Ok(tokio::spawn(crate::http::serve_on(
-        listener,
+    let devices = InterfaceSetup::connect()?
+        .endpoint_interfaces(addr.ip(), pools)
+        .await?;
+    if let Some(pool) = devices
+        .iter()
+        .find(|d| d.starts_with(vmdhcp_core::ifname::PREFIX))
+    {
+        return Err(crate::netlink::NetlinkError::NoEndpointInterface {
+            listen: addr.ip(),
+            reason: format!("{pool} is a pool interface name"),
+        }
+        .into());
+    }
+    let listeners = crate::http::bind_on_devices(addr, &devices)?;
+    Ok(tokio::spawn(crate::http::serve_all(
+        listeners,
         crate::http::router(state),
         stop,
     )))
@@ -382,6 +425,7 @@ struct ClusterWiring {
     stream_status: watch::Receiver<ConnectionStatus>,
     role: watch::Receiver<AgentStatus>,
     statuses: watch::Receiver<BTreeMap<String, InterfaceStatus>>,
+    suspects: Arc<Suspects>,
     stop: watch::Receiver<bool>,
 }
 
@@ -400,6 +444,7 @@ fn start_cluster_source(
         stream_status,
         role,
         statuses,
+        suspects,
         stop,
     } = wiring;
     let mut tasks = Vec::new();
@@ -437,6 +482,7 @@ fn start_cluster_source(
                 role,
                 statuses,
                 table,
+                suspects,
             },
             cluster.report_interval,
             stop.clone(),

@@ -11,8 +11,13 @@
 //! that cached the previous leader's MAC renew by unicast with this one right away; stepping down
 //! cancels the announcements still running before anything else.
 //!
-//! This module owns the servers, the addresses it configured and their announcements; the pools
-//! come from the lease table (or, before anything is loaded, from the bootstrap env).
+//! Beside each server runs a detector of other DHCP servers on the interface's network
+//! ([`crate::dhcp::foreign`]), started and stopped with it: a standby looks for none, and
+//! stepping down forgets what was found, so that only the serving agent reports suspects.
+//!
+//! This module owns the servers, the detectors, the addresses it configured and their
+//! announcements; the pools come from the lease table (or, before anything is loaded, from the
+//! bootstrap env).
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::Ipv4Addr;
@@ -23,6 +28,7 @@ use vmdhcp_core::NamespacedName;
 use vmdhcp_core::bootstrap::AgentNetworkConfig;
 
 use crate::arp::Announcer;
+use crate::dhcp::foreign::{Detectors, ProbeCounters, Target};
 use crate::dhcp::server::{Interface, InterfaceStatus, Servers};
 use crate::lease_table::LeaseTable;
 use crate::netlink::InterfaceSetup;
@@ -83,6 +89,8 @@ pub struct Serving {
     setup: Option<InterfaceSetup>,
     /// Announces each server address we configure.
     announcer: Announcer,
+    /// Looks for other DHCP servers on each interface served.
+    detectors: Detectors,
     /// Interface → the address we configured on it (and must remove).
     configured: BTreeMap<String, (Ipv4Addr, u8)>,
     /// Interfaces shown in the statuses (to remove those that are no longer wanted).
@@ -93,16 +101,19 @@ pub struct Serving {
 
 impl Serving {
     /// Serves from `table`; with `setup`, gives each interface its server address and announces
-    /// it with `announcer` (pass [`Announcer::disabled`] to announce nothing).
+    /// it with `announcer` (pass [`Announcer::disabled`] to announce nothing); `detectors` look
+    /// for other DHCP servers beside each server.
     pub fn new(
         table: Arc<LeaseTable>,
         setup: Option<InterfaceSetup>,
         announcer: Announcer,
+        detectors: Detectors,
     ) -> Self {
         Serving {
-            servers: Servers::new(table),
+            servers: Servers::new(table).reporting_to(Arc::clone(detectors.suspects())),
             setup,
             announcer,
+            detectors,
             configured: BTreeMap::new(),
             shown: BTreeMap::new(),
             cleared: BTreeSet::new(),
@@ -117,6 +128,11 @@ impl Serving {
     /// The ARP announcement counters, for `/metrics`.
     pub fn arp_counters(&self) -> crate::arp::ArpCounters {
         self.announcer.counters()
+    }
+
+    /// The foreign-server probe counters, for `/metrics`.
+    pub fn probe_counters(&self) -> ProbeCounters {
+        self.detectors.counters()
     }
 
     /// Whether any interface is answering or configured.
@@ -137,6 +153,10 @@ impl Serving {
             // once; addresses after.
             self.announcer.cancel_all();
             self.servers.stop_all(Some(InterfaceStatus::Standby)).await;
+            // A standby looks for nothing and reports nothing: the new leader finds again
+            // whatever is still there.
+            self.detectors.stop_all().await;
+            self.detectors.suspects().retain_pools(|_| false);
             for name in self.configured.keys().cloned().collect::<Vec<_>>() {
                 self.unconfigure(&name).await;
             }
@@ -161,8 +181,15 @@ impl Serving {
             .collect();
         for name in stale {
             self.servers.stop(&name, None).await;
+            self.detectors.stop(&name).await;
             self.unconfigure(&name).await;
         }
+        self.detectors
+            .retain(|name| wanted.contains_key(name))
+            .await;
+        self.detectors
+            .suspects()
+            .retain_pools(|pool| wanted.values().any(|w| &w.pool == pool));
         for (name, w) in wanted {
             if let Some(setup) = &self.setup
                 && !self.configured.contains_key(name)
@@ -198,6 +225,13 @@ impl Serving {
                 name: name.clone(),
                 pool: w.pool.clone(),
             });
+            self.detectors
+                .ensure(Target {
+                    interface: name.clone(),
+                    pool: w.pool.clone(),
+                    server_ip: w.server_ip,
+                })
+                .await;
         }
         self.show(wanted, false);
     }

@@ -1,10 +1,11 @@
 //! The controller's Prometheus metrics: upstream's names and labels, removed together with their
 //! object (upstream leaked pool series by deleting them under the wrong label), plus reconcile
-//! counts, errors and durations, agent-bootstrap checks, and gauges of live state read at scrape
-//! time (open config streams, index revision, leadership).
+//! counts, errors and durations, agent-bootstrap checks, the hosts found acting where they
+//! should not on each pool's network, and gauges of live state read at scrape time (open config
+//! streams, index revision, leadership).
 
 use parking_lot::Mutex;
-use std::collections::HashMap;
+use std::collections::{BTreeSet, HashMap};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -41,6 +42,13 @@ pub struct VmnetcfgLabels {
     pub ip: Arc<str>,
     /// Allocated, Pending or Stale.
     pub state: Arc<str>,
+}
+
+/// Labels of `vmdhcpcontroller_network_suspects`.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, PartialOrd, Ord, EncodeLabelSet)]
+struct SuspectLabels {
+    ippool: String,
+    kind: String,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -84,6 +92,7 @@ pub struct Metrics {
     ippool_used: Family<PoolLabels, Gauge>,
     ippool_available: Family<PoolLabels, Gauge>,
     vmnetcfg_status: Family<VmnetcfgLabels, Gauge>,
+    network_suspects: Family<SuspectLabels, Gauge>,
     reconciles: Family<ReconcileLabels, Counter>,
     durations: Family<ControllerLabel, Histogram>,
     bootstrap_checks: Family<ResultLabel, Counter>,
@@ -95,6 +104,7 @@ pub struct Metrics {
     leader: Gauge,
     pool_series: Mutex<HashMap<String, PoolLabels>>,
     vmnetcfg_series: Mutex<HashMap<String, Box<[VmnetcfgLabels]>>>,
+    suspect_series: Mutex<BTreeSet<SuspectLabels>>,
 }
 
 impl Default for Metrics {
@@ -103,6 +113,13 @@ impl Default for Metrics {
         let ippool_used = Family::<PoolLabels, Gauge>::default();
         let ippool_available = Family::<PoolLabels, Gauge>::default();
         let vmnetcfg_status = Family::<VmnetcfgLabels, Gauge>::default();
+        let network_suspects = Family::<SuspectLabels, Gauge>::default();
+        registry.register(
+            "vmdhcpcontroller_network_suspects",
+            "Hosts the serving agent reports acting where they should not on an IPPool's network, \
+             by kind (foreign_dhcp_server, proxy_arp_responder)",
+            network_suspects.clone(),
+        );
         let reconciles = Family::<ReconcileLabels, Counter>::default();
         let durations = Family::<ControllerLabel, Histogram>::new_with_constructor(
             (|| Histogram::new(exponential_buckets(0.001, 2.0, 14))) as fn() -> Histogram,
@@ -196,10 +213,12 @@ impl Default for Metrics {
             ippool_used,
             ippool_available,
             vmnetcfg_status,
+            network_suspects,
             reconciles,
             durations,
             pool_series: Mutex::default(),
             vmnetcfg_series: Mutex::default(),
+            suspect_series: Mutex::default(),
         }
     }
 }
@@ -242,6 +261,26 @@ impl Metrics {
             self.ippool_used.remove(&old);
             self.ippool_available.remove(&old);
         }
+        self.suspect_series.lock().retain(|labels| {
+            let keep = labels.ippool != ippool;
+            if !keep {
+                self.network_suspects.remove(labels);
+            }
+            keep
+        });
+    }
+
+    /// Sets how many hosts of `kind` the serving agent reports acting where they should not on
+    /// `ippool`'s network (removed with the pool's other series).
+    pub fn set_network_suspects(&self, ippool: &str, kind: &str, n: usize) {
+        let labels = SuspectLabels {
+            ippool: ippool.into(),
+            kind: kind.into(),
+        };
+        self.network_suspects
+            .get_or_create(&labels)
+            .set(i64::try_from(n).unwrap_or(i64::MAX));
+        self.suspect_series.lock().insert(labels);
     }
 
     /// Makes a config's status series exactly `series` (kept as a sorted slice: a config has one
@@ -278,6 +317,10 @@ impl Metrics {
         let configs = std::mem::take(&mut *self.vmnetcfg_series.lock());
         for labels in configs.values().flatten() {
             self.vmnetcfg_status.remove(labels);
+        }
+        let suspects = std::mem::take(&mut *self.suspect_series.lock());
+        for labels in &suspects {
+            self.network_suspects.remove(labels);
         }
     }
 
@@ -381,8 +424,18 @@ mod tests {
         m.set_pool_counts("default/net-48", 3, 5);
         let text = m.encode();
         assert!(text.contains(r#"vmdhcpcontroller_ippool_available{ippool="default/net-48",cidr="192.168.48.0/24",network="default/net-48"} 5"#), "{text}");
+        m.set_network_suspects("default/net-48", "foreign_dhcp_server", 2);
+        m.set_network_suspects("default/net-48", "proxy_arp_responder", 0);
+        let text = m.encode();
+        assert!(text.contains(r#"vmdhcpcontroller_network_suspects{ippool="default/net-48",kind="foreign_dhcp_server"} 2"#), "{text}");
         m.remove_pool("default/net-48");
         assert!(!m.encode().contains("default/net-48"));
+        m.set_network_suspects("default/other", "foreign_dhcp_server", 1);
+        m.clear_objects();
+        assert!(
+            !m.encode().contains("default/other"),
+            "a term's end drops them"
+        );
 
         let s = |state: &str| VmnetcfgLabels {
             vmnetcfg: "default/vm".into(),

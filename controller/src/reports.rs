@@ -10,7 +10,9 @@
 //! within one watch event of its arrival anywhere.
 //!
 //! Bounded whatever the callers send: at most [`MAX_AGENTS`] agents and [`MAX_INTERFACES`]
-//! interfaces per report (more is refused); a report unchanged but for its applied revision and
+//! interfaces per report, [`MAX_SUSPECTS`] suspect hosts per interface and [`MAX_REPORT_SUSPECTS`]
+//! per report (more is refused, each suspect's detail cut to [`MAX_SUSPECT_DETAIL`] bytes on
+//! receipt); a report unchanged but for its applied revision and
 //! lease counts (which move with every allocation) is written at most once per [`REFRESH`];
 //! entries older than [`STALE_AFTER`] are dropped from memory and, by the leader,
 //! from the ConfigMap.
@@ -45,6 +47,12 @@ pub const MAX_PROBES: usize = 64;
 /// Most probe verdicts in one report, all interfaces together: the ConfigMap that carries
 /// every agent's report stays far below the API's 1 MiB per object.
 pub const MAX_REPORT_PROBES: usize = 256;
+/// Most suspect hosts in one interface's entry (the agent keeps at most as many per pool).
+pub const MAX_SUSPECTS: usize = 16;
+/// Most suspect hosts in one report, all interfaces together (the ConfigMap stays small).
+pub const MAX_REPORT_SUSPECTS: usize = 64;
+/// Longest suspect detail kept, in bytes; the rest is cut on receipt.
+pub const MAX_SUSPECT_DETAIL: usize = 256;
 /// An unchanged report is published again after this long, so its age stays below
 /// [`STALE_AFTER`] and the `AgentReady` freshness window.
 pub const REFRESH: Duration = Duration::from_secs(30);
@@ -81,6 +89,12 @@ pub enum ReportError {
         "{0} probe verdicts in one report; at most {MAX_PROBES} per pool, {MAX_REPORT_PROBES} in all"
     )]
     TooManyProbes(usize),
+    /// A report with more than [`MAX_SUSPECTS`] suspects for one pool or [`MAX_REPORT_SUSPECTS`]
+    /// in all.
+    #[error(
+        "{0} suspect hosts in one report; at most {MAX_SUSPECTS} per pool, {MAX_REPORT_SUSPECTS} in all"
+    )]
+    TooManySuspects(usize),
     /// An entry of the ConfigMap does not decode.
     #[error("entry {key:?} of the agent reports ConfigMap: {source}")]
     Decode {
@@ -153,6 +167,75 @@ pub struct InterfaceReport {
     pub lease_count: u32,
     /// The latest ARP probe verdicts on the pool's addresses.
     pub probes: Vec<AddressProbe>,
+    /// Hosts the agent found acting where they should not on the pool's network.
+    pub suspects: Vec<NetworkSuspect>,
+}
+
+/// What a suspect host was found doing (numbered as the wire's `SuspectKind`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum SuspectKind {
+    /// It answers DHCP on the pool's network: a server that is not the pool's.
+    ForeignDhcpServer = 1,
+    /// It answers ARP for many addresses that are not its own.
+    ProxyArpResponder = 2,
+}
+
+impl SuspectKind {
+    /// Every kind, for conditions and metrics that list each.
+    pub const ALL: [SuspectKind; 2] = [
+        SuspectKind::ForeignDhcpServer,
+        SuspectKind::ProxyArpResponder,
+    ];
+
+    /// The kind numbered `n`; `None` for 0 (not a kind) or a number this controller does not
+    /// know (a newer agent's).
+    pub fn from_number(n: i32) -> Option<Self> {
+        match n {
+            1 => Some(SuspectKind::ForeignDhcpServer),
+            2 => Some(SuspectKind::ProxyArpResponder),
+            _ => None,
+        }
+    }
+
+    /// Stable label for logs and metrics.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            SuspectKind::ForeignDhcpServer => "foreign_dhcp_server",
+            SuspectKind::ProxyArpResponder => "proxy_arp_responder",
+        }
+    }
+}
+
+/// A host an agent found acting where it should not on a pool's network.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct NetworkSuspect {
+    /// What it was found doing.
+    pub kind: SuspectKind,
+    /// Its hardware address.
+    pub mac: MacAddr,
+    /// The address it speaks for, when known.
+    pub ip: Option<Ipv4Addr>,
+    /// What was seen, for people (at most [`MAX_SUSPECT_DETAIL`] bytes).
+    pub detail: String,
+}
+
+impl NetworkSuspect {
+    /// Who it is, whatever it was last seen doing: what a pool's conditions name.
+    pub fn identity(&self) -> (SuspectKind, MacAddr, Option<Ipv4Addr>) {
+        (self.kind, self.mac, self.ip)
+    }
+}
+
+/// The longest prefix of `text` of at most `max` bytes that ends on a character boundary.
+pub fn truncate_detail(text: &str, max: usize) -> &str {
+    if text.len() <= max {
+        return text;
+    }
+    let mut end = max;
+    while !text.is_char_boundary(end) {
+        end -= 1;
+    }
+    &text[..end]
 }
 
 /// Why an agent probed an address (numbered as the wire's `ProbeReason`).
@@ -311,6 +394,15 @@ impl Reports {
         {
             return Err(ReportError::TooManyProbes(probes));
         }
+        let suspects: usize = report.interfaces.iter().map(|i| i.suspects.len()).sum();
+        if suspects > MAX_REPORT_SUSPECTS
+            || report
+                .interfaces
+                .iter()
+                .any(|i| i.suspects.len() > MAX_SUSPECTS)
+        {
+            return Err(ReportError::TooManySuspects(suspects));
+        }
         let key = report.key()?;
         self.insert(key, report.clone())?;
         if let Some(outbox) = self.outbox.get()
@@ -382,10 +474,10 @@ impl Reports {
     }
 }
 
-/// The pools whose `AgentReady` (or conflicts) a newer report of the same agent may change:
-/// every pool either names when what concerns them all changed (leadership, epoch), otherwise
-/// only those whose interface entry was added, removed or changed in what a pool's status reads
-/// (interface, state, error, probes). The applied revision and lease counts touch none: they
+/// The pools whose `AgentReady` (or conflicts, or suspect conditions) a newer report of the same
+/// agent may change: every pool either names when what concerns them all changed (leadership,
+/// epoch), otherwise only those whose interface entry was added, removed or changed in what a
+/// pool's status reads (interface, state, error, probes, which suspects). The applied revision and lease counts touch none: they
 /// change with every allocation, and re-checking every pool an agent serves on each report
 /// would make one allocation cost a reconcile of every pool (docs/tuning.md).
 fn changed_pools(held: &AgentReport, new: &AgentReport) -> Vec<NamespacedName> {
@@ -401,8 +493,15 @@ fn changed_pools(held: &AgentReport, new: &AgentReport) -> Vec<NamespacedName> {
         .collect()
 }
 
-/// What a pool's status reads of one interface entry: interface, state, error, probes.
-type Entry<'a> = (&'a str, InterfaceState, &'a str, &'a [AddressProbe]);
+/// What a pool's status reads of one interface entry: interface, state, error, probes, and who
+/// the suspects are (not their details: a busy rogue server's latest deed is no news).
+type Entry<'a> = (
+    &'a str,
+    InterfaceState,
+    &'a str,
+    &'a [AddressProbe],
+    Vec<(SuspectKind, MacAddr, Option<Ipv4Addr>)>,
+);
 
 /// A report's interface entries by the pool they name.
 fn entries_by_pool(report: &AgentReport) -> BTreeMap<&str, Vec<Entry<'_>>> {
@@ -413,6 +512,7 @@ fn entries_by_pool(report: &AgentReport) -> BTreeMap<&str, Vec<Entry<'_>>> {
             i.state,
             i.error.as_str(),
             &i.probes,
+            i.suspects.iter().map(NetworkSuspect::identity).collect(),
         ));
     }
     pools
@@ -462,6 +562,43 @@ struct StoredInterface {
     leases: u32,
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     probes: Vec<StoredProbe>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    suspects: Vec<StoredSuspect>,
+}
+
+/// One suspect as stored: an empty string for no address or detail.
+#[derive(Serialize, Deserialize, Debug, PartialEq)]
+struct StoredSuspect {
+    kind: i32,
+    mac: String,
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    ip: String,
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    detail: String,
+}
+
+impl StoredSuspect {
+    fn of(s: &NetworkSuspect) -> Self {
+        StoredSuspect {
+            kind: s.kind as i32,
+            mac: s.mac.to_string(),
+            ip: s.ip.map(|ip| ip.to_string()).unwrap_or_default(),
+            detail: s.detail.clone(),
+        }
+    }
+
+    /// Back into a suspect; `None` for one this controller cannot read (a newer replica's).
+    fn read(&self) -> Option<NetworkSuspect> {
+        Some(NetworkSuspect {
+            kind: SuspectKind::from_number(self.kind)?,
+            mac: self.mac.parse().ok()?,
+            ip: match self.ip.as_str() {
+                "" => None,
+                ip => Some(ip.parse().ok()?),
+            },
+            detail: truncate_detail(&self.detail, MAX_SUSPECT_DETAIL).to_owned(),
+        })
+    }
 }
 
 /// One probe verdict as stored: empty strings for no MAC.
@@ -526,6 +663,7 @@ fn encode(report: &AgentReport) -> String {
                 error: i.error.clone(),
                 leases: i.lease_count,
                 probes: i.probes.iter().map(StoredProbe::of).collect(),
+                suspects: i.suspects.iter().map(StoredSuspect::of).collect(),
             })
             .collect(),
     };
@@ -561,6 +699,7 @@ fn decode(key: &str, value: &str) -> Result<AgentReport, ReportError> {
                 error: i.error,
                 lease_count: i.leases,
                 probes: i.probes.iter().filter_map(StoredProbe::read).collect(),
+                suspects: i.suspects.iter().filter_map(StoredSuspect::read).collect(),
             })
             .collect(),
         received_at: UNIX_EPOCH + Duration::from_millis(stored.received_ms),
@@ -791,6 +930,12 @@ mod tests {
                     answered_by: "02:00:00:00:00:09".parse().ok(),
                     reason: ProbeReason::Recheck,
                 }],
+                suspects: vec![NetworkSuspect {
+                    kind: SuspectKind::ForeignDhcpServer,
+                    mac: "02:00:00:00:0e:0e".parse().unwrap(),
+                    ip: Some(Ipv4Addr::new(10, 0, 0, 7)),
+                    detail: "offered 10.0.0.50 to 02:00:00:00:01:0a".into(),
+                }],
             }],
             received_at: UNIX_EPOCH + Duration::from_secs(at_secs),
         }
@@ -804,6 +949,41 @@ mod tests {
         assert_eq!(decode(&key, &encode(&r)).unwrap(), r);
         let err = decode(&key, "{not json").unwrap_err();
         assert!(err.to_string().contains("vmdhcp-system.agent-0"), "{err}");
+    }
+
+    #[test]
+    fn suspects_are_stored_bounded_and_read_back_leniently() {
+        let mut r = report("agent-0", 1_700_000_000, InterfaceState::Serving);
+        r.interfaces[0].suspects[0].ip = None;
+        let key = data_key(&r.key().unwrap());
+        assert_eq!(decode(&key, &encode(&r)).unwrap(), r);
+        // A kind or MAC this controller cannot read (a newer replica wrote it) is skipped, the
+        // rest kept; a long detail is cut.
+        let stored = format!(
+            r#"{{"pod":"agent-0","namespace":"vmdhcp-system","receivedMs":1,"interfaces":[{{"pool":"default/pool-a","name":"vmd1","state":1,"suspects":[{{"kind":9,"mac":"02:00:00:00:0e:0e"}},{{"kind":1,"mac":"bad"}},{{"kind":2,"mac":"02:00:00:00:0e:0f","detail":"{}"}}]}}]}}"#,
+            "x".repeat(1000)
+        );
+        let read = decode(&key, &stored).unwrap();
+        let suspects = &read.interfaces[0].suspects;
+        assert_eq!(suspects.len(), 1);
+        assert_eq!(suspects[0].kind, SuspectKind::ProxyArpResponder);
+        assert_eq!(suspects[0].detail.len(), MAX_SUSPECT_DETAIL);
+
+        let reports = Reports::default();
+        let mut many = report("agent-1", 100, InterfaceState::Serving);
+        many.interfaces[0].suspects =
+            vec![many.interfaces[0].suspects[0].clone(); MAX_SUSPECTS + 1];
+        assert!(matches!(
+            reports.record(many.clone()),
+            Err(ReportError::TooManySuspects(_))
+        ));
+        many.interfaces[0].suspects.truncate(MAX_SUSPECTS);
+        reports.record(many.clone()).unwrap();
+        many.interfaces = vec![many.interfaces[0].clone(); MAX_REPORT_SUSPECTS / MAX_SUSPECTS + 1];
+        assert!(matches!(
+            reports.record(many),
+            Err(ReportError::TooManySuspects(_))
+        ));
     }
 
     #[test]
@@ -874,10 +1054,17 @@ mod tests {
         b.interfaces[0].lease_count += 40;
         assert!(a.same_to_publish(&b));
         // Anything a pool's status reads, or who reports, is news.
-        let changed: [fn(&mut AgentReport); 8] = [
+        // Nor is a suspect's latest deed.
+        let mut busy = b.clone();
+        busy.interfaces[0].suspects[0].detail = "offered 10.0.0.51 to 02:00:00:00:01:0b".into();
+        assert!(a.same_to_publish(&busy));
+        let changed: [fn(&mut AgentReport); 11] = [
             |r| r.interfaces[0].state = InterfaceState::Error,
             |r| r.interfaces[0].error = "socket failed".into(),
             |r| r.interfaces[0].probes.clear(),
+            |r| r.interfaces[0].suspects.clear(),
+            |r| r.interfaces[0].suspects[0].ip = None,
+            |r| r.interfaces[0].suspects[0].kind = SuspectKind::ProxyArpResponder,
             |r| r.interfaces[0].interface_name = "vmd9876543210".into(),
             |r| r.interfaces.push(r.interfaces[0].clone()),
             |r| r.leader = false,

@@ -35,6 +35,12 @@ pub const CONDITION_CACHE_READY: &str = "CacheReady";
 pub const CONDITION_AGENT_READY: &str = "AgentReady";
 /// IPPool condition: the pool is paused and not served.
 pub const CONDITION_STOPPED: &str = "Stopped";
+/// IPPool condition (ours, not upstream's): the serving agent found another DHCP server on the
+/// pool's network; the message names each by address and MAC.
+pub const CONDITION_FOREIGN_DHCP_SERVER: &str = "ForeignDHCPServer";
+/// IPPool condition (ours, not upstream's): the serving agent found a host answering ARP for
+/// many addresses that are not its own on the pool's network; the message names each.
+pub const CONDITION_PROXY_ARP_RESPONDER: &str = "ProxyARPResponder";
 /// VirtualMachineNetworkConfig condition: every network config has an address.
 pub const CONDITION_ALLOCATED: &str = "Allocated";
 /// VirtualMachineNetworkConfig condition: the config is paused and its addresses released.

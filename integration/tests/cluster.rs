@@ -10,11 +10,11 @@
 //! component that dies, with the tail of its log.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
+use parking_lot::Mutex;
 use std::collections::BTreeMap;
 use std::io::Write;
 use std::path::Path;
 use std::process::{Command, Stdio};
-use parking_lot::Mutex;
 use std::time::{Duration, Instant};
 
 use serde_json::{Value, json};

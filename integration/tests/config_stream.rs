@@ -757,6 +757,7 @@ async fn reports_are_recorded_and_invalid_ones_refused() {
             error: String::new(),
             lease_count: 50,
             probes: vec![],
+            suspects: vec![],
         }],
     };
     client.report(report.clone()).await.unwrap();
@@ -832,6 +833,65 @@ async fn reports_are_recorded_and_invalid_ones_refused() {
     }
     let err = client
         .report(with_probes(vec![verdict; 65]))
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), tonic::Code::ResourceExhausted, "{err}");
+    // So are suspect hosts: a MAC, an address or none, a known kind; a detail cut to its bound.
+    let rogue = pb::NetworkSuspect {
+        kind: pb::SuspectKind::ForeignDhcpServer.into(),
+        mac_address: "02:00:00:00:0e:0e".into(),
+        ip_address: "10.0.0.7".into(),
+        detail: "x".repeat(1000),
+    };
+    let with_suspects = |suspects: Vec<pb::NetworkSuspect>| pb::ReportRequest {
+        interfaces: vec![pb::InterfaceReport {
+            suspects,
+            ..report.interfaces[0].clone()
+        }],
+        ..report.clone()
+    };
+    client
+        .report(with_suspects(vec![rogue.clone()]))
+        .await
+        .unwrap();
+    let kept = server.reports.all()["vmdhcp/agent-0"].interfaces[0]
+        .suspects
+        .clone();
+    assert_eq!(kept.len(), 1);
+    assert_eq!(
+        kept[0].ip.map(|ip| ip.to_string()).as_deref(),
+        Some("10.0.0.7")
+    );
+    assert_eq!(kept[0].detail.len(), 256);
+    for (bad, field) in [
+        (
+            pb::NetworkSuspect {
+                mac_address: String::new(),
+                ..rogue.clone()
+            },
+            "interfaces.suspects.mac_address = \"\"",
+        ),
+        (
+            pb::NetworkSuspect {
+                ip_address: "10.0.0".into(),
+                ..rogue.clone()
+            },
+            "interfaces.suspects.ip_address = \"10.0.0\"",
+        ),
+        (
+            pb::NetworkSuspect {
+                kind: 0,
+                ..rogue.clone()
+            },
+            "interfaces.suspects.kind = \"0\"",
+        ),
+    ] {
+        let err = client.report(with_suspects(vec![bad])).await.unwrap_err();
+        assert_eq!(err.code(), tonic::Code::InvalidArgument);
+        assert!(err.message().contains(field), "{}", err.message());
+    }
+    let err = client
+        .report(with_suspects(vec![rogue; 17]))
         .await
         .unwrap_err();
     assert_eq!(err.code(), tonic::Code::ResourceExhausted, "{err}");

@@ -326,6 +326,7 @@ async fn pool_is_registered_marked_counted_paused_and_deleted_cleanly() {
                 error: "bind: no such device".into(),
                 lease_count: 0,
                 probes: vec![],
+                suspects: vec![],
             }],
         };
     grpc.report(report(vmdhcp_proto::agent::v1::InterfaceState::Serving))
@@ -911,4 +912,135 @@ async fn repeated_events_fold_into_a_series_and_the_series_kept_are_bounded() {
     assert_eq!(listed().await.len(), 102);
     let kept = publisher.series_kept().await;
     assert!(kept <= 16, "{kept} series kept");
+}
+
+/// What the leading agent reports of hosts acting where they should not on a pool's network
+/// becomes the pool's `ForeignDHCPServer` / `ProxyARPResponder` conditions through the real API
+/// server, with a Warning event when one appears and a gauge; a standby's claims count for
+/// nothing, and an empty report clears the condition.
+#[tokio::test]
+async fn a_foreign_dhcp_server_the_leading_agent_reports_is_a_condition_until_it_is_gone() {
+    use k8s_openapi::api::events::v1::Event;
+    use vmdhcp_proto::agent::v1 as pb;
+    let (client, ns) = setup("rogue").await;
+    create_nad(&client, &ns, "net-r").await;
+    create_pool(&client, &ns, "pool-r", "net-r", 8).await;
+    let pools: Api<IPPool> = Api::namespaced(client.clone(), &ns);
+    wait_for(&pools, "pool-r", "ready", ready).await;
+    let h = controller();
+    let mut grpc =
+        pb::config_service_client::ConfigServiceClient::connect(format!("http://{}", h.grpc))
+            .await
+            .unwrap();
+    let report = |pod: &str, leader: bool, suspects: Vec<pb::NetworkSuspect>| pb::ReportRequest {
+        agent: Some(pb::AgentIdentity {
+            pod_name: format!("{pod}-{ns}"),
+            namespace: AGENT_NS.into(),
+            node_name: "n1".into(),
+        }),
+        epoch: h.index.epoch().to_string(),
+        applied_revision: h.index.revision(),
+        leader,
+        interfaces: vec![pb::InterfaceReport {
+            pool_ref: format!("{ns}/pool-r"),
+            interface_name: "vmd1".into(),
+            state: pb::InterfaceState::Serving.into(),
+            error: String::new(),
+            lease_count: 0,
+            probes: vec![],
+            suspects,
+        }],
+    };
+    let rogue = pb::NetworkSuspect {
+        kind: pb::SuspectKind::ForeignDhcpServer.into(),
+        mac_address: "02:00:00:00:0e:0e".into(),
+        ip_address: "10.8.0.7".into(),
+        detail: "offered 10.8.0.50 in answer to the agent's probe".into(),
+    };
+    let claimed = pb::NetworkSuspect {
+        mac_address: "02:00:00:00:0e:0f".into(),
+        ip_address: "10.8.0.9".into(),
+        ..rogue.clone()
+    };
+
+    // A standby's claim first: believed by nobody.
+    grpc.report(report("standby", false, vec![claimed]))
+        .await
+        .unwrap();
+    grpc.report(report("leader", true, vec![rogue]))
+        .await
+        .unwrap();
+    let pool = wait_for(&pools, "pool-r", "ForeignDHCPServer=True", |p| {
+        condition(p, "ForeignDHCPServer").is_some_and(|c| c.0 == "True")
+    })
+    .await;
+    let status = pool.status.unwrap();
+    let found = find_condition(&status.conditions, "ForeignDHCPServer").unwrap();
+    let message = found.message.clone().unwrap_or_default();
+    assert_eq!(found.reason.as_deref(), Some("Detected"));
+    assert!(
+        message.contains("10.8.0.7 (02:00:00:00:0e:0e)") && !message.contains("0e:0f"),
+        "{message}"
+    );
+    assert_eq!(
+        find_condition(&status.conditions, "ProxyARPResponder").map(|c| c.status.as_str()),
+        Some("False")
+    );
+
+    // A Warning event names it, with what it did.
+    let events: Api<Event> = Api::namespaced(client.clone(), &ns);
+    let deadline = Instant::now() + DEADLINE;
+    let note = loop {
+        let listed = events.list(&Default::default()).await.unwrap().items;
+        if let Some(e) = listed
+            .iter()
+            .find(|e| e.reason.as_deref() == Some("ForeignDHCPServer"))
+        {
+            assert_eq!(e.type_.as_deref(), Some("Warning"));
+            break e.note.clone().unwrap_or_default();
+        }
+        assert!(Instant::now() < deadline, "no event: {listed:?}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    for wanted in [
+        "02:00:00:00:0e:0e",
+        "10.8.0.7",
+        "in answer to the agent's probe",
+    ] {
+        assert!(note.contains(wanted), "{wanted} not in {note}");
+    }
+    // The gauge is set right after the status write that shows the condition.
+    let gauge_reads = async |n: u32| {
+        let series = format!(
+            r#"vmdhcpcontroller_network_suspects{{ippool="{ns}/pool-r",kind="foreign_dhcp_server"}} {n}"#
+        );
+        let deadline = Instant::now() + DEADLINE;
+        loop {
+            let metrics = metrics_text(h.http).await;
+            if metrics.contains(&series) {
+                return;
+            }
+            assert!(Instant::now() < deadline, "{series} not in:\n{metrics}");
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    };
+    gauge_reads(1).await;
+
+    // The leader finds it no more: False, and the gauge follows.
+    grpc.report(report("leader", true, vec![])).await.unwrap();
+    let pool = wait_for(&pools, "pool-r", "ForeignDHCPServer=False", |p| {
+        condition(p, "ForeignDHCPServer").is_some_and(|c| c.0 == "False")
+    })
+    .await;
+    assert_eq!(
+        condition(&pool, "ForeignDHCPServer").unwrap().1,
+        None,
+        "checked, and none found"
+    );
+    gauge_reads(0).await;
+
+    // The series goes with the pool.
+    delete_pool(&pools, "pool-r").await;
+    let metrics = metrics_text(h.http).await;
+    assert!(!metrics.contains(&format!("{ns}/pool-r")), "{metrics}");
 }

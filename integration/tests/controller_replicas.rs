@@ -696,6 +696,7 @@ fn serving_report(ns: &str, pod: &str, pool: &str) -> pb::ReportRequest {
             error: String::new(),
             lease_count: 0,
             probes: vec![],
+            suspects: vec![],
         }],
     }
 }

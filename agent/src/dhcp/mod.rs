@@ -1,13 +1,15 @@
 //! The DHCPv4 server: what to answer ([`handler`], pure functions: the datagram checked, the
 //! RFC 2131 decision, the reply encoded), how
 //! packets are counted ([`counters`]), NTP host names resolved off the packet path ([`ntp`]),
-//! and the sockets, one per interface ([`server`]).
+//! and the sockets, one per interface ([`server`]); and other DHCP servers on a pool's network,
+//! found by listening and by probing ([`foreign`]), which the server never answers.
 //!
 //! It reads the [`crate::lease_table::LeaseTable`] and writes to it only to withhold declined
 //! addresses, once [`probe`] has checked them with an ARP probe; it never configures
 //! interfaces' addresses.
 
 pub mod counters;
+pub mod foreign;
 pub mod handler;
 pub mod ntp;
 pub mod probe;

@@ -20,10 +20,11 @@ use vmdhcp_telemetry::trace;
 
 use super::SERVER_PORT;
 use super::counters::Counters;
-use super::handler::{Action, MAX_PACKET, Outcome, Reply, Silence, handle};
+use super::handler::{Action, MAX_PACKET, Outcome, Reply, Silence, handle_on};
 use super::probe::{Declined, PendingOffer, Probes};
 use crate::capability::{Capability, Missing};
 use crate::lease_table::{LeaseTable, PoolSnapshot};
+use crate::suspects::Suspects;
 
 /// Why an interface is not serving.
 #[derive(Debug, thiserror::Error)]
@@ -140,6 +141,14 @@ fn ifindex(interface: &str) -> Option<u32> {
         .and_then(|s| s.trim().parse().ok())
 }
 
+/// The interface's own MAC, or `None` if it cannot be read (then only the probe for foreign
+/// servers could be answered, and only if that MAC were reserved: no lease is lost).
+fn own_mac(interface: &str) -> Option<MacAddr> {
+    std::fs::read_to_string(format!("/sys/class/net/{interface}/address"))
+        .ok()
+        .and_then(|s| s.trim().parse().ok())
+}
+
 /// One interface's counters, as the metrics endpoint reads them.
 pub type InterfaceCounters = (Interface, Arc<Counters>);
 
@@ -173,6 +182,13 @@ impl Servers {
             counters_tx: watch::channel(Vec::new()).0,
             running: BTreeMap::new(),
         }
+    }
+
+    /// The same servers, whose ARP probes report the proxy-ARP responders they find to
+    /// `suspects` (for the controller and `/metrics`).
+    pub fn reporting_to(mut self, suspects: Arc<Suspects>) -> Self {
+        self.probes = Arc::new(Probes::reporting_to(suspects));
+        self
     }
 
     /// Starts serving `interface` (binding, with retries, in the background). Starting an
@@ -412,6 +428,8 @@ fn serve(
         .map_err(setup("set SO_RCVTIMEO"))?;
     // Shared with the probes that send an OFFER once its address is found free.
     let socket = Arc::new(socket);
+    // Read once per bind: a re-created interface (a new MAC) is bound again.
+    let own = own_mac(&interface.name);
     // Larger than any accepted packet, so an oversized datagram is seen as such, not truncated
     // into something that looks valid.
     let mut buf = vec![0u8; MAX_PACKET * 2];
@@ -471,7 +489,7 @@ fn serve(
         };
         let span = transaction_span(interface);
         let _in = span.enter();
-        let outcome = handle(&buf[..len], &pool, |ip| table.withholds(&pool, ip));
+        let outcome = handle_on(own, &buf[..len], &pool, |ip| table.withholds(&pool, ip));
         counters.record(&outcome);
         record_outcome(&span, &outcome);
         let exchange = Exchange {

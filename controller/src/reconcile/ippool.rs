@@ -1,6 +1,8 @@
 //! The IPPool reconciler (leader only): registers the pool on its network, builds its IPAM from
-//! status, keeps `RESERVED`/`EXCLUDED`, `used`/`available` and the conditions current, and on
-//! pause or deletion lets go of everything in memory while keeping the allocations in etcd.
+//! status, keeps `RESERVED`/`EXCLUDED`, `used`/`available` and the conditions current (among
+//! them, from the serving agent's report, the hosts found acting where they should not on the
+//! pool's network: `ForeignDHCPServer`, `ProxyARPResponder`), and on pause or deletion lets go
+//! of everything in memory while keeping the allocations in etcd.
 //!
 //! Order of work follows upstream (docs/compatibility.md) with its bugs fixed: IPAM is
 //! keyed by pool, a second pool on a network is refused rather than clobbering the first, and
@@ -20,9 +22,9 @@ use kube::runtime::finalizer::{Event as Finalizer, finalizer};
 use serde_json::json;
 use tracing::{info, warn};
 use vmdhcp_core::crd::{
-    AddressConflict, CONDITION_AGENT_READY, CONDITION_CACHE_READY, CONDITION_REGISTERED,
-    CONDITION_STOPPED, IPPool, IPPoolStatus, LABEL_IPPOOL_NAME, LABEL_IPPOOL_NAMESPACE,
-    find_condition,
+    AddressConflict, CONDITION_AGENT_READY, CONDITION_CACHE_READY, CONDITION_FOREIGN_DHCP_SERVER,
+    CONDITION_PROXY_ARP_RESPONDER, CONDITION_REGISTERED, CONDITION_STOPPED, Condition, IPPool,
+    IPPoolStatus, LABEL_IPPOOL_NAME, LABEL_IPPOOL_NAMESPACE, find_condition,
 };
 use vmdhcp_core::pool::{MAX_CONFLICTS_PER_HOST, PoolRange, ValidPool};
 
@@ -31,7 +33,10 @@ use crate::kinds::{nad_resource, network_of, object_ref};
 use crate::metrics::PoolLabels;
 use crate::reconcile::context::{Context, IPPOOL_FINALIZER, NotLeader, serving_order};
 use crate::reconcile::status::{StatusError, Wanted, update_pool_status};
-use crate::reports::{AddressProbe, AgentReport, InterfaceState, ProbeReason};
+use crate::reports::{
+    AddressProbe, AgentReport, InterfaceReport, InterfaceState, NetworkSuspect, ProbeReason,
+    SuspectKind,
+};
 use vmdhcp_core::{MacAddr, NamespacedName};
 
 /// Why an IPPool reconcile failed (it is retried with per-object backoff).
@@ -276,6 +281,9 @@ async fn apply(pool: Arc<IPPool>, ctx: Arc<Context>) -> Result<Action, Error> {
     let (reports, now) = (ctx.agents.reports.all(), SystemTime::now());
     record_conflicts(&ctx, &pool, &pool_ref, &reports, now).await;
     let agent = agent_condition(&ctx, &pool_ref, &reports, now);
+    let previous = pool.status.as_ref().map_or(&[][..], |s| &s.conditions[..]);
+    let suspects = network_suspects(&reports, &pool_ref, now, previous);
+    let [foreign_dhcp, proxy_arp] = suspects.conditions.clone();
     write_status(
         &ctx,
         &pool_ref,
@@ -284,10 +292,13 @@ async fn apply(pool: Arc<IPPool>, ctx: Arc<Context>) -> Result<Action, Error> {
             Wanted::new(CONDITION_STOPPED, false),
             Wanted::new(CONDITION_CACHE_READY, true),
             agent.clone(),
+            foreign_dhcp,
+            proxy_arp,
         ],
         true,
     )
     .await?;
+    report_suspects(&ctx, &pool, &pool_ref, &suspects);
     if agent.status {
         // Our agent serves the pool: upstream's agent pod, if the Go controller left one, goes.
         crate::reconcile::upstream_agent::retire(&ctx, &pool, &pool_ref)
@@ -468,23 +479,181 @@ pub fn prebuild(pools: &[Arc<IPPool>], ipam: &crate::ipam::Ipam) -> usize {
     built
 }
 
-/// The probe verdicts on `pool` of the agent serving it now: the latest fresh report of a
-/// leading agent whose interface for the pool serves (an old leader's verdicts do not count).
+/// The entry for `pool` of the agent serving it now: in the latest fresh report of a leading
+/// agent that names the pool, when its interface for the pool serves (an old leader's, or a
+/// standby's, does not count; nor does a leader that does not name the pool, which can say
+/// nothing about it).
+fn serving_entry<'a>(
+    reports: &'a BTreeMap<String, AgentReport>,
+    pool: &NamespacedName,
+    now: SystemTime,
+) -> Option<(&'a str, &'a InterfaceReport)> {
+    let pool_ref = pool.to_string();
+    fresh_leaders(reports, now)
+        .into_iter()
+        .find_map(|(agent, r)| {
+            let entry = r.interfaces.iter().find(|i| i.pool_ref == pool_ref)?;
+            Some((agent.as_str(), entry))
+        })
+        .filter(|(_, i)| i.state == InterfaceState::Serving)
+}
+
+/// The probe verdicts on `pool` of the agent serving it now ([`serving_entry`]).
 pub fn serving_probes<'a>(
     reports: &'a BTreeMap<String, AgentReport>,
     pool: &NamespacedName,
     now: SystemTime,
 ) -> Option<(&'a str, &'a [AddressProbe])> {
-    let pool_ref = pool.to_string();
-    fresh_leaders(reports, now)
-        .into_iter()
-        .next()
-        .and_then(|(agent, r)| {
-            r.interfaces
+    serving_entry(reports, pool, now).map(|(agent, i)| (agent, i.probes.as_slice()))
+}
+
+/// What the serving agent reports of the hosts acting where they should not on a pool's
+/// network, as the pool's status and signals should show it.
+#[derive(Debug, PartialEq)]
+pub struct SuspectFindings {
+    /// `ForeignDHCPServer` and `ProxyARPResponder`, as they should read.
+    pub conditions: [Wanted; 2],
+    /// Suspects the pool's conditions do not name yet: each gets a Warning event.
+    pub appeared: Vec<NetworkSuspect>,
+    /// How many suspects of each kind the serving agent reports (both kinds listed).
+    pub counts: [(SuspectKind, usize); 2],
+    /// The agent that reports them (`namespace/pod`), when one serves the pool.
+    pub agent: Option<String>,
+}
+
+/// The condition type that shows suspects of `kind`.
+fn suspect_condition(kind: SuspectKind) -> &'static str {
+    match kind {
+        SuspectKind::ForeignDhcpServer => CONDITION_FOREIGN_DHCP_SERVER,
+        SuspectKind::ProxyArpResponder => CONDITION_PROXY_ARP_RESPONDER,
+    }
+}
+
+/// The suspects of `pool` from the report of the agent serving it now ([`serving_entry`]: a
+/// standby's, or an old leader's, are not believed), as conditions: True with reason `Detected`
+/// and a message naming each by address and MAC, False when there is none, False with reason
+/// `NotChecked` when no agent serves the pool. `previous` is the pool's conditions as they read
+/// now: a suspect they do not name has just appeared. The message leaves out what each suspect
+/// last did, which changes with every frame it sends: only who they are moves the condition.
+pub fn network_suspects(
+    reports: &BTreeMap<String, AgentReport>,
+    pool: &NamespacedName,
+    now: SystemTime,
+    previous: &[Condition],
+) -> SuspectFindings {
+    let entry = serving_entry(reports, pool, now);
+    let mut appeared = Vec::new();
+    let mut counts = SuspectKind::ALL.map(|kind| (kind, 0));
+    let conditions = SuspectKind::ALL.map(|kind| {
+        let type_ = suspect_condition(kind);
+        let Some((agent, interface)) = entry else {
+            return Wanted::new(type_, false).because(
+                "NotChecked",
+                "no agent serving this pool has reported lately",
+            );
+        };
+        let mut found: Vec<&NetworkSuspect> = interface
+            .suspects
+            .iter()
+            .filter(|s| s.kind == kind)
+            .collect();
+        // One entry per MAC (the agent keys them so; a report is believed, not trusted), in
+        // address order so that the message reads the same whatever order they came in.
+        found.sort_by_key(|s| s.mac);
+        found.dedup_by_key(|s| s.mac);
+        found.sort_by_key(|s| (s.ip, s.mac));
+        if let Some(count) = counts.iter_mut().find(|(k, _)| *k == kind) {
+            count.1 = found.len();
+        }
+        if found.is_empty() {
+            return Wanted::new(type_, false);
+        }
+        let named = find_condition(previous, type_)
+            .filter(|c| c.status == "True")
+            .map(|c| listed_macs(c.message.as_deref().unwrap_or_default()))
+            .unwrap_or_default();
+        appeared.extend(
+            found
                 .iter()
-                .find(|i| i.pool_ref == pool_ref && i.state == InterfaceState::Serving)
-                .map(|i| (agent.as_str(), i.probes.as_slice()))
-        })
+                .filter(|s| !named.contains(&s.mac))
+                .map(|s| (*s).clone()),
+        );
+        let list: Vec<String> = found.iter().map(|s| named_suspect(s)).collect();
+        let what = match kind {
+            SuspectKind::ForeignDhcpServer => "DHCP servers other than the pool's answer",
+            SuspectKind::ProxyArpResponder => "hosts answer ARP for addresses not their own",
+        };
+        Wanted::new(type_, true).because(
+            "Detected",
+            format!("{what} on its network ({agent}): {}", list.join(", ")),
+        )
+    });
+    SuspectFindings {
+        conditions,
+        appeared,
+        counts,
+        agent: entry.map(|(agent, _)| agent.to_owned()),
+    }
+}
+
+/// A suspect as a condition message names it: `address (MAC)`.
+fn named_suspect(s: &NetworkSuspect) -> String {
+    match s.ip {
+        Some(ip) => format!("{ip} ({})", s.mac),
+        None => format!("an unknown address ({})", s.mac),
+    }
+}
+
+/// The MACs a suspect condition's message names (each in parentheses, as [`named_suspect`]
+/// writes them).
+fn listed_macs(message: &str) -> std::collections::BTreeSet<MacAddr> {
+    message
+        .split('(')
+        .skip(1)
+        .filter_map(|rest| rest.split_once(')'))
+        .filter_map(|(inside, _)| inside.parse().ok())
+        .collect()
+}
+
+/// A Warning event for each suspect that has just appeared (after the status naming it is
+/// written, so that a failed write does not announce it twice), and the gauges.
+fn report_suspects(
+    ctx: &Context,
+    pool: &IPPool,
+    pool_ref: &NamespacedName,
+    found: &SuspectFindings,
+) {
+    let agent = found.agent.as_deref().unwrap_or("the serving agent");
+    for s in &found.appeared {
+        let (reason, what) = match s.kind {
+            SuspectKind::ForeignDhcpServer => ("ForeignDHCPServer", "another DHCP server"),
+            SuspectKind::ProxyArpResponder => ("ProxyARPResponder", "a proxy-ARP responder"),
+        };
+        let address =
+            s.ip.map_or_else(|| "an unknown address".to_owned(), |ip| ip.to_string());
+        let detail = if s.detail.is_empty() {
+            String::new()
+        } else {
+            format!(": {}", s.detail)
+        };
+        warn!(pool = %pool_ref, kind = s.kind.as_str(), mac = %s.mac, ip = %address, detail = %s.detail, %agent, "host acting where it should not on the pool's network");
+        ctx.event(
+            pool,
+            EventType::Warning,
+            reason,
+            "Detect",
+            format!(
+                "{what} on the pool's network: {address} at {}{detail} (reported by {agent})",
+                s.mac
+            ),
+        );
+    }
+    let ippool = pool_ref.to_string();
+    for (kind, n) in found.counts {
+        ctx.signals
+            .metrics
+            .set_network_suspects(&ippool, kind.as_str(), n);
+    }
 }
 
 /// What probe verdicts changed in a pool's conflicts.
@@ -751,6 +920,7 @@ mod tests {
                 error: error.into(),
                 lease_count: 3,
                 probes: vec![],
+                suspects: vec![],
             }],
             received_at: SystemTime::now() - Duration::from_secs(age),
         }
@@ -842,6 +1012,120 @@ mod tests {
             &since,
         );
         assert_eq!(changes.recorded.len(), 1);
+    }
+
+    #[test]
+    fn suspect_conditions_name_the_serving_leaders_suspects_and_each_appears_once() {
+        let pool: NamespacedName = "ns/pool".parse().unwrap();
+        let now = SystemTime::now();
+        let rogue: MacAddr = "02:00:00:00:0e:0e".parse().unwrap();
+        let other: MacAddr = "02:00:00:00:0e:0f".parse().unwrap();
+        let suspect = |kind, mac, ip: Option<&str>, detail: &str| NetworkSuspect {
+            kind,
+            mac,
+            ip: ip.map(|ip| ip.parse().unwrap()),
+            detail: detail.into(),
+        };
+        let foreign = |mac, ip, detail| suspect(SuspectKind::ForeignDhcpServer, mac, ip, detail);
+        let mut leader = report(true, 1, InterfaceState::Serving, "");
+        leader.interfaces[0].suspects = vec![foreign(rogue, Some("192.0.2.7"), "offered .50")];
+        // A standby's (or an old leader's) claims are not believed.
+        let mut standby = report(false, 0, InterfaceState::Standby, "");
+        standby.interfaces[0].suspects = vec![foreign(other, Some("192.0.2.9"), "")];
+        let mut reports = BTreeMap::from([
+            ("vmdhcp/agent-0".to_owned(), leader.clone()),
+            ("vmdhcp/agent-1".to_owned(), standby),
+        ]);
+
+        let found = network_suspects(&reports, &pool, now, &[]);
+        let [dhcp, arp] = &found.conditions;
+        assert_eq!(
+            (dhcp.type_, dhcp.status, dhcp.reason),
+            ("ForeignDHCPServer", true, "Detected")
+        );
+        assert_eq!(
+            dhcp.message,
+            "DHCP servers other than the pool's answer on its network (vmdhcp/agent-0): \
+             192.0.2.7 (02:00:00:00:0e:0e)"
+        );
+        assert_eq!(*arp, Wanted::new("ProxyARPResponder", false));
+        assert_eq!(
+            found.appeared,
+            [foreign(rogue, Some("192.0.2.7"), "offered .50")]
+        );
+        assert_eq!(
+            found.counts,
+            [
+                (SuspectKind::ForeignDhcpServer, 1),
+                (SuspectKind::ProxyArpResponder, 0)
+            ]
+        );
+
+        // Once the status names it, it does not appear again, whatever it did since.
+        let mut conditions = Vec::new();
+        for c in &found.conditions {
+            c.apply(&mut conditions);
+        }
+        leader.interfaces[0].suspects = vec![foreign(rogue, Some("192.0.2.7"), "offered .51")];
+        reports.insert("vmdhcp/agent-0".to_owned(), leader.clone());
+        let again = network_suspects(&reports, &pool, now, &conditions);
+        assert!(again.appeared.is_empty());
+        assert_eq!(
+            again.conditions, found.conditions,
+            "no write for a new deed"
+        );
+
+        // A second server and a proxy-ARP responder (no address known): only they appear.
+        leader.interfaces[0].suspects = vec![
+            foreign(other, None, ""),
+            foreign(rogue, Some("192.0.2.7"), ""),
+            suspect(
+                SuspectKind::ProxyArpResponder,
+                rogue,
+                None,
+                "answered for 40 addresses",
+            ),
+        ];
+        reports.insert("vmdhcp/agent-0".to_owned(), leader.clone());
+        let more = network_suspects(&reports, &pool, now, &conditions);
+        assert!(
+            more.conditions[0]
+                .message
+                .ends_with("an unknown address (02:00:00:00:0e:0f), 192.0.2.7 (02:00:00:00:0e:0e)"),
+            "{}",
+            more.conditions[0].message
+        );
+        assert_eq!(
+            (more.conditions[1].status, more.conditions[1].reason),
+            (true, "Detected")
+        );
+        let appeared: Vec<_> = more.appeared.iter().map(|s| (s.kind, s.mac)).collect();
+        assert_eq!(
+            appeared,
+            [
+                (SuspectKind::ForeignDhcpServer, other),
+                (SuspectKind::ProxyArpResponder, rogue)
+            ]
+        );
+
+        // Gone from the report: False, no reason; no serving leader: False, not checked.
+        leader.interfaces[0].suspects.clear();
+        reports.insert("vmdhcp/agent-0".to_owned(), leader);
+        let cleared = network_suspects(&reports, &pool, now, &conditions);
+        assert_eq!(
+            cleared.conditions,
+            [
+                Wanted::new("ForeignDHCPServer", false),
+                Wanted::new("ProxyARPResponder", false)
+            ]
+        );
+        reports.remove("vmdhcp/agent-0");
+        let unknown = network_suspects(&reports, &pool, now, &conditions);
+        assert_eq!(
+            (unknown.conditions[0].status, unknown.conditions[0].reason),
+            (false, "NotChecked")
+        );
+        assert_eq!(unknown.agent, None);
     }
 
     #[test]

@@ -30,8 +30,8 @@ use vmdhcp_telemetry::trace;
 
 use crate::index::{Index, PoolFilter, Snapshot};
 use crate::reports::{
-    AddressProbe, AgentIdentity, AgentReport, InterfaceReport, InterfaceState, OpenStream,
-    ProbeReason, ReportError, Reports,
+    AddressProbe, AgentIdentity, AgentReport, InterfaceReport, InterfaceState, MAX_SUSPECT_DETAIL,
+    NetworkSuspect, OpenStream, ProbeReason, ReportError, Reports, SuspectKind, truncate_detail,
 };
 use crate::security::listener::Limits;
 use crate::stream::auth::{TokenAuth, Verified};
@@ -260,9 +260,14 @@ fn identity(a: pb::AgentIdentity) -> AgentIdentity {
 
 /// One interface of a report, as the controller keeps it (its state was checked on receipt).
 fn interface(i: pb::InterfaceReport) -> Result<InterfaceReport, Status> {
+    let mut suspects = Vec::with_capacity(i.suspects.len());
+    for s in &i.suspects {
+        suspects.extend(suspect(s)?);
+    }
     Ok(InterfaceReport {
         state: InterfaceState::from_number(i.state).unwrap_or_default(),
         probes: i.probes.iter().map(probe).collect::<Result<_, _>>()?,
+        suspects,
         pool_ref: i.pool_ref,
         interface_name: i.interface_name,
         error: i.error,
@@ -293,6 +298,41 @@ fn probe(p: &pb::AddressProbe) -> Result<AddressProbe, Status> {
             )
         })?,
     })
+}
+
+/// One suspect host, checked: a MAC, an address or empty, the detail cut to its bound. A kind
+/// this controller does not know (a newer agent's) is skipped: `None`.
+fn suspect(s: &pb::NetworkSuspect) -> Result<Option<NetworkSuspect>, Status> {
+    let Some(kind) = SuspectKind::from_number(s.kind) else {
+        if s.kind == pb::SuspectKind::Unspecified as i32 {
+            return Err(invalid(
+                "interfaces.suspects.kind",
+                &s.kind.to_string(),
+                "is not a SuspectKind",
+            ));
+        }
+        return Ok(None);
+    };
+    let mac = s
+        .mac_address
+        .parse()
+        .map_err(|e| invalid("interfaces.suspects.mac_address", &s.mac_address, e))?;
+    let ip = match s.ip_address.as_str() {
+        "" => None,
+        text => Some(text.parse().map_err(|_| {
+            invalid(
+                "interfaces.suspects.ip_address",
+                text,
+                "is not an IPv4 address",
+            )
+        })?),
+    };
+    Ok(Some(NetworkSuspect {
+        kind,
+        mac,
+        ip,
+        detail: truncate_detail(&s.detail, MAX_SUSPECT_DETAIL).to_owned(),
+    }))
 }
 
 /// One agent's stream: what it has been sent and what it still has to be sent.

@@ -1,5 +1,6 @@
 //! What the server answers to one datagram, as pure functions of the packet bytes and one
-//! [`PoolSnapshot`]: [`handle`] is the one entry point, and this module owns the vocabulary of its
+//! [`PoolSnapshot`]: [`handle`] is the one entry point ([`handle_on`] when the interface's own MAC
+//! is known, so that the agent never answers itself), and this module owns the vocabulary of its
 //! answer ([`Outcome`], [`Action`], [`Reply`], [`Silence`], [`DropReason`]). The steps live in
 //! their own modules: `wire` checks and sanitises the datagram, `decide` applies the RFC 2131
 //! state logic, `reply` builds and addresses the answer.
@@ -91,6 +92,10 @@ pub enum Silence {
     Declined(Ipv4Addr),
     /// A RELEASE or DECLINE about an address this MAC does not hold, or aimed at another server.
     Ignored,
+    /// The client hardware address is the serving interface's own MAC: this agent's probe for
+    /// other DHCP servers ([`crate::dhcp::foreign`]), which the kernel loops back to our own
+    /// socket, or a host forging that MAC. Answering it would make us our own foreign server.
+    OwnInterface,
 }
 
 impl Silence {
@@ -103,6 +108,7 @@ impl Silence {
             Silence::Released(_) => "released",
             Silence::Declined(_) => "declined",
             Silence::Ignored => "ignored",
+            Silence::OwnInterface => "own_interface",
         }
     }
 }
@@ -157,6 +163,17 @@ pub fn handle(
     pool: &PoolSnapshot,
     is_conflicted: impl Fn(&Ipv4Addr) -> bool,
 ) -> Outcome {
+    handle_on(None, packet, pool, is_conflicted)
+}
+
+/// [`handle`], on an interface whose own MAC is `own` (when known): a message whose client
+/// hardware address is `own` is never answered ([`Silence::OwnInterface`]).
+pub fn handle_on(
+    own: Option<MacAddr>,
+    packet: &[u8],
+    pool: &PoolSnapshot,
+    is_conflicted: impl Fn(&Ipv4Addr) -> bool,
+) -> Outcome {
     let sanitized = match wire::sanitize(packet) {
         Ok(sanitized) => sanitized,
         Err(reason) => return Outcome::drop(reason),
@@ -169,6 +186,13 @@ pub fn handle(
     let Some(kind) = request.opts().msg_type() else {
         return Outcome::drop(DropReason::NoMessageType);
     };
+    if own == Some(sanitized.chaddr) {
+        return Outcome {
+            request: Some(kind),
+            mac: Some(sanitized.chaddr),
+            action: Action::Silent(Silence::OwnInterface),
+        };
+    }
     let action = decide::decide(
         &request,
         &sanitized.relay_info,
@@ -187,6 +211,7 @@ pub fn handle(
 #[cfg(test)]
 mod tests {
     use super::fixtures::*;
+    use super::handle_on;
     use super::reply::MIN_REPLY;
     use proptest::prelude::*;
 
@@ -236,6 +261,35 @@ mod tests {
             header_then_noise,
             prop::collection::vec(any::<u8>(), 0..1600),
         ]
+    }
+
+    #[test]
+    fn a_request_from_the_interfaces_own_mac_is_never_answered() {
+        // The probe for foreign DHCP servers, looped back by the kernel: even were the
+        // interface's MAC reserved, nothing answers it, and nothing else changes.
+        let own = MacAddr(KNOWN);
+        for kind in [MessageType::Discover, MessageType::Request] {
+            let mut req = request(kind, KNOWN);
+            req.opts_mut()
+                .insert(DhcpOption::RequestedIpAddress(LEASED));
+            let bytes = req.to_vec().unwrap();
+            let outcome = handle_on(Some(own), &bytes, &pool(), |_| false);
+            assert_eq!(outcome.action, Action::Silent(Silence::OwnInterface));
+            assert_eq!((outcome.request, outcome.mac), (Some(kind), Some(own)));
+            // Another interface's MAC, or none known: answered as before.
+            let other = MacAddr(STRANGER);
+            assert!(matches!(
+                handle_on(Some(other), &bytes, &pool(), |_| false).action,
+                Action::Reply(_)
+            ));
+            assert_eq!(
+                handle_on(None, &bytes, &pool(), |_| false),
+                handle(&bytes, &pool(), |_| false)
+            );
+        }
+        // A malformed datagram is still dropped for what it is.
+        let outcome = handle_on(Some(own), &[0u8; 10], &pool(), |_| false);
+        assert_eq!(outcome.action, Action::Drop(DropReason::Truncated));
     }
 
     proptest! {

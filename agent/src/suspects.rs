@@ -1,0 +1,401 @@
+//! Hosts on the pools' networks that this agent found acting where they should not: another
+//! DHCP server answering on a pool's network ([`crate::dhcp::foreign`]), a host answering ARP
+//! for addresses that are not its own. The serving agent records what it sees here; the report
+//! carries each pool's current suspects to the controller, which turns them into the pool's
+//! `ForeignDHCPServer` and `ProxyARPResponder` conditions, and `/metrics` counts them.
+//!
+//! A suspect is kept while it keeps showing itself: one not seen again for `forget_after`
+//! ([`FORGET_AFTER`] unless set) is forgotten, which is how a condition clears once the host
+//! stops. Bounded whatever the network does (any host can forge frames in any MAC's name): at
+//! most [`MAX_PER_POOL`] suspects per pool, the one seen least recently going first, details cut
+//! to [`MAX_DETAIL`] bytes, and the pools no longer served dropped with their suspects.
+//!
+//! It records and forgets; it sends nothing and decides nothing about serving.
+
+use std::collections::{BTreeMap, HashMap};
+use std::net::Ipv4Addr;
+use std::time::{Duration, Instant};
+
+use parking_lot::Mutex;
+use tokio::sync::watch;
+use vmdhcp_core::{MacAddr, NamespacedName};
+
+/// Most suspects kept (and reported) per pool; the wire contract says the same.
+pub const MAX_PER_POOL: usize = 16;
+/// Longest detail kept, in bytes (the controller keeps no more either).
+pub const MAX_DETAIL: usize = 256;
+/// How long a suspect is kept after it was last seen, unless set otherwise: long enough to
+/// span several probes for foreign DHCP servers ([`crate::dhcp::foreign::PROBE_INTERVAL`]),
+/// so that one lost answer does not clear a condition that is still true.
+pub const FORGET_AFTER: Duration = Duration::from_secs(120);
+
+/// What a suspect host was found doing.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum SuspectKind {
+    /// It answers DHCP on the pool's network (an OFFER, ACK or NAK from a server that is not
+    /// the pool's).
+    ForeignDhcpServer,
+    /// It answers ARP for many addresses that are not its own.
+    ProxyArpResponder,
+}
+
+impl SuspectKind {
+    /// Every kind, for metrics that list zero counts too.
+    pub const ALL: [SuspectKind; 2] = [
+        SuspectKind::ForeignDhcpServer,
+        SuspectKind::ProxyArpResponder,
+    ];
+
+    /// Stable label for logs and metrics.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            SuspectKind::ForeignDhcpServer => "foreign_dhcp_server",
+            SuspectKind::ProxyArpResponder => "proxy_arp_responder",
+        }
+    }
+}
+
+/// One suspect host as currently known.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Suspect {
+    /// What it was found doing.
+    pub kind: SuspectKind,
+    /// Its hardware address (the Ethernet source of what it sent).
+    pub mac: MacAddr,
+    /// The address it speaks for (a DHCP server's identifier), when known.
+    pub ip: Option<Ipv4Addr>,
+    /// What was last seen, for people.
+    pub detail: String,
+    /// When it was last seen.
+    pub last_seen: Instant,
+}
+
+/// What is kept of one suspect (its kind and MAC are the key).
+#[derive(Clone, Debug)]
+struct Entry {
+    ip: Option<Ipv4Addr>,
+    detail: String,
+    last_seen: Instant,
+}
+
+type Key = (SuspectKind, MacAddr);
+type ByPool = HashMap<NamespacedName, BTreeMap<Key, Entry>>;
+
+/// The suspects of every pool; writers bump a generation the report follows.
+#[derive(Debug)]
+pub struct Suspects {
+    forget_after: Duration,
+    by_pool: Mutex<ByPool>,
+    changed: watch::Sender<u64>,
+}
+
+impl Default for Suspects {
+    fn default() -> Self {
+        Suspects::new(FORGET_AFTER)
+    }
+}
+
+impl Suspects {
+    /// An empty registry that forgets a suspect `forget_after` after it was last seen.
+    pub fn new(forget_after: Duration) -> Self {
+        Suspects {
+            forget_after,
+            by_pool: Mutex::default(),
+            changed: watch::Sender::new(0),
+        }
+    }
+
+    /// How long a suspect is kept after it was last seen.
+    pub fn forget_after(&self) -> Duration {
+        self.forget_after
+    }
+
+    /// Records that `mac` was seen acting as `kind` on `pool`'s network. Returns whether it is
+    /// news (not known, or known for another address): only news wakes the report, so a busy
+    /// rogue server costs no report per frame. A pool at [`MAX_PER_POOL`] forgets the suspect it
+    /// saw least recently first.
+    pub fn record(
+        &self,
+        pool: &NamespacedName,
+        kind: SuspectKind,
+        mac: MacAddr,
+        ip: Option<Ipv4Addr>,
+        detail: &str,
+    ) -> bool {
+        self.record_at(pool, kind, mac, ip, detail, Instant::now())
+    }
+
+    fn record_at(
+        &self,
+        pool: &NamespacedName,
+        kind: SuspectKind,
+        mac: MacAddr,
+        ip: Option<Ipv4Addr>,
+        detail: &str,
+        now: Instant,
+    ) -> bool {
+        let detail = truncate(detail, MAX_DETAIL).to_owned();
+        let news = {
+            let mut all = self.by_pool.lock();
+            let entries = all.entry(pool.clone()).or_default();
+            let mut news = self.prune(entries, now);
+            let key = (kind, mac);
+            match entries.get_mut(&key) {
+                Some(entry) => {
+                    news |= entry.ip != ip;
+                    *entry = Entry {
+                        ip,
+                        detail,
+                        last_seen: now,
+                    };
+                }
+                None => {
+                    if entries.len() >= MAX_PER_POOL {
+                        let stalest = entries
+                            .iter()
+                            .min_by_key(|(_, e)| e.last_seen)
+                            .map(|(k, _)| *k);
+                        if let Some(stalest) = stalest {
+                            entries.remove(&stalest);
+                        }
+                    }
+                    entries.insert(
+                        key,
+                        Entry {
+                            ip,
+                            detail,
+                            last_seen: now,
+                        },
+                    );
+                    news = true;
+                }
+            }
+            news
+        };
+        if news {
+            self.bump();
+        }
+        news
+    }
+
+    /// The suspects of `pool` seen within `forget_after`, by kind then MAC; older ones are
+    /// forgotten on the way.
+    pub fn current(&self, pool: &NamespacedName) -> Vec<Suspect> {
+        self.current_at(pool, Instant::now())
+    }
+
+    fn current_at(&self, pool: &NamespacedName, now: Instant) -> Vec<Suspect> {
+        let (list, pruned) = {
+            let mut all = self.by_pool.lock();
+            let Some(entries) = all.get_mut(pool) else {
+                return Vec::new();
+            };
+            let pruned = self.prune(entries, now);
+            let list = entries
+                .iter()
+                .map(|((kind, mac), e)| Suspect {
+                    kind: *kind,
+                    mac: *mac,
+                    ip: e.ip,
+                    detail: e.detail.clone(),
+                    last_seen: e.last_seen,
+                })
+                .collect();
+            (list, pruned)
+        };
+        if pruned {
+            self.bump();
+        }
+        list
+    }
+
+    /// How many suspects of each kind every pool has now (pools with none are left out), for
+    /// `/metrics`; older ones are forgotten on the way.
+    pub fn counts(&self) -> Vec<(NamespacedName, SuspectKind, usize)> {
+        self.counts_at(Instant::now())
+    }
+
+    fn counts_at(&self, now: Instant) -> Vec<(NamespacedName, SuspectKind, usize)> {
+        let (counts, pruned) = {
+            let mut all = self.by_pool.lock();
+            let mut pruned = false;
+            let mut counts = Vec::new();
+            for (pool, entries) in all.iter_mut() {
+                pruned |= self.prune(entries, now);
+                for kind in SuspectKind::ALL {
+                    let n = entries.keys().filter(|(k, _)| *k == kind).count();
+                    if n > 0 {
+                        counts.push((pool.clone(), kind, n));
+                    }
+                }
+            }
+            all.retain(|_, entries| !entries.is_empty());
+            (counts, pruned)
+        };
+        if pruned {
+            self.bump();
+        }
+        counts
+    }
+
+    /// Forgets every suspect not seen within `forget_after` (called periodically, so that a
+    /// suspect clears even when nothing reads it).
+    pub fn expire(&self) {
+        self.counts();
+    }
+
+    /// Forgets the suspects of pools `keep` rejects (no longer served, or every pool when this
+    /// agent stops serving: a standby reports none).
+    pub fn retain_pools(&self, keep: impl Fn(&NamespacedName) -> bool) {
+        let removed = {
+            let mut all = self.by_pool.lock();
+            let before: usize = all.values().map(BTreeMap::len).sum();
+            all.retain(|pool, _| keep(pool));
+            let after: usize = all.values().map(BTreeMap::len).sum();
+            before != after
+        };
+        if removed {
+            self.bump();
+        }
+    }
+
+    /// Changes whenever a suspect appears, changes address or is forgotten.
+    pub fn subscribe(&self) -> watch::Receiver<u64> {
+        self.changed.subscribe()
+    }
+
+    /// Drops the entries last seen `forget_after` or longer before `now`; whether any went.
+    fn prune(&self, entries: &mut BTreeMap<Key, Entry>, now: Instant) -> bool {
+        let before = entries.len();
+        entries.retain(|_, e| now.saturating_duration_since(e.last_seen) < self.forget_after);
+        entries.len() != before
+    }
+
+    fn bump(&self) {
+        self.changed.send_modify(|g| *g = g.wrapping_add(1));
+    }
+}
+
+/// The longest prefix of `text` of at most `max` bytes that ends on a character boundary.
+pub fn truncate(text: &str, max: usize) -> &str {
+    if text.len() <= max {
+        return text;
+    }
+    let mut end = max;
+    while !text.is_char_boundary(end) {
+        end -= 1;
+    }
+    &text[..end]
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const ROGUE: MacAddr = MacAddr([2, 0, 0, 0, 0x0e, 0x0e]);
+    const OTHER: MacAddr = MacAddr([2, 0, 0, 0, 0x0f, 0x0f]);
+
+    fn pool(name: &str) -> NamespacedName {
+        format!("default/{name}").parse().unwrap()
+    }
+
+    fn ip(n: u8) -> Option<Ipv4Addr> {
+        Some(Ipv4Addr::new(192, 0, 2, n))
+    }
+
+    #[test]
+    fn a_suspect_is_news_once_kept_while_seen_and_forgotten_after_its_time() {
+        let suspects = Suspects::new(Duration::from_secs(60));
+        let (a, t0) = (pool("a"), Instant::now());
+        let kind = SuspectKind::ForeignDhcpServer;
+        let mut changes = suspects.subscribe();
+        assert!(suspects.record_at(&a, kind, ROGUE, ip(7), "offered 192.0.2.50", t0));
+        assert!(changes.has_changed().unwrap());
+        changes.mark_unchanged();
+        // Seen again with another detail: not news (no report per frame), but the detail and
+        // the time move.
+        let t1 = t0 + Duration::from_secs(50);
+        assert!(!suspects.record_at(&a, kind, ROGUE, ip(7), "offered 192.0.2.51", t1));
+        assert!(!changes.has_changed().unwrap());
+        let now = suspects.current_at(&a, t1 + Duration::from_secs(30));
+        assert_eq!(now.len(), 1, "seen 30 s ago: kept");
+        assert_eq!(
+            (now[0].kind, now[0].mac, now[0].ip, now[0].detail.as_str()),
+            (kind, ROGUE, ip(7), "offered 192.0.2.51")
+        );
+        // Another address is news.
+        assert!(suspects.record_at(&a, kind, ROGUE, ip(8), "", t1));
+        assert!(changes.has_changed().unwrap());
+        changes.mark_unchanged();
+        // Not seen for the whole time: forgotten, and the report hears of it.
+        assert!(
+            suspects
+                .current_at(&a, t1 + Duration::from_secs(60))
+                .is_empty()
+        );
+        assert!(changes.has_changed().unwrap());
+        assert!(suspects.current_at(&pool("b"), t1).is_empty());
+    }
+
+    #[test]
+    fn kinds_and_macs_are_separate_suspects_and_a_pool_keeps_at_most_its_bound() {
+        let suspects = Suspects::default();
+        let (a, t0) = (pool("a"), Instant::now());
+        suspects.record_at(&a, SuspectKind::ForeignDhcpServer, ROGUE, ip(7), "", t0);
+        suspects.record_at(&a, SuspectKind::ProxyArpResponder, ROGUE, None, "", t0);
+        suspects.record_at(&a, SuspectKind::ForeignDhcpServer, OTHER, ip(9), "", t0);
+        let kinds: Vec<_> = suspects
+            .current_at(&a, t0)
+            .iter()
+            .map(|s| (s.kind, s.mac))
+            .collect();
+        assert_eq!(
+            kinds,
+            [
+                (SuspectKind::ForeignDhcpServer, ROGUE),
+                (SuspectKind::ForeignDhcpServer, OTHER),
+                (SuspectKind::ProxyArpResponder, ROGUE),
+            ]
+        );
+        let mut counts = suspects.counts_at(t0);
+        counts.sort();
+        assert_eq!(
+            counts,
+            [
+                (a.clone(), SuspectKind::ForeignDhcpServer, 2),
+                (a.clone(), SuspectKind::ProxyArpResponder, 1),
+            ]
+        );
+
+        // A flood of forged MACs: the bound holds, and the real rogue, seen again, is back.
+        for n in 0..100u8 {
+            let t = t0 + Duration::from_millis(u64::from(n) + 1);
+            let forged = MacAddr([2, 0, 0, 1, 0, n]);
+            suspects.record_at(&a, SuspectKind::ForeignDhcpServer, forged, None, "", t);
+        }
+        assert_eq!(suspects.current_at(&a, t0).len(), MAX_PER_POOL);
+        let later = t0 + Duration::from_secs(1);
+        suspects.record_at(&a, SuspectKind::ForeignDhcpServer, ROGUE, ip(7), "", later);
+        let kept = suspects.current_at(&a, later);
+        assert_eq!(kept.len(), MAX_PER_POOL);
+        assert!(kept.iter().any(|s| s.mac == ROGUE));
+    }
+
+    #[test]
+    fn details_are_cut_and_pools_no_longer_served_lose_their_suspects() {
+        let suspects = Suspects::default();
+        let (a, b) = (pool("a"), pool("b"));
+        let long = "é".repeat(MAX_DETAIL);
+        suspects.record(&a, SuspectKind::ForeignDhcpServer, ROGUE, None, &long);
+        suspects.record(&b, SuspectKind::ForeignDhcpServer, ROGUE, None, "x");
+        let detail = &suspects.current(&a)[0].detail;
+        assert!(detail.len() <= MAX_DETAIL && detail.len() >= MAX_DETAIL - 1);
+        let changes = suspects.subscribe();
+        suspects.retain_pools(|p| *p == a);
+        assert!(changes.has_changed().unwrap());
+        assert_eq!(suspects.current(&a).len(), 1);
+        assert!(suspects.current(&b).is_empty());
+        suspects.retain_pools(|_| false);
+        assert!(suspects.counts().is_empty());
+    }
+}
