@@ -21,6 +21,12 @@
 //! [`endpoint_interfaces`](InterfaceSetup::endpoint_interfaces) tells which interfaces the
 //! agent's own HTTP endpoints may answer on: never a pool interface.
 //!
+//! **Replies reach the client, not whoever answered ARP last.** A reply to a renewing client
+//! is unicast to its address, which the kernel resolves through the interface's neighbour
+//! table, and any tenant can rewrite that entry with forged ARP replies. [`pin_neighbour`] makes
+//! the entry the reservation's (address → the client's MAC, `NUD_PERMANENT`, which no ARP frame
+//! changes) before such a reply is sent.
+//!
 //! [`undo`]: InterfaceSetup::undo
 
 use std::net::{IpAddr, Ipv4Addr};
@@ -34,6 +40,8 @@ use rtnetlink::packet_route::link::{
     AfSpecInet, AfSpecUnspec, InetDevConf, LinkAttribute, LinkFlags, LinkMessage,
 };
 use rtnetlink::{Handle, LinkUnspec};
+
+use vmdhcp_core::MacAddr;
 
 use crate::capability::{Capability, Missing};
 
@@ -191,6 +199,52 @@ fn host_devconf_attribute() -> LinkAttribute {
     LinkAttribute::AfSpecUnspec(vec![AfSpecUnspec::Inet(vec![AfSpecInet::Other(
         DefaultNla::new(IFLA_INET_CONF, nested),
     )])])
+}
+
+/// Pins `ip` to `mac` in the neighbour table of interface `ifindex` (`NUD_PERMANENT`, replacing
+/// what was there): the kernel then sends to `ip` at `mac` whatever ARP frames arrive. Blocking
+/// (one netlink request and its acknowledgement), for the DHCP server's threads; needs
+/// CAP_NET_ADMIN.
+pub fn pin_neighbour(ifindex: u32, ip: Ipv4Addr, mac: MacAddr) -> std::io::Result<()> {
+    use rtnetlink::packet_core::{
+        NLM_F_ACK, NLM_F_CREATE, NLM_F_REPLACE, NLM_F_REQUEST, NetlinkMessage, NetlinkPayload,
+    };
+    use rtnetlink::packet_route::RouteNetlinkMessage;
+    use rtnetlink::packet_route::neighbour::{
+        NeighbourAddress, NeighbourAttribute, NeighbourMessage, NeighbourState,
+    };
+    use rtnetlink::sys::{Socket, SocketAddr, protocols::NETLINK_ROUTE};
+
+    let mut neighbour = NeighbourMessage::default();
+    neighbour.header.family = AddressFamily::Inet;
+    neighbour.header.ifindex = ifindex;
+    neighbour.header.state = NeighbourState::Permanent;
+    neighbour
+        .attributes
+        .push(NeighbourAttribute::Destination(NeighbourAddress::Inet(ip)));
+    neighbour
+        .attributes
+        .push(NeighbourAttribute::LinkLocalAddress(mac.0.to_vec()));
+    let mut request = NetlinkMessage::from(RouteNetlinkMessage::NewNeighbour(neighbour));
+    request.header.flags = NLM_F_REQUEST | NLM_F_ACK | NLM_F_CREATE | NLM_F_REPLACE;
+    request.header.sequence_number = 1;
+    request.finalize();
+    let mut bytes = vec![0; request.buffer_len()];
+    request.serialize(&mut bytes);
+
+    let mut socket = Socket::new(NETLINK_ROUTE)?;
+    socket.bind_auto()?;
+    socket.connect(&SocketAddr::new(0, 0))?;
+    socket.send(&bytes, 0)?;
+    let (answer, _) = socket.recv_from_full()?;
+    match NetlinkMessage::<RouteNetlinkMessage>::deserialize(&answer) {
+        Ok(NetlinkMessage {
+            payload: NetlinkPayload::Error(e),
+            ..
+        }) if e.code.is_some() => Err(e.to_io()),
+        Ok(_) => Ok(()),
+        Err(e) => Err(std::io::Error::other(e.to_string())),
+    }
 }
 
 /// The interface of the IPv4 default route in `/proc/net/route`'s text, if there is one.

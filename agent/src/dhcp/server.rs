@@ -4,7 +4,7 @@
 //!
 //! This is the only part of the server that does I/O; what to answer is [`super::handler`]'s.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::io;
 use std::net::{Ipv4Addr, SocketAddr, SocketAddrV4};
 use std::sync::Arc;
@@ -398,6 +398,40 @@ impl std::fmt::Display for MacField {
     }
 }
 
+/// Most addresses one interface's server remembers as pinned to their client's MAC; past it the
+/// record starts over (which costs one netlink request per renewing client, once).
+const MAX_PINNED: usize = 65_536;
+
+/// The neighbour entries this interface's server has pinned (address → the client's MAC), so
+/// that a unicast reply reaches the client and not whoever forged ARP for its address last
+/// ([`crate::netlink::pin_neighbour`]). Each address is pinned once per MAC while the socket
+/// serves; without the capability to pin, the replies follow ARP as before and no more is tried.
+#[derive(Default)]
+struct Pins {
+    pinned: HashMap<Ipv4Addr, vmdhcp_core::MacAddr>,
+    refused: bool,
+}
+
+impl Pins {
+    fn pin(&mut self, index: u32, ip: Ipv4Addr, mac: vmdhcp_core::MacAddr) {
+        if self.refused || self.pinned.get(&ip) == Some(&mac) {
+            return;
+        }
+        match crate::netlink::pin_neighbour(index, ip, mac) {
+            Ok(()) => {
+                if self.pinned.len() >= MAX_PINNED {
+                    self.pinned.clear();
+                }
+                self.pinned.insert(ip, mac);
+            }
+            Err(error) => {
+                self.refused = error.kind() == io::ErrorKind::PermissionDenied;
+                warn!(%ip, %mac, %error, "neighbour entry not pinned: unicast replies follow ARP");
+            }
+        }
+    }
+}
+
 /// How often a serving socket checks that its interface is still the one it bound to.
 const LINK_CHECK: Duration = Duration::from_secs(2);
 /// How long a receive blocks before the loop looks at shutdown and the link again.
@@ -437,6 +471,7 @@ fn serve(
     // The recorded conflicts are probed again as soon as this interface serves (a new leader
     // learns at once which are free), then every RECHECK.
     let mut next_recheck = Instant::now();
+    let mut pins = Pins::default();
     loop {
         if *shutdown.borrow() {
             info!("stopping");
@@ -492,6 +527,14 @@ fn serve(
         let outcome = handle_on(own, &buf[..len], &pool, |ip| table.withholds(&pool, ip));
         counters.record(&outcome);
         record_outcome(&span, &outcome);
+        if let Action::Reply(super::handler::Reply {
+            unicast_to: Some(mac),
+            to,
+            ..
+        }) = &outcome.action
+        {
+            pins.pin(index, *to.ip(), *mac);
+        }
         let exchange = Exchange {
             interface,
             table,

@@ -165,6 +165,10 @@ mod tests {
             )));
         let (kind, to, _) = reply_of(&run(&req));
         assert_eq!((kind, to), (MessageType::Nak, broadcast()));
+        let Action::Reply(r) = &run(&req).action else {
+            panic!("no reply");
+        };
+        assert_eq!(r.unicast_to, None, "a broadcast pins nothing");
     }
 
     #[test]
@@ -176,6 +180,11 @@ mod tests {
         assert_eq!(to, SocketAddrV4::new(LEASED, 68));
         assert_eq!(ack.ciaddr(), LEASED);
         assert_eq!(ack.yiaddr(), LEASED);
+        // The unicast names the client's MAC, which the server pins its address to.
+        let Action::Reply(r) = &run(&req).action else {
+            panic!("no reply");
+        };
+        assert_eq!(r.unicast_to, Some(vmdhcp_core::MacAddr(KNOWN)));
         // Rebinding with the broadcast flag still has an address to unicast to (RFC 2131 §4.1).
         req.set_flags(Flags::default().set_broadcast());
         assert_eq!(reply_of(&run(&req)).1, SocketAddrV4::new(LEASED, 68));

@@ -122,6 +122,9 @@ pub struct Reply {
     pub to: SocketAddrV4,
     /// The encoded message.
     pub bytes: Vec<u8>,
+    /// The client's MAC when the reply is unicast to its address on this link (a renewal):
+    /// the address must reach that MAC, not whatever ARP says (see `netlink::pin_neighbour`).
+    pub unicast_to: Option<vmdhcp_core::MacAddr>,
 }
 
 /// What to do with one datagram.

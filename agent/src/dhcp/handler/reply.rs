@@ -92,16 +92,29 @@ pub(super) fn reply(
         return Action::Drop(DropReason::BadOptions);
     };
 
+    let mut unicast_to = None;
     let to = if relayed {
         SocketAddrV4::new(request.giaddr(), SERVER_PORT)
     } else if kind != MessageType::Nak && request.ciaddr() != unspecified {
+        let chaddr = request.chaddr();
+        unicast_to =
+            (request.htype() == dhcproto::v4::HType::Eth && chaddr.len() >= 6).then(|| {
+                let mut mac = [0u8; 6];
+                mac.copy_from_slice(&chaddr[..6]);
+                vmdhcp_core::MacAddr(mac)
+            });
         SocketAddrV4::new(request.ciaddr(), CLIENT_PORT)
     } else {
         // No address to unicast to without a raw socket writing the client's MAC into the ARP
         // cache, so replies to clients without ciaddr are broadcast, with or without the flag.
         SocketAddrV4::new(Ipv4Addr::BROADCAST, CLIENT_PORT)
     };
-    Action::Reply(Reply { kind, to, bytes })
+    Action::Reply(Reply {
+        kind,
+        to,
+        bytes,
+        unicast_to,
+    })
 }
 
 /// T2 = 87.5% of the lease (RFC 2131 §4.4.5), without overflow.
