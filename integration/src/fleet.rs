@@ -559,7 +559,7 @@ pub fn probe_until_leased(vm: &Netns, dir: &Path, ip: &str, limit: Duration) -> 
 }
 
 /// One DHCP message seen in a capture.
-#[derive(Clone, Debug)]
+#[derive(Clone, Debug, Default)]
 pub struct Captured {
     /// Capture time, seconds since the epoch.
     pub at: f64,

@@ -5,6 +5,8 @@
 //! - [`control_plane`]: etcd + kube-apiserver as processes, with our CRDs installed.
 //! - [`dhcp_client`]: real DHCP clients (dhclient, udhcpc) and their recorded events.
 //! - [`fleet`]: the whole system (controller, agents, VMs) on one machine.
+//! - [`hostile`]: hostile hosts on a VM network (forged DECLINEs with ARP floods, a host
+//!   answering every ARP request) and what an attack cost a real client.
 //! - [`http`]: plain GETs of local endpoints.
 //! - [`node`]: a real single-node Kubernetes cluster (kubelet, containerd, kube-proxy, …) that
 //!   runs the Helm chart's pods, with a Multus stand-in (`src/bin/vmdhcp-multus-standin.rs`).
@@ -13,6 +15,8 @@
 //! - [`pools`]: many NADs and IPPools at once, for the tests and benchmarks at size.
 //! - [`ports`]: free loopback ports for the processes the tests start.
 //! - [`process`]: child processes that cannot outlive the test process.
+//! - [`static_agent`]: the agent's `serve-static` in a network lab, with VM namespaces, other
+//!   hosts on a shared bridge and hand-built DHCP messages.
 //! - [`tls`]: TLS client handshakes verified against the controller's published CA.
 //!
 //! The tests themselves live in `tests/`; each test binary shares one control plane.
@@ -22,6 +26,7 @@ pub mod containerd;
 pub mod control_plane;
 pub mod dhcp_client;
 pub mod fleet;
+pub mod hostile;
 pub mod http;
 pub mod netns;
 pub mod node;
@@ -29,4 +34,5 @@ pub mod otlp;
 pub mod pools;
 pub mod ports;
 pub mod process;
+pub mod static_agent;
 pub mod tls;

@@ -4,9 +4,7 @@
 #![allow(clippy::unwrap_used)]
 
 use std::fs;
-use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
-use std::sync::OnceLock;
 use std::time::Duration;
 
 use serde_json::{Value, json};
@@ -14,51 +12,15 @@ use vmdhcp_integration::dhcp_client::{
     dhclient_lease, events, hook_script, http_get, start_dhclient, start_dhclient_configuring,
     start_dhcpcd, udhcpc, udhcpc_bound, wait_event, wait_for, wait_renewal_with,
 };
-use vmdhcp_integration::netns::{Lab, Netns};
+use vmdhcp_integration::netns::Netns;
+use vmdhcp_integration::static_agent::{
+    Bridged, EVIL_MAC, IP_1, MAC_1, MAC_1_BYTES, ROGUE_IP, Rig, SERVER_A, SERVER_B, bootrequest,
+    hex, pool, rig, send_decline, start_rogue, timed_udhcpc, with_lease,
+};
 
-const SERVER_A: &str = "192.0.2.1";
-const SERVER_B: &str = "198.51.100.1";
-const MAC_1: &str = "02:00:00:00:01:0a";
-const IP_1: &str = "192.0.2.10";
 const MAC_2: &str = "02:00:00:00:02:0b";
 const IP_2: &str = "198.51.100.11";
 const STRANGER: &str = "02:00:00:00:ff:ff";
-
-/// The agent binary, built once per test process (the integration crate cannot depend on a bin).
-fn agent_bin() -> &'static Path {
-    static BIN: OnceLock<PathBuf> = OnceLock::new();
-    BIN.get_or_init(|| {
-        vmdhcp_integration::process::workspace_binary("vmdhcp-agent", "vm-dhcp-agent")
-    })
-}
-
-fn pool(name: &str, interface: &str, server: &str, cidr: &str, extra: Value) -> Value {
-    let mut config = json!({
-        "pool": format!("default/{name}"),
-        "network": format!("default/{name}"),
-        "interface_name": interface,
-        "server_ip": server,
-        "subnet": cidr,
-        "router": null,
-        "dns": [],
-        "domain_name": null,
-        "domain_search": [],
-        "ntp": [],
-        "lease_seconds": 3600,
-    });
-    for (k, v) in extra.as_object().unwrap() {
-        config[k] = v.clone();
-    }
-    json!({ "config": config, "leases": [] })
-}
-
-fn with_lease(mut pool: Value, mac: &str, ip: &str) -> Value {
-    pool["leases"]
-        .as_array_mut()
-        .unwrap()
-        .push(json!({ "mac": mac, "ip": ip }));
-    pool
-}
 
 /// Pool A as most tests serve it: every option set, one lease.
 fn pool_a(lease_seconds: u32, dns: &str) -> Value {
@@ -80,108 +42,6 @@ fn pool_a(lease_seconds: u32, dns: &str) -> Value {
         MAC_1,
         IP_1,
     )
-}
-
-/// A lab with the agent serving `pools` from namespace `srv`.
-struct Rig {
-    lab: Lab,
-    srv: Netns,
-    dir: tempfile::TempDir,
-    agent_pid: u32,
-}
-
-impl Rig {
-    fn config_path(&self) -> PathBuf {
-        self.dir.path().join("pools.json")
-    }
-
-    fn status_path(&self) -> PathBuf {
-        self.dir.path().join("status.json")
-    }
-
-    fn write_config(&self, pools: &[Value]) {
-        fs::write(
-            self.config_path(),
-            serde_json::to_string_pretty(&json!({ "pools": pools })).unwrap(),
-        )
-        .unwrap();
-    }
-
-    fn status(&self) -> Option<Value> {
-        let text = fs::read_to_string(self.status_path()).ok()?;
-        serde_json::from_str(&text).ok()
-    }
-
-    /// Adds a VM namespace whose `eth0` (with `mac`) is wired to the server's `srv_if`.
-    fn vm(&mut self, name: &str, srv_if: &str, mac: &str) -> Netns {
-        let vm = self.lab.netns(name).unwrap();
-        self.lab.veth(&self.srv, srv_if, &vm, "eth0").unwrap();
-        self.lab
-            .exec(&vm, "ip", &["link", "set", "eth0", "address", mac])
-            .unwrap();
-        vm
-    }
-
-    fn start(&mut self, pools: &[Value]) {
-        self.start_with(pools, &[]);
-    }
-
-    fn start_with(&mut self, pools: &[Value], args: &[&str]) {
-        self.write_config(pools);
-        let log = fs::File::create(self.dir.path().join("agent.log")).unwrap();
-        let mut cmd = self.srv.command(agent_bin().to_str().unwrap());
-        cmd.arg("serve-static")
-            .arg("--config")
-            .arg(self.config_path())
-            .arg("--status-file")
-            .arg(self.status_path())
-            .args(args)
-            .env("RUST_LOG", "debug")
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(log);
-        self.agent_pid = self.lab.spawn(cmd).unwrap().id();
-    }
-
-    fn wait_serving(&self, interfaces: &[&str]) -> Value {
-        wait_for("interfaces serving", Duration::from_secs(10), || {
-            let status = self.status()?;
-            interfaces
-                .iter()
-                .all(|i| status["interfaces"][i]["state"] == "serving")
-                .then_some(status)
-        })
-    }
-
-    fn agent_log(&self) -> String {
-        fs::read_to_string(self.dir.path().join("agent.log")).unwrap_or_default()
-    }
-
-    /// Rewrites the config and makes the agent re-read it; returns once it has.
-    fn reload(&self, pools: &[Value]) {
-        let before = self.status().unwrap()["reloads"].as_u64().unwrap();
-        self.write_config(pools);
-        let ok = Command::new("kill")
-            .args(["-HUP", &self.agent_pid.to_string()])
-            .status()
-            .unwrap();
-        assert!(ok.success());
-        wait_for("the agent to reload", Duration::from_secs(10), || {
-            (self.status()?["reloads"].as_u64()? > before).then_some(())
-        });
-    }
-}
-
-/// A server namespace with `srv0` (pool A's side) wired to VM namespace `vm`.
-fn rig() -> Rig {
-    let mut lab = Lab::new().unwrap();
-    let srv = lab.netns("srv").unwrap();
-    Rig {
-        lab,
-        srv,
-        dir: tempfile::tempdir().unwrap(),
-        agent_pid: 0,
-    }
 }
 
 #[test]
@@ -591,27 +451,6 @@ fn two_pools_on_two_interfaces_and_a_missing_interface_does_not_stop_them() {
     assert_eq!(b2["dns"].trim(), "198.51.100.53");
 }
 
-/// A BOOTREQUEST of DHCP message type `kind` from `mac`, with `giaddr` and extra options.
-fn bootrequest(kind: u8, mac: [u8; 6], giaddr: [u8; 4], xid: [u8; 4], options: &[u8]) -> Vec<u8> {
-    let mut p = vec![0u8; 236];
-    p[0] = 1; // BOOTREQUEST
-    p[1] = 1; // Ethernet
-    p[2] = 6;
-    p[3] = u8::from(giaddr != [0; 4]); // hops
-    p[4..8].copy_from_slice(&xid);
-    p[24..28].copy_from_slice(&giaddr);
-    p[28..34].copy_from_slice(&mac);
-    p.extend_from_slice(&[99, 130, 83, 99]);
-    p.extend_from_slice(&[53, 1, kind]);
-    p.extend_from_slice(options);
-    p.push(255);
-    p
-}
-
-fn hex(bytes: &[u8]) -> String {
-    bytes.iter().map(|b| format!("{b:02x}")).collect()
-}
-
 #[test]
 fn a_relayed_request_is_answered_to_the_relay() {
     let mut rig = rig();
@@ -744,108 +583,6 @@ fn http_endpoints_report_leases_replies_and_a_declined_address() {
             "missing {line}\n{metrics}"
         );
     }
-}
-
-const MAC_1_BYTES: [u8; 6] = [0x02, 0, 0, 0, 0x01, 0x0a];
-
-/// Sends, from `ns`'s eth0, a broadcast DHCPDECLINE of [`IP_1`] in the name of `mac` (RFC 2131
-/// §4.4.1): what a client that finds its address taken sends, and what any host can forge.
-fn send_decline(lab: &Lab, ns: &Netns, mac: [u8; 6], xid: [u8; 4]) {
-    let decline = bootrequest(
-        4,
-        mac,
-        [0; 4],
-        xid,
-        &[50, 4, 192, 0, 2, 10, 54, 4, 192, 0, 2, 1],
-    );
-    let script = format!(
-        "import socket\n\
-         s=socket.socket(socket.AF_INET,socket.SOCK_DGRAM)\n\
-         s.setsockopt(socket.SOL_SOCKET,socket.SO_BROADCAST,1)\n\
-         s.setsockopt(socket.SOL_SOCKET,socket.SO_BINDTODEVICE,b'eth0')\n\
-         s.bind(('0.0.0.0',68))\n\
-         s.sendto(bytes.fromhex('{}'),('255.255.255.255',67))\n",
-        hex(&decline)
-    );
-    lab.exec(ns, "python3", &["-c", &script]).unwrap();
-}
-
-/// The MAC of the other host on [`Bridged`]'s VM network.
-const EVIL_MAC: &str = "02:00:00:00:0e:0e";
-
-/// One VM network, a bridge (`br0` in `net`), with the agent (serving `pools`, HTTP on
-/// 127.0.0.1:8080), a VM `vm` ([`MAC_1`]) and another host `evil` ([`EVIL_MAC`]) on it.
-struct Bridged {
-    rig: Rig,
-    net: Netns,
-    vm: Netns,
-    evil: Netns,
-}
-
-impl Bridged {
-    fn new(pools: &[Value]) -> Self {
-        let mut lab = Lab::new().unwrap();
-        let net = lab.netns("net").unwrap();
-        lab.bridge(&net, "br0").unwrap();
-        let srv = lab.netns("srv").unwrap();
-        lab.plug(&net, "br0", "p-srv", &srv, "srv0").unwrap();
-        lab.address(&srv, "srv0", "192.0.2.1/24").unwrap();
-        let mut rig = Rig {
-            lab,
-            srv,
-            dir: tempfile::tempdir().unwrap(),
-            agent_pid: 0,
-        };
-        rig.start_with(pools, &["--http-listen", "127.0.0.1:8080"]);
-        rig.wait_serving(&["srv0"]);
-        let vm = plug_host(&mut rig.lab, &net, "vm", MAC_1);
-        let evil = plug_host(&mut rig.lab, &net, "evil", EVIL_MAC);
-        Bridged { rig, net, vm, evil }
-    }
-
-    /// A namespace `name` plugged into the bridge, its eth0 with `mac`.
-    fn host(&mut self, name: &str, mac: &str) -> Netns {
-        plug_host(&mut self.rig.lab, &self.net, name, mac)
-    }
-
-    /// Waits until the agent's `/metrics` has `family{interface="srv0",pool="default/a",
-    /// verdict}` at `n`; returns the whole page.
-    fn wait_verdict(&self, family: &str, verdict: &str, n: u32) -> String {
-        let labels = r#"interface="srv0",pool="default/a""#;
-        let line = format!("{family}{{{labels},verdict=\"{verdict}\"}} {n}");
-        wait_for(&line.clone(), Duration::from_secs(10), || {
-            let (_, m) = http_get(
-                &self.rig.lab,
-                &self.rig.srv,
-                "http://127.0.0.1:8080/metrics",
-            );
-            m.lines().any(|l| l == line).then_some(m)
-        })
-    }
-
-    /// The agent's `/leases`.
-    fn leases(&self) -> Value {
-        let (_, body) = http_get(&self.rig.lab, &self.rig.srv, "http://127.0.0.1:8080/leases");
-        serde_json::from_str(&body).unwrap()
-    }
-}
-
-/// A namespace `name` plugged into `net`'s bridge `br0`, its eth0 with `mac`.
-fn plug_host(lab: &mut Lab, net: &Netns, name: &str, mac: &str) -> Netns {
-    let ns = lab.netns(name).unwrap();
-    lab.plug(net, "br0", &format!("p-{name}"), &ns, "eth0")
-        .unwrap();
-    lab.exec(&ns, "ip", &["link", "set", "eth0", "address", mac])
-        .unwrap();
-    ns
-}
-
-/// Runs udhcpc on `ns` once: whether it got a lease, and how long that took.
-fn timed_udhcpc(ns: &Netns) -> (bool, Duration) {
-    let dir = tempfile::tempdir().unwrap();
-    let started = std::time::Instant::now();
-    let ok = udhcpc(ns, dir.path(), &[]).status.success();
-    (ok, started.elapsed())
 }
 
 #[test]
@@ -1060,3 +797,141 @@ fn an_interface_that_disappears_is_reported_and_served_again_when_it_returns() {
         IP_2
     );
 }
+
+/// The agent on [`Bridged`]'s network looking for foreign DHCP servers with short settings: a
+/// probe every `probe_seconds` (0: none), a suspect forgotten 4 s after it was last seen.
+fn looking_for_rogues(probe_seconds: &str) -> Bridged {
+    let args = [
+        "--foreign-dhcp-probe-interval-seconds",
+        probe_seconds,
+        "--suspect-forget-after-seconds",
+        "4",
+    ];
+    Bridged::with_args(&[pool_a(600, "192.0.2.53")], &args)
+}
+
+/// `family{labels}`'s value on a `/metrics` page; 0 when absent.
+fn metric_value(metrics: &str, series: &str) -> u64 {
+    metrics
+        .lines()
+        .find_map(|l| l.strip_prefix(series)?.trim().parse().ok())
+        .unwrap_or(0)
+}
+
+const PROBES_SENT: &str =
+    r#"vmdhcp_agent_foreign_dhcp_probes_total{interface="srv0",pool="default/a",result="sent"}"#;
+const OWN_PROBES_IGNORED: &str = r#"vmdhcp_agent_dhcp_unanswered_total{interface="srv0",pool="default/a",reason="own_interface"}"#;
+const FOREIGN_SERVERS: &str =
+    r#"vmdhcp_agent_network_suspects{pool="default/a",kind="foreign_dhcp_server"}"#;
+
+#[test]
+fn a_rogue_dhcp_server_is_reported_within_the_probe_interval_and_cleared_after_it_stops() {
+    let mut b = looking_for_rogues("1");
+    // Alone on the network, with a VM served: the probes go out, our own server hears them and
+    // stays silent, and nothing is reported, our own replies included.
+    let (ok, _) = timed_udhcpc(&b.vm);
+    assert!(ok, "{}", b.rig.agent_log());
+    let metrics = wait_for("probes sent and ignored by our server", DEADLINE, || {
+        let m = b.metrics();
+        (metric_value(&m, PROBES_SENT) >= 3 && metric_value(&m, OWN_PROBES_IGNORED) >= 1)
+            .then_some(m)
+    });
+    assert_eq!(metric_value(&metrics, FOREIGN_SERVERS), 0, "{metrics}");
+    assert!(
+        metrics.lines().any(|l| l.starts_with(FOREIGN_SERVERS)),
+        "a served pool shows 0: {metrics}"
+    );
+
+    // dnsmasq starts on the same bridge: reported within about one probe interval.
+    let dir = tempfile::tempdir().unwrap();
+    let started = std::time::Instant::now();
+    let rogue = start_rogue(&mut b, dir.path());
+    wait_for("the rogue server reported", DEADLINE, || {
+        (metric_value(&b.metrics(), FOREIGN_SERVERS) == 1).then_some(())
+    });
+    let found_in = started.elapsed();
+    // Documented: within one probe interval of the server answering (here 1 s), plus the time
+    // dnsmasq takes to start and the scrapes.
+    assert!(
+        found_in < Duration::from_secs(5),
+        "reported after {found_in:?}"
+    );
+    let log = b.rig.agent_log();
+    let line = log
+        .lines()
+        .find(|l| l.contains("foreign DHCP server on the pool's network"))
+        .unwrap_or_else(|| panic!("no report in the log:\n{log}"));
+    for wanted in [EVIL_MAC, ROGUE_IP, "in answer to the agent's probe"] {
+        assert!(line.contains(wanted), "{wanted} not in {line}");
+    }
+    // Several probes later it is still the only one: our own server is never among them.
+    let sent = metric_value(&b.metrics(), PROBES_SENT);
+    let metrics = wait_for("three more probes", DEADLINE, || {
+        let m = b.metrics();
+        (metric_value(&m, PROBES_SENT) >= sent + 3).then_some(m)
+    });
+    assert_eq!(metric_value(&metrics, FOREIGN_SERVERS), 1, "{metrics}");
+    assert_eq!(
+        log.matches("foreign DHCP server on the pool's network")
+            .count(),
+        1,
+        "{log}"
+    );
+
+    // dnsmasq stops: forgotten once it has been silent for its time, not before.
+    let killed = Command::new("kill")
+        .arg(rogue.to_string())
+        .status()
+        .unwrap();
+    assert!(killed.success());
+    let stopped = std::time::Instant::now();
+    wait_for("the rogue server forgotten", DEADLINE, || {
+        (metric_value(&b.metrics(), FOREIGN_SERVERS) == 0).then_some(())
+    });
+    let cleared_in = stopped.elapsed();
+    // Last seen at most one probe interval before it stopped.
+    assert!(
+        cleared_in >= Duration::from_secs(3),
+        "cleared after {cleared_in:?}"
+    );
+    println!(
+        "rogue DHCP server reported {} ms after it started, cleared {} ms after it stopped \
+         (probe every 1 s, forgotten after 4 s)",
+        found_in.as_millis(),
+        cleared_in.as_millis()
+    );
+}
+
+#[test]
+fn a_rogue_server_answering_a_vm_is_heard_without_any_probe() {
+    let mut b = looking_for_rogues("0");
+    let dir = tempfile::tempdir().unwrap();
+    start_rogue(&mut b, dir.path());
+    // A host our pool does not know asks, by broadcast: only dnsmasq answers, and its
+    // broadcast OFFER reaches the agent too.
+    const NEWCOMER: &str = "02:00:00:00:09:09";
+    let newcomer = b.host("newcomer", NEWCOMER);
+    let client = tempfile::tempdir().unwrap();
+    let out = udhcpc(&newcomer, client.path(), &["-B"]);
+    assert!(
+        out.status.success(),
+        "{}",
+        fs::read_to_string(dir.path().join("dnsmasq.log")).unwrap_or_default()
+    );
+    let metrics = wait_for("the rogue server reported", DEADLINE, || {
+        let m = b.metrics();
+        (metric_value(&m, FOREIGN_SERVERS) == 1).then_some(m)
+    });
+    assert_eq!(metric_value(&metrics, PROBES_SENT), 0, "{metrics}");
+    let log = b.rig.agent_log();
+    let line = log
+        .lines()
+        .find(|l| l.contains("foreign DHCP server on the pool's network"))
+        .unwrap_or_else(|| panic!("no report in the log:\n{log}"));
+    for wanted in [EVIL_MAC, ROGUE_IP, &format!("to {NEWCOMER}")] {
+        assert!(line.contains(wanted), "{wanted} not in {line}");
+    }
+}
+
+/// How long a test waits for what the agent should do within a few probe intervals.
+const DEADLINE: Duration = Duration::from_secs(20);

@@ -11,6 +11,9 @@ use vmdhcp_integration::fleet::{
     Captured, LEASE_SECONDS, NS, NTP_IP, SERVER_IP, VM1_MAC, VM2_MAC, arp_announcements, captured,
     doubled_replies, metric, probe_until_leased, setup,
 };
+use vmdhcp_integration::hostile::{
+    Forgery, capture_dhcp, forge, leased_after, mac_bytes, now_unix, settled_cost, transcript,
+};
 
 #[test]
 fn kubectl_apply_to_lease_then_failover_fallback_and_resume() {
@@ -581,6 +584,110 @@ fn a_squatter_on_a_vms_address_moves_the_vm_records_why_and_is_cleared_once_gone
             .any(|(k, m)| k == "IPPool" && m.contains(&ip1))
     );
     assert_eq!(fleet.allocated()[VM2_MAC], ip2);
+}
+
+/// Issue 37: another host sends DECLINEs in a running VM's name and floods the leader with
+/// unicast ARP replies for the VM's address. The VM answers the leader's probes for its own
+/// address, so each DECLINE is found forged: no conflict reaches the controller, the VM keeps
+/// every renewal, and its allocation does not move.
+#[test]
+fn forged_declines_with_an_arp_flood_do_not_move_a_running_vm() {
+    let mut fleet = setup();
+    let ip1 = fleet.allocated()[VM1_MAC].clone();
+    let ns0 = fleet.agent_netns(0);
+    let a0 = fleet.start_agent(&ns0, "agent-0");
+    fleet.leader(&[&a0]);
+    let vm1 = fleet.vm("vm1", VM1_MAC);
+    const FORGER_MAC: &str = "02:12:34:00:00:ee";
+    let forger = fleet.vm("forger", FORGER_MAC);
+    let pcap = fleet.dir.path().join("vm1.pcap");
+    capture_dhcp(&mut fleet.lab, &vm1, &pcap, false);
+    let dir1 = fleet.dir.path().join("vm1");
+    fs::create_dir_all(&dir1).unwrap();
+    start_dhclient(&mut fleet.lab, &vm1, &dir1);
+    let bound = wait_event(&dir1, "BOUND", 0, Duration::from_secs(30));
+    assert_eq!(bound["new_ip_address"], ip1);
+
+    // What the controller holds of vm1: (its config's address, the pool's conflicts).
+    let recorded = |fleet: &vmdhcp_integration::fleet::Fleet| {
+        let cfg = fleet.kubectl_json(&["-n", NS, "get", "vmnetcfg", "vm1"]);
+        let pool = fleet.kubectl_json(&["-n", NS, "get", "ippool", "pool-a"]);
+        (
+            cfg["status"]["networkConfigs"][0]["allocatedIPAddress"].clone(),
+            pool["status"]["ipv4"]["conflicts"].clone(),
+        )
+    };
+    let before = recorded(&fleet);
+    assert_eq!(before.0, ip1.as_str(), "{before:?}");
+
+    // The pool's leases renew every half lease time: the attack outlasts one renewal.
+    let forgery = Forgery {
+        duration: Duration::from_secs(15),
+        ..Forgery::against(
+            mac_bytes(VM1_MAC),
+            ip1.parse().unwrap(),
+            SERVER_IP.parse().unwrap(),
+            mac_bytes(&fleet.mac_of(&ns0, &fleet.interface)),
+            mac_bytes(FORGER_MAC),
+        )
+    };
+    let from = now_unix();
+    let mut attacker = forge(&forger, &forgery);
+    let mut changed = Vec::new();
+    while attacker.running() {
+        changed.extend(Some(recorded(&fleet)).filter(|now| *now != before));
+    }
+    let sent = attacker.finish();
+    // Until the VM's next renewal after the attack, which counts too: reports (every 2 s) keep
+    // reaching the controller meanwhile.
+    let (ended, during) = (
+        now_unix(),
+        vmdhcp_integration::dhcp_client::events(&dir1).len(),
+    );
+    wait_for(
+        "a renewal after the attack",
+        Duration::from_secs(30),
+        || {
+            changed.extend(Some(recorded(&fleet)).filter(|now| *now != before));
+            leased_after(&dir1, during).then_some(())
+        },
+    );
+    let cost = settled_cost(&pcap, mac_bytes(VM1_MAC), from, ended);
+    let m = fleet.agent_metrics(&a0);
+    let verdict = |v: &str| {
+        let labels = format!("interface=\"{}\",pool=\"{NS}/pool-a\"", fleet.interface);
+        metric(
+            &m,
+            &format!("vmdhcp_agent_declines_total{{{labels},verdict=\"{v}\"}}"),
+        )
+    };
+    eprintln!(
+        "forger sent {} DECLINEs and {} ARP replies in {:?}; vm1: {cost}; verdicts \
+         holder_answers {:?}, conflict {:?}; controller's record changed: {changed:?}; vm1's \
+         DHCP messages: {:?}",
+        sent[0],
+        sent[1],
+        forgery.duration,
+        verdict("holder_answers"),
+        verdict("conflict"),
+        transcript(&pcap, mac_bytes(VM1_MAC), from)
+    );
+    assert!(changed.is_empty(), "vm1's record moved: {changed:?}");
+    assert!(verdict("holder_answers").is_some_and(|n| n >= 1.0), "{m}");
+    assert_eq!(verdict("conflict"), Some(0.0), "{m}");
+    assert_eq!(fleet.allocated()[VM1_MAC], ip1);
+    assert!(
+        recorded(&fleet).1.as_object().is_none_or(|c| c.is_empty()),
+        "{:?}",
+        recorded(&fleet)
+    );
+    assert!(cost.attempts >= 1, "vm1 did not renew during the attack");
+    assert_eq!(
+        cost.lost,
+        0,
+        "vm1 lost exchanges: {cost}; its DHCP messages:\n{}",
+        transcript(&pcap, mac_bytes(VM1_MAC), from).join("\n")
+    );
 }
 
 /// The (involved object's kind, message) of every event in [`NS`] with `reason`.
