@@ -311,7 +311,7 @@ fn link_destination(index: u32) -> io::Result<SockAddr> {
 }
 
 /// The index and MAC of `interface`, from sysfs (the agent's own network namespace).
-fn link(interface: &str) -> Result<(u32, MacAddr), ArpError> {
+pub fn link(interface: &str) -> Result<(u32, MacAddr), ArpError> {
     let read = |file: &str, what: &'static str| {
         std::fs::read_to_string(format!("/sys/class/net/{interface}/{file}")).map_err(|e| {
             ArpError::Interface {

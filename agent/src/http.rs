@@ -252,6 +252,21 @@ impl Collector for StreamMetrics {
     }
 }
 
+/// Encodes a counter of frames sent and refused per interface and pool: the ARP announcements
+/// and the foreign-DHCP probes have this one shape.
+fn encode_sent_failed<'r>(
+    family: &mut prometheus_client::encoding::MetricEncoder<'_>,
+    readings: impl IntoIterator<Item = (&'r str, &'r str, u64, u64)>,
+) -> Result<(), std::fmt::Error> {
+    for (interface, pool, sent, failed) in readings {
+        for (result, value) in [("sent", sent), ("failed", failed)] {
+            let labels = [("interface", interface), ("pool", pool), ("result", result)];
+            ConstCounter::new(value).encode(family.encode_family(&labels)?)?;
+        }
+    }
+    Ok(())
+}
+
 /// `vmdhcp_agent_arp_announcements*`: gratuitous ARP sent for the server addresses taken over.
 #[derive(Debug)]
 struct ArpMetrics(ArpCounters);
@@ -273,17 +288,13 @@ impl Collector for ArpMetrics {
             None,
             MetricType::Counter,
         )?;
-        for r in self.0.read() {
-            for (result, value) in [("sent", r.sent), ("failed", r.failed)] {
-                let labels = [
-                    ("interface", r.interface.as_str()),
-                    ("pool", r.pool.as_str()),
-                    ("result", result),
-                ];
-                ConstCounter::new(value).encode(family.encode_family(&labels)?)?;
-            }
-        }
-        Ok(())
+        let readings = self.0.read();
+        encode_sent_failed(
+            &mut family,
+            readings
+                .iter()
+                .map(|r| (r.interface.as_str(), r.pool.as_str(), r.sent, r.failed)),
+        )
     }
 }
 
@@ -328,17 +339,13 @@ impl Collector for SuspectMetrics {
             None,
             MetricType::Counter,
         )?;
-        for r in self.probes.read() {
-            for (result, value) in [("sent", r.sent), ("failed", r.failed)] {
-                let labels = [
-                    ("interface", r.interface.as_str()),
-                    ("pool", r.pool.as_str()),
-                    ("result", result),
-                ];
-                ConstCounter::new(value).encode(family.encode_family(&labels)?)?;
-            }
-        }
-        Ok(())
+        let readings = self.probes.read();
+        encode_sent_failed(
+            &mut family,
+            readings
+                .iter()
+                .map(|r| (r.interface.as_str(), r.pool.as_str(), r.sent, r.failed)),
+        )
     }
 }
 

@@ -277,16 +277,7 @@ impl Suspects {
 }
 
 /// The longest prefix of `text` of at most `max` bytes that ends on a character boundary.
-pub fn truncate(text: &str, max: usize) -> &str {
-    if text.len() <= max {
-        return text;
-    }
-    let mut end = max;
-    while !text.is_char_boundary(end) {
-        end -= 1;
-    }
-    &text[..end]
-}
+pub use vmdhcp_core::text::truncate;
 
 #[cfg(test)]
 mod tests {

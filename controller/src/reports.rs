@@ -227,16 +227,7 @@ impl NetworkSuspect {
 }
 
 /// The longest prefix of `text` of at most `max` bytes that ends on a character boundary.
-pub fn truncate_detail(text: &str, max: usize) -> &str {
-    if text.len() <= max {
-        return text;
-    }
-    let mut end = max;
-    while !text.is_char_boundary(end) {
-        end -= 1;
-    }
-    &text[..end]
-}
+pub use vmdhcp_core::text::truncate as truncate_detail;
 
 /// Why an agent probed an address (numbered as the wire's `ProbeReason`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

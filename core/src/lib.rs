@@ -10,6 +10,7 @@
 //! - [`ifname`]: stable per-pool interface names.
 //! - [`retry`]: the one retry policy (exponential with jitter, from `backon`) and the elector's
 //!   jittered period, so that what failed together does not retry together.
+//! - [`text`]: strings from others, cut to a bound on a character boundary.
 //! - [`bootstrap`]: the agent Deployment's env and Multus annotation.
 //! - [`admission`]: the admission webhook's decisions (IPPool defaults, what is refused and why).
 //! - `fixtures` (tests only, feature `test-support` for the other crates): the objects and
@@ -30,6 +31,7 @@ pub mod mac;
 pub mod names;
 pub mod pool;
 pub mod retry;
+pub mod text;
 
 pub use mac::MacAddr;
 pub use names::NamespacedName;

@@ -602,31 +602,13 @@ fn random_xid() -> u32 {
     (bits ^ (bits >> 32)) as u32
 }
 
-/// The index and MAC of `interface`, from sysfs (the agent's own network namespace).
+/// The index and MAC of `interface` ([`crate::arp::link`]).
 fn link(interface: &str) -> Result<(u32, MacAddr), ForeignError> {
-    let read = |file: &str, what: &'static str| {
-        std::fs::read_to_string(format!("/sys/class/net/{interface}/{file}")).map_err(|e| {
-            ForeignError::Interface {
-                interface: interface.to_owned(),
-                what,
-                detail: e.to_string(),
-            }
-        })
-    };
-    let bad = |what: &'static str, detail: String| ForeignError::Interface {
+    crate::arp::link(interface).map_err(|e| ForeignError::Interface {
         interface: interface.to_owned(),
-        what,
-        detail,
-    };
-    let index = read("ifindex", "ifindex")?
-        .trim()
-        .parse()
-        .map_err(|e: std::num::ParseIntError| bad("ifindex", e.to_string()))?;
-    let mac = read("address", "MAC address")?
-        .trim()
-        .parse()
-        .map_err(|e: vmdhcp_core::mac::MacError| bad("MAC address", e.to_string()))?;
-    Ok((index, mac))
+        what: "index and MAC address",
+        detail: e.to_string(),
+    })
 }
 
 fn read_ifindex(interface: &str) -> Option<u32> {
