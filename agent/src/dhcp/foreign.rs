@@ -50,6 +50,7 @@ use tokio::task::JoinHandle;
 use tracing::{Instrument, debug, info, info_span, warn};
 use vmdhcp_core::{MacAddr, NamespacedName};
 
+use super::server::{SocketStep, udp_on_device};
 use super::{CLIENT_PORT, SERVER_PORT};
 use crate::capability::{Capability, Missing};
 use crate::suspects::{SuspectKind, Suspects};
@@ -391,27 +392,15 @@ impl Sockets {
         let frames = tokio::net::UdpSocket::from_std(std::net::UdpSocket::from(frames))
             .map_err(err("register with the runtime", None))?;
 
-        let probes = Socket::new(Domain::IPV4, Type::DGRAM, Some(Protocol::UDP))
-            .map_err(err("create a UDP socket", None))?;
-        probes
-            .attach_filter(&[SockFilter::new(BPF_RET, 0, 0, 0)])
-            .map_err(err("close the probe socket's receive side", None))?;
-        probes
-            .set_reuse_address(true)
-            .map_err(err("set SO_REUSEADDR", None))?;
-        probes
-            .set_broadcast(true)
-            .map_err(err("set SO_BROADCAST", None))?;
-        probes.bind_device(Some(interface.as_bytes())).map_err(err(
-            "bind to the device (SO_BINDTODEVICE)",
-            Some(Capability::NetRaw),
-        ))?;
-        probes
-            .bind(&SocketAddr::V4(SocketAddrV4::new(Ipv4Addr::UNSPECIFIED, CLIENT_PORT)).into())
-            .map_err(err("bind 0.0.0.0:68", Some(Capability::NetBindService)))?;
-        probes
-            .set_nonblocking(true)
-            .map_err(err("set non-blocking", None))?;
+        let probes = udp_on_device(interface, CLIENT_PORT, |socket| {
+            socket
+                .attach_filter(&[SockFilter::new(BPF_RET, 0, 0, 0)])
+                .map_err(SocketStep::at(
+                    "close the probe socket's receive side",
+                    None,
+                ))
+        })
+        .map_err(|e| err(e.step, e.needs)(e.source))?;
         Ok(Sockets {
             frames,
             probes,

@@ -104,32 +104,78 @@ pub fn bind(interface: &str) -> Result<std::net::UdpSocket, ServerError> {
             source,
         }
     };
+    let socket = udp_on_device(interface, SERVER_PORT, |socket| {
+        // Room for bursts (a rack of VMs booting at once, relays flushing queues): the kernel
+        // caps this at net.core.rmem_max, which is fine, it only has to beat the small default.
+        socket
+            .set_recv_buffer_size(RECV_BUFFER)
+            .map_err(SocketStep::at("set SO_RCVBUF", None))
+    })
+    .map_err(|e| err(e.step, e.needs)(e.source))?;
+    Ok(socket.into())
+}
+
+/// A step of setting up a socket that the kernel refused, and the capability it needs.
+#[derive(Debug)]
+pub(super) struct SocketStep {
+    /// What was being done.
+    pub step: &'static str,
+    /// The capability the step requires, named in the error when the kernel refuses it.
+    pub needs: Option<Capability>,
+    /// The kernel's answer.
+    pub source: io::Error,
+}
+
+impl SocketStep {
+    /// A `map_err` for `step`.
+    pub fn at(step: &'static str, needs: Option<Capability>) -> impl FnOnce(io::Error) -> Self {
+        move |source| SocketStep {
+            step,
+            needs,
+            source,
+        }
+    }
+}
+
+/// A non-blocking UDP socket on `0.0.0.0:port` bound to `interface` (SO_BINDTODEVICE) so that
+/// it hears and sends on that network only, with address reuse (every interface binds the same
+/// port) and broadcast allowed; `prepare` runs on it before it is bound (a buffer size, a
+/// filter). The DHCP server's socket (port 67) and the foreign-server probe's (port 68).
+pub(super) fn udp_on_device(
+    interface: &str,
+    port: u16,
+    prepare: impl FnOnce(&Socket) -> Result<(), SocketStep>,
+) -> Result<Socket, SocketStep> {
     let socket = Socket::new(Domain::IPV4, Type::DGRAM, Some(Protocol::UDP))
-        .map_err(err("create a UDP socket", None))?;
+        .map_err(SocketStep::at("create a UDP socket", None))?;
     socket
         .set_reuse_address(true)
-        .map_err(err("set SO_REUSEADDR", None))?;
+        .map_err(SocketStep::at("set SO_REUSEADDR", None))?;
     socket
         .set_broadcast(true)
-        .map_err(err("set SO_BROADCAST", None))?;
-    // Room for bursts (a rack of VMs booting at once, relays flushing queues): the kernel caps
-    // this at net.core.rmem_max, which is fine, it only has to beat the small default.
-    socket
-        .set_recv_buffer_size(RECV_BUFFER)
-        .map_err(err("set SO_RCVBUF", None))?;
+        .map_err(SocketStep::at("set SO_BROADCAST", None))?;
+    prepare(&socket)?;
     // Unprivileged since Linux 5.7; before, it needs CAP_NET_RAW.
-    socket.bind_device(Some(interface.as_bytes())).map_err(err(
-        "bind to the device (SO_BINDTODEVICE)",
-        Some(Capability::NetRaw),
-    ))?;
-    // Port 67 is below net.ipv4.ip_unprivileged_port_start (1024 unless the runtime lowers it).
     socket
-        .bind(&SocketAddr::V4(SocketAddrV4::new(Ipv4Addr::UNSPECIFIED, SERVER_PORT)).into())
-        .map_err(err("bind 0.0.0.0:67", Some(Capability::NetBindService)))?;
+        .bind_device(Some(interface.as_bytes()))
+        .map_err(SocketStep::at(
+            "bind to the device (SO_BINDTODEVICE)",
+            Some(Capability::NetRaw),
+        ))?;
+    // Ports 67 and 68 are below net.ipv4.ip_unprivileged_port_start (1024 unless the runtime
+    // lowers it).
+    let step = if port == SERVER_PORT {
+        "bind 0.0.0.0:67"
+    } else {
+        "bind 0.0.0.0:68"
+    };
+    socket
+        .bind(&SocketAddr::V4(SocketAddrV4::new(Ipv4Addr::UNSPECIFIED, port)).into())
+        .map_err(SocketStep::at(step, Some(Capability::NetBindService)))?;
     socket
         .set_nonblocking(true)
-        .map_err(err("set non-blocking", None))?;
-    Ok(socket.into())
+        .map_err(SocketStep::at("set non-blocking", None))?;
+    Ok(socket)
 }
 
 const RECV_BUFFER: usize = 4 << 20;
