@@ -433,12 +433,12 @@ impl InterfaceSetup {
     }
 
     /// The interfaces on which the agent's own endpoints listening on `listen` may answer, none
-    /// of them in `pools` (the served interfaces). Linux accepts a packet for any local address
-    /// on any interface, so an endpoint bound to an address alone would answer a VM that sends
-    /// to that address (the pod IP routed via the server address) through its pool interface;
-    /// bound to these devices, it answers only what arrives on them. For a given address: the
-    /// interface that holds it (`lo` for loopback). For the unspecified address: the interface
-    /// of the default route (the pod network) and `lo`.
+    /// of them in `pools` (the served interfaces) nor named as a pool interface. Linux accepts a
+    /// packet for any local address on any interface, so an endpoint bound to an address alone
+    /// would answer a VM that sends to that address (the pod IP routed via the server address)
+    /// through its pool interface; bound to these devices, it answers only what arrives on
+    /// them. For a given address: the interface that holds it (`lo` for loopback). For the
+    /// unspecified address: the interface of the default route (the pod network) and `lo`.
     pub async fn endpoint_interfaces(
         &self,
         listen: IpAddr,
@@ -461,7 +461,12 @@ impl InterfaceSetup {
                 })?,
             );
         }
-        if let Some(pool) = wanted.iter().find(|w| pools.contains(w)) {
+        // The pools known now, and any interface named as vmdhcp names pool interfaces (a pool
+        // added later).
+        if let Some(pool) = wanted
+            .iter()
+            .find(|w| pools.contains(w) || w.starts_with(vmdhcp_core::ifname::PREFIX))
+        {
             return Err(refuse(format!(
                 "{pool} serves a pool: the endpoints would answer its tenants"
             )));

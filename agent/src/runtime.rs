@@ -176,7 +176,7 @@ pub async fn run(settings: Settings, client: Option<kube::Client>) -> Result<(),
             .with_agent(role.clone())
             .with_arp(serving.arp_counters())
             .with_suspects(Arc::clone(&suspects), serving.probe_counters());
-            // The pool interfaces known now; later ones are `vmd…` names (checked too).
+            // The pool interfaces known now; later ones have `vmd…` names, refused as well.
             let mut pools: Vec<String> = bootstrap
                 .network_configs
                 .iter()
@@ -399,16 +399,6 @@ async fn serve_http(
     let devices = InterfaceSetup::connect()?
         .endpoint_interfaces(addr.ip(), pools)
         .await?;
-    if let Some(pool) = devices
-        .iter()
-        .find(|d| d.starts_with(vmdhcp_core::ifname::PREFIX))
-    {
-        return Err(crate::netlink::NetlinkError::NoEndpointInterface {
-            listen: addr.ip(),
-            reason: format!("{pool} is a pool interface name"),
-        }
-        .into());
-    }
     let listeners = crate::http::bind_on_devices(addr, &devices)?;
     Ok(tokio::spawn(crate::http::serve_all(
         listeners,

@@ -50,7 +50,7 @@ use tokio::task::JoinHandle;
 use tracing::{Instrument, debug, info, info_span, warn};
 use vmdhcp_core::{MacAddr, NamespacedName};
 
-use super::server::{SocketStep, udp_on_device};
+use super::server::{SocketStep, ifindex, udp_on_device};
 use super::{CLIENT_PORT, SERVER_PORT};
 use crate::capability::{Capability, Missing};
 use crate::suspects::{SuspectKind, Suspects};
@@ -97,15 +97,8 @@ pub enum ForeignError {
         missing: Missing,
     },
     /// The interface's index or MAC cannot be read (it does not exist, or not yet).
-    #[error("interface {interface}: cannot read its {what}: {detail}")]
-    Interface {
-        /// The interface.
-        interface: String,
-        /// `ifindex` or `MAC address`.
-        what: &'static str,
-        /// Why.
-        detail: String,
-    },
+    #[error(transparent)]
+    Interface(#[from] crate::arp::ArpError),
     /// The interface disappeared (or was re-created) under the sockets.
     #[error("interface {interface} is gone or was re-created")]
     InterfaceGone {
@@ -362,7 +355,7 @@ struct Sockets {
 
 impl Sockets {
     fn open(interface: &str) -> Result<Self, ForeignError> {
-        let (ifindex, own_mac) = link(interface)?;
+        let (ifindex, own_mac) = crate::arp::link(interface)?;
         let err = |step: &'static str, needs: Option<Capability>| {
             move |source: io::Error| ForeignError::Socket {
                 interface: interface.to_owned(),
@@ -480,7 +473,7 @@ impl Watcher<'_> {
                 _ = stop.changed() => return Ok(()),
                 () = tick(&mut probe) => self.probe(),
                 _ = housekeeping.tick() => {
-                    if read_ifindex(&self.target.interface) != Some(self.sockets.ifindex) {
+                    if ifindex(&self.target.interface) != Some(self.sockets.ifindex) {
                         return Err(ForeignError::InterfaceGone {
                             interface: self.target.interface.clone(),
                         });
@@ -589,21 +582,6 @@ impl std::fmt::Display for IpField {
 fn random_xid() -> u32 {
     let bits = RandomState::new().build_hasher().finish();
     (bits ^ (bits >> 32)) as u32
-}
-
-/// The index and MAC of `interface` ([`crate::arp::link`]).
-fn link(interface: &str) -> Result<(u32, MacAddr), ForeignError> {
-    crate::arp::link(interface).map_err(|e| ForeignError::Interface {
-        interface: interface.to_owned(),
-        what: "index and MAC address",
-        detail: e.to_string(),
-    })
-}
-
-fn read_ifindex(interface: &str) -> Option<u32> {
-    std::fs::read_to_string(format!("/sys/class/net/{interface}/ifindex"))
-        .ok()
-        .and_then(|s| s.trim().parse().ok())
 }
 
 /// The probe: a DHCPDISCOVER from `mac` with transaction id `xid` and the broadcast flag (so

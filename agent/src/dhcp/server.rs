@@ -181,18 +181,17 @@ pub(super) fn udp_on_device(
 const RECV_BUFFER: usize = 4 << 20;
 
 /// The kernel's index of an interface, or `None` if it does not exist in this namespace.
-fn ifindex(interface: &str) -> Option<u32> {
+pub(super) fn ifindex(interface: &str) -> Option<u32> {
     std::fs::read_to_string(format!("/sys/class/net/{interface}/ifindex"))
         .ok()
         .and_then(|s| s.trim().parse().ok())
 }
 
-/// The interface's own MAC, or `None` if it cannot be read (then only the probe for foreign
-/// servers could be answered, and only if that MAC were reserved: no lease is lost).
+/// The interface's own MAC ([`crate::arp::link`]), or `None` if it cannot be read (then only
+/// the probe for foreign servers could be answered, and only if that MAC were reserved: no
+/// lease is lost).
 fn own_mac(interface: &str) -> Option<MacAddr> {
-    std::fs::read_to_string(format!("/sys/class/net/{interface}/address"))
-        .ok()
-        .and_then(|s| s.trim().parse().ok())
+    crate::arp::link(interface).ok().map(|(_, mac)| mac)
 }
 
 /// One interface's counters, as the metrics endpoint reads them.
