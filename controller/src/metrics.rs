@@ -1,8 +1,9 @@
 //! The controller's Prometheus metrics: upstream's names and labels, removed together with their
 //! object (upstream leaked pool series by deleting them under the wrong label), plus reconcile
 //! counts, errors and durations, agent-bootstrap checks, the hosts found acting where they
-//! should not on each pool's network, and gauges of live state read at scrape time (open config
-//! streams, index revision, leadership).
+//! should not on each pool's network, the config stream's token checks (reviews sent, callers
+//! refused before one), and gauges of live state read at scrape time (open config streams,
+//! index revision, leadership).
 
 use parking_lot::Mutex;
 use std::collections::{BTreeSet, HashMap};
@@ -86,6 +87,43 @@ struct ControllerLabel {
     controller: String,
 }
 
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ReasonLabel {
+    reason: String,
+}
+
+/// The counters of the config stream's token checks: every TokenReview is a write to the API
+/// server under the controller's own ServiceAccount, so what reached it (by result) is counted
+/// apart from what was refused before one was sent (by reason). A flood of bogus tokens shows
+/// as refusals climbing while reviews stay within the rate limit.
+#[derive(Clone, Debug, Default)]
+pub struct TokenCounts {
+    reviews: Family<ResultLabel, Counter>,
+    refused: Family<ReasonLabel, Counter>,
+}
+
+impl TokenCounts {
+    /// Counts one TokenReview sent, by `result`: `allowed`, `rejected` (not authenticated for
+    /// our audience), `forbidden` (another ServiceAccount) or `failed` (no answer).
+    pub fn reviewed(&self, result: &str) {
+        self.reviews
+            .get_or_create(&ResultLabel {
+                result: result.into(),
+            })
+            .inc();
+    }
+
+    /// Counts one caller refused without a TokenReview, by `reason`: `missing`, `malformed`,
+    /// `audience`, `expired` or `rate_limited`.
+    pub fn refused(&self, reason: &str) {
+        self.refused
+            .get_or_create(&ReasonLabel {
+                reason: reason.into(),
+            })
+            .inc();
+    }
+}
+
 /// All controller metrics and the registry that exposes them.
 pub struct Metrics {
     registry: Registry,
@@ -97,7 +135,9 @@ pub struct Metrics {
     durations: Family<ControllerLabel, Histogram>,
     bootstrap_checks: Family<ResultLabel, Counter>,
     allocations: Family<AllocationLabels, Counter>,
+    foreign: Family<AllocationLabels, Counter>,
     events: Family<ResultLabel, Counter>,
+    tokens: TokenCounts,
     stream_clients: Gauge,
     index_revision: Gauge,
     index_pools_examined: Counter,
@@ -150,6 +190,14 @@ impl Default for Metrics {
             "Address allocations by pool and result (allocated, released, refused)",
             allocations.clone(),
         );
+        let foreign = Family::<AllocationLabels, Counter>::default();
+        registry.register(
+            "vmdhcpcontroller_foreign_allocations",
+            "Entries of an IPPool's recorded allocations written by another writer, by what the \
+             leader's status write did with them (adopted, kept_ours, withdrew_ours: two MACs \
+             were recorded for one address; verbatim: no address of the range)",
+            foreign.clone(),
+        );
         let events = Family::<ResultLabel, Counter>::default();
         registry.register(
             "vmdhcpcontroller_events",
@@ -175,6 +223,19 @@ impl Default for Metrics {
             "Checks of the agent Deployment's bootstrap against the served pools, by result \
              (unchanged, written, missing, error)",
             bootstrap_checks.clone(),
+        );
+        let tokens = TokenCounts::default();
+        registry.register(
+            "vmdhcpcontroller_token_reviews",
+            "TokenReviews sent to verify config stream callers, by result (allowed, rejected, \
+             forbidden, failed)",
+            tokens.reviews.clone(),
+        );
+        registry.register(
+            "vmdhcpcontroller_token_checks_refused",
+            "Config stream callers refused without a TokenReview, by reason (missing, malformed, \
+             audience, expired, rate_limited)",
+            tokens.refused.clone(),
         );
         let stream_clients = Gauge::default();
         registry.register(
@@ -205,7 +266,9 @@ impl Default for Metrics {
             registry,
             bootstrap_checks,
             allocations,
+            foreign,
             events,
+            tokens,
             stream_clients,
             index_revision,
             index_pools_examined,
@@ -356,6 +419,17 @@ impl Metrics {
             .inc();
     }
 
+    /// Counts one entry of another writer that a status write of `ippool` kept, by `outcome`
+    /// ([`crate::ipam::Foreign::outcome`]).
+    pub fn foreign_entry(&self, ippool: &str, outcome: &str) {
+        self.foreign
+            .get_or_create(&AllocationLabels {
+                ippool: ippool.into(),
+                result: outcome.into(),
+            })
+            .inc();
+    }
+
     /// The counters the event queue and its publisher count into (one series per result).
     pub fn event_counts(&self) -> EventCounts {
         let counter = |result: &str| {
@@ -370,6 +444,11 @@ impl Metrics {
             dropped: counter("dropped"),
             failed: counter("failed"),
         }
+    }
+
+    /// The counters the config stream's token checks count into.
+    pub fn token_counts(&self) -> TokenCounts {
+        self.tokens.clone()
     }
 
     /// Counts one check of the agent Deployment's bootstrap: `unchanged` (nothing written),
@@ -485,6 +564,23 @@ mod tests {
                 r#"vmdhcpcontroller_build_info{{version="{}"}} 1"#,
                 env!("CARGO_PKG_VERSION")
             )),
+            "{text}"
+        );
+    }
+
+    #[test]
+    fn token_checks_count_reviews_and_refusals_apart() {
+        let m = Metrics::default();
+        let counts = m.token_counts();
+        counts.reviewed("rejected");
+        m.token_counts().reviewed("rejected");
+        counts.refused("rate_limited");
+        let text = m.encode();
+        assert!(
+            text.contains(r#"vmdhcpcontroller_token_reviews_total{result="rejected"} 2"#)
+                && text.contains(
+                    r#"vmdhcpcontroller_token_checks_refused_total{reason="rate_limited"} 1"#
+                ),
             "{text}"
         );
     }

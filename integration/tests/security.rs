@@ -6,7 +6,9 @@
 //! - the config stream refuses plaintext, a foreign CA, no token, a token for another audience
 //!   and another ServiceAccount's token, and serves the agent's token;
 //! - the serving certificate is renewed in the Secret and the new one is what clients get, under
-//!   the same CA.
+//!   the same CA;
+//! - tens of thousands of distinct forged tokens on one connection cost at most the TokenReview
+//!   budget, and neither the agent nor an allocation's latency suffers from them.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use std::path::PathBuf;
@@ -21,7 +23,7 @@ use vmdhcp_agent::credentials::Credentials;
 use vmdhcp_core::crd::{IPPool, VirtualMachineNetworkConfig};
 use vmdhcp_integration::control_plane::ControlPlane;
 use vmdhcp_integration::ports::free_port;
-use vmdhcp_integration::process::{Supervised, workspace_binary};
+use vmdhcp_integration::process::{Supervised, cpu_seconds, workspace_binary};
 use vmdhcp_proto::agent::v1 as pb;
 use vmdhcp_proto::agent::v1::config_service_client::ConfigServiceClient;
 
@@ -35,10 +37,20 @@ const AUDIENCE: &str = "vm-dhcp-controller";
 const WEBHOOK_LABEL: &str = "vmdhcp.io/webhook-test";
 /// Serving certificates live this long, so the suite sees renewals.
 const CERT_SECONDS: u64 = 9;
+/// The controller's TokenReview budget: a sustained rate a second and a burst.
+const REVIEW_RATE: u32 = 5;
+const REVIEW_BURST: u32 = 20;
+
+/// Held by every test of this suite, so they run one at a time: the flood test spends the
+/// controller's whole review budget (a caller refused meanwhile, UNAVAILABLE, would fail another
+/// test), and it compares an allocation's latency during the flood with an idle one, which
+/// another test's load would skew.
+static ALONE: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
 
 struct Shared {
-    _controller: Supervised,
+    controller: Supervised,
     grpc: u16,
+    http: u16,
     dir: PathBuf,
 }
 
@@ -64,6 +76,7 @@ fn shared() -> &'static Shared {
         let cp = ControlPlane::shared();
         let webhook_port = free_port();
         let grpc = free_port();
+        let http = free_port();
         let manifest = json!({"apiVersion": "v1", "kind": "List", "items": [
             {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": NS}},
             {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": {"name": "agent", "namespace": NS}},
@@ -80,7 +93,7 @@ fn shared() -> &'static Shared {
             format!("--kubeconfig={}", cp.kubeconfig().display()),
             "--identity=secure-0".into(),
             format!("--grpc-listen=127.0.0.1:{grpc}"),
-            format!("--http-listen=127.0.0.1:{}", free_port()),
+            format!("--http-listen=127.0.0.1:{http}"),
             format!("--webhook-listen=127.0.0.1:{webhook_port}"),
             "--no-leader-election".into(),
             format!("--leader-election-namespace={NS}"),
@@ -92,6 +105,8 @@ fn shared() -> &'static Shared {
             format!("--cert-validity-seconds={CERT_SECONDS}"),
             format!("--token-audience={AUDIENCE}"),
             format!("--agent-service-account={NS}:agent"),
+            format!("--token-review-rate-per-second={REVIEW_RATE}"),
+            format!("--token-review-burst={REVIEW_BURST}"),
             "--service-cidr=10.53.0.0/16".into(),
         ];
         let bin = workspace_binary("vmdhcp-controller", "vm-dhcp-controller");
@@ -104,8 +119,9 @@ fn shared() -> &'static Shared {
             });
         }
         Shared {
-            _controller: controller,
+            controller,
             grpc,
+            http,
             dir,
         }
     })
@@ -252,6 +268,7 @@ fn assert_denied(result: Result<DynamicObject, String>, needles: &[&str]) {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn the_webhook_defaults_and_enforces_every_ippool_rule() {
+    let _alone = ALONE.lock().await;
     let _shared = tokio::task::spawn_blocking(shared).await.unwrap();
     let client = ControlPlane::shared().client().await.unwrap();
     let ns = test_namespace(&client, "webhook-pools", true).await;
@@ -533,6 +550,7 @@ where
 
 #[tokio::test(flavor = "multi_thread")]
 async fn the_webhook_enforces_every_vmnetcfg_rule() {
+    let _alone = ALONE.lock().await;
     let _shared = tokio::task::spawn_blocking(shared).await.unwrap();
     let client = ControlPlane::shared().client().await.unwrap();
     let ns = test_namespace(&client, "webhook-configs", true).await;
@@ -718,8 +736,35 @@ async fn stream_client(
     Ok(ConfigServiceClient::new(channel))
 }
 
-/// The first message of a Watch, or the refusal.
+/// What the controller answers while its TokenReview budget is spent (the flood test spends
+/// it): a caller retries, as agents do.
+const BUDGET_SPENT: &str = "too many new tokens to verify";
+
+/// `call` again while it is refused for the review budget (at most 60 s), else its answer.
+async fn past_the_budget<T, E: std::fmt::Debug>(
+    mut call: impl AsyncFnMut() -> Result<T, E>,
+) -> Result<T, E> {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        match call().await {
+            Err(e) if format!("{e:?}").contains(BUDGET_SPENT) && Instant::now() < deadline => {
+                tokio::time::sleep(Duration::from_millis(200)).await;
+            }
+            other => return other,
+        }
+    }
+}
+
+/// The first message of a Watch, or the refusal (past the review budget).
 async fn first_watch_message(
+    credentials: &Credentials,
+    scheme: &str,
+) -> Result<pb::WatchResponse, String> {
+    past_the_budget(async || first_watch_message_once(credentials, scheme).await).await
+}
+
+/// The first message of a Watch, or the refusal.
+async fn first_watch_message_once(
     credentials: &Credentials,
     scheme: &str,
 ) -> Result<pb::WatchResponse, String> {
@@ -746,38 +791,21 @@ async fn first_watch_message(
     }
 }
 
-fn token(account: &str, audience: Option<&str>) -> String {
-    let mut args = vec!["create", "token", account, "-n", NS];
-    if let Some(a) = audience {
-        args.extend(["--audience", a]);
-    }
-    kubectl(&args).trim().to_owned()
-}
-
-#[tokio::test(flavor = "multi_thread")]
-async fn the_config_stream_serves_only_the_agent_service_account_over_tls() {
-    let shared = tokio::task::spawn_blocking(shared).await.unwrap();
-    let client = ControlPlane::shared().client().await.unwrap();
-    // Inventory to protect: a pool with a lease, outside the webhook's namespaces.
-    let ns = test_namespace(&client, "stream-auth", false).await;
-    create_nad(&client, &ns, "net", Some("pool")).await;
+/// A namespace outside the webhook's with a network `net` served by the IPPool `pool`.
+async fn namespace_with_pool(client: &Client, prefix: &str) -> String {
+    let ns = test_namespace(client, prefix, false).await;
+    create_nad(client, &ns, "net", Some("pool")).await;
     create(
-        &dynamic::<IPPool>(&client, &ns),
+        &dynamic::<IPPool>(client, &ns),
         pool(&ns, "pool", "net", base_ipv4()),
     )
     .await
     .unwrap();
-    create(
-        &dynamic::<VirtualMachineNetworkConfig>(&client, &ns),
-        config(
-            &ns,
-            "vm",
-            json!([{"networkName": format!("{ns}/net"), "macAddress": "02:00:00:00:72:01"}]),
-        ),
-    )
-    .await
-    .unwrap();
+    ns
+}
 
+/// The controller's CA bundle once it is published, in a file for clients.
+async fn ca_file(client: &Client) -> PathBuf {
     let ca_pem = poll_async("CA ConfigMap", || {
         let maps = Api::<ConfigMap>::namespaced(client.clone(), NS);
         async move {
@@ -790,8 +818,38 @@ async fn the_config_stream_serves_only_the_agent_service_account_over_tls() {
         }
     })
     .await;
-    let ca = shared.dir.join("ca.crt");
+    let ca = shared().dir.join("ca.crt");
     std::fs::write(&ca, &ca_pem).unwrap();
+    ca
+}
+
+fn token(account: &str, audience: Option<&str>) -> String {
+    let mut args = vec!["create", "token", account, "-n", NS];
+    if let Some(a) = audience {
+        args.extend(["--audience", a]);
+    }
+    kubectl(&args).trim().to_owned()
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn the_config_stream_serves_only_the_agent_service_account_over_tls() {
+    let shared = tokio::task::spawn_blocking(shared).await.unwrap();
+    let _alone = ALONE.lock().await;
+    let client = ControlPlane::shared().client().await.unwrap();
+    // Inventory to protect: a pool with a lease, outside the webhook's namespaces.
+    let ns = namespace_with_pool(&client, "stream-auth").await;
+    create(
+        &dynamic::<VirtualMachineNetworkConfig>(&client, &ns),
+        config(
+            &ns,
+            "vm",
+            json!([{"networkName": format!("{ns}/net"), "macAddress": "02:00:00:00:72:01"}]),
+        ),
+    )
+    .await
+    .unwrap();
+
+    let ca = ca_file(&client).await;
     let write_token = |name: &str, value: &str| {
         let p = shared.dir.join(name);
         std::fs::write(&p, value).unwrap();
@@ -856,12 +914,15 @@ async fn the_config_stream_serves_only_the_agent_service_account_over_tls() {
     let mut c = stream_client(&creds(intruder.clone()), "https")
         .await
         .unwrap();
-    let mut req = tonic::Request::new(pb::ReportRequest::default());
-    creds(intruder).authorize(&mut req).unwrap();
-    assert_eq!(
-        c.report(req).await.unwrap_err().code(),
-        tonic::Code::PermissionDenied
-    );
+    let intruder = creds(intruder);
+    let refused = past_the_budget(async || {
+        let mut req = tonic::Request::new(pb::ReportRequest::default());
+        intruder.authorize(&mut req).unwrap();
+        c.report(req).await
+    })
+    .await
+    .unwrap_err();
+    assert_eq!(refused.code(), tonic::Code::PermissionDenied);
 
     // The agent is served the inventory: the pool and its lease.
     let agent = creds(agent_token);
@@ -881,6 +942,25 @@ async fn the_config_stream_serves_only_the_agent_service_account_over_tls() {
     })
     .await;
     assert_eq!(mac, "02:00:00:00:72:01");
+
+    // An agent reports only in its ServiceAccount's namespace, never in another's name.
+    let mut c = stream_client(&agent, "https").await.unwrap();
+    let refused = past_the_budget(async || {
+        let mut req = tonic::Request::new(pb::ReportRequest {
+            agent: Some(pb::AgentIdentity {
+                pod_name: "agent-0".into(),
+                namespace: "tenant".into(),
+                node_name: String::new(),
+            }),
+            ..Default::default()
+        });
+        agent.authorize(&mut req).unwrap();
+        c.report(req).await
+    })
+    .await
+    .unwrap_err();
+    assert_eq!(refused.code(), tonic::Code::PermissionDenied, "{refused:?}");
+    assert!(refused.message().contains("\"tenant\""), "{refused:?}");
 
     // The chart NOTES' grpcurl recipe: the CA, the service name, the agent's token.
     let addr = format!("127.0.0.1:{}", shared.grpc);
@@ -940,6 +1020,7 @@ fn secret_pem(secret: &Secret, key: &str) -> String {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn serving_certificates_are_renewed_before_expiry_under_the_same_ca() {
+    let _alone = ALONE.lock().await;
     use rustls::pki_types::{CertificateDer, pem::PemObject};
     let shared = tokio::task::spawn_blocking(shared).await.unwrap();
     let client = ControlPlane::shared().client().await.unwrap();
@@ -990,4 +1071,285 @@ async fn serving_certificates_are_renewed_before_expiry_under_the_same_ca() {
         );
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
+}
+
+/// Creates a config with one NIC on the namespace's `net` and returns how long it took to be
+/// `Allocated`, as a watch opened before the create sees it.
+async fn allocation_latency(client: &Client, ns: &str, name: &str, mac: &str) -> Duration {
+    use futures_util::StreamExt;
+    use kube::runtime::watcher;
+    let api: Api<VirtualMachineNetworkConfig> = Api::namespaced(client.clone(), ns);
+    let by_name = watcher::Config::default().fields(&format!("metadata.name={name}"));
+    let mut events = std::pin::pin!(watcher(api, by_name));
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
+    let mut next = async || match tokio::time::timeout_at(deadline, events.next()).await {
+        Ok(Some(Ok(event))) => event,
+        other => panic!("watching {ns}/{name}: {other:?}"),
+    };
+    while !matches!(next().await, watcher::Event::InitDone) {}
+    let started = Instant::now();
+    let nic = json!([{"networkName": format!("{ns}/net"), "macAddress": mac}]);
+    create(
+        &dynamic::<VirtualMachineNetworkConfig>(client, ns),
+        config(ns, name, nic),
+    )
+    .await
+    .unwrap();
+    loop {
+        if let watcher::Event::Apply(cfg) = next().await
+            && cfg.status.as_ref().is_some_and(|s| {
+                vmdhcp_core::crd::find_condition(&s.conditions, "Allocated")
+                    .is_some_and(|c| c.status == "True")
+            })
+        {
+            return started.elapsed();
+        }
+    }
+}
+
+/// The middle one of `samples`.
+fn median(mut samples: Vec<Duration>) -> Duration {
+    samples.sort();
+    samples[samples.len() / 2]
+}
+
+/// What the controller's `/metrics` says of `series` (summed over its labels).
+fn controller_metric(series: &str) -> f64 {
+    let text =
+        vmdhcp_integration::http::get(&format!("127.0.0.1:{}", shared().http), "/metrics").unwrap();
+    vmdhcp_integration::fleet::metric(&text, series).unwrap_or(0.0)
+}
+
+/// What a flood of refused calls was answered, by gRPC code.
+#[derive(Debug, Default)]
+struct FloodOutcome {
+    sent: u64,
+    codes: std::collections::BTreeMap<String, u64>,
+}
+
+/// What the test asks of a flood.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum FloodPhase {
+    /// Send.
+    Run,
+    /// Send nothing more (the calls in flight are still answered).
+    Pause,
+    /// Send until the least asked for is reached, then end.
+    Finish,
+}
+
+/// Where a flood is.
+#[derive(Clone, Copy, Debug, Default)]
+struct FloodProgress {
+    sent: u64,
+    in_flight: usize,
+}
+
+/// Sends `Report`s over `client`'s one connection, `IN_FLIGHT` at a time (as many streams as
+/// the server allows a connection), each with another token from `token(i)`, as `phase` says,
+/// at least `at_least` of them; `progress` follows it.
+async fn flood(
+    client: ConfigServiceClient<tonic::transport::Channel>,
+    token: impl Fn(u64) -> String,
+    at_least: u64,
+    mut phase: tokio::sync::watch::Receiver<FloodPhase>,
+    progress: tokio::sync::watch::Sender<FloodProgress>,
+) -> FloodOutcome {
+    use futures_util::StreamExt;
+    use futures_util::stream::FuturesUnordered;
+    const IN_FLIGHT: usize = 16;
+    let mut outcome = FloodOutcome::default();
+    let mut calls = FuturesUnordered::new();
+    loop {
+        let now = *phase.borrow_and_update();
+        let more = |sent: u64| match now {
+            FloodPhase::Run => true,
+            FloodPhase::Pause => false,
+            FloodPhase::Finish => sent < at_least,
+        };
+        while calls.len() < IN_FLIGHT && more(outcome.sent) {
+            let mut request = tonic::Request::new(pb::ReportRequest::default());
+            let bearer = format!("Bearer {}", token(outcome.sent));
+            request
+                .metadata_mut()
+                .insert("authorization", bearer.parse().unwrap());
+            let mut client = client.clone();
+            calls.push(async move { client.report(request).await });
+            outcome.sent += 1;
+        }
+        progress.send_replace(FloodProgress {
+            sent: outcome.sent,
+            in_flight: calls.len(),
+        });
+        let Some(answer) = calls.next().await else {
+            if now == FloodPhase::Finish || phase.changed().await.is_err() {
+                return outcome;
+            }
+            continue;
+        };
+        let code = match answer {
+            Ok(_) => "Ok".to_owned(),
+            Err(status) if status.message().contains("TokenReviews a second") => {
+                format!("{:?} (rate-limited)", status.code())
+            }
+            Err(status) if status.code() == tonic::Code::Unauthenticated => {
+                "Unauthenticated".to_owned()
+            }
+            Err(status) => format!("{:?}: {}", status.code(), status.message()),
+        };
+        *outcome.codes.entry(code).or_default() += 1;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_flood_of_forged_tokens_costs_at_most_the_review_budget_and_slows_no_allocation() {
+    const FLOOD_MIN: u64 = 20_000;
+    const SAMPLES: u8 = 11;
+    let _shared = tokio::task::spawn_blocking(shared).await.unwrap();
+    let _alone = ALONE.lock().await;
+    let client = ControlPlane::shared().client().await.unwrap();
+    let ns = namespace_with_pool(&client, "token-flood").await;
+    let ca = ca_file(&client).await;
+    let with_token = |name: &str, token: &str| {
+        let path = shared().dir.join(name);
+        std::fs::write(&path, token).unwrap();
+        Credentials {
+            ca_file: Some(ca.clone()),
+            token_file: Some(path),
+        }
+    };
+    // The agent is served (its verdict is cached from now on).
+    let agent = with_token("flood-agent.token", &token("agent", Some(AUDIENCE)));
+    first_watch_message(&agent, "https").await.unwrap();
+
+    // Forgeries shaped like the agent's token (our audience, a future expiry) with signatures of
+    // their own, which only a TokenReview can refuse; one in ten is garbage, one in ten is for
+    // another audience, both refused locally.
+    let forge = |real: &str| {
+        let (signed, signature) = real.rsplit_once('.').unwrap();
+        let keep = signature.len() - 12;
+        (signed.to_owned(), signature[..keep].to_owned())
+    };
+    let (ours, our_signature) = forge(&token("agent", Some(AUDIENCE)));
+    let (theirs, their_signature) = forge(&token("agent", None));
+    let token_of = move |i: u64| match i % 10 {
+        8 => format!("garbage-{i}"),
+        9 => format!("{theirs}.{their_signature}{i:012}"),
+        _ => format!("{ours}.{our_signature}{i:012}"),
+    };
+
+    // A first allocation warms the pool up.
+    allocation_latency(&client, &ns, "warm-up", "02:00:00:00:7f:01").await;
+    let cp = ControlPlane::shared();
+    let reviews = || cp.requests_of("POST", "tokenreviews").unwrap();
+    let (reviews_before, counted_before) = (
+        reviews(),
+        controller_metric("vmdhcpcontroller_token_reviews_total"),
+    );
+    const RATE_LIMITED: &str =
+        r#"vmdhcpcontroller_token_checks_refused_total{reason="rate_limited"}"#;
+    let refused_before = controller_metric("vmdhcpcontroller_token_checks_refused_total");
+    let rate_limited_before = controller_metric(RATE_LIMITED);
+    let controller_pid = shared().controller.pid().unwrap();
+    let cpu_before = [controller_pid, std::process::id()].map(cpu_seconds);
+    let started = Instant::now();
+    let (phase, phases) = tokio::sync::watch::channel(FloodPhase::Pause);
+    let (progress_tx, mut progress) = tokio::sync::watch::channel(FloodProgress::default());
+    // The flood runs on a thread and runtime of its own, as a client elsewhere would: the
+    // allocations are timed on this runtime without queueing behind its calls.
+    let flooding = {
+        let anonymous = Credentials {
+            ca_file: Some(ca.clone()),
+            token_file: None,
+        };
+        std::thread::spawn(move || {
+            let runtime = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .unwrap();
+            runtime.block_on(async move {
+                let client = stream_client(&anonymous, "https").await.unwrap();
+                flood(client, token_of, FLOOD_MIN, phases, progress_tx).await
+            })
+        })
+    };
+    // Idle and flooded allocations in turns, so that whatever else loads the machine weighs on
+    // both alike.
+    let (mut idle, mut during) = (Vec::new(), Vec::new());
+    for i in 0..SAMPLES {
+        phase.send_replace(FloodPhase::Pause);
+        progress.wait_for(|p| p.in_flight == 0).await.unwrap();
+        let mac = format!("02:00:00:00:7a:{i:02x}");
+        idle.push(allocation_latency(&client, &ns, &format!("idle-{i}"), &mac).await);
+        phase.send_replace(FloodPhase::Run);
+        let sent = progress.borrow().sent;
+        progress.wait_for(|p| p.sent >= sent + 500).await.unwrap();
+        let mac = format!("02:00:00:00:7b:{i:02x}");
+        during.push(allocation_latency(&client, &ns, &format!("flood-{i}"), &mac).await);
+    }
+    let (idle, during) = (median(idle), median(during));
+    // The agent is still served: its verdict costs no review.
+    first_watch_message(&agent, "https").await.unwrap();
+    phase.send_replace(FloodPhase::Finish);
+    let outcome = tokio::task::spawn_blocking(move || flooding.join().unwrap())
+        .await
+        .unwrap();
+    let elapsed = started.elapsed();
+    let cpu = [controller_pid, std::process::id()].map(cpu_seconds);
+    let reviewed = reviews() - reviews_before;
+    let counted = controller_metric("vmdhcpcontroller_token_reviews_total") - counted_before;
+    let refused = controller_metric("vmdhcpcontroller_token_checks_refused_total") - refused_before;
+    let rate_limited = controller_metric(RATE_LIMITED) - rate_limited_before;
+
+    // A new agent token is served once the budget refills.
+    let fresh = with_token("flood-agent-fresh.token", &token("agent", Some(AUDIENCE)));
+    poll_async("a fresh agent token served", || {
+        let fresh = fresh.clone();
+        async move { first_watch_message(&fresh, "https").await.ok() }
+    })
+    .await;
+
+    let budget = f64::from(REVIEW_BURST) + f64::from(REVIEW_RATE) * elapsed.as_secs_f64();
+    let ratio = during.as_secs_f64() / idle.as_secs_f64();
+    println!(
+        "token flood: {} tokens over one connection in {:.1} s, answered {:?}",
+        outcome.sent,
+        elapsed.as_secs_f64(),
+        outcome.codes
+    );
+    println!(
+        "  CPU: controller {:.2} s, this test process (the flooding client) {:.2} s",
+        cpu[0] - cpu_before[0],
+        cpu[1] - cpu_before[1]
+    );
+    println!(
+        "  TokenReviews: {reviewed} seen by the API server, {counted} counted by the controller \
+         (budget {budget:.0}); refused without a review: {refused}, {rate_limited} of them rate-limited"
+    );
+    println!(
+        "  allocation latency (median of {SAMPLES}): idle {:.1} ms, during the flood {:.1} ms, \
+         ratio {ratio:.2}",
+        idle.as_secs_f64() * 1e3,
+        during.as_secs_f64() * 1e3
+    );
+    assert!(outcome.sent >= FLOOD_MIN);
+    assert_eq!(outcome.codes.get("Ok"), None, "a forgery was served");
+    assert!(
+        reviewed <= budget + 1.0,
+        "{reviewed} TokenReviews in {elapsed:?}, budget {budget:.0}"
+    );
+    assert_eq!(
+        counted + refused,
+        outcome.sent as f64,
+        "every call is either reviewed or refused before a review"
+    );
+    assert_eq!(
+        outcome.codes.get("Unavailable (rate-limited)").copied(),
+        Some(rate_limited as u64),
+        "every rate-limited call is counted"
+    );
+    assert!(
+        ratio <= 2.0,
+        "allocation latency during the flood {during:?}, idle {idle:?}"
+    );
 }

@@ -16,9 +16,10 @@ use vmdhcp_leader::{ElectionConfig, LeaderElector};
 
 use super::{RuntimeError, Settings};
 use crate::index::caches::Caches;
+use crate::metrics::Metrics;
 use crate::security::tls::{ServingCerts, TlsSettings};
 use crate::security::webhook::{self, WebhookError};
-use crate::stream::auth::TokenAuth;
+use crate::stream::auth::{ReviewRate, TokenAuth};
 use crate::stream::config_service::Security;
 
 /// Which callers may read the config stream.
@@ -32,6 +33,8 @@ pub enum StreamAccess {
         audience: String,
         /// The ServiceAccount, `namespace:name`.
         service_account: String,
+        /// The most TokenReviews their checks may cost.
+        review_rate: ReviewRate,
     },
 }
 
@@ -82,8 +85,10 @@ pub async fn run(
         }
     };
     let certs = Arc::new(ServingCerts::new());
+    // Created before the stream's security: the token checks count into it.
+    let metrics = Arc::new(Metrics::default());
     let mut settings = replica.settings;
-    settings.stream.security = stream_security(&client, &certs, replica.access);
+    settings.stream.security = stream_security(&client, &certs, &metrics, replica.access);
     let tls_task = replica.tls.map(|tls| {
         tokio::spawn(crate::security::tls::run(
             client.clone(),
@@ -105,6 +110,7 @@ pub async fn run(
     super::run_with_caches(
         client,
         caches,
+        metrics,
         settings,
         grpc,
         http,
@@ -132,7 +138,12 @@ pub async fn run(
 
 /// How the config stream is exposed: TLS with the serving certificate and agent tokens, or
 /// (asked for explicitly) plaintext.
-fn stream_security(client: &Client, certs: &Arc<ServingCerts>, access: StreamAccess) -> Security {
+fn stream_security(
+    client: &Client,
+    certs: &Arc<ServingCerts>,
+    metrics: &Metrics,
+    access: StreamAccess,
+) -> Security {
     match access {
         StreamAccess::Plaintext => {
             warn!("config stream served in plaintext without authentication (--grpc-plaintext)");
@@ -141,9 +152,16 @@ fn stream_security(client: &Client, certs: &Arc<ServingCerts>, access: StreamAcc
         StreamAccess::Agents {
             audience,
             service_account,
+            review_rate,
         } => Security::Tls {
             config: certs.server_config(&[b"h2"]),
-            auth: Arc::new(TokenAuth::new(client.clone(), audience, &service_account)),
+            auth: Arc::new(TokenAuth::new(
+                client.clone(),
+                audience,
+                &service_account,
+                review_rate,
+                metrics.token_counts(),
+            )),
         },
     }
 }

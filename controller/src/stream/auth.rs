@@ -2,21 +2,37 @@
 //! Bearer …`), which the API server verifies (TokenReview) for our audience; only the agent
 //! ServiceAccount is served. Anyone else learns nothing about pools, MACs or addresses.
 //!
-//! Verdicts are cached per token (by its SHA-256, never the token itself), so a reconnecting
-//! fleet costs one TokenReview per agent per minute at most, and an API server outage does not
-//! cut agents that were already verified. The cache is bounded and cannot be flooded away:
-//! verified tokens live in a cache of their own that only the agents' tokens enter, refusals in
-//! another (bounded, short-lived), and concurrent checks of one token share one TokenReview.
+//! Every TokenReview is a write to the API server under the controller's own ServiceAccount, so
+//! a caller must not be able to make us send many. Three gates stand before one:
+//! - a local look at the token ([`precheck`]): a JWT of bounded size, not `alg: none`, issued
+//!   for our audience and not expired, read without verifying the signature (the review does
+//!   that), only to refuse garbage without asking anyone;
+//! - the verdict cache, per token (by its SHA-256, never the token itself), so a reconnecting
+//!   fleet costs one TokenReview per agent per minute at most, and an API server outage does not
+//!   cut agents that were already verified. It cannot be flooded away: verified tokens live in a
+//!   cache of their own that only the agents' tokens enter, refusals in another (bounded,
+//!   short-lived), and concurrent checks of one token share one TokenReview;
+//! - a global budget of reviews ([`ReviewRate`]): past it, a new token is refused as
+//!   retryable, so tens of thousands of distinct well-formed forgeries cost at most the budget.
+//!
+//! Refusals before a review are counted by reason and logged at debug only (a flood must not
+//! flood the logs); the reviews sent are counted by result.
 
-use std::time::Duration;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use k8s_openapi::api::authentication::v1::{TokenReview, TokenReviewSpec};
 use kube::api::PostParams;
 use kube::{Api, Client};
 use moka::future::Cache;
+use parking_lot::Mutex;
+use serde::Deserialize;
+use serde::de::DeserializeOwned;
+use tokio::time::Instant;
 use tonic::Status;
 use tonic::metadata::MetadataMap;
 use tracing::{debug, warn};
+
+use crate::metrics::TokenCounts;
 
 /// How long a positive verdict is trusted.
 const ALLOW_TTL: Duration = Duration::from_secs(60);
@@ -28,6 +44,14 @@ const VERIFIED_MAX: u64 = 4096;
 const REFUSED_MAX: u64 = 16_384;
 /// The TokenReview extra naming the pod a bound token belongs to.
 const POD_NAME_EXTRA: &str = "authentication.kubernetes.io/pod-name";
+/// The longest token looked at: a projected ServiceAccount token is about 1 KiB, and a bigger
+/// one would only cost decoding (and the API server a larger review).
+const TOKEN_MAX: usize = 8 * 1024;
+/// How far past its `exp` a token is still sent for review: clock skew between the controller
+/// and the API server, which has the last word.
+const EXPIRY_LEEWAY: Duration = Duration::from_secs(60);
+/// The prefix of a ServiceAccount's user name, `system:serviceaccount:<namespace>:<name>`.
+const SERVICE_ACCOUNT_USER: &str = "system:serviceaccount:";
 
 /// Why a caller is refused; each maps to a gRPC status.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -35,6 +59,23 @@ pub enum AuthError {
     /// No `authorization: Bearer` metadata.
     #[error("missing bearer token (metadata \"authorization: Bearer <ServiceAccount token>\")")]
     Missing,
+    /// Not a JWT a ServiceAccount could hold; refused without a TokenReview.
+    #[error("not a ServiceAccount token: {0}")]
+    Malformed(String),
+    /// A JWT issued for other audiences; refused without a TokenReview.
+    #[error("token issued for audiences {found:?}, not for audience {audience:?}")]
+    Audience {
+        /// The audience required.
+        audience: String,
+        /// The token's `aud`.
+        found: Vec<String>,
+    },
+    /// A JWT past its `exp` (and the leeway); refused without a TokenReview.
+    #[error("token expired at {expired} (seconds since the epoch)")]
+    Expired {
+        /// The token's `exp`.
+        expired: i64,
+    },
     /// The API server did not authenticate the token for our audience.
     #[error("token rejected for audience {audience:?}: {reason}")]
     Rejected {
@@ -54,16 +95,54 @@ pub enum AuthError {
     /// TokenReview failed; the caller may retry.
     #[error("cannot verify the token now: {0}")]
     Unavailable(String),
+    /// The TokenReview budget is spent (many new tokens at once); the caller may retry.
+    #[error(
+        "too many new tokens to verify (budget {per_second} TokenReviews a second), retry later"
+    )]
+    RateLimited {
+        /// The budget's sustained rate.
+        per_second: u32,
+    },
+}
+
+impl AuthError {
+    /// Why the caller was refused without a TokenReview (the metric's `reason`); `None` when a
+    /// review decided (or failed).
+    fn refused_before_review(&self) -> Option<&'static str> {
+        match self {
+            AuthError::Missing => Some("missing"),
+            AuthError::Malformed(_) => Some("malformed"),
+            AuthError::Audience { .. } => Some("audience"),
+            AuthError::Expired { .. } => Some("expired"),
+            AuthError::RateLimited { .. } => Some("rate_limited"),
+            AuthError::Rejected { .. }
+            | AuthError::Forbidden { .. }
+            | AuthError::Unavailable(_) => None,
+        }
+    }
+
+    /// Says nothing about the token, only about now: never cached.
+    fn is_transient(&self) -> bool {
+        matches!(
+            self,
+            AuthError::Unavailable(_) | AuthError::RateLimited { .. }
+        )
+    }
 }
 
 impl From<AuthError> for Status {
     fn from(e: AuthError) -> Self {
         match e {
-            AuthError::Missing | AuthError::Rejected { .. } => {
-                Status::unauthenticated(e.to_string())
-            }
+            AuthError::Missing
+            | AuthError::Malformed(_)
+            | AuthError::Audience { .. }
+            | AuthError::Expired { .. }
+            | AuthError::Rejected { .. } => Status::unauthenticated(e.to_string()),
             AuthError::Forbidden { .. } => Status::permission_denied(e.to_string()),
-            AuthError::Unavailable(_) => Status::unavailable(e.to_string()),
+            // Agents reconnect with backoff after UNAVAILABLE.
+            AuthError::Unavailable(_) | AuthError::RateLimited { .. } => {
+                Status::unavailable(e.to_string())
+            }
         }
     }
 }
@@ -74,6 +153,220 @@ pub struct Verified {
     /// The pod the token is bound to (`namespace`-less name), when the token says so: the
     /// identity reports are keyed by, whatever name the caller claims.
     pub pod: Option<String>,
+    /// The namespace of the authenticated ServiceAccount (from its user name
+    /// `system:serviceaccount:<namespace>:<name>`): the namespace the caller really runs in,
+    /// whatever namespace it claims.
+    pub namespace: Option<String>,
+}
+
+/// The namespace in a ServiceAccount's user name, `system:serviceaccount:<namespace>:<name>`.
+fn service_account_namespace(user: &str) -> Option<String> {
+    let (namespace, name) = user.strip_prefix(SERVICE_ACCOUNT_USER)?.split_once(':')?;
+    (!namespace.is_empty() && !name.is_empty()).then(|| namespace.to_owned())
+}
+
+/// How many TokenReviews may be sent, all callers together: a sustained rate and a burst.
+///
+/// The agents need few: a verified token is trusted for a minute, so a connected fleet of N
+/// agent pods costs N/60 reviews a second; the default (5 a second, bursts of 20) serves 300
+/// agent pods steadily and 20 connecting at once, and agents beyond that retry with backoff.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ReviewRate {
+    /// Reviews a second, sustained (at least 1).
+    pub per_second: u32,
+    /// Reviews at once after a quiet spell (at least 1).
+    pub burst: u32,
+}
+
+impl Default for ReviewRate {
+    fn default() -> Self {
+        ReviewRate {
+            per_second: 5,
+            burst: 20,
+        }
+    }
+}
+
+/// A token bucket over TokenReviews: full at `burst`, refilled at `per_second`.
+struct ReviewBudget {
+    rate: ReviewRate,
+    bucket: Mutex<Bucket>,
+}
+
+struct Bucket {
+    available: f64,
+    at: Instant,
+}
+
+impl ReviewBudget {
+    fn new(rate: ReviewRate, now: Instant) -> Self {
+        ReviewBudget {
+            rate,
+            bucket: Mutex::new(Bucket {
+                available: f64::from(rate.burst),
+                at: now,
+            }),
+        }
+    }
+
+    /// Takes one review from the budget at `now`; `false` when none is left.
+    fn take(&self, now: Instant) -> bool {
+        self.refilled(now, |available| {
+            let granted = *available >= 1.0;
+            if granted {
+                *available -= 1.0;
+            }
+            granted
+        })
+    }
+
+    /// What a caller past the budget is told.
+    fn refusal(&self) -> AuthError {
+        AuthError::RateLimited {
+            per_second: self.rate.per_second,
+        }
+    }
+
+    /// Whether a review is left at `now` (none is taken).
+    fn any_left(&self, now: Instant) -> bool {
+        self.refilled(now, |available| *available >= 1.0)
+    }
+
+    /// Refills the bucket for the time since it was last looked at, then lets `decide` read or
+    /// spend what it holds, in one lock scope.
+    fn refilled<T>(&self, now: Instant, decide: impl FnOnce(&mut f64) -> T) -> T {
+        let mut bucket = self.bucket.lock();
+        let refill = now.saturating_duration_since(bucket.at).as_secs_f64()
+            * f64::from(self.rate.per_second);
+        bucket.available = (bucket.available + refill).min(f64::from(self.rate.burst));
+        bucket.at = bucket.at.max(now);
+        decide(&mut bucket.available)
+    }
+}
+
+/// The JOSE header fields looked at.
+#[derive(Deserialize)]
+struct Header {
+    alg: String,
+}
+
+/// The claims looked at (never trusted: the TokenReview verifies them).
+#[derive(Deserialize)]
+struct Claims {
+    #[serde(default)]
+    aud: Audiences,
+    exp: Option<f64>,
+}
+
+/// `aud`: one string or a list (RFC 7519 §4.1.3).
+#[derive(Deserialize)]
+#[serde(untagged)]
+enum Audiences {
+    One(String),
+    Many(Vec<String>),
+}
+
+impl Default for Audiences {
+    fn default() -> Self {
+        Audiences::Many(Vec::new())
+    }
+}
+
+impl Audiences {
+    fn into_vec(self) -> Vec<String> {
+        match self {
+            Audiences::One(a) => vec![a],
+            Audiences::Many(a) => a,
+        }
+    }
+}
+
+/// Refuses, without asking the API server, a token that cannot be a ServiceAccount token for
+/// `audience` at `now`: not three base64url segments, larger than [`TOKEN_MAX`], `alg: none`,
+/// another audience, no `exp` or one past (beyond [`EXPIRY_LEEWAY`]). The signature is not
+/// checked: this only spares the API server obvious garbage.
+pub fn precheck(token: &str, audience: &str, now: SystemTime) -> Result<(), AuthError> {
+    if token.len() > TOKEN_MAX {
+        return Err(AuthError::Malformed(format!(
+            "{} bytes, more than {TOKEN_MAX}",
+            token.len()
+        )));
+    }
+    let mut segments = token.split('.');
+    let (Some(header), Some(payload), Some(signature), None) = (
+        segments.next(),
+        segments.next(),
+        segments.next(),
+        segments.next(),
+    ) else {
+        return Err(AuthError::Malformed(
+            "not a JWT (three dot-separated segments)".into(),
+        ));
+    };
+    if base64url(signature).is_none_or(|s| s.is_empty()) {
+        return Err(AuthError::Malformed(
+            "the signature is empty or not base64url".into(),
+        ));
+    }
+    let header: Header = segment(header, "header")?;
+    if header.alg.eq_ignore_ascii_case("none") {
+        return Err(AuthError::Malformed("unsigned (alg \"none\")".into()));
+    }
+    let claims: Claims = segment(payload, "payload")?;
+    let found = claims.aud.into_vec();
+    if !found.iter().any(|a| a == audience) {
+        return Err(AuthError::Audience {
+            audience: audience.to_owned(),
+            found,
+        });
+    }
+    let exp = claims
+        .exp
+        .ok_or_else(|| AuthError::Malformed("no exp claim".into()))?;
+    let now = now.duration_since(UNIX_EPOCH).unwrap_or_default();
+    if exp + EXPIRY_LEEWAY.as_secs_f64() <= now.as_secs_f64() {
+        // `as` saturates: any float is a valid (if absurd) answer for the message.
+        return Err(AuthError::Expired {
+            expired: exp as i64,
+        });
+    }
+    Ok(())
+}
+
+/// One JWT segment, base64url-decoded and parsed as JSON.
+fn segment<T: DeserializeOwned>(segment: &str, what: &str) -> Result<T, AuthError> {
+    let bytes = base64url(segment)
+        .ok_or_else(|| AuthError::Malformed(format!("the {what} is not base64url")))?;
+    serde_json::from_slice(&bytes)
+        .map_err(|e| AuthError::Malformed(format!("the {what} is not the JSON expected: {e}")))
+}
+
+/// Decodes unpadded base64url (RFC 7515 §2: how JWT segments are written); `None` on any other
+/// character or an impossible length.
+fn base64url(text: &str) -> Option<Vec<u8>> {
+    if text.len() % 4 == 1 {
+        return None;
+    }
+    let mut out = Vec::with_capacity(text.len() / 4 * 3 + 2);
+    let (mut acc, mut bits) = (0u32, 0u32);
+    for c in text.bytes() {
+        let sextet = match c {
+            b'A'..=b'Z' => c - b'A',
+            b'a'..=b'z' => c - b'a' + 26,
+            b'0'..=b'9' => c - b'0' + 52,
+            b'-' => 62,
+            b'_' => 63,
+            _ => return None,
+        };
+        // Only the bits not yet written are kept (fewer than 14).
+        acc = ((acc << 6) | u32::from(sextet)) & 0x3fff;
+        bits += 6;
+        if bits >= 8 {
+            bits -= 8;
+            out.push(((acc >> bits) & 0xff) as u8);
+        }
+    }
+    Some(out)
 }
 
 /// SHA-256 of a token: the cache key (tokens themselves are not kept).
@@ -86,14 +379,16 @@ fn token_hash(token: &str) -> TokenHash {
     out
 }
 
-/// The verdict cache: verified tokens apart from refusals, one review in flight per token.
+/// The verdict cache: verified tokens apart from refusals, one review in flight per token, and
+/// reviews only within the budget.
 struct Verdicts {
     verified: Cache<TokenHash, Verified>,
     reviews: Cache<TokenHash, Result<Verified, AuthError>>,
+    budget: ReviewBudget,
 }
 
 impl Verdicts {
-    fn new() -> Self {
+    fn new(rate: ReviewRate) -> Self {
         Verdicts {
             verified: Cache::builder()
                 .max_capacity(VERIFIED_MAX)
@@ -103,11 +398,12 @@ impl Verdicts {
                 .max_capacity(REFUSED_MAX)
                 .time_to_live(DENY_TTL)
                 .build(),
+            budget: ReviewBudget::new(rate, Instant::now()),
         }
     }
 
     /// The verdict on `token`, from the cache or from `review` (called at most once at a time
-    /// per token; an `Unavailable` answer is not cached).
+    /// per token, and only within the budget; `Unavailable` and `RateLimited` are not cached).
     async fn check<F>(&self, token: &str, review: F) -> Result<Verified, AuthError>
     where
         F: Future<Output = Result<Verified, AuthError>>,
@@ -116,18 +412,29 @@ impl Verdicts {
         if let Some(who) = self.verified.get(&key).await {
             return Ok(who);
         }
+        // Past the budget a token without a verdict is refused before the cache's (costlier)
+        // insertion machinery: a flood then costs two lookups a token.
+        if let Some(verdict) = self.reviews.get(&key).await {
+            return verdict;
+        }
+        if !self.budget.any_left(Instant::now()) {
+            return Err(self.budget.refusal());
+        }
         let outcome = self
             .reviews
             .try_get_with(key, async {
+                if !self.budget.take(Instant::now()) {
+                    return Err(self.budget.refusal());
+                }
                 match review.await {
-                    Err(e @ AuthError::Unavailable(_)) => Err(e),
+                    Err(e) if e.is_transient() => Err(e),
                     verdict => Ok(verdict),
                 }
             })
             .await;
         let verdict = match outcome {
             Ok(verdict) => verdict,
-            Err(unavailable) => Err(AuthError::clone(&unavailable)),
+            Err(transient) => Err(AuthError::clone(&transient)),
         };
         if let Ok(who) = &verdict {
             self.verified.insert(key, who.clone()).await;
@@ -144,6 +451,7 @@ pub struct TokenAuth {
     /// `system:serviceaccount:<namespace>:<name>` of the agents.
     allowed: String,
     verdicts: Verdicts,
+    counts: TokenCounts,
 }
 
 impl std::fmt::Debug for TokenAuth {
@@ -151,29 +459,59 @@ impl std::fmt::Debug for TokenAuth {
         f.debug_struct("TokenAuth")
             .field("audience", &self.audience)
             .field("allowed", &self.allowed)
+            .field("rate", &self.verdicts.budget.rate)
             .finish_non_exhaustive()
     }
 }
 
 impl TokenAuth {
-    /// Accepts tokens of `service_account` (`namespace:name`) issued for `audience`.
-    pub fn new(client: Client, audience: String, service_account: &str) -> Self {
+    /// Accepts tokens of `service_account` (`namespace:name`) issued for `audience`, sending at
+    /// most `rate` TokenReviews and counting checks into `counts`.
+    pub fn new(
+        client: Client,
+        audience: String,
+        service_account: &str,
+        rate: ReviewRate,
+        counts: TokenCounts,
+    ) -> Self {
         Self {
             client,
             audience,
-            allowed: format!("system:serviceaccount:{service_account}"),
-            verdicts: Verdicts::new(),
+            allowed: format!("{SERVICE_ACCOUNT_USER}{service_account}"),
+            verdicts: Verdicts::new(rate),
+            counts,
         }
     }
 
     /// Checks the caller behind `metadata`; on success, says who it is.
     pub async fn check(&self, metadata: &MetadataMap) -> Result<Verified, AuthError> {
-        let token = bearer(metadata).ok_or(AuthError::Missing)?;
-        let verdict = self.verdicts.check(token, self.review(token)).await;
+        let verdict = self.verdict(metadata).await;
         if let Err(e) = &verdict {
-            warn!(error = %e, "config stream caller refused");
+            match e.refused_before_review() {
+                Some(reason) => {
+                    self.counts.refused(reason);
+                    debug!(error = %e, reason, "config stream caller refused before review");
+                }
+                None => warn!(error = %e, "config stream caller refused"),
+            }
         }
         verdict
+    }
+
+    async fn verdict(&self, metadata: &MetadataMap) -> Result<Verified, AuthError> {
+        let token = bearer(metadata).ok_or(AuthError::Missing)?;
+        precheck(token, &self.audience, SystemTime::now())?;
+        let review = async {
+            let verdict = self.review(token).await;
+            self.counts.reviewed(match &verdict {
+                Ok(_) => "allowed",
+                Err(AuthError::Forbidden { .. }) => "forbidden",
+                Err(AuthError::Unavailable(_)) => "failed",
+                Err(_) => "rejected",
+            });
+            verdict
+        };
+        self.verdicts.check(token, review).await
     }
 
     async fn review(&self, token: &str) -> Result<Verified, AuthError> {
@@ -222,8 +560,9 @@ impl TokenAuth {
             .and_then(|e| e.get(POD_NAME_EXTRA))
             .and_then(|v| v.first())
             .cloned();
+        let namespace = service_account_namespace(&name);
         debug!(user = %name, ?pod, "config stream caller verified");
-        Ok(Verified { pod })
+        Ok(Verified { pod, namespace })
     }
 }
 
@@ -240,6 +579,243 @@ fn bearer(metadata: &MetadataMap) -> Option<&str> {
 mod tests {
     use super::*;
     use std::sync::Arc;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+
+    /// A budget no test reaches.
+    const UNLIMITED: ReviewRate = ReviewRate {
+        per_second: u32::MAX,
+        burst: u32::MAX,
+    };
+    const AUDIENCE: &str = "vm-dhcp-controller";
+
+    /// Unpadded base64url, to forge tokens.
+    fn b64(bytes: &[u8]) -> String {
+        const ALPHABET: &[u8; 64] =
+            b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-_";
+        let mut out = String::new();
+        for chunk in bytes.chunks(3) {
+            let n = chunk
+                .iter()
+                .enumerate()
+                .fold(0u32, |n, (i, b)| n | (u32::from(*b) << (16 - 8 * i)));
+            for i in 0..=chunk.len() {
+                out.push(char::from(ALPHABET[((n >> (18 - 6 * i)) & 63) as usize]));
+            }
+        }
+        out
+    }
+
+    fn jwt(header: serde_json::Value, claims: serde_json::Value) -> String {
+        format!(
+            "{}.{}.{}",
+            b64(header.to_string().as_bytes()),
+            b64(claims.to_string().as_bytes()),
+            b64(b"not really a signature")
+        )
+    }
+
+    fn unix(seconds: u64) -> SystemTime {
+        UNIX_EPOCH + Duration::from_secs(seconds)
+    }
+
+    /// A review that counts itself in `reviews`: `who` is verified, `None` is rejected.
+    async fn counted(reviews: &AtomicUsize, who: Option<Verified>) -> Result<Verified, AuthError> {
+        reviews.fetch_add(1, Ordering::SeqCst);
+        who.ok_or_else(|| AuthError::Rejected {
+            audience: "a".into(),
+            reason: "no".into(),
+        })
+    }
+
+    #[test]
+    fn base64url_decodes_every_length_and_refuses_other_alphabets() {
+        for text in [
+            "",
+            "f",
+            "fo",
+            "foo",
+            "foob",
+            "fooba",
+            "foobar",
+            "\u{ff}\u{fe}?>",
+        ] {
+            assert_eq!(base64url(&b64(text.as_bytes())).unwrap(), text.as_bytes());
+        }
+        assert_eq!(
+            base64url("eyJhbGciOiJSUzI1NiJ9").unwrap(),
+            br#"{"alg":"RS256"}"#
+        );
+        assert_eq!(base64url("-_8").unwrap(), [0xfb, 0xff]);
+        assert_eq!(base64url("a+/="), None, "standard alphabet and padding");
+        assert_eq!(base64url("abcde"), None, "no length leaves one sextet over");
+    }
+
+    #[test]
+    fn the_precheck_refuses_garbage_and_passes_what_only_a_review_can_judge() {
+        let now = unix(1_000_000);
+        let rs256 = serde_json::json!({"alg": "RS256", "kid": "k"});
+        let claims = |aud: serde_json::Value, exp: u64| serde_json::json!({"aud": aud, "exp": exp, "sub": "system:serviceaccount:ns:agent"});
+        let good = jwt(
+            rs256.clone(),
+            claims(serde_json::json!([AUDIENCE]), 1_000_600),
+        );
+        assert_eq!(precheck(&good, AUDIENCE, now), Ok(()));
+        // One audience as a string; an expiry within the leeway.
+        let single = jwt(rs256.clone(), claims(serde_json::json!(AUDIENCE), 999_990));
+        assert_eq!(precheck(&single, AUDIENCE, now), Ok(()));
+
+        let malformed = |token: &str| {
+            let e = precheck(token, AUDIENCE, now).unwrap_err();
+            assert!(matches!(e, AuthError::Malformed(_)), "{token:.40}: {e}");
+            assert_eq!(e.refused_before_review(), Some("malformed"));
+            e.to_string()
+        };
+        for garbage in [
+            "garbage",
+            "a.b",
+            "a.b.c.d",
+            "!!.!!.!!",
+            "e30.e30.",
+            "e30.e30.c2ln",
+        ] {
+            malformed(garbage);
+        }
+        let (header, payload, signature) = {
+            let mut parts = good.split('.');
+            (
+                parts.next().unwrap(),
+                parts.next().unwrap(),
+                parts.next().unwrap(),
+            )
+        };
+        assert!(malformed(&format!("{header}.{payload}.{signature}=")).contains("signature"));
+        assert!(malformed(&format!("{header}.{}.{signature}", b64(b"[1]"))).contains("payload"));
+        let unsigned = jwt(
+            serde_json::json!({"alg": "none"}),
+            claims(serde_json::json!([AUDIENCE]), 1_000_600),
+        );
+        assert!(malformed(&unsigned).contains("alg"));
+        let no_exp = jwt(rs256.clone(), serde_json::json!({"aud": [AUDIENCE]}));
+        assert!(malformed(&no_exp).contains("exp"));
+        let padding = "A".repeat(TOKEN_MAX);
+        let oversize = jwt(
+            rs256.clone(),
+            serde_json::json!({"aud": [AUDIENCE], "exp": 1_000_600, "pad": padding}),
+        );
+        assert!(malformed(&oversize).contains("bytes"));
+
+        let other = jwt(
+            rs256.clone(),
+            claims(
+                serde_json::json!(["https://kubernetes.default.svc"]),
+                1_000_600,
+            ),
+        );
+        let e = precheck(&other, AUDIENCE, now).unwrap_err();
+        assert_eq!(e.refused_before_review(), Some("audience"));
+        assert!(e.to_string().contains(AUDIENCE), "{e}");
+        let expired = jwt(rs256, claims(serde_json::json!([AUDIENCE]), 999_000));
+        assert_eq!(
+            precheck(&expired, AUDIENCE, now),
+            Err(AuthError::Expired { expired: 999_000 })
+        );
+        for e in [
+            AuthError::Malformed("x".into()),
+            e,
+            AuthError::Expired { expired: 1 },
+        ] {
+            assert_eq!(Status::from(e).code(), tonic::Code::Unauthenticated);
+        }
+    }
+
+    #[test]
+    fn the_budget_grants_a_burst_then_the_rate() {
+        let start = Instant::now();
+        let budget = ReviewBudget::new(
+            ReviewRate {
+                per_second: 5,
+                burst: 3,
+            },
+            start,
+        );
+        let granted =
+            |at: Duration, tries: usize| (0..tries).filter(|_| budget.take(start + at)).count();
+        assert!(
+            budget.any_left(start) && budget.any_left(start),
+            "looking takes nothing"
+        );
+        assert_eq!(granted(Duration::ZERO, 10), 3, "the burst");
+        assert!(!budget.any_left(start));
+        assert_eq!(
+            granted(Duration::from_millis(100), 10),
+            0,
+            "half a review refilled"
+        );
+        assert_eq!(granted(Duration::from_millis(200), 10), 1);
+        assert_eq!(
+            granted(Duration::from_millis(1200), 10),
+            3,
+            "refilled to the burst only"
+        );
+        // A caller that read the clock before the last one neither refills nor unrefills.
+        assert_eq!(granted(Duration::from_millis(1000), 10), 0);
+        assert_eq!(granted(Duration::from_millis(1400), 10), 1);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_flood_of_new_tokens_costs_at_most_the_budget_and_verified_agents_are_served() {
+        let verdicts = Verdicts::new(ReviewRate {
+            per_second: 2,
+            burst: 4,
+        });
+        let reviews = AtomicUsize::new(0);
+        let review = |ok: bool| counted(&reviews, ok.then(Verified::default));
+        assert!(verdicts.check("agent", review(true)).await.is_ok());
+        let mut limited = 0;
+        for i in 0..20_000 {
+            match verdicts.check(&format!("forged-{i}"), review(false)).await {
+                Err(AuthError::RateLimited { per_second: 2 }) => limited += 1,
+                Err(AuthError::Rejected { .. }) => {}
+                other => panic!("{other:?}"),
+            }
+        }
+        assert_eq!(reviews.load(Ordering::SeqCst), 4, "the burst, no more");
+        assert_eq!(limited, 20_000 - 3);
+        // The verified agent costs nothing; a refusal already known neither.
+        assert!(verdicts.check("agent", review(true)).await.is_ok());
+        assert!(matches!(
+            verdicts.check("forged-0", review(false)).await,
+            Err(AuthError::Rejected { .. })
+        ));
+        assert_eq!(reviews.load(Ordering::SeqCst), 4);
+        // A rate-limited token was not cached: once the budget refills, it is reviewed.
+        tokio::time::advance(Duration::from_millis(500)).await;
+        assert!(verdicts.check("forged-19999", review(true)).await.is_ok());
+        assert_eq!(reviews.load(Ordering::SeqCst), 5);
+        assert_eq!(
+            Status::from(AuthError::RateLimited { per_second: 2 }).code(),
+            tonic::Code::Unavailable
+        );
+    }
+
+    #[test]
+    fn the_namespace_is_read_from_the_service_account_user_name() {
+        let ns = service_account_namespace;
+        assert_eq!(
+            ns("system:serviceaccount:vmdhcp-system:agent").as_deref(),
+            Some("vmdhcp-system")
+        );
+        assert_eq!(ns("system:serviceaccount:ns:a:b").as_deref(), Some("ns"));
+        for other in [
+            "system:serviceaccount::agent",
+            "system:serviceaccount:ns:",
+            "system:serviceaccount:ns",
+            "alice",
+            "system:node:ns:x",
+        ] {
+            assert_eq!(ns(other), None, "{other}");
+        }
+    }
 
     fn md(value: &str) -> MetadataMap {
         let mut m = MetadataMap::new();
@@ -278,25 +854,13 @@ mod tests {
 
     #[tokio::test]
     async fn a_flood_of_bad_tokens_neither_evicts_verdicts_nor_repeats_reviews() {
-        use std::sync::atomic::{AtomicUsize, Ordering};
-        let verdicts = Verdicts::new();
+        let verdicts = Verdicts::new(UNLIMITED);
         let reviews = AtomicUsize::new(0);
-        let review = |ok: bool| {
-            let reviews = &reviews;
-            async move {
-                reviews.fetch_add(1, Ordering::SeqCst);
-                if ok {
-                    Ok(Verified {
-                        pod: Some("agent-0".into()),
-                    })
-                } else {
-                    Err(AuthError::Rejected {
-                        audience: "a".into(),
-                        reason: "no".into(),
-                    })
-                }
-            }
+        let agent = Verified {
+            pod: Some("agent-0".into()),
+            ..Verified::default()
         };
+        let review = |ok: bool| counted(&reviews, ok.then(|| agent.clone()));
         let good = "agent-token";
         assert_eq!(
             verdicts
@@ -334,8 +898,7 @@ mod tests {
 
     #[tokio::test]
     async fn concurrent_checks_of_one_token_share_one_review_and_outages_are_not_cached() {
-        use std::sync::atomic::{AtomicUsize, Ordering};
-        let verdicts = Arc::new(Verdicts::new());
+        let verdicts = Arc::new(Verdicts::new(UNLIMITED));
         let reviews = Arc::new(AtomicUsize::new(0));
         let (release, released) = tokio::sync::watch::channel(false);
         let mut checks = Vec::new();
