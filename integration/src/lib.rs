@@ -1,5 +1,7 @@
 //! Test harnesses for vmdhcp's end-to-end tests and benchmarks, built on real components only.
 //!
+//! - [`audit`]: the API server's audit log as the permissions each ServiceAccount used or was
+//!   refused, compared with what its RBAC rules grant.
 //! - [`containerd`]: a private containerd + runc that imports our images and runs them under a
 //!   Kubernetes-like security context.
 //! - [`control_plane`]: etcd + kube-apiserver as processes, with our CRDs installed.
@@ -14,7 +16,10 @@
 //! - [`otlp`]: a real OTLP/gRPC trace receiver, keeping the spans it is sent.
 //! - [`pools`]: many NADs and IPPools at once, for the tests and benchmarks at size.
 //! - [`ports`]: free loopback ports for the processes the tests start.
-//! - [`process`]: child processes that cannot outlive the test process.
+//! - [`process`]: child processes that cannot outlive the test process, and the sockets one
+//!   holds.
+//! - [`secure_controller`]: the controller serving its config stream and admission webhook over
+//!   TLS, the webhook registered with the API server.
 //! - [`static_agent`]: the agent's `serve-static` in a network lab, with VM namespaces, other
 //!   hosts on a shared bridge and hand-built DHCP messages.
 //! - [`tls`]: TLS client handshakes verified against the controller's published CA.
@@ -22,6 +27,7 @@
 //! The tests themselves live in `tests/`; each test binary shares one control plane.
 #![forbid(unsafe_code)]
 
+pub mod audit;
 pub mod containerd;
 pub mod control_plane;
 pub mod dhcp_client;
@@ -34,5 +40,6 @@ pub mod otlp;
 pub mod pools;
 pub mod ports;
 pub mod process;
+pub mod secure_controller;
 pub mod static_agent;
 pub mod tls;

@@ -227,6 +227,45 @@ pub fn rss_mb(pid: impl std::fmt::Display) -> f64 {
         / 1024.0
 }
 
+/// The TCP connections process `pid` holds on its local `port` with `peer` at the other end, in
+/// any state but LISTEN, read from `/proc`: what a server really keeps open (its sockets), not
+/// what its clients believe (a connection waiting in the kernel's backlog is no one's yet).
+pub fn tcp_connections(pid: u32, port: u16, peer: std::net::Ipv4Addr) -> usize {
+    let inodes: std::collections::HashSet<String> = std::fs::read_dir(format!("/proc/{pid}/fd"))
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter_map(|fd| std::fs::read_link(fd.path()).ok())
+        .filter_map(|link| {
+            let link = link.to_str()?;
+            Some(link.strip_prefix("socket:[")?.strip_suffix(']')?.to_owned())
+        })
+        .collect();
+    let table = std::fs::read_to_string(format!("/proc/{pid}/net/tcp")).unwrap_or_default();
+    // `sl local rem st … inode`: addresses are `HEX_IP:HEX_PORT`, the IP as the kernel's
+    // network-order word printed in host order; state 0A is LISTEN. The table is read in pages
+    // while sockets come and go, so one can be listed twice: count inodes, not lines.
+    let address = |field: &str| -> Option<(std::net::Ipv4Addr, u16)> {
+        let (ip, port) = field.split_once(':')?;
+        let ip = u32::from_str_radix(ip, 16).ok()?.to_ne_bytes();
+        Some((ip.into(), u16::from_str_radix(port, 16).ok()?))
+    };
+    let held: std::collections::HashSet<&str> = table
+        .lines()
+        .skip(1)
+        .filter_map(|line| {
+            let f: Vec<&str> = line.split_whitespace().collect();
+            (f.len() > 9
+                && f[3] != "0A"
+                && inodes.contains(f[9])
+                && address(f[1]).is_some_and(|(_, p)| p == port)
+                && address(f[2]).is_some_and(|(ip, _)| ip == peer))
+            .then_some(f[9])
+        })
+        .collect();
+    held.len()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

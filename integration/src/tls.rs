@@ -11,9 +11,8 @@ use rustls::pki_types::{CertificateDer, ServerName};
 use tokio::net::TcpStream;
 use tokio_rustls::client::TlsStream;
 
-/// Connects to `127.0.0.1:port` and completes a TLS handshake for `server_name`, trusting only
-/// the certificates of `ca_pem`.
-pub async fn connect(port: u16, ca_pem: &str, server_name: &str) -> TlsStream<TcpStream> {
+/// A client configuration that trusts only the certificates of `ca_pem`.
+pub fn client_config(ca_pem: &str) -> Arc<rustls::ClientConfig> {
     let mut roots = rustls::RootCertStore::empty();
     for cert in CertificateDer::pem_slice_iter(ca_pem.as_bytes()) {
         roots.add(cert.unwrap()).unwrap();
@@ -25,9 +24,15 @@ pub async fn connect(port: u16, ca_pem: &str, server_name: &str) -> TlsStream<Tc
     .unwrap()
     .with_root_certificates(roots)
     .with_no_client_auth();
+    Arc::new(config)
+}
+
+/// Connects to `127.0.0.1:port` and completes a TLS handshake for `server_name`, trusting only
+/// the certificates of `ca_pem`.
+pub async fn connect(port: u16, ca_pem: &str, server_name: &str) -> TlsStream<TcpStream> {
     let tcp = TcpStream::connect(("127.0.0.1", port)).await.unwrap();
     let name = ServerName::try_from(server_name.to_owned()).unwrap();
-    tokio_rustls::TlsConnector::from(Arc::new(config))
+    tokio_rustls::TlsConnector::from(client_config(ca_pem))
         .connect(name, tcp)
         .await
         .unwrap_or_else(|e| panic!("TLS handshake with port {port} as {server_name}: {e}"))

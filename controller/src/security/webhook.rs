@@ -20,7 +20,6 @@ use axum::{Json, Router};
 use futures_util::StreamExt;
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use hyper_util::server::conn::auto;
-use hyper_util::server::graceful::GracefulShutdown;
 use hyper_util::service::TowerToHyperService;
 use ipnet::Ipv4Net;
 use kube::api::DynamicObject;
@@ -37,12 +36,35 @@ use vmdhcp_core::crd::{IPPool, VirtualMachineNetworkConfig};
 
 use crate::index::caches::Caches;
 use crate::kinds::{nad_resource, network_of, store_key};
-use crate::security::listener::Limits;
+use crate::security::listener::{Activity, Limits};
 
 /// How long a client may take to send a request's headers.
 const HEADER_READ_TIMEOUT: Duration = Duration::from_secs(10);
 /// How long shutdown waits for requests in flight.
 const DRAIN: Duration = Duration::from_secs(5);
+/// A connection with no request in flight for this long is closed (gracefully: HTTP/2 GOAWAY,
+/// or HTTP/1 between requests). 90 s is how long the API server's own client keeps an idle
+/// connection (Go's `IdleConnTimeout` as Kubernetes sets it), so the one client that matters
+/// rarely finds a connection it meant to reuse closed, while an idle hoarder holds its place no
+/// longer.
+const IDLE: Duration = Duration::from_secs(90);
+/// HTTP/2 PING interval: a peer gone without a FIN is found within this and
+/// [`KEEPALIVE_TIMEOUT`], instead of holding its place until the idle bound.
+const KEEPALIVE: Duration = Duration::from_secs(30);
+/// How long a PING may go unanswered.
+const KEEPALIVE_TIMEOUT: Duration = Duration::from_secs(10);
+/// The longest a request may take, body included: the API server waits at most 30 s for a
+/// webhook (`timeoutSeconds` ≤ 30), so a later answer is read by no one, and a client that
+/// dribbles its body holds a request no longer.
+const REQUEST_TIMEOUT: Duration = Duration::from_secs(30);
+/// Concurrent HTTP/2 streams per connection: the API server multiplexes its calls over one
+/// connection per instance and opens another only beyond this.
+const MAX_STREAMS: u32 = 256;
+/// The largest HTTP/2 header block: an AdmissionReview's headers are a few hundred bytes.
+const MAX_HEADER_LIST: u32 = 16 << 10;
+/// Streams a client may open and reset before the server has accepted them (the HTTP/2 rapid
+/// reset attack); hyper's default, pinned.
+const MAX_PENDING_RESETS: usize = 20;
 
 /// Why the webhook server could not run, or why a request could not be judged (it is then
 /// refused with this as its reason, in upstream's words: "… because <this>").
@@ -112,41 +134,83 @@ pub async fn serve(
         .route("/healthz", get(|| async { "ok" }))
         .with_state(state);
     info!(%addr, "admission webhook serving");
+    // Connection limits as for any listener; no byte clock: HTTP/2 PINGs are bytes, so idleness
+    // is measured in requests (`Activity`).
     let (connections, _usage) = crate::security::listener::accept(listener, tls, Limits::default());
     let mut connections = std::pin::pin!(connections);
     let mut builder = auto::Builder::new(TokioExecutor::new());
-    // A client that opens a connection and sends nothing holds it for a bounded time only.
+    // A client that opens a connection and sends nothing, or half a request, holds it for a
+    // bounded time only.
     builder
         .http1()
         .timer(TokioTimer::new())
         .header_read_timeout(HEADER_READ_TIMEOUT);
-    builder.http2().timer(TokioTimer::new());
-    let graceful = GracefulShutdown::new();
+    builder
+        .http2()
+        .timer(TokioTimer::new())
+        .keep_alive_interval(KEEPALIVE)
+        .keep_alive_timeout(KEEPALIVE_TIMEOUT)
+        .max_concurrent_streams(MAX_STREAMS)
+        .max_header_list_size(MAX_HEADER_LIST)
+        .max_pending_accept_reset_streams(MAX_PENDING_RESETS);
+    let mut open = tokio::task::JoinSet::new();
+    let stops = shutdown.clone();
     loop {
         tokio::select! {
             conn = connections.next() => match conn {
                 Some(Ok(stream)) => {
-                    let service = TowerToHyperService::new(app.clone());
-                    let connection = builder.serve_connection(TokioIo::new(stream), service);
-                    let connection = graceful.watch(connection.into_owned());
-                    tokio::spawn(async move {
+                    let activity = Activity::default();
+                    let app = TowerToHyperService::new(app.clone());
+                    let requests = activity.clone();
+                    let service = hyper::service::service_fn(move |req| {
+                        let busy = requests.begin();
+                        let answer = hyper::service::Service::call(&app, req);
+                        async move {
+                            let answer = tokio::time::timeout(REQUEST_TIMEOUT, answer).await;
+                            drop(busy);
+                            answer.unwrap_or_else(|_| {
+                                debug!(limit = ?REQUEST_TIMEOUT, "webhook request timed out");
+                                let mut late = axum::response::Response::new(axum::body::Body::empty());
+                                *late.status_mut() = http::StatusCode::REQUEST_TIMEOUT;
+                                Ok(late)
+                            })
+                        }
+                    });
+                    let connection = builder
+                        .serve_connection(TokioIo::new(stream), service)
+                        .into_owned();
+                    let mut stop = stops.clone();
+                    open.spawn(async move {
+                        let mut connection = std::pin::pin!(connection);
+                        let why = tokio::select! {
+                            ended = connection.as_mut() => {
+                                if let Err(e) = ended {
+                                    debug!(error = %e, "webhook connection ended");
+                                }
+                                return;
+                            }
+                            () = activity.idle(IDLE) => "idle",
+                            _ = stop.wait_for(|s| *s) => "shutdown",
+                        };
+                        // Requests in flight are answered (the API server would otherwise retry
+                        // or fail them); no new one is taken.
+                        connection.as_mut().graceful_shutdown();
                         if let Err(e) = connection.await {
-                            debug!(error = %e, "webhook connection ended");
+                            debug!(error = %e, why, "webhook connection ended");
                         }
                     });
                 }
                 Some(Err(e)) => debug!(error = %e, "webhook connection not accepted"),
                 None => break,
             },
+            Some(_) = open.join_next(), if !open.is_empty() => {}
             _ = shutdown.wait_for(|s| *s) => break,
         }
     }
-    // Requests in flight are answered (the API server would otherwise retry or fail them).
-    if tokio::time::timeout(DRAIN, graceful.shutdown())
-        .await
-        .is_err()
-    {
-        warn!(limit = ?DRAIN, "webhook connections still open at shutdown");
+    let drained =
+        tokio::time::timeout(DRAIN, async { while open.join_next().await.is_some() {} }).await;
+    if drained.is_err() {
+        warn!(limit = ?DRAIN, open = open.len(), "webhook connections still open at shutdown");
     }
     Ok(())
 }
