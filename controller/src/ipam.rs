@@ -151,7 +151,7 @@ enum Slot {
 }
 
 /// The allocation state of one pool. See the module docs for complexity and determinism.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug)]
 pub struct PoolAllocator {
     range: PoolRange,
     /// Free intervals, `first → last` (inclusive), disjoint and never adjacent.
@@ -164,7 +164,139 @@ pub struct PoolAllocator {
     conflicts: BTreeMap<u32, AddressConflict>,
     /// The host name of the VM holding an address, for addresses held by a MAC only.
     host_names: HashMap<u32, String>,
+    /// Recorded entries this allocator cannot hold as addresses (a key outside the range or not
+    /// an address, written by another writer): kept and written back as they are.
+    verbatim: BTreeMap<String, String>,
+    /// What changed since the books were last recorded.
+    unrecorded: Unrecorded,
 }
+
+/// Changes to a pool's books not yet recorded in etcd, each numbered. A write that meets a
+/// version of the pool it did not make (someone else wrote) tells by them an entry this
+/// allocator released (left out) from one it never knew (adopted: [`Foreign`]), and an address
+/// it gave but has not recorded (the record came first) from one it recorded earlier.
+#[derive(Clone, Debug, Default)]
+struct Unrecorded {
+    /// The number of the latest change.
+    seq: u64,
+    /// Addresses given to a MAC, and when.
+    given: HashMap<u32, u64>,
+    /// Addresses freed, the value they were recorded under, and when.
+    freed: HashMap<u32, (String, u64)>,
+}
+
+/// An entry of a pool's recorded `status.ipv4.allocated` that differs from this allocator's
+/// books and is not one of its own unrecorded releases: another writer's (upstream's Go
+/// controller during a migration, a second release, a hand edit) or a write this replica's
+/// caches never showed it. What the next write does with it; nothing is dropped unreported.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Foreign {
+    /// Nobody holds the address here: it is taken for the recorded holder.
+    Adopted {
+        /// The address.
+        ip: Ipv4Addr,
+        /// The recorded value (a MAC, or a marker kept as written).
+        value: String,
+    },
+    /// The address is held here by `ours`, recorded before the other writer's entry: ours
+    /// stays and the other is reported (two MACs were told the same address at most once:
+    /// ours first).
+    KeptOurs {
+        /// The address.
+        ip: Ipv4Addr,
+        /// Our holder's value.
+        ours: String,
+        /// The other writer's value.
+        theirs: String,
+    },
+    /// The address was given here to `ours` but not yet recorded, and the record names
+    /// `theirs`: the record came first, so ours is withdrawn before anyone is told of it and
+    /// its config allocates again.
+    Withdrew {
+        /// The address.
+        ip: Ipv4Addr,
+        /// The MAC that loses it.
+        ours: MacAddr,
+        /// The recorded value that keeps it.
+        theirs: String,
+    },
+    /// The entry names no address of the range: kept in the status as it is, never served.
+    Verbatim {
+        /// The recorded key.
+        key: String,
+        /// The recorded value.
+        value: String,
+    },
+}
+
+impl Foreign {
+    /// A short name for metrics: `adopted`, `kept_ours`, `withdrew_ours`, `verbatim`.
+    pub fn outcome(&self) -> &'static str {
+        match self {
+            Foreign::Adopted { .. } => "adopted",
+            Foreign::KeptOurs { .. } => "kept_ours",
+            Foreign::Withdrew { .. } => "withdrew_ours",
+            Foreign::Verbatim { .. } => "verbatim",
+        }
+    }
+
+    /// Whether this is two holders of one address (a Warning to operators), not an adoption.
+    pub fn is_collision(&self) -> bool {
+        matches!(self, Foreign::KeptOurs { .. } | Foreign::Withdrew { .. })
+    }
+
+    /// The address and the recorded value the write keeps for it, when the record's holder
+    /// keeps it (adopted, or ours withdrawn).
+    fn recorded_holder(&self) -> Option<(Ipv4Addr, &String)> {
+        match self {
+            Foreign::Adopted { ip, value }
+            | Foreign::Withdrew {
+                ip, theirs: value, ..
+            } => Some((*ip, value)),
+            Foreign::KeptOurs { .. } | Foreign::Verbatim { .. } => None,
+        }
+    }
+}
+
+impl std::fmt::Display for Foreign {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Foreign::Adopted { ip, value } => {
+                write!(f, "{ip} recorded for {value} by another writer: adopted")
+            }
+            Foreign::KeptOurs { ip, ours, theirs } => write!(
+                f,
+                "{ip} recorded for {theirs} by another writer, but {ours} held it first: {ours} keeps it"
+            ),
+            Foreign::Withdrew { ip, ours, theirs } => write!(
+                f,
+                "{ip} recorded for {theirs} by another writer before {ours} was recorded: {theirs} keeps it, {ours} is allocated again"
+            ),
+            Foreign::Verbatim { key, value } => write!(
+                f,
+                "entry {key}={value} recorded by another writer names no address of the range: kept as written"
+            ),
+        }
+    }
+}
+
+/// Equal books: the same holders, free addresses, conflicts, names and kept entries, whatever
+/// either has yet to record (a rebuild from status equals the allocator that wrote it).
+impl PartialEq for PoolAllocator {
+    fn eq(&self, other: &Self) -> bool {
+        self.range == other.range
+            && self.free == other.free
+            && self.free_count == other.free_count
+            && self.taken == other.taken
+            && self.by_mac == other.by_mac
+            && self.used == other.used
+            && self.conflicts == other.conflicts
+            && self.host_names == other.host_names
+            && self.verbatim == other.verbatim
+    }
+}
+
+impl Eq for PoolAllocator {}
 
 impl PoolAllocator {
     /// A pool with nothing allocated but its markers: the server and router addresses when they
@@ -184,6 +316,8 @@ impl PoolAllocator {
             used: 0,
             conflicts: BTreeMap::new(),
             host_names: HashMap::new(),
+            verbatim: BTreeMap::new(),
+            unrecorded: Unrecorded::default(),
         };
         let reserved = std::iter::once(alloc.range.server_ip()).chain(alloc.range.router());
         let marks: Vec<(Ipv4Addr, Holder)> = reserved
@@ -304,6 +438,7 @@ impl PoolAllocator {
             });
         };
         self.take(first, Slot::Held(Holder::Mac(mac)));
+        self.note_given(first);
         Ok(Ipv4Addr::from(first))
     }
 
@@ -372,6 +507,7 @@ impl PoolAllocator {
             });
         }
         self.take(n, Slot::Held(Holder::Mac(mac)));
+        self.note_given(n);
         Ok(ip)
     }
 
@@ -385,10 +521,13 @@ impl PoolAllocator {
             Some(Slot::Held(Holder::Excluded)) => "EXCLUDED",
             Some(Slot::Held(Holder::Mac(mac))) => {
                 let mac = *mac;
+                self.note_freed(n, mac.to_string());
                 self.give_back(n);
                 return Ok(Some(mac));
             }
-            Some(Slot::Unreadable(_)) => {
+            Some(Slot::Unreadable(value)) => {
+                let value = value.clone();
+                self.note_freed(n, value);
                 self.give_back(n);
                 return Ok(None);
             }
@@ -404,8 +543,150 @@ impl PoolAllocator {
     /// Frees whatever `mac` holds; returns that address.
     pub fn release_mac(&mut self, mac: &MacAddr) -> Option<Ipv4Addr> {
         let n = *self.by_mac.get(mac)?;
+        self.note_freed(n, mac.to_string());
         self.give_back(n);
         Some(Ipv4Addr::from(n))
+    }
+
+    fn note_given(&mut self, n: u32) {
+        self.unrecorded.seq += 1;
+        self.unrecorded.given.insert(n, self.unrecorded.seq);
+    }
+
+    fn note_freed(&mut self, n: u32, value: String) {
+        self.unrecorded.seq += 1;
+        self.unrecorded.given.remove(&n);
+        self.unrecorded
+            .freed
+            .insert(n, (value, self.unrecorded.seq));
+    }
+
+    /// The number of the latest change to the books: a write that records them as they stand
+    /// now covers every change up to it ([`PoolAllocator::settle`]).
+    pub fn changes(&self) -> u64 {
+        self.unrecorded.seq
+    }
+
+    /// What to do with each entry of `recorded` (a version of the pool's `allocated` map this
+    /// allocator did not write) that differs from the books, leaving out this allocator's own
+    /// releases not yet recorded. Changes nothing: a write that fails changes nothing either;
+    /// [`PoolAllocator::status_allocated_with`] writes the plan, [`PoolAllocator::settle`]
+    /// applies it once written.
+    pub fn foreign(&self, recorded: &BTreeMap<String, String>) -> Vec<Foreign> {
+        let mut plan = Vec::new();
+        for (key, value) in recorded {
+            let parsed = key.parse::<Ipv4Addr>().ok().filter(|ip| self.in_range(*ip));
+            let Some(ip) = parsed else {
+                if self.verbatim.get(key) != Some(value) {
+                    plan.push(Foreign::Verbatim {
+                        key: key.clone(),
+                        value: value.clone(),
+                    });
+                }
+                continue;
+            };
+            let n = u32::from(ip);
+            let theirs = Holder::parse(value).ok();
+            let same = match self.taken.get(&n) {
+                Some(Slot::Held(h)) => theirs.as_ref() == Some(h),
+                Some(Slot::Unreadable(v)) => v == value,
+                Some(Slot::Conflicted) | None => false,
+            };
+            let released_here = self.unrecorded.freed.get(&n).is_some_and(|(v, _)| {
+                v == value || (theirs.is_some() && Holder::parse(v).ok() == theirs)
+            });
+            if same || released_here {
+                continue;
+            }
+            plan.push(match self.taken.get(&n) {
+                Some(Slot::Held(Holder::Mac(ours))) if self.unrecorded.given.contains_key(&n) => {
+                    Foreign::Withdrew {
+                        ip,
+                        ours: *ours,
+                        theirs: value.clone(),
+                    }
+                }
+                Some(Slot::Held(h)) => Foreign::KeptOurs {
+                    ip,
+                    ours: h.as_status_value(),
+                    theirs: value.clone(),
+                },
+                Some(Slot::Unreadable(v)) => Foreign::KeptOurs {
+                    ip,
+                    ours: v.clone(),
+                    theirs: value.clone(),
+                },
+                Some(Slot::Conflicted) | None => Foreign::Adopted {
+                    ip,
+                    value: value.clone(),
+                },
+            });
+        }
+        plan
+    }
+
+    /// [`PoolAllocator::status_allocated`] with `plan` ([`PoolAllocator::foreign`]) applied:
+    /// adopted and verbatim entries added, withdrawn addresses under the record's holder.
+    pub fn status_allocated_with(&self, plan: &[Foreign]) -> BTreeMap<String, String> {
+        let mut allocated = self.status_allocated();
+        for entry in plan {
+            if let Some((ip, value)) = entry.recorded_holder() {
+                allocated.insert(ip.to_string(), value.clone());
+            } else if let Foreign::Verbatim { key, value } = entry {
+                allocated.insert(key.clone(), value.clone());
+            }
+        }
+        allocated
+    }
+
+    /// Once a write of [`PoolAllocator::status_allocated_with`]`(plan)`, made when the books
+    /// stood at change `upto`, is recorded: applies `plan` to the books (an address adopted
+    /// since given here unrecorded is withdrawn from ours: the record holds it) and forgets the
+    /// changes up to `upto`. Returns the MACs whose unrecorded address was withdrawn.
+    pub fn settle(&mut self, plan: &[Foreign], upto: u64) -> Vec<MacAddr> {
+        let mut withdrawn = Vec::new();
+        for entry in plan {
+            if let Foreign::Verbatim { key, value } = entry {
+                self.verbatim.insert(key.clone(), value.clone());
+            }
+            let Some((ip, value)) = entry.recorded_holder() else {
+                continue;
+            };
+            let n = u32::from(ip);
+            if let Some(Slot::Held(Holder::Mac(ours))) = self.taken.get(&n) {
+                let ours = *ours;
+                if Holder::parse(value).ok() == Some(Holder::Mac(ours)) {
+                    continue;
+                }
+                if !self.unrecorded.given.contains_key(&n) {
+                    // Recorded by us since the plan was made: ours stays.
+                    continue;
+                }
+                self.unrecorded.given.remove(&n);
+                self.give_back(n);
+                withdrawn.push(ours);
+            }
+            // A MAC held here at another address, or a marker the spec does not
+            // make: blocked and written back as recorded.
+            let slot = match Holder::parse(value) {
+                Ok(Holder::Mac(mac)) if !self.by_mac.contains_key(&mac) => {
+                    Slot::Held(Holder::Mac(mac))
+                }
+                _ => Slot::Unreadable(value.clone()),
+            };
+            match self.taken.get(&n) {
+                Some(Slot::Conflicted) => {
+                    self.taken.remove(&n);
+                    self.hold(n, slot);
+                }
+                None if self.is_free(n) => self.take(n, slot),
+                _ => {}
+            }
+        }
+        let u = &mut self.unrecorded;
+        u.given.retain(|_, seq| *seq > upto);
+        u.freed.retain(|_, (_, seq)| *seq > upto);
+        withdrawn
     }
 
     /// The pool's `status.ipv4.allocated` map: what must be recorded in etcd for this state.
@@ -423,6 +704,7 @@ impl PoolAllocator {
                 };
                 Some((Ipv4Addr::from(*n).to_string(), value))
             })
+            .chain(self.verbatim.iter().map(|(k, v)| (k.clone(), v.clone())))
             .collect()
     }
 
@@ -611,6 +893,11 @@ impl PoolAllocator {
             self.free.insert(n + 1, last);
         }
         self.free_count -= 1;
+        self.hold(n, slot);
+    }
+
+    /// Puts `slot` at `n`, which is in no free interval and not taken.
+    fn hold(&mut self, n: u32, slot: Slot) {
         match &slot {
             Slot::Held(Holder::Mac(mac)) => {
                 self.by_mac.insert(*mac, n);
@@ -1399,5 +1686,169 @@ mod tests {
         );
         owners.release(&pool, A, &one);
         owners.claim(&pool, A, &two).unwrap();
+    }
+
+    /// A write that meets another writer's version of the record: entries it does not know
+    /// are adopted, its own unrecorded releases are left out, and nothing changes before the
+    /// write is recorded.
+    #[test]
+    fn another_writers_entries_are_adopted_and_our_releases_left_out() {
+        let mut a = PoolAllocator::new(readme_range());
+        let first = a.allocate(mac(1)).unwrap();
+        let second = a.allocate(mac(2)).unwrap();
+        a.settle(&[], a.changes());
+        // We release the first (not recorded yet); someone else records mac 9 on a free address.
+        a.release_mac(&mac(1));
+        let mut record = a.status_allocated();
+        record.insert(first.to_string(), mac(1).to_string());
+        record.insert("192.168.48.85".into(), mac(9).to_string());
+        record.insert("not-an-ip".into(), "x".into());
+        let plan = a.foreign(&record);
+        assert_eq!(
+            plan,
+            vec![
+                Foreign::Adopted {
+                    ip: ip("192.168.48.85"),
+                    value: mac(9).to_string()
+                },
+                Foreign::Verbatim {
+                    key: "not-an-ip".into(),
+                    value: "x".into()
+                },
+            ]
+        );
+        let written = a.status_allocated_with(&plan);
+        assert!(!written.contains_key(&first.to_string()), "{written:?}");
+        assert_eq!(written.get("192.168.48.85"), Some(&mac(9).to_string()));
+        assert_eq!(written.get("not-an-ip").map(String::as_str), Some("x"));
+        assert_eq!(a.lookup(&mac(9)), None, "nothing applied before the write");
+
+        assert!(a.settle(&plan, a.changes()).is_empty());
+        assert_eq!(a.lookup(&mac(9)), Some(ip("192.168.48.85")));
+        assert_eq!(a.lookup(&mac(2)), Some(second));
+        // The books now write what the record holds: nothing foreign is left.
+        assert!(a.foreign(&written).is_empty());
+        assert_eq!(a.status_allocated(), written);
+        // The adopted address is never handed out again.
+        for _ in 0..5 {
+            let _ = a.allocate(mac(100 + a.used() as u32));
+        }
+        assert_eq!(
+            a.leases()
+                .filter(|(i, _)| *i == ip("192.168.48.85"))
+                .count(),
+            1
+        );
+    }
+
+    #[test]
+    fn a_collision_keeps_whichever_was_recorded_first() {
+        let mut a = PoolAllocator::new(readme_range());
+        let recorded = a.allocate(mac(1)).unwrap();
+        a.settle(&[], a.changes());
+        let pending = a.allocate(mac(2)).unwrap();
+        // Another writer recorded mac 7 on our recorded address and mac 8 on our pending one.
+        let mut record = a.status_allocated();
+        record.remove(&pending.to_string());
+        record.insert(recorded.to_string(), mac(7).to_string());
+        record.insert(pending.to_string(), mac(8).to_string());
+        let plan = a.foreign(&record);
+        assert_eq!(
+            plan,
+            vec![
+                Foreign::KeptOurs {
+                    ip: recorded,
+                    ours: mac(1).to_string(),
+                    theirs: mac(7).to_string()
+                },
+                Foreign::Withdrew {
+                    ip: pending,
+                    ours: mac(2),
+                    theirs: mac(8).to_string()
+                },
+            ]
+        );
+        assert!(plan.iter().all(Foreign::is_collision));
+        let written = a.status_allocated_with(&plan);
+        assert_eq!(
+            written.get(&recorded.to_string()),
+            Some(&mac(1).to_string())
+        );
+        assert_eq!(written.get(&pending.to_string()), Some(&mac(8).to_string()));
+        assert_eq!(a.settle(&plan, a.changes()), vec![mac(2)]);
+        assert_eq!(
+            a.lookup(&mac(2)),
+            None,
+            "withdrawn: its config allocates again"
+        );
+        assert_eq!(a.lookup(&mac(8)), Some(pending));
+        let again = a.allocate(mac(2)).unwrap();
+        assert_ne!(again, pending);
+        assert_eq!(a.status_allocated_with(&[]).len(), written.len() + 1);
+    }
+
+    /// Two writers on one record, in any interleaving: every entry either wrote survives
+    /// unless its own writer released it, and no address is recorded for two MACs by one write.
+    #[test]
+    fn two_writers_never_lose_each_others_entries() {
+        let mut rng = 0x9e37_79b9_u32;
+        let mut next = move |n: u32| {
+            rng ^= rng << 13;
+            rng ^= rng >> 17;
+            rng ^= rng << 5;
+            rng % n
+        };
+        let r = range(
+            "default/two",
+            "10.0.0.0/24",
+            ("10.0.0.10", "10.0.0.60"),
+            "10.0.0.1",
+            None,
+            vec![],
+        );
+        let mut ours = PoolAllocator::new(r);
+        let mut record: BTreeMap<String, String> = BTreeMap::new();
+        // What the other writer added and still means to hold.
+        let mut theirs: BTreeMap<String, String> = BTreeMap::new();
+        for step in 0..400u32 {
+            match next(4) {
+                0 => {
+                    let _ = ours.allocate(mac(step));
+                }
+                1 => {
+                    // Ours only: nothing here ever releases the other writer's MACs.
+                    let mine = |m: &MacAddr| {
+                        u32::from_be_bytes([m.0[2], m.0[3], m.0[4], m.0[5]]) < 1_000_000
+                    };
+                    let pick = next(8) as usize;
+                    let picked = ours.leases().filter(|(_, m)| mine(m)).nth(pick);
+                    if let Some((_, m)) = picked {
+                        ours.release_mac(&m);
+                    }
+                }
+                2 => {
+                    // The other writer records a MAC of its own on an address free in the record.
+                    let n = 10 + next(51);
+                    let key = format!("10.0.0.{n}");
+                    if !record.contains_key(&key) {
+                        let value = mac(1_000_000 + step).to_string();
+                        record.insert(key.clone(), value.clone());
+                        theirs.insert(key, value);
+                    }
+                }
+                _ => {
+                    let plan = ours.foreign(&record);
+                    let written = ours.status_allocated_with(&plan);
+                    let upto = ours.changes();
+                    ours.settle(&plan, upto);
+                    for (k, v) in &theirs {
+                        assert_eq!(written.get(k), Some(v), "step {step}: their {k} lost");
+                    }
+                    record = written;
+                }
+            }
+            let held: BTreeSet<Ipv4Addr> = ours.leases().map(|(i, _)| i).collect();
+            assert_eq!(held.len(), ours.leases().count());
+        }
     }
 }

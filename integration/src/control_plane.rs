@@ -150,8 +150,15 @@ pub const AUDIT_ENV: &str = "VMDHCP_APISERVER_AUDIT";
 const AUDIT_POLICY: &str = "apiVersion: audit.k8s.io/v1\nkind: Policy\nomitStages: [RequestReceived, ResponseStarted]\nrules:\n- level: Metadata\n";
 
 impl ControlPlane {
-    /// Starts a control plane in a fresh temporary directory (about 5 s).
+    /// Starts a control plane in a fresh temporary directory (about 5 s), with an audit log
+    /// when [`AUDIT_ENV`] names one.
     pub fn start() -> Result<Self, ControlPlaneError> {
+        Self::start_with_audit(std::env::var_os(AUDIT_ENV).map(PathBuf::from))
+    }
+
+    /// [`ControlPlane::start`], with the API server appending every request's metadata to
+    /// `audit` as JSON lines when given: for tests that assert who asked for what, in which order.
+    pub fn start_with_audit(audit: Option<PathBuf>) -> Result<Self, ControlPlaneError> {
         let (etcd_bin, apiserver_bin, kubectl) =
             (tool("etcd")?, tool("kube-apiserver")?, tool("kubectl")?);
         let dir = tempfile::Builder::new()
@@ -211,12 +218,12 @@ impl ControlPlane {
         ];
         // Who made which request (user agent, verb, resource, namespace), when a bench asks:
         // the API server's own metrics count requests but do not name their client.
-        if let Some(log) = std::env::var_os(AUDIT_ENV) {
+        if let Some(log) = audit {
             std::fs::write(dir.join("audit-policy.yaml"), AUDIT_POLICY)
                 .map_err(io("writing the audit policy"))?;
             apiserver_args.extend([
                 format!("--audit-policy-file={}", p("audit-policy.yaml")),
-                format!("--audit-log-path={}", PathBuf::from(log).display()),
+                format!("--audit-log-path={}", log.display()),
                 "--audit-log-format=json".into(),
             ]);
         }

@@ -207,6 +207,29 @@ async fn vm_allocated(
     .await
 }
 
+/// Pool `name`'s `status.ipv4.allocated` (address → MAC).
+async fn recorded(pools: &Api<IPPool>, name: &str) -> BTreeMap<String, String> {
+    pools
+        .get(name)
+        .await
+        .unwrap()
+        .status
+        .unwrap()
+        .ipv4
+        .unwrap()
+        .allocated
+}
+
+/// Who holds the controllers' Lease, if it exists yet.
+async fn holder_now(leases: &Api<Lease>) -> Option<String> {
+    leases
+        .get_opt("vm-dhcp-controllers")
+        .await
+        .ok()??
+        .spec?
+        .holder_identity
+}
+
 /// Who holds the controllers' Lease (None once it was released).
 async fn lease_holder(leases: &Api<Lease>) -> Option<String> {
     leases
@@ -511,15 +534,7 @@ async fn a_controller_killed_mid_burst_never_hands_out_an_address_twice() {
         } else {
             "net-r2"
         };
-        let allocated = pools
-            .get(pool)
-            .await
-            .unwrap()
-            .status
-            .unwrap()
-            .ipv4
-            .unwrap()
-            .allocated;
+        let allocated = recorded(&pools, pool).await;
         assert_eq!(
             allocated.get(ip),
             Some(mac),
@@ -906,15 +921,7 @@ async fn upstream_agent_pods_are_retired_only_once_our_agent_serves() {
         ("net-up", "10.26.0.5", "02:00:00:1a:00:05"),
         ("net-other", "10.27.0.9", "02:00:00:1b:00:09"),
     ] {
-        let allocated = pools
-            .get(pool)
-            .await
-            .unwrap()
-            .status
-            .unwrap()
-            .ipv4
-            .unwrap()
-            .allocated;
+        let allocated = recorded(&pools, pool).await;
         assert_eq!(
             allocated.get(ip).map(String::as_str),
             Some(mac),
@@ -937,4 +944,318 @@ async fn upstream_agent_pods_are_retired_only_once_our_agent_serves() {
     })
     .await;
     assert!(!reasons.is_empty());
+}
+
+/// Writes `n` allocations into pool `name`'s status the way upstream's Go controller does (the
+/// address → MAC entry, `used` counted), each on the lowest address free in the version it read
+/// (the one the controller is about to give next, too), retrying on a conflict as any writer
+/// with optimistic concurrency does. Returns what it recorded.
+async fn foreign_writer(
+    client: Client,
+    ns: String,
+    name: &str,
+    octet: u8,
+    n: u32,
+) -> BTreeMap<String, String> {
+    let pools: Api<IPPool> = Api::namespaced(client, &ns);
+    let mut written = BTreeMap::new();
+    while written.len() < n as usize {
+        let mut pool = pools.get_status(name).await.unwrap();
+        let status = pool.status.get_or_insert_default();
+        let v4 = status.ipv4.get_or_insert_default();
+        let Some(ip) = (2u32..65_000)
+            .map(|k| format!("10.{octet}.{}.{}", k / 256, k % 256))
+            .find(|a| !v4.allocated.contains_key(a))
+        else {
+            panic!("pool {name} full");
+        };
+        let mac = format!("02:00:00:ee:00:{:02x}", written.len());
+        v4.allocated.insert(ip.clone(), mac.clone());
+        v4.used += 1;
+        v4.available -= 1;
+        match pools
+            .replace_status(name, &PostParams::default(), &pool)
+            .await
+        {
+            Ok(_) => {
+                written.insert(ip, mac);
+            }
+            Err(kube::Error::Api(e)) if e.code == 409 => {}
+            Err(e) => panic!("foreign write: {e}"),
+        }
+    }
+    written
+}
+
+/// Every config's address and every foreign entry are recorded in `pool`, each for its own MAC,
+/// and no address or MAC is recorded twice.
+async fn assert_all_recorded(
+    pools: &Api<IPPool>,
+    pool: &str,
+    configs: &BTreeMap<String, (String, String)>,
+    foreign: &BTreeMap<String, String>,
+) {
+    let allocated = recorded(pools, pool).await;
+    for (ip, mac) in foreign {
+        assert_eq!(allocated.get(ip), Some(mac), "foreign entry {ip} lost");
+    }
+    for (name, (mac, ip)) in configs {
+        assert_eq!(
+            allocated.get(ip),
+            Some(mac),
+            "{name}: {ip} is not recorded for its MAC"
+        );
+        assert!(!foreign.contains_key(ip), "{name}: {ip} held by two MACs");
+    }
+    let macs: Vec<&String> = allocated
+        .values()
+        .filter(|v| v.starts_with("02:"))
+        .collect();
+    let unique: BTreeSet<&&String> = macs.iter().collect();
+    assert_eq!(unique.len(), macs.len(), "a MAC recorded twice");
+    let ips: BTreeSet<&String> = configs.values().map(|(_, ip)| ip).collect();
+    assert_eq!(ips.len(), configs.len(), "an address given twice");
+}
+
+/// A second writer (upstream's controller during a migration, a second release, a hand edit)
+/// records allocations on a pool while the controller allocates a burst on it: the controller's
+/// status writes keep every entry they did not make, and where both sides took one address the
+/// first recorded keeps it.
+#[tokio::test]
+async fn a_second_writers_allocations_survive_a_burst_and_no_address_is_held_twice() {
+    let cp = &ControlPlane::start().unwrap();
+    let client = cp.client().await.unwrap();
+    let ns = cp.namespace(&client, "foreign").await.unwrap();
+    network_and_pool(&client, &ns, "net-fw", 23).await;
+    let controller = start(cp, "foreign-1", &ns, false);
+    let pools: Api<IPPool> = Api::namespaced(client.clone(), &ns);
+    wait_pool_ready(&pools, "net-fw").await;
+    let n = 150u32;
+    let creates = (0..n).map(|i| {
+        let (client, ns) = (client.clone(), ns.clone());
+        async move {
+            let mac = format!("02:00:00:17:{:02x}:{:02x}", i / 256, i % 256);
+            vm(&client, &ns, &format!("vm-{i}"), "net-fw", &mac).await
+        }
+    });
+    let writer = foreign_writer(client.clone(), ns.clone(), "net-fw", 23, 40);
+    let ((), foreign) = tokio::join!(
+        async {
+            futures_util::future::join_all(creates).await;
+        },
+        writer
+    );
+    let configs = poll("every VM allocated", async || {
+        let done = allocated_configs(&client, &ns).await;
+        (done.len() == n as usize).then_some(done)
+    })
+    .await;
+    assert_all_recorded(&pools, "net-fw", &configs, &foreign).await;
+    let kept = |outcome: &str| {
+        controller.metric(&format!(
+            "vmdhcpcontroller_foreign_allocations_total{{ippool=\"{ns}/net-fw\",result=\"{outcome}\"}}"
+        ))
+    };
+    println!(
+        "second writer: {} entries, all kept; the controller adopted {} and withdrew {} of its own unrecorded ones",
+        foreign.len(),
+        kept("adopted"),
+        kept("withdrew_ours")
+    );
+}
+
+/// A new leader whose caches trail the last term's final writes (it was stopped while the old
+/// leader allocated, and resumed once the old leader's Lease had run out) builds its books from
+/// a read of record: the API server's audit log shows a quorum LIST of the pools (no
+/// resourceVersion) after the takeover and before its first pool status write, and nothing the
+/// old leader recorded is lost or handed out again.
+#[tokio::test]
+async fn a_takeover_with_a_trailing_cache_builds_its_books_from_a_read_of_record() {
+    let audit = tempfile::Builder::new()
+        .prefix("vmdhcp-audit-")
+        .tempdir()
+        .unwrap()
+        .keep()
+        .join("audit.log");
+    let cp = &ControlPlane::start_with_audit(Some(audit.clone())).unwrap();
+    let client = cp.client().await.unwrap();
+    let ns = cp.namespace(&client, "record").await.unwrap();
+    let leases: Api<Lease> = Api::namespaced(client.clone(), &ns);
+    let a = start(cp, "record-a", &ns, true);
+    poll("record-a leads", async || {
+        (holder_now(&leases).await.as_deref() == Some("record-a")).then_some(())
+    })
+    .await;
+    let b = start(cp, "record-b", &ns, true);
+    network_and_pool(&client, &ns, "net-rec", 24).await;
+    let pools: Api<IPPool> = Api::namespaced(client.clone(), &ns);
+    wait_pool_ready(&pools, "net-rec").await;
+    // b's caches hold the pool; now they stop following.
+    poll("record-b's caches filled", async || {
+        let ready = b.get("/readyz").is_some_and(|(code, _)| code == 200);
+        (ready && b.metric("vmdhcpcontroller_leader") == 0.0).then_some(())
+    })
+    .await;
+    assert!(b.process.signal("STOP"));
+    let n = 60u32;
+    for i in 0..n {
+        let mac = format!("02:00:00:18:00:{i:02x}");
+        vm(&client, &ns, &format!("vm-{i}"), "net-rec", &mac).await;
+    }
+    let before = poll("the burst allocated by record-a", async || {
+        let done = allocated_configs(&client, &ns).await;
+        (done.len() == n as usize).then_some(done)
+    })
+    .await;
+    drop(a);
+    // Resumed only once the Lease has run out, so that it takes over at once, with the burst's
+    // watch events still queued behind its election.
+    poll("record-a's Lease expired", async || {
+        let lease = leases.get("vm-dhcp-controllers").await.ok()?.spec?;
+        let renewed = lease.renew_time?.0;
+        let duration = i64::from(lease.lease_duration_seconds?);
+        let age = k8s_openapi::jiff::Timestamp::now().as_second() - renewed.as_second();
+        (age > duration + 1).then_some(())
+    })
+    .await;
+    let mark = std::fs::read_to_string(&audit).unwrap().lines().count();
+    assert!(b.process.signal("CONT"));
+    poll("record-b leads", async || {
+        (holder_now(&leases).await.as_deref() == Some("record-b")).then_some(())
+    })
+    .await;
+    for i in n..n + 20 {
+        let mac = format!("02:00:00:18:00:{i:02x}");
+        vm(&client, &ns, &format!("vm-{i}"), "net-rec", &mac).await;
+    }
+    let after = poll("the VMs after the takeover allocated", async || {
+        let done = allocated_configs(&client, &ns).await;
+        (done.len() == (n + 20) as usize).then_some(done)
+    })
+    .await;
+    for (name, held) in &before {
+        assert_eq!(after.get(name), Some(held), "{name} moved or lost");
+    }
+    assert_all_recorded(&pools, "net-rec", &after, &BTreeMap::new()).await;
+
+    // The audit log after the resume: only record-b's requests carry the controller's agent.
+    let log = std::fs::read_to_string(&audit).unwrap();
+    let ours: Vec<serde_json::Value> = log
+        .lines()
+        .skip(mark)
+        .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+        .filter(|e| {
+            e["userAgent"]
+                .as_str()
+                .is_some_and(|a| a.starts_with("vm-dhcp-controller/"))
+        })
+        .collect();
+    let is = |e: &serde_json::Value, verb: &str, sub: Option<&str>| {
+        e["verb"] == verb
+            && e["objectRef"]["resource"] == "ippools"
+            && e["objectRef"]["subresource"].as_str() == sub
+    };
+    let first_write = ours
+        .iter()
+        .position(|e| is(e, "update", Some("status")) || is(e, "patch", Some("status")))
+        .expect("record-b wrote no pool status");
+    let quorum_list = ours[..first_write].iter().position(|e| {
+        is(e, "list", None)
+            && !e["requestURI"]
+                .as_str()
+                .unwrap_or_default()
+                .contains("resourceVersion=")
+    });
+    if let Some(at) = quorum_list {
+        println!(
+            "the new leader's requests before its first pool status write: {} (quorum LIST {} at #{at})",
+            first_write, ours[at]["requestURI"]
+        );
+    }
+    assert!(
+        quorum_list.is_some(),
+        "no quorum LIST of the pools before the new leader's first status write; its requests: {:#?}",
+        ours[..=first_write]
+            .iter()
+            .map(|e| format!("{} {}", e["verb"], e["requestURI"]))
+            .collect::<Vec<_>>()
+    );
+}
+
+/// Sets (creating it the first time) the agents' election Lease `agents` in `ns` to `holder`.
+async fn hold_agent_lease(leases: &Api<Lease>, holder: &str) {
+    let lease: Lease = serde_json::from_value(json!({
+        "apiVersion": "coordination.k8s.io/v1", "kind": "Lease",
+        "metadata": {"name": "agents"},
+        "spec": {"holderIdentity": holder, "leaseDurationSeconds": 15}
+    }))
+    .unwrap();
+    let patch = PatchParams::apply("vmdhcp-tests").force();
+    leases
+        .patch("agents", &patch, &Patch::Apply(&lease))
+        .await
+        .unwrap();
+}
+
+/// AgentReady of `pool`: (status, message).
+async fn agent_ready_of(pools: &Api<IPPool>, pool: &str) -> Option<(String, String)> {
+    let p = pools.get(pool).await.ok()?;
+    let c = find_condition(&p.status?.conditions, "AgentReady")?.clone();
+    Some((c.status, c.message.unwrap_or_default()))
+}
+
+/// With the agents' Lease followed, a report's claim to lead counts for nothing: the pool is
+/// ready by the Lease holder's report only, and when the Lease moves to an agent that has not
+/// reported, AgentReady goes False although the other agent still says it leads.
+#[tokio::test]
+async fn only_the_agent_lease_holders_report_counts() {
+    let cp = &ControlPlane::start().unwrap();
+    let client = cp.client().await.unwrap();
+    let ns = cp.namespace(&client, "trust").await.unwrap();
+    let leases: Api<Lease> = Api::namespaced(client.clone(), &ns);
+    hold_agent_lease(&leases, "agent-x").await;
+    let controller = start_with(
+        cp,
+        "trust-1",
+        &ns,
+        false,
+        &[format!("--agent-lease={ns}/agents")],
+    );
+    network_and_pool(&client, &ns, "net-tr", 26).await;
+    let pools: Api<IPPool> = Api::namespaced(client.clone(), &ns);
+    wait_pool_ready(&pools, "net-tr").await;
+    let pool_ref = format!("{ns}/net-tr");
+    let mut grpc = grpc_client(&controller).await;
+    // agent-y says it leads and serves; agent-x holds the Lease and has said nothing.
+    grpc.report(serving_report(&ns, "agent-y", &pool_ref))
+        .await
+        .unwrap();
+    hold_agent_lease(&leases, "agent-y").await;
+    let (_, message) = poll("AgentReady=True once agent-y holds the Lease", async || {
+        agent_ready_of(&pools, "net-tr")
+            .await
+            .filter(|(s, _)| s == "True")
+    })
+    .await;
+    assert!(message.contains("agent-y"), "{message}");
+    // The Lease moves to agent-x, which never reported; agent-y's fresh report still claims
+    // to lead.
+    hold_agent_lease(&leases, "agent-x").await;
+    let (_, message) = poll("AgentReady=False once agent-y lost the Lease", async || {
+        agent_ready_of(&pools, "net-tr")
+            .await
+            .filter(|(s, _)| s == "False")
+    })
+    .await;
+    assert!(message.contains("no leading agent"), "{message}");
+    grpc.report(serving_report(&ns, "agent-x", &pool_ref))
+        .await
+        .unwrap();
+    let (_, message) = poll("AgentReady=True by agent-x", async || {
+        agent_ready_of(&pools, "net-tr")
+            .await
+            .filter(|(s, _)| s == "True")
+    })
+    .await;
+    assert!(message.contains("agent-x"), "{message}");
 }

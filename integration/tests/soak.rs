@@ -1,10 +1,12 @@
 //! The fault soak: the whole system as processes, as the chart deploys it (two electing
 //! controller replicas behind a Service stand-in, two agents), while VMs come and go and 20 real
 //! `dhclient`s renew, and at seeded random moments a controller or agent replica gets `kill -9`
-//! or SIGTERM (and is started again, as its Deployment would) or the API server and etcd restart.
+//! or SIGTERM (and is started again, as its Deployment would), the API server and etcd restart,
+//! or a second writer records allocations of its own in the pool's status (upstream's Go
+//! controller during a migration does: read, add, replace).
 //!
 //! At the end: no address is held by two MACs (in the VMs' configs, in the pool's status, and in
-//! what the clients hold), no allocation is lost, every client kept its address, and the longest
+//! what the clients hold), no allocation is lost (the second writer's included), every client kept its address, and the longest
 //! DHCP outage any client saw is at most the agents' Lease duration + 2 s. The outage is measured
 //! by `integration/bench/dhcp_probe.py` on the VM network, which asks for each client's address
 //! in turn (INIT-REBOOT REQUEST, a fresh transaction every 10 ms until the ACK): the wait for one
@@ -92,6 +94,9 @@ enum Fault {
     StopAgent(bool),
     /// The API server and etcd killed and started again.
     RestartApi,
+    /// A second writer (upstream's controller mid-migration, a hand edit) records allocations
+    /// of its own in the pool's status, on the addresses the leader is about to give.
+    ForeignWriter,
 }
 
 /// The run's faults: (time from the start, fault, pause before the victim is started again).
@@ -104,6 +109,7 @@ fn schedule(rng: &mut Rng, seconds: u64) -> Vec<(Duration, Fault, Duration)> {
         Fault::KillAgent(true),
         Fault::StopAgent(true),
         Fault::RestartApi,
+        Fault::ForeignWriter,
     ];
     for i in (1..kinds.len()).rev() {
         kinds.swap(i, rng.below(i as u64 + 1) as usize);
@@ -116,11 +122,12 @@ fn schedule(rng: &mut Rng, seconds: u64) -> Vec<(Duration, Fault, Duration)> {
         } else {
             let n = rng.below(2) as usize;
             let leader = rng.below(2) == 0;
-            match rng.below(5) {
+            match rng.below(6) {
                 0 => Fault::KillController(n),
                 1 => Fault::StopController(n),
                 2 => Fault::KillAgent(leader),
                 3 => Fault::StopAgent(leader),
+                4 => Fault::ForeignWriter,
                 _ => Fault::RestartApi,
             }
         };
@@ -143,6 +150,56 @@ fn kubectl(kubeconfig: &Path, args: &[&str]) -> Option<String> {
     out.status
         .success()
         .then(|| String::from_utf8_lossy(&out.stdout).into_owned())
+}
+
+/// Records `n` allocations of MACs `02:00:00:ee:…` (numbered from `first`) in `pool-a`'s
+/// status as upstream's controller does: read, add the entry on the lowest address the status
+/// shows free, replace with the resourceVersion read, again on a conflict (at most 50 tries:
+/// the API server may be restarting). Returns MAC → address of those recorded.
+fn foreign_write(kubeconfig: &Path, first: usize, n: usize) -> BTreeMap<String, String> {
+    let mut recorded = BTreeMap::new();
+    let file = kubeconfig.with_file_name("foreign-write.json");
+    for _ in 0..50 {
+        if recorded.len() == n {
+            break;
+        }
+        let Some(text) = kubectl(
+            kubeconfig,
+            &["-n", NS, "get", "ippool", "pool-a", "-o", "json"],
+        ) else {
+            continue;
+        };
+        let mut pool: Value = serde_json::from_str(&text).unwrap();
+        let bound = |which: &str| -> u32 {
+            let ip: std::net::Ipv4Addr = pool["spec"]["ipv4Config"]["pool"][which]
+                .as_str()
+                .unwrap()
+                .parse()
+                .unwrap();
+            u32::from(ip)
+        };
+        let (start, end) = (bound("start"), bound("end"));
+        let allocated = &mut pool["status"]["ipv4"]["allocated"];
+        let Some(ip) = (start..=end)
+            .map(|a| std::net::Ipv4Addr::from(a).to_string())
+            .find(|a| allocated.get(a).is_none())
+        else {
+            break;
+        };
+        let mac = format!("02:00:00:ee:00:{:02x}", first + recorded.len());
+        allocated[&ip] = Value::String(mac.clone());
+        fs::write(&file, pool.to_string()).unwrap();
+        let path = file.display().to_string();
+        if kubectl(
+            kubeconfig,
+            &["replace", "--subresource=status", "-f", &path],
+        )
+        .is_some()
+        {
+            recorded.insert(mac, ip);
+        }
+    }
+    recorded
 }
 
 /// What the churn did.
@@ -408,6 +465,8 @@ fn seeded_faults_under_churn_lose_no_lease_and_bound_every_outage() {
     let churn = churn(kubeconfig.clone(), rng.next(), stop.clone());
 
     let mut timeline = Vec::new();
+    // The second writer's entries (MAC → address): no VM holds them; each must survive.
+    let mut foreign: BTreeMap<String, String> = BTreeMap::new();
     for (at, fault, pause) in plan {
         if let Some(wait) = at.checked_sub(start.elapsed()) {
             std::thread::sleep(wait);
@@ -463,6 +522,12 @@ fn seeded_faults_under_churn_lose_no_lease_and_bound_every_outage() {
                 agents[slot] = fleet.start_agent(&slots[slot], &identity);
                 what
             }
+            Fault::ForeignWriter => {
+                let written = foreign_write(&kubeconfig, foreign.len(), 5);
+                let what = format!("a second writer recorded {written:?} in pool-a");
+                foreign.extend(written);
+                what
+            }
             Fault::RestartApi => {
                 let begun = Instant::now();
                 fleet.cp.restart().unwrap();
@@ -494,7 +559,11 @@ fn seeded_faults_under_churn_lose_no_lease_and_bound_every_outage() {
             .filter(|(_, ip)| ip.is_some())
             .map(|(mac, _)| mac.to_lowercase())
             .collect();
-        let in_pool: BTreeSet<String> = allocated.keys().map(|m| m.to_lowercase()).collect();
+        let in_pool: BTreeSet<String> = allocated
+            .keys()
+            .map(|m| m.to_lowercase())
+            .filter(|m| !foreign.contains_key(m))
+            .collect();
         if held == macs && in_pool == macs {
             break macs;
         }
@@ -543,6 +612,15 @@ fn seeded_faults_under_churn_lose_no_lease_and_bound_every_outage() {
         allocated.len(),
         "a MAC holds two addresses: {allocated:?}"
     );
+
+    // Nothing the second writer recorded was dropped or given to another MAC.
+    for (mac, ip) in &foreign {
+        assert_eq!(
+            allocated.get(mac),
+            Some(ip),
+            "the second writer's {mac} lost its address"
+        );
+    }
 
     // No allocation lost, every client kept its address (in the pool, in its lease file, and in
     // every event its hook saw).

@@ -16,7 +16,7 @@ use vmdhcp_core::crd::{IPPool, VirtualMachineNetworkConfig};
 use crate::causes::TraceCauses;
 use crate::index::configs::ConfigIndex;
 use crate::index::pools::PoolNetworks;
-use crate::ipam::{Ipam, MacOwners};
+use crate::ipam::{Foreign, Ipam, MacOwners};
 use crate::kinds::{VirtualMachine, network_of, store_key};
 use crate::metrics::Metrics;
 use crate::reconcile::events::Events;
@@ -158,6 +158,26 @@ impl Context {
             secondary: None,
         };
         self.signals.events.send(ev, obj.object_ref(&()));
+    }
+
+    /// Tells operators what a status write of `pool` did with entries another writer recorded
+    /// ([`Foreign`]): a Warning naming the address and both holders for a collision, a Normal
+    /// event for an adoption. Also in the log and `vmdhcpcontroller_foreign_allocations`.
+    pub fn report_foreign(&self, pool: &NamespacedName, kept: &[Foreign]) {
+        if kept.is_empty() {
+            return;
+        }
+        let Some(obj) = self.stores.pools.get(&store_key(pool)) else {
+            return;
+        };
+        for entry in kept {
+            let (type_, reason) = if entry.is_collision() {
+                (EventType::Warning, "AddressCollision")
+            } else {
+                (EventType::Normal, "ForeignAllocation")
+            };
+            self.event(obj.as_ref(), type_, reason, "Record", entry.to_string());
+        }
     }
 
     /// The IPPool that serves `network`: among live pools naming it, the oldest (then by name).

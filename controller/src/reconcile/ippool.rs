@@ -109,7 +109,8 @@ async fn write_status(
         }
     };
     if books {
-        ctx.books
+        let kept = ctx
+            .books
             .writer
             .persist_with(
                 &ctx.client,
@@ -119,6 +120,7 @@ async fn write_status(
                 set,
             )
             .await?;
+        ctx.report_foreign(pool, &kept);
     } else {
         update_pool_status(&ctx.client, Some(&ctx.stores.pools), pool, |status| {
             set(status);
@@ -406,7 +408,17 @@ async fn rebuild_ipam(
     if current.as_ref() == Some(range) {
         return Ok(());
     }
-    let (allocator, problems) = allocator_from_status(pool, range);
+    // From the record, not the cache (which may trail the last term's or another writer's
+    // final writes): a GET is a quorum read.
+    let api: Api<IPPool> = Api::namespaced(ctx.client.clone(), &pool_ref.namespace);
+    let of_record = api
+        .get_status(&pool_ref.name)
+        .await
+        .map_err(|source| Error::Kube {
+            action: format!("reading IPPool {pool_ref} to rebuild its IPAM"),
+            source,
+        })?;
+    let (allocator, problems) = allocator_from_status(&of_record, range);
     for problem in problems.iter().take(5) {
         warn!(pool = %pool_ref, %problem, "status entry not replayed");
         ctx.event(

@@ -24,11 +24,11 @@ use k8s_openapi::jiff::Timestamp;
 use kube::api::{Api, PostParams};
 use kube::runtime::reflector::Store;
 use kube::{Client, ResourceExt};
-use tracing::debug;
+use tracing::{debug, warn};
 use vmdhcp_core::NamespacedName;
 use vmdhcp_core::crd::{Condition, IPPool, IPPoolSpec, IPPoolStatus, IPv4Status};
 
-use crate::ipam::{Ipam, IpamError};
+use crate::ipam::{Foreign, Ipam, IpamError};
 use crate::kinds::store_key;
 use crate::metrics::Metrics;
 use crate::reconcile::versioned;
@@ -185,7 +185,7 @@ pub async fn update_pool_status(
         true,
         false,
         pool,
-        |_, status| edit(status),
+        |_: &IPPool, status: &mut IPPoolStatus| edit(status),
         |_| {},
     )
     .await
@@ -216,8 +216,8 @@ impl Outcome {
 }
 
 /// [`update_pool_status`] starting from `start` (the cached pool, or the writer's last write);
-/// read from the API when there is none; `edit` sees the spec of the version it edits (a write
-/// from a version whose spec has changed since conflicts and edits the latest). `trusted`:
+/// read from the API when there is none; `edit` sees the version it edits (a write from a
+/// version whose spec has changed since conflicts and edits the latest). `trusted`:
 /// whether `start` already holding the edit proves there is nothing to write (false: it may
 /// trail someone else's write, and the pool is read again to decide). `refills_books`: `edit`
 /// writes `ipv4` whole (the IPAM's books), so the start's is not copied for it. `sending` sees
@@ -228,7 +228,7 @@ async fn update_pool_status_from(
     mut trusted: bool,
     refills_books: bool,
     pool: &NamespacedName,
-    mut edit: impl FnMut(&IPPoolSpec, &mut IPPoolStatus) -> Result<(), StatusError>,
+    mut edit: impl FnMut(&IPPool, &mut IPPoolStatus) -> Result<(), StatusError>,
     mut sending: impl FnMut(&Arc<IPPool>),
 ) -> Result<Outcome, StatusError> {
     let api: Api<IPPool> = Api::namespaced(client.clone(), &pool.namespace);
@@ -244,7 +244,7 @@ async fn update_pool_status_from(
     };
     for attempt in 0..CONFLICT_RETRIES {
         let mut status = to_edit(&current, refills_books);
-        edit(&current.spec, &mut status)?;
+        edit(&current, &mut status)?;
         if current.status.as_ref() == Some(&status) {
             if trusted {
                 return Ok(Outcome::Unchanged(current));
@@ -321,36 +321,66 @@ async fn replace_status(
 /// the pool sends them (`spec`'s `sendHostName`). Recorded always, they would make every write
 /// of a full pool much larger (docs/tuning.md) for a field nobody reads while it is off;
 /// turning it on (or off) is one write of the pool, made by its reconcile, and the IPAM keeps
-/// the names meanwhile (each config's reconcile sets them). Returns the pool's used and
-/// available counts, as written.
+/// the names meanwhile (each config's reconcile sets them).
+///
+/// `recorded`: the `allocated` map of the version the write replaces, when this IPAM did not
+/// write that version itself; its entries that the books do not hold are kept ([`Foreign`]),
+/// never overwritten, and the plan is returned for [`PoolAllocator::settle`] once written.
+///
+/// [`PoolAllocator::settle`]: crate::ipam::PoolAllocator::settle
 pub fn fill_ipv4(
     ipam: &Ipam,
     pool: &NamespacedName,
     spec: &IPPoolSpec,
+    recorded: Option<&BTreeMap<String, String>>,
     status: &mut IPPoolStatus,
-) -> Result<(u64, u64), StatusError> {
+) -> Result<Filled, StatusError> {
     let names = spec.ipv4_config.send_host_name == Some(true);
-    let (allocated, conflicts, host_names, used, available) = ipam.with_pool(pool, |a| {
-        (
-            a.status_allocated(),
-            a.status_conflicts(),
-            if names {
+    let (filled, v4) = ipam.with_pool(pool, |a| {
+        let plan = recorded.map(|r| a.foreign(r)).unwrap_or_default();
+        let adopted = plan
+            .iter()
+            .filter(|f| matches!(f, Foreign::Adopted { .. }))
+            .count() as u64;
+        let (used, available) = (a.used() + adopted, a.available().saturating_sub(adopted));
+        let v4 = IPv4Status {
+            allocated: if plan.is_empty() {
+                a.status_allocated()
+            } else {
+                a.status_allocated_with(&plan)
+            },
+            used: i64::try_from(used).unwrap_or(i64::MAX),
+            available: i64::try_from(available).unwrap_or(i64::MAX),
+            conflicts: a.status_conflicts(),
+            host_names: if names {
                 a.status_host_names()
             } else {
                 BTreeMap::new()
             },
-            a.used(),
-            a.available(),
-        )
+        };
+        let filled = Filled {
+            used,
+            available,
+            plan,
+            upto: a.changes(),
+        };
+        (filled, v4)
     })?;
-    status.ipv4 = Some(IPv4Status {
-        allocated,
-        used: i64::try_from(used).unwrap_or(i64::MAX),
-        available: i64::try_from(available).unwrap_or(i64::MAX),
-        conflicts,
-        host_names,
-    });
-    Ok((used, available))
+    status.ipv4 = Some(v4);
+    Ok(filled)
+}
+
+/// What [`fill_ipv4`] wrote.
+#[derive(Debug, Default)]
+pub struct Filled {
+    /// Addresses used, as written.
+    pub used: u64,
+    /// Addresses available, as written.
+    pub available: u64,
+    /// Other writers' entries kept.
+    pub plan: Vec<Foreign>,
+    /// The books' change number the write covers.
+    pub upto: u64,
 }
 
 #[derive(Default)]
@@ -459,14 +489,17 @@ impl PoolStatusWriter {
     }
 
     /// Records in etcd every IPAM change made to `pool` before this call. Returns once a write
-    /// that covers them has succeeded (possibly another caller's).
+    /// that covers them has succeeded (possibly another caller's), with the other writers'
+    /// entries this call's write kept ([`Foreign`], for the caller to report; counted here).
+    /// An address given before this call may have been withdrawn by such a write (the record
+    /// held it first): callers check the IPAM still holds what they tell anyone.
     pub async fn persist(
         &self,
         client: &Client,
         cache: Option<&Store<IPPool>>,
         ipam: &Ipam,
         pool: &NamespacedName,
-    ) -> Result<(), StatusError> {
+    ) -> Result<Vec<Foreign>, StatusError> {
         self.write(client, cache, ipam, pool, None::<fn(&mut IPPoolStatus)>)
             .await
     }
@@ -483,7 +516,7 @@ impl PoolStatusWriter {
         ipam: &Ipam,
         pool: &NamespacedName,
         also: impl FnMut(&mut IPPoolStatus),
-    ) -> Result<(), StatusError> {
+    ) -> Result<Vec<Foreign>, StatusError> {
         self.write(client, cache, ipam, pool, Some(also)).await
     }
 
@@ -494,7 +527,7 @@ impl PoolStatusWriter {
         ipam: &Ipam,
         pool: &NamespacedName,
         mut also: Option<impl FnMut(&mut IPPoolStatus)>,
-    ) -> Result<(), StatusError> {
+    ) -> Result<Vec<Foreign>, StatusError> {
         let slot = self.slot(pool);
         let ticket = {
             let mut t = slot.tickets.lock();
@@ -505,7 +538,7 @@ impl PoolStatusWriter {
         let covering = {
             let t = slot.tickets.lock();
             if also.is_none() && t.written >= ticket {
-                return Ok(());
+                return Ok(Vec::new());
             }
             t.issued
         };
@@ -518,6 +551,14 @@ impl PoolStatusWriter {
                 None => (cached, true),
             }
         };
+        // The version our last write made holds nothing foreign; any other (the cache's, a
+        // re-read after a conflict) may hold another writer's entries, and they are kept.
+        let ours = slot
+            .written
+            .lock()
+            .last
+            .as_ref()
+            .and_then(|p| p.resource_version());
         debug!(
             %pool,
             cached = seen.as_deref().unwrap_or_default(),
@@ -525,7 +566,7 @@ impl PoolStatusWriter {
             trusted,
             "writing pool status"
         );
-        let mut counts = None;
+        let mut filled = None;
         let mut base = None;
         // As the watch will show it: what is sent comes back unchanged (the timestamps the
         // status gets are whole seconds, as JSON keeps them; see the test of `now`).
@@ -533,11 +574,17 @@ impl PoolStatusWriter {
             base = sent.resource_version();
             *slot.sending.lock() = Some(Arc::clone(sent));
         };
-        let edit = |spec: &IPPoolSpec, status: &mut IPPoolStatus| {
+        let edit = |current: &IPPool, status: &mut IPPoolStatus| {
             if let Some(also) = also.as_mut() {
                 also(status);
             }
-            counts = Some(fill_ipv4(ipam, pool, spec, status)?);
+            let recorded = current
+                .status
+                .as_ref()
+                .and_then(|s| s.ipv4.as_ref())
+                .filter(|_| current.metadata.resource_version != ours)
+                .map(|v4| &v4.allocated);
+            filled = Some(fill_ipv4(ipam, pool, &current.spec, recorded, status)?);
             Ok(())
         };
         let result =
@@ -550,14 +597,25 @@ impl PoolStatusWriter {
         }
         *slot.sending.lock() = None;
         let written = result?.into_pool();
-        if let Some((used, available)) = counts {
+        let mut kept = Vec::new();
+        if let Some(filled) = filled {
+            let key = pool.to_string();
             self.metrics
-                .set_pool_counts(&pool.to_string(), used, available);
+                .set_pool_counts(&key, filled.used, filled.available);
+            let withdrawn = ipam.with_pool(pool, |a| a.settle(&filled.plan, filled.upto))?;
+            for entry in &filled.plan {
+                self.metrics.foreign_entry(&key, entry.outcome());
+                warn!(%pool, %entry, "pool status held another writer's entry");
+            }
+            if !withdrawn.is_empty() {
+                warn!(%pool, ?withdrawn, "unrecorded allocations withdrawn: the record held their addresses first");
+            }
+            kept = filled.plan;
         }
         slot.written.lock().last = Some(written);
         let mut t = slot.tickets.lock();
         t.written = t.written.max(covering);
-        Ok(())
+        Ok(kept)
     }
 
     /// Forgets a pool's tickets (it was deleted).
@@ -606,10 +664,8 @@ mod tests {
 
         let mut spec = vmdhcp_core::crd::IPPoolSpec::default();
         let mut status = IPPoolStatus::default();
-        assert_eq!(
-            fill_ipv4(&ipam, &pool, &spec, &mut status).unwrap(),
-            (1, 10)
-        );
+        let filled = fill_ipv4(&ipam, &pool, &spec, None, &mut status).unwrap();
+        assert_eq!((filled.used, filled.available), (1, 10));
         let v4 = status.ipv4.clone().unwrap();
         assert_eq!(
             v4.allocated.get("10.0.0.10").map(String::as_str),
@@ -618,7 +674,7 @@ mod tests {
         assert!(v4.host_names.is_empty(), "{v4:?}");
 
         spec.ipv4_config.send_host_name = Some(true);
-        fill_ipv4(&ipam, &pool, &spec, &mut status).unwrap();
+        fill_ipv4(&ipam, &pool, &spec, None, &mut status).unwrap();
         let v4 = status.ipv4.unwrap();
         assert_eq!(
             v4.host_names.get("10.0.0.10").map(String::as_str),

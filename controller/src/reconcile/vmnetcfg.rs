@@ -60,6 +60,19 @@ pub enum Error {
     /// The object has no namespace.
     #[error("VirtualMachineNetworkConfig without namespace")]
     Unnamespaced,
+    /// The pool's allocator is gone (paused or deleted meanwhile).
+    #[error(transparent)]
+    Ipam(#[from] IpamError),
+    /// An address given by this reconcile was recorded for another MAC by another writer first.
+    #[error("{ip} on IPPool {pool} was recorded for another MAC first; {mac} is allocated again")]
+    Withdrawn {
+        /// The pool.
+        pool: NamespacedName,
+        /// The MAC that lost it.
+        mac: MacAddr,
+        /// The address.
+        ip: Ipv4Addr,
+    },
 }
 
 /// The address a NIC gets, as a pure decision on the pool's allocator:
@@ -190,10 +203,29 @@ fn release(
 async fn persist(ctx: &Context, pools: &BTreeSet<NamespacedName>) -> Result<(), Error> {
     for pool in pools {
         ctx.ensure_leader()?;
-        ctx.books
+        let kept = ctx
+            .books
             .writer
             .persist(&ctx.client, Some(&ctx.stores.pools), &ctx.books.ipam, pool)
             .await?;
+        ctx.report_foreign(pool, &kept);
+    }
+    Ok(())
+}
+
+/// After [`persist`]: fails when the IPAM no longer holds an address this reconcile gave (a
+/// write found another writer had recorded it first, and withdrew ours), so the config is
+/// reconciled again and allocates anew instead of telling anyone an address it does not hold.
+fn still_held(ctx: &Context, given: &[(NamespacedName, MacAddr, Ipv4Addr)]) -> Result<(), Error> {
+    for (pool, mac, ip) in given {
+        let held = ctx.books.ipam.with_pool(pool, |a| a.lookup(mac))?;
+        if held != Some(*ip) {
+            return Err(Error::Withdrawn {
+                pool: pool.clone(),
+                mac: *mac,
+                ip: *ip,
+            });
+        }
     }
     Ok(())
 }
@@ -473,6 +505,8 @@ struct Outcome {
     waiting: bool,
     /// Some NIC's static address is in use by another host.
     conflict: bool,
+    /// Addresses given by this reconcile, not recorded before it: (pool, MAC, address).
+    given: Vec<(NamespacedName, MacAddr, Ipv4Addr)>,
 }
 
 /// Records the pools' books, then this config's status; says when to look again.
@@ -484,6 +518,7 @@ async fn finish(
 ) -> Result<Action, Error> {
     // The pool records the allocation first; only then does this object say Allocated.
     persist(ctx, &out.touched).await?;
+    still_held(ctx, &out.given)?;
     let allocated = out.problems.is_empty();
     if allocated {
         // Later reconciles of an allocated config are traces of their own.
@@ -877,6 +912,7 @@ fn allocate(
                     ctx.signals.causes.leases.record((pool.clone(), mac), cause);
                 }
                 out.touched.insert(pool.clone());
+                out.given.push((pool.clone(), mac, ip));
                 ctx.event(
                     cfg,
                     EventType::Normal,

@@ -287,10 +287,11 @@ pub(super) async fn lead(
     let caches_ready = {
         let (shared_caches, vms, nads) =
             (shared_caches.clone(), vm_watch.ready(), nad_watch.ready());
-        let (pools, ipam) = (shared_caches.pools.store(), ipam.clone());
+        let (client, ipam) = (client.clone(), ipam.clone());
         async move {
             tokio::join!(shared_caches.ready(), vms, nads);
-            let built = ippool::prebuild(&pools.state(), &ipam);
+            let pools = pools_of_record(&client).await;
+            let built = ippool::prebuild(&pools, &ipam);
             caches_tx.send_replace(true);
             info!(
                 pools = built,
@@ -374,6 +375,27 @@ pub(super) async fn lead(
             // The event queue's sender lives in the context, as long as the writers.
             std::future::pending::<()>().await
         } => {}
+    }
+}
+
+/// Every IPPool as etcd holds it now: a LIST without a resourceVersion, which the API server
+/// answers with a quorum read, never from its watch cache. A new term builds its IPAM from this,
+/// not from this replica's cache, which may trail the last term's final writes (a standby's
+/// watch delayed, or an API server's watch cache behind etcd): an allocation it has not seen
+/// could otherwise be handed out again before the first write would notice. Retried until it
+/// succeeds (with the API server down no write can be made either); the term's end drops it.
+async fn pools_of_record(client: &Client) -> Vec<Arc<IPPool>> {
+    let api: kube::Api<IPPool> = kube::Api::all(client.clone());
+    let mut pause = Duration::from_millis(250);
+    loop {
+        match api.list(&kube::api::ListParams::default()).await {
+            Ok(list) => return list.items.into_iter().map(Arc::new).collect(),
+            Err(e) => {
+                warn!(error = %e, retry_in = ?pause, "listing the pools of record failed; retrying");
+                tokio::time::sleep(pause).await;
+                pause = (pause * 2).min(Duration::from_secs(10));
+            }
+        }
     }
 }
 
