@@ -12,6 +12,7 @@ use vmdhcp_controller::reports::ReportsObject;
 use vmdhcp_controller::runtime::Settings;
 use vmdhcp_controller::runtime::replica::{self, Replica, StreamAccess, WebhookSettings};
 use vmdhcp_controller::security::tls::TlsSettings;
+use vmdhcp_controller::stream::auth::ReviewRate;
 use vmdhcp_controller::stream::config_service::StreamSettings;
 use vmdhcp_core::NamespacedName;
 use vmdhcp_leader::ElectionArgs;
@@ -59,6 +60,10 @@ struct RunArgs {
     /// Agent Deployment to bootstrap, `namespace/name` (none: no bootstrap writing).
     #[arg(long, env = "AGENT_DEPLOYMENT")]
     agent_deployment: Option<String>,
+    /// The agents' election Lease, `namespace/name`: its holder is the leading agent, whatever
+    /// reports claim (none: reports are believed; for a single agent without election).
+    #[arg(long, env = "AGENT_LEASE")]
+    agent_lease: Option<String>,
     /// Name of the agent container in that Deployment.
     #[arg(long, env = "AGENT_CONTAINER_NAME", default_value = "agent")]
     agent_container: String,
@@ -113,6 +118,14 @@ struct SecurityArgs {
     /// The agents' ServiceAccount as `namespace:name`: only its tokens may read the stream.
     #[arg(long, env = "AGENT_SERVICE_ACCOUNT")]
     agent_service_account: Option<String>,
+    /// TokenReviews a second, sustained, that checking new stream tokens may cost: a verified
+    /// token is trusted for a minute, so N agent pods need N/60 a second; callers past the
+    /// budget get UNAVAILABLE and retry.
+    #[arg(long, default_value_t = ReviewRate::default().per_second, value_parser = clap::value_parser!(u32).range(1..))]
+    token_review_rate_per_second: u32,
+    /// TokenReviews that may be sent at once after a quiet spell (agents connecting together).
+    #[arg(long, default_value_t = ReviewRate::default().burst, value_parser = clap::value_parser!(u32).range(1..))]
+    token_review_burst: u32,
     /// Address of the admission webhook (HTTPS); unset, no webhook is served.
     #[arg(long, env = "WEBHOOK_LISTEN")]
     webhook_listen: Option<SocketAddr>,
@@ -143,6 +156,10 @@ impl SecurityArgs {
         Ok(StreamAccess::Agents {
             audience: self.token_audience.clone(),
             service_account: account.to_owned(),
+            review_rate: ReviewRate {
+                per_second: self.token_review_rate_per_second,
+                burst: self.token_review_burst,
+            },
         })
     }
 
@@ -261,6 +278,14 @@ impl RunArgs {
                 namespace,
                 &self.leader_election_name,
             )),
+            agent_lease: self
+                .agent_lease
+                .as_deref()
+                .map(|l| {
+                    l.parse::<NamespacedName>()
+                        .with_context(|| format!("--agent-lease {l:?}"))
+                })
+                .transpose()?,
         };
         Ok(Replica {
             settings,

@@ -60,6 +60,18 @@ pub const REFRESH: Duration = Duration::from_secs(30);
 pub const STALE_AFTER: Duration = Duration::from_secs(600);
 /// How often stale reports are swept.
 const SWEEP: Duration = Duration::from_secs(60);
+/// Longest interface error kept, in bytes; the rest is cut on receipt.
+pub const MAX_ERROR: usize = 512;
+/// Longest interface name (Linux's `IFNAMSIZ` less its terminator); longer is refused.
+pub const MAX_INTERFACE_NAME: usize = 15;
+/// Longest epoch (the controller's are 16 hex digits); longer is refused.
+pub const MAX_EPOCH: usize = 64;
+/// Most bytes one agent's entry takes in the reports ConfigMap (its JSON): room for some 300
+/// serving pools with a few verdicts each. Larger is refused.
+pub const MAX_REPORT_BYTES: usize = 64 << 10;
+/// Most bytes all entries together take: the ConfigMap stays well under the API's 1 MiB per
+/// object, whatever the agents send. A new or larger report beyond it is refused.
+pub const MAX_PUBLISHED_BYTES: usize = 768 << 10;
 /// Reports waiting to be published; more are dropped (the agent reports again within its
 /// interval).
 const OUTBOX: usize = 256;
@@ -80,6 +92,22 @@ pub enum ReportError {
     /// A new agent beyond [`MAX_AGENTS`].
     #[error("reports of {0} agents are kept already; refusing a new one")]
     TooManyAgents(usize),
+    /// A string field beyond its bound, or not what it must be.
+    #[error("{field} {value:?}: {reason}")]
+    Field {
+        /// The field.
+        field: &'static str,
+        /// Its value (cut to 64 bytes here).
+        value: String,
+        /// What is wrong with it.
+        reason: String,
+    },
+    /// One report larger than [`MAX_REPORT_BYTES`].
+    #[error("the report takes {0} bytes; at most {MAX_REPORT_BYTES}")]
+    TooLarge(usize),
+    /// The reports of every agent together would exceed [`MAX_PUBLISHED_BYTES`].
+    #[error("the reports would take {0} bytes together; at most {MAX_PUBLISHED_BYTES}")]
+    Full(usize),
     /// A report with more than [`MAX_INTERFACES`] interfaces.
     #[error("{0} interfaces in one report; at most {MAX_INTERFACES}")]
     TooManyInterfaces(usize),
@@ -323,6 +351,13 @@ impl AgentReport {
 #[derive(Default)]
 pub struct Reports {
     by_agent: Mutex<BTreeMap<NamespacedName, AgentReport>>,
+    /// Each entry's size in the ConfigMap, for [`MAX_PUBLISHED_BYTES`].
+    sizes: Mutex<BTreeMap<NamespacedName, usize>>,
+    /// The agents' election Lease, when followed ([`follow_agent_lease`]): who leads is what
+    /// it says, never what a report claims.
+    agent_lease: OnceLock<NamespacedName>,
+    /// Its holder, as last seen.
+    holder: Mutex<Option<String>>,
     /// Pools named by reports whose content changed since the last [`Reports::take_touched`]:
     /// each report re-checks only the pools it names (a set: bounded by the pools named).
     touched: Mutex<BTreeSet<NamespacedName>>,
@@ -341,12 +376,43 @@ impl Drop for OpenStream {
 }
 
 impl Reports {
-    /// The latest report of every agent, keyed `namespace/pod`.
+    /// The latest report of every agent, keyed `namespace/pod`. While the agents' Lease is
+    /// followed, a report's `leader` is whether its agent holds that Lease now: a report's own
+    /// claim would let any agent pod set `AgentReady` or record conflicts.
     pub fn all(&self) -> BTreeMap<String, AgentReport> {
+        let holder = self.agent_lease.get().map(|lease| {
+            let holder = self.holder.lock().clone();
+            (lease.namespace.clone(), holder)
+        });
         self.lock()
             .iter()
-            .map(|(k, r)| (k.to_string(), r.clone()))
+            .map(|(k, r)| {
+                let mut r = r.clone();
+                if let Some((namespace, holder)) = &holder {
+                    r.leader = r.agent.namespace == *namespace
+                        && holder.as_deref() == Some(r.agent.pod_name.as_str());
+                }
+                (k.to_string(), r)
+            })
             .collect()
+    }
+
+    /// Follows `lease` for leadership from now on (set once; see [`Reports::all`]).
+    pub fn lead_by(&self, lease: NamespacedName) {
+        let _ = self.agent_lease.set(lease);
+    }
+
+    /// Records the agents' Lease holder; on a change, every pool a report names is re-checked.
+    pub fn set_holder(&self, holder: Option<String>) {
+        let mut held = self.holder.lock();
+        if *held == holder {
+            return;
+        }
+        info!(?holder, "agent Lease holder");
+        *held = holder;
+        drop(held);
+        let named: Vec<NamespacedName> = self.lock().values().flat_map(pools_named).collect();
+        self.touch(named);
     }
 
     fn lock(&self) -> parking_lot::MutexGuard<'_, BTreeMap<NamespacedName, AgentReport>> {
@@ -372,7 +438,8 @@ impl Reports {
 
     /// Records a report an agent sent to this replica, and hands it to the publisher (if one
     /// runs) so that the leader sees it too.
-    pub fn record(&self, report: AgentReport) -> Result<(), ReportError> {
+    pub fn record(&self, mut report: AgentReport) -> Result<(), ReportError> {
+        bound_fields(&mut report)?;
         if report.interfaces.len() > MAX_INTERFACES {
             return Err(ReportError::TooManyInterfaces(report.interfaces.len()));
         }
@@ -412,14 +479,29 @@ impl Reports {
     }
 
     fn insert(&self, key: NamespacedName, report: AgentReport) -> Result<(), ReportError> {
+        let size = encode(&report).len();
+        if size > MAX_REPORT_BYTES {
+            return Err(ReportError::TooLarge(size));
+        }
         let mut all = self.lock();
+        let mut sizes = self.sizes.lock();
+        let others: usize = sizes
+            .iter()
+            .filter(|(k, _)| **k != key)
+            .map(|(_, n)| n)
+            .sum();
+        if others + size > MAX_PUBLISHED_BYTES {
+            return Err(ReportError::Full(others + size));
+        }
         let touched = match all.get(&key) {
             Some(held) if held.received_at >= report.received_at => return Ok(()),
             Some(held) => changed_pools(held, &report),
             None if all.len() >= MAX_AGENTS => return Err(ReportError::TooManyAgents(all.len())),
             None => pools_named(&report).collect(),
         };
+        sizes.insert(key.clone(), size);
         all.insert(key, report);
+        drop(sizes);
         drop(all);
         self.touch(touched);
         Ok(())
@@ -452,6 +534,7 @@ impl Reports {
             }
             !stale
         });
+        self.sizes.lock().retain(|k, _| all.contains_key(k));
         drop(all);
         if dropped > 0 {
             self.touch(touched);
@@ -695,6 +778,79 @@ fn decode(key: &str, value: &str) -> Result<AgentReport, ReportError> {
             .collect(),
         received_at: UNIX_EPOCH + Duration::from_millis(stored.received_ms),
     })
+}
+
+/// Holds a report's strings to their bounds: an error is cut to [`MAX_ERROR`] bytes; an
+/// interface name beyond [`MAX_INTERFACE_NAME`], an epoch beyond [`MAX_EPOCH`], a node name or
+/// pool reference that is not a Kubernetes name is refused (none of these can be cut without
+/// changing what it names).
+fn bound_fields(report: &mut AgentReport) -> Result<(), ReportError> {
+    let refuse = |field: &'static str, value: &str, reason: String| ReportError::Field {
+        field,
+        value: vmdhcp_core::text::truncate(value, 64).to_owned(),
+        reason,
+    };
+    if report.epoch.len() > MAX_EPOCH {
+        return Err(refuse(
+            "epoch",
+            &report.epoch,
+            format!("longer than {MAX_EPOCH} bytes"),
+        ));
+    }
+    let node = &report.agent.node_name;
+    if !node.is_empty() && !vmdhcp_core::names::is_subdomain(node) {
+        return Err(refuse(
+            "agent.node_name",
+            node,
+            "is not a Kubernetes node name".to_owned(),
+        ));
+    }
+    for i in &mut report.interfaces {
+        if i.interface_name.len() > MAX_INTERFACE_NAME {
+            return Err(refuse(
+                "interfaces.interface_name",
+                &i.interface_name,
+                format!("longer than {MAX_INTERFACE_NAME} bytes"),
+            ));
+        }
+        i.pool_ref
+            .parse::<NamespacedName>()
+            .map_err(|e| refuse("interfaces.pool_ref", &i.pool_ref, e.to_string()))?;
+        if i.error.len() > MAX_ERROR {
+            i.error = vmdhcp_core::text::truncate(&i.error, MAX_ERROR).to_owned();
+        }
+    }
+    Ok(())
+}
+
+/// Follows the agents' election Lease `lease` into `reports` ([`Reports::lead_by`]) until
+/// `stop`: who holds it is who leads, whatever reports claim. Until the first read, nobody
+/// leads (no `AgentReady`, no conflicts recorded) rather than anyone who says so.
+pub async fn follow_agent_lease(
+    client: kube::Client,
+    lease: NamespacedName,
+    reports: Arc<Reports>,
+    mut stop: watch::Receiver<bool>,
+) {
+    use k8s_openapi::api::coordination::v1::Lease;
+    reports.lead_by(lease.clone());
+    let api: Api<Lease> = Api::namespaced(client, &lease.namespace);
+    let config = watcher::Config::default().fields(&format!("metadata.name={}", lease.name));
+    let mut events = std::pin::pin!(watcher(api, config).default_backoff());
+    loop {
+        tokio::select! {
+            event = events.next() => match event {
+                Some(Ok(watcher::Event::Apply(l) | watcher::Event::InitApply(l))) => {
+                    reports.set_holder(l.spec.and_then(|s| s.holder_identity).filter(|h| !h.is_empty()));
+                }
+                Some(Ok(watcher::Event::Delete(_))) => reports.set_holder(None),
+                Some(Ok(_)) => {}
+                Some(Err(error)) => warn!(%error, %lease, "agent Lease watch failed; retrying"),
+                None => return,
+            },
+            () = stop_requested(&mut stop) => return,
+        }
+    }
 }
 
 /// Where reports are published: the ConfigMap `name` in `namespace`.
@@ -1126,5 +1282,117 @@ mod tests {
             "agent-1's reports are fresh"
         );
         assert_eq!(reports.take_touched(), [pool("pool-b")]);
+    }
+
+    /// While the agents' Lease is followed, leadership is its holder's, whatever reports claim:
+    /// a standby (or any agent pod) saying it leads counts for nothing.
+    #[test]
+    fn leadership_is_the_lease_holders_not_the_reports_claim() {
+        let reports = Reports::default();
+        reports
+            .record(report("agent-0", 10, InterfaceState::Serving))
+            .unwrap();
+        reports
+            .record(report("agent-1", 11, InterfaceState::Serving))
+            .unwrap();
+        let leaders = |r: &Reports| -> Vec<String> {
+            r.all()
+                .into_iter()
+                .filter(|(_, r)| r.leader)
+                .map(|(k, _)| k)
+                .collect()
+        };
+        assert_eq!(leaders(&reports).len(), 2, "not followed: as claimed");
+        reports.lead_by("vmdhcp-system/vm-dhcp-agents".parse().unwrap());
+        assert!(leaders(&reports).is_empty(), "no holder seen yet: nobody");
+        reports.take_touched();
+        reports.set_holder(Some("agent-1".into()));
+        assert_eq!(leaders(&reports), vec!["vmdhcp-system/agent-1".to_owned()]);
+        assert_eq!(
+            reports.take_touched(),
+            vec!["default/pool-a".parse().unwrap()]
+        );
+        // An agent of the same name in another namespace does not lead.
+        let mut elsewhere = report("agent-1", 12, InterfaceState::Serving);
+        elsewhere.agent.namespace = "tenant".into();
+        reports.record(elsewhere).unwrap();
+        assert_eq!(leaders(&reports), vec!["vmdhcp-system/agent-1".to_owned()]);
+    }
+
+    /// Every string a report carries is bounded, and so are the published bytes: a report
+    /// filled to each limit is refused or cut, never stored whole.
+    #[test]
+    fn report_strings_and_the_published_bytes_are_bounded() {
+        let reports = Reports::default();
+        let mut long_error = report("agent-0", 10, InterfaceState::Error);
+        long_error.interfaces[0].error = "e".repeat(100_000);
+        reports.record(long_error).unwrap();
+        let kept = &reports.all()["vmdhcp-system/agent-0"];
+        assert_eq!(kept.interfaces[0].error.len(), MAX_ERROR);
+
+        let refused = |edit: fn(&mut AgentReport)| {
+            let mut r = report("agent-1", 20, InterfaceState::Serving);
+            edit(&mut r);
+            match Reports::default().record(r) {
+                Err(ReportError::Field { field, value, .. }) => {
+                    assert!(value.len() <= 64, "{value}");
+                    field
+                }
+                other => panic!("{other:?}"),
+            }
+        };
+        assert_eq!(refused(|r| r.epoch = "1".repeat(65)), "epoch");
+        assert_eq!(
+            refused(|r| r.agent.node_name = "Node_1".repeat(60)),
+            "agent.node_name"
+        );
+        assert_eq!(
+            refused(|r| r.interfaces[0].interface_name = "i".repeat(16)),
+            "interfaces.interface_name"
+        );
+        assert_eq!(
+            refused(|r| r.interfaces[0].pool_ref = format!("ns/{}", "p".repeat(300))),
+            "interfaces.pool_ref"
+        );
+
+        // One report beyond its bytes, then agents filling the ConfigMap's budget.
+        let big = |pod: &str, n: usize| {
+            let mut r = report(pod, 30, InterfaceState::Serving);
+            let one = r.interfaces[0].clone();
+            r.interfaces = (0..n)
+                .map(|i| InterfaceReport {
+                    pool_ref: format!("default/pool-{i}"),
+                    interface_name: format!("vmd{i:010}"),
+                    error: "x".repeat(MAX_ERROR),
+                    probes: Vec::new(),
+                    suspects: Vec::new(),
+                    ..one.clone()
+                })
+                .collect();
+            r
+        };
+        assert!(matches!(
+            Reports::default().record(big("agent-2", 200)),
+            Err(ReportError::TooLarge(_))
+        ));
+        let full = Reports::default();
+        let mut stored = 0;
+        for i in 0..MAX_AGENTS {
+            match full.record(big(&format!("agent-{i}"), 60)) {
+                Ok(()) => stored += 1,
+                Err(ReportError::Full(bytes)) => {
+                    assert!(bytes > MAX_PUBLISHED_BYTES);
+                    break;
+                }
+                Err(e) => panic!("{e}"),
+            }
+        }
+        let total: usize = full.all().values().map(|r| encode(r).len()).sum();
+        assert!(
+            stored < MAX_AGENTS && total <= MAX_PUBLISHED_BYTES,
+            "{stored} agents, {total} bytes"
+        );
+        // A stored agent may still report again at its size.
+        full.record(big("agent-0", 60)).unwrap();
     }
 }

@@ -82,7 +82,10 @@ fn is_label(s: &str) -> bool {
         && b[b.len() - 1] != b'-'
 }
 
-fn is_subdomain(s: &str) -> bool {
+/// Whether `s` is a DNS subdomain as Kubernetes names objects (nodes, most kinds): at most 253
+/// bytes of dot-separated lowercase labels. For names received from callers that must name
+/// something real.
+pub fn is_subdomain(s: &str) -> bool {
     s.len() <= 253 && s.split('.').all(is_label)
 }
 

@@ -69,6 +69,7 @@ fn controller() -> &'static Handles {
                     }),
                     dumps: true,
                     reports: None,
+                    agent_lease: None,
                 };
                 let grpc = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
                 let http = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();

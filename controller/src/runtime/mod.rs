@@ -79,6 +79,10 @@ pub struct Settings {
     /// Where agent reports are shared between replicas (see [`crate::reports`]); `None` keeps
     /// them in this replica's memory only (a single replica, tests).
     pub reports: Option<ReportsObject>,
+    /// The agents' election Lease, `namespace/name`: who holds it leads, whatever a report
+    /// claims ([`crate::reports::follow_agent_lease`]). `None` (tests, a single agent without
+    /// election) believes the reports.
+    pub agent_lease: Option<vmdhcp_core::NamespacedName>,
 }
 
 /// What a running controller exposes to its embedder (tests, main).
@@ -154,17 +158,20 @@ pub async fn run(
     started: impl FnOnce(Handles),
 ) -> Result<(), RuntimeError> {
     let (caches, _tasks) = Caches::start(&client);
+    let metrics = Arc::new(Metrics::default());
     run_with_caches(
-        client, caches, settings, grpc, http, leader, shutdown, started,
+        client, caches, metrics, settings, grpc, http, leader, shutdown, started,
     )
     .await
 }
 
-/// [`run`] over caches the caller started (and shares, e.g. with the webhook).
+/// [`run`] over caches the caller started (and shares, e.g. with the webhook), counting into
+/// `metrics` (which the caller may have handed to the stream's token checks already).
 #[allow(clippy::too_many_arguments)]
 pub async fn run_with_caches(
     client: Client,
     caches: Caches,
+    metrics: Arc<Metrics>,
     settings: Settings,
     grpc: TcpListener,
     http: TcpListener,
@@ -176,7 +183,7 @@ pub async fn run_with_caches(
         caches,
         index: Arc::new(Index::new()),
         reports: Arc::new(Reports::default()),
-        metrics: Arc::new(Metrics::default()),
+        metrics,
         ipam_slot: Arc::default(),
         causes: Arc::default(),
     };
@@ -249,6 +256,14 @@ impl AlwaysOn {
                 )),
             ]
         });
+        if let Some(lease) = settings.agent_lease.clone() {
+            tokio::spawn(crate::reports::follow_agent_lease(
+                client.clone(),
+                lease,
+                shared.reports.clone(),
+                shutdown.clone(),
+            ));
+        }
         let sync = tokio::spawn(sync_index(
             shared.caches.pools.clone(),
             shared.index.clone(),

@@ -19,7 +19,6 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use futures_util::Stream;
 use tokio::net::TcpListener;
 use tokio::sync::watch;
-use tokio_stream::wrappers::TcpListenerStream;
 use tonic::{Request, Response, Status};
 use tracing::{Instrument, debug, info, info_span, warn};
 use vmdhcp_core::{MacAddr, NamespacedName};
@@ -64,7 +63,27 @@ pub struct StreamSettings {
     pub keepalive_timeout: Duration,
     /// TLS and caller authentication.
     pub security: Security,
+    /// The TLS listener's connection limits. Its byte clock ([`Limits::idle`], [`STREAM_IDLE`]
+    /// by default) is never shorter than a PING round, so it cuts only connections that never
+    /// started HTTP/2 or stopped answering, never a Watch.
+    pub limits: Limits,
 }
+
+/// A connection to the stream with no byte either way for this long is ended. Three keepalive
+/// intervals: the server PINGs a peer it has not heard from every
+/// [`StreamSettings::keepalive_interval`] and sends a Watch a heartbeat every
+/// [`StreamSettings::heartbeat`], so a live agent's connection is never this quiet; one that
+/// completed TLS and says nothing (no HTTP/2 preface, hence no PINGs) is.
+pub const STREAM_IDLE: Duration = Duration::from_secs(30);
+/// Concurrent HTTP/2 streams per connection: an agent holds a Watch and sends a Report now and
+/// then; a caller needs no more to inspect the stream, and a hostile one opens no more.
+const MAX_STREAMS: u32 = 16;
+/// The largest HTTP/2 header block: a request's headers are its path and a bearer token (a
+/// ServiceAccount JWT, about a kilobyte).
+const MAX_HEADER_LIST: u32 = 16 << 10;
+/// Streams a client may open and reset before the server has accepted them (the HTTP/2 rapid
+/// reset attack); hyper's default, pinned.
+const MAX_PENDING_RESETS: usize = 20;
 
 /// How the config stream is exposed.
 #[derive(Clone, Default)]
@@ -99,6 +118,10 @@ impl Default for StreamSettings {
             keepalive_interval: Duration::from_secs(10),
             keepalive_timeout: Duration::from_secs(5),
             security: Security::Plaintext,
+            limits: Limits {
+                idle: Some(STREAM_IDLE),
+                ..Limits::default()
+            },
         }
     }
 }
@@ -207,6 +230,15 @@ impl ConfigService for ConfigServer {
                 agent.pod_name
             )));
         }
+        // And in the namespace of its ServiceAccount: the agents' own, never another's.
+        if let Some(namespace) = &caller.namespace
+            && *namespace != agent.namespace
+        {
+            return Err(Status::permission_denied(format!(
+                "this token belongs to namespace {namespace:?}; it may not report as {:?}",
+                agent.namespace
+            )));
+        }
         if agent.pod_name.is_empty() || agent.namespace.is_empty() {
             return Err(invalid(
                 "agent",
@@ -243,7 +275,9 @@ impl ConfigService for ConfigServer {
         });
         match recorded {
             Ok(()) => Ok(Response::new(pb::ReportResponse {})),
-            Err(e @ ReportError::Identity { .. }) => Err(Status::invalid_argument(e.to_string())),
+            Err(e @ (ReportError::Identity { .. } | ReportError::Field { .. })) => {
+                Err(Status::invalid_argument(e.to_string()))
+            }
             Err(e) => Err(Status::resource_exhausted(e.to_string())),
         }
     }
@@ -566,25 +600,31 @@ pub async fn serve(
     let server = tonic::transport::Server::builder()
         .http2_keepalive_interval(Some(settings.keepalive_interval))
         .http2_keepalive_timeout(Some(settings.keepalive_timeout))
-        .tcp_keepalive(Some(settings.keepalive_interval))
+        .max_concurrent_streams(MAX_STREAMS)
+        .http2_max_header_list_size(MAX_HEADER_LIST)
+        .http2_max_pending_accept_reset_streams(Some(MAX_PENDING_RESETS))
         .add_service(health_service)
         .add_service(reflection_v1)
         .add_service(reflection_v1alpha)
         .add_service(service);
     let result = match &settings.security {
         Security::Plaintext => {
-            server
-                .serve_with_incoming_shutdown(TcpListenerStream::new(listener), stop)
-                .await
+            // tonic's `tcp_keepalive` applies only to its own `TcpIncoming`: set it there.
+            let incoming = tonic::transport::server::TcpIncoming::from(listener)
+                .with_keepalive(Some(settings.keepalive_interval));
+            server.serve_with_incoming_shutdown(incoming, stop).await
         }
         Security::Tls { config, .. } => {
-            server
-                .serve_with_incoming_shutdown(
-                    crate::security::listener::accept(listener, config.clone(), Limits::default())
-                        .0,
-                    stop,
-                )
-                .await
+            // A live connection talks at least every keepalive round: the byte clock may not be
+            // shorter, or it would cut agents between PINGs.
+            let round = settings.keepalive_interval + settings.keepalive_timeout;
+            let limits = Limits {
+                idle: settings.limits.idle.map(|idle| idle.max(round)),
+                ..settings.limits.clone()
+            };
+            let (incoming, _usage) =
+                crate::security::listener::accept(listener, config.clone(), limits);
+            server.serve_with_incoming_shutdown(incoming, stop).await
         }
     };
     if let Err(e) = &result {

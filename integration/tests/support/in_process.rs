@@ -29,6 +29,7 @@ impl InProcess {
             agent: None,
             dumps: false,
             reports: None,
+            agent_lease: None,
         };
         let grpc = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let http = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
