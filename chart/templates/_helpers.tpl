@@ -44,6 +44,9 @@ Usage: include "vmdhcp.suffixed" (list . "controller")
 {{- define "vmdhcp.tlsSecretName" -}}{{ include "vmdhcp.suffixed" (list . "controller-tls") }}{{- end -}}
 {{/* ConfigMap (key ca.crt) in which the controller publishes its CA for the agents. */}}
 {{- define "vmdhcp.caConfigMapName" -}}{{ include "vmdhcp.suffixed" (list . "controller-ca") }}{{- end -}}
+{{/* Role (and RoleBinding), in each namespace of controller.upstreamAgentNamespaces, that lets the
+controller retire upstream's agent pods there. */}}
+{{- define "vmdhcp.controller.upstreamRoleName" -}}{{ include "vmdhcp.suffixed" (list . "controller-upstream-agents") }}{{- end -}}
 {{/* Shared name of the Mutating- and ValidatingWebhookConfiguration. */}}
 {{- define "vmdhcp.webhookName" -}}{{ include "vmdhcp.suffixed" (list . "webhook") }}{{- end -}}
 
@@ -208,6 +211,9 @@ Checks that the schema cannot express. Rendered (to nothing) once, from the cont
 {{- if not (gt (int $le.renewDeadlineSeconds) (int $le.retryPeriodSeconds)) -}}
 {{- fail (printf "%s.leaderElection: renewDeadlineSeconds (%v) must be greater than retryPeriodSeconds (%v)" $component $le.renewDeadlineSeconds $le.retryPeriodSeconds) -}}
 {{- end -}}
+{{- end -}}
+{{- if and (eq .Values.tls.mode "plaintext") (not .Values.tls.insecure) -}}
+{{- fail "tls.mode=plaintext serves the config stream without TLS or authentication: anyone who can reach the controller reads every pool's leases, MACs and addresses and can send agent reports. Set tls.insecure=true to accept that (local clusters only), or use tls.mode=controller" -}}
 {{- end -}}
 {{- if and (or .Values.tracing.sampler .Values.tracing.samplerArg) (not .Values.tracing.otlpEndpoint) -}}
 {{- fail "tracing.sampler/samplerArg are set but tracing.otlpEndpoint is empty: traces would go nowhere" -}}

@@ -8,7 +8,8 @@
 #      UPDATE_GOLDEN=1 rewrites the golden files instead;
 #   3. invariants of the rendered objects (check_render.py): agent capabilities, the empty
 #      bootstrap, least-privilege RBAC, names shared between the controller's flags and the
-#      objects, the ServiceMonitor only when enabled, PDB apiVersion per Kubernetes version;
+#      objects, the ServiceMonitor only when enabled, the NetworkPolicies' ports and peers, PDB
+#      apiVersion per Kubernetes version;
 #   4. invalid values (schema and template checks) make `helm template` fail.
 #
 # helm: $HELM, else `helm` on PATH (scripts/install-helm.sh installs one).
@@ -132,6 +133,12 @@ agent:
     leaseDuration: 20
 EOF
 refuse "tls.mode: bogus" "mode" --set tls.mode=bogus
+refuse "tls.mode=plaintext without tls.insecure=true" "tls.insecure=true" --set tls.mode=plaintext
+refuse "tls.mode=plaintext with tls.insecure=false" "tls.insecure=true" --set tls.mode=plaintext --set tls.insecure=false
+refuse "tls.insecure: \"yes\"" "insecure" --set tls.mode=plaintext --set-string tls.insecure=yes
+refuse "networkPolicy.webhook.from not a list" "from" --set networkPolicy.enabled=true --set networkPolicy.webhook.from=10.0.0.0/8
+refuse "a typo'd networkPolicy key (networkPolicy.metrics.form)" "form" --set 'networkPolicy.metrics.form[0].podSelector.x=y'
+refuse "controller.upstreamAgentNamespaces: not a namespace name" "upstreamAgentNamespaces" --set 'controller.upstreamAgentNamespaces={Harvester_System}'
 refuse "a typo'd top-level key (controler)" "controler" -f "$tmp/typo.yaml"
 refuse "a typo'd nested key (agent.leaderElection.leaseDuration)" "leaseDuration" -f "$tmp/nested-typo.yaml"
 refuse "logging.format: xml" "format" --set logging.format=xml

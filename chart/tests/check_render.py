@@ -25,6 +25,9 @@ EXPECTED_CAPS = {
     "full": ["NET_ADMIN", "NET_BIND_SERVICE", "NET_RAW"],
 }
 SERVICE_MONITORS = {"default": 0, "kube120": 0, "plaintext": 0, "full": 2}
+NETWORK_POLICIES = {"default": 0, "kube120": 0, "plaintext": 0, "full": 2}
+# controller.upstreamAgentNamespaces of each set (empty: the release namespace).
+UPSTREAM_NAMESPACES = {"default": [], "kube120": [], "plaintext": [], "full": ["harvester-system"]}
 PDB_API = {"default": "policy/v1", "full": "policy/v1", "plaintext": None, "kube120": "policy/v1beta1"}
 WRITE_VERBS = {"create", "update", "patch", "delete", "deletecollection", "*"}
 CLUSTER_SCOPED = {"ClusterRole", "ClusterRoleBinding", "MutatingWebhookConfiguration",
@@ -115,10 +118,17 @@ def check(set_name, path, release, namespace):
     ctrl = container_named(ctrl_d, "controller")
     agent_name = agent_d["metadata"]["name"]
 
-    # Namespaces.
+    # Namespaces: everything in the release's, but the Roles that let the controller retire
+    # upstream's agent pods, which are where those pods are (UPSTREAM_NAMESPACES).
+    upstream_ns = UPSTREAM_NAMESPACES[set_name] or [namespace]
+    upstream_role = next((d["metadata"]["name"] for d in by_kind.get("Role", [])
+                          if d["metadata"]["name"].endswith("-controller-upstream-agents")), None)
     wrong = [key(d) for d in docs
-             if d["kind"] not in CLUSTER_SCOPED and d["metadata"].get("namespace") != namespace]
-    c.check(not wrong, f"{tag} every namespaced object is in {namespace}", wrong)
+             if d["kind"] not in CLUSTER_SCOPED and d["metadata"].get("namespace") != namespace
+             and not (d["kind"] in ("Role", "RoleBinding") and d["metadata"]["name"] == upstream_role
+                      and d["metadata"].get("namespace") in upstream_ns)]
+    c.check(not wrong, f"{tag} every namespaced object is in {namespace} (upstream agents' Roles: {upstream_ns})",
+            wrong)
     long_names = [key(d) for d in by_kind.get("Service", []) if len(d["metadata"]["name"]) > 63]
     c.check(not long_names, f"{tag} Service names are at most 63 characters", long_names)
 
@@ -220,24 +230,28 @@ def check(set_name, path, release, namespace):
 
     # RBAC: what each ServiceAccount is bound to.
     def rules_of(sa):
+        """(kind, rule, namespace or None) of every rule bound to the ServiceAccount `sa`."""
         out = []
         for bkind, rkind in (("RoleBinding", "Role"), ("ClusterRoleBinding", "ClusterRole")):
             for b in by_kind.get(bkind, []):
                 if any(s.get("kind") == "ServiceAccount" and s.get("name") == sa
                        and s.get("namespace") == namespace for s in b.get("subjects", [])):
                     ref = b["roleRef"]
-                    role = named(ref["kind"], ref["name"])
+                    where = b["metadata"].get("namespace")
+                    role = next((d for d in by_kind.get(ref["kind"], [])
+                                 if d["metadata"]["name"] == ref["name"]
+                                 and d["metadata"].get("namespace") == where), None)
                     c.check(role is not None and ref["kind"] == rkind,
-                            f"{tag} {bkind} {b['metadata']['name']} refers to a rendered {rkind}")
+                            f"{tag} {bkind} {where + '/' if where else ''}{b['metadata']['name']} refers to a rendered {rkind}")
                     if role:
-                        out += [(rkind, r) for r in role.get("rules", [])]
+                        out += [(rkind, r, where) for r in role.get("rules", [])]
         return out
 
     all_rules = [r for k in ("Role", "ClusterRole") for d in by_kind.get(k, []) for r in d.get("rules", [])]
     wild = [r for r in all_rules if "*" in r.get("verbs", []) + r.get("resources", []) + r.get("apiGroups", [])]
     c.check(not wild, f"{tag} no wildcard in any rule", wild)
 
-    agent_rules = rules_of(agent_sa)
+    agent_rules = [(k, r) for k, r, _ in rules_of(agent_sa)]
     c.check(not any("deployments" in r.get("resources", []) for _, r in agent_rules),
             f"{tag} agent has no rule on deployments")
     c.check({res for _, r in agent_rules for res in r.get("resources", [])} <= {"ippools", "leases"},
@@ -253,19 +267,43 @@ def check(set_name, path, release, namespace):
     c.check(all(kind == "Role" for kind, r in agent_rules if "leases" in r.get("resources", [])),
             f"{tag} agent Lease rules are namespaced (Role)")
 
-    ctrl_rules = rules_of(ctrl_sa)
+    ctrl_bound = rules_of(ctrl_sa)
+    ctrl_rules = [(k, r) for k, r, _ in ctrl_bound]
     dep_rules = [(k, r) for k, r in ctrl_rules if "deployments" in r.get("resources", [])]
     c.check(dep_rules and all(k == "Role" and r.get("resourceNames") == [agent_name] for k, r in dep_rules)
             and any("patch" in r.get("verbs", []) for _, r in dep_rules),
             f"{tag} controller may patch Deployments only by name, only {agent_name}", dep_rules)
     lease = flag(ctrl, "leader-election-name")
-    # The agents' reports are shared between replicas in a ConfigMap named after the Lease.
+    # The agents' reports are shared between replicas in a ConfigMap named after the Lease; the
+    # agents' Lease is read (which agent leads), never written.
     for res, names in (("secrets", [tls_secret]), ("configmaps", [ca_cm, f"{lease}-agent-reports"]),
-                       ("leases", [lease])):
+                       ("leases", [lease, agent_lease])):
         rs = [(k, r) for k, r in ctrl_rules if res in r.get("resources", [])]
-        bad = [r for k, r in rs if k != "Role" or r.get("resourceNames") != names
-               or "create" in r.get("verbs", [])]
-        c.check(rs and not bad, f"{tag} controller {res}: namespaced, restricted to {names}, no create", bad)
+        bad = [r for k, r in rs if k != "Role" or not r.get("resourceNames")
+               or not set(r["resourceNames"]) <= set(names) or "create" in r.get("verbs", [])]
+        covered = sorted({n for _, r in rs for n in r.get("resourceNames", [])})
+        c.check(rs and not bad and covered == sorted(names),
+                f"{tag} controller {res}: namespaced, restricted to {names}, no create", bad or covered)
+    bad = [r for _, r in ctrl_rules if "leases" in r.get("resources", [])
+           and agent_lease in r.get("resourceNames", []) and set(r["verbs"]) & WRITE_VERBS]
+    c.check(not bad, f"{tag} controller only reads the agents' Lease {agent_lease}", bad)
+    # Narrowed to what the controller calls: no update of a NAD (a tenant's CNI config: its labels
+    # are merge-patched), no create or delete of IPPools, no core/v1 events, and pods only in the
+    # namespaces of upstream's agents.
+    def grants(group, resource, verb):
+        return [(k, ns) for k, r, ns in ctrl_bound if group in r.get("apiGroups", [])
+                and resource in r.get("resources", []) and verb in r.get("verbs", [])]
+    c.check(not grants("k8s.cni.cncf.io", "network-attachment-definitions", "update")
+            and grants("k8s.cni.cncf.io", "network-attachment-definitions", "patch"),
+            f"{tag} controller patches NADs, never updates them")
+    c.check(not any(grants("network.harvesterhci.io", "ippools", v) for v in ("create", "delete", "update")),
+            f"{tag} controller neither creates, updates nor deletes IPPools")
+    c.check(not any(grants("", "events", v) for v in ("create", "patch")),
+            f"{tag} controller writes events.k8s.io events only")
+    pods = grants("", "pods", "delete") + grants("", "pods", "get")
+    c.check(pods and all(k == "Role" for k, _ in pods)
+            and sorted({ns for _, ns in pods}) == sorted(upstream_ns),
+            f"{tag} controller gets and deletes pods only in {upstream_ns} (Roles)", pods)
     # Those objects and the agents' Lease are the chart's (empty; filled at run time), so that
     # `helm uninstall` removes them and nobody needs `create`.
     kind_of = {"secrets": "Secret", "configmaps": "ConfigMap", "leases": "Lease"}
@@ -306,6 +344,30 @@ def check(set_name, path, release, namespace):
                 f"{tag} controller updates only the webhook configurations {webhook_name}", writes)
     else:
         c.check(not hooks and not adm_rules, f"{tag} webhook disabled: no configurations, no rules")
+
+    # NetworkPolicies: the controller admits the stream only from the agents, the webhook from
+    # networkPolicy.webhook.from, metrics from networkPolicy.metrics.from; the agents only metrics.
+    nps = by_kind.get("NetworkPolicy", [])
+    c.check(len(nps) == NETWORK_POLICIES[set_name],
+            f"{tag} {NETWORK_POLICIES[set_name]} NetworkPolicies", len(nps))
+    if nps:
+        def policy(component):
+            return next((p for p in nps if p["spec"]["podSelector"]["matchLabels"]
+                         .get("app.kubernetes.io/component") == component), None)
+        ctrl_np, agent_np = policy("controller"), policy("agent")
+        def by_port(p):
+            return {port["port"]: rule.get("from") for rule in p["spec"].get("ingress", [])
+                    for port in rule.get("ports", [])}
+        cp = by_port(ctrl_np) if ctrl_np else {}
+        agent_sel = agent_d["spec"]["selector"]["matchLabels"]
+        c.check(ctrl_np and ctrl_np["spec"]["policyTypes"] == ["Ingress"]
+                and sorted(cp) == ["grpc", "http", "webhook"]
+                and cp["grpc"] == [{"podSelector": {"matchLabels": agent_sel}}],
+                f"{tag} controller NetworkPolicy: webhook, grpc from the agent pods only, http", cp)
+        ap = by_port(agent_np) if agent_np else {}
+        c.check(agent_np and agent_np["spec"]["policyTypes"] == ["Ingress"] and sorted(ap) == ["http"]
+                and ap["http"] == cp.get("http"),
+                f"{tag} agent NetworkPolicy: only http, from the metrics peers", ap)
 
     # ServiceMonitors, PDBs.
     sms = by_kind.get("ServiceMonitor", [])

@@ -3,7 +3,7 @@
 # `helm template` cannot:
 #   - the API server of the oldest supported Kubernetes accepts every object (default, full and
 #     plaintext values);
-#   - RBAC means what it says: `kubectl auth can-i` as each ServiceAccount, and the by-name
+#   - RBAC means what it says: SubjectAccessReviews as each ServiceAccount, and the by-name
 #     list/watch (metadata.name field selector) the controller does on the agent Deployment;
 #   - the admission webhooks are wired to the controller Service (failurePolicy Fail refuses an
 #     IPPool while no controller answers);
@@ -94,7 +94,9 @@ k() { kubectl "$@" 2>/dev/null; }
 helm_() { "$HELM" "$@" --namespace "$ns"; }
 
 # --- every value set is accepted ---------------------------------------------------------------
-# (full without ServiceMonitors: there is no Prometheus Operator CRD here.)
+# (full without ServiceMonitors: there is no Prometheus Operator CRD here; its
+# controller.upstreamAgentNamespaces must exist.)
+kubectl create namespace harvester-system >/dev/null
 expect "install (full values) on Kubernetes 1.20" helm_ install vmdhcp "$chart" --create-namespace \
   -f "$here/values-full.yaml" --set serviceMonitor.enabled=false
 expect "uninstall (full values)" helm_ uninstall vmdhcp --wait
@@ -146,20 +148,36 @@ can no  $C get "" secrets default vmdhcp-controller-tls
 can yes $C update "" configmaps "$ns" vmdhcp-controller-ca
 can yes $C patch "" configmaps "$ns" vm-dhcp-controllers-agent-reports
 can no  $C get "" configmaps "$ns" other
-can yes $C delete "" pods harvester-system default-net-48-agent
+can yes $C get coordination.k8s.io leases "$ns" vm-dhcp-agents
+can yes $C watch coordination.k8s.io leases "$ns" vm-dhcp-agents
+can no  $C patch coordination.k8s.io leases "$ns" vm-dhcp-controllers
+# Upstream's agent pods: only in controller.upstreamAgentNamespaces (default: the release's).
+can yes $C delete "" pods "$ns" default-net-48-agent
+can yes $C get "" pods "$ns" default-net-48-agent
+can no  $C delete "" pods harvester-system default-net-48-agent
+can no  $C get "" pods default
 can no  $C create "" pods "$ns"
 can yes $C create authentication.k8s.io tokenreviews
-can yes $C patch admissionregistration.k8s.io validatingwebhookconfigurations "" vmdhcp-webhook
-can yes $C patch admissionregistration.k8s.io mutatingwebhookconfigurations "" vmdhcp-webhook
-can no  $C patch admissionregistration.k8s.io validatingwebhookconfigurations "" other
+can yes $C update admissionregistration.k8s.io validatingwebhookconfigurations "" vmdhcp-webhook
+can yes $C update admissionregistration.k8s.io mutatingwebhookconfigurations "" vmdhcp-webhook
+can no  $C patch admissionregistration.k8s.io validatingwebhookconfigurations "" vmdhcp-webhook
+can no  $C update admissionregistration.k8s.io validatingwebhookconfigurations "" other
+can no  $C list admissionregistration.k8s.io validatingwebhookconfigurations
 can yes $C update network.harvesterhci.io ippools/status default
+can no  $C patch network.harvesterhci.io ippools/status default
+can no  $C create network.harvesterhci.io ippools default
+can no  $C delete network.harvesterhci.io ippools default
 can yes $C create network.harvesterhci.io virtualmachinenetworkconfigs default
+can yes $C delete network.harvesterhci.io virtualmachinenetworkconfigs default
+can no  $C update network.harvesterhci.io virtualmachinenetworkconfigs default
 can yes $C watch kubevirt.io virtualmachines default
 can no  $C update kubevirt.io virtualmachines default
 can yes $C patch k8s.cni.cncf.io network-attachment-definitions default
+can no  $C update k8s.cni.cncf.io network-attachment-definitions default
 can no  $C delete k8s.cni.cncf.io network-attachment-definitions default
-can yes $C create "" events default
+can no  $C create "" events default
 can yes $C create events.k8s.io events default
+can yes $C patch events.k8s.io events default
 can no  $A patch apps deployments "$ns" vmdhcp-agent
 can no  $A get apps deployments "$ns" vmdhcp-agent
 can no  $A create coordination.k8s.io leases "$ns"
@@ -167,11 +185,12 @@ can yes $A update coordination.k8s.io leases "$ns" vm-dhcp-agents
 can no  $A update coordination.k8s.io leases "$ns" vm-dhcp-controllers
 can yes $A list network.harvesterhci.io ippools
 can yes $A watch network.harvesterhci.io ippools
+can no  $A get network.harvesterhci.io ippools default
 can no  $A patch network.harvesterhci.io ippools default
 can no  $A update network.harvesterhci.io ippools/status default
 can no  $A get "" secrets "$ns" vmdhcp-controller-tls
 can no  $A create authentication.k8s.io tokenreviews
-# What the controller really does: get, and list + watch with a metadata.name field selector.
+# What the controller really does: list + watch with a metadata.name field selector.
 expect "controller lists the agent Deployment by field selector" \
   kubectl --as "$ctrl" -n "$ns" get deployments --field-selector metadata.name=vmdhcp-agent -o name
 if timeout 3 kubectl --as "$ctrl" -n "$ns" get deployments --field-selector metadata.name=vmdhcp-agent \
@@ -202,8 +221,14 @@ print(json.dumps([(t["metadata"].get("annotations") or {}).get("k8s.v1.cni.cncf.
 }
 generation() { k -n "$ns" get deployment vmdhcp-agent -o jsonpath='{.metadata.generation}'; }
 expect "fresh install ships the empty bootstrap" test "$(state)" = '[null, "[]", "[]"]'
-expect "the controller's ServiceAccount writes the bootstrap" \
-  kubectl --as "$ctrl" -n "$ns" patch deployment vmdhcp-agent --type strategic -p "$bootstrap"
+# A bare PATCH, as the controller sends it (kubectl patch would GET first, which it may not).
+patch_as_controller() {
+  curl -sf -o /dev/null --cacert "$pki/ca.crt" -X PATCH \
+    -H "Authorization: Bearer $(kubectl -n "$ns" create token vmdhcp-controller)" \
+    -H 'Content-Type: application/strategic-merge-patch+json' --data "$bootstrap" \
+    "https://127.0.0.1:$api_port/apis/apps/v1/namespaces/$ns/deployments/vmdhcp-agent"
+}
+expect "the controller's ServiceAccount writes the bootstrap" patch_as_controller
 written="$(state)"
 expect "helm upgrade with new values succeeds (no field-manager conflict)" \
   helm_ upgrade vmdhcp "$chart" --set agent.image.tag=0.1.1 --set logging.level=debug

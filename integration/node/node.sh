@@ -160,6 +160,12 @@ kc() { "$BIN/kubectl" --kubeconfig="$dir/kubeconfig/admin" --request-timeout=10s
 
 # --- control plane --------------------------------------------------------------------------------
 log "starting etcd and kube-apiserver"
+# With VMDHCP_NODE_AUDIT_POLICY (an audit policy file), the API server logs the requests it selects
+# to logs/audit.log as JSON lines: the `cluster` suite compares what our ServiceAccounts call with
+# what the chart grants them.
+audit=()
+[ -n "${VMDHCP_NODE_AUDIT_POLICY:-}" ] && audit=(--audit-policy-file="$VMDHCP_NODE_AUDIT_POLICY"
+  --audit-log-path="$dir/logs/audit.log" --audit-log-format=json --audit-log-mode=blocking)
 start etcd "$BIN/etcd" --name=node --data-dir="$dir/etcd" --unsafe-no-fsync \
   --listen-client-urls=http://127.0.0.1:2379 --advertise-client-urls=http://127.0.0.1:2379 \
   --listen-peer-urls=http://127.0.0.1:2380 --initial-advertise-peer-urls=http://127.0.0.1:2380 \
@@ -171,7 +177,7 @@ start kube-apiserver "$BIN/kube-apiserver" --etcd-servers=http://127.0.0.1:2379 
   --service-account-key-file="$pki/sa.pub" --service-account-signing-key-file="$pki/sa.key" \
   --service-account-issuer=https://kubernetes.default.svc --api-audiences=https://kubernetes.default.svc \
   --service-cluster-ip-range="$SVC_CIDR" --allow-privileged=true --profiling=false \
-  --enable-aggregator-routing=true --kubelet-preferred-address-types=InternalIP
+  --enable-aggregator-routing=true --kubelet-preferred-address-types=InternalIP "${audit[@]}"
 # The host's only way in: 127.0.0.1:API_PORT → the API server in the namespace.
 socat "TCP-LISTEN:$api_port,bind=127.0.0.1,reuseaddr,fork" \
   "EXEC:nsenter --net=/var/run/netns/$netns socat STDIO TCP\\:$NODE_IP\\:6443" >"$dir/logs/forwarder.log" 2>&1 </dev/null &

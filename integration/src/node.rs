@@ -89,6 +89,17 @@ impl Node {
     /// Starts the node with the images of `images` imported, the Multus stand-in at `standin`,
     /// and waits until it is Ready (about a minute).
     pub fn start(images: &Path, standin: &Path) -> Result<Self, NodeError> {
+        Self::start_with(images, standin, None)
+    }
+
+    /// As [`Node::start`], with the API server writing the requests `policy` (an audit
+    /// `Policy` in YAML) selects to [`Node::audit_log`]: who called what, and whether RBAC let
+    /// them, which neither the components' logs nor the API server's metrics say.
+    pub fn start_audited(images: &Path, standin: &Path, policy: &str) -> Result<Self, NodeError> {
+        Self::start_with(images, standin, Some(policy))
+    }
+
+    fn start_with(images: &Path, standin: &Path, audit: Option<&str>) -> Result<Self, NodeError> {
         let archives = image_archives(images)?;
         let io = |what: &str| {
             let what = what.to_owned();
@@ -100,7 +111,13 @@ impl Node {
             .map_err(io("creating the node directory"))?
             .keep();
         let api_port = crate::ports::free_port();
-        let mut script = Command::new("bash")
+        let mut command = Command::new("bash");
+        if let Some(policy) = audit {
+            let file = dir.join("audit-policy.yaml");
+            std::fs::write(&file, policy).map_err(io("writing the audit policy"))?;
+            command.env("VMDHCP_NODE_AUDIT_POLICY", file);
+        }
+        let mut script = command
             .arg(repo_root().join("integration/node/node.sh"))
             .arg(&dir)
             .arg(api_port.to_string())
@@ -173,6 +190,12 @@ impl Node {
     /// The admin kubeconfig (API server at 127.0.0.1).
     pub fn kubeconfig(&self) -> PathBuf {
         self.dir.join("kubeconfig/admin")
+    }
+
+    /// The API server's audit log (JSON lines), written when the node was started with
+    /// [`Node::start_audited`].
+    pub fn audit_log(&self) -> PathBuf {
+        self.dir.join("logs/audit.log")
     }
 
     /// The directory of the node (logs under `logs/`).
