@@ -337,16 +337,28 @@ pub fn link(interface: &str) -> Result<(u32, MacAddr), ArpError> {
     Ok((index, mac))
 }
 
-/// Announcements sent and failed on one interface.
+/// Frames sent and frames the kernel refused on one interface.
 #[derive(Debug, Default)]
-struct Counts {
+pub struct Counts {
     sent: AtomicU64,
     failed: AtomicU64,
 }
 
-/// One interface's announcement counters, as `/metrics` reads them.
+impl Counts {
+    /// Counts a frame sent.
+    pub fn count_sent(&self) {
+        self.sent.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Counts a frame the kernel refused (or that could not be made).
+    pub fn count_failed(&self) {
+        self.failed.fetch_add(1, Ordering::Relaxed);
+    }
+}
+
+/// One interface's counts, as `/metrics` reads them.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub struct ArpReading {
+pub struct SendReading {
     /// The interface.
     pub interface: String,
     /// The pool served there.
@@ -357,29 +369,22 @@ pub struct ArpReading {
     pub failed: u64,
 }
 
-/// The announcement counters of every served interface and whether announcements are possible
-/// at all; cheap to clone, read at scrape time.
+/// Sent/failed counts per interface, for whatever one task per served interface sends (ARP
+/// announcements here, the foreign-DHCP probe's DISCOVERs); cheap to clone, read at scrape
+/// time.
 #[derive(Clone, Debug, Default)]
-pub struct ArpCounters {
-    enabled: Arc<AtomicBool>,
-    interfaces: Arc<Mutex<PerInterface>>,
-}
+pub struct SendCounters(Arc<Mutex<PerInterface>>);
 
 /// Interface → the pool served there and its counts.
 type PerInterface = BTreeMap<String, (NamespacedName, Arc<Counts>)>;
 
-impl ArpCounters {
-    /// Whether the packet socket is open (false: CAP_NET_RAW is missing, nothing is announced).
-    pub fn enabled(&self) -> bool {
-        self.enabled.load(Ordering::Relaxed)
-    }
-
-    /// Every interface's counters.
-    pub fn read(&self) -> Vec<ArpReading> {
-        let interfaces = self.interfaces.lock();
-        interfaces
+impl SendCounters {
+    /// Every interface's counts.
+    pub fn read(&self) -> Vec<SendReading> {
+        self.0
+            .lock()
             .iter()
-            .map(|(interface, (pool, counts))| ArpReading {
+            .map(|(interface, (pool, counts))| SendReading {
                 interface: interface.clone(),
                 pool: pool.to_string(),
                 sent: counts.sent.load(Ordering::Relaxed),
@@ -389,8 +394,8 @@ impl ArpCounters {
     }
 
     /// The counts of `interface` serving `pool` (new, or reset when the pool changed).
-    fn entry(&self, interface: &str, pool: &NamespacedName) -> Arc<Counts> {
-        let mut interfaces = self.interfaces.lock();
+    pub fn entry(&self, interface: &str, pool: &NamespacedName) -> Arc<Counts> {
+        let mut interfaces = self.0.lock();
         match interfaces.get(interface) {
             Some((p, counts)) if p == pool => Arc::clone(counts),
             _ => {
@@ -401,16 +406,42 @@ impl ArpCounters {
         }
     }
 
+    /// Forgets `interface`'s counts (its series leave `/metrics`).
+    pub fn remove(&self, interface: &str) {
+        self.0.lock().remove(interface);
+    }
+
+    /// Forgets the counts of every interface `keep` rejects.
+    pub fn retain(&self, keep: impl Fn(&str) -> bool) {
+        self.0.lock().retain(|name, _| keep(name));
+    }
+}
+
+/// The announcement counters of every served interface and whether announcements are possible
+/// at all; cheap to clone, read at scrape time.
+#[derive(Clone, Debug, Default)]
+pub struct ArpCounters {
+    enabled: Arc<AtomicBool>,
+    interfaces: SendCounters,
+}
+
+impl ArpCounters {
+    /// Whether the packet socket is open (false: CAP_NET_RAW is missing, nothing is announced).
+    pub fn enabled(&self) -> bool {
+        self.enabled.load(Ordering::Relaxed)
+    }
+
+    /// Every interface's counters.
+    pub fn read(&self) -> Vec<SendReading> {
+        self.interfaces.read()
+    }
+
     /// Adds to `interface`'s counts, as an announcement task would (tests elsewhere in the crate).
     #[cfg(test)]
     pub(crate) fn record(&self, interface: &str, pool: &NamespacedName, sent: u64, failed: u64) {
-        let counts = self.entry(interface, pool);
+        let counts = self.interfaces.entry(interface, pool);
         counts.sent.fetch_add(sent, Ordering::Relaxed);
         counts.failed.fetch_add(failed, Ordering::Relaxed);
-    }
-
-    fn retain(&self, keep: impl Fn(&str) -> bool) {
-        self.interfaces.lock().retain(|name, _| keep(name));
     }
 }
 
@@ -476,7 +507,7 @@ impl Announcer {
             return;
         };
         self.cancel(interface);
-        let counts = self.counters.entry(interface, pool);
+        let counts = self.counters.interfaces.entry(interface, pool);
         let span = info_span!("arp_announce", interface, pool = %pool, ip = %ip);
         let task =
             tokio::spawn(announce(socket, interface.to_owned(), ip, counts).instrument(span));
@@ -502,7 +533,7 @@ impl Announcer {
     pub fn retain(&mut self, keep: impl Fn(&str) -> bool) {
         self.tasks
             .retain(|name, task| keep(name) && !task.is_finished());
-        self.counters.retain(keep);
+        self.counters.interfaces.retain(keep);
     }
 
     /// Interfaces with an announcement still running.
@@ -537,7 +568,7 @@ async fn announce(socket: Arc<Socket>, interface: String, ip: Ipv4Addr, counts: 
     let (index, mac) = match link(&interface) {
         Ok(link) => link,
         Err(error) => {
-            counts.failed.fetch_add(1, Ordering::Relaxed);
+            counts.count_failed();
             warn!(%error, "server address not announced");
             return;
         }
@@ -546,7 +577,7 @@ async fn announce(socket: Arc<Socket>, interface: String, ip: Ipv4Addr, counts: 
     let destination = match link_destination(index) {
         Ok(destination) => destination,
         Err(source) => {
-            counts.failed.fetch_add(1, Ordering::Relaxed);
+            counts.count_failed();
             warn!(error = %ArpError::Send { interface, source }, "server address not announced");
             return;
         }
@@ -559,11 +590,11 @@ async fn announce(socket: Arc<Socket>, interface: String, ip: Ipv4Addr, counts: 
         match socket.send_to(&frame, &destination) {
             Ok(_) => {
                 sent += 1;
-                counts.sent.fetch_add(1, Ordering::Relaxed);
+                counts.count_sent();
                 debug!(%mac, n, "ARP announcement sent");
             }
             Err(source) => {
-                counts.failed.fetch_add(1, Ordering::Relaxed);
+                counts.count_failed();
                 let error = ArpError::Send {
                     interface: interface.clone(),
                     source,
@@ -780,7 +811,7 @@ mod tests {
 
     #[test]
     fn counters_follow_the_pool_of_an_interface_and_go_with_it() {
-        let counters = ArpCounters::default();
+        let counters = SendCounters::default();
         let a: NamespacedName = "default/a".parse().unwrap();
         let b: NamespacedName = "default/b".parse().unwrap();
         counters
@@ -798,7 +829,7 @@ mod tests {
         let read = counters.read();
         assert_eq!(
             read[0],
-            ArpReading {
+            SendReading {
                 interface: "eth1".into(),
                 pool: "default/a".into(),
                 sent: 3,

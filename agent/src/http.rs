@@ -24,9 +24,8 @@ use prometheus_client::registry::Registry;
 use serde::Serialize;
 use tokio::sync::watch;
 
-use crate::arp::ArpCounters;
+use crate::arp::{ArpCounters, SendCounters, SendReading};
 use crate::dhcp::counters::Reading;
-use crate::dhcp::foreign::ProbeCounters;
 use crate::dhcp::server::{InterfaceCounters, InterfaceStatus};
 use crate::lease_table::{Conflict, LeaseTable};
 use crate::stream::ConnectionStatus;
@@ -148,7 +147,7 @@ impl HttpState {
     /// `vmdhcp_agent_network_suspects` per pool and kind (0 for every served pool without any),
     /// and the probes for foreign DHCP servers sent per interface. Call it before the state is
     /// cloned.
-    pub fn with_suspects(mut self, suspects: Arc<Suspects>, probes: ProbeCounters) -> Self {
+    pub fn with_suspects(mut self, suspects: Arc<Suspects>, probes: SendCounters) -> Self {
         let collector = SuspectMetrics {
             table: Arc::clone(&self.table),
             suspects,
@@ -254,13 +253,17 @@ impl Collector for StreamMetrics {
 
 /// Encodes a counter of frames sent and refused per interface and pool: the ARP announcements
 /// and the foreign-DHCP probes have this one shape.
-fn encode_sent_failed<'r>(
+fn encode_sent_failed(
     family: &mut prometheus_client::encoding::MetricEncoder<'_>,
-    readings: impl IntoIterator<Item = (&'r str, &'r str, u64, u64)>,
+    readings: &[SendReading],
 ) -> Result<(), std::fmt::Error> {
-    for (interface, pool, sent, failed) in readings {
-        for (result, value) in [("sent", sent), ("failed", failed)] {
-            let labels = [("interface", interface), ("pool", pool), ("result", result)];
+    for r in readings {
+        for (result, value) in [("sent", r.sent), ("failed", r.failed)] {
+            let labels = [
+                ("interface", r.interface.as_str()),
+                ("pool", r.pool.as_str()),
+                ("result", result),
+            ];
             ConstCounter::new(value).encode(family.encode_family(&labels)?)?;
         }
     }
@@ -288,13 +291,7 @@ impl Collector for ArpMetrics {
             None,
             MetricType::Counter,
         )?;
-        let readings = self.0.read();
-        encode_sent_failed(
-            &mut family,
-            readings
-                .iter()
-                .map(|r| (r.interface.as_str(), r.pool.as_str(), r.sent, r.failed)),
-        )
+        encode_sent_failed(&mut family, &self.0.read())
     }
 }
 
@@ -304,7 +301,7 @@ impl Collector for ArpMetrics {
 struct SuspectMetrics {
     table: Arc<LeaseTable>,
     suspects: Arc<Suspects>,
-    probes: ProbeCounters,
+    probes: SendCounters,
 }
 
 impl Collector for SuspectMetrics {
@@ -339,13 +336,7 @@ impl Collector for SuspectMetrics {
             None,
             MetricType::Counter,
         )?;
-        let readings = self.probes.read();
-        encode_sent_failed(
-            &mut family,
-            readings
-                .iter()
-                .map(|r| (r.interface.as_str(), r.pool.as_str(), r.sent, r.failed)),
-        )
+        encode_sent_failed(&mut family, &self.probes.read())
     }
 }
 
@@ -835,7 +826,7 @@ mod tests {
     async fn suspects_are_on_metrics_per_pool_and_kind_and_read_zero_when_none() {
         let (state, _, _) = setup(true, InterfaceStatus::Serving);
         let suspects = Arc::new(Suspects::default());
-        let state = state.with_suspects(Arc::clone(&suspects), ProbeCounters::default());
+        let state = state.with_suspects(Arc::clone(&suspects), SendCounters::default());
         let line = |kind: &str, n: u32| {
             format!(r#"vmdhcp_agent_network_suspects{{pool="default/a",kind="{kind}"}} {n}"#)
         };

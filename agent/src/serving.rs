@@ -28,7 +28,7 @@ use vmdhcp_core::NamespacedName;
 use vmdhcp_core::bootstrap::AgentNetworkConfig;
 
 use crate::arp::Announcer;
-use crate::dhcp::foreign::{Detectors, ProbeCounters, Target};
+use crate::dhcp::foreign::{Detectors, Target};
 use crate::dhcp::server::{Interface, InterfaceStatus, Servers};
 use crate::lease_table::LeaseTable;
 use crate::netlink::InterfaceSetup;
@@ -131,7 +131,7 @@ impl Serving {
     }
 
     /// The foreign-server probe counters, for `/metrics`.
-    pub fn probe_counters(&self) -> ProbeCounters {
+    pub fn probe_counters(&self) -> crate::arp::SendCounters {
         self.detectors.counters()
     }
 

@@ -38,12 +38,10 @@ use std::hash::{BuildHasher, Hasher as _};
 use std::io::{self, Read};
 use std::net::{Ipv4Addr, SocketAddr, SocketAddrV4};
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use dhcproto::Encodable;
 use dhcproto::v4::{DhcpOption, Flags, Message, MessageType, OptionCode};
-use parking_lot::Mutex;
 use socket2::{Domain, Protocol, SockFilter, Socket, Type};
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
@@ -52,6 +50,7 @@ use vmdhcp_core::{MacAddr, NamespacedName};
 
 use super::server::{SocketStep, ifindex, udp_on_device};
 use super::{CLIENT_PORT, SERVER_PORT};
+use crate::arp::{Counts, SendCounters};
 use crate::capability::{Capability, Missing};
 use crate::suspects::{SuspectKind, Suspects};
 
@@ -143,62 +142,6 @@ pub struct Target {
     pub server_ip: Ipv4Addr,
 }
 
-/// One interface's probe counts, as `/metrics` reads them.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct ProbeReading {
-    /// The interface.
-    pub interface: String,
-    /// The pool served there.
-    pub pool: String,
-    /// DISCOVERs sent.
-    pub sent: u64,
-    /// DISCOVERs the kernel refused.
-    pub failed: u64,
-}
-
-#[derive(Debug, Default)]
-struct ProbeCounts {
-    sent: AtomicU64,
-    failed: AtomicU64,
-}
-
-/// The probe counters of every interface a detector runs on; cheap to clone, read at scrape
-/// time.
-#[derive(Clone, Debug, Default)]
-pub struct ProbeCounters(Arc<Mutex<PerInterface>>);
-
-/// Interface → the pool served there and its probe counts.
-type PerInterface = BTreeMap<String, (NamespacedName, Arc<ProbeCounts>)>;
-
-impl ProbeCounters {
-    /// Every running detector's counts.
-    pub fn read(&self) -> Vec<ProbeReading> {
-        self.0
-            .lock()
-            .iter()
-            .map(|(interface, (pool, c))| ProbeReading {
-                interface: interface.clone(),
-                pool: pool.to_string(),
-                sent: c.sent.load(Ordering::Relaxed),
-                failed: c.failed.load(Ordering::Relaxed),
-            })
-            .collect()
-    }
-
-    fn entry(&self, target: &Target) -> Arc<ProbeCounts> {
-        let counts = Arc::new(ProbeCounts::default());
-        self.0.lock().insert(
-            target.interface.clone(),
-            (target.pool.clone(), Arc::clone(&counts)),
-        );
-        counts
-    }
-
-    fn remove(&self, interface: &str) {
-        self.0.lock().remove(interface);
-    }
-}
-
 /// A running detector: its stop switch and task.
 struct Running {
     target: Target,
@@ -210,7 +153,7 @@ struct Running {
 pub struct Detectors {
     suspects: Arc<Suspects>,
     settings: DetectorSettings,
-    counters: ProbeCounters,
+    counters: SendCounters,
     running: BTreeMap<String, Running>,
 }
 
@@ -220,7 +163,7 @@ impl Detectors {
         Detectors {
             suspects,
             settings,
-            counters: ProbeCounters::default(),
+            counters: SendCounters::default(),
             running: BTreeMap::new(),
         }
     }
@@ -231,7 +174,7 @@ impl Detectors {
     }
 
     /// The probe counters, for `/metrics`.
-    pub fn counters(&self) -> ProbeCounters {
+    pub fn counters(&self) -> SendCounters {
         self.counters.clone()
     }
 
@@ -247,7 +190,7 @@ impl Detectors {
             None => {}
         }
         let (stop, stopped) = watch::channel(false);
-        let counts = self.counters.entry(&target);
+        let counts = self.counters.entry(&target.interface, &target.pool);
         let span = info_span!("foreign_dhcp", interface = %target.interface, pool = %target.pool);
         let task = tokio::spawn(
             detect(
@@ -297,7 +240,7 @@ async fn detect(
     target: Target,
     settings: DetectorSettings,
     suspects: Arc<Suspects>,
-    counts: Arc<ProbeCounts>,
+    counts: Arc<Counts>,
     mut stop: watch::Receiver<bool>,
 ) {
     let mut delays = vmdhcp_core::retry::exponential(MIN_BACKOFF, MAX_BACKOFF);
@@ -441,7 +384,7 @@ impl Budget {
 struct Watcher<'a> {
     target: &'a Target,
     suspects: &'a Suspects,
-    counts: &'a ProbeCounts,
+    counts: &'a Counts,
     sockets: Sockets,
     /// The xid of the last probe sent, to tell answers to it from replies to clients.
     probe_xid: Option<u32>,
@@ -516,11 +459,11 @@ impl Watcher<'_> {
         match self.sockets.probes.send_to(&bytes, &to.into()) {
             Ok(_) => {
                 self.probe_xid = Some(xid);
-                self.counts.sent.fetch_add(1, Ordering::Relaxed);
+                self.counts.count_sent();
                 debug!(xid = format_args!("{xid:#010x}"), "probe DISCOVER sent");
             }
             Err(error) => {
-                self.counts.failed.fetch_add(1, Ordering::Relaxed);
+                self.counts.count_failed();
                 debug!(%error, "probe DISCOVER not sent");
             }
         }
