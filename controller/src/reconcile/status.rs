@@ -344,11 +344,7 @@ pub fn fill_ipv4(
             .count() as u64;
         let (used, available) = (a.used() + adopted, a.available().saturating_sub(adopted));
         let v4 = IPv4Status {
-            allocated: if plan.is_empty() {
-                a.status_allocated()
-            } else {
-                a.status_allocated_with(&plan)
-            },
+            allocated: a.status_allocated_with(&plan),
             used: i64::try_from(used).unwrap_or(i64::MAX),
             available: i64::try_from(available).unwrap_or(i64::MAX),
             conflicts: a.status_conflicts(),
@@ -544,21 +540,17 @@ impl PoolStatusWriter {
         };
         let cached = cache.and_then(|s| s.get(&store_key(pool)));
         let seen = cached.as_ref().and_then(|o| o.resource_version());
-        let (start, trusted) = {
+        // `ours`: the version our last write made, which holds nothing foreign; any other (the
+        // cache's, a re-read after a conflict) may hold another writer's entries, and they are
+        // kept.
+        let (start, trusted, ours) = {
             let written = slot.written.lock();
+            let ours = written.last.as_ref().and_then(|p| p.resource_version());
             match written.start(seen.as_deref()) {
-                Some((last, known)) => (Some(Arc::clone(last)), known),
-                None => (cached, true),
+                Some((last, known)) => (Some(Arc::clone(last)), known, ours),
+                None => (cached, true, ours),
             }
         };
-        // The version our last write made holds nothing foreign; any other (the cache's, a
-        // re-read after a conflict) may hold another writer's entries, and they are kept.
-        let ours = slot
-            .written
-            .lock()
-            .last
-            .as_ref()
-            .and_then(|p| p.resource_version());
         debug!(
             %pool,
             cached = seen.as_deref().unwrap_or_default(),
