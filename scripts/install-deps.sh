@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Installs every real component the test suite uses, on a fresh Debian 12 machine, idempotently.
+# Installs every real component the test suite uses, on a fresh Debian 12 machine, idempotently
+# (Prometheus and promtool for the alerts among them).
 # That includes what the container images need: buildah, musl-tools and the Rust musl target to
 # build them, containerd and runc to run them.
 #
@@ -43,6 +44,17 @@ if ((${#need_apt[@]})); then
   export DEBIAN_FRONTEND=noninteractive
   apt-get update -qq >&2
   apt-get install -y -qq "${need_apt[@]}" >&2
+fi
+
+# Prometheus and promtool for the alert rules and dashboard (chart/tests/check.sh, the `alerts`
+# suite): Debian's package, without its recommends (node-exporter). The suite runs its own
+# server on a free port; where systemd starts the packaged one, it listens on 9090 and is
+# never used.
+if ! command -v prometheus >/dev/null 2>&1 || ! command -v promtool >/dev/null 2>&1; then
+  log "apt-get install prometheus"
+  export DEBIAN_FRONTEND=noninteractive
+  apt-get update -qq >&2
+  apt-get install -y -qq --no-install-recommends prometheus >&2
 fi
 
 # The target of the images' static binaries (scripts/build-images.sh).
@@ -103,5 +115,6 @@ fi
 "$(dirname "${BASH_SOURCE[0]}")/install-helm.sh" >/dev/null
 for c in "${K8S_COMPONENTS[@]}"; do ln -sf "$BIN/$c-$K8S_GIT_VERSION" "$BIN/$c"; done
 ln -sf "$(command -v etcd)" "$BIN/etcd"
-log "ready: $("$BIN/kube-apiserver" --version 2>&1), $("$BIN/kubectl" version --client 2>&1 | head -n1), buf $("$BIN/buf" --version 2>&1), helm $("$BIN/helm" version --short 2>&1)"
+for tool in prometheus promtool; do ln -sf "$(command -v "$tool")" "$BIN/$tool"; done
+log "ready: $("$BIN/kube-apiserver" --version 2>&1), $("$BIN/kubectl" version --client 2>&1 | head -n1), buf $("$BIN/buf" --version 2>&1), helm $("$BIN/helm" version --short 2>&1), $("$BIN/prometheus" --version 2>&1 | head -n1)"
 echo "$BIN"

@@ -76,6 +76,9 @@ pub struct AgentStatus {
     /// Who holds the Lease, as last seen.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub lease_holder: Option<String>,
+    /// The Lease's `leaseTransitions` (how many times leadership changed hands), once seen held.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub lease_transitions: Option<i32>,
     /// Where the served leases come from: `stream`, `ippool-status` (fallback), `file`
     /// (`serve-static`), or `none`.
     pub source: &'static str,
@@ -340,20 +343,36 @@ impl Collector for SuspectMetrics {
     }
 }
 
-/// `vmdhcp_agent_leader`: whether this replica answers DHCP.
+/// `vmdhcp_agent_leader`: whether this replica answers DHCP; `vmdhcp_agent_leader_transitions`:
+/// how many times the Lease changed hands, absent until the Lease was seen held (a new replica
+/// must not export 0, or its start would look like leadership changing hands).
 #[derive(Debug)]
 struct RoleMetrics(watch::Receiver<AgentStatus>);
 
 impl Collector for RoleMetrics {
     fn encode(&self, mut encoder: DescriptorEncoder) -> Result<(), std::fmt::Error> {
-        let leader = self.0.borrow().leader;
+        let (leader, transitions) = {
+            let status = self.0.borrow();
+            (status.leader, status.lease_transitions)
+        };
         let family = encoder.encode_descriptor(
             "vmdhcp_agent_leader",
             "1 while this agent replica holds the leader Lease and answers DHCP.",
             None,
             MetricType::Gauge,
         )?;
-        ConstGauge::new(i64::from(leader)).encode(family)
+        ConstGauge::new(i64::from(leader)).encode(family)?;
+        if let Some(transitions) = transitions {
+            let family = encoder.encode_descriptor(
+                "vmdhcp_agent_leader_transitions",
+                "leaseTransitions of the agents' leader Lease as this replica last saw it: how \
+                 many times leadership changed hands.",
+                None,
+                MetricType::Gauge,
+            )?;
+            ConstGauge::new(i64::from(transitions)).encode(family)?;
+        }
+        Ok(())
     }
 }
 
@@ -680,6 +699,19 @@ impl DataPlaneMetrics {
             ConstGauge::new(i64::try_from(n).unwrap_or(i64::MAX))
                 .encode(family.encode_family(&[("pool", pool.as_str())])?)?;
         }
+        let mut family = encoder.encode_descriptor(
+            "vmdhcp_agent_recorded_conflicts",
+            "Addresses the pool's status records as used by another host (status.ipv4.conflicts), \
+             as served to this agent, per pool.",
+            None,
+            MetricType::Gauge,
+        )?;
+        for (pool, snap) in &pools {
+            let n = snap.config().conflicted.len();
+            let pool = pool.to_string();
+            ConstGauge::new(i64::try_from(n).unwrap_or(i64::MAX))
+                .encode(family.encode_family(&[("pool", pool.as_str())])?)?;
+        }
         Ok(())
     }
 }
@@ -859,6 +891,46 @@ mod tests {
                 "{wanted} not in\n{metrics}"
             );
         }
+    }
+
+    #[tokio::test]
+    async fn role_metrics_export_the_lease_transitions_only_once_seen() {
+        let (state, _, _) = setup(true, InterfaceStatus::Serving);
+        let (tx, rx) = watch::channel(AgentStatus::default());
+        let state = state.with_agent(rx);
+        let (_, metrics) = get(state.clone(), "/metrics").await;
+        assert!(
+            metrics.lines().any(|l| l == "vmdhcp_agent_leader 0")
+                && !metrics.contains("vmdhcp_agent_leader_transitions"),
+            "{metrics}"
+        );
+        tx.send_modify(|s| {
+            s.leader = true;
+            s.lease_transitions = Some(4);
+        });
+        let (_, metrics) = get(state, "/metrics").await;
+        for line in ["vmdhcp_agent_leader 1", "vmdhcp_agent_leader_transitions 4"] {
+            assert!(
+                metrics.lines().any(|l| l == line),
+                "{line} not in\n{metrics}"
+            );
+        }
+    }
+
+    #[tokio::test]
+    async fn recorded_conflicts_are_counted_per_pool_from_the_served_config() {
+        let (state, _, table) = setup(true, InterfaceStatus::Serving);
+        let line = |n: u32| format!(r#"vmdhcp_agent_recorded_conflicts{{pool="default/a"}} {n}"#);
+        let (_, metrics) = get(state.clone(), "/metrics").await;
+        assert!(metrics.lines().any(|l| l == line(0)), "{metrics}");
+        let mut config = pool_config("default/a").with_lease_seconds(60);
+        config.conflicted = vec!["192.0.2.20".parse().unwrap(), "192.0.2.21".parse().unwrap()];
+        table.apply_snapshot(&[PoolLeases {
+            config,
+            leases: Default::default(),
+        }]);
+        let (_, metrics) = get(state, "/metrics").await;
+        assert!(metrics.lines().any(|l| l == line(2)), "{metrics}");
     }
 
     #[tokio::test]

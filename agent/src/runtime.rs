@@ -239,11 +239,16 @@ pub async fn run(settings: Settings, client: Option<kube::Client>) -> Result<(),
         let wanted = wanted_now(active, v.loaded, &table, &bootstrap);
         serving.converge(is_leader, &wanted).await;
         loaded_tx.send_if_modified(|l| std::mem::replace(l, v.loaded) != v.loaded);
-        let lease_holder = holder.borrow_and_update().holder.clone();
+        let seen = holder.borrow_and_update().clone();
         role_tx.send_if_modified(|r| {
+            // The channel starts at "not read yet"; the count is known once the Lease was seen.
+            let lease_transitions = (seen != LeaseHolder::default())
+                .then_some(seen.transitions)
+                .or(r.lease_transitions);
             let next = AgentStatus {
                 leader: is_leader,
-                lease_holder,
+                lease_holder: seen.holder.clone(),
+                lease_transitions,
                 source: v.source.as_str(),
                 error: r.error.clone(),
             };

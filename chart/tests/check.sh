@@ -10,9 +10,16 @@
 #      bootstrap, least-privilege RBAC, names shared between the controller's flags and the
 #      objects, the ServiceMonitor only when enabled, the NetworkPolicies' ports and peers, PDB
 #      apiVersion per Kubernetes version;
-#   4. invalid values (schema and template checks) make `helm template` fail.
+#   4. invalid values (schema and template checks) make `helm template` fail;
+#   5. the alerts: files/alerts.yaml is the PrometheusRule rendered with the default values
+#      (UPDATE_GOLDEN=1 rewrites it), `promtool check rules` on it and on the full set's
+#      render, `promtool test rules tests/alerts-test.yaml`, and check_render.py's coverage:
+#      each alert has a severity, summary, description, a runbook anchor that is a README
+#      heading, tests where it fires and where it does not, and reads only documented series,
+#      as does every dashboard query.
 #
 # helm: $HELM, else `helm` on PATH (scripts/install-helm.sh installs one).
+# promtool: $PROMTOOL, else `promtool` on PATH (Debian's prometheus; scripts/install-deps.sh).
 # python3 with PyYAML: the system's if it has PyYAML, else a venv under $VMDHCP_CACHE.
 set -euo pipefail
 
@@ -156,6 +163,50 @@ refuse "agent renewDeadlineSeconds >= leaseDurationSeconds" "renewDeadlineSecond
 refuse "controller retryPeriodSeconds >= renewDeadlineSeconds" "retryPeriodSeconds" --set controller.leaderElection.retryPeriodSeconds=10
 refuse "tracing.sampler without an endpoint" "otlpEndpoint" --set tracing.sampler=always_on
 refuse "serviceAccount.create=false without a name" "serviceAccount.name" --set agent.serviceAccount.create=false
+refuse "prometheusRule.thresholds.poolAvailablePercent: 120" "poolAvailablePercent" --set prometheusRule.thresholds.poolAvailablePercent=120
+refuse "prometheusRule.for of an unknown alert" "VmdhcpNoSuchAlert" --set prometheusRule.for.VmdhcpNoSuchAlert=1m
+refuse "prometheusRule.for.VmdhcpPoolExhausted: 5 (no unit)" "VmdhcpPoolExhausted" --set-string prometheusRule.for.VmdhcpPoolExhausted=5
+refuse "dashboard.labelValue not a string" "labelValue" --set dashboard.labelValue=1
+
+# 5. alerts
+PROMTOOL="${PROMTOOL:-$(command -v promtool || true)}"
+if [ -z "$PROMTOOL" ]; then
+  not_ok "promtool: none on PATH and PROMTOOL unset (scripts/install-deps.sh installs Debian's prometheus)"
+else
+  alerts="$chart/files/alerts.yaml"
+  if "$HELM" template "$release" "$chart" --namespace "$namespace" -s templates/prometheusrule.yaml \
+       --set prometheusRule.enabled=true >"$tmp/rule.yaml" 2>"$tmp/rule.err" \
+     && "$PYTHON" "$here/check_render.py" rules "$tmp/rule.yaml" >"$tmp/alerts.yaml" 2>>"$tmp/rule.err"; then
+    if [ "${UPDATE_GOLDEN:-}" = 1 ]; then
+      cp "$tmp/alerts.yaml" "$alerts"
+      ok "files/alerts.yaml rewritten"
+    elif diff -u --label files/alerts.yaml --label "rendered PrometheusRule" "$alerts" "$tmp/alerts.yaml" >"$tmp/alerts.diff"; then
+      ok "files/alerts.yaml holds the PrometheusRule's rules (default values)"
+    else
+      not_ok "files/alerts.yaml differs from the PrometheusRule's rules (UPDATE_GOLDEN=1 to accept)"; cat "$tmp/alerts.diff"
+    fi
+  else
+    not_ok "render the PrometheusRule"; sed 's/^/      /' "$tmp/rule.err"
+  fi
+  "$HELM" template "$release" "$chart" --namespace "$namespace" -s templates/prometheusrule.yaml \
+    -f "$here/values-full.yaml" >"$tmp/rule-full.yaml" 2>/dev/null \
+    && "$PYTHON" "$here/check_render.py" rules "$tmp/rule-full.yaml" >"$tmp/alerts-full.yaml" 2>/dev/null || true
+  for rules in "$alerts" "$tmp/alerts-full.yaml"; do
+    what="promtool check rules ($( [ "$rules" = "$alerts" ] && echo files/alerts.yaml || echo 'full values'))"
+    if out="$("$PROMTOOL" check rules "$rules" 2>&1)"; then ok "$what: $(printf '%s\n' "$out" | grep -o '[0-9]* rules found')"
+    else not_ok "$what"; printf '%s\n' "$out" | sed 's/^/      /'; fi
+  done
+  if out="$(cd "$here" && "$PROMTOOL" test rules alerts-test.yaml 2>&1)"; then ok "promtool test rules alerts-test.yaml"
+  else not_ok "promtool test rules alerts-test.yaml"; printf '%s\n' "$out" | sed 's/^/      /'; fi
+  rc=0
+  out="$("$PYTHON" "$here/check_render.py" alerts "$alerts" "$here/alerts-test.yaml" "$chart/../README.md" \
+         "$chart/files/dashboard.json" "$chart/../docs/observability.md" 2>&1)" || rc=$?
+  printf '%s\n' "$out"
+  p="$(printf '%s\n' "$out" | grep -c '^ok ' || true)"
+  f="$(printf '%s\n' "$out" | grep -c '^FAIL ' || true)"
+  passed=$((passed + p)); failed=$((failed + f))
+  if [ "$rc" -ne 0 ] && [ "$f" -eq 0 ]; then not_ok "check_render.py alerts exited $rc"; fi
+fi
 
 echo "$passed passed, $failed failed"
 [ "$failed" -eq 0 ]

@@ -10,8 +10,21 @@
       Checks the invariants of the rendered objects for value set SET (default, full,
       plaintext, kube120); prints one `ok ...` or `FAIL ...` line per check and exits 1 if
       any failed.
+
+  check_render.py rules RENDERED.yaml
+      Prints the rules of the one PrometheusRule in RENDERED.yaml as a plain Prometheus rules
+      file: what chart/files/alerts.yaml must hold (the same rules, for a Prometheus without the
+      Operator).
+
+  check_render.py alerts RULES.yaml TESTS.yaml README.md DASHBOARD.json
+      Checks that every alert has a severity, a summary, a description and a runbook_url whose
+      anchor is a heading of README.md; that TESTS.yaml (promtool's unit tests) has for every
+      alert a case where it fires and one where it stays silent; that every series the rules and
+      the dashboard query is one the binaries export (named in docs/observability.md).
 """
 
+import json
+import re
 import sys
 
 import yaml
@@ -25,6 +38,15 @@ EXPECTED_CAPS = {
     "full": ["NET_ADMIN", "NET_BIND_SERVICE", "NET_RAW"],
 }
 SERVICE_MONITORS = {"default": 0, "kube120": 0, "plaintext": 0, "full": 2}
+PROMETHEUS_RULES = {"default": 0, "kube120": 0, "plaintext": 0, "full": 1}
+DASHBOARDS = {"default": 0, "kube120": 0, "plaintext": 0, "full": 1}
+# The labels every chart object carries; the rest of a ServiceMonitor's labels are
+# serviceMonitor.labels, which a Prometheus selects it by.
+CHART_LABELS = {"helm.sh/chart", "app.kubernetes.io/name", "app.kubernetes.io/instance",
+                "app.kubernetes.io/component", "app.kubernetes.io/version",
+                "app.kubernetes.io/managed-by", "app.kubernetes.io/part-of"}
+# Which component exports a metric, by prefix: its Service is what that ServiceMonitor selects.
+METRIC_COMPONENT = (("vmdhcpcontroller_", "controller"), ("vmdhcp_agent_", "agent"))
 NETWORK_POLICIES = {"default": 0, "kube120": 0, "plaintext": 0, "full": 2}
 # controller.upstreamAgentNamespaces of each set (empty: the release namespace).
 UPSTREAM_NAMESPACES = {"default": [], "kube120": [], "plaintext": [], "full": ["harvester-system"]}
@@ -381,6 +403,49 @@ def check(set_name, path, release, namespace):
                                           for p in targets[0]["spec"]["ports"]),
                 f"{tag} ServiceMonitor {sm['metadata']['name']} selects one Service with its port",
                 [t["metadata"]["name"] for t in targets])
+    # PrometheusRule and dashboard: picked up by what picks up the ServiceMonitors, reading only
+    # series of the Services those select.
+    selected = {}
+    for sm in sms:
+        sel = sm["spec"]["selector"]["matchLabels"]
+        selected[sm["metadata"]["labels"].get("app.kubernetes.io/component")] = [
+            s for s in by_kind.get("Service", [])
+            if all(s["metadata"].get("labels", {}).get(k) == v for k, v in sel.items())]
+
+    def unscraped(exprs):
+        return sorted({m for e in exprs for m in metric_names(e) if not selected.get(component_of(m))})
+
+    rules = by_kind.get("PrometheusRule", [])
+    c.check(len(rules) == PROMETHEUS_RULES[set_name],
+            f"{tag} {PROMETHEUS_RULES[set_name]} PrometheusRule(s)", len(rules))
+    for rule in rules:
+        labels = rule["metadata"].get("labels", {})
+        missing = {k: v for sm in sms for k, v in sm["metadata"].get("labels", {}).items()
+                   if k not in CHART_LABELS and labels.get(k) != v}
+        c.check(sms and not missing and labels.get("app.kubernetes.io/instance") == release,
+                f"{tag} PrometheusRule {rule['metadata']['name']} carries the ServiceMonitors' selection labels",
+                missing)
+        exprs = [r["expr"] for g in rule["spec"]["groups"] for r in g["rules"]]
+        c.check(exprs and not unscraped(exprs),
+                f"{tag} every series the {len(exprs)} alerts read comes from a Service a ServiceMonitor selects",
+                unscraped(exprs))
+    dashboards = [d for d in by_kind.get("ConfigMap", []) if "vmdhcp.json" in (d.get("data") or {})]
+    c.check(len(dashboards) == DASHBOARDS[set_name], f"{tag} {DASHBOARDS[set_name]} dashboard ConfigMap(s)",
+            len(dashboards))
+    for d in dashboards:
+        labels = d["metadata"].get("labels", {})
+        c.check(labels.get("grafana_dashboard") == "1",
+                f"{tag} dashboard ConfigMap {d['metadata']['name']} has the Grafana sidecar's label", labels)
+        try:
+            exprs = [t["expr"] for p in json.loads(d["data"]["vmdhcp.json"])["panels"]
+                     for t in p.get("targets", [])]
+        except (ValueError, KeyError) as e:
+            exprs = []
+            c.check(False, f"{tag} dashboard ConfigMap holds the dashboard JSON", e)
+        c.check(exprs and not unscraped(exprs),
+                f"{tag} every series the dashboard's {len(exprs)} queries read comes from a Service a "
+                "ServiceMonitor selects", unscraped(exprs))
+
     pdbs = by_kind.get("PodDisruptionBudget", [])
     if PDB_API[set_name] is None:
         c.check(not pdbs, f"{tag} no PodDisruptionBudget")
@@ -390,10 +455,95 @@ def check(set_name, path, release, namespace):
     return c.failed
 
 
+# PromQL words that are not series names.
+PROMQL_WORDS = {"sum", "max", "min", "avg", "count", "by", "on", "without", "and", "or", "unless",
+                "rate", "increase", "max_over_time", "min_over_time", "label_replace", "vector",
+                "time", "histogram_quantile", "scalar", "group_left", "group_right", "bool",
+                "offset", "ignoring", "abs", "changes", "absent", "le"}
+
+
+def metric_names(expr):
+    """The series names an expression reads (identifiers outside label matchers and strings)."""
+    bare = re.sub(r'"[^"]*"', '""', expr)
+    bare = re.sub(r"\{[^}]*\}", "{}", bare)
+    bare = re.sub(r"\[[^\]]*\]", "[]", bare)
+    bare = re.sub(r"\b(by|on|without|ignoring|group_left|group_right)\s*\([^)]*\)", "", bare)
+    names = set(re.findall(r"\b[a-zA-Z_:][a-zA-Z0-9_:]*\b", bare)) - PROMQL_WORDS
+    return sorted(n for n in names if not re.fullmatch(r"[0-9.e]+", n))
+
+
+def component_of(metric):
+    return next((c for prefix, c in METRIC_COMPONENT if metric.startswith(prefix)), None)
+
+
+def rules_file(path):
+    """The spec of the rendered PrometheusRule, as a rules file with a header."""
+    rules = [d for d in load(path) if d.get("kind") == "PrometheusRule"]
+    if len(rules) != 1:
+        sys.stderr.write(f"expected one PrometheusRule in {path}, found {len(rules)}\n")
+        return 1
+    sys.stdout.write(
+        "# vmdhcp's alert rules for Prometheus without the Operator: chart/templates/prometheusrule.yaml\n"
+        "# rendered with the chart's default values. Generated (UPDATE_GOLDEN=1 chart/tests/check.sh),\n"
+        "# never edited by hand: chart/tests/check.sh fails while the two differ.\n"
+        "# Load it with `rule_files:` in prometheus.yml; unit tests: chart/tests/alerts-test.yaml.\n")
+    sys.stdout.write(yaml.safe_dump(rules[0]["spec"], sort_keys=False, default_flow_style=False,
+                                    width=100, allow_unicode=True))
+    return 0
+
+
+def exported_metrics(observability_md):
+    """Metric names docs/observability.md lists (its tables' first column)."""
+    with open(observability_md, encoding="utf-8") as f:
+        return set(re.findall(r"^\| `([a-z_]+)`", f.read(), re.M))
+
+
+def alerts(rules_path, tests_path, readme_path, dashboard_path, observability_md):
+    c = Checker()
+    with open(rules_path, encoding="utf-8") as f:
+        groups = yaml.safe_load(f)["groups"]
+    with open(tests_path, encoding="utf-8") as f:
+        tests = yaml.safe_load(f)["tests"]
+    with open(readme_path, encoding="utf-8") as f:
+        headings = {re.sub(r"[^a-z0-9 -]", "", h.lower()).replace(" ", "-")
+                    for h in re.findall(r"^#+ (.+)$", f.read(), re.M)}
+    with open(dashboard_path, encoding="utf-8") as f:
+        dashboard = json.load(f)
+    documented = exported_metrics(observability_md)
+    rules = [r for g in groups for r in g["rules"]]
+    fired, silent = set(), set()
+    for t in tests:
+        for case in t.get("alert_rule_test", []):
+            (fired if case.get("exp_alerts") else silent).add(case["alertname"])
+    for r in rules:
+        name = r["alert"]
+        ann = r.get("annotations", {})
+        c.check(r.get("labels", {}).get("severity") in ("warning", "critical")
+                and ann.get("summary") and ann.get("description"),
+                f"alert {name}: severity, summary, description", r.get("labels"))
+        anchor = ann.get("runbook_url", "").rsplit("#", 1)[-1]
+        c.check(anchor == name.lower() and anchor in headings,
+                f"alert {name}: runbook_url ends in #{name.lower()}, a heading of README.md", ann.get("runbook_url"))
+        c.check(name in fired and name in silent,
+                f"alert {name}: promtool tests where it fires and where it stays silent",
+                {"fires": name in fired, "silent": name in silent})
+    series = lambda e: {re.sub(r"_(bucket|count|sum)$", "", m) for m in metric_names(e)}
+    used = {m for r in rules for m in series(r["expr"])}
+    used |= {m for p in dashboard["panels"] for t in p.get("targets", []) for m in series(t["expr"])}
+    unknown = sorted(m for m in used if m not in documented and re.sub(r"_total$", "", m) not in documented)
+    c.check(not unknown, f"the alerts and the dashboard read {len(used)} series, each documented in "
+            "docs/observability.md", unknown)
+    return c.failed
+
+
 def main(argv):
     if len(argv) == 3 and argv[1] == "normalize":
         normalize(argv[2])
         return 0
+    if len(argv) == 3 and argv[1] == "rules":
+        return rules_file(argv[2])
+    if len(argv) == 7 and argv[1] == "alerts":
+        return 1 if alerts(*argv[2:7]) else 0
     if len(argv) == 6 and argv[1] == "check":
         return 1 if check(argv[2], argv[3], argv[4], argv[5]) else 0
     sys.stderr.write(__doc__)

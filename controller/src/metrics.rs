@@ -2,18 +2,22 @@
 //! object (upstream leaked pool series by deleting them under the wrong label), plus reconcile
 //! counts, errors and durations, agent-bootstrap checks, the hosts found acting where they
 //! should not on each pool's network, the config stream's token checks (reviews sent, callers
-//! refused before one), and gauges of live state read at scrape time (open config streams,
-//! index revision, leadership).
+//! refused before one), the admission webhook's answers, the served certificates' expiry, and
+//! gauges of live state read at scrape time (open config streams, index revision, leadership and
+//! the leader Lease's transitions).
 
 use parking_lot::Mutex;
 use std::collections::{BTreeSet, HashMap};
 use std::sync::Arc;
+use std::sync::atomic::{AtomicI64, Ordering};
 use std::time::Duration;
 
-use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::collector::Collector;
+use prometheus_client::encoding::{DescriptorEncoder, EncodeLabelSet, EncodeMetric};
+use prometheus_client::metrics::MetricType;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
-use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::gauge::{ConstGauge, Gauge};
 use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::Registry;
 
@@ -92,6 +96,41 @@ struct ReasonLabel {
     reason: String,
 }
 
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct CertificateLabel {
+    certificate: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct WebhookLabels {
+    webhook: String,
+    kind: String,
+    result: String,
+}
+
+/// `vmdhcpcontroller_leader_transitions`: the leader Lease's `leaseTransitions` as this replica
+/// last saw it. Absent until the Lease has been seen held: a process that has not read it yet
+/// must not export 0, or a restart would look like leadership changing hands.
+#[derive(Debug)]
+struct LeaseTransitions(Arc<AtomicI64>);
+
+impl Collector for LeaseTransitions {
+    fn encode(&self, mut encoder: DescriptorEncoder) -> Result<(), std::fmt::Error> {
+        let seen = self.0.load(Ordering::Relaxed);
+        if seen < 0 {
+            return Ok(());
+        }
+        let family = encoder.encode_descriptor(
+            "vmdhcpcontroller_leader_transitions",
+            "leaseTransitions of the controllers' leader Lease as this replica last saw it: how \
+             many times leadership changed hands",
+            None,
+            MetricType::Gauge,
+        )?;
+        ConstGauge::new(seen).encode(family)
+    }
+}
+
 /// The counters of the config stream's token checks: every TokenReview is a write to the API
 /// server under the controller's own ServiceAccount, so what reached it (by result) is counted
 /// apart from what was refused before one was sent (by reason). A flood of bogus tokens shows
@@ -142,6 +181,9 @@ pub struct Metrics {
     index_revision: Gauge,
     index_pools_examined: Counter,
     leader: Gauge,
+    leader_transitions: Arc<AtomicI64>,
+    certificate_expiry: Family<CertificateLabel, Gauge>,
+    webhook_requests: Family<WebhookLabels, Counter>,
     pool_series: Mutex<HashMap<String, PoolLabels>>,
     vmnetcfg_series: Mutex<HashMap<String, Box<[VmnetcfgLabels]>>>,
     suspect_series: Mutex<BTreeSet<SuspectLabels>>,
@@ -262,8 +304,27 @@ impl Default for Metrics {
             "1 while this replica leads (reconciles and writes), else 0",
             leader.clone(),
         );
+        let leader_transitions = Arc::new(AtomicI64::new(-1));
+        registry.register_collector(Box::new(LeaseTransitions(leader_transitions.clone())));
+        let certificate_expiry = Family::<CertificateLabel, Gauge>::default();
+        registry.register(
+            "vmdhcpcontroller_certificate_expiry_timestamp_seconds",
+            "When the certificate this replica serves (serving) and the newest CA of its trusted \
+             bundle (ca) expire, in seconds since the epoch",
+            certificate_expiry.clone(),
+        );
+        let webhook_requests = Family::<WebhookLabels, Counter>::default();
+        registry.register(
+            "vmdhcpcontroller_webhook_requests",
+            "Admission requests answered, by webhook (mutate, validate), kind and result \
+             (allowed, denied, error: the webhook could not judge the request and refused it)",
+            webhook_requests.clone(),
+        );
         Metrics {
             registry,
+            leader_transitions,
+            certificate_expiry,
+            webhook_requests,
             bootstrap_checks,
             allocations,
             foreign,
@@ -470,6 +531,33 @@ impl Metrics {
         self.leader.set(i64::from(leader));
     }
 
+    /// Records the leader Lease's `leaseTransitions` as last seen (exported from then on).
+    pub fn set_leader_transitions(&self, transitions: i32) {
+        self.leader_transitions
+            .store(i64::from(transitions.max(0)), Ordering::Relaxed);
+    }
+
+    /// Records when `certificate` (`serving` or `ca`) expires, in seconds since the epoch.
+    pub fn set_certificate_expiry(&self, certificate: &str, not_after_unix: i64) {
+        self.certificate_expiry
+            .get_or_create(&CertificateLabel {
+                certificate: certificate.into(),
+            })
+            .set(not_after_unix);
+    }
+
+    /// Counts one admission request answered by `webhook` (`mutate`, `validate`) for `kind`, by
+    /// `result`: `allowed`, `denied` (a rule refused it) or `error` (it could not be judged).
+    pub fn webhook_request(&self, webhook: &str, kind: &str, result: &str) {
+        self.webhook_requests
+            .get_or_create(&WebhookLabels {
+                webhook: webhook.into(),
+                kind: kind.into(),
+                result: result.into(),
+            })
+            .inc();
+    }
+
     /// The exposition text for `/metrics`.
     pub fn encode(&self) -> String {
         let mut out = String::new();
@@ -483,6 +571,35 @@ impl Metrics {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn leader_transitions_certificates_and_webhook_answers_are_exported() {
+        let m = Metrics::default();
+        let text = m.encode();
+        assert!(
+            !text.contains("vmdhcpcontroller_leader_transitions"),
+            "absent until the Lease was seen: {text}"
+        );
+        m.set_leader_transitions(3);
+        m.set_certificate_expiry("serving", 1_900_000_000);
+        m.webhook_request("validate", "IPPool", "denied");
+        m.webhook_request("validate", "IPPool", "error");
+        m.webhook_request("validate", "IPPool", "error");
+        let text = m.encode();
+        assert!(
+            text.contains("vmdhcpcontroller_leader_transitions 3\n"),
+            "{text}"
+        );
+        assert!(
+            text.contains(r#"vmdhcpcontroller_certificate_expiry_timestamp_seconds{certificate="serving"} 1900000000"#),
+            "{text}"
+        );
+        assert!(
+            text.contains(r#"vmdhcpcontroller_webhook_requests_total{webhook="validate",kind="IPPool",result="error"} 2"#)
+                && text.contains(r#"vmdhcpcontroller_webhook_requests_total{webhook="validate",kind="IPPool",result="denied"} 1"#),
+            "{text}"
+        );
+    }
 
     #[test]
     fn series_are_removed_with_their_object() {

@@ -16,6 +16,8 @@
 //! - [`otlp`]: a real OTLP/gRPC trace receiver, keeping the spans it is sent.
 //! - [`pools`]: many NADs and IPPools at once, for the tests and benchmarks at size.
 //! - [`ports`]: free loopback ports for the processes the tests start.
+//! - [`prometheus`]: a real Prometheus scraping the processes a test started, evaluating the
+//!   chart's alert rules, read back through its HTTP API.
 //! - [`process`]: child processes that cannot outlive the test process, and the sockets one
 //!   holds.
 //! - [`secure_controller`]: the controller serving its config stream and admission webhook over
@@ -40,6 +42,7 @@ pub mod otlp;
 pub mod pools;
 pub mod ports;
 pub mod process;
+pub mod prometheus;
 pub mod secure_controller;
 pub mod static_agent;
 pub mod tls;

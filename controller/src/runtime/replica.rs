@@ -12,7 +12,7 @@ use tokio::net::TcpListener;
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 use tracing::{info, warn};
-use vmdhcp_leader::{ElectionConfig, LeaderElector};
+use vmdhcp_leader::{ElectionConfig, LeaderElector, LeaseHolder};
 
 use super::{RuntimeError, Settings};
 use crate::index::caches::Caches;
@@ -76,17 +76,26 @@ pub async fn run(
     // The Lease is released only after every writer stopped (see the end of this function).
     let (release_tx, release) = watch::channel(false);
     let (_always, leader) = watch::channel(true);
+    // Created before the election and the stream's security: they count into it.
+    let metrics = Arc::new(Metrics::default());
     let (leader, election) = match replica.election {
         None => (leader, None),
         Some(election) => {
             let elector = LeaderElector::new(client.clone(), election)?;
             let leading = elector.subscribe();
+            tokio::spawn(export_lease_transitions(elector.holder(), metrics.clone()));
             (leading, Some(tokio::spawn(elector.run(release))))
         }
     };
     let certs = Arc::new(ServingCerts::new());
-    // Created before the stream's security: the token checks count into it.
-    let metrics = Arc::new(Metrics::default());
+    if let Some(loads) = certs.subscribe() {
+        tokio::spawn(export_certificate_expiry(
+            loads,
+            certs.clone(),
+            metrics.clone(),
+            shutdown.clone(),
+        ));
+    }
     let mut settings = replica.settings;
     settings.stream.security = stream_security(&client, &certs, &metrics, replica.access);
     let tls_task = replica.tls.map(|tls| {
@@ -102,7 +111,7 @@ pub async fn run(
     // the same caches.
     let (caches, _cache_tasks) = Caches::start(&client);
     let webhook_task = match replica.webhook {
-        Some(w) => Some(start_webhook(&client, &caches, &certs, w, &shutdown).await?),
+        Some(w) => Some(start_webhook(&client, &caches, &certs, w, &metrics, &shutdown).await?),
         None => None,
     };
     let grpc = bind(replica.grpc_listen).await?;
@@ -166,12 +175,42 @@ fn stream_security(
     }
 }
 
+/// Keeps `vmdhcpcontroller_leader_transitions` at the Lease's count as the elector last saw it;
+/// ends with the election. The first value is set once the Lease was seen held (the channel
+/// starts at "not read yet").
+async fn export_lease_transitions(mut holder: watch::Receiver<LeaseHolder>, metrics: Arc<Metrics>) {
+    while holder.changed().await.is_ok() {
+        let transitions = holder.borrow_and_update().transitions;
+        metrics.set_leader_transitions(transitions);
+    }
+}
+
+/// Keeps `vmdhcpcontroller_certificate_expiry_timestamp_seconds` at the expiry of what this
+/// replica serves, after every load of the Secret; ends on shutdown.
+async fn export_certificate_expiry(
+    mut loads: watch::Receiver<u64>,
+    certs: Arc<ServingCerts>,
+    metrics: Arc<Metrics>,
+    mut shutdown: watch::Receiver<bool>,
+) {
+    loop {
+        for (which, not_after) in certs.expiries() {
+            metrics.set_certificate_expiry(which, not_after);
+        }
+        tokio::select! {
+            changed = loads.changed() => if changed.is_err() { return },
+            _ = shutdown.wait_for(|stop| *stop) => return,
+        }
+    }
+}
+
 /// Binds the webhook's address and starts serving it (HTTP/2 and HTTP/1.1 over TLS).
 async fn start_webhook(
     client: &Client,
     caches: &Caches,
     certs: &Arc<ServingCerts>,
     settings: WebhookSettings,
+    metrics: &Arc<Metrics>,
     shutdown: &watch::Receiver<bool>,
 ) -> Result<JoinHandle<Result<(), WebhookError>>, RuntimeError> {
     let listener = bind(settings.listen).await?;
@@ -181,6 +220,7 @@ async fn start_webhook(
         client.clone(),
         caches.clone(),
         settings.service_cidr,
+        metrics.clone(),
         shutdown.clone(),
     )))
 }

@@ -103,6 +103,7 @@ const RESYNC: Duration = Duration::from_secs(30);
 pub struct ServingCerts {
     current: ArcSwapOption<CertifiedKey>,
     bundle: ArcSwapOption<String>,
+    expiries: ArcSwapOption<Vec<(&'static str, i64)>>,
     loaded: Option<watch::Sender<u64>>,
 }
 
@@ -161,6 +162,15 @@ impl ServingCerts {
                 .store(Some(Arc::new(CertifiedKey::new(chain, signing))));
             self.bundle
                 .store(Some(Arc::new(material.ca_bundle.clone())));
+            // The bundle's first CA is the newest: the one that signs from now on.
+            let expiries = [("serving", &material.cert), ("ca", &material.ca_bundle)]
+                .into_iter()
+                .filter_map(|(which, pem)| {
+                    let info = certs::inspect(pem).ok()?;
+                    Some((which, info.not_after.unix_timestamp()))
+                })
+                .collect();
+            self.expiries.store(Some(Arc::new(expiries)));
             if let Some(tx) = &self.loaded {
                 tx.send_modify(|n| *n += 1);
             }
@@ -176,6 +186,12 @@ impl ServingCerts {
     /// The trusted CA bundle (PEM) of the loaded material.
     pub fn ca_bundle(&self) -> Option<Arc<String>> {
         self.bundle.load_full()
+    }
+
+    /// When the loaded serving certificate (`serving`) and the newest CA of its bundle (`ca`)
+    /// expire, in seconds since the epoch; empty before the first load.
+    pub fn expiries(&self) -> Vec<(&'static str, i64)> {
+        self.expiries.load().as_deref().cloned().unwrap_or_default()
     }
 
     /// Counts loads; a receiver sees each new certificate.

@@ -1,7 +1,8 @@
 //! The admission webhook's HTTPS server: AdmissionReviews for IPPools and
 //! VirtualMachineNetworkConfigs in, decisions out. The decisions themselves are
 //! [`vmdhcp_core::admission`]'s; this module fetches the cluster facts they need and speaks the
-//! AdmissionReview protocol.
+//! AdmissionReview protocol, and counts its answers (`vmdhcpcontroller_webhook_requests_total`):
+//! allowed, denied by a rule, or refused because the request could not be judged.
 //!
 //! The objects a decision needs come from the process's shared caches ([`Caches`]), looked up by
 //! network through the [`crate::index::configs::ConfigIndex`], so a request costs what its
@@ -36,6 +37,7 @@ use vmdhcp_core::crd::{IPPool, VirtualMachineNetworkConfig};
 
 use crate::index::caches::Caches;
 use crate::kinds::{nad_resource, network_of, store_key};
+use crate::metrics::Metrics;
 use crate::security::listener::{Activity, Limits};
 
 /// How long a client may take to send a request's headers.
@@ -111,6 +113,7 @@ pub struct WebhookState {
     client: Client,
     service_cidr: Option<Ipv4Net>,
     caches: Caches,
+    metrics: Arc<Metrics>,
 }
 
 /// Serves `/mutate`, `/validate` and `/healthz` over TLS on `listener` until shutdown.
@@ -120,6 +123,7 @@ pub async fn serve(
     client: Client,
     caches: Caches,
     service_cidr: Option<Ipv4Net>,
+    metrics: Arc<Metrics>,
     mut shutdown: watch::Receiver<bool>,
 ) -> Result<(), WebhookError> {
     let addr = listener.local_addr()?;
@@ -127,6 +131,7 @@ pub async fn serve(
         client,
         service_cidr,
         caches,
+        metrics: metrics.clone(),
     };
     let app = Router::new()
         .route("/mutate", post(mutate))
@@ -162,14 +167,18 @@ pub async fn serve(
                     let activity = Activity::default();
                     let app = TowerToHyperService::new(app.clone());
                     let requests = activity.clone();
-                    let service = hyper::service::service_fn(move |req| {
+                    let metrics = metrics.clone();
+                    let service = hyper::service::service_fn(move |req: http::Request<_>| {
                         let busy = requests.begin();
+                        let webhook = req.uri().path().trim_start_matches('/').to_owned();
                         let answer = hyper::service::Service::call(&app, req);
+                        let metrics = metrics.clone();
                         async move {
                             let answer = tokio::time::timeout(REQUEST_TIMEOUT, answer).await;
                             drop(busy);
                             answer.unwrap_or_else(|_| {
                                 debug!(limit = ?REQUEST_TIMEOUT, "webhook request timed out");
+                                metrics.webhook_request(&webhook, "", "error");
                                 let mut late = axum::response::Response::new(axum::body::Body::empty());
                                 *late.status_mut() = http::StatusCode::REQUEST_TIMEOUT;
                                 Ok(late)
@@ -218,30 +227,44 @@ pub async fn serve(
 type Review = Json<AdmissionReview<DynamicObject>>;
 
 async fn mutate(State(state): State<WebhookState>, Json(review): Review) -> Review {
-    respond(review, |req| async move { mutate_request(&state, &req) }).await
-}
-
-async fn validate(State(state): State<WebhookState>, Json(review): Review) -> Review {
-    respond(
-        review,
-        |req| async move { validate_request(&state, &req).await },
-    )
+    let metrics = state.metrics.clone();
+    respond(&metrics, "mutate", review, |req| async move {
+        mutate_request(&state, &req).map_err(|e| deny(&req, e))
+    })
     .await
 }
 
-/// Runs `decide` on the request inside a span and wraps its answer in an AdmissionReview.
-async fn respond<F, Fut>(review: AdmissionReview<DynamicObject>, decide: F) -> Review
+async fn validate(State(state): State<WebhookState>, Json(review): Review) -> Review {
+    let metrics = state.metrics.clone();
+    respond(&metrics, "validate", review, |req| async move {
+        validate_request(&state, &req)
+            .await
+            .map_err(|e| deny(&req, e))
+    })
+    .await
+}
+
+/// Runs `decide` on the request inside a span, counts its answer and wraps it in an
+/// AdmissionReview. `decide` answers `Err` with the refusal of a request it could not judge.
+async fn respond<F, Fut>(
+    metrics: &Metrics,
+    webhook: &str,
+    review: AdmissionReview<DynamicObject>,
+    decide: F,
+) -> Review
 where
     F: FnOnce(AdmissionRequest<DynamicObject>) -> Fut,
-    Fut: std::future::Future<Output = AdmissionResponse>,
+    Fut: std::future::Future<Output = Result<AdmissionResponse, AdmissionResponse>>,
 {
     let req: AdmissionRequest<DynamicObject> = match review.try_into() {
         Ok(r) => r,
         Err(e) => {
             warn!(error = %e, "malformed AdmissionReview");
+            metrics.webhook_request(webhook, "", "error");
             return Json(AdmissionResponse::invalid(e.to_string()).into_review());
         }
     };
+    let kind = req.kind.kind.clone();
     let span = info_span!(
         "admission",
         kind = %req.kind.kind,
@@ -249,9 +272,16 @@ where
         object = %format!("{}/{}", req.namespace.as_deref().unwrap_or_default(), req.name),
         allowed = tracing::field::Empty,
     );
-    let response = decide(req).instrument(span.clone()).await;
+    let (response, result) = match decide(req).instrument(span.clone()).await {
+        Ok(response) if response.allowed => (response, "allowed"),
+        Ok(response) => (response, "denied"),
+        Err(response) => (response, "error"),
+    };
+    metrics.webhook_request(webhook, &kind, result);
     span.record("allowed", response.allowed);
-    if !response.allowed {
+    if result == "error" {
+        warn!(parent: &span, reason = %response.result.message, "admission refused: the request could not be judged");
+    } else if !response.allowed {
         info!(parent: &span, reason = %response.result.message, "admission denied");
     }
     Json(response.into_review())
@@ -290,20 +320,18 @@ fn parse<K: serde::de::DeserializeOwned + kube::Resource>(
         .map_err(|source| WebhookError::Unparsable { which, source })
 }
 
+/// The defaulting answer; `Err` when the request cannot be judged.
 fn mutate_request(
     _state: &WebhookState,
     req: &AdmissionRequest<DynamicObject>,
-) -> AdmissionResponse {
+) -> Result<AdmissionResponse, WebhookError> {
     if req.kind.kind != "IPPool" || req.operation != Operation::Create {
-        return AdmissionResponse::from(req);
+        return Ok(AdmissionResponse::from(req));
     }
-    let pool: IPPool = match parse(req.object.as_ref(), "object") {
-        Ok(p) => p,
-        Err(reason) => return deny(req, reason),
-    };
+    let pool: IPPool = parse(req.object.as_ref(), "object")?;
     let defaults = match admission::ippool_defaults(&pool.spec) {
         Ok(d) => d,
-        Err(rejection) => return deny(req, rejection),
+        Err(rejection) => return Ok(deny(req, rejection)),
     };
     let raw = req
         .object
@@ -312,18 +340,13 @@ fn mutate_request(
         .unwrap_or(Value::Null);
     let ops = defaults_patch(&raw, &defaults);
     if ops.is_empty() {
-        return AdmissionResponse::from(req);
+        return Ok(AdmissionResponse::from(req));
     }
-    match serde_json::from_value::<json_patch::Patch>(Value::Array(ops))
-        .map_err(WebhookError::Patch)
-        .and_then(|p| {
-            AdmissionResponse::from(req)
-                .with_patch(p)
-                .map_err(WebhookError::PatchResponse)
-        }) {
-        Ok(resp) => resp,
-        Err(e) => deny(req, e),
-    }
+    let patch = serde_json::from_value::<json_patch::Patch>(Value::Array(ops))
+        .map_err(WebhookError::Patch)?;
+    AdmissionResponse::from(req)
+        .with_patch(patch)
+        .map_err(WebhookError::PatchResponse)
 }
 
 /// JSON patch operations that set the defaulted fields, creating missing parents first.
@@ -351,20 +374,15 @@ fn defaults_patch(raw: &Value, d: &admission::PoolDefaults) -> Vec<Value> {
     ops
 }
 
+/// The validating answer; `Err` when the request cannot be judged.
 async fn validate_request(
     state: &WebhookState,
     req: &AdmissionRequest<DynamicObject>,
-) -> AdmissionResponse {
+) -> Result<AdmissionResponse, WebhookError> {
     let verdict = match (req.kind.kind.as_str(), &req.operation) {
         ("IPPool", Operation::Create | Operation::Update) => {
-            let new: IPPool = match parse(req.object.as_ref(), "object") {
-                Ok(p) => p,
-                Err(reason) => return deny(req, reason),
-            };
-            let facts = match pool_facts(state, &new).await {
-                Ok(f) => f,
-                Err(resp) => return deny(req, resp),
-            };
+            let new: IPPool = parse(req.object.as_ref(), "object")?;
+            let facts = pool_facts(state, &new).await?;
             let facts = PoolFacts {
                 nad: facts.0.as_ref(),
                 pools: &facts.1,
@@ -373,33 +391,18 @@ async fn validate_request(
             if req.operation == Operation::Create {
                 admission::validate_ippool_create(&new, &facts)
             } else {
-                let old: IPPool = match parse(req.old_object.as_ref(), "old object") {
-                    Ok(p) => p,
-                    Err(reason) => return deny(req, reason),
-                };
+                let old: IPPool = parse(req.old_object.as_ref(), "old object")?;
                 admission::validate_ippool_update(&old, &new, &facts)
             }
         }
         ("IPPool", Operation::Delete) => {
-            let old: IPPool = match parse(req.old_object.as_ref(), "old object") {
-                Ok(p) => p,
-                Err(reason) => return deny(req, reason),
-            };
-            let users = match pool_users(state, &old).await {
-                Ok(users) => users,
-                Err(e) => return deny(req, e),
-            };
+            let old: IPPool = parse(req.old_object.as_ref(), "old object")?;
+            let users = pool_users(state, &old).await?;
             admission::validate_ippool_delete(&old, &users)
         }
         ("VirtualMachineNetworkConfig", Operation::Create | Operation::Update) => {
-            let new: VirtualMachineNetworkConfig = match parse(req.object.as_ref(), "object") {
-                Ok(c) => c,
-                Err(reason) => return deny(req, reason),
-            };
-            let (nads, pools, configs) = match config_facts(state, &new).await {
-                Ok(f) => f,
-                Err(reason) => return deny(req, reason),
-            };
+            let new: VirtualMachineNetworkConfig = parse(req.object.as_ref(), "object")?;
+            let (nads, pools, configs) = config_facts(state, &new).await?;
             let facts = VmNetCfgFacts {
                 nads: &nads,
                 pools: &pools,
@@ -409,19 +412,16 @@ async fn validate_request(
                 admission::validate_vmnetcfg_create(&new, &facts)
             } else {
                 let old: VirtualMachineNetworkConfig =
-                    match parse(req.old_object.as_ref(), "old object") {
-                        Ok(c) => c,
-                        Err(reason) => return deny(req, reason),
-                    };
+                    parse(req.old_object.as_ref(), "old object")?;
                 admission::validate_vmnetcfg_update(&old, &new, &facts)
             }
         }
         _ => Ok(()),
     };
-    match verdict {
+    Ok(match verdict {
         Ok(()) => AdmissionResponse::from(req),
         Err(rejection) => deny(req, &rejection),
-    }
+    })
 }
 
 /// Reads a NAD by `namespace/name`; `Ok(None)` when it does not exist.
