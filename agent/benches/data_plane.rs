@@ -109,6 +109,7 @@ fn main() {
         let start = Instant::now();
         let delta = PoolDelta {
             upserted_leases: vec![Lease {
+                ipv6: None,
                 pool: name(),
                 mac: mac(LEASES + 1),
                 ip: ip(LEASES + 1),
@@ -127,6 +128,7 @@ fn main() {
         let delta = PoolDelta {
             upserted_leases: (0..1000)
                 .map(|i| Lease {
+                    ipv6: None,
                     pool: name(),
                     mac: mac(LEASES + 10 + i),
                     ip: ip(LEASES + 10 + i),

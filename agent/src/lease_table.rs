@@ -540,6 +540,7 @@ mod tests {
 
     fn lease(pool: &str, m: u8, ip: &str) -> Lease {
         Lease {
+            ipv6: None,
             pool: NamespacedName::new("default", pool).unwrap(),
             mac: mac(m),
             ip: ip.parse().unwrap(),
@@ -850,6 +851,7 @@ mod tests {
         for i in 0..200u32 {
             let last = u8::try_from(i % 200).unwrap() + 10;
             table.apply(&upserts([Lease {
+                ipv6: None,
                 pool: name("a"),
                 mac: mac(u8::try_from(i % 3).unwrap()),
                 ip: Ipv4Addr::new(192, 0, 2, last),

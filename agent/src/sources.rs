@@ -31,7 +31,7 @@ use tokio::sync::watch;
 use tracing::{debug, info, warn};
 use vmdhcp_core::NamespacedName;
 use vmdhcp_core::crd::IPPool;
-use vmdhcp_core::pool::{Binding, Lease, PoolConfig, is_served, leases_from_status};
+use vmdhcp_core::pool::{PoolConfig, is_served, leases_from_status};
 
 use crate::lease_table::LeaseTable;
 use crate::pools::{PoolDelta, PoolLeases};
@@ -246,11 +246,7 @@ pub fn pools_from_ippools<'a>(
                 // as the table kept it when it read the list itself.
                 let leases = leases
                     .into_iter()
-                    .map(
-                        |Lease {
-                             mac, ip, host_name, ..
-                         }| (mac, Binding { ip, host_name }),
-                    )
+                    .map(|lease| (lease.mac, lease.binding()))
                     .collect();
                 out.push(PoolLeases { config, leases });
             }
@@ -360,6 +356,7 @@ mod tests {
     use vmdhcp_core::fixtures::{
         pool_config, pool_on, readme_pool, with_allocated, with_conditions,
     };
+    use vmdhcp_core::pool::Binding;
 
     /// The only lease of a pool (the tests' pools have one).
     fn only_lease(pool: &PoolLeases) -> &Binding {
@@ -556,6 +553,7 @@ mod tests {
         let name = |pool: &str| NamespacedName::new("default", pool).unwrap();
         let mac = |last: u8| MacAddr([0x02, 0, 0, 0, 0, last]);
         let lease = |pool: &str, m: u8, ip: &str| vmdhcp_core::pool::Lease {
+            ipv6: None,
             pool: name(pool),
             mac: mac(m),
             ip: ip.parse().unwrap(),

@@ -7,14 +7,15 @@
 //! unready agent has nothing else to go on.
 
 use std::collections::BTreeSet;
-use std::net::Ipv4Addr;
+use std::net::{Ipv4Addr, Ipv6Addr};
 
-use ipnet::Ipv4Net;
+use ipnet::{Ipv4Net, Ipv6Net};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
 use crate::ifname;
 use crate::names::NamespacedName;
+use crate::pool::v6::not_a_host_v6;
 use crate::pool::{PoolConfig, is_host_of};
 
 /// Env var holding the JSON list of [`AgentNetworkConfig`].
@@ -90,6 +91,17 @@ pub struct AgentNetworkConfig {
     pub ip_pool_ref: NamespacedName,
     /// The NetworkAttachmentDefinition, `namespace/name`.
     pub nad_name: NamespacedName,
+    /// The IPv6 server address of a dual-stack pool (experimental; ours, not PR #64's: older
+    /// agents read fields by name and ignore it).
+    #[serde(
+        rename = "serverIPv6",
+        default,
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub server_ipv6: Option<Ipv6Addr>,
+    /// The dual-stack pool's IPv6 subnet; the interface gets `serverIPv6/prefix`.
+    #[serde(rename = "cidrV6", default, skip_serializing_if = "Option::is_none")]
+    pub cidr_v6: Option<Ipv6Net>,
 }
 
 impl From<&PoolConfig> for AgentNetworkConfig {
@@ -101,6 +113,8 @@ impl From<&PoolConfig> for AgentNetworkConfig {
             ip_pool_name: cfg.pool.clone(),
             ip_pool_ref: cfg.pool.clone(),
             nad_name: cfg.network.clone(),
+            server_ipv6: cfg.ipv6.as_ref().map(|v6| v6.server_ip),
+            cidr_v6: cfg.ipv6.as_ref().map(|v6| v6.subnet),
         }
     }
 }
@@ -247,6 +261,26 @@ pub fn parse_network_configs(text: &str) -> Result<Vec<AgentNetworkConfig>, Boot
             Some(_) => reference("ipPoolName")?,
         };
         let nad_name = reference("nadName")?;
+        // Optional, together: the IPv6 side of a dual-stack pool.
+        let (server_ipv6, cidr_v6) = match (obj.get("serverIPv6"), obj.get("cidrV6")) {
+            (None, None) => (None, None),
+            (server, cidr) => {
+                let server_ipv6: Ipv6Addr = string("serverIPv6")?.parse().map_err(|_| {
+                    field_err("serverIPv6", server, "is not an IPv6 address".into())
+                })?;
+                let cidr_v6: Ipv6Net = string("cidrV6")?.parse().map_err(|_| {
+                    field_err(
+                        "cidrV6",
+                        cidr,
+                        "is not an IPv6 CIDR (e.g. fd00::/112)".into(),
+                    )
+                })?;
+                if let Some(reason) = not_a_host_v6(cidr_v6.trunc(), server_ipv6) {
+                    return Err(field_err("serverIPv6", server, reason));
+                }
+                (Some(server_ipv6), Some(cidr_v6))
+            }
+        };
 
         if !pools.insert(ip_pool_ref.clone()) {
             return Err(BootstrapError::Duplicate {
@@ -271,6 +305,8 @@ pub fn parse_network_configs(text: &str) -> Result<Vec<AgentNetworkConfig>, Boot
             ip_pool_name,
             ip_pool_ref,
             nad_name,
+            server_ipv6,
+            cidr_v6,
         });
     }
     Ok(out)
@@ -327,6 +363,30 @@ mod tests {
         assert_eq!(b.render_multus_networks(), "default/net-48@net0");
     }
 
+    /// A dual-stack pool's entry carries its IPv6 server and subnet under names of ours; PR
+    /// #64's fields and order are unchanged, so an agent that reads only those still boots.
+    #[test]
+    fn a_dual_stack_entry_carries_its_ipv6_side_and_round_trips() {
+        let pool = crate::fixtures::dual_stack_pool();
+        let cfg = crate::pool::PoolConfig::from_ippool(&pool, "vmd0").unwrap();
+        let b = Bootstrap::from_pools([&cfg]);
+        let text = b.render_network_configs();
+        assert!(
+            text.ends_with(
+                r#""nadName":"default/vm-net-dual","serverIPv6":"fd00::2","cidrV6":"fd00::/112"}]"#
+            ),
+            "{text}"
+        );
+        let again = Bootstrap::parse(Some(&text), Some(&b.render_pool_refs())).unwrap();
+        assert_eq!(again, b);
+        assert_eq!(
+            again.network_configs[0].server_ipv6,
+            Some("fd00::2".parse().unwrap())
+        );
+        // An IPv4-only pool renders exactly PR #64's entry.
+        assert!(!PR64_CONFIGS.contains("IPv6"));
+    }
+
     #[test]
     fn empty_means_idle() {
         for v in [None, Some(""), Some("  "), Some("[]")] {
@@ -376,6 +436,22 @@ mod tests {
             (
                 entry(r#"{"serverIP":42}"#),
                 "AGENT_NETWORK_CONFIGS[0].serverIP = 42: must be a string",
+            ),
+            (
+                entry(r#"{"serverIPv6":"fd00::1"}"#),
+                "AGENT_NETWORK_CONFIGS[0].cidrV6 = <missing>: must be a string",
+            ),
+            (
+                entry(r#"{"serverIPv6":"10.0.0.1","cidrV6":"fd00::/112"}"#),
+                "AGENT_NETWORK_CONFIGS[0].serverIPv6 = \"10.0.0.1\": is not an IPv6 address",
+            ),
+            (
+                entry(r#"{"serverIPv6":"fd01::1","cidrV6":"fd00::/112"}"#),
+                "AGENT_NETWORK_CONFIGS[0].serverIPv6 = \"fd01::1\": is outside cidr fd00::/112",
+            ),
+            (
+                entry(r#"{"serverIPv6":"fd00::1","cidrV6":"fd00::"}"#),
+                "AGENT_NETWORK_CONFIGS[0].cidrV6 = \"fd00::\": is not an IPv6 CIDR",
             ),
             (
                 "[1]".to_owned(),

@@ -69,6 +69,32 @@ fn optional_ipv4(_: &mut SchemaGenerator) -> Schema {
     json_schema!({ "type": "string", "format": "ipv4", "nullable": true })
 }
 
+fn ipv6(_: &mut SchemaGenerator) -> Schema {
+    json_schema!({ "type": "string", "format": "ipv6" })
+}
+
+fn optional_ipv6(_: &mut SchemaGenerator) -> Schema {
+    json_schema!({ "type": "string", "format": "ipv6", "nullable": true })
+}
+
+fn ipv6_cidr(_: &mut SchemaGenerator) -> Schema {
+    json_schema!({ "type": "string", "format": "cidr" })
+}
+
+fn ipv6_list_max3(_: &mut SchemaGenerator) -> Schema {
+    json_schema!({ "type": "array", "maxItems": 3, "items": { "type": "string", "format": "ipv6" } })
+}
+
+fn ipv6_list(_: &mut SchemaGenerator) -> Schema {
+    json_schema!({ "type": "array", "items": { "type": "string", "format": "ipv6" } })
+}
+
+/// `ipAddress` was `format: ipv4` upstream; Harvester's dual-stack design drops the marker
+/// (the webhook still requires an IPv4 address there: it is the primary family's).
+fn optional_address(_: &mut SchemaGenerator) -> Schema {
+    json_schema!({ "type": "string", "nullable": true })
+}
+
 fn ipv4_list_max3(_: &mut SchemaGenerator) -> Schema {
     json_schema!({ "type": "array", "maxItems": 3, "items": { "type": "string", "format": "ipv4" } })
 }
@@ -130,6 +156,8 @@ pub fn find_condition<'a>(conditions: &'a [Condition], type_: &str) -> Option<&'
     printcolumn = r#"{"name":"NETWORK","type":"string","jsonPath":".spec.networkName"}"#,
     printcolumn = r#"{"name":"AVAILABLE","type":"integer","jsonPath":".status.ipv4.available"}"#,
     printcolumn = r#"{"name":"USED","type":"integer","jsonPath":".status.ipv4.used"}"#,
+    printcolumn = r#"{"name":"IPV6AVAILABLE","type":"integer","jsonPath":".status.ipv6.available"}"#,
+    printcolumn = r#"{"name":"IPV6USED","type":"integer","jsonPath":".status.ipv6.used"}"#,
     printcolumn = r#"{"name":"REGISTERED","type":"string","jsonPath":".status.conditions[?(@.type=='Registered')].status"}"#,
     printcolumn = r#"{"name":"CACHEREADY","type":"string","jsonPath":".status.conditions[?(@.type=='CacheReady')].status"}"#,
     printcolumn = r#"{"name":"AGENTREADY","type":"string","jsonPath":".status.conditions[?(@.type=='AgentReady')].status"}"#,
@@ -142,6 +170,11 @@ pub struct IPPoolSpec {
     /// The subnet, range and DHCP options of the pool.
     #[serde(default)]
     pub ipv4_config: IPv4Config,
+    /// Experimental. The IPv6 side of a dual-stack pool (Harvester's dual-stack design): the
+    /// subnet, range and DHCPv6 options. Requires `ipv4Config` (IPv4 stays the primary family);
+    /// may be added to a pool, never removed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ipv6_config: Option<IPv6Config>,
     /// The NetworkAttachmentDefinition served, as `namespace/name`. Immutable.
     #[schemars(length(max = 64))]
     pub network_name: String,
@@ -206,6 +239,50 @@ pub struct IPv4Config {
     pub send_host_name: Option<bool>,
 }
 
+/// Experimental. The IPv6 part of a dual-stack pool: subnet, range and the DHCPv6 options.
+/// Field for field as Harvester's dual-stack design names them.
+#[derive(Deserialize, Serialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct IPv6Config {
+    /// The DHCPv6 server's own address on the network. Immutable.
+    #[serde(rename = "serverIP")]
+    #[schemars(schema_with = "ipv6")]
+    pub server_ip: String,
+    /// The subnet, e.g. `fd00::/112` (/64 to /126). Immutable.
+    #[schemars(schema_with = "ipv6_cidr")]
+    pub cidr: String,
+    /// The range addresses are allocated from, at most 65 535 addresses. Immutable.
+    pub pool: IPv6Pool,
+    /// The network's router, held back from allocation. DHCPv6 carries no route: guests learn
+    /// it from Router Advertisements. Immutable; cannot be removed once set.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(schema_with = "optional_ipv6")]
+    pub router: Option<String>,
+    /// DNS servers (DHCPv6 option 23), at most 3.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(schema_with = "ipv6_list_max3")]
+    pub dns: Vec<String>,
+    /// Valid lifetime of an address in seconds; unset or 0 means one year, as for IPv4.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub lease_time: Option<i64>,
+}
+
+/// The IPv6 allocation range of a pool, inclusive at both ends (the shape of [`Pool`]).
+#[derive(Deserialize, Serialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct IPv6Pool {
+    /// First allocatable address. Immutable.
+    #[schemars(schema_with = "ipv6")]
+    pub start: String,
+    /// Last allocatable address. Immutable.
+    #[schemars(schema_with = "ipv6")]
+    pub end: String,
+    /// Addresses in the range never handed out. Immutable; cannot be removed once set.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(schema_with = "ipv6_list")]
+    pub exclude: Vec<String>,
+}
+
 /// One classless static route handed to clients.
 #[derive(Deserialize, Serialize, Clone, Debug, Default, PartialEq, Eq, JsonSchema)]
 #[serde(rename_all = "camelCase")]
@@ -244,6 +321,10 @@ pub struct IPPoolStatus {
     /// Allocation state of the pool.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub ipv4: Option<IPv4Status>,
+    /// Experimental. IPv6 allocation state of a dual-stack pool, written in the same status
+    /// write as `ipv4`, so the two never disagree in etcd.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ipv6: Option<IPv6Status>,
     /// The agent pod serving the pool (upstream's one-pod-per-pool model; kept for compatibility).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub agent_pod_ref: Option<PodReference>,
@@ -283,6 +364,22 @@ pub struct IPv4Status {
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     #[schemars(extend("x-kubernetes-map-type" = "atomic"))]
     pub host_names: BTreeMap<String, String>,
+}
+
+/// IPv6 address accounting of a dual-stack pool: the shape of [`IPv4Status`]'s first three
+/// fields. Keys are written in RFC 5952's form; any spelling is read. The map is atomic for the
+/// reason given on [`IPv4Status`].
+#[derive(Deserialize, Serialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct IPv6Status {
+    /// Address → MAC of the lease holder (the NIC's, as for IPv4), or `RESERVED` / `EXCLUDED`.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    #[schemars(extend("x-kubernetes-map-type" = "atomic"))]
+    pub allocated: BTreeMap<String, String>,
+    /// Addresses allocated to MACs.
+    pub used: i64,
+    /// Addresses still free to allocate.
+    pub available: i64,
 }
 
 /// An address of a pool that another host uses, as an agent found it.
@@ -363,10 +460,14 @@ pub struct NetworkConfig {
     /// The NIC's MAC address.
     #[schemars(length(max = 17))]
     pub mac_address: String,
-    /// A static address requested for this NIC.
+    /// A static IPv4 address requested for this NIC.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[schemars(schema_with = "optional_ipv4")]
+    #[schemars(schema_with = "optional_address")]
     pub ip_address: Option<String>,
+    /// Experimental. A static IPv6 address requested for this NIC, on a dual-stack pool.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(schema_with = "optional_ipv6")]
+    pub ipv6_address: Option<String>,
 }
 
 /// What the controller allocated for each NIC.
@@ -392,6 +493,14 @@ pub struct NetworkConfigStatus {
         skip_serializing_if = "Option::is_none"
     )]
     pub allocated_ip_address: Option<String>,
+    /// Experimental. The IPv6 address allocated on a dual-stack pool (kept while paused, as
+    /// the IPv4 one is).
+    #[serde(
+        rename = "allocatedIPv6Address",
+        default,
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub allocated_ipv6_address: Option<String>,
     /// The NIC's MAC address.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub mac_address: Option<String>,
@@ -439,6 +548,27 @@ impl VirtualMachineNetworkConfig {
                     .as_deref()
                     .and_then(|i| i.parse().ok());
                 Some((network, mac, ip, e.state))
+            })
+            .collect()
+    }
+}
+
+impl VirtualMachineNetworkConfig {
+    /// The IPv6 addresses its status records, by NIC (network resolved in its namespace, MAC);
+    /// entries that do not parse name nothing and are skipped.
+    pub fn recorded_ipv6(
+        &self,
+    ) -> Vec<(crate::NamespacedName, crate::MacAddr, std::net::Ipv6Addr)> {
+        let ns = self.metadata.namespace.as_deref().unwrap_or_default();
+        self.status
+            .iter()
+            .flat_map(|s| &s.network_configs)
+            .filter_map(|e| {
+                let network =
+                    crate::NamespacedName::parse_in(e.network_name.as_deref()?, ns).ok()?;
+                let mac = e.mac_address.as_deref()?.parse().ok()?;
+                let ip = e.allocated_ipv6_address.as_deref()?.parse().ok()?;
+                Some((network, mac, ip))
             })
             .collect()
     }
@@ -508,6 +638,8 @@ mod tests {
                 "NETWORK",
                 "AVAILABLE",
                 "USED",
+                "IPV6AVAILABLE",
+                "IPV6USED",
                 "REGISTERED",
                 "CACHEREADY",
                 "AGENTREADY",
@@ -579,7 +711,12 @@ mod tests {
         assert_eq!(spec["properties"]["networkConfigs"]["maxItems"], 4);
         let item = &spec["properties"]["networkConfigs"]["items"];
         assert_eq!(item["properties"]["macAddress"]["maxLength"], 17);
-        assert_eq!(item["properties"]["ipAddress"]["format"], "ipv4");
+        // Harvester's dual-stack design drops `format: ipv4` from `ipAddress`.
+        assert_eq!(
+            item["properties"]["ipAddress"]["format"],
+            serde_json::Value::Null
+        );
+        assert_eq!(item["properties"]["ipv6Address"]["format"], "ipv6");
     }
 
     #[test]

@@ -17,6 +17,7 @@ use crate::pool::PoolConfig;
 
 const README_IPPOOL: &str = include_str!("../../examples/ippool.yaml");
 const README_VMNETCFG: &str = include_str!("../../examples/vmnetcfg.yaml");
+const DUAL_STACK_IPPOOL: &str = include_str!("../../examples/ippool-dual-stack.yaml");
 
 /// `namespace/name` from a literal.
 pub fn nn(s: &str) -> NamespacedName {
@@ -27,6 +28,13 @@ pub fn nn(s: &str) -> NamespacedName {
 /// both ends excluded, server .77, router .1, every option set, no status.
 pub fn readme_pool() -> IPPool {
     serde_yaml_ng::from_str(README_IPPOOL).unwrap()
+}
+
+/// The dual-stack example (Harvester's design, servers off the routers' addresses):
+/// default/vm-pool-dual on default/vm-net-dual, 192.168.100.0/24 range .10-.100 server .2
+/// router .1, and fd00::/112 range fd00::10-fd00::fff0 server fd00::2 router fd00::1; no status.
+pub fn dual_stack_pool() -> IPPool {
+    serde_yaml_ng::from_str(DUAL_STACK_IPPOOL).unwrap()
 }
 
 /// The README's VirtualMachineNetworkConfig (one NIC on default/net-48).
@@ -81,6 +89,7 @@ pub fn with_conditions(mut pool: IPPool, conditions: &[(&str, bool)]) -> IPPool 
 /// `with_*` methods or struct update syntax.
 pub fn pool_config(key: &str) -> PoolConfig {
     PoolConfig {
+        ipv6: None,
         pool: nn(key),
         network: nn(key),
         interface_name: "eth1".into(),

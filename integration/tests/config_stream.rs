@@ -24,7 +24,7 @@ use vmdhcp_controller::reports::Reports;
 use vmdhcp_controller::stream::config_service::{StreamSettings, serve};
 use vmdhcp_core::MacAddr;
 use vmdhcp_core::fixtures::pool_config;
-use vmdhcp_core::pool::{Binding, Lease, PoolConfig};
+use vmdhcp_core::pool::{Binding, Lease, PoolConfig, PoolConfigV6};
 use vmdhcp_proto::agent::v1 as pb;
 use vmdhcp_proto::agent::v1::config_service_client::ConfigServiceClient;
 use vmdhcp_proto::agent::v1::config_service_server::{
@@ -47,9 +47,31 @@ fn pool(name: &str, octet: u8) -> PoolConfig {
     }
 }
 
+/// `config` as a dual-stack pool: `fd00:<octet>::/112`, server `::1`.
+fn dual(config: PoolConfig, octet: u8) -> PoolConfig {
+    PoolConfig {
+        ipv6: Some(PoolConfigV6 {
+            server_ip: format!("fd00:{octet:x}::1").parse().unwrap(),
+            subnet: format!("fd00:{octet:x}::/112").parse().unwrap(),
+            dns: vec![format!("fd00:{octet:x}::53").parse().unwrap()],
+            lease_seconds: 600,
+        }),
+        ..config
+    }
+}
+
+/// `lease` with its IPv6 address on a [`dual`] pool: `fd00:<octet>::<host + 0x10>`.
+fn with_v6(lease: Lease, octet: u8, host: u32) -> Lease {
+    Lease {
+        ipv6: Some(format!("fd00:{octet:x}::{:x}", host + 0x10).parse().unwrap()),
+        ..lease
+    }
+}
+
 fn lease(name: &str, octet: u8, i: u32, host: u32) -> Lease {
     let b = i.to_be_bytes();
     Lease {
+        ipv6: None,
         pool: format!("ns/{name}").parse().unwrap(),
         mac: MacAddr([0x02, octet, b[0], b[1], b[2], b[3]]),
         ip: Ipv4Addr::from(u32::from(Ipv4Addr::new(10, octet, 0, 0)) + 2 + host),
@@ -209,12 +231,13 @@ fn applied(state: &AppliedState) -> View {
 
 fn seeded_index() -> Arc<Index> {
     let index = Arc::new(Index::new());
+    // Pool b is dual-stack: its config and leases carry their IPv6 side through the stream.
     index.apply([
         Op::UpsertPool(Box::new(pool("a", 1))),
-        Op::UpsertPool(Box::new(pool("b", 2))),
+        Op::UpsertPool(Box::new(dual(pool("b", 2), 2))),
     ]);
     index.apply((0..50).map(|i| Op::UpsertLease(lease("a", 1, i, i))));
-    index.apply((0..30).map(|i| Op::UpsertLease(lease("b", 2, i, i))));
+    index.apply((0..30).map(|i| Op::UpsertLease(with_v6(lease("b", 2, i, i), 2, i))));
     index
 }
 
@@ -257,8 +280,8 @@ async fn agent_applies_snapshot_then_every_delta_in_order() {
         ..pool("b", 2)
     }))]);
     index.apply([
-        Op::UpsertPool(Box::new(pool("c", 3))),
-        Op::UpsertLease(lease("c", 3, 0, 0)),
+        Op::UpsertPool(Box::new(dual(pool("c", 3), 3))),
+        Op::UpsertLease(with_v6(lease("c", 3, 0, 0), 3, 0)),
     ]);
     index.apply([Op::RemovePool("ns/b".parse().unwrap())]);
     let rev = index.revision();
@@ -447,6 +470,7 @@ fn first_snapshot() -> pb::WatchResponse {
             pools: vec![pb::PoolSnapshot {
                 config: Some(pb::PoolConfig::from(&pool("a", 1))),
                 leases: vec![pb::LeaseEntry {
+                    ipv6_address: String::new(),
                     mac_address: "02:01:00:00:00:01".into(),
                     ip_address: "10.1.0.10".into(),
                     host_name: String::new(),
@@ -502,6 +526,7 @@ async fn invalid_messages_are_rejected_not_applied_and_a_snapshot_is_requested()
         event: Some(pb::watch_response::Event::Delta(pb::Delta {
             base_revision: base,
             upserted_leases: vec![pb::Lease {
+                ipv6_address: String::new(),
                 pool_ref: "ns/a".into(),
                 mac_address: "02:01:00:00:00:02".into(),
                 ip_address: ip.into(),
@@ -674,6 +699,7 @@ async fn garbage_frames_are_rejected_not_applied_and_a_snapshot_is_requested() {
         event: Some(pb::watch_response::Event::Delta(pb::Delta {
             base_revision: 1,
             upserted_leases: vec![pb::Lease {
+                ipv6_address: String::new(),
                 pool_ref: "ns/a".into(),
                 mac_address: "02:01:00:00:00:02".into(),
                 ip_address: "10.1.0.11".into(),
@@ -982,5 +1008,9 @@ async fn grpcurl_lists_checks_health_and_prints_a_snapshot() {
     assert_eq!(pools.len(), 2);
     assert_eq!(pools[0]["config"]["serverIp"], "10.1.0.1");
     assert_eq!(pools[0]["leases"].as_array().unwrap().len(), 50);
+    // The dual-stack pool's IPv6 side, as grpcurl prints it.
+    assert_eq!(pools[1]["config"]["ipv6"]["serverIp"], "fd00:2::1");
+    assert_eq!(pools[1]["config"]["ipv6"]["cidr"], "fd00:2::/112");
+    assert_eq!(pools[1]["leases"][0]["ipv6Address"], "fd00:2::10");
     server.stop().await;
 }

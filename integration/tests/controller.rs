@@ -1045,3 +1045,139 @@ async fn a_foreign_dhcp_server_the_leading_agent_reports_is_a_condition_until_it
     let metrics = metrics_text(h.http).await;
     assert!(!metrics.contains(&format!("{ns}/pool-r")), "{metrics}");
 }
+
+/// The IPv6 `allocated` map of a dual-stack pool's status.
+fn allocated_v6(pool: &IPPool) -> std::collections::BTreeMap<String, String> {
+    pool.status
+        .as_ref()
+        .and_then(|s| s.ipv6.clone())
+        .map(|v| v.allocated)
+        .unwrap_or_default()
+}
+
+/// The (MAC, IPv4, IPv6) a config's status records for each NIC.
+fn cfg_both(cfg: &VirtualMachineNetworkConfig) -> Vec<(String, String, String)> {
+    cfg.status
+        .iter()
+        .flat_map(|s| &s.network_configs)
+        .map(|e| {
+            (
+                e.mac_address.clone().unwrap_or_default(),
+                e.allocated_ip_address.clone().unwrap_or_default(),
+                e.allocated_ipv6_address.clone().unwrap_or_default(),
+            )
+        })
+        .collect()
+}
+
+/// A dual-stack pool (the shape of Harvester's example): each NIC gets its IPv4 address, then
+/// its IPv6 one; the pool's status records both families (the server and router inside the
+/// IPv6 range `RESERVED`), the config's status both addresses; a static `ipv6Address` is
+/// honoured, a bad one refused with the IPAM's words; a VM's deletion frees both.
+#[tokio::test]
+async fn a_dual_stack_pool_allocates_records_and_frees_both_families() {
+    let (client, ns) = setup("dual").await;
+    create_nad(&client, &ns, "net-d").await;
+    let pool: IPPool = serde_json::from_value(json!({
+        "apiVersion": "network.harvesterhci.io/v1alpha1", "kind": "IPPool",
+        "metadata": {"name": "dual", "namespace": ns},
+        "spec": {"networkName": format!("{ns}/net-d"),
+            "ipv4Config": {"serverIP": "10.77.0.2", "cidr": "10.77.0.0/24", "router": "10.77.0.1",
+                "pool": {"start": "10.77.0.10", "end": "10.77.0.20"}},
+            "ipv6Config": {"serverIP": "fd00:77::1", "cidr": "fd00:77::/112", "router": "fd00:77::2",
+                "pool": {"start": "fd00:77::1", "end": "fd00:77::20"}}}
+    }))
+    .unwrap();
+    let pools: Api<IPPool> = Api::namespaced(client.clone(), &ns);
+    pools.create(&PostParams::default(), &pool).await.unwrap();
+    wait_for(&pools, "dual", "ready", ready).await;
+
+    let vms = vm_api(&client, &ns);
+    let net = format!("{ns}/net-d");
+    let (mac1, mac2) = ("02:77:00:00:00:01", "02:77:00:00:00:02");
+    for (name, mac) in [("d1", mac1), ("d2", mac2)] {
+        vms.create(&PostParams::default(), &vm(&ns, name, &[(&net, mac)]))
+            .await
+            .unwrap();
+    }
+    let cfgs: Api<VirtualMachineNetworkConfig> = Api::namespaced(client.clone(), &ns);
+    let d1 = wait_for(&cfgs, "d1", "allocated both families", |c| {
+        cfg_condition(c, "Allocated").is_some_and(|a| a.0 == "True")
+            && cfg_both(c)
+                .iter()
+                .all(|(_, v4, v6)| !v4.is_empty() && !v6.is_empty())
+    })
+    .await;
+    let (_, v4, v6) = cfg_both(&d1).remove(0);
+    let recorded = wait_for(&pools, "dual", "recording d1 in both families", |p| {
+        allocated(p).get(&v4).map(String::as_str) == Some(mac1)
+            && allocated_v6(p).get(&v6).map(String::as_str) == Some(mac1)
+    })
+    .await;
+    let six = allocated_v6(&recorded);
+    assert_eq!(
+        six.get("fd00:77::1").map(String::as_str),
+        Some(ALLOCATED_RESERVED)
+    );
+    assert_eq!(
+        six.get("fd00:77::2").map(String::as_str),
+        Some(ALLOCATED_RESERVED)
+    );
+    assert!(
+        ["fd00:77::3", "fd00:77::4"].contains(&v6.as_str()),
+        "lowest free first: {v6}"
+    );
+
+    // A static IPv6 address, set on the config by an operator: honoured, and kept by the VM's
+    // reconcile.
+    let nic = |v6: &str| json!({"spec": {"networkConfigs": [{"networkName": net, "macAddress": mac2, "ipv6Address": v6}]}});
+    cfgs.patch(
+        "d2",
+        &PatchParams::default(),
+        &Patch::Merge(nic("fd00:77::20")),
+    )
+    .await
+    .unwrap();
+    wait_for(&cfgs, "d2", "given its static IPv6 address", |c| {
+        cfg_both(c).first().map(|e| e.2.as_str()) == Some("fd00:77::20")
+    })
+    .await;
+    wait_for(&pools, "dual", "recording the static IPv6 address", |p| {
+        allocated_v6(p).get("fd00:77::20").map(String::as_str) == Some(mac2)
+            && allocated_v6(p).values().filter(|m| *m == mac2).count() == 1
+    })
+    .await;
+    // Outside the range: refused with the IPAM's words, the IPv4 address kept.
+    cfgs.patch(
+        "d2",
+        &PatchParams::default(),
+        &Patch::Merge(nic("fd00:77::99")),
+    )
+    .await
+    .unwrap();
+    let refused = wait_for(
+        &cfgs,
+        "d2",
+        "refused an IPv6 address outside the range",
+        |c| cfg_condition(c, "Allocated").is_some_and(|a| a.0 == "False"),
+    )
+    .await;
+    let message = find_condition(&refused.status.as_ref().unwrap().conditions, "Allocated")
+        .and_then(|c| c.message.clone())
+        .unwrap_or_default();
+    assert!(
+        message.contains("IPv6") && message.contains("outside the pool range"),
+        "{message}"
+    );
+    assert!(!cfg_both(&refused)[0].1.is_empty(), "{refused:?}");
+
+    // The VM goes: both of its addresses are freed, in one status.
+    vms.delete("d1", &DeleteParams::default()).await.unwrap();
+    let freed = wait_for(&pools, "dual", "freeing both of d1's addresses", |p| {
+        !allocated(p).values().any(|m| m == mac1) && !allocated_v6(p).values().any(|m| m == mac1)
+    })
+    .await;
+    let v6_status = freed.status.as_ref().unwrap().ipv6.clone().unwrap();
+    assert_eq!(v6_status.used, 1, "{v6_status:?}");
+    assert_eq!(v6_status.available, 32 - 2 - 1, "{v6_status:?}");
+}

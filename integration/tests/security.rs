@@ -276,7 +276,20 @@ async fn the_webhook_defaults_and_enforces_every_ippool_rule() {
     create_nad(&client, &ns, "net-a", None).await;
     create_nad(&client, &ns, "net-b", None).await;
     create_nad(&client, &ns, "net-c", None).await;
+    create_nad(&client, &ns, "net-d", None).await;
+    create_nad(&client, &ns, "net-e", None).await;
     let reject = |name: &'static str, ipv4: Value| pool(&ns, name, "net-a", ipv4);
+    // Dual-stack (experimental): a valid IPv6 side beside base_ipv4, and pools carrying one.
+    let base_ipv6 = || {
+        json!({"cidr": "fd00:70::/112", "serverIP": "fd00:70::2", "router": "fd00:70::1",
+               "pool": {"start": "fd00:70::10", "end": "fd00:70::100", "exclude": ["fd00:70::50"]}})
+    };
+    let dual_on = |name: &str, network: &str, ipv6: Value| {
+        let mut p = pool(&ns, name, network, base_ipv4());
+        p["spec"]["ipv6Config"] = ipv6;
+        p
+    };
+    let reject6 = |name: &str, ipv6: Value| dual_on(name, "net-a", ipv6);
 
     // Rejections (the accepted base pool below satisfies every one of these rules).
     let cases: Vec<(Value, Vec<&str>)> = vec![
@@ -389,6 +402,191 @@ async fn the_webhook_defaults_and_enforces_every_ippool_rule() {
         assert_denied(create(&pools, obj).await, &needles);
     }
 
+    // Dual-stack rejections, each by the webhook (rules 1-6 of docs/dual-stack.md).
+    let mut ipv6_only = reject6("v6-only", base_ipv6());
+    ipv6_only["spec"]
+        .as_object_mut()
+        .unwrap()
+        .remove("ipv4Config");
+    let mut v4_v6cidr = dual_on("v4-v6cidr", "net-a", base_ipv6());
+    v4_v6cidr["spec"]["ipv4Config"]["cidr"] = json!("fd00:70::/112");
+    let cases: Vec<(Value, Vec<&str>)> = vec![
+        // 1: at most 65 535 addresses.
+        (
+            reject6(
+                "v6-range",
+                with(
+                    with(base_ipv6(), "/cidr", json!("fd00:70::/64")),
+                    "/pool/end",
+                    json!("fd00:70::1:10"),
+                ),
+            ),
+            vec![
+                "spec.ipv6Config.pool.end",
+                "span 65537 addresses, at most 65535 are allowed",
+            ],
+        ),
+        // 2: IPv4 first (refused by the mutator already).
+        (
+            ipv6_only,
+            vec![
+                "spec.ipv4Config",
+                "is required with spec.ipv6Config",
+                "IPv6-only pools are not supported",
+            ],
+        ),
+        // 3: each family's fields hold its own addresses (the CRD's `format: cidr` takes both).
+        (
+            reject6(
+                "v6-v4cidr",
+                with(base_ipv6(), "/cidr", json!("10.70.0.0/24")),
+            ),
+            vec!["spec.ipv6Config.cidr", "is not an IPv6 CIDR"],
+        ),
+        (
+            v4_v6cidr,
+            vec!["spec.ipv4Config.cidr", "is not an IPv4 CIDR"],
+        ),
+        // 4: a /64 to /126 of unicast addresses.
+        (
+            reject6(
+                "v6-prefix",
+                with(base_ipv6(), "/cidr", json!("fd00:70::/48")),
+            ),
+            vec![
+                "spec.ipv6Config.cidr",
+                "has prefix length /48, it must be /64 to /126",
+            ],
+        ),
+        (
+            reject6(
+                "v6-linklocal",
+                json!({"cidr": "fe80::/64", "serverIP": "fe80::2", "pool": {"start": "fe80::10", "end": "fe80::20"}}),
+            ),
+            vec!["spec.ipv6Config.cidr", "is link-local"],
+        ),
+        // 5: inside the CIDR and the range, server apart from the router and not excluded.
+        (
+            reject6(
+                "v6-server-out",
+                with(base_ipv6(), "/serverIP", json!("fd00:71::2")),
+            ),
+            vec!["spec.ipv6Config.serverIP", "is outside cidr fd00:70::/112"],
+        ),
+        (
+            reject6(
+                "v6-excl-out",
+                with(base_ipv6(), "/pool/exclude", json!(["fd00:70::200"])),
+            ),
+            vec!["spec.ipv6Config.pool.exclude[0]", "outside pool range"],
+        ),
+        (
+            reject6(
+                "v6-server-router",
+                with(base_ipv6(), "/serverIP", json!("fd00:70::1")),
+            ),
+            vec![
+                "spec.ipv6Config.serverIP",
+                "must differ from spec.ipv6Config.router",
+            ],
+        ),
+        (
+            reject6(
+                "v6-server-excl",
+                with(
+                    with(base_ipv6(), "/serverIP", json!("fd00:70::50")),
+                    "/pool/exclude",
+                    json!(["fd00:70::50"]),
+                ),
+            ),
+            vec!["spec.ipv6Config.serverIP", "excluded"],
+        ),
+        (
+            reject6(
+                "v6-reversed",
+                with(
+                    with(base_ipv6(), "/pool/start", json!("fd00:70::90")),
+                    "/pool/end",
+                    json!("fd00:70::20"),
+                ),
+            ),
+            vec!["spec.ipv6Config.pool.start", "invalid pool range"],
+        ),
+        // 6: not the subnet-router anycast address.
+        (
+            reject6(
+                "v6-anycast",
+                with(base_ipv6(), "/pool/start", json!("fd00:70::")),
+            ),
+            vec![
+                "spec.ipv6Config.pool.start",
+                "subnet-router anycast address",
+            ],
+        ),
+    ];
+    for (obj, needles) in cases {
+        assert_denied(create(&pools, obj).await, &needles);
+    }
+    // IPv4 addresses in IPv6 address fields, and more than 3 DNS servers: the CRD's schema
+    // (`format: ipv6`, `maxItems: 3`) refuses these before the webhook sees them (the webhook's
+    // own refusals of them are unit-tested in vmdhcp-core's admission).
+    for (obj, needle) in [
+        (
+            reject6(
+                "v6-v4server",
+                with(base_ipv6(), "/serverIP", json!("10.70.0.2")),
+            ),
+            "spec.ipv6Config.serverIP",
+        ),
+        (
+            reject6(
+                "v6-v4start",
+                with(base_ipv6(), "/pool/start", json!("10.70.0.10")),
+            ),
+            "spec.ipv6Config.pool.start",
+        ),
+        (
+            reject6(
+                "v6-dns",
+                with(
+                    base_ipv6(),
+                    "/dns",
+                    json!(["fd00:70::53", "fd00:70::54", "fd00:70::55", "fd00:70::56"]),
+                ),
+            ),
+            "spec.ipv6Config.dns",
+        ),
+    ] {
+        let err = create(&pools, obj).await.unwrap_err();
+        assert!(err.contains(needle), "{needle}: {err}");
+    }
+
+    // Harvester's example, as written, has its server at its router, which upstream's rule
+    // refuses; ours (examples/ippool-dual-stack.yaml) moves the servers and is admitted.
+    let mut hep = vmdhcp_core::fixtures::dual_stack_pool();
+    hep.metadata.namespace = Some(ns.clone());
+    hep.spec.network_name = format!("{ns}/net-e");
+    hep.spec.ipv4_config.server_ip = "192.168.100.1".into();
+    assert_denied(
+        create(&pools, serde_json::to_value(&hep).unwrap()).await,
+        &[
+            "spec.ipv4Config.serverIP",
+            "must differ from spec.ipv4Config.router",
+        ],
+    );
+    hep.spec.ipv4_config.server_ip = "192.168.100.2".into();
+    let admitted = create(&pools, serde_json::to_value(&hep).unwrap())
+        .await
+        .unwrap();
+    assert_eq!(
+        admitted.data["spec"]["ipv6Config"]["pool"]["end"],
+        "fd00::fff0"
+    );
+    // A dual-stack pool to update below.
+    create(&pools, dual_on("dual", "net-d", base_ipv6()))
+        .await
+        .unwrap();
+
     // Accepted: the base pool; then a second pool on the same network is refused.
     create(&pools, pool(&ns, "base", "net-a", base_ipv4()))
         .await
@@ -478,6 +676,79 @@ async fn the_webhook_defaults_and_enforces_every_ippool_rule() {
     .await
     .unwrap();
 
+    // Dual-stack updates (rule 7): the IPv6 options are mutable, its addressing is not, and an
+    // ipv6Config may be added to a pool but never removed.
+    update(&typed, "dual", |p| {
+        let v6 = p.spec.ipv6_config.as_mut().unwrap();
+        v6.dns = vec!["fd00:70::53".into()];
+        v6.lease_time = Some(600);
+    })
+    .await
+    .unwrap();
+    type V6Change = Box<dyn Fn(&mut vmdhcp_core::crd::IPv6Config)>;
+    for (field, change) in [
+        (
+            "spec.ipv6Config.cidr",
+            Box::new(|v6: &mut vmdhcp_core::crd::IPv6Config| v6.cidr = "fd00:70::/111".into())
+                as V6Change,
+        ),
+        (
+            "spec.ipv6Config.serverIP",
+            Box::new(|v6| v6.server_ip = "fd00:70::3".into()),
+        ),
+        (
+            "spec.ipv6Config.pool.start",
+            Box::new(|v6| v6.pool.start = "fd00:70::11".into()),
+        ),
+        (
+            "spec.ipv6Config.pool.end",
+            Box::new(|v6| v6.pool.end = "fd00:70::99".into()),
+        ),
+        (
+            "spec.ipv6Config.pool.exclude",
+            Box::new(|v6| v6.pool.exclude.clear()),
+        ),
+        ("spec.ipv6Config.router", Box::new(|v6| v6.router = None)),
+    ] {
+        let err = update(&typed, "dual", |p| {
+            change(p.spec.ipv6_config.as_mut().unwrap())
+        })
+        .await
+        .unwrap_err();
+        assert!(
+            err.contains("cannot update IPPool")
+                && err.contains(field)
+                && err.contains("immutable"),
+            "{field}: {err}"
+        );
+    }
+    let err = update(&typed, "dual", |p| p.spec.ipv6_config = None)
+        .await
+        .unwrap_err();
+    assert!(
+        err.contains("cannot update IPPool")
+            && err.contains("spec.ipv6Config")
+            && err.contains("cannot be removed once set"),
+        "{err}"
+    );
+    // Added to an IPv4 pool: checked as on create.
+    let err = update(&typed, "defaults", |p| {
+        p.spec.ipv6_config = Some(
+            serde_json::from_value(with(base_ipv6(), "/cidr", json!("fd00:70::/48"))).unwrap(),
+        );
+    })
+    .await
+    .unwrap_err();
+    assert!(
+        err.contains("spec.ipv6Config.cidr") && err.contains("/64 to /126"),
+        "{err}"
+    );
+    update(&typed, "defaults", |p| {
+        p.spec.ipv6_config = Some(serde_json::from_value(base_ipv6()).unwrap());
+    })
+    .await
+    .unwrap();
+
     // Deletion: refused while a config uses the network (keyed by network, not by pool name).
     let configs = dynamic::<VirtualMachineNetworkConfig>(&client, &ns);
     kubectl(&[
@@ -557,6 +828,20 @@ async fn the_webhook_enforces_every_vmnetcfg_rule() {
     create_nad(&client, &ns, "net", Some("pool")).await;
     create_nad(&client, &ns, "unlabelled", None).await;
     create_nad(&client, &ns, "orphan", Some("no-such-pool")).await;
+    // Dual-stack (experimental): pool6 on net6, its IPv6 server inside the range (reserved) and
+    // no IPv6 router yet.
+    create_nad(&client, &ns, "net6", Some("pool6")).await;
+    let mut pool6 = pool(
+        &ns,
+        "pool6",
+        "net6",
+        with(base_ipv4(), "/serverIP", json!("10.70.0.30")),
+    );
+    pool6["spec"]["ipv6Config"] = json!({"cidr": "fd00:70::/112", "serverIP": "fd00:70::30",
+        "pool": {"start": "fd00:70::10", "end": "fd00:70::100", "exclude": ["fd00:70::50"]}});
+    create(&dynamic::<IPPool>(&client, &ns), pool6)
+        .await
+        .unwrap();
     create(
         &dynamic::<IPPool>(&client, &ns),
         pool(
@@ -644,6 +929,164 @@ async fn the_webhook_enforces_every_vmnetcfg_rule() {
     for (obj, needles) in cases {
         assert_denied(create(&configs, obj).await, &needles);
     }
+
+    // Dual-stack (rule 9): ipAddress stays IPv4 (the CRD no longer says so), ipv6Address is
+    // IPv6, on a pool with an ipv6Config, in its range, neither its server nor excluded.
+    let net6 = format!("{ns}/net6");
+    let nic6 = |mac: &str, ip: Option<&str>, ipv6: &str| {
+        let mut n = json!({"networkName": net6, "macAddress": mac, "ipv6Address": ipv6});
+        if let Some(ip) = ip {
+            n["ipAddress"] = json!(ip);
+        }
+        n
+    };
+    let cases: Vec<(Value, Vec<&str>)> = vec![
+        (
+            config(
+                &ns,
+                "ip-v6",
+                json!([nic("02:00:00:00:71:01", Some("fd00:70::20"))]),
+            ),
+            vec!["spec.networkConfigs[0].ipAddress", "is not an IPv4 address"],
+        ),
+        (
+            config(
+                &ns,
+                "ipv6-v4-pool",
+                json!([{"networkName": net, "macAddress": "02:00:00:00:71:01", "ipv6Address": "fd00:70::20"}]),
+            ),
+            vec![
+                "spec.networkConfigs[0].ipv6Address",
+                "is not allowed",
+                "has no spec.ipv6Config",
+            ],
+        ),
+        (
+            config(
+                &ns,
+                "ipv6-outside",
+                json!([nic6("02:00:00:00:71:01", None, "fd00:70::200")]),
+            ),
+            vec!["spec.networkConfigs[0].ipv6Address", "outside pool range"],
+        ),
+        (
+            config(
+                &ns,
+                "ipv6-excluded",
+                json!([nic6("02:00:00:00:71:01", None, "fd00:70::50")]),
+            ),
+            vec!["spec.networkConfigs[0].ipv6Address", "excluded"],
+        ),
+        (
+            config(
+                &ns,
+                "ipv6-server",
+                json!([nic6("02:00:00:00:71:01", None, "fd00:70::30")]),
+            ),
+            vec!["spec.networkConfigs[0].ipv6Address", "server ip"],
+        ),
+        (
+            config(
+                &ns,
+                "ipv6-anycast",
+                json!([nic6("02:00:00:00:71:01", None, "fd00:70::")]),
+            ),
+            vec![
+                "spec.networkConfigs[0].ipv6Address",
+                "subnet-router anycast address",
+            ],
+        ),
+        (
+            config(
+                &ns,
+                "ipv6-dup",
+                json!([
+                    nic6("02:00:00:00:71:01", None, "fd00:70::20"),
+                    {"networkName": net, "macAddress": "02:00:00:00:71:02", "ipv6Address": "fd00:70::20"}
+                ]),
+            ),
+            vec!["spec.networkConfigs[1].ipv6Address", "duplicates"],
+        ),
+    ];
+    for (obj, needles) in cases {
+        assert_denied(create(&configs, obj).await, &needles);
+    }
+    // An IPv4 address in ipv6Address: the CRD's `format: ipv6` refuses it before the webhook
+    // sees it (the webhook's own refusal is unit-tested in vmdhcp-core's admission).
+    let err = create(
+        &configs,
+        config(
+            &ns,
+            "ipv6-v4",
+            json!([nic6("02:00:00:00:71:01", None, "10.70.0.20")]),
+        ),
+    )
+    .await
+    .unwrap_err();
+    assert!(err.contains("ipv6Address"), "{err}");
+
+    // Accepted: both static addresses on the dual-stack pool; the controller allocates both.
+    create(
+        &configs,
+        config(
+            &ns,
+            "vm6-a",
+            json!([nic6("02:00:00:00:72:0a", Some("10.70.0.22"), "fd00:70::20")]),
+        ),
+    )
+    .await
+    .unwrap();
+    let typed6: Api<IPPool> = Api::namespaced(client.clone(), &ns);
+    poll_async("fd00:70::20 allocated", || {
+        let typed6 = typed6.clone();
+        async move {
+            let p = typed6.get("pool6").await.ok()?;
+            (p.status?.ipv6?.allocated.get("fd00:70::20")? == "02:00:00:00:72:0a").then_some(())
+        }
+    })
+    .await;
+    // The same IPv6 address for another MAC is refused.
+    assert_denied(
+        create(
+            &configs,
+            config(
+                &ns,
+                "vm6-b",
+                json!([nic6("02:00:00:00:72:0b", None, "FD00:70::20")]),
+            ),
+        )
+        .await,
+        &["spec.networkConfigs[0].ipv6Address", "already"],
+    );
+    // Rule 8: a router added over an address a NIC holds is refused; elsewhere it is admitted
+    // (and reserved).
+    let err = update(&typed6, "pool6", |p| {
+        p.spec.ipv6_config.as_mut().unwrap().router = Some("fd00:70::20".into());
+    })
+    .await
+    .unwrap_err();
+    assert!(
+        err.contains("spec.ipv6Config.router")
+            && err.contains("is already occupied by MAC 02:00:00:00:72:0a"),
+        "{err}"
+    );
+    update(&typed6, "pool6", |p| {
+        p.spec.ipv6_config.as_mut().unwrap().router = Some("fd00:70::21".into());
+    })
+    .await
+    .unwrap();
+    assert_denied(
+        create(
+            &configs,
+            config(
+                &ns,
+                "vm6-c",
+                json!([nic6("02:00:00:00:72:0c", None, "fd00:70::21")]),
+            ),
+        )
+        .await,
+        &["spec.networkConfigs[0].ipv6Address", "router"],
+    );
 
     // Accepted: a static address in the pool; the controller allocates it.
     create(

@@ -4,11 +4,14 @@
 //! message, the field and the value it rejects, because whatever arrives from the network is
 //! untrusted until it has passed here: an agent applies nothing that failed to convert.
 
-use std::net::Ipv4Addr;
+use std::net::{Ipv4Addr, Ipv6Addr};
 
-use ipnet::Ipv4Net;
+use ipnet::{Ipv4Net, Ipv6Net};
 use vmdhcp_core::pool::spec::MIN_MTU;
-use vmdhcp_core::pool::{Binding, DEFAULT_LEASE_SECONDS, Lease, PoolConfig, Route, is_host_of};
+use vmdhcp_core::pool::v6::not_a_host_v6;
+use vmdhcp_core::pool::{
+    Binding, DEFAULT_LEASE_SECONDS, Lease, PoolConfig, PoolConfigV6, Route, is_host_of,
+};
 use vmdhcp_core::{MacAddr, NamespacedName, ifname};
 
 use crate::agent::v1 as pb;
@@ -57,6 +60,24 @@ fn ipv4(message: &'static str, field: &'static str, value: &str) -> Result<Ipv4A
         .map_err(|_| err(message, field, value, "is not an IPv4 address"))
 }
 
+fn ipv6(message: &'static str, field: &'static str, value: &str) -> Result<Ipv6Addr, ConvertError> {
+    value
+        .parse()
+        .map_err(|_| err(message, field, value, "is not an IPv6 address"))
+}
+
+/// An optional IPv6 address: empty is none.
+fn optional_ipv6(
+    message: &'static str,
+    field: &'static str,
+    value: &str,
+) -> Result<Option<Ipv6Addr>, ConvertError> {
+    match value {
+        "" => Ok(None),
+        v => ipv6(message, field, v).map(Some),
+    }
+}
+
 fn mac(message: &'static str, field: &'static str, value: &str) -> Result<MacAddr, ConvertError> {
     value
         .parse()
@@ -103,7 +124,51 @@ impl From<&PoolConfig> for pb::PoolConfig {
                 })
                 .collect(),
             conflicted: c.conflicted.iter().map(ToString::to_string).collect(),
+            ipv6: c.ipv6.as_ref().map(pb::PoolConfigV6::from),
         }
+    }
+}
+
+impl From<&PoolConfigV6> for pb::PoolConfigV6 {
+    fn from(c: &PoolConfigV6) -> Self {
+        pb::PoolConfigV6 {
+            server_ip: c.server_ip.to_string(),
+            cidr: c.subnet.to_string(),
+            dns: c.dns.iter().map(ToString::to_string).collect(),
+            lease_time_seconds: c.lease_seconds,
+        }
+    }
+}
+
+impl TryFrom<&pb::PoolConfigV6> for PoolConfigV6 {
+    type Error = ConvertError;
+
+    fn try_from(p: &pb::PoolConfigV6) -> Result<Self, Self::Error> {
+        const M: &str = "PoolConfigV6";
+        let server_ip = ipv6(M, "server_ip", &p.server_ip)?;
+        let cidr: Ipv6Net = p
+            .cidr
+            .parse()
+            .map_err(|_| err(M, "cidr", &p.cidr, "is not an IPv6 CIDR"))?;
+        let subnet = cidr.trunc();
+        if let Some(reason) = not_a_host_v6(subnet, server_ip) {
+            return Err(err(M, "server_ip", &p.server_ip, reason));
+        }
+        let dns = p
+            .dns
+            .iter()
+            .map(|d| ipv6(M, "dns", d))
+            .collect::<Result<Vec<_>, _>>()?;
+        let lease_seconds = match p.lease_time_seconds {
+            0 => DEFAULT_LEASE_SECONDS,
+            t => t,
+        };
+        Ok(PoolConfigV6 {
+            server_ip,
+            subnet,
+            dns,
+            lease_seconds,
+        })
     }
 }
 
@@ -191,6 +256,7 @@ impl TryFrom<&pb::PoolConfig> for PoolConfig {
             mtu,
             routes,
             conflicted,
+            ipv6: p.ipv6.as_ref().map(PoolConfigV6::try_from).transpose()?,
         })
     }
 }
@@ -202,6 +268,7 @@ impl From<&Lease> for pb::Lease {
             mac_address: l.mac.to_string(),
             ip_address: l.ip.to_string(),
             host_name: l.host_name.clone().unwrap_or_default(),
+            ipv6_address: l.ipv6.map(|a| a.to_string()).unwrap_or_default(),
         }
     }
 }
@@ -212,6 +279,7 @@ pub fn lease_entry(mac: &MacAddr, binding: &Binding) -> pb::LeaseEntry {
         mac_address: mac.to_string(),
         ip_address: binding.ip.to_string(),
         host_name: binding.host_name.clone().unwrap_or_default(),
+        ipv6_address: binding.ipv6.map(|a| a.to_string()).unwrap_or_default(),
     }
 }
 
@@ -225,6 +293,7 @@ impl TryFrom<&pb::Lease> for Lease {
             mac: mac(M, "mac_address", &l.mac_address)?,
             ip: ipv4(M, "ip_address", &l.ip_address)?,
             host_name: host_name(M, &l.host_name)?,
+            ipv6: optional_ipv6(M, "ipv6_address", &l.ipv6_address)?,
         })
     }
 }
@@ -237,6 +306,7 @@ pub fn lease_from_entry(pool: &NamespacedName, e: &pb::LeaseEntry) -> Result<Lea
         mac: mac(M, "mac_address", &e.mac_address)?,
         ip: ipv4(M, "ip_address", &e.ip_address)?,
         host_name: host_name(M, &e.host_name)?,
+        ipv6: optional_ipv6(M, "ipv6_address", &e.ipv6_address)?,
     })
 }
 
@@ -260,6 +330,7 @@ mod tests {
 
     fn config() -> PoolConfig {
         PoolConfig {
+            ipv6: None,
             pool: "default/net-48".parse().unwrap(),
             network: "default/net-48".parse().unwrap(),
             interface_name: "vmdff247118e5".into(),
@@ -278,6 +349,84 @@ mod tests {
             }],
             conflicted: vec!["192.168.48.90".parse().unwrap()],
         }
+    }
+
+    /// A test double for an agent built from the first published contract: the `PoolConfig`
+    /// and `LeaseEntry` it knew (the fields it reads), without the IPv6 ones added since.
+    mod first_contract {
+        #[derive(Clone, PartialEq, prost::Message)]
+        pub struct PoolConfig {
+            #[prost(string, tag = "1")]
+            pub pool_ref: String,
+            #[prost(string, tag = "4")]
+            pub server_ip: String,
+            #[prost(string, tag = "5")]
+            pub cidr: String,
+            #[prost(uint32, tag = "11")]
+            pub lease_time_seconds: u32,
+        }
+
+        #[derive(Clone, PartialEq, prost::Message)]
+        pub struct LeaseEntry {
+            #[prost(string, tag = "1")]
+            pub mac_address: String,
+            #[prost(string, tag = "2")]
+            pub ip_address: String,
+        }
+    }
+
+    /// A dual-stack pool's config and lease round-trip, and an agent that predates the IPv6
+    /// fields reads the same messages as IPv4 ones: it skips what it does not know.
+    #[test]
+    fn the_ipv6_side_round_trips_and_an_older_agent_reads_the_ipv4_side() {
+        use prost::Message;
+        let v6 = PoolConfigV6 {
+            server_ip: "fd00::1".parse().unwrap(),
+            subnet: "fd00::/112".parse().unwrap(),
+            dns: vec!["fd00::53".parse().unwrap()],
+            lease_seconds: 600,
+        };
+        let c = PoolConfig {
+            ipv6: Some(v6),
+            ..config()
+        };
+        let wire = pb::PoolConfig::from(&c);
+        assert_eq!(PoolConfig::try_from(&wire).unwrap(), c);
+        let old = first_contract::PoolConfig::decode(wire.encode_to_vec().as_slice()).unwrap();
+        assert_eq!(
+            (old.server_ip.as_str(), old.cidr.as_str(), old.lease_time_seconds),
+            ("192.168.48.77", "192.168.48.0/24", 300)
+        );
+
+        let binding = Binding {
+            ipv6: Some("fd00::10".parse().unwrap()),
+            ..Binding::ip("192.168.48.83".parse().unwrap())
+        };
+        let mac: MacAddr = "02:00:00:00:00:01".parse().unwrap();
+        let entry = lease_entry(&mac, &binding);
+        assert_eq!(entry.ipv6_address, "fd00::10");
+        let pool: NamespacedName = "default/net-48".parse().unwrap();
+        assert_eq!(lease_from_entry(&pool, &entry).unwrap().binding(), binding);
+        let old = first_contract::LeaseEntry::decode(entry.encode_to_vec().as_slice()).unwrap();
+        assert_eq!(old.ip_address, "192.168.48.83");
+
+        // Bad IPv6 input is refused, naming the field.
+        let mut bad = wire.clone();
+        if let Some(v6) = bad.ipv6.as_mut() {
+            v6.server_ip = "fd01::1".into();
+        }
+        let e = PoolConfig::try_from(&bad).unwrap_err().to_string();
+        assert!(e.contains("PoolConfigV6.server_ip") && e.contains("outside cidr"), "{e}");
+        let e = lease_from_entry(
+            &pool,
+            &pb::LeaseEntry {
+                ipv6_address: "10.0.0.1".into(),
+                ..entry
+            },
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(e.contains("LeaseEntry.ipv6_address"), "{e}");
     }
 
     #[test]
@@ -346,6 +495,7 @@ mod tests {
             assert!(e.contains(want), "{e}");
         }
         let bad = pb::Lease {
+            ipv6_address: String::new(),
             pool_ref: "a/b".into(),
             mac_address: "zz".into(),
             ip_address: "1.2.3.4".into(),
@@ -362,6 +512,7 @@ mod tests {
     #[test]
     fn host_names_round_trip_and_bad_ones_are_refused_by_field() {
         let lease = Lease {
+            ipv6: None,
             pool: "a/b".parse().unwrap(),
             mac: "02:00:00:00:00:01".parse().unwrap(),
             ip: "10.0.0.5".parse().unwrap(),

@@ -13,7 +13,7 @@
 //! servers or interfaces.
 
 use std::collections::BTreeMap;
-use std::net::Ipv4Addr;
+use std::net::{Ipv4Addr, Ipv6Addr};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
@@ -93,6 +93,9 @@ pub struct StaticLease {
         deserialize_with = "host_name"
     )]
     pub host_name: Option<String>,
+    /// Its IPv6 address, on a dual-stack pool.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ipv6: Option<Ipv6Addr>,
 }
 
 /// A lease's `host_name`: refused, naming the value, unless it is one we would hand out.
@@ -137,6 +140,7 @@ pub fn load(path: &Path) -> Result<Vec<PoolLeases>, FileError> {
                     let binding = Binding {
                         ip: l.ip,
                         host_name: l.host_name,
+                        ipv6: l.ipv6,
                     };
                     (l.mac, binding)
                 })

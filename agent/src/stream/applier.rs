@@ -298,6 +298,7 @@ mod tests {
                 leases: l
                     .into_iter()
                     .map(|(m, i)| pb::LeaseEntry {
+                        ipv6_address: String::new(),
                         mac_address: m.into(),
                         ip_address: i.into(),
                         host_name: String::new(),
@@ -321,6 +322,7 @@ mod tests {
         let upserted_leases = leases
             .into_iter()
             .map(|(p, m, i)| pb::Lease {
+                ipv6_address: String::new(),
                 pool_ref: p.into(),
                 mac_address: m.into(),
                 ip_address: i.into(),

@@ -384,6 +384,7 @@ mod tests {
             network_configs: entries
                 .iter()
                 .map(|(net, m, _)| NetworkConfig {
+                    ipv6_address: None,
                     network_name: NETWORKS[*net % NETWORKS.len()].into(),
                     mac_address: mac(*m).to_string(),
                     ip_address: None,
@@ -403,6 +404,7 @@ mod tests {
             network_configs: entries
                 .iter()
                 .map(|(net, m, allocated)| NetworkConfigStatus {
+                    allocated_ipv6_address: None,
                     allocated_ip_address: Some(ip(*m).to_string()),
                     mac_address: Some(mac(*m).to_string()),
                     network_name: Some(NETWORKS[*net % NETWORKS.len()].into()),

@@ -16,11 +16,11 @@ use vmdhcp_core::crd::{IPPool, VirtualMachineNetworkConfig};
 use crate::causes::TraceCauses;
 use crate::index::configs::ConfigIndex;
 use crate::index::pools::PoolNetworks;
-use crate::ipam::{Foreign, Ipam, MacOwners};
+use crate::ipam::{Ipam, MacOwners};
 use crate::kinds::{VirtualMachine, network_of, store_key};
 use crate::metrics::Metrics;
 use crate::reconcile::events::Events;
-use crate::reconcile::status::PoolStatusWriter;
+use crate::reconcile::status::{Kept, PoolStatusWriter};
 use crate::reconcile::vmnetcfg::StatusMemo;
 use crate::reports::Reports;
 
@@ -161,22 +161,24 @@ impl Context {
     }
 
     /// Tells operators what a status write of `pool` did with entries another writer recorded
-    /// ([`Foreign`]): a Warning naming the address and both holders for a collision, a Normal
+    /// ([`crate::ipam::Foreign`]): a Warning naming the address and both holders for a collision, a Normal
     /// event for an adoption. Also in the log and `vmdhcpcontroller_foreign_allocations`.
-    pub fn report_foreign(&self, pool: &NamespacedName, kept: &[Foreign]) {
-        if kept.is_empty() {
+    pub fn report_foreign(&self, pool: &NamespacedName, kept: &Kept) {
+        if kept.v4.is_empty() && kept.v6.is_empty() {
             return;
         }
         let Some(obj) = self.stores.pools.get(&store_key(pool)) else {
             return;
         };
-        for entry in kept {
-            let (type_, reason) = if entry.is_collision() {
+        let v4 = kept.v4.iter().map(|e| (e.is_collision(), e.to_string()));
+        let v6 = kept.v6.iter().map(|e| (e.is_collision(), e.to_string()));
+        for (collision, entry) in v4.chain(v6) {
+            let (type_, reason) = if collision {
                 (EventType::Warning, "AddressCollision")
             } else {
                 (EventType::Normal, "ForeignAllocation")
             };
-            self.event(obj.as_ref(), type_, reason, "Record", entry.to_string());
+            self.event(obj.as_ref(), type_, reason, "Record", entry);
         }
     }
 

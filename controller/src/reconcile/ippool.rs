@@ -9,7 +9,7 @@
 //! metrics are removed under the labels they were created with.
 
 use std::collections::BTreeMap;
-use std::net::Ipv4Addr;
+use std::net::{Ipv4Addr, Ipv6Addr};
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
@@ -28,7 +28,7 @@ use vmdhcp_core::crd::{
 };
 use vmdhcp_core::pool::{MAX_CONFLICTS_PER_HOST, PoolRange, ValidPool};
 
-use crate::ipam::{IpamError, PoolAllocator};
+use crate::ipam::{IpamError, PoolAllocator, PoolBooks};
 use crate::kinds::{nad_resource, network_of, object_ref};
 use crate::metrics::PoolLabels;
 use crate::reconcile::context::{Context, IPPOOL_FINALIZER, NotLeader, serving_order};
@@ -278,7 +278,7 @@ async fn apply(pool: Arc<IPPool>, ctx: Arc<Context>) -> Result<Action, Error> {
         return Ok(Action::await_change());
     }
 
-    rebuild_ipam(&ctx, &pool, &pool_ref, range).await?;
+    rebuild_ipam(&ctx, &pool, &pool_ref, &valid).await?;
     // One copy of the agents' reports serves both the conflicts and `AgentReady`.
     let (reports, now) = (ctx.agents.reports.all(), SystemTime::now());
     record_conflicts(&ctx, &pool, &pool_ref, &reports, now).await;
@@ -378,16 +378,36 @@ async fn label_network(
     Ok(None)
 }
 
-/// The pool's allocator as its status records it, with what could not be replayed.
-fn allocator_from_status(pool: &IPPool, range: &PoolRange) -> (PoolAllocator, Vec<IpamError>) {
-    let recorded = pool.status.as_ref().and_then(|s| s.ipv4.as_ref());
+/// The pool's books as its status records them, both families (the IPv6 ones when the pool
+/// has an `ipv6Config`), with what could not be replayed.
+fn allocator_from_status(pool: &IPPool, valid: &ValidPool) -> (PoolBooks, Vec<IpamError>) {
+    let status = pool.status.as_ref();
+    let recorded = status.and_then(|s| s.ipv4.as_ref());
     let allocated = recorded.map(|v| v.allocated.clone()).unwrap_or_default();
-    let (mut allocator, mut problems) = PoolAllocator::rebuild(range.clone(), &allocated);
+    let (mut allocator, mut problems) = PoolAllocator::rebuild(valid.range().clone(), &allocated);
     if let Some(v4) = recorded {
         problems.extend(allocator.restore_conflicts(&v4.conflicts));
         allocator.restore_host_names(&v4.host_names);
     }
-    (allocator, problems)
+    let v6 = valid.ipv6().map(|v6| {
+        let allocated = status
+            .and_then(|s| s.ipv6.as_ref())
+            .map(|v| v.allocated.clone())
+            .unwrap_or_default();
+        let (books, v6_problems) = PoolAllocator::rebuild(v6.range().clone(), &allocated);
+        problems.extend(v6_problems);
+        books
+    });
+    (PoolBooks { v4: allocator, v6 }, problems)
+}
+
+/// The ranges a pool's books are built on: IPv4, and IPv6 on a dual-stack pool. Books built on
+/// other ranges are rebuilt.
+fn ranges_of(valid: &ValidPool) -> (PoolRange, Option<PoolRange<Ipv6Addr>>) {
+    (
+        valid.range().clone(),
+        valid.ipv6().map(|v6| v6.range().clone()),
+    )
 }
 
 /// How long a rebuilt pool waits to hand its network to the config controller.
@@ -398,14 +418,19 @@ async fn rebuild_ipam(
     ctx: &Context,
     pool: &IPPool,
     pool_ref: &NamespacedName,
-    range: &PoolRange,
+    valid: &ValidPool,
 ) -> Result<(), Error> {
     let current = ctx
         .books
         .ipam
-        .with_pool(pool_ref, |a| a.range().clone())
+        .with_books(pool_ref, |b| {
+            (
+                b.v4.range().clone(),
+                b.v6.as_ref().map(|a| a.range().clone()),
+            )
+        })
         .ok();
-    if current.as_ref() == Some(range) {
+    if current == Some(ranges_of(valid)) {
         return Ok(());
     }
     // From the record, not the cache (which may trail the last term's or another writer's
@@ -418,7 +443,7 @@ async fn rebuild_ipam(
             action: format!("reading IPPool {pool_ref} to rebuild its IPAM"),
             source,
         })?;
-    let (allocator, problems) = allocator_from_status(&of_record, range);
+    let (allocator, problems) = allocator_from_status(&of_record, valid);
     for problem in problems.iter().take(5) {
         warn!(pool = %pool_ref, %problem, "status entry not replayed");
         ctx.event(
@@ -430,7 +455,7 @@ async fn rebuild_ipam(
         );
     }
     ctx.books.mac_owners.forget_pool(pool_ref);
-    ctx.books.ipam.insert(allocator);
+    ctx.books.ipam.insert_books(allocator);
     info!(pool = %pool_ref, leases = ctx.books.ipam.with_pool(pool_ref, |a| a.used()).unwrap_or(0), "IPAM rebuilt from status");
     if let Some(network) = network_of(pool) {
         // Bounded: a term shutting down may no longer take them (the next term reconciles
@@ -482,9 +507,9 @@ pub fn prebuild(pools: &[Arc<IPPool>], ipam: &crate::ipam::Ipam) -> usize {
         if !ready || pool.spec.paused == Some(true) || ipam.contains(&pool_ref) {
             continue;
         }
-        let (allocator, problems) = allocator_from_status(pool, valid.range());
+        let (allocator, problems) = allocator_from_status(pool, &valid);
         if problems.is_empty() {
-            ipam.insert(allocator);
+            ipam.insert_books(allocator);
             built += 1;
         }
     }

@@ -24,11 +24,13 @@ use k8s_openapi::jiff::Timestamp;
 use kube::api::{Api, PostParams};
 use kube::runtime::reflector::Store;
 use kube::{Client, ResourceExt};
+use std::net::Ipv6Addr;
 use tracing::{debug, warn};
 use vmdhcp_core::NamespacedName;
-use vmdhcp_core::crd::{Condition, IPPool, IPPoolSpec, IPPoolStatus, IPv4Status};
+use vmdhcp_core::crd::{Condition, IPPool, IPPoolSpec, IPPoolStatus, IPv4Status, IPv6Status};
+use vmdhcp_core::pool::Family;
 
-use crate::ipam::{Foreign, Ipam, IpamError};
+use crate::ipam::{Foreign, Ipam, IpamError, PoolAllocator};
 use crate::kinds::store_key;
 use crate::metrics::Metrics;
 use crate::reconcile::versioned;
@@ -288,6 +290,7 @@ fn to_edit(current: &IPPool, refills_books: bool) -> IPPoolStatus {
         Some(s) if refills_books => IPPoolStatus {
             last_update: s.last_update.clone(),
             ipv4: None,
+            ipv6: None,
             agent_pod_ref: s.agent_pod_ref.clone(),
             conditions: s.conditions.clone(),
         },
@@ -317,32 +320,35 @@ async fn replace_status(
     versioned::send(client, request, "replace_status").await
 }
 
-/// Puts the IPAM's books of one pool into an IPPool status, the holders' host names only when
+/// Puts the IPAM's books of one pool, both families, into an IPPool status (one write carries
+/// `status.ipv4` and, on a dual-stack pool, `status.ipv6`, so the two never disagree in etcd;
+/// a pool without IPv6 books has no `status.ipv6`). The holders' host names go in only when
 /// the pool sends them (`spec`'s `sendHostName`). Recorded always, they would make every write
 /// of a full pool much larger (docs/tuning.md) for a field nobody reads while it is off;
 /// turning it on (or off) is one write of the pool, made by its reconcile, and the IPAM keeps
 /// the names meanwhile (each config's reconcile sets them).
 ///
-/// `recorded`: the `allocated` map of the version the write replaces, when this IPAM did not
-/// write that version itself; its entries that the books do not hold are kept ([`Foreign`]),
-/// never overwritten, and the plan is returned for [`PoolAllocator::settle`] once written.
+/// `recorded`: the status of the version the write replaces, when this IPAM did not write
+/// that version itself; its `allocated` entries that the books do not hold are kept
+/// ([`Foreign`]), never overwritten, and the plans are returned for [`PoolAllocator::settle`]
+/// once written.
 ///
 /// [`PoolAllocator::settle`]: crate::ipam::PoolAllocator::settle
-pub fn fill_ipv4(
+pub fn fill_books(
     ipam: &Ipam,
     pool: &NamespacedName,
     spec: &IPPoolSpec,
-    recorded: Option<&BTreeMap<String, String>>,
+    recorded: Option<&IPPoolStatus>,
     status: &mut IPPoolStatus,
 ) -> Result<Filled, StatusError> {
     let names = spec.ipv4_config.send_host_name == Some(true);
-    let (filled, v4) = ipam.with_pool(pool, |a| {
-        let plan = recorded.map(|r| a.foreign(r)).unwrap_or_default();
-        let adopted = plan
-            .iter()
-            .filter(|f| matches!(f, Foreign::Adopted { .. }))
-            .count() as u64;
-        let (used, available) = (a.used() + adopted, a.available().saturating_sub(adopted));
+    let (filled, v4, v6) = ipam.with_books(pool, |books| {
+        let a = &books.v4;
+        let recorded_v4 = recorded.and_then(|s| s.ipv4.as_ref());
+        let plan = recorded_v4
+            .map(|r| a.foreign(&r.allocated))
+            .unwrap_or_default();
+        let (used, available) = counts(a, &plan);
         let v4 = IPv4Status {
             allocated: a.status_allocated_with(&plan),
             used: i64::try_from(used).unwrap_or(i64::MAX),
@@ -354,29 +360,86 @@ pub fn fill_ipv4(
                 BTreeMap::new()
             },
         };
+        let (v6_filled, v6) = match &books.v6 {
+            None => (None, None),
+            Some(a6) => {
+                let recorded_v6 = recorded.and_then(|s| s.ipv6.as_ref());
+                let plan = recorded_v6
+                    .map(|r| a6.foreign(&r.allocated))
+                    .unwrap_or_default();
+                let (used, available) = counts(a6, &plan);
+                let v6 = IPv6Status {
+                    allocated: a6.status_allocated_with(&plan),
+                    used: i64::try_from(used).unwrap_or(i64::MAX),
+                    available: i64::try_from(available).unwrap_or(i64::MAX),
+                };
+                let filled = FilledV6 {
+                    used,
+                    available,
+                    plan,
+                    upto: a6.changes(),
+                };
+                (Some(filled), Some(v6))
+            }
+        };
         let filled = Filled {
             used,
             available,
             plan,
             upto: a.changes(),
+            v6: v6_filled,
         };
-        (filled, v4)
+        (filled, v4, v6)
     })?;
     status.ipv4 = Some(v4);
+    status.ipv6 = v6;
     Ok(filled)
 }
 
-/// What [`fill_ipv4`] wrote.
+/// Used and available addresses once the entries `plan` adopts are counted.
+fn counts<A: Family>(a: &PoolAllocator<A>, plan: &[Foreign<A>]) -> (u64, u64) {
+    let adopted = plan
+        .iter()
+        .filter(|f| matches!(f, Foreign::Adopted { .. }))
+        .count() as u64;
+    (a.used() + adopted, a.available().saturating_sub(adopted))
+}
+
+/// What [`fill_books`] wrote.
 #[derive(Debug, Default)]
 pub struct Filled {
+    /// IPv4 addresses used, as written.
+    pub used: u64,
+    /// IPv4 addresses available, as written.
+    pub available: u64,
+    /// Other writers' IPv4 entries kept.
+    pub plan: Vec<Foreign>,
+    /// The IPv4 books' change number the write covers.
+    pub upto: u64,
+    /// The same for the IPv6 books of a dual-stack pool.
+    pub v6: Option<FilledV6>,
+}
+
+/// What [`fill_books`] wrote of a pool's IPv6 books.
+#[derive(Debug, Default)]
+pub struct FilledV6 {
     /// Addresses used, as written.
     pub used: u64,
     /// Addresses available, as written.
     pub available: u64,
     /// Other writers' entries kept.
-    pub plan: Vec<Foreign>,
+    pub plan: Vec<Foreign<Ipv6Addr>>,
     /// The books' change number the write covers.
     pub upto: u64,
+}
+
+/// Other writers' entries a status write kept, by family, for the caller to report.
+#[derive(Debug, Default)]
+pub struct Kept {
+    /// From `status.ipv4.allocated`.
+    pub v4: Vec<Foreign>,
+    /// From `status.ipv6.allocated`.
+    pub v6: Vec<Foreign<Ipv6Addr>>,
 }
 
 #[derive(Default)]
@@ -495,7 +558,7 @@ impl PoolStatusWriter {
         cache: Option<&Store<IPPool>>,
         ipam: &Ipam,
         pool: &NamespacedName,
-    ) -> Result<Vec<Foreign>, StatusError> {
+    ) -> Result<Kept, StatusError> {
         self.write(client, cache, ipam, pool, None::<fn(&mut IPPoolStatus)>)
             .await
     }
@@ -512,7 +575,7 @@ impl PoolStatusWriter {
         ipam: &Ipam,
         pool: &NamespacedName,
         also: impl FnMut(&mut IPPoolStatus),
-    ) -> Result<Vec<Foreign>, StatusError> {
+    ) -> Result<Kept, StatusError> {
         self.write(client, cache, ipam, pool, Some(also)).await
     }
 
@@ -523,7 +586,7 @@ impl PoolStatusWriter {
         ipam: &Ipam,
         pool: &NamespacedName,
         mut also: Option<impl FnMut(&mut IPPoolStatus)>,
-    ) -> Result<Vec<Foreign>, StatusError> {
+    ) -> Result<Kept, StatusError> {
         let slot = self.slot(pool);
         let ticket = {
             let mut t = slot.tickets.lock();
@@ -534,7 +597,7 @@ impl PoolStatusWriter {
         let covering = {
             let t = slot.tickets.lock();
             if also.is_none() && t.written >= ticket {
-                return Ok(Vec::new());
+                return Ok(Kept::default());
             }
             t.issued
         };
@@ -573,10 +636,8 @@ impl PoolStatusWriter {
             let recorded = current
                 .status
                 .as_ref()
-                .and_then(|s| s.ipv4.as_ref())
-                .filter(|_| current.metadata.resource_version != ours)
-                .map(|v4| &v4.allocated);
-            filled = Some(fill_ipv4(ipam, pool, &current.spec, recorded, status)?);
+                .filter(|_| current.metadata.resource_version != ours);
+            filled = Some(fill_books(ipam, pool, &current.spec, recorded, status)?);
             Ok(())
         };
         let result =
@@ -589,20 +650,33 @@ impl PoolStatusWriter {
         }
         *slot.sending.lock() = None;
         let written = result?.into_pool();
-        let mut kept = Vec::new();
+        let mut kept = Kept::default();
         if let Some(filled) = filled {
             let key = pool.to_string();
             self.metrics
                 .set_pool_counts(&key, filled.used, filled.available);
-            let withdrawn = ipam.with_pool(pool, |a| a.settle(&filled.plan, filled.upto))?;
+            let withdrawn = ipam.with_books(pool, |books| {
+                let mut withdrawn = books.v4.settle(&filled.plan, filled.upto);
+                if let (Some(a6), Some(f6)) = (books.v6.as_mut(), filled.v6.as_ref()) {
+                    withdrawn.extend(a6.settle(&f6.plan, f6.upto));
+                }
+                withdrawn
+            })?;
             for entry in &filled.plan {
                 self.metrics.foreign_entry(&key, entry.outcome());
                 warn!(%pool, %entry, "pool status held another writer's entry");
             }
+            for entry in filled.v6.iter().flat_map(|f| &f.plan) {
+                self.metrics.foreign_entry(&key, entry.outcome());
+                warn!(%pool, %entry, "pool status held another writer's IPv6 entry");
+            }
             if !withdrawn.is_empty() {
                 warn!(%pool, ?withdrawn, "unrecorded allocations withdrawn: the record held their addresses first");
             }
-            kept = filled.plan;
+            kept = Kept {
+                v4: filled.plan,
+                v6: filled.v6.map(|f| f.plan).unwrap_or_default(),
+            };
         }
         slot.written.lock().last = Some(written);
         let mut t = slot.tickets.lock();
@@ -656,7 +730,7 @@ mod tests {
 
         let mut spec = vmdhcp_core::crd::IPPoolSpec::default();
         let mut status = IPPoolStatus::default();
-        let filled = fill_ipv4(&ipam, &pool, &spec, None, &mut status).unwrap();
+        let filled = fill_books(&ipam, &pool, &spec, None, &mut status).unwrap();
         assert_eq!((filled.used, filled.available), (1, 10));
         let v4 = status.ipv4.clone().unwrap();
         assert_eq!(
@@ -666,12 +740,67 @@ mod tests {
         assert!(v4.host_names.is_empty(), "{v4:?}");
 
         spec.ipv4_config.send_host_name = Some(true);
-        fill_ipv4(&ipam, &pool, &spec, None, &mut status).unwrap();
+        fill_books(&ipam, &pool, &spec, None, &mut status).unwrap();
         let v4 = status.ipv4.unwrap();
         assert_eq!(
             v4.host_names.get("10.0.0.10").map(String::as_str),
             Some("vm-1")
         );
+    }
+
+    /// A dual-stack pool's two families go out in one status; a pool without IPv6 books
+    /// (IPv4-only, or one that lost its `ipv6Config`) has no `status.ipv6` at all.
+    #[test]
+    fn both_families_are_filled_by_one_write_and_ipv6_only_when_the_books_have_it() {
+        let pool: NamespacedName = "default/net".parse().unwrap();
+        let ip = |s: &str| s.parse::<std::net::Ipv4Addr>().unwrap();
+        let ip6 = |s: &str| s.parse::<Ipv6Addr>().unwrap();
+        let range = PoolRange::new(
+            pool.clone(),
+            "10.0.0.0/24".parse().unwrap(),
+            (ip("10.0.0.10"), ip("10.0.0.20")),
+            ip("10.0.0.2"),
+            None,
+            Vec::new(),
+        )
+        .unwrap();
+        let range6 = PoolRange::new_v6(
+            pool.clone(),
+            "fd00::/64".parse().unwrap(),
+            (ip6("fd00::10"), ip6("fd00::ffff:ffff:ffff:ffff")),
+            ip6("fd00::1"),
+            None,
+            Vec::new(),
+        )
+        .unwrap();
+        let ipam = Ipam::new();
+        ipam.insert_books(crate::ipam::PoolBooks {
+            v4: PoolAllocator::new(range.clone()),
+            v6: Some(PoolAllocator::new(range6)),
+        });
+        let mac = MacAddr([2, 0, 0, 0, 0, 1]);
+        ipam.with_books(&pool, |b| {
+            b.v4.allocate(mac).unwrap();
+            b.v6.as_mut().unwrap().allocate(mac).unwrap();
+        })
+        .unwrap();
+        let spec = vmdhcp_core::crd::IPPoolSpec::default();
+        let mut status = IPPoolStatus::default();
+        let filled = fill_books(&ipam, &pool, &spec, None, &mut status).unwrap();
+        let v6 = status.ipv6.clone().unwrap();
+        assert_eq!(
+            v6.allocated.get("fd00::10").map(String::as_str),
+            Some("02:00:00:00:00:01")
+        );
+        // A range wider than the webhook allows costs nothing: intervals, not addresses.
+        assert_eq!(v6.used, 1);
+        assert_eq!(v6.available, i64::MAX);
+        assert_eq!(filled.v6.map(|f| f.used), Some(1));
+        assert!(status.ipv4.is_some());
+
+        ipam.insert(PoolAllocator::new(range));
+        fill_books(&ipam, &pool, &spec, None, &mut status).unwrap();
+        assert_eq!(status.ipv6, None);
     }
 
     #[test]
@@ -721,6 +850,7 @@ mod tests {
             "no agent serves it",
         );
         let full = IPPoolStatus {
+            ipv6: None,
             last_update: Some(now()),
             ipv4: Some(IPv4Status {
                 allocated: [("10.0.0.2".to_owned(), "02:00:00:00:00:01".to_owned())].into(),
@@ -799,6 +929,7 @@ mod tests {
         let mut conditions = Vec::new();
         set_condition(&mut conditions, "CacheReady", true, "", "");
         let status = IPPoolStatus {
+            ipv6: None,
             last_update: Some(now()),
             ipv4: Some(IPv4Status {
                 allocated: [("10.0.0.2".to_owned(), "02:00:00:00:00:01".to_owned())].into(),

@@ -88,6 +88,7 @@ pub fn network_configs(vm: &VirtualMachine) -> Vec<NetworkConfig> {
             network_name: net.to_string(),
             mac_address: mac.to_string(),
             ip_address: None,
+            ipv6_address: None,
         });
     }
     if out.len() > 4 {
@@ -175,19 +176,16 @@ pub async fn reconcile(vm: Arc<VirtualMachine>, ctx: Arc<Context>) -> Result<Act
     {
         return Ok(Action::await_change());
     }
-    // Keep static addresses set on the config by an operator.
+    // Keep static addresses (both families) set on the config by an operator.
     if let Some(current) = &existing {
         for c in &mut configs {
-            c.ip_address = current
-                .spec
-                .network_configs
-                .iter()
-                .find(|e| {
-                    e.network_name == c.network_name
-                        && e.mac_address.parse::<MacAddr>().ok().map(|m| m.to_string())
-                            == Some(c.mac_address.clone())
-                })
-                .and_then(|e| e.ip_address.clone());
+            let set = current.spec.network_configs.iter().find(|e| {
+                e.network_name == c.network_name
+                    && e.mac_address.parse::<MacAddr>().ok().map(|m| m.to_string())
+                        == Some(c.mac_address.clone())
+            });
+            c.ip_address = set.and_then(|e| e.ip_address.clone());
+            c.ipv6_address = set.and_then(|e| e.ipv6_address.clone());
         }
         if current.spec.network_configs == configs && trim::labelled_as_applied(current) {
             return Ok(Action::await_change());
@@ -388,6 +386,7 @@ mod tests {
     fn the_applied_config_is_typed_and_an_empty_nic_list_is_left_out() {
         let v = vm(json!({}), json!([]), json!([]));
         let nic = NetworkConfig {
+            ipv6_address: None,
             network_name: "vms/net-a".into(),
             mac_address: "aa:bb:cc:00:00:01".into(),
             ip_address: None,

@@ -10,7 +10,7 @@
 //! refused to any other (upstream shared the address).
 
 use std::collections::{BTreeSet, HashMap};
-use std::net::Ipv4Addr;
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -28,9 +28,10 @@ use vmdhcp_core::crd::{
     find_condition,
 };
 use vmdhcp_core::names::host_name_of;
+use vmdhcp_core::pool::Family;
 use vmdhcp_core::{MacAddr, NamespacedName};
 
-use crate::ipam::{IpamError, PoolAllocator};
+use crate::ipam::{IpamError, PoolAllocator, PoolBooks};
 use crate::kinds::{VirtualMachine, object_ref, store_key};
 use crate::metrics::VmnetcfgLabels;
 use crate::reconcile::context::{Context, NotLeader, VMNETCFG_FINALIZER};
@@ -71,7 +72,7 @@ pub enum Error {
         /// The MAC that lost it.
         mac: MacAddr,
         /// The address.
-        ip: Ipv4Addr,
+        ip: IpAddr,
     },
 }
 
@@ -80,12 +81,15 @@ pub enum Error {
 /// it and the NIC is dynamic) → requested → previously recorded → lowest free. A refused static
 /// request leaves the held address in place; a static address in conflict stays (the reconciler
 /// says why it is not `Allocated`).
-pub fn allocate_nic(
-    alloc: &mut PoolAllocator,
+///
+/// The same decision for either family: a dual-stack NIC's IPv6 address is decided by it too,
+/// on the pool's IPv6 books, once its IPv4 address is.
+pub fn allocate_nic<A: Family>(
+    alloc: &mut PoolAllocator<A>,
     mac: MacAddr,
-    requested: Option<Ipv4Addr>,
-    previous: Option<Ipv4Addr>,
-) -> Result<Ipv4Addr, IpamError> {
+    requested: Option<A>,
+    previous: Option<A>,
+) -> Result<A, IpamError> {
     match (alloc.lookup(&mac), requested) {
         (Some(held), None) if alloc.conflict(held).is_some() => {
             // Another host answers for it: a dynamic NIC moves (the address stays blocked).
@@ -189,10 +193,12 @@ fn release(
     let released = ctx
         .books
         .ipam
-        .with_pool(&pool, |a| a.release_mac(&mac))
-        .ok()
-        .flatten();
-    released.map(|_| {
+        .with_books(&pool, |b| {
+            let v6 = b.v6.as_mut().and_then(|a| a.release_mac(&mac));
+            b.v4.release_mac(&mac).is_some() || v6.is_some()
+        })
+        .unwrap_or(false);
+    released.then(|| {
         ctx.signals
             .metrics
             .allocation(&pool.to_string(), "released");
@@ -216,9 +222,12 @@ async fn persist(ctx: &Context, pools: &BTreeSet<NamespacedName>) -> Result<(), 
 /// After [`persist`]: fails when the IPAM no longer holds an address this reconcile gave (a
 /// write found another writer had recorded it first, and withdrew ours), so the config is
 /// reconciled again and allocates anew instead of telling anyone an address it does not hold.
-fn still_held(ctx: &Context, given: &[(NamespacedName, MacAddr, Ipv4Addr)]) -> Result<(), Error> {
+fn still_held(ctx: &Context, given: &[(NamespacedName, MacAddr, IpAddr)]) -> Result<(), Error> {
     for (pool, mac, ip) in given {
-        let held = ctx.books.ipam.with_pool(pool, |a| a.lookup(mac))?;
+        let held = ctx.books.ipam.with_books(pool, |b| match ip {
+            IpAddr::V4(_) => b.v4.lookup(mac).map(IpAddr::from),
+            IpAddr::V6(_) => b.v6.as_ref().and_then(|a| a.lookup(mac)).map(IpAddr::from),
+        })?;
         if held != Some(*ip) {
             return Err(Error::Withdrawn {
                 pool: pool.clone(),
@@ -350,11 +359,12 @@ impl StatusMemo {
 fn entry(
     network: &NamespacedName,
     mac: MacAddr,
-    ip: Option<Ipv4Addr>,
+    (ip, ipv6): (Option<Ipv4Addr>, Option<Ipv6Addr>),
     state: NetworkConfigState,
 ) -> NetworkConfigStatus {
     NetworkConfigStatus {
         allocated_ip_address: ip.map(|i| i.to_string()),
+        allocated_ipv6_address: ipv6.map(|i| i.to_string()),
         mac_address: Some(mac.to_string()),
         network_name: Some(network.to_string()),
         state: Some(state),
@@ -427,15 +437,16 @@ async fn apply(cfg: Arc<VirtualMachineNetworkConfig>, ctx: Arc<Context>) -> Resu
         }
     }
     let previous = cfg.recorded_nics();
+    let previous6 = cfg.recorded_ipv6();
     if cfg.spec.paused == Some(true) {
-        return pause(&ctx, &cfg, &me, &previous).await;
+        return pause(&ctx, &cfg, &me, &previous, &previous6).await;
     }
 
     let mut out = Outcome::default();
     let mut wanted = BTreeSet::new();
     let facts = CacheFacts { ctx: &ctx, me: &me };
     for nc in &cfg.spec.network_configs {
-        let plan = plan_nic(nc, &me.namespace, &previous, &facts);
+        let plan = plan_nic(nc, &me.namespace, (&previous, &previous6), &facts);
         if let Some(nic) = plan.nic() {
             wanted.insert(nic);
         }
@@ -458,7 +469,7 @@ async fn apply(cfg: Arc<VirtualMachineNetworkConfig>, ctx: Arc<Context>) -> Resu
         }
         if keep_entry {
             out.entries
-                .push(entry(&network, mac, ip, NetworkConfigState::Stale));
+                .push(entry(&network, mac, (ip, None), NetworkConfigState::Stale));
         }
     }
     if cfg.spec.network_configs.is_empty() {
@@ -474,12 +485,19 @@ async fn pause(
     cfg: &VirtualMachineNetworkConfig,
     me: &NamespacedName,
     previous: &[Recorded],
+    previous6: &[Recorded6],
 ) -> Result<Action, Error> {
     let mut touched = BTreeSet::new();
     let mut entries = Vec::new();
     for (network, mac, ip, _) in previous {
         touched.extend(release(ctx, network, *mac, me));
-        entries.push(entry(network, *mac, *ip, NetworkConfigState::Pending));
+        let ipv6 = recorded_v6(previous6, network, *mac);
+        entries.push(entry(
+            network,
+            *mac,
+            (*ip, ipv6),
+            NetworkConfigState::Pending,
+        ));
     }
     persist(ctx, &touched).await?;
     write_status(
@@ -506,7 +524,7 @@ struct Outcome {
     /// Some NIC's static address is in use by another host.
     conflict: bool,
     /// Addresses given by this reconcile, not recorded before it: (pool, MAC, address).
-    given: Vec<(NamespacedName, MacAddr, Ipv4Addr)>,
+    given: Vec<(NamespacedName, MacAddr, IpAddr)>,
 }
 
 /// Records the pools' books, then this config's status; says when to look again.
@@ -557,6 +575,29 @@ async fn finish(
 /// One recorded NIC: (network, MAC, address, state).
 type Recorded = vmdhcp_core::crd::RecordedNic;
 
+/// One recorded IPv6 address: (network, MAC, address).
+type Recorded6 = (NamespacedName, MacAddr, Ipv6Addr);
+
+/// The IPv6 address `previous6` records for `mac` on `network`.
+fn recorded_v6(
+    previous6: &[Recorded6],
+    network: &NamespacedName,
+    mac: MacAddr,
+) -> Option<Ipv6Addr> {
+    previous6
+        .iter()
+        .find(|(n, m, _)| n == network && *m == mac)
+        .map(|(_, _, ip)| *ip)
+}
+
+/// What a NIC asks for on a dual-stack pool's IPv6 side: its static `ipv6Address`, and the
+/// address its status recorded (restored when free, as for IPv4).
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+struct V6Want {
+    requested: Option<Ipv6Addr>,
+    previous: Option<Ipv6Addr>,
+}
+
 /// What [`plan_nic`] needs to know about the cluster, asked only when the decision gets there.
 trait NicFacts {
     /// The pool serving `network`, if any.
@@ -603,6 +644,7 @@ enum NicPlan {
         network: NamespacedName,
         mac: MacAddr,
         ip: Option<Ipv4Addr>,
+        ipv6: Option<Ipv6Addr>,
         problem: String,
         waiting: bool,
     },
@@ -620,6 +662,7 @@ enum NicPlan {
         pool: NamespacedName,
         requested: Option<Ipv4Addr>,
         previous: Option<Ipv4Addr>,
+        v6: V6Want,
     },
 }
 
@@ -639,7 +682,7 @@ impl NicPlan {
 fn plan_nic(
     nc: &NetworkConfig,
     namespace: &str,
-    previous: &[Recorded],
+    (previous, previous6): (&[Recorded], &[Recorded6]),
     facts: &impl NicFacts,
 ) -> NicPlan {
     let network = match NamespacedName::parse_in(&nc.network_name, namespace) {
@@ -650,10 +693,12 @@ fn plan_nic(
         Ok(m) => m,
         Err(e) => return NicPlan::Invalid(format!("{network}: {e}")),
     };
+    let prev6 = recorded_v6(previous6, &network, mac);
     let pending = |ip, problem, waiting| NicPlan::Pending {
         network: network.clone(),
         mac,
         ip,
+        ipv6: prev6,
         problem,
         waiting,
     };
@@ -669,6 +714,22 @@ fn plan_nic(
             let problem = format!(
                 "{network} {mac}: ipAddress {:?} is not an IPv4 address",
                 nc.ip_address.as_deref().unwrap_or_default()
+            );
+            return pending(None, problem, false);
+        }
+    };
+    let requested6 = match nc
+        .ipv6_address
+        .as_deref()
+        .filter(|s| !s.is_empty())
+        .map(str::parse::<Ipv6Addr>)
+    {
+        None => None,
+        Some(Ok(ip)) => Some(ip),
+        Some(Err(_)) => {
+            let problem = format!(
+                "{network} {mac}: ipv6Address {:?} is not an IPv6 address",
+                nc.ipv6_address.as_deref().unwrap_or_default()
             );
             return pending(None, problem, false);
         }
@@ -696,6 +757,10 @@ fn plan_nic(
         pool,
         requested,
         previous: prev_ip,
+        v6: V6Want {
+            requested: requested6,
+            previous: prev6,
+        },
     }
 }
 
@@ -729,12 +794,17 @@ async fn perform(
             network,
             mac,
             ip,
+            ipv6,
             problem,
             waiting,
         } => {
             out.problems.push(problem);
-            out.entries
-                .push(entry(&network, mac, ip, NetworkConfigState::Pending));
+            out.entries.push(entry(
+                &network,
+                mac,
+                (ip, ipv6),
+                NetworkConfigState::Pending,
+            ));
             out.waiting |= waiting;
         }
         NicPlan::MacInUse {
@@ -747,8 +817,12 @@ async fn perform(
             );
             ctx.event(cfg, EventType::Warning, "MacInUse", "Allocate", msg.clone());
             out.problems.push(msg);
-            out.entries
-                .push(entry(&network, mac, None, NetworkConfigState::Pending));
+            out.entries.push(entry(
+                &network,
+                mac,
+                (None, None),
+                NetworkConfigState::Pending,
+            ));
         }
         NicPlan::Allocate {
             network,
@@ -756,13 +830,18 @@ async fn perform(
             pool,
             requested,
             previous,
+            v6,
         } => {
             if let Err(other) = ctx.books.mac_owners.claim(&pool, mac, me) {
                 out.problems.push(format!(
                     "{mac} on {network} is already allocated to VirtualMachineNetworkConfig {other}"
                 ));
-                out.entries
-                    .push(entry(&network, mac, None, NetworkConfigState::Pending));
+                out.entries.push(entry(
+                    &network,
+                    mac,
+                    (None, None),
+                    NetworkConfigState::Pending,
+                ));
                 return;
             }
             let nic = Nic {
@@ -770,7 +849,7 @@ async fn perform(
                 mac,
                 pool: &pool,
             };
-            allocate(ctx, cfg, me, nic, requested, previous, out);
+            allocate(ctx, cfg, me, nic, (requested, previous, v6), out);
         }
     }
 }
@@ -826,15 +905,51 @@ fn decide(
     }
 }
 
+/// The IPv6 side of one NIC's allocation on a dual-stack pool.
+#[derive(Debug, PartialEq, Eq)]
+struct DecisionV6 {
+    /// The address the NIC held before.
+    held_before: Option<Ipv6Addr>,
+    /// The address it holds now, or why it got none.
+    result: Result<Ipv6Addr, IpamError>,
+}
+
+/// Decides one NIC's addresses on its pool's books, IPv4 first ([`decide`]); then, on a
+/// dual-stack pool and only if the NIC has its IPv4 address, its IPv6 one ([`allocate_nic`]
+/// on the IPv6 books). One hold of the pool's lock covers both.
+fn decide_books(
+    books: &mut PoolBooks,
+    mac: MacAddr,
+    (requested, previous): (Option<Ipv4Addr>, Option<Ipv4Addr>),
+    host_name: Option<&str>,
+    want6: V6Want,
+) -> (Decision, Option<DecisionV6>) {
+    let v4 = decide(&mut books.v4, mac, requested, previous, host_name);
+    let v6 = match (&mut books.v6, &v4.result) {
+        (Some(a6), Ok(_)) => Some(DecisionV6 {
+            held_before: a6.lookup(&mac),
+            result: allocate_nic(a6, mac, want6.requested, want6.previous),
+        }),
+        // A refused IPv4 request leaves the NIC what it held, IPv6 included.
+        (Some(a6), Err(_)) => a6.lookup(&mac).map(|held| DecisionV6 {
+            held_before: Some(held),
+            result: Ok(held),
+        }),
+        (None, _) => None,
+    };
+    (v4, v6)
+}
+
 /// Allocates one NIC its address (a traced `allocate` span): an event and a metric when the
-/// address is new, the MAC claim undone and an event when refused.
+/// address is new, the MAC claim undone and an event when refused. On a dual-stack pool the
+/// NIC gets its IPv6 address in the same decision, after its IPv4 one; it is `Allocated` only
+/// with both.
 fn allocate(
     ctx: &Context,
     cfg: &VirtualMachineNetworkConfig,
     me: &NamespacedName,
     nic: Nic<'_>,
-    requested: Option<Ipv4Addr>,
-    prev_ip: Option<Ipv4Addr>,
+    (requested, prev_ip, want6): (Option<Ipv4Addr>, Option<Ipv4Addr>, V6Want),
     out: &mut Outcome,
 ) {
     let Nic { network, mac, pool } = nic;
@@ -861,17 +976,21 @@ fn allocate(
         .map_or_else(|| cfg.name_any(), str::to_owned);
     let host_name = host_name_of(&vm_name);
     let decision = span.in_scope(|| {
-        ctx.books.ipam.with_pool(pool, |a| {
-            decide(a, mac, requested, prev_ip, host_name.as_deref())
+        ctx.books.ipam.with_books(pool, |b| {
+            decide_books(b, mac, (requested, prev_ip), host_name.as_deref(), want6)
         })
     });
-    let decision = decision.unwrap_or_else(|e| Decision {
-        held_before: None,
-        result: Err(e),
-        renamed: false,
-        moved_from: None,
-        conflict: None,
+    let (decision, v6) = decision.unwrap_or_else(|e| {
+        let refused = Decision {
+            held_before: None,
+            result: Err(e),
+            renamed: false,
+            moved_from: None,
+            conflict: None,
+        };
+        (refused, None)
     });
+    let (ipv6, v6_new) = v6_outcome(ctx, cfg, &nic_of(network, mac, pool), v6, out);
     let held_before = decision.held_before;
     match decision.result {
         Ok(ip) => {
@@ -902,6 +1021,15 @@ fn allocate(
             }
             if held_before == Some(ip) {
                 span.record("result", "kept");
+                if let Some(ip6) = v6_new {
+                    ctx.event(
+                        cfg,
+                        EventType::Normal,
+                        "Allocated",
+                        "Allocate",
+                        format!("{ip6} allocated to {mac} on {network}"),
+                    );
+                }
             } else {
                 span.record("result", "allocated");
                 ctx.signals
@@ -912,17 +1040,23 @@ fn allocate(
                     ctx.signals.causes.leases.record((pool.clone(), mac), cause);
                 }
                 out.touched.insert(pool.clone());
-                out.given.push((pool.clone(), mac, ip));
+                out.given.push((pool.clone(), mac, ip.into()));
+                // One event for both families: events are API writes too.
+                let both = v6_new.map(|ip6| format!(" and {ip6}")).unwrap_or_default();
                 ctx.event(
                     cfg,
                     EventType::Normal,
                     "Allocated",
                     "Allocate",
-                    format!("{ip} allocated to {mac} on {network}"),
+                    format!("{ip}{both} allocated to {mac} on {network}"),
                 );
             }
+            let state = match ipv6 {
+                V6State::Refused(_) => NetworkConfigState::Pending,
+                V6State::None | V6State::Held(_) => NetworkConfigState::Allocated,
+            };
             out.entries
-                .push(entry(network, mac, Some(ip), NetworkConfigState::Allocated));
+                .push(entry(network, mac, (Some(ip), ipv6.address()), state));
         }
         Err(e) => {
             span.record("result", "refused");
@@ -943,13 +1077,80 @@ fn allocate(
             out.entries.push(entry(
                 network,
                 mac,
-                held_before,
+                (held_before, ipv6.address()),
                 if held_before.is_some() {
                     NetworkConfigState::Allocated
                 } else {
                     NetworkConfigState::Pending
                 },
             ));
+        }
+    }
+}
+
+/// Where a NIC's IPv6 side stands after its allocation.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum V6State {
+    /// No IPv6 books on the pool (IPv4-only), or no IPv4 address to go with one.
+    None,
+    /// It holds this address.
+    Held(Ipv6Addr),
+    /// It was refused one; it keeps the one it held, if any.
+    Refused(Option<Ipv6Addr>),
+}
+
+impl V6State {
+    /// The address to record in the NIC's status.
+    fn address(self) -> Option<Ipv6Addr> {
+        match self {
+            V6State::None => None,
+            V6State::Held(ip) | V6State::Refused(Some(ip)) => Some(ip),
+            V6State::Refused(None) => None,
+        }
+    }
+}
+
+/// The [`Nic`] named by these parts.
+fn nic_of<'a>(network: &'a NamespacedName, mac: MacAddr, pool: &'a NamespacedName) -> Nic<'a> {
+    Nic { network, mac, pool }
+}
+
+/// Carries out the IPv6 side of a NIC's decision: a newly given address is to be recorded
+/// (the pool touched, the address checked after the write like an IPv4 one); a refusal is a
+/// problem and a Warning event. Returns where the NIC stands and the address newly given.
+fn v6_outcome(
+    ctx: &Context,
+    cfg: &VirtualMachineNetworkConfig,
+    nic: &Nic<'_>,
+    v6: Option<DecisionV6>,
+    out: &mut Outcome,
+) -> (V6State, Option<Ipv6Addr>) {
+    let Some(v6) = v6 else {
+        return (V6State::None, None);
+    };
+    let Nic { network, mac, pool } = *nic;
+    match v6.result {
+        Ok(ip6) if v6.held_before == Some(ip6) => (V6State::Held(ip6), None),
+        Ok(ip6) => {
+            ctx.signals
+                .metrics
+                .allocation(&pool.to_string(), "allocated");
+            out.touched.insert(pool.clone());
+            out.given.push((pool.clone(), mac, ip6.into()));
+            (V6State::Held(ip6), Some(ip6))
+        }
+        Err(e) => {
+            ctx.signals.metrics.allocation(&pool.to_string(), "refused");
+            let msg = format!("{mac} on {network}: IPv6: {e}");
+            ctx.event(
+                cfg,
+                EventType::Warning,
+                "AllocationRefused",
+                "Allocate",
+                msg.clone(),
+            );
+            out.problems.push(msg);
+            (V6State::Refused(v6.held_before), None)
         }
     }
 }
@@ -1099,6 +1300,88 @@ mod tests {
         assert!(a.conflict(want).is_some());
     }
 
+    /// The books of the HEP's example pool, shrunk to a few addresses per family.
+    fn dual_books() -> PoolBooks {
+        let v6 = PoolRange::new_v6(
+            "ns/p".parse().unwrap(),
+            "fd00::/112".parse().unwrap(),
+            (ip6("fd00::10"), ip6("fd00::12")),
+            ip6("fd00::1"),
+            None,
+            vec![],
+        )
+        .unwrap();
+        PoolBooks {
+            v4: alloc(),
+            v6: Some(PoolAllocator::new(v6)),
+        }
+    }
+
+    fn ip6(s: &str) -> Ipv6Addr {
+        s.parse().unwrap()
+    }
+
+    #[test]
+    fn a_dual_stack_nic_gets_ipv4_first_then_ipv6_and_keeps_both() {
+        let mut b = dual_books();
+        let none = V6Want::default();
+        let (v4, v6) = decide_books(&mut b, A, (None, None), None, none);
+        assert_eq!(v4.result, Ok(ip("192.0.2.10")));
+        let v6 = v6.unwrap();
+        assert_eq!((v6.held_before, v6.result), (None, Ok(ip6("fd00::10"))));
+        // Again: both kept.
+        let (_, v6) = decide_books(&mut b, A, (None, None), None, none);
+        assert_eq!(v6.unwrap().held_before, Some(ip6("fd00::10")));
+        // A static IPv6 address is honoured; a recorded one restored when free.
+        let want = V6Want {
+            requested: Some(ip6("fd00::12")),
+            previous: None,
+        };
+        let (_, v6) = decide_books(&mut b, B, (None, None), None, want);
+        assert_eq!(v6.unwrap().result, Ok(ip6("fd00::12")));
+        b.v4.release_mac(&B);
+        b.v6.as_mut().unwrap().release_mac(&B);
+        let back = V6Want {
+            requested: None,
+            previous: Some(ip6("fd00::12")),
+        };
+        let (_, v6) = decide_books(&mut b, B, (None, None), None, back);
+        assert_eq!(v6.unwrap().result, Ok(ip6("fd00::12")));
+    }
+
+    #[test]
+    fn no_ipv6_without_ipv4_and_a_refusal_names_the_family_s_reason() {
+        let mut b = dual_books();
+        // IPv4 refused (outside the pool): no IPv6 decision at all.
+        let (v4, v6) = decide_books(
+            &mut b,
+            A,
+            (Some(ip("198.51.100.1")), None),
+            None,
+            V6Want::default(),
+        );
+        assert!(v4.result.is_err());
+        assert!(v6.is_none());
+        assert_eq!(b.v6.as_ref().unwrap().lookup(&A), None);
+        // IPv6 exhausted: IPv4 given, IPv6 refused with the pool's words.
+        for (i, m) in [A, B, MacAddr([2, 0, 0, 0, 0, 3])].into_iter().enumerate() {
+            let (_, v6) = decide_books(&mut b, m, (None, None), None, V6Want::default());
+            assert!(v6.unwrap().result.is_ok(), "NIC {i}");
+        }
+        let d = MacAddr([2, 0, 0, 0, 0, 4]);
+        let (v4, v6) = decide_books(&mut b, d, (None, None), None, V6Want::default());
+        assert!(v4.result.is_ok());
+        let err = v6.unwrap().result.unwrap_err().to_string();
+        assert!(
+            err.contains("no more ip addresses left in fd00::10-fd00::12"),
+            "{err}"
+        );
+        // An IPv4-only pool: no IPv6 side.
+        let mut v4_only = PoolBooks::v4_only(alloc());
+        let (_, v6) = decide_books(&mut v4_only, A, (None, None), None, V6Want::default());
+        assert!(v6.is_none());
+    }
+
     #[test]
     fn one_decision_reads_the_move_the_name_and_the_conflict_from_the_same_state() {
         let mut a = alloc();
@@ -1168,6 +1451,7 @@ mod tests {
 
     fn nic(network: &str, mac: &str, ip: Option<&str>) -> NetworkConfig {
         NetworkConfig {
+            ipv6_address: None,
             network_name: network.into(),
             mac_address: mac.into(),
             ip_address: ip.map(Into::into),
@@ -1192,6 +1476,7 @@ mod tests {
         ];
         let pending =
             |network: &str, mac, ip_: Option<&str>, problem: &str, waiting| NicPlan::Pending {
+                ipv6: None,
                 network: name(network),
                 mac,
                 ip: ip_.map(ip),
@@ -1199,6 +1484,7 @@ mod tests {
                 waiting,
             };
         let allocate = |mac, requested: Option<&str>, previous: Option<&str>| NicPlan::Allocate {
+            v6: V6Want::default(),
             network: name("vms/net-a"),
             mac,
             pool: name("vms/pool-a"),
@@ -1267,16 +1553,20 @@ mod tests {
             ),
         ];
         for (case, spec, want) in table {
-            assert_eq!(plan_nic(&spec, "vms", &previous, &cluster), want, "{case}");
+            assert_eq!(
+                plan_nic(&spec, "vms", (&previous, &[]), &cluster),
+                want,
+                "{case}"
+            );
         }
         // Unreadable network or MAC: only a problem, naming what is wrong.
-        let bad_network = plan_nic(&nic("a/b/c", a, None), "vms", &previous, &cluster);
+        let bad_network = plan_nic(&nic("a/b/c", a, None), "vms", (&previous, &[]), &cluster);
         assert!(
             matches!(&bad_network, NicPlan::Invalid(p) if p.starts_with("networkName \"a/b/c\"")),
             "{bad_network:?}"
         );
         assert_eq!(bad_network.nic(), None, "not wanted: nothing to keep");
-        let bad_mac = plan_nic(&nic("net-a", "zz", None), "vms", &previous, &cluster);
+        let bad_mac = plan_nic(&nic("net-a", "zz", None), "vms", (&previous, &[]), &cluster);
         assert!(
             matches!(&bad_mac, NicPlan::Invalid(p) if p.starts_with("vms/net-a: ")),
             "{bad_mac:?}"

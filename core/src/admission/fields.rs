@@ -1,17 +1,20 @@
 //! What the admission rules of both kinds share: the JSON paths of the fields they name, the
 //! parsers and checks of single fields (each refusing with a [`Rejection`] that names the field),
-//! and the lookups of objects by `namespace/name` and network.
+//! the lookups of objects by `namespace/name` and network, and what a rule written once for both
+//! address families needs to know of each ([`AdmittedFamily`]).
 
 use std::collections::BTreeMap;
-use std::net::Ipv4Addr;
+use std::net::{Ipv4Addr, Ipv6Addr};
 
-use ipnet::Ipv4Net;
+use ipnet::{Ipv4Net, Ipv6Net};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 
 use super::Rejection;
-use crate::crd::IPPool;
+use crate::crd::{IPPool, NetworkConfig};
 use crate::names::{NameError, NamespacedName};
-use crate::pool::{Holder, parse_allocated};
+use crate::pool::spec::not_a_host;
+use crate::pool::v6::not_a_host_v6;
+use crate::pool::{Family, Holder, PoolRange, ValidPool, parse_allocated};
 
 // The JSON paths of the fields the rules name in their rejections: the IPPool's from the one
 // parse of its spec.
@@ -19,8 +22,66 @@ pub(super) use crate::pool::spec::{
     F_CIDR, F_DNS, F_DOMAIN, F_END, F_EXCLUDE, F_NETWORK, F_NTP, F_ROUTER, F_SEARCH, F_SERVER,
     F_START,
 };
+// The IPv6 side's, from the one parse of `spec.ipv6Config`.
+pub(super) use crate::pool::v6::{
+    F6, F6_CIDR, F6_DNS, F6_END, F6_EXCLUDE, F6_ROUTER, F6_SERVER, F6_START,
+};
+pub(super) const F_IPV4: &str = "spec.ipv4Config";
 pub(super) const F_VM_NAME: &str = "spec.vmName";
 pub(super) const F_CONFIGS: &str = "spec.networkConfigs";
+
+/// What a rule written once for both address families needs to know of each, beyond
+/// [`Family`]: where a pool keeps the family's config and books, and which field of a network
+/// config requests a static address of it.
+pub(super) trait AdmittedFamily: Family {
+    /// The path of the pool's config of this family (`spec.ipv4Config`, `spec.ipv6Config`).
+    const CONFIG_FIELD: &'static str;
+    /// The JSON name of a network config's static address of this family.
+    const NIC_FIELD: &'static str;
+    /// The pool's `status.ipv4.allocated` or `status.ipv6.allocated`, if it has one.
+    fn books(pool: &IPPool) -> Option<&BTreeMap<String, String>>;
+    /// The range of this family of a parsed pool (`None`: the pool has no config of it).
+    fn range(valid: &ValidPool) -> Option<&PoolRange<Self>>;
+    /// Why `ip` is not a host address of `subnet`, in the words of the rules; `None` when it is.
+    fn not_a_host(subnet: Self::Net, ip: Self) -> Option<String>;
+    /// The static address of this family a network config requests, as written (`None` when
+    /// unset or empty).
+    fn requested(nc: &NetworkConfig) -> Option<&str>;
+}
+
+impl AdmittedFamily for Ipv4Addr {
+    const CONFIG_FIELD: &'static str = F_IPV4;
+    const NIC_FIELD: &'static str = "ipAddress";
+    fn books(pool: &IPPool) -> Option<&BTreeMap<String, String>> {
+        Some(&pool.status.as_ref()?.ipv4.as_ref()?.allocated)
+    }
+    fn range(valid: &ValidPool) -> Option<&PoolRange<Self>> {
+        Some(valid.range())
+    }
+    fn not_a_host(subnet: Ipv4Net, ip: Self) -> Option<String> {
+        not_a_host(subnet, ip)
+    }
+    fn requested(nc: &NetworkConfig) -> Option<&str> {
+        optional(nc.ip_address.as_deref())
+    }
+}
+
+impl AdmittedFamily for Ipv6Addr {
+    const CONFIG_FIELD: &'static str = F6;
+    const NIC_FIELD: &'static str = "ipv6Address";
+    fn books(pool: &IPPool) -> Option<&BTreeMap<String, String>> {
+        Some(&pool.status.as_ref()?.ipv6.as_ref()?.allocated)
+    }
+    fn range(valid: &ValidPool) -> Option<&PoolRange<Self>> {
+        valid.ipv6().map(|v6| v6.range())
+    }
+    fn not_a_host(subnet: Ipv6Net, ip: Self) -> Option<String> {
+        not_a_host_v6(subnet, ip)
+    }
+    fn requested(nc: &NetworkConfig) -> Option<&str> {
+        optional(nc.ipv6_address.as_deref())
+    }
+}
 
 /// An object's `namespace/name`, unvalidated (objects from the API always have both).
 pub(super) fn key_of(meta: &ObjectMeta) -> NamespacedName {
@@ -36,11 +97,11 @@ pub(super) fn same_network(raw: &str, ns: &str, network: &NamespacedName) -> boo
     NamespacedName::parse_in(raw, ns).is_ok_and(|n| n == *network)
 }
 
-/// The parsed `status.ipv4.allocated` of a pool; malformed entries are ignored (they block
-/// nothing, as they serve nothing).
-pub(super) fn allocated_of(pool: &IPPool) -> BTreeMap<Ipv4Addr, Holder> {
-    match pool.status.as_ref().and_then(|s| s.ipv4.as_ref()) {
-        Some(v4) => parse_allocated(&key_of(&pool.metadata), &v4.allocated).0,
+/// The parsed `status.ipv4.allocated` or `status.ipv6.allocated` of a pool; malformed entries
+/// are ignored (they block nothing, as they serve nothing).
+pub(super) fn allocated_of<A: AdmittedFamily>(pool: &IPPool) -> BTreeMap<A, Holder> {
+    match A::books(pool) {
+        Some(books) => parse_allocated(&key_of(&pool.metadata), books).0,
         None => BTreeMap::new(),
     }
 }
@@ -98,13 +159,15 @@ pub(super) fn parse_cidr(value: &str) -> Result<Ipv4Net, Rejection> {
         .map_err(|_| Rejection::new(F_CIDR, value, "is not an IPv4 CIDR (e.g. 192.168.48.0/24)"))
 }
 
-pub(super) fn parse_ip(field: &str, value: &str) -> Result<Ipv4Addr, Rejection> {
+/// An address of family `A` written by the user (`is not an IPv4 address`, or IPv6: an address
+/// of the other family is refused like any other string).
+pub(super) fn parse_ip<A: Family>(field: &str, value: &str) -> Result<A, Rejection> {
     if is_missing(value) {
         return Err(Rejection::new(field, value, "is required"));
     }
     value
         .parse()
-        .map_err(|_| Rejection::new(field, value, "is not an IPv4 address"))
+        .map_err(|_| Rejection::new(field, value, format!("is not an {} address", A::NAME)))
 }
 
 /// The addresses of `subnet` a host may use, under the same rule as [`crate::pool::is_host_of`]: all but the

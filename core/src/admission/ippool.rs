@@ -1,22 +1,29 @@
 //! IPPool admission: the defaults the mutating webhook fills in on create
 //! ([`ippool_defaults`]), and what create, update and delete refuse ([`validate_ippool_create`],
 //! [`validate_ippool_update`], [`validate_ippool_delete`]), all resting on [`check_pool_spec`].
+//!
+//! A dual-stack pool's `ipv6Config` (experimental) is checked by the same rules as its
+//! `ipv4Config` wherever a rule is the same for both families (the addressing, its immutability,
+//! the addresses NICs hold), written once over [`Written`] and [`AdmittedFamily`]; what only IPv6
+//! has (the CIDR's prefix and kind, the size of the range, IPv4 first) is in [`check_pool_v6`].
 
 use std::collections::BTreeSet;
-use std::net::Ipv4Addr;
+use std::net::{Ipv4Addr, Ipv6Addr};
 
-use ipnet::Ipv4Net;
+use ipnet::{Ipv4Net, Ipv6Net};
 
 use super::fields::{
-    F_CIDR, F_DNS, F_DOMAIN, F_END, F_EXCLUDE, F_NETWORK, F_NTP, F_ROUTER, F_SEARCH, F_SERVER,
-    F_START, allocated_of, check_count, host_range, immutable, is_dns_name, is_missing, key_of,
+    AdmittedFamily, F_CIDR, F_DNS, F_DOMAIN, F_END, F_EXCLUDE, F_IPV4, F_NETWORK, F_NTP, F_ROUTER,
+    F_SEARCH, F_SERVER, F_START, F6, F6_CIDR, F6_DNS, F6_END, F6_EXCLUDE, F6_ROUTER, F6_SERVER,
+    F6_START, allocated_of, check_count, host_range, immutable, is_dns_name, is_missing, key_of,
     optional, parse_cidr, parse_network, same_network,
 };
 use super::{PoolDefaults, PoolFacts, Rejection};
-use crate::crd::{IPPool, IPPoolSpec, IPv4Config, VirtualMachineNetworkConfig};
+use crate::crd::{IPPool, IPPoolSpec, IPv4Config, IPv6Config, VirtualMachineNetworkConfig};
 use crate::names::NamespacedName;
 use crate::pool::spec::{F_ROUTES, not_a_host};
-use crate::pool::{Holder, PoolError, PoolRange, ValidPool};
+use crate::pool::v6::MAX_V6_RANGE;
+use crate::pool::{Family, Holder, PoolError, PoolRange, ValidPool};
 
 /// Most DNS servers an IPPool may hand out (upstream's CRD `maxItems`).
 pub const MAX_DNS: usize = 3;
@@ -27,6 +34,13 @@ pub const MAX_NTP: usize = 4;
 pub const MAX_ROUTES: usize = 16;
 /// Most users a delete refusal names, so the message stays readable for a busy network.
 pub const MAX_LISTED_USERS: usize = 5;
+/// The shortest prefix an `ipv6Config.cidr` may have: a /64, the usual size of an IPv6 subnet
+/// and the only one SLAAC works on (its range may still span at most [`MAX_V6_RANGE`]
+/// addresses).
+pub const MIN_V6_PREFIX: u8 = 64;
+/// The longest prefix an `ipv6Config.cidr` may have: a /126, whose 3 host addresses leave room
+/// for a server and a client (a /127 is a point-to-point link, RFC 6164).
+pub const MAX_V6_PREFIX: u8 = 126;
 
 /// The mutating webhook's defaults for a new pool (upstream's mutator): a missing start or end
 /// becomes the first or last host address of the CIDR, and a missing serverIP the first host
@@ -34,7 +48,12 @@ pub const MAX_LISTED_USERS: usize = 5;
 /// derived from it), a range whose start ends up after its end ("invalid pool range"), and a
 /// subnet with no address left for the server ("fail to assign ip for dhcp server"). Other
 /// malformed fields are left for the validator to name.
+///
+/// An `ipv6Config` gets no defaults (its range would default to a whole /64, past the limit):
+/// its `cidr`, `serverIP` and `pool` are required. A pool with an `ipv6Config` and no
+/// `ipv4Config` is refused here already (IPv4 first), with the reason rather than a missing CIDR.
 pub fn ippool_defaults(spec: &IPPoolSpec) -> Result<PoolDefaults, Rejection> {
+    check_ipv4_first(spec)?;
     let v4 = &spec.ipv4_config;
     let subnet = parse_cidr(&v4.cidr)?;
     let (first, last) = host_range(subnet);
@@ -95,6 +114,9 @@ pub fn validate_ippool_create(pool: &IPPool, facts: &PoolFacts) -> Result<(), Re
 /// leaseTime, paused) change freely. An update that leaves the spec as it is (finalizers,
 /// labels, annotations) is always admitted, so the controller can never be locked out of its
 /// own objects.
+///
+/// The same holds for the `ipv6Config` of a dual-stack pool, checked against `status.ipv6`; an
+/// `ipv6Config` may be added to a pool (and is then checked as on create), never removed.
 pub fn validate_ippool_update(
     old: &IPPool,
     new: &IPPool,
@@ -103,59 +125,172 @@ pub fn validate_ippool_update(
     if old.spec == new.spec {
         return Ok(());
     }
-    let (o4, n4) = (&old.spec.ipv4_config, &new.spec.ipv4_config);
-    for (field, before, after) in [
-        (F_NETWORK, &old.spec.network_name, &new.spec.network_name),
-        (F_CIDR, &o4.cidr, &n4.cidr),
-        (F_SERVER, &o4.server_ip, &n4.server_ip),
-        (F_START, &o4.pool.start, &n4.pool.start),
-        (F_END, &o4.pool.end, &n4.pool.end),
-    ] {
-        if before != after {
-            return Err(immutable(field, after, before));
-        }
-    }
-    let (old_router, new_router) = (
-        optional(o4.router.as_deref()),
-        optional(n4.router.as_deref()),
-    );
-    if let Some(before) = old_router
-        && new_router != Some(before)
-    {
-        return Err(immutable(F_ROUTER, new_router.unwrap_or_default(), before));
-    }
-    if !o4.pool.exclude.is_empty() && o4.pool.exclude != n4.pool.exclude {
+    if old.spec.network_name != new.spec.network_name {
         return Err(immutable(
-            F_EXCLUDE,
-            &n4.pool.exclude.join(","),
-            &o4.pool.exclude.join(","),
+            F_NETWORK,
+            &new.spec.network_name,
+            &old.spec.network_name,
         ));
+    }
+    let (o4, n4) = (
+        Written::v4(&old.spec.ipv4_config),
+        Written::v4(&new.spec.ipv4_config),
+    );
+    check_addressing_unchanged(&o4, &n4)?;
+    let o6 = old.spec.ipv6_config.as_ref().map(Written::v6);
+    let n6 = new.spec.ipv6_config.as_ref().map(Written::v6);
+    match (&o6, &n6) {
+        (Some(before), None) => {
+            return Err(Rejection::new(
+                F6,
+                "",
+                format!(
+                    "cannot be removed once set (was cidr {:?}): a dual-stack pool stays dual-stack",
+                    before.cidr
+                ),
+            ));
+        }
+        (Some(before), Some(after)) => check_addressing_unchanged(before, after)?,
+        // Added (checked below as on create), or absent on both sides.
+        (None, _) => {}
     }
 
     let valid = check_pool_spec(new, facts)?;
-    let checked = valid.range();
-
     // The status the apiserver stores: on a validated update, new.status is old.status.
-    let allocated = allocated_of(old);
-    let held_by_mac = |ip: Ipv4Addr| match allocated.get(&ip) {
+    check_not_occupied(old, Some(&o4), &n4, valid.range())?;
+    if let (Some(after), Some(v6)) = (&n6, valid.ipv6()) {
+        check_not_occupied(old, o6.as_ref(), after, v6.range())?;
+    }
+    Ok(())
+}
+
+/// One family's addressing as the user wrote it, with the paths of its fields, so that a rule on
+/// addressing is written once for `ipv4Config` and `ipv6Config`.
+struct Written<'a> {
+    /// `spec.ipv4Config.cidr` or `spec.ipv6Config.cidr`, and so on.
+    f: &'static FieldPaths,
+    cidr: &'a str,
+    server_ip: &'a str,
+    start: &'a str,
+    end: &'a str,
+    /// Unset or empty: `None` (as the controller reads it).
+    router: Option<&'a str>,
+    exclude: &'a [String],
+}
+
+/// The paths of one family's addressing fields.
+struct FieldPaths {
+    cidr: &'static str,
+    server: &'static str,
+    start: &'static str,
+    end: &'static str,
+    router: &'static str,
+    exclude: &'static str,
+}
+
+const V4_PATHS: FieldPaths = FieldPaths {
+    cidr: F_CIDR,
+    server: F_SERVER,
+    start: F_START,
+    end: F_END,
+    router: F_ROUTER,
+    exclude: F_EXCLUDE,
+};
+
+const V6_PATHS: FieldPaths = FieldPaths {
+    cidr: F6_CIDR,
+    server: F6_SERVER,
+    start: F6_START,
+    end: F6_END,
+    router: F6_ROUTER,
+    exclude: F6_EXCLUDE,
+};
+
+impl<'a> Written<'a> {
+    fn v4(v4: &'a IPv4Config) -> Self {
+        Written {
+            f: &V4_PATHS,
+            cidr: &v4.cidr,
+            server_ip: &v4.server_ip,
+            start: &v4.pool.start,
+            end: &v4.pool.end,
+            router: optional(v4.router.as_deref()),
+            exclude: &v4.pool.exclude,
+        }
+    }
+
+    fn v6(v6: &'a IPv6Config) -> Self {
+        Written {
+            f: &V6_PATHS,
+            cidr: &v6.cidr,
+            server_ip: &v6.server_ip,
+            start: &v6.pool.start,
+            end: &v6.pool.end,
+            router: optional(v6.router.as_deref()),
+            exclude: &v6.pool.exclude,
+        }
+    }
+}
+
+/// One family's addressing on update (upstream's CEL rules): CIDR, server and range unchanged,
+/// a router or an exclude list added only where there was none.
+fn check_addressing_unchanged(before: &Written, after: &Written) -> Result<(), Rejection> {
+    let f = after.f;
+    for (field, was, now) in [
+        (f.cidr, before.cidr, after.cidr),
+        (f.server, before.server_ip, after.server_ip),
+        (f.start, before.start, after.start),
+        (f.end, before.end, after.end),
+    ] {
+        if was != now {
+            return Err(immutable(field, now, was));
+        }
+    }
+    if let Some(was) = before.router
+        && after.router != Some(was)
+    {
+        return Err(immutable(f.router, after.router.unwrap_or_default(), was));
+    }
+    if !before.exclude.is_empty() && before.exclude != after.exclude {
+        return Err(immutable(
+            f.exclude,
+            &after.exclude.join(","),
+            &before.exclude.join(","),
+        ));
+    }
+    Ok(())
+}
+
+/// One family's addresses against the books of the pool (`old`, whose status is the one
+/// stored): a router or excludes added where there were none (`before` is `None` when the whole
+/// family is being added) may not be held by a NIC, and the server never (nor `EXCLUDED`).
+fn check_not_occupied<A: AdmittedFamily>(
+    old: &IPPool,
+    before: Option<&Written>,
+    after: &Written,
+    checked: &PoolRange<A>,
+) -> Result<(), Rejection> {
+    let f = after.f;
+    let allocated = allocated_of::<A>(old);
+    let held_by_mac = |ip: A| match allocated.get(&ip) {
         Some(Holder::Mac(mac)) => Some(*mac),
         _ => None,
     };
-    if old_router.is_none()
-        && let (Some(router), Some(raw)) = (checked.router(), new_router)
+    if before.and_then(|w| w.router).is_none()
+        && let (Some(router), Some(raw)) = (checked.router(), after.router)
         && let Some(mac) = held_by_mac(router)
     {
         return Err(Rejection::new(
-            F_ROUTER,
+            f.router,
             raw,
             format!("is already occupied by MAC {mac}"),
         ));
     }
-    if o4.pool.exclude.is_empty() {
-        for (i, (ip, raw)) in checked.exclude().iter().zip(&n4.pool.exclude).enumerate() {
+    if before.is_none_or(|w| w.exclude.is_empty()) {
+        for (i, (ip, raw)) in checked.exclude().iter().zip(after.exclude).enumerate() {
             if let Some(mac) = held_by_mac(*ip) {
                 return Err(Rejection::new(
-                    format!("{F_EXCLUDE}[{i}]"),
+                    format!("{}[{i}]", f.exclude),
                     raw,
                     format!("is already occupied by MAC {mac}"),
                 ));
@@ -164,13 +299,13 @@ pub fn validate_ippool_update(
     }
     match allocated.get(&checked.server_ip()) {
         Some(Holder::Mac(mac)) => Err(Rejection::new(
-            F_SERVER,
-            &n4.server_ip,
+            f.server,
+            after.server_ip,
             format!("is already occupied by MAC {mac}"),
         )),
         Some(Holder::Excluded) => Err(Rejection::new(
-            F_SERVER,
-            &n4.server_ip,
+            f.server,
+            after.server_ip,
             "is already occupied (EXCLUDED)",
         )),
         Some(Holder::Reserved) | None => Ok(()),
@@ -225,11 +360,12 @@ pub fn validate_ippool_delete(
 }
 
 /// Every rule a pool must satisfy on create and (when its spec changes) on update, in order:
-/// its network, the one parse of its spec ([`ValidPool::parse`]), its CIDR against the cluster's,
-/// the addressing policy, the options.
+/// its network, IPv4 first, the one parse of its spec ([`ValidPool::parse`], both families), its
+/// CIDR against the cluster's, the addressing policy, the options, then the IPv6 side's policy.
 fn check_pool_spec(pool: &IPPool, facts: &PoolFacts) -> Result<ValidPool, Rejection> {
     let v4 = &pool.spec.ipv4_config;
     check_pool_network(pool, facts)?;
+    check_ipv4_first(&pool.spec)?;
     let valid = ValidPool::parse(pool).map_err(|e| match e {
         PoolError::InvalidField {
             field,
@@ -240,10 +376,83 @@ fn check_pool_spec(pool: &IPPool, facts: &PoolFacts) -> Result<ValidPool, Reject
         other => Rejection::new("metadata", "", other.to_string()),
     })?;
     check_service_cidr(v4, valid.range().subnet(), facts)?;
-    check_pool_addressing(v4, valid.range())?;
+    check_pool_addressing(&Written::v4(v4), valid.range())?;
     check_pool_options(v4)?;
     check_pool_routes(v4, &valid)?;
+    if let (Some(v6), Some(valid6)) = (&pool.spec.ipv6_config, valid.ipv6()) {
+        check_pool_v6(v6, valid6.range())?;
+    }
     Ok(valid)
+}
+
+/// IPv4 first (Harvester's dual-stack design): an `ipv6Config` needs an `ipv4Config`, as IPv4
+/// stays the primary family of every pool and NIC; an IPv6-only pool is not supported.
+fn check_ipv4_first(spec: &IPPoolSpec) -> Result<(), Rejection> {
+    if spec.ipv6_config.is_some() && spec.ipv4_config == IPv4Config::default() {
+        return Err(Rejection::new(
+            F_IPV4,
+            "",
+            format!(
+                "is required with {F6}: IPv4 is the primary family, IPv6-only pools are not supported"
+            ),
+        ));
+    }
+    Ok(())
+}
+
+/// What a dual-stack pool's `ipv6Config` must meet beyond being servable ([`ValidPool::parse`]
+/// checks that its addresses are IPv6, inside the CIDR and not its subnet-router anycast
+/// address, and the range in order): a CIDR fit for a VM network, a range of at most
+/// [`MAX_V6_RANGE`] addresses, the addressing policy of IPv4, at most [`MAX_DNS`] DNS servers.
+fn check_pool_v6(v6: &IPv6Config, range: &PoolRange<Ipv6Addr>) -> Result<(), Rejection> {
+    check_v6_cidr(&v6.cidr, range.subnet())?;
+    let size = range.size();
+    if size > MAX_V6_RANGE {
+        return Err(Rejection::new(
+            F6_END,
+            &v6.pool.end,
+            format!(
+                "makes pool range {}-{} span {size} addresses, at most {MAX_V6_RANGE} are allowed",
+                range.start(),
+                range.end()
+            ),
+        ));
+    }
+    check_pool_addressing(&Written::v6(v6), range)?;
+    check_count(F6_DNS, &v6.dns, MAX_DNS)
+}
+
+/// `spec.ipv6Config.cidr`: a prefix of [`MIN_V6_PREFIX`] to [`MAX_V6_PREFIX`] bits, of unicast
+/// addresses a VM may hold on a network (not link-local, multicast or IPv4-mapped, and holding
+/// neither the loopback nor the unspecified address).
+fn check_v6_cidr(raw: &str, subnet: Ipv6Net) -> Result<(), Rejection> {
+    let refuse = |rule: String| Err(Rejection::new(F6_CIDR, raw, rule));
+    let prefix = subnet.prefix_len();
+    if !(MIN_V6_PREFIX..=MAX_V6_PREFIX).contains(&prefix) {
+        return refuse(format!(
+            "has prefix length /{prefix}, it must be /{MIN_V6_PREFIX} to /{MAX_V6_PREFIX}"
+        ));
+    }
+    let overlaps = |net: &str| {
+        net.parse::<Ipv6Net>()
+            .is_ok_and(|n| n.contains(&subnet.network()) || subnet.contains(&n.network()))
+    };
+    // With a prefix of at most /126, a CIDR holding ::1 holds :: too.
+    if subnet.contains(&Ipv6Addr::UNSPECIFIED) {
+        return refuse("holds the unspecified address :: and the loopback address ::1".into());
+    }
+    for (net, kind) in [
+        ("::ffff:0:0/96", "IPv4-mapped"),
+        ("fe80::/10", "link-local"),
+        ("ff00::/8", "multicast"),
+    ] {
+        if overlaps(net) {
+            return refuse(format!(
+                "is {kind} ({net}), not a network a VM may be addressed on"
+            ));
+        }
+    }
+    Ok(())
 }
 
 /// `spec.networkName`: a full reference to a NAD that exists and no other pool serves.
@@ -298,21 +507,22 @@ fn check_service_cidr(
     Ok(())
 }
 
-/// What a new pool's addressing must meet beyond being servable: a router apart from the
-/// server, excludes unique and in range, and neither server nor router excluded.
-fn check_pool_addressing(v4: &IPv4Config, range: &PoolRange) -> Result<(), Rejection> {
+/// What a new pool's addressing must meet beyond being servable, for either family: a router
+/// apart from the server, excludes unique and in range, and neither server nor router excluded.
+fn check_pool_addressing<A: Family>(w: &Written, range: &PoolRange<A>) -> Result<(), Rejection> {
+    let f = w.f;
     let (server_ip, router) = (range.server_ip(), range.router());
     let (start, end) = (range.start(), range.end());
     if router == Some(server_ip) {
         return Err(Rejection::new(
-            F_SERVER,
-            &v4.server_ip,
-            format!("must differ from {F_ROUTER} {server_ip}"),
+            f.server,
+            w.server_ip,
+            format!("must differ from {} {server_ip}", f.router),
         ));
     }
     let exclude = range.exclude();
-    for (i, (ip, raw)) in exclude.iter().zip(&v4.pool.exclude).enumerate() {
-        let field = format!("{F_EXCLUDE}[{i}]");
+    for (i, (ip, raw)) in exclude.iter().zip(w.exclude).enumerate() {
+        let field = format!("{}[{i}]", f.exclude);
         if *ip < start || *ip > end {
             return Err(Rejection::new(
                 field,
@@ -324,13 +534,13 @@ fn check_pool_addressing(v4: &IPv4Config, range: &PoolRange) -> Result<(), Rejec
             return Err(Rejection::new(
                 field,
                 raw,
-                format!("duplicates {F_EXCLUDE}[{j}]"),
+                format!("duplicates {}[{j}]", f.exclude),
             ));
         }
     }
     for (field, raw, ip) in [
-        (F_SERVER, v4.server_ip.as_str(), Some(server_ip)),
-        (F_ROUTER, v4.router.as_deref().unwrap_or_default(), router),
+        (f.server, w.server_ip, Some(server_ip)),
+        (f.router, w.router.unwrap_or_default(), router),
     ] {
         if let Some(ip) = ip
             && let Some(i) = exclude.iter().position(|e| *e == ip)
@@ -338,7 +548,7 @@ fn check_pool_addressing(v4: &IPv4Config, range: &PoolRange) -> Result<(), Rejec
             return Err(Rejection::new(
                 field,
                 raw,
-                format!("is excluded by {F_EXCLUDE}[{i}]"),
+                format!("is excluded by {}[{i}]", f.exclude),
             ));
         }
     }
@@ -446,6 +656,7 @@ fn check_range_order(start: Ipv4Addr, end: Ipv4Addr) -> Result<(), Rejection> {
 mod tests {
     use super::*;
     use crate::admission::tests_support::*;
+    use crate::crd::IPv6Config;
     use crate::crd::StaticRoute;
     use crate::pool::spec::{F_LEASE, F_MTU};
     use proptest::prelude::*;
@@ -1211,6 +1422,644 @@ mod tests {
             F_NETWORK,
             "default/vm0, default/vm1, default/vm2, default/vm3, default/vm4 and 2 more, which must be removed at first",
         );
+    }
+
+    // === dual-stack (ipv6Config) ===
+
+    type V6Mutation = fn(&mut IPv6Config);
+
+    /// [`dual_pool`] with its `ipv6Config` changed by `mutate`.
+    fn dual_with(mutate: impl FnOnce(&mut IPv6Config)) -> IPPool {
+        let mut pool = dual_pool();
+        mutate(pool.spec.ipv6_config.as_mut().unwrap());
+        pool
+    }
+
+    /// A dual-stack pool whose IPv6 side is only `cidr`, `serverIP` and a range.
+    fn v6_only_range(cidr: &str, server: &str, start: &str, end: &str) -> IPPool {
+        dual_with(|v6| {
+            v6.cidr = cidr.into();
+            v6.server_ip = server.into();
+            v6.pool.start = start.into();
+            v6.pool.end = end.into();
+            v6.pool.exclude.clear();
+            v6.router = None;
+        })
+    }
+
+    #[test]
+    fn a_dual_stack_pool_is_admitted_and_gets_no_ipv6_defaults() {
+        let pool = dual_pool();
+        assert_eq!(ippool_defaults(&pool.spec), Ok(PoolDefaults::default()));
+        create(&pool).unwrap();
+        update(&pool, &pool).unwrap();
+        validate_ippool_delete(&pool, &[]).unwrap();
+        // Nothing of ipv6Config is defaulted (a defaulted range would be a whole /64): the
+        // fields the mutator fills for IPv4 are required for IPv6.
+        for (mutate, field) in [
+            ((|v6| v6.server_ip = String::new()) as V6Mutation, F6_SERVER),
+            (|v6| v6.pool.start = String::new(), F6_START),
+            (|v6| v6.pool.end = String::new(), F6_END),
+            (|v6| v6.cidr = String::new(), F6_CIDR),
+        ] {
+            let pool = dual_with(mutate);
+            assert_eq!(ippool_defaults(&pool.spec), Ok(PoolDefaults::default()));
+            refused(create(&pool), field, "is required");
+        }
+    }
+
+    /// Harvester's example: admitted but for one rule of upstream's it breaks as written, its
+    /// server being its router ("server ip ... cannot be the same as router ip"), in both
+    /// families.
+    #[test]
+    fn the_designs_dual_stack_example_is_admitted_once_its_server_is_not_its_router() {
+        // Our example moves the servers off the routers' addresses, and is admitted.
+        let example = dual_stack_pool();
+        assert_eq!(ippool_defaults(&example.spec), Ok(PoolDefaults::default()));
+        create(&example).unwrap();
+        update(&example, &example).unwrap();
+        // The design's verbatim example gives server and router one address in each family:
+        // refused, family by family, as upstream refuses it for IPv4.
+        let mut hep = example.clone();
+        hep.spec.ipv4_config.server_ip = "192.168.100.1".into();
+        refused(
+            create(&hep),
+            F_SERVER,
+            "must differ from spec.ipv4Config.router 192.168.100.1",
+        );
+        let mut v6_only_wrong = example;
+        v6_only_wrong.spec.ipv6_config.as_mut().unwrap().server_ip = "fd00::1".into();
+        refused(
+            create(&v6_only_wrong),
+            F6_SERVER,
+            "must differ from spec.ipv6Config.router fd00::1",
+        );
+    }
+
+    // Rule 1: the range limit.
+    #[test]
+    fn ipv6_range_spans_at_most_65535_addresses() {
+        // fd00:48::100 + 65 534 = fd00:48::1:fe.
+        let pool = v6_only_range(
+            "fd00:48::/64",
+            "fd00:48::2",
+            "fd00:48::100",
+            "fd00:48::1:fe",
+        );
+        create(&pool).unwrap();
+        let pool = v6_only_range(
+            "fd00:48::/64",
+            "fd00:48::2",
+            "fd00:48::100",
+            "fd00:48::1:ff",
+        );
+        let r = refused(
+            create(&pool),
+            F6_END,
+            "makes pool range fd00:48::100-fd00:48::1:ff span 65536 addresses, at most 65535 are allowed",
+        );
+        assert_eq!(r.value, "fd00:48::1:ff");
+        // A full /64 (all but its anycast address).
+        let pool = v6_only_range(
+            "fd00:48::/64",
+            "fd00:48::2",
+            "fd00:48::1",
+            "fd00:48::ffff:ffff:ffff:ffff",
+        );
+        refused(
+            create(&pool),
+            F6_END,
+            "span 18446744073709551615 addresses, at most 65535",
+        );
+    }
+
+    // Rule 2: IPv4 first.
+    #[test]
+    fn ipv6_config_requires_an_ipv4_config() {
+        let mut pool = dual_pool();
+        pool.spec.ipv4_config = IPv4Config::default();
+        let rule = "is required with spec.ipv6Config: IPv4 is the primary family, IPv6-only pools are not supported";
+        // Refused by the mutator already, with the reason rather than a missing CIDR.
+        refused(ippool_defaults(&pool.spec), "spec.ipv4Config", rule);
+        refused(create(&pool), "spec.ipv4Config", rule);
+        // Adding ipv6Config while dropping ipv4Config: the IPv4 fields are immutable first.
+        refused(update(&readme_pool(), &pool), F_CIDR, "is immutable");
+        // An IPv4 config that is only partly given is defaulted and checked as ever.
+        let mut partial = bare_pool("192.168.48.0/24");
+        partial.spec.ipv6_config = Some(v6_config());
+        let d = ippool_defaults(&partial.spec).unwrap();
+        assert_eq!(d.start, Some(ip("192.168.48.1")));
+        refused(create(&partial), F_SERVER, "is required");
+        // Without ipv6Config, an empty ipv4Config is refused as before.
+        refused(create(&bare_pool("")), F_CIDR, "is required");
+    }
+
+    // Rule 3: each family's fields hold that family's addresses.
+    #[test]
+    fn ipv6_fields_refuse_ipv4_addresses() {
+        let cases: [(V6Mutation, &str, &str); 8] = [
+            (
+                |v6| v6.cidr = "192.168.48.0/24".into(),
+                F6_CIDR,
+                "is not an IPv6 CIDR",
+            ),
+            (
+                |v6| v6.server_ip = "192.168.48.77".into(),
+                F6_SERVER,
+                "is not an IPv6 address",
+            ),
+            (
+                |v6| v6.pool.start = "192.168.48.81".into(),
+                F6_START,
+                "is not an IPv6 address",
+            ),
+            (
+                |v6| v6.pool.end = "192.168.48.90".into(),
+                F6_END,
+                "is not an IPv6 address",
+            ),
+            (
+                |v6| v6.router = Some("192.168.48.1".into()),
+                F6_ROUTER,
+                "is not an IPv6 address",
+            ),
+            (
+                |v6| v6.pool.exclude[1] = "192.168.48.90".into(),
+                "spec.ipv6Config.pool.exclude[1]",
+                "is not an IPv6 address",
+            ),
+            (
+                |v6| v6.dns = vec!["fd00:48::53".into(), "1.1.1.1".into()],
+                "spec.ipv6Config.dns[1]",
+                "is not an IPv6 address",
+            ),
+            (
+                |v6| v6.server_ip = "fd00:48::zz".into(),
+                F6_SERVER,
+                "is not an IPv6 address",
+            ),
+        ];
+        for (mutate, field, rule) in cases {
+            refused(create(&dual_with(mutate)), field, rule);
+        }
+    }
+
+    #[test]
+    fn ipv4_fields_refuse_ipv6_addresses() {
+        type Mutation = fn(&mut IPv4Config);
+        let cases: [(Mutation, &str, &str); 8] = [
+            (
+                |v4| v4.cidr = "fd00:48::/112".into(),
+                F_CIDR,
+                "is not an IPv4 CIDR",
+            ),
+            (
+                |v4| v4.server_ip = "fd00:48::77".into(),
+                F_SERVER,
+                "is not an IPv4 address",
+            ),
+            (
+                |v4| v4.pool.start = "fd00:48::81".into(),
+                F_START,
+                "is not an IPv4 address",
+            ),
+            (
+                |v4| v4.pool.end = "fd00:48::90".into(),
+                F_END,
+                "is not an IPv4 address",
+            ),
+            (
+                |v4| v4.router = Some("fd00:48::1".into()),
+                F_ROUTER,
+                "is not an IPv4 address",
+            ),
+            (
+                |v4| v4.pool.exclude[0] = "fd00:48::81".into(),
+                "spec.ipv4Config.pool.exclude[0]",
+                "is not an IPv4 address",
+            ),
+            (
+                |v4| v4.dns = vec!["fd00:48::53".into()],
+                "spec.ipv4Config.dns[0]",
+                "is not an IPv4 address",
+            ),
+            (
+                |v4| v4.ntp = vec!["fd00:48::123".into()],
+                "spec.ipv4Config.ntp[0]",
+                "is neither an IPv4 address nor a host name",
+            ),
+        ];
+        for (mutate, field, rule) in cases {
+            let mut pool = dual_pool();
+            mutate(&mut pool.spec.ipv4_config);
+            refused(create(&pool), field, rule);
+        }
+    }
+
+    /// Upstream compares `As4()`, which makes every IPv6 address equal: a range whose ends are of
+    /// different families, or of the wrong one, is refused, each end as written.
+    #[test]
+    fn reversed_family_pool_boundaries_are_refused() {
+        let cases: [(V6Mutation, &str, &str); 3] = [
+            (
+                |v6| v6.pool.start = "192.168.48.81".into(),
+                F6_START,
+                "192.168.48.81",
+            ),
+            (
+                |v6| v6.pool.end = "192.168.48.90".into(),
+                F6_END,
+                "192.168.48.90",
+            ),
+            (
+                |v6| {
+                    v6.pool.start = "::ffff:192.168.48.81".into();
+                    v6.pool.end = "::ffff:192.168.48.90".into();
+                },
+                F6_START,
+                "::ffff:192.168.48.81",
+            ),
+        ];
+        for (mutate, field, value) in cases {
+            let r = refused(create(&dual_with(mutate)), field, "");
+            assert_eq!(r.value, value);
+        }
+        let mut pool = dual_pool();
+        pool.spec.ipv4_config.pool.start = "fd00:48::81".into();
+        pool.spec.ipv4_config.pool.end = "fd00:48::90".into();
+        refused(create(&pool), F_START, "is not an IPv4 address");
+    }
+
+    // Rule 4: the CIDR.
+    #[test]
+    fn ipv6_cidr_is_a_unicast_prefix_of_64_to_126_bits() {
+        for (pool, rule) in [
+            (
+                v6_only_range("fd00:48::/48", "fd00:48::2", "fd00:48::10", "fd00:48::20"),
+                "has prefix length /48, it must be /64 to /126",
+            ),
+            (
+                v6_only_range("fd00:48::/127", "fd00:48::", "fd00:48::1", "fd00:48::1"),
+                "has prefix length /127, it must be /64 to /126",
+            ),
+            (
+                v6_only_range("fd00:48::5/128", "fd00:48::5", "fd00:48::5", "fd00:48::5"),
+                "has prefix length /128",
+            ),
+            (
+                v6_only_range("fe80::/64", "fe80::2", "fe80::10", "fe80::20"),
+                "is link-local (fe80::/10)",
+            ),
+            (
+                v6_only_range("ff05::/112", "ff05::2", "ff05::10", "ff05::20"),
+                "is multicast (ff00::/8)",
+            ),
+            (
+                v6_only_range(
+                    "::ffff:192.168.48.0/120",
+                    "::ffff:192.168.48.2",
+                    "::ffff:192.168.48.10",
+                    "::ffff:192.168.48.20",
+                ),
+                "is IPv4-mapped (::ffff:0:0/96)",
+            ),
+            (
+                v6_only_range("::/120", "::2", "::10", "::20"),
+                "holds the unspecified address :: and the loopback address ::1",
+            ),
+        ] {
+            refused(create(&pool), F6_CIDR, rule);
+        }
+        for pool in [
+            v6_only_range("fd00:48::/64", "fd00:48::2", "fd00:48::10", "fd00:48::20"),
+            v6_only_range(
+                "2001:db8:48::/126",
+                "2001:db8:48::1",
+                "2001:db8:48::2",
+                "2001:db8:48::3",
+            ),
+            // Host bits in the CIDR are tolerated, as for IPv4.
+            v6_only_range("fd00:48::1/112", "fd00:48::2", "fd00:48::10", "fd00:48::20"),
+        ] {
+            create(&pool).unwrap();
+        }
+    }
+
+    // Rule 5: inside the CIDR and the range; server apart from router; excludes; DNS.
+    #[test]
+    fn ipv6_addresses_lie_in_the_cidr_and_range() {
+        let cases: [(V6Mutation, &str, &str); 6] = [
+            (
+                |v6| v6.server_ip = "fd00:49::77".into(),
+                F6_SERVER,
+                "is outside cidr fd00:48::/112",
+            ),
+            (
+                |v6| v6.router = Some("fd00:49::1".into()),
+                F6_ROUTER,
+                "is outside cidr fd00:48::/112",
+            ),
+            (
+                |v6| v6.pool.start = "fd00:47::81".into(),
+                F6_START,
+                "is outside cidr",
+            ),
+            (
+                |v6| v6.pool.end = "fd00:48::1:0".into(),
+                F6_END,
+                "is outside cidr",
+            ),
+            (
+                |v6| {
+                    v6.pool.exclude.clear();
+                    v6.pool.start = "fd00:48::91".into();
+                },
+                F6_START,
+                "is after spec.ipv6Config.pool.end fd00:48::90: invalid pool range",
+            ),
+            (
+                |v6| v6.pool.exclude = vec!["fd00:48::85".into(), "fd00:48::91".into()],
+                "spec.ipv6Config.pool.exclude[1]",
+                "is outside pool range fd00:48::81-fd00:48::90",
+            ),
+        ];
+        for (mutate, field, rule) in cases {
+            refused(create(&dual_with(mutate)), field, rule);
+        }
+        refused(
+            create(&dual_with(|v6| {
+                v6.pool.exclude = vec!["fd00:48::85".into(), "FD00:48:0::85".into()]
+            })),
+            "spec.ipv6Config.pool.exclude[1]",
+            "duplicates spec.ipv6Config.pool.exclude[0]",
+        );
+    }
+
+    #[test]
+    fn ipv6_server_must_differ_from_router_and_neither_be_excluded() {
+        refused(
+            create(&dual_with(|v6| v6.router = Some("fd00:48::77".into()))),
+            F6_SERVER,
+            "must differ from spec.ipv6Config.router fd00:48::77",
+        );
+        // Compared as addresses, not strings.
+        refused(
+            create(&dual_with(|v6| v6.router = Some("FD00:48:0:0::77".into()))),
+            F6_SERVER,
+            "must differ from spec.ipv6Config.router",
+        );
+        refused(
+            create(&dual_with(|v6| {
+                v6.router = Some("fd00:48::85".into());
+                v6.pool.exclude.push("fd00:48::85".into());
+            })),
+            F6_ROUTER,
+            "is excluded by spec.ipv6Config.pool.exclude[2]",
+        );
+        refused(
+            create(&dual_with(|v6| v6.server_ip = "fd00:48::81".into())),
+            F6_SERVER,
+            "is excluded by spec.ipv6Config.pool.exclude[0]",
+        );
+        // Inside the range but not excluded: fine (the controller reserves them).
+        create(&dual_with(|v6| {
+            v6.server_ip = "fd00:48::82".into();
+            v6.router = Some("fd00:48::83".into());
+        }))
+        .unwrap();
+        // No router at all: fine.
+        create(&dual_with(|v6| v6.router = None)).unwrap();
+    }
+
+    #[test]
+    fn ipv6_dns_is_bounded() {
+        let three = [
+            "fd00:48::53",
+            "2001:4860:4860::8888",
+            "2606:4700:4700::1111",
+        ];
+        let mut pool = dual_with(|v6| v6.dns = three.map(String::from).to_vec());
+        create(&pool).unwrap();
+        pool.spec
+            .ipv6_config
+            .as_mut()
+            .unwrap()
+            .dns
+            .push("fd00:48::54".into());
+        refused(
+            create(&pool),
+            F6_DNS,
+            "has 4 entries, at most 3 are allowed",
+        );
+    }
+
+    // Rule 6: the subnet-router anycast address; no broadcast.
+    #[test]
+    fn nothing_is_the_ipv6_subnet_router_anycast_address() {
+        let anycast = "is the subnet-router anycast address of fd00:48::/112";
+        let cases: [(V6Mutation, &str); 3] = [
+            (|v6| v6.server_ip = "fd00:48::".into(), F6_SERVER),
+            (|v6| v6.router = Some("fd00:48:0::0".into()), F6_ROUTER),
+            (
+                |v6| {
+                    v6.pool.exclude.clear();
+                    v6.pool.start = "fd00:48::".into();
+                },
+                F6_START,
+            ),
+        ];
+        for (mutate, field) in cases {
+            refused(create(&dual_with(mutate)), field, anycast);
+        }
+        // The last address is a host: IPv6 has no broadcast.
+        create(&v6_only_range(
+            "fd00:48::/112",
+            "fd00:48::ffff",
+            "fd00:48::fff0",
+            "fd00:48::fffe",
+        ))
+        .unwrap();
+        create(&v6_only_range(
+            "fd00:48::/112",
+            "fd00:48::2",
+            "fd00:48::fff0",
+            "fd00:48::ffff",
+        ))
+        .unwrap();
+    }
+
+    // Rule 7: immutability.
+    #[test]
+    fn ipv6_addressing_is_immutable() {
+        let cases: [(V6Mutation, &str); 4] = [
+            (|v6| v6.cidr = "fd00:48::/111".into(), F6_CIDR),
+            (|v6| v6.server_ip = "fd00:48::78".into(), F6_SERVER),
+            (|v6| v6.pool.start = "fd00:48::80".into(), F6_START),
+            (|v6| v6.pool.end = "fd00:48::91".into(), F6_END),
+        ];
+        for (mutate, field) in cases {
+            let old = dual_pool();
+            let new = dual_with(mutate);
+            let r = refused(update(&old, &new), field, "is immutable (was ");
+            assert!(r.rule.contains("fd00:48::"), "{r}");
+        }
+    }
+
+    #[test]
+    fn ipv6_router_and_excludes_may_be_added_but_not_changed_or_removed() {
+        let old = dual_pool();
+        refused(
+            update(&old, &dual_with(|v6| v6.router = Some("fd00:48::2".into()))),
+            F6_ROUTER,
+            "is immutable (was \"fd00:48::1\")",
+        );
+        refused(
+            update(&old, &dual_with(|v6| v6.router = None)),
+            F6_ROUTER,
+            "cannot be removed once set",
+        );
+        refused(
+            update(
+                &old,
+                &dual_with(|v6| v6.pool.exclude.push("fd00:48::85".into())),
+            ),
+            F6_EXCLUDE,
+            "is immutable",
+        );
+        refused(
+            update(&old, &dual_with(|v6| v6.pool.exclude.clear())),
+            F6_EXCLUDE,
+            "cannot be removed once set",
+        );
+        let bare = dual_with(|v6| {
+            v6.router = None;
+            v6.pool.exclude.clear();
+        });
+        let added = dual_with(|v6| v6.pool.exclude = vec!["fd00:48::85".into()]);
+        update(&bare, &added).unwrap();
+    }
+
+    #[test]
+    fn ipv6_config_may_be_added_but_never_removed() {
+        let v4_only = readme_pool();
+        let dual = dual_pool();
+        update(&v4_only, &dual).unwrap();
+        let r = refused(
+            update(&dual, &v4_only),
+            F6,
+            "cannot be removed once set (was cidr \"fd00:48::/112\")",
+        );
+        assert_eq!(r.value, "");
+        // Added, it is checked as on create.
+        let too_big = dual_with(|v6| {
+            v6.cidr = "fd00:48::/64".into();
+            v6.pool.end = "fd00:48::1:0:0".into();
+        });
+        refused(
+            update(&v4_only, &too_big),
+            F6_END,
+            "at most 65535 are allowed",
+        );
+        // The IPv4 side stays immutable meanwhile.
+        let mut moved = dual_pool();
+        moved.spec.ipv4_config.server_ip = "192.168.48.78".into();
+        refused(update(&v4_only, &moved), F_SERVER, "is immutable");
+    }
+
+    #[test]
+    fn ipv6_options_are_mutable() {
+        let old = dual_pool();
+        let new = dual_with(|v6| {
+            v6.dns = vec!["fd00:48::54".into(), "fd00:48::55".into()];
+            v6.lease_time = Some(600);
+        });
+        update(&old, &new).unwrap();
+        update(&new, &old).unwrap();
+        // ... but still checked.
+        let bad = dual_with(|v6| v6.lease_time = Some(-1));
+        refused(
+            update(&old, &bad),
+            "spec.ipv6Config.leaseTime",
+            "must be between",
+        );
+    }
+
+    // Rule 8: the server's address is the agent's.
+    #[test]
+    fn ipv6_server_ip_must_not_be_occupied() {
+        let changed = dual_with(|v6| v6.dns = vec!["fd00:48::54".into()]);
+        for (key, holder, rule) in [
+            (
+                "fd00:48::77",
+                MAC_A,
+                format!("is already occupied by MAC {MAC_A}"),
+            ),
+            // Keys are read in any spelling.
+            (
+                "FD00:48:0::0077",
+                MAC_A,
+                format!("is already occupied by MAC {MAC_A}"),
+            ),
+            (
+                "fd00:48::77",
+                "EXCLUDED",
+                "is already occupied (EXCLUDED)".to_owned(),
+            ),
+        ] {
+            let old = with_allocated_v6(dual_pool(), &[(key, holder)]);
+            let mut new = changed.clone();
+            new.status = old.status.clone();
+            let r = refused(update(&old, &new), F6_SERVER, &rule);
+            assert_eq!(r.value, "fd00:48::77");
+        }
+        // RESERVED is the server's own mark; the IPv4 books say nothing of IPv6 addresses.
+        let old = with_allocated(
+            with_allocated_v6(
+                dual_pool(),
+                &[("fd00:48::77", "RESERVED"), ("fd00:48::83", MAC_A)],
+            ),
+            &[("192.168.48.83", MAC_B)],
+        );
+        let mut new = changed;
+        new.status = old.status.clone();
+        update(&old, &new).unwrap();
+        // Adding ipv6Config over stale books: its server is checked against them.
+        let old = with_allocated_v6(readme_pool(), &[("fd00:48::77", MAC_B)]);
+        let mut new = dual_pool();
+        new.status = old.status.clone();
+        refused(
+            update(&old, &new),
+            F6_SERVER,
+            &format!("is already occupied by MAC {MAC_B}"),
+        );
+    }
+
+    #[test]
+    fn ipv6_router_and_excludes_added_must_not_be_occupied() {
+        let bare = with_allocated_v6(
+            dual_with(|v6| {
+                v6.router = None;
+                v6.pool.exclude.clear();
+            }),
+            &[("fd00:48::2", MAC_B), ("fd00:48::86", MAC_A)],
+        );
+        let mut new = bare.clone();
+        new.spec.ipv6_config.as_mut().unwrap().router = Some("fd00:48::2".into());
+        refused(
+            update(&bare, &new),
+            F6_ROUTER,
+            &format!("is already occupied by MAC {MAC_B}"),
+        );
+        let mut new = bare.clone();
+        new.spec.ipv6_config.as_mut().unwrap().pool.exclude =
+            vec!["fd00:48::85".into(), "fd00:48::86".into()];
+        refused(
+            update(&bare, &new),
+            "spec.ipv6Config.pool.exclude[1]",
+            &format!("is already occupied by MAC {MAC_A}"),
+        );
+        new.spec.ipv6_config.as_mut().unwrap().pool.exclude = vec!["fd00:48::85".into()];
+        update(&bare, &new).unwrap();
     }
 
     proptest! {

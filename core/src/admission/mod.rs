@@ -9,8 +9,15 @@
 //!
 //! The rules are upstream's (harvester/vm-dhcp-controller `pkg/webhook`), with its wording, plus
 //! what upstream misses: range sanity, one pool per network, static address checks, MACs unique
-//! per network, and the CRD's CEL immutability rules (which a 1.20 apiserver drops). Two
-//! principles upstream does not state:
+//! per network, and the CRD's CEL immutability rules (which a 1.20 apiserver drops).
+//!
+//! A dual-stack pool's `ipv6Config` and a NIC's `ipv6Address` (experimental, Harvester's
+//! dual-stack design; docs/dual-stack.md) obey the same rules as their IPv4 counterparts, each
+//! written once for both families, plus IPv6's own: IPv4 first (no `ipv6Config` without an
+//! `ipv4Config`), a CIDR of /64 to /126 fit for VMs, at most 65 535 addresses in the range, no
+//! subnet-router anycast address, and no IPv6 defaults. The CRD no longer says `ipAddress` is
+//! IPv4; the rules here still do, as it is the primary family's. Two principles upstream does
+//! not state:
 //! - Names and MACs are compared normalised ([`NamespacedName`], [`MacAddr`](crate::mac::MacAddr)),
 //!   never as strings.
 //! - What was admitted stays admitted: an update that leaves the spec unchanged (finalizers,
@@ -41,8 +48,8 @@ mod tests_support;
 mod vmnetcfg;
 
 pub use ippool::{
-    MAX_DNS, MAX_LISTED_USERS, MAX_NTP, ippool_defaults, validate_ippool_create,
-    validate_ippool_delete, validate_ippool_update,
+    MAX_DNS, MAX_LISTED_USERS, MAX_NTP, MAX_V6_PREFIX, MIN_V6_PREFIX, ippool_defaults,
+    validate_ippool_create, validate_ippool_delete, validate_ippool_update,
 };
 pub use vmnetcfg::{MAX_NETWORK_CONFIGS, validate_vmnetcfg_create, validate_vmnetcfg_update};
 
@@ -97,7 +104,8 @@ pub struct PoolFacts<'a> {
 }
 
 /// Fields the mutating webhook fills in on create (`None` = leave as is), so a user may give just
-/// a CIDR and get a working pool, as upstream's mutator does.
+/// a CIDR and get a working pool, as upstream's mutator does. All of them are `ipv4Config`'s: an
+/// `ipv6Config` gets no defaults.
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
 pub struct PoolDefaults {
     /// `spec.ipv4Config.pool.start`, when missing: the first host address of the CIDR.
@@ -284,5 +292,159 @@ mod tests {
             let _ = validate_vmnetcfg_create(&new_cfg, &facts);
             let _ = validate_vmnetcfg_update(&old_cfg, &new_cfg, &facts);
         }
+    }
+
+    // === robustness, dual-stack ===
+
+    fn addr6() -> impl Strategy<Value = String> {
+        prop_oneof![
+            (any::<u16>()).prop_map(|n| format!("fd00:48::{n:x}")),
+            any::<u128>().prop_map(|n| std::net::Ipv6Addr::from(n).to_string()),
+            addr(),
+            ".{0,10}",
+        ]
+    }
+
+    fn cidr6() -> impl Strategy<Value = String> {
+        prop_oneof![
+            (0u8..=129).prop_map(|p| format!("fd00:48::/{p}")),
+            (any::<u128>(), 0u8..=128)
+                .prop_map(|(n, p)| format!("{}/{p}", std::net::Ipv6Addr::from(n))),
+            cidr(),
+        ]
+    }
+
+    prop_compose! {
+        fn arb_v6()(
+            (cidr, server, start, end) in (cidr6(), addr6(), addr6(), addr6()),
+            (router, exclude, dns, lease) in (
+                proptest::option::of(addr6()),
+                proptest::collection::vec(addr6(), 0..4),
+                proptest::collection::vec(addr6(), 0..5),
+                proptest::option::of(any::<i64>()),
+            ),
+        ) -> crate::crd::IPv6Config {
+            crate::crd::IPv6Config {
+                server_ip: server,
+                cidr,
+                pool: crate::crd::IPv6Pool { start, end, exclude },
+                router,
+                dns,
+                lease_time: lease,
+            }
+        }
+    }
+
+    prop_compose! {
+        fn arb_dual_pool()(
+            pool in arb_pool(),
+            v6 in proptest::option::of(arb_v6()),
+            v4_missing in any::<bool>(),
+            allocated in proptest::collection::vec((addr6(), holder()), 0..6),
+        ) -> IPPool {
+            let mut pool = pool;
+            pool.spec.ipv6_config = v6;
+            if v4_missing {
+                pool.spec.ipv4_config = Default::default();
+            }
+            let entries: Vec<(&str, &str)> =
+                allocated.iter().map(|(a, h)| (a.as_str(), h.as_str())).collect();
+            with_allocated_v6(pool, &entries)
+        }
+    }
+
+    prop_compose! {
+        fn arb_dual_cfg()(
+            cfg in arb_cfg(),
+            v6 in proptest::collection::vec(proptest::option::of(addr6()), 6),
+        ) -> VirtualMachineNetworkConfig {
+            let mut cfg = cfg;
+            for (nc, a) in cfg.spec.network_configs.iter_mut().zip(v6) {
+                nc.ipv6_address = a;
+            }
+            cfg
+        }
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(256))]
+
+        #[test]
+        fn random_dual_stack_objects_never_panic(
+            old in arb_dual_pool(),
+            new in arb_dual_pool(),
+            others in proptest::collection::vec(arb_dual_pool(), 0..3),
+            old_cfg in arb_dual_cfg(),
+            new_cfg in arb_dual_cfg(),
+            cfgs in proptest::collection::vec(arb_dual_cfg(), 0..3),
+        ) {
+            let nads = [net48(), nad("default/net-49", Some("default/other"))];
+            let mut pools = others.clone();
+            pools.push(old.clone());
+            let pool_facts = PoolFacts { nad: nads.first(), pools: &pools, service_cidr: service() };
+            let _ = ippool_defaults(&new.spec);
+            let _ = validate_ippool_create(&new, &pool_facts);
+            let _ = validate_ippool_update(&old, &new, &pool_facts);
+            let _ = validate_ippool_update(&new, &old, &pool_facts);
+            let _ = validate_ippool_delete(&new, &cfgs);
+
+            let mut configs = cfgs.clone();
+            configs.push(old_cfg.clone());
+            let facts = VmNetCfgFacts { nads: &nads, pools: &pools, configs: &configs };
+            let _ = validate_vmnetcfg_create(&new_cfg, &facts);
+            let _ = validate_vmnetcfg_update(&old_cfg, &new_cfg, &facts);
+        }
+    }
+
+    /// What is admitted of a dual-stack pool's IPv6 side is what the controller can serve:
+    /// every admitted `ipv6Config` parses, within the limits, and its IPv4 side is admitted on
+    /// its own. Addresses are drawn near one another, so that many are admitted.
+    #[test]
+    fn admitted_ipv6_configs_are_servable_and_within_the_limits() {
+        use crate::pool::v6::MAX_V6_RANGE;
+        use proptest::strategy::ValueTree;
+        let near =
+            || (0u32..0x3_0000).prop_map(|n| format!("fd00:48::{:x}:{:x}", n >> 16, n & 0xffff));
+        let strategy = (
+            (60u8..=128).prop_map(|p| format!("fd00:48::/{p}")),
+            (near(), near(), near(), proptest::option::of(near())),
+            proptest::collection::vec(near(), 0..3),
+        );
+        let mut runner = proptest::test_runner::TestRunner::deterministic();
+        let mut admitted = 0;
+        for _ in 0..4096 {
+            let (cidr, (server_ip, start, end, router), exclude) =
+                strategy.new_tree(&mut runner).unwrap().current();
+            let mut pool = readme_pool();
+            pool.spec.ipv6_config = Some(crate::crd::IPv6Config {
+                server_ip,
+                cidr,
+                pool: crate::crd::IPv6Pool {
+                    start,
+                    end,
+                    exclude,
+                },
+                router,
+                ..Default::default()
+            });
+            if create(&pool).is_ok() {
+                admitted += 1;
+                let valid = crate::pool::ValidPool::parse(&pool).unwrap();
+                let range = valid.ipv6().unwrap().range();
+                assert!(range.size() <= MAX_V6_RANGE);
+                let prefix = range.subnet().prefix_len();
+                assert!((MIN_V6_PREFIX..=MAX_V6_PREFIX).contains(&prefix));
+                assert_ne!(range.router(), Some(range.server_ip()));
+                assert!(
+                    range
+                        .exclude()
+                        .iter()
+                        .all(|e| (range.start()..=range.end()).contains(e))
+                );
+                pool.spec.ipv6_config = None;
+                create(&pool).unwrap();
+            }
+        }
+        assert!(admitted > 100, "only {admitted} admitted");
     }
 }

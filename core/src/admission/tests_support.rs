@@ -12,10 +12,10 @@ use super::{
     validate_vmnetcfg_create,
 };
 use crate::crd::{
-    IPPool, LABEL_IPPOOL_NAME, LABEL_IPPOOL_NAMESPACE, NetworkConfig, VirtualMachineNetworkConfig,
-    VirtualMachineNetworkConfigSpec,
+    IPPool, IPv6Config, IPv6Pool, IPv6Status, LABEL_IPPOOL_NAME, LABEL_IPPOOL_NAMESPACE,
+    NetworkConfig, VirtualMachineNetworkConfig, VirtualMachineNetworkConfigSpec,
 };
-pub(super) use crate::fixtures::{nn, pool_on, readme_pool, with_allocated};
+pub(super) use crate::fixtures::{dual_stack_pool, nn, pool_on, readme_pool, with_allocated};
 
 pub(super) const MAC_A: &str = "fa:cf:8e:50:82:fc";
 pub(super) const MAC_B: &str = "c6:d6:82:39:d3:c3";
@@ -93,6 +93,7 @@ pub(super) fn cfg(key: &str, nics: &[(&str, &str, Option<&str>)]) -> VirtualMach
             network_configs: nics
                 .iter()
                 .map(|(net, mac, ip)| NetworkConfig {
+                    ipv6_address: None,
                     network_name: (*net).to_owned(),
                     mac_address: (*mac).to_owned(),
                     ip_address: ip.map(str::to_owned),
@@ -140,6 +141,57 @@ impl Cluster {
     pub(super) fn create(&self, cfg: &VirtualMachineNetworkConfig) -> Result<(), Rejection> {
         validate_vmnetcfg_create(cfg, &self.facts())
     }
+}
+
+/// The IPv6 side of [`dual_pool`], the README pool's twin: server fd00:48::77 and router
+/// fd00:48::1 outside the range fd00:48::81-fd00:48::90 of fd00:48::/112, both ends excluded.
+pub(super) fn v6_config() -> IPv6Config {
+    IPv6Config {
+        server_ip: "fd00:48::77".into(),
+        cidr: "fd00:48::/112".into(),
+        pool: IPv6Pool {
+            start: "fd00:48::81".into(),
+            end: "fd00:48::90".into(),
+            exclude: vec!["fd00:48::81".into(), "fd00:48::90".into()],
+        },
+        router: Some("fd00:48::1".into()),
+        dns: vec!["fd00:48::53".into()],
+        lease_time: Some(300),
+    }
+}
+
+/// The README pool (default/net-48), dual-stack with [`v6_config`].
+pub(super) fn dual_pool() -> IPPool {
+    let mut pool = readme_pool();
+    pool.spec.ipv6_config = Some(v6_config());
+    pool
+}
+
+/// `pool` with `status.ipv6.allocated` set to `entries`, the rest of its status kept.
+pub(super) fn with_allocated_v6(mut pool: IPPool, entries: &[(&str, &str)]) -> IPPool {
+    let status = pool.status.get_or_insert_with(Default::default);
+    status.ipv6 = Some(IPv6Status {
+        allocated: entries
+            .iter()
+            .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+            .collect(),
+        used: 0,
+        available: 0,
+    });
+    pool
+}
+
+/// [`cfg`] with NICs `(network, mac, ip, ipv6)`.
+pub(super) fn cfg6(
+    key: &str,
+    nics: &[(&str, &str, Option<&str>, Option<&str>)],
+) -> VirtualMachineNetworkConfig {
+    let v4: Vec<_> = nics.iter().map(|(n, m, ip, _)| (*n, *m, *ip)).collect();
+    let mut c = cfg(key, &v4);
+    for (nc, (_, _, _, ipv6)) in c.spec.network_configs.iter_mut().zip(nics) {
+        nc.ipv6_address = ipv6.map(str::to_owned);
+    }
+    c
 }
 
 /// Asserts a refusal of `field` whose rule contains `rule`, and returns it.

@@ -2,12 +2,16 @@
 //! ([`validate_vmnetcfg_create`], [`validate_vmnetcfg_update`]): each NIC's own fields first
 //! ([`check_vmnetcfg`]), then, for NICs new or changed, the NAD, pool and other objects on its
 //! network ([`check_config_in_cluster`]).
+//!
+//! A NIC's static `ipAddress` is IPv4, the primary family's, and its `ipv6Address`
+//! (experimental) IPv6, allowed only on a dual-stack pool; both obey the same rules in their
+//! family's range and books ([`check_static_ip`]).
 
-use std::net::Ipv4Addr;
+use std::net::{Ipv4Addr, Ipv6Addr};
 
 use super::fields::{
-    F_CONFIGS, F_VM_NAME, allocated_of, immutable, key_of, optional, parse_ip, parse_network,
-    same_network,
+    AdmittedFamily, F_CONFIGS, F_VM_NAME, allocated_of, immutable, key_of, optional, parse_ip,
+    parse_network, same_network,
 };
 use super::{Rejection, VmNetCfgFacts};
 use crate::crd::{
@@ -15,15 +19,15 @@ use crate::crd::{
 };
 use crate::mac::MacAddr;
 use crate::names::NamespacedName;
-use crate::pool::spec::not_a_host;
 use crate::pool::{Holder, PoolError, ValidPool};
 
 /// Most network configs one VirtualMachineNetworkConfig may hold (upstream's CRD `maxItems`).
 pub const MAX_NETWORK_CONFIGS: usize = 4;
 
 /// Admits a new VirtualMachineNetworkConfig only if every NIC can get an address: well-formed
-/// and unique networks, MACs and static addresses; each network's NAD labelled with the pool
-/// that serves it; a static address free in that pool; no MAC already used on the network.
+/// and unique networks, MACs and static addresses (`ipAddress` IPv4, `ipv6Address` IPv6); each
+/// network's NAD labelled with the pool that serves it; a static address free in that pool (an
+/// IPv6 one only if the pool has an `ipv6Config`); no MAC already used on the network.
 pub fn validate_vmnetcfg_create(
     cfg: &VirtualMachineNetworkConfig,
     facts: &VmNetCfgFacts,
@@ -57,6 +61,7 @@ struct ParsedConfig<'a> {
     network: NamespacedName,
     mac: MacAddr,
     ip: Option<Ipv4Addr>,
+    ipv6: Option<Ipv6Addr>,
 }
 
 fn check_vmnetcfg(
@@ -97,7 +102,11 @@ fn check_vmnetcfg(
         })?;
         let ip = match optional(raw.ip_address.as_deref()) {
             None => None,
-            Some(s) => Some(parse_ip(&field("ipAddress"), s)?),
+            Some(s) => Some(parse_ip::<Ipv4Addr>(&field("ipAddress"), s)?),
+        };
+        let ipv6 = match optional(raw.ipv6_address.as_deref()) {
+            None => None,
+            Some(s) => Some(parse_ip::<Ipv6Addr>(&field("ipv6Address"), s)?),
         };
         for earlier in &parsed {
             let dup = |name: &str, value: &str| {
@@ -119,6 +128,12 @@ fn check_vmnetcfg(
                     raw.ip_address.as_deref().unwrap_or_default(),
                 ));
             }
+            if ipv6.is_some() && earlier.ipv6 == ipv6 {
+                return Err(dup(
+                    "ipv6Address",
+                    raw.ipv6_address.as_deref().unwrap_or_default(),
+                ));
+            }
         }
         parsed.push(ParsedConfig {
             index,
@@ -126,6 +141,7 @@ fn check_vmnetcfg(
             network,
             mac,
             ip,
+            ipv6,
         });
     }
 
@@ -140,7 +156,7 @@ fn check_vmnetcfg(
 }
 
 /// The rules of one (new or changed) network config that depend on other objects: its network's
-/// NAD and pool, its MAC unused by other objects on that network, and its static address (if
+/// NAD and pool, its MAC unused by other objects on that network, and its static addresses (if
 /// any) free in that pool.
 fn check_config_in_cluster(
     pc: &ParsedConfig,
@@ -167,7 +183,8 @@ fn check_config_in_cluster(
         }
     }
 
-    check_static_ip(pc, me, old, pool, &pool_ref, &others)
+    check_static_ip(pc, pc.ip, me, old, pool, &pool_ref, &others)?;
+    check_static_ip(pc, pc.ipv6, me, old, pool, &pool_ref, &others)
 }
 
 /// The IPPool serving `pc`'s network, as named by the labels of the network's NAD, and its
@@ -257,11 +274,13 @@ fn nics_on_network<'f>(
         .collect()
 }
 
-/// `pc`'s static address, if any: a host address within the range of `pool` that is neither
-/// its server, router nor excluded, not held by another MAC than the object's own (new or
-/// previous) on the network, and not requested by another object (`others`).
-fn check_static_ip(
+/// `ip`, `pc`'s static address of family `A` (`ipAddress`, `ipv6Address`), if any: allowed
+/// only if the pool has that family, a host address within its range that is neither its
+/// server, router nor excluded, not held in its books by another MAC than the object's own (new
+/// or previous) on the network, nor marked, and not requested by another object (`others`).
+fn check_static_ip<A: AdmittedFamily>(
     pc: &ParsedConfig,
+    ip: Option<A>,
     me: &NamespacedName,
     old: Option<&VirtualMachineNetworkConfig>,
     pool: &IPPool,
@@ -270,11 +289,11 @@ fn check_static_ip(
 ) -> Result<(), Rejection> {
     let i = pc.index;
     let network = &pc.network;
-    let Some(ip) = pc.ip else {
+    let Some(ip) = ip else {
         return Ok(());
     };
-    let ip_field = format!("{F_CONFIGS}[{i}].ipAddress");
-    let ip_raw = pc.raw.ip_address.as_deref().unwrap_or_default();
+    let ip_field = format!("{F_CONFIGS}[{i}].{}", A::NIC_FIELD);
+    let ip_raw = A::requested(pc.raw).unwrap_or_default();
     let refuse = |rule: String| Rejection::new(&ip_field, ip_raw, rule);
     let valid = ValidPool::parse(pool).map_err(|e| {
         refuse(match e {
@@ -284,14 +303,19 @@ fn check_static_ip(
             other => format!("cannot be checked: {other}"),
         })
     })?;
-    let range = valid.range();
+    let Some(range) = A::range(&valid) else {
+        return Err(refuse(format!(
+            "is not allowed: IPPool {pool_ref} has no {}",
+            A::CONFIG_FIELD
+        )));
+    };
     let (subnet, start, end) = (range.subnet(), range.start(), range.end());
-    if !subnet.contains(&ip) {
+    if !A::contains(&subnet, ip) {
         return Err(refuse(format!(
             "is outside cidr {subnet} of IPPool {pool_ref}"
         )));
     }
-    if let Some(rule) = not_a_host(subnet, ip) {
+    if let Some(rule) = A::not_a_host(subnet, ip) {
         return Err(refuse(rule));
     }
     if ip < start || ip > end {
@@ -309,7 +333,7 @@ fn check_static_ip(
         return Err(refuse(format!("is excluded by IPPool {pool_ref}")));
     }
 
-    match allocated_of(pool).get(&ip) {
+    match allocated_of::<A>(pool).get(&ip) {
         Some(Holder::Mac(holder)) => {
             let previous_macs = old
                 .map(|o| o.spec.network_configs.as_slice())
@@ -328,7 +352,7 @@ fn check_static_ip(
     }
 
     for (other, nc) in others {
-        let requested = optional(nc.ip_address.as_deref()).and_then(|s| s.parse().ok());
+        let requested = A::requested(nc).and_then(|s| s.parse::<A>().ok());
         if requested == Some(ip) {
             return Err(refuse(format!(
                 "is already requested on network {network} by VirtualMachineNetworkConfig {}",
@@ -638,6 +662,236 @@ mod tests {
         cluster.create(&readme_cfg()).unwrap();
     }
 
+    // === dual-stack: ipAddress stays IPv4, ipv6Address (rule 9) ===
+
+    /// The README cluster with default/net-48 dual-stack ([`dual_pool`]).
+    fn dual_cluster() -> Cluster {
+        let mut cluster = Cluster::new();
+        cluster.pools[0] = dual_pool();
+        cluster
+    }
+
+    /// A config default/vm with one NIC on default/net-48 (MAC A) requesting `ipv6`.
+    fn with_ipv6(ipv6: &str) -> VirtualMachineNetworkConfig {
+        cfg6("default/vm", &[("default/net-48", MAC_A, None, Some(ipv6))])
+    }
+
+    const IPV6_FIELD: &str = "spec.networkConfigs[0].ipv6Address";
+
+    #[test]
+    fn ip_address_must_be_ipv4() {
+        // The CRD's `format: ipv4` is gone (Harvester's design); the rule stays.
+        let cluster = dual_cluster();
+        for addr in ["fd00:48::85", "::ffff:192.168.48.85"] {
+            let r = refused(
+                cluster.create(&cfg("default/vm", &[("default/net-48", MAC_A, Some(addr))])),
+                "spec.networkConfigs[0].ipAddress",
+                "is not an IPv4 address",
+            );
+            assert_eq!(r.value, addr);
+        }
+    }
+
+    #[test]
+    fn ipv6_address_must_be_ipv6() {
+        let cluster = dual_cluster();
+        for addr in ["192.168.48.85", "fd00:48::zz", "fd00:48::85/112"] {
+            let r = refused(
+                cluster.create(&with_ipv6(addr)),
+                IPV6_FIELD,
+                "is not an IPv6 address",
+            );
+            assert_eq!(r.value, addr);
+        }
+        cluster.create(&with_ipv6("fd00:48::85")).unwrap();
+        // An empty ipv6Address is no static address.
+        cluster.create(&with_ipv6("")).unwrap();
+        Cluster::new().create(&with_ipv6("")).unwrap();
+    }
+
+    #[test]
+    fn ipv6_address_needs_a_dual_stack_pool() {
+        let r = refused(
+            Cluster::new().create(&with_ipv6("fd00:48::85")),
+            IPV6_FIELD,
+            "is not allowed: IPPool default/net-48 has no spec.ipv6Config",
+        );
+        assert_eq!(r.value, "fd00:48::85");
+        // Both static addresses on a dual-stack pool.
+        dual_cluster()
+            .create(&cfg6(
+                "default/vm",
+                &[(
+                    "default/net-48",
+                    MAC_A,
+                    Some("192.168.48.85"),
+                    Some("fd00:48::85"),
+                )],
+            ))
+            .unwrap();
+    }
+
+    #[test]
+    fn static_ipv6_address_must_fit_the_pool() {
+        let mut cluster = dual_cluster();
+        // Server and router inside the range, so those rules are reachable (the controller
+        // marks both RESERVED).
+        let v6 = cluster.pools[0].spec.ipv6_config.as_mut().unwrap();
+        v6.server_ip = "fd00:48::84".into();
+        v6.router = Some("fd00:48::83".into());
+        for (addr, rule) in [
+            (
+                "fd00:49::85",
+                "is outside cidr fd00:48::/112 of IPPool default/net-48",
+            ),
+            (
+                "fd00:48::",
+                "is the subnet-router anycast address of fd00:48::/112",
+            ),
+            (
+                "fd00:48::91",
+                "is outside pool range fd00:48::81-fd00:48::90 of IPPool default/net-48",
+            ),
+            ("fd00:48::84", "is the server ip of IPPool default/net-48"),
+            ("FD00:48:0::83", "is the router of IPPool default/net-48"),
+            ("fd00:48::90", "is excluded by IPPool default/net-48"),
+        ] {
+            let r = refused(cluster.create(&with_ipv6(addr)), IPV6_FIELD, rule);
+            assert_eq!(r.value, addr);
+        }
+        cluster.create(&with_ipv6("fd00:48::85")).unwrap();
+    }
+
+    #[test]
+    fn static_ipv6_address_must_not_be_occupied() {
+        let mut cluster = dual_cluster();
+        cluster.pools[0] = with_allocated(
+            with_allocated_v6(
+                dual_pool(),
+                &[
+                    ("fd00:48::85", MAC_B),
+                    ("FD00:48::86", "FA-CF-8E-50-82-FC"),
+                    ("fd00:48::87", "RESERVED"),
+                    ("fd00:48::88", "EXCLUDED"),
+                    ("fd00:48::89", "garbage"),
+                ],
+            ),
+            // The IPv4 books hold nothing of IPv6.
+            &[("192.168.48.85", MAC_B)],
+        );
+        refused(
+            cluster.create(&with_ipv6("fd00:48::85")),
+            IPV6_FIELD,
+            &format!("is already occupied by MAC {MAC_B}"),
+        );
+        refused(
+            cluster.create(&with_ipv6("fd00:48::87")),
+            IPV6_FIELD,
+            "is already occupied (RESERVED)",
+        );
+        refused(
+            cluster.create(&with_ipv6("fd00:48::88")),
+            IPV6_FIELD,
+            "is already occupied (EXCLUDED)",
+        );
+        // Held by this very NIC (both spelled differently): its own lease.
+        cluster.create(&with_ipv6("fd00:48::86")).unwrap();
+        // A malformed entry holds nothing.
+        cluster.create(&with_ipv6("fd00:48::89")).unwrap();
+        // The IPv4 address the IPv6 books do not know is judged by the IPv4 books alone.
+        refused(
+            cluster.create(&cfg6(
+                "default/vm",
+                &[(
+                    "default/net-48",
+                    MAC_A,
+                    Some("192.168.48.85"),
+                    Some("fd00:48::8a"),
+                )],
+            )),
+            "spec.networkConfigs[0].ipAddress",
+            &format!("is already occupied by MAC {MAC_B}"),
+        );
+    }
+
+    #[test]
+    fn static_ipv6_address_is_unique_within_the_object_and_the_network() {
+        let mut cluster = dual_cluster();
+        cluster.pools[1].spec.ipv6_config = Some(crate::crd::IPv6Config {
+            cidr: "fd00:49::/112".into(),
+            server_ip: "fd00:49::77".into(),
+            pool: crate::crd::IPv6Pool {
+                start: "fd00:49::81".into(),
+                end: "fd00:49::90".into(),
+                exclude: vec![],
+            },
+            ..Default::default()
+        });
+        refused(
+            cluster.create(&cfg6(
+                "default/vm",
+                &[
+                    ("default/net-48", MAC_A, None, Some("fd00:48::85")),
+                    ("default/net-49", MAC_B, None, Some("FD00:48::85")),
+                ],
+            )),
+            "spec.networkConfigs[1].ipv6Address",
+            "duplicates spec.networkConfigs[0].ipv6Address",
+        );
+        cluster.configs.push(cfg6(
+            "default/other",
+            &[("net-48", MAC_B, None, Some("fd00:48::85"))],
+        ));
+        refused(
+            cluster.create(&with_ipv6("fd00:48::85")),
+            IPV6_FIELD,
+            "is already requested on network default/net-48 by VirtualMachineNetworkConfig default/other",
+        );
+        // An IPv4 address requested by another object does not block the same host's IPv6.
+        cluster.configs.push(cfg(
+            "default/third",
+            &[("default/net-48", "02:00:00:00:00:03", Some("192.168.48.86"))],
+        ));
+        cluster.create(&with_ipv6("fd00:48::86")).unwrap();
+    }
+
+    #[test]
+    fn ipv6_address_held_by_a_previous_mac_of_the_object_is_its_own() {
+        let mut cluster = dual_cluster();
+        cluster.pools[0] = with_allocated_v6(
+            dual_pool(),
+            &[("fd00:48::85", MAC_A), ("fd00:48::86", "02:00:00:00:00:07")],
+        );
+        let old = with_ipv6("fd00:48::85");
+        let nic = |ipv6: &str| cfg6("default/vm", &[("default/net-48", MAC_B, None, Some(ipv6))]);
+        validate_vmnetcfg_update(&old, &nic("fd00:48::85"), &cluster.facts()).unwrap();
+        refused(
+            validate_vmnetcfg_update(&old, &nic("fd00:48::86"), &cluster.facts()),
+            IPV6_FIELD,
+            "is already occupied by MAC 02:00:00:00:00:07",
+        );
+        refused(
+            cluster.create(&nic("fd00:48::85")),
+            IPV6_FIELD,
+            &format!("is already occupied by MAC {MAC_A}"),
+        );
+        // An ipv6Address added to an unchanged NIC is checked; one left as it was is not.
+        let mut gone = Cluster::new();
+        gone.configs.clear();
+        let added = with_ipv6("fd00:48::85");
+        refused(
+            validate_vmnetcfg_update(&readme_cfg_as_vm(), &added, &gone.facts()),
+            IPV6_FIELD,
+            "has no spec.ipv6Config",
+        );
+        validate_vmnetcfg_update(&added, &added, &gone.facts()).unwrap();
+    }
+
+    /// The README config renamed default/vm with MAC A, so `with_ipv6` changes only its NIC.
+    fn readme_cfg_as_vm() -> VirtualMachineNetworkConfig {
+        cfg("default/vm", &[("default/net-48", MAC_A, None)])
+    }
+
     // === vmnetcfg update ===
 
     #[test]
@@ -667,6 +921,7 @@ mod tests {
         validate_vmnetcfg_update(&old, &new, &cluster.facts()).unwrap();
         // A NIC added on a good network beside an unchanged one on a gone network: admitted.
         new.spec.network_configs.push(NetworkConfig {
+            ipv6_address: None,
             network_name: "default/net-49".into(),
             mac_address: MAC_B.into(),
             ip_address: None,

@@ -1,12 +1,13 @@
 //! What an agent needs to serve one pool ([`PoolConfig`]) and whom it serves ([`Lease`]), derived
 //! from an IPPool; the meaning of each `status.ipv4.allocated` entry ([`Holder`]); and, in
-//! [`spec`], the one parse of an IPPool spec ([`ValidPool`]) every reader goes through.
+//! [`spec`], the one parse of an IPPool spec ([`ValidPool`]) every reader goes through, with
+//! the IPv6 side of a dual-stack pool in [`v6`] and what the two families share in [`family`].
 //!
 //! Everything here parses the strings of the CRD once, with errors that name the field and the
 //! value, so the controller, the stream and the DHCP server only ever see typed, valid data.
 
 use std::collections::BTreeMap;
-use std::net::Ipv4Addr;
+use std::net::{Ipv4Addr, Ipv6Addr};
 
 use ipnet::Ipv4Net;
 use kube::ResourceExt;
@@ -19,10 +20,14 @@ use crate::crd::{
 use crate::mac::MacAddr;
 use crate::names::{NamespacedName, is_host_name};
 
+pub mod family;
 pub mod recorded;
 pub mod spec;
+pub mod v6;
+pub use family::Family;
 pub use recorded::RecordedLeases;
 pub use spec::{PoolRange, ValidPool};
+pub use v6::{PoolConfigV6, ValidV6};
 
 /// Most of one pool's addresses that one host answering ARP for them can hold in conflict. Any
 /// tenant can answer ARP for any address; past this number its answers withhold nothing more,
@@ -54,6 +59,19 @@ pub enum PoolError {
     /// MAC nor a marker. Other entries are unaffected.
     #[error("IPPool {pool}: status.ipv4.allocated[{ip:?}] = {value:?} {reason}")]
     InvalidAllocation {
+        /// The pool, `namespace/name`.
+        pool: String,
+        /// The entry's key.
+        ip: String,
+        /// The entry's value.
+        value: String,
+        /// What is wrong with it.
+        reason: String,
+    },
+    /// A `status.ipv6.allocated` entry whose key is not an IPv6 address or whose value is
+    /// neither a MAC nor a marker. Other entries are unaffected.
+    #[error("IPPool {pool}: status.ipv6.allocated[{ip:?}] = {value:?} {reason}")]
+    InvalidV6Allocation {
         /// The pool, `namespace/name`.
         pool: String,
         /// The entry's key.
@@ -114,10 +132,10 @@ impl Holder {
 
 /// Parses every entry of an `allocated` map. Good entries are returned even when others are bad,
 /// so one corrupt entry never hides the leases recorded beside it.
-pub fn parse_allocated(
+pub fn parse_allocated<A: Family>(
     pool: &NamespacedName,
     allocated: &BTreeMap<String, String>,
-) -> (BTreeMap<Ipv4Addr, Holder>, Vec<PoolError>) {
+) -> (BTreeMap<A, Holder>, Vec<PoolError>) {
     let mut good = BTreeMap::new();
     let mut bad = Vec::new();
     for (ip, value) in allocated {
@@ -132,20 +150,23 @@ pub fn parse_allocated(
 }
 
 /// Parses one `allocated` entry.
-pub fn parse_entry(
+pub fn parse_entry<A: Family>(
     pool: &NamespacedName,
     ip: &str,
     value: &str,
-) -> Result<(Ipv4Addr, Holder), PoolError> {
+) -> Result<(A, Holder), PoolError> {
     let invalid = |reason: String| PoolError::InvalidAllocation {
         pool: pool.to_string(),
         ip: ip.to_owned(),
         value: value.to_owned(),
         reason,
     };
-    match (ip.parse::<Ipv4Addr>(), Holder::parse(value)) {
+    match (ip.parse::<A>(), Holder::parse(value)) {
         (Ok(addr), Ok(holder)) => Ok((addr, holder)),
-        (Err(_), _) => Err(invalid("has a key that is not an IPv4 address".into())),
+        (Err(_), _) => Err(invalid(format!(
+            "has a key that is not an {} address",
+            A::NAME
+        ))),
         (_, Err(reason)) => Err(invalid(reason)),
     }
 }
@@ -162,6 +183,10 @@ pub struct Lease {
     /// The host name it is given (option 12), when its pool sends them.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub host_name: Option<String>,
+    /// Its IPv6 address, on a dual-stack pool (IPv4 first: only a NIC with an IPv4 address
+    /// has one).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ipv6: Option<Ipv6Addr>,
 }
 
 impl Lease {
@@ -170,6 +195,7 @@ impl Lease {
         Binding {
             ip: self.ip,
             host_name: self.host_name.clone(),
+            ipv6: self.ipv6,
         }
     }
 }
@@ -183,6 +209,9 @@ pub struct Binding {
     /// The host name (option 12).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub host_name: Option<String>,
+    /// The IPv6 address, on a dual-stack pool.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ipv6: Option<Ipv6Addr>,
 }
 
 impl Binding {
@@ -191,6 +220,7 @@ impl Binding {
         Binding {
             ip,
             host_name: None,
+            ipv6: None,
         }
     }
 
@@ -201,6 +231,7 @@ impl Binding {
             mac,
             ip: self.ip,
             host_name: self.host_name.clone(),
+            ipv6: self.ipv6,
         }
     }
 }
@@ -259,6 +290,7 @@ pub fn leases_from_status(pool: &IPPool) -> Result<(Vec<Lease>, Vec<PoolError>),
         return Ok((Vec::new(), Vec::new()));
     };
     let (entries, mut errors) = parse_allocated(&pool_ref, &v4.allocated);
+    let v6 = ipv6_by_mac(pool, &pool_ref, &mut errors);
     let names = pool.spec.ipv4_config.send_host_name == Some(true);
     let leases = entries
         .into_iter()
@@ -268,11 +300,67 @@ pub fn leases_from_status(pool: &IPPool) -> Result<(Vec<Lease>, Vec<PoolError>),
                 mac,
                 ip,
                 host_name: recorded_host_name(&pool_ref, v4, names, ip, &mut errors),
+                ipv6: v6.get(&mac).copied(),
             }),
             Holder::Reserved | Holder::Excluded => None,
         })
         .collect();
     Ok((leases, errors))
+}
+
+/// The IPv6 address `status.ipv6.allocated` records for each MAC, when the pool has an
+/// `ipv6Config` (the highest, if someone recorded a MAC twice, as for IPv4). Served only with
+/// the MAC's IPv4 lease: IPv4 is allocated first, so the controller never records one alone.
+fn ipv6_by_mac(
+    pool: &IPPool,
+    pool_ref: &NamespacedName,
+    errors: &mut Vec<PoolError>,
+) -> BTreeMap<MacAddr, Ipv6Addr> {
+    let Some(v6) = pool
+        .status
+        .as_ref()
+        .and_then(|s| s.ipv6.as_ref())
+        .filter(|_| pool.spec.ipv6_config.is_some())
+    else {
+        return BTreeMap::new();
+    };
+    let (entries, bad) = parse_allocated_v6(pool_ref, &v6.allocated);
+    errors.extend(bad);
+    entries
+        .into_iter()
+        .filter_map(|(ip, holder)| match holder {
+            Holder::Mac(mac) => Some((mac, ip)),
+            Holder::Reserved | Holder::Excluded => None,
+        })
+        .collect()
+}
+
+/// [`parse_allocated`] of a `status.ipv6.allocated` map, errors naming that map.
+pub fn parse_allocated_v6(
+    pool: &NamespacedName,
+    allocated: &BTreeMap<String, String>,
+) -> (BTreeMap<Ipv6Addr, Holder>, Vec<PoolError>) {
+    let (good, bad) = parse_allocated::<Ipv6Addr>(pool, allocated);
+    let bad = bad.into_iter().map(in_ipv6_status).collect();
+    (good, bad)
+}
+
+/// An `allocated` entry's error, said of `status.ipv6.allocated`.
+pub fn in_ipv6_status(e: PoolError) -> PoolError {
+    match e {
+        PoolError::InvalidAllocation {
+            pool,
+            ip,
+            value,
+            reason,
+        } => PoolError::InvalidV6Allocation {
+            pool,
+            ip,
+            value,
+            reason,
+        },
+        other => other,
+    }
 }
 
 /// The host name `v4` records for `ip` when the pool sends them (`names`), if it is one we
@@ -342,6 +430,9 @@ pub struct PoolConfig {
     /// not offered, and re-probed by the serving agent so a freed one can be cleared.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub conflicted: Vec<Ipv4Addr>,
+    /// The IPv6 side of a dual-stack pool (experimental), served over DHCPv6.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ipv6: Option<PoolConfigV6>,
 }
 
 /// A classless static route: `destination` (host bits clear) via `gateway`.

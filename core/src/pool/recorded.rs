@@ -8,15 +8,15 @@
 //! differs; its answer is the full read's, which a property test checks on random histories.
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::net::Ipv4Addr;
+use std::net::{Ipv4Addr, Ipv6Addr};
 
-use crate::crd::{IPPool, IPv4Status};
+use crate::crd::{IPPool, IPv4Status, IPv6Status};
 use crate::mac::MacAddr;
 use crate::names::NamespacedName;
 
 use super::{
-    Binding, Holder, Lease, PoolError, leases_from_status, parse_entry, pool_ref,
-    recorded_host_name,
+    Binding, Holder, Lease, PoolError, in_ipv6_status, leases_from_status, parse_allocated_v6,
+    parse_entry, pool_ref, recorded_host_name,
 };
 
 /// A lease to publish: the MAC's binding now, or `None` when it holds nothing any more.
@@ -30,6 +30,8 @@ pub type LeaseChange = (MacAddr, Option<Binding>);
 #[derive(Debug, Default, Clone)]
 pub struct RecordedLeases {
     held: BTreeSet<(MacAddr, Ipv4Addr)>,
+    /// The same for `status.ipv6.allocated`, on a dual-stack pool.
+    held6: BTreeSet<(MacAddr, Ipv6Addr)>,
 }
 
 impl RecordedLeases {
@@ -38,7 +40,20 @@ impl RecordedLeases {
     pub fn read(pool: &IPPool) -> Result<(Self, Vec<Lease>, Vec<PoolError>), PoolError> {
         let (leases, errors) = leases_from_status(pool)?;
         let held = leases.iter().map(|l| (l.mac, l.ip)).collect();
-        Ok((RecordedLeases { held }, leases, errors))
+        let held6 = match (v6_books(pool), pool_ref(pool)) {
+            (Some(v6), Ok(p)) => {
+                let (entries, _) = parse_allocated_v6(&p, &v6.allocated);
+                entries
+                    .into_iter()
+                    .filter_map(|(ip, h)| match h {
+                        Holder::Mac(mac) => Some((mac, ip)),
+                        _ => None,
+                    })
+                    .collect()
+            }
+            _ => BTreeSet::new(),
+        };
+        Ok((RecordedLeases { held, held6 }, leases, errors))
     }
 
     /// The leases that changed from `before` to `after` (two versions of one pool with the same
@@ -68,6 +83,27 @@ impl RecordedLeases {
                 Some(Ok(_)) | None => {}
             }
         }
+        let empty6 = IPv6Status::default();
+        let (old6, new6) = (
+            v6_books(before).unwrap_or(&empty6),
+            v6_books(after).unwrap_or(&empty6),
+        );
+        for key in differing(&old6.allocated, &new6.allocated) {
+            if let Some(Ok((ip, Holder::Mac(mac)))) =
+                old6.allocated.get(key).map(|v| parse_entry(&pool, key, v))
+            {
+                self.held6.remove(&(mac, ip));
+                touched.insert(mac);
+            }
+            match new6.allocated.get(key).map(|v| parse_entry(&pool, key, v)) {
+                Some(Ok((ip, Holder::Mac(mac)))) => {
+                    self.held6.insert((mac, ip));
+                    touched.insert(mac);
+                }
+                Some(Err(e)) => errors.push(in_ipv6_status(e)),
+                Some(Ok(_)) | None => {}
+            }
+        }
         if names {
             for key in differing(&old.host_names, &new.host_names) {
                 if let Some((_, mac)) = holder(&pool, key, new) {
@@ -83,15 +119,29 @@ impl RecordedLeases {
                     .range((mac, Ipv4Addr::UNSPECIFIED)..=(mac, Ipv4Addr::BROADCAST))
                     .next_back()
                     .map(|(_, ip)| *ip);
+                let ipv6 = self
+                    .held6
+                    .range((mac, Ipv6Addr::UNSPECIFIED)..=(mac, Ipv6Addr::from(u128::MAX)))
+                    .next_back()
+                    .map(|(_, ip)| *ip);
                 let binding = ip.map(|ip| Binding {
                     ip,
                     host_name: recorded_host_name(&pool, new, names, ip, &mut errors),
+                    ipv6,
                 });
                 (mac, binding)
             })
             .collect();
         Ok((changes, errors))
     }
+}
+
+/// `pool`'s IPv6 books, when it has an `ipv6Config` and its status records them.
+fn v6_books(pool: &IPPool) -> Option<&IPv6Status> {
+    pool.status
+        .as_ref()
+        .and_then(|s| s.ipv6.as_ref())
+        .filter(|_| pool.spec.ipv6_config.is_some())
 }
 
 /// `pool`'s books, or `empty` when its status has none.
@@ -226,6 +276,33 @@ mod tests {
     /// Map entries, key and value.
     type Entries = Vec<(String, String)>;
 
+    /// `p` as a dual-stack pool whose `status.ipv6.allocated` is `v6`.
+    fn with_v6(mut p: IPPool, v6: &[(String, String)]) -> IPPool {
+        p.spec.ipv6_config = crate::fixtures::dual_stack_pool().spec.ipv6_config;
+        if let Some(status) = p.status.as_mut() {
+            status.ipv6 = Some(crate::crd::IPv6Status {
+                allocated: v6.iter().cloned().collect(),
+                ..Default::default()
+            });
+        }
+        p
+    }
+
+    /// IPv6 `allocated` maps drawn like [`books`]'s IPv4 ones, spelled in several ways.
+    fn v6_books() -> impl Strategy<Value = Entries> {
+        let key = prop_oneof![
+            (0x80u8..0x88).prop_map(|o| format!("fd00::{o:x}")),
+            Just("not-an-ip".to_owned()),
+            Just("192.168.48.80".to_owned()),
+        ];
+        let value = prop_oneof![
+            (1u8..5).prop_map(|m| format!("02:00:00:00:00:0{m}")),
+            Just("RESERVED".to_owned()),
+            Just("garbage".to_owned()),
+        ];
+        proptest::collection::vec((key, value), 0..8)
+    }
+
     /// Statuses drawn from a few addresses (some not addresses), a few MACs (so that one MAC
     /// often holds two addresses), markers, garbage and host names good and bad.
     fn books() -> impl Strategy<Value = (Entries, Entries)> {
@@ -252,14 +329,19 @@ mod tests {
     proptest! {
         /// Following a pool's versions by [`RecordedLeases::update`] serves, after every version,
         /// exactly what reading that version whole serves.
+        /// On a dual-stack pool too, whose IPv6 map changes beside the IPv4 one.
         #[test]
         fn updates_serve_what_a_full_read_serves(
             names in any::<bool>(),
-            history in proptest::collection::vec(books(), 1..12),
+            dual in any::<bool>(),
+            history in proptest::collection::vec((books(), v6_books()), 1..12),
         ) {
             let versions: Vec<IPPool> = history
                 .iter()
-                .map(|(a, h)| version(names, a, h))
+                .map(|((a, h), v6)| {
+                    let p = version(names, a, h);
+                    if dual { with_v6(p, v6) } else { p }
+                })
                 .collect();
             let (mut recorded, leases, _) = RecordedLeases::read(&versions[0]).unwrap();
             let mut table: BTreeMap<MacAddr, Binding> =

@@ -14,6 +14,8 @@ use std::net::Ipv4Addr;
 
 use ipnet::Ipv4Net;
 
+use super::family::Family;
+use super::v6::ValidV6;
 use super::{DEFAULT_LEASE_SECONDS, PoolConfig, PoolError, Route, is_host_of, pool_ref};
 use crate::crd::{IPPool, IPv4Config, StaticRoute};
 use crate::names::NamespacedName;
@@ -55,15 +57,18 @@ pub const MIN_MTU: u16 = 68;
 /// The addressing of a pool: what the IPAM allocates from. Only built checked (by
 /// [`PoolRange::new`] or [`ValidPool::parse`]), so an allocator never meets a range out of order
 /// or outside its subnet.
+///
+/// Generic over the address family: `PoolRange` is a pool's IPv4 range, `PoolRange<Ipv6Addr>`
+/// its IPv6 one ([`PoolRange::new_v6`]).
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub struct PoolRange {
+pub struct PoolRange<A: Family = Ipv4Addr> {
     pool: NamespacedName,
-    subnet: Ipv4Net,
-    start: Ipv4Addr,
-    end: Ipv4Addr,
-    server_ip: Ipv4Addr,
-    router: Option<Ipv4Addr>,
-    exclude: Vec<Ipv4Addr>,
+    subnet: A::Net,
+    start: A,
+    end: A,
+    server_ip: A,
+    router: Option<A>,
+    exclude: Vec<A>,
 }
 
 impl PoolRange {
@@ -113,6 +118,29 @@ impl PoolRange {
             exclude,
         })
     }
+}
+
+impl<A: Family> PoolRange<A> {
+    /// A range from parts the caller has checked (each family's constructor).
+    pub(super) fn from_parts(
+        pool: NamespacedName,
+        subnet: A::Net,
+        start: A,
+        end: A,
+        server_ip: A,
+        router: Option<A>,
+        exclude: Vec<A>,
+    ) -> Self {
+        PoolRange {
+            pool,
+            subnet,
+            start,
+            end,
+            server_ip,
+            router,
+            exclude,
+        }
+    }
 
     /// The pool, `namespace/name`, for messages.
     pub fn pool(&self) -> &NamespacedName {
@@ -120,32 +148,32 @@ impl PoolRange {
     }
 
     /// The subnet, host bits cleared.
-    pub fn subnet(&self) -> Ipv4Net {
+    pub fn subnet(&self) -> A::Net {
         self.subnet
     }
 
     /// First allocatable address.
-    pub fn start(&self) -> Ipv4Addr {
+    pub fn start(&self) -> A {
         self.start
     }
 
     /// Last allocatable address (≥ [`Self::start`]).
-    pub fn end(&self) -> Ipv4Addr {
+    pub fn end(&self) -> A {
         self.end
     }
 
     /// The DHCP server's address: `RESERVED` when inside the range.
-    pub fn server_ip(&self) -> Ipv4Addr {
+    pub fn server_ip(&self) -> A {
         self.server_ip
     }
 
     /// The router: `RESERVED` when inside the range.
-    pub fn router(&self) -> Option<Ipv4Addr> {
+    pub fn router(&self) -> Option<A> {
         self.router
     }
 
     /// Addresses never handed out: `EXCLUDED` (those outside the range have no effect).
-    pub fn exclude(&self) -> &[Ipv4Addr] {
+    pub fn exclude(&self) -> &[A] {
         &self.exclude
     }
 }
@@ -178,6 +206,7 @@ pub struct ValidPool {
     mtu: Option<u16>,
     routes: Vec<Route>,
     default_route: bool,
+    ipv6: Option<ValidV6>,
 }
 
 impl ValidPool {
@@ -220,6 +249,11 @@ impl ValidPool {
             mtu,
             routes: f.routes(&v4.routes)?,
             default_route: v4.default_route != Some(false),
+            ipv6: spec
+                .ipv6_config
+                .as_ref()
+                .map(|v6| ValidV6::parse(&pool_ref, v6))
+                .transpose()?,
         })
     }
 
@@ -236,6 +270,11 @@ impl ValidPool {
     /// The addressing, for the IPAM.
     pub fn range(&self) -> &PoolRange {
         &self.range
+    }
+
+    /// The IPv6 side of a dual-stack pool, if it has one.
+    pub fn ipv6(&self) -> Option<&ValidV6> {
+        self.ipv6.as_ref()
     }
 
     /// The classless static routes, destinations truncated to their prefix.
@@ -269,6 +308,7 @@ impl ValidPool {
             mtu: self.mtu,
             routes: self.routes.clone(),
             conflicted: Vec::new(),
+            ipv6: self.ipv6.as_ref().map(ValidV6::config),
         })
     }
 }

@@ -541,6 +541,7 @@ mod tests {
         let cfg = config();
         let name = cfg.pool.clone();
         let binding = Binding {
+            ipv6: None,
             ip: LEASED,
             host_name: Some("vm-1".into()),
         };
