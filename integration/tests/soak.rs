@@ -202,6 +202,18 @@ fn foreign_write(kubeconfig: &Path, first: usize, n: usize) -> BTreeMap<String, 
     recorded
 }
 
+/// For a look at every process's whole log after a run, passed or failed:
+/// `VMDHCP_SOAK_KEEP=DIR` copies the fleet's directory there.
+fn keep_logs(fleet: &Fleet) {
+    if let Ok(keep) = std::env::var("VMDHCP_SOAK_KEEP") {
+        let _ = Command::new("cp")
+            .arg("-a")
+            .arg(fleet.dir.path())
+            .arg(&keep)
+            .status();
+    }
+}
+
 /// What the churn did.
 #[derive(Debug, Default)]
 struct Churn {
@@ -568,6 +580,7 @@ fn seeded_faults_under_churn_lose_no_lease_and_bound_every_outage() {
             break macs;
         }
         if Instant::now() > deadline {
+            keep_logs(&fleet);
             let logs: Vec<String> = fleet
                 .replicas
                 .iter()
@@ -624,14 +637,7 @@ fn seeded_faults_under_churn_lose_no_lease_and_bound_every_outage() {
 
     // No allocation lost, every client kept its address (in the pool, in its lease file, and in
     // every event its hook saw).
-    // For a look at every process's log after a run: VMDHCP_SOAK_KEEP=DIR copies them there.
-    if let Ok(keep) = std::env::var("VMDHCP_SOAK_KEEP") {
-        let _ = Command::new("cp")
-            .arg("-a")
-            .arg(fleet.dir.path())
-            .arg(&keep)
-            .status();
-    }
+    keep_logs(&fleet);
 
     // The longest outage.
     let mut worst: Vec<(Duration, &str, f64)> = Vec::new();

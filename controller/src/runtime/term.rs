@@ -70,25 +70,55 @@ impl ReconcileError {
 
 /// Per-object retry delays: from 1 s, doubling up to 5 min, with jitter
 /// ([`vmdhcp_core::retry::exponential`]); a success starts the object's series again. Holds
-/// an entry only for objects whose last reconcile failed.
+/// an entry only for objects whose last reconcile failed. A failure for want of the API server
+/// ([`is_transient`]) waits at most [`Backoff::TRANSIENT_MAX`]: through a few API outages in a
+/// row an object's delay would otherwise double past minutes, and it would catch up that long
+/// after the API came back, when nothing else wakes it (its watch resumed without a relist).
 #[derive(Default)]
 struct Backoff(Mutex<HashMap<String, vmdhcp_core::retry::Delays>>);
 
 impl Backoff {
     const MIN: Duration = Duration::from_secs(1);
     const MAX: Duration = Duration::from_secs(300);
+    const TRANSIENT_MAX: Duration = Duration::from_secs(15);
 
-    fn failed(&self, key: String) -> Duration {
+    fn failed(&self, key: String, transient: bool) -> Duration {
         let mut m = self.0.lock();
-        m.entry(key)
+        let delay = m
+            .entry(key)
             .or_insert_with(|| vmdhcp_core::retry::exponential(Self::MIN, Self::MAX))
             .next()
-            .unwrap_or(Self::MAX)
+            .unwrap_or(Self::MAX);
+        if transient {
+            delay.min(Self::TRANSIENT_MAX)
+        } else {
+            delay
+        }
     }
 
     fn succeeded(&self, key: &str) {
         self.0.lock().remove(key);
     }
+}
+
+/// Whether `err` failed for want of the API server (unreachable, restarting, overloaded:
+/// a connection error, a 5xx or a 429 anywhere in its chain of sources), not because the API
+/// refused the request.
+fn is_transient(err: &(dyn std::error::Error + 'static)) -> bool {
+    let mut next = Some(err);
+    while let Some(e) = next {
+        if let Some(k) = e.downcast_ref::<kube::Error>() {
+            return match k {
+                kube::Error::Api(s) => s.code >= 500 || s.code == 429,
+                kube::Error::HyperError(_)
+                | kube::Error::Service(_)
+                | kube::Error::ReadEvents(_) => true,
+                _ => false,
+            };
+        }
+        next = e.source();
+    }
+    false
 }
 
 /// A leadership term's context plus its backoff bookkeeping.
@@ -157,7 +187,9 @@ fn error_policy<K: ResourceExt>(
     kind: &'static str,
 ) -> impl Fn(Arc<K>, &ReconcileError, Arc<Term>) -> Action {
     move |obj, err, term| {
-        let delay = term.backoff.failed(key(kind, obj.as_ref()));
+        let delay = term
+            .backoff
+            .failed(key(kind, obj.as_ref()), is_transient(err));
         if !err.is_not_leader() {
             warn!(object = %key(kind, obj.as_ref()), error = %err, retry_in = ?delay, "reconcile failed")
         }
@@ -557,4 +589,57 @@ fn config_triggers(
             .map(|c| store_key::<VirtualMachineNetworkConfig>(&c))
             .collect::<Vec<_>>()
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use kube::core::Status;
+
+    fn api(code: u16) -> kube::Error {
+        kube::Error::Api(Status::failure("m", "r").with_code(code).boxed())
+    }
+
+    fn through_a_reconciler(source: kube::Error) -> ReconcileError {
+        ReconcileError::Vmnetcfg(vmnetcfg::Error::Kube {
+            action: "writing".into(),
+            source,
+        })
+    }
+
+    #[test]
+    fn api_outages_are_transient_and_refusals_are_not() {
+        for code in [500, 503, 504, 429] {
+            assert!(is_transient(&through_a_reconciler(api(code))), "{code}");
+        }
+        for code in [403, 404, 409, 422] {
+            assert!(!is_transient(&through_a_reconciler(api(code))), "{code}");
+        }
+        let refused = std::io::Error::from(std::io::ErrorKind::ConnectionRefused);
+        let unreachable = kube::Error::Service(Box::new(refused));
+        assert!(is_transient(&through_a_reconciler(unreachable)));
+        // Deeper in the chain: a status write's API error inside a reconciler's error.
+        let status = vmnetcfg::Error::Status(crate::reconcile::status::StatusError::Api {
+            pool: "ns/p".parse().unwrap(),
+            source: api(503),
+        });
+        assert!(is_transient(&ReconcileError::Vmnetcfg(status)));
+        assert!(!is_transient(&ReconcileError::Vmnetcfg(
+            vmnetcfg::Error::Unnamespaced
+        )));
+    }
+
+    #[test]
+    fn a_transient_failure_waits_at_most_the_transient_bound() {
+        let backoff = Backoff::default();
+        let delays: Vec<Duration> = (0..12).map(|_| backoff.failed("k".into(), true)).collect();
+        assert!(
+            delays.iter().all(|d| *d <= Backoff::TRANSIENT_MAX),
+            "{delays:?}"
+        );
+        // The series goes on underneath: a refusal after them waits the long delay.
+        assert!(backoff.failed("k".into(), false) > Backoff::TRANSIENT_MAX);
+        backoff.succeeded("k");
+        assert!(backoff.failed("k".into(), false) <= Duration::from_secs(2));
+    }
 }
