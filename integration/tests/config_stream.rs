@@ -63,7 +63,11 @@ fn dual(config: PoolConfig, octet: u8) -> PoolConfig {
 /// `lease` with its IPv6 address on a [`dual`] pool: `fd00:<octet>::<host + 0x10>`.
 fn with_v6(lease: Lease, octet: u8, host: u32) -> Lease {
     Lease {
-        ipv6: Some(format!("fd00:{octet:x}::{:x}", host + 0x10).parse().unwrap()),
+        ipv6: Some(
+            format!("fd00:{octet:x}::{:x}", host + 0x10)
+                .parse()
+                .unwrap(),
+        ),
         ..lease
     }
 }

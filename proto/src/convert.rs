@@ -394,7 +394,11 @@ mod tests {
         assert_eq!(PoolConfig::try_from(&wire).unwrap(), c);
         let old = first_contract::PoolConfig::decode(wire.encode_to_vec().as_slice()).unwrap();
         assert_eq!(
-            (old.server_ip.as_str(), old.cidr.as_str(), old.lease_time_seconds),
+            (
+                old.server_ip.as_str(),
+                old.cidr.as_str(),
+                old.lease_time_seconds
+            ),
             ("192.168.48.77", "192.168.48.0/24", 300)
         );
 
@@ -416,7 +420,10 @@ mod tests {
             v6.server_ip = "fd01::1".into();
         }
         let e = PoolConfig::try_from(&bad).unwrap_err().to_string();
-        assert!(e.contains("PoolConfigV6.server_ip") && e.contains("outside cidr"), "{e}");
+        assert!(
+            e.contains("PoolConfigV6.server_ip") && e.contains("outside cidr"),
+            "{e}"
+        );
         let e = lease_from_entry(
             &pool,
             &pb::LeaseEntry {
