@@ -1180,4 +1180,60 @@ async fn a_dual_stack_pool_allocates_records_and_frees_both_families() {
     let v6_status = freed.status.as_ref().unwrap().ipv6.clone().unwrap();
     assert_eq!(v6_status.used, 1, "{v6_status:?}");
     assert_eq!(v6_status.available, 32 - 2 - 1, "{v6_status:?}");
+
+    // The agent Deployment's bootstrap carries the pool's IPv6 side.
+    let deployments: Api<Deployment> = Api::namespaced(client.clone(), AGENT_NS);
+    let pool_ref = format!("{ns}/dual");
+    let deadline = Instant::now() + DEADLINE;
+    loop {
+        let d = deployments.get("vm-dhcp-agent").await.unwrap();
+        let env = d.spec.unwrap().template.spec.unwrap().containers[0]
+            .env
+            .clone()
+            .unwrap_or_default();
+        let configs = env
+            .iter()
+            .find(|e| e.name == "AGENT_NETWORK_CONFIGS")
+            .and_then(|e| e.value.clone())
+            .unwrap_or_default();
+        let parsed = vmdhcp_core::bootstrap::parse_network_configs(&configs).unwrap_or_default();
+        if let Some(mine) = parsed
+            .iter()
+            .find(|c| c.ip_pool_ref.to_string() == pool_ref)
+        {
+            assert_eq!(mine.server_ipv6, Some("fd00:77::1".parse().unwrap()));
+            assert_eq!(
+                mine.cidr_v6.map(|c| c.to_string()).as_deref(),
+                Some("fd00:77::/112")
+            );
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "no bootstrap for {pool_ref}: {configs}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+
+    // A pool that loses its ipv6Config (past the webhook, which refuses it): its IPv6 books
+    // and `status.ipv6` go, and the configs stop naming an IPv6 address; IPv4 is untouched.
+    pools
+        .patch(
+            "dual",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"spec": {"ipv6Config": null}})),
+        )
+        .await
+        .unwrap();
+    wait_for(&pools, "dual", "dropping status.ipv6", |p| {
+        p.status.as_ref().is_some_and(|s| s.ipv6.is_none())
+            && allocated(p).values().any(|m| m == mac2)
+    })
+    .await;
+    wait_for(&cfgs, "d2", "dropping its IPv6 address", |c| {
+        cfg_both(c)
+            .first()
+            .is_some_and(|(_, v4, v6)| !v4.is_empty() && v6.is_empty())
+    })
+    .await;
 }
