@@ -286,12 +286,19 @@ pub fn probe(
     Ok(answers)
 }
 
-/// The destination of a frame on a packet socket: `index`'s link, ARP, broadcast.
+/// The destination of an ARP frame on a packet socket: `index`'s link, broadcast.
+fn link_destination(index: u32) -> io::Result<SockAddr> {
+    link_address(index, ETH_P_ARP, BROADCAST)
+}
+
+/// A packet-socket address (`sockaddr_ll`): `index`'s link, EtherType `protocol`, to `to`
+/// (ignored when binding). For ARP here, and for the DHCPv6 server's socket, which binds to its
+/// interface's IPv6 frames.
 ///
 /// socket2 has no constructor for `sockaddr_ll`, so it is written into a zeroed storage here;
 /// this is the one place in the agent that needs `unsafe`.
 #[allow(unsafe_code)]
-fn link_destination(index: u32) -> io::Result<SockAddr> {
+pub fn link_address(index: u32, protocol: u16, to: [u8; 6]) -> io::Result<SockAddr> {
     let ifindex = i32::try_from(index).map_err(|_| io::Error::other("ifindex out of range"))?;
     let len = socket2::socklen_t::try_from(std::mem::size_of::<libc::sockaddr_ll>())
         .map_err(|_| io::Error::other("sockaddr_ll size"))?;
@@ -301,10 +308,10 @@ fn link_destination(index: u32) -> io::Result<SockAddr> {
     // size); all-zero bytes are a valid `sockaddr_ll` (plain integers and arrays).
     let ll = unsafe { storage.view_as::<libc::sockaddr_ll>() };
     ll.sll_family = libc::AF_PACKET as libc::c_ushort;
-    ll.sll_protocol = ETH_P_ARP.to_be();
+    ll.sll_protocol = protocol.to_be();
     ll.sll_ifindex = ifindex;
     ll.sll_halen = 6;
-    ll.sll_addr[..6].copy_from_slice(&BROADCAST);
+    ll.sll_addr[..6].copy_from_slice(&to);
     // SAFETY: the storage holds an initialised `sockaddr_ll` of family AF_PACKET, and `len` is
     // its size, within the storage.
     Ok(unsafe { SockAddr::new(storage, len) })

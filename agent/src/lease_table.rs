@@ -13,12 +13,12 @@
 
 use parking_lot::Mutex;
 use std::collections::{BTreeMap, HashMap};
-use std::net::Ipv4Addr;
+use std::net::{Ipv4Addr, Ipv6Addr};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use arc_swap::ArcSwap;
-use vmdhcp_core::pool::{PoolConfig, is_host_of};
+use vmdhcp_core::pool::{Binding, PoolConfig, is_host_of};
 use vmdhcp_core::{MacAddr, NamespacedName};
 
 use crate::findings::Findings;
@@ -65,6 +65,19 @@ pub enum LeaseTableError {
         /// The MAC that holds it.
         kept: MacAddr,
     },
+    /// A lease's IPv6 address is not in its pool's IPv6 subnet, or the pool has none: the
+    /// lease is served over DHCPv4 only.
+    #[error(
+        "lease {mac} -> {ip} of pool {pool} is outside the pool's IPv6 subnet (or it has none)"
+    )]
+    OutsideV6Subnet {
+        /// The pool.
+        pool: NamespacedName,
+        /// The lease's MAC.
+        mac: MacAddr,
+        /// The lease's IPv6 address.
+        ip: Ipv6Addr,
+    },
 }
 
 /// One pool as the packet path sees it at one instant: never changes once published.
@@ -76,6 +89,10 @@ pub struct PoolSnapshot {
     by_ip: HashMap<Ipv4Addr, MacAddr>,
     /// Host names (option 12) of the MACs that have one; most pools send none.
     host_names: HashMap<MacAddr, Arc<str>>,
+    /// IPv6 addresses of a dual-stack pool's MACs (only MACs with an IPv4 lease have one).
+    v6_by_mac: HashMap<MacAddr, Ipv6Addr>,
+    /// The MAC each IPv6 address is reserved for.
+    v6_by_ip: HashMap<Ipv6Addr, MacAddr>,
 }
 
 /// The NTP entries of a config that are addresses already; host names wait for a resolver.
@@ -91,6 +108,8 @@ impl PoolSnapshot {
             by_mac: HashMap::new(),
             by_ip: HashMap::new(),
             host_names: HashMap::new(),
+            v6_by_mac: HashMap::new(),
+            v6_by_ip: HashMap::new(),
         }
     }
 
@@ -116,6 +135,16 @@ impl PoolSnapshot {
     /// The address reserved for `mac` on this pool.
     pub fn address_of(&self, mac: &MacAddr) -> Option<Ipv4Addr> {
         self.by_mac.get(mac).copied()
+    }
+
+    /// The IPv6 address reserved for `mac` on this dual-stack pool.
+    pub fn ipv6_of(&self, mac: &MacAddr) -> Option<Ipv6Addr> {
+        self.v6_by_mac.get(mac).copied()
+    }
+
+    /// The MAC an IPv6 address is reserved for.
+    pub fn ipv6_holder_of(&self, ip: &Ipv6Addr) -> Option<MacAddr> {
+        self.v6_by_ip.get(ip).copied()
     }
 
     /// The host name `mac` is given (option 12), if its pool sends one.
@@ -150,9 +179,9 @@ impl PoolSnapshot {
     fn insert(
         &mut self,
         mac: MacAddr,
-        ip: Ipv4Addr,
-        host_name: Option<&str>,
+        binding: &Binding,
     ) -> Result<Option<MacAddr>, LeaseTableError> {
+        let (ip, host_name) = (binding.ip, binding.host_name.as_deref());
         if !is_host_of(self.config.subnet, ip) {
             return Err(LeaseTableError::OutsideSubnet {
                 pool: self.config.pool.clone(),
@@ -183,7 +212,46 @@ impl PoolSnapshot {
                 self.host_names.remove(&mac);
             }
         }
+        if let Some(old) = displaced {
+            self.remove_v6(&old);
+        }
+        self.insert_v6(mac, binding.ipv6)?;
         Ok(displaced)
+    }
+
+    /// Records (or drops) `mac`'s IPv6 address, as [`Self::insert`] does its IPv4 one; only on
+    /// a dual-stack pool and inside its IPv6 subnet.
+    fn insert_v6(&mut self, mac: MacAddr, ipv6: Option<Ipv6Addr>) -> Result<(), LeaseTableError> {
+        let Some(ip) = ipv6 else {
+            self.remove_v6(&mac);
+            return Ok(());
+        };
+        let subnet = self.config.ipv6.as_ref().map(|v6| v6.subnet);
+        if !subnet.is_some_and(|s| s.contains(&ip)) {
+            self.remove_v6(&mac);
+            return Err(LeaseTableError::OutsideV6Subnet {
+                pool: self.config.pool.clone(),
+                mac,
+                ip,
+            });
+        }
+        if let Some(old) = self.v6_by_mac.insert(mac, ip)
+            && old != ip
+        {
+            self.v6_by_ip.remove(&old);
+        }
+        if let Some(old_mac) = self.v6_by_ip.insert(ip, mac)
+            && old_mac != mac
+        {
+            self.v6_by_mac.remove(&old_mac);
+        }
+        Ok(())
+    }
+
+    fn remove_v6(&mut self, mac: &MacAddr) {
+        if let Some(ip) = self.v6_by_mac.remove(mac) {
+            self.v6_by_ip.remove(&ip);
+        }
     }
 
     fn remove(&mut self, mac: &MacAddr) {
@@ -191,6 +259,7 @@ impl PoolSnapshot {
             self.by_ip.remove(&ip);
         }
         self.host_names.remove(mac);
+        self.remove_v6(mac);
     }
 }
 
@@ -279,7 +348,7 @@ impl LeaseTable {
             snap.by_mac.reserve(leases.len());
             snap.by_ip.reserve(leases.len());
             for (mac, binding) in leases {
-                match snap.insert(*mac, binding.ip, binding.host_name.as_deref()) {
+                match snap.insert(*mac, binding) {
                     Ok(None) => {}
                     Ok(Some(dropped)) => errors.push(LeaseTableError::AddressHeldTwice {
                         pool: name.clone(),
@@ -344,6 +413,14 @@ impl LeaseTable {
                         let kept = &snap.by_mac;
                         snap.host_names.retain(|mac, _| kept.contains_key(mac));
                     }
+                    // IPv6 addresses outside the (new, or no) IPv6 subnet go.
+                    let subnet6 = snap.config.ipv6.as_ref().map(|v6| v6.subnet);
+                    let by_mac = &snap.by_mac;
+                    snap.v6_by_mac.retain(|mac, ip| {
+                        by_mac.contains_key(mac) && subnet6.is_some_and(|s| s.contains(&*ip))
+                    });
+                    let kept = &snap.v6_by_mac;
+                    snap.v6_by_ip.retain(|_, mac| kept.contains_key(mac));
                     snap
                 }
                 None => PoolSnapshot::new(config.clone()),
@@ -369,7 +446,7 @@ impl LeaseTable {
             // A displaced holder is the point of a move, not an error: the delta's removals
             // went first, and the controller gave the address to this MAC.
             if let Some(Some(snap)) = touched.get_mut(&lease.pool)
-                && let Err(e) = snap.insert(lease.mac, lease.ip, lease.host_name.as_deref())
+                && let Err(e) = snap.insert(lease.mac, &lease.binding())
             {
                 errors.push(e);
             }

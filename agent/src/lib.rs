@@ -17,6 +17,8 @@
 //!   servers, proxy-ARP responders), kept while they keep showing, for the controller.
 //! - [`dhcp`]: the DHCPv4 server, one socket per interface, replies built by pure functions
 //!   (`dhcp::handler`: the datagram checked, the decision, the reply encoded).
+//! - [`dhcp6`]: the DHCPv6 server of dual-stack pools (stateful IA_NA), its replies built by a
+//!   pure function (`dhcp6::handler`).
 //! - [`http`]: `/healthz`, `/readyz`, `/leases` and `/metrics`.
 //! - [`netlink`]: each served interface gets exactly its server address and is up.
 //! - [`arp`]: gratuitous ARP (RFC 5227 announcements) for the server addresses taken over.
@@ -36,7 +38,7 @@
 //! 1. `runtime`
 //! 2. `report`
 //! 3. `serving`, `sources`, `http`
-//! 4. `dhcp`, `stream`
+//! 4. `dhcp`, `dhcp6`, `stream`
 //! 5. `arp`, `netlink`, `lease_table`
 //! 6. `capability`, `credentials`, `findings`, `pools`, `suspects`
 //!
@@ -48,6 +50,7 @@ pub mod arp;
 pub mod capability;
 pub mod credentials;
 pub mod dhcp;
+pub mod dhcp6;
 pub mod findings;
 pub mod http;
 pub mod lease_table;

@@ -29,13 +29,13 @@
 //!
 //! [`undo`]: InterfaceSetup::undo
 
-use std::net::{IpAddr, Ipv4Addr};
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
 use futures_util::TryStreamExt;
 use ipnet::Ipv4Net;
 use rtnetlink::packet_core::DefaultNla;
 use rtnetlink::packet_route::AddressFamily;
-use rtnetlink::packet_route::address::{AddressAttribute, AddressMessage};
+use rtnetlink::packet_route::address::{AddressAttribute, AddressHeaderFlags, AddressMessage};
 use rtnetlink::packet_route::link::{
     AfSpecInet, AfSpecUnspec, InetDevConf, LinkAttribute, LinkFlags, LinkMessage,
 };
@@ -507,6 +507,101 @@ impl InterfaceSetup {
             Ok(None) => Ok(None),
             Err(source) => Err(NetlinkError::query(here, "look an interface up", source)),
         }
+    }
+
+    /// The IPv6 addresses of `interface` (index `index`) with their prefix lengths.
+    async fn ipv6_addresses(
+        &self,
+        interface: &str,
+        index: u32,
+    ) -> Result<Vec<(Ipv6Addr, u8, AddressMessage)>, NetlinkError> {
+        let mut stream = self
+            .handle
+            .address()
+            .get()
+            .set_link_index_filter(index)
+            .execute();
+        let mut out = Vec::new();
+        loop {
+            let msg = match stream.try_next().await {
+                Ok(Some(msg)) => msg,
+                Ok(None) => break,
+                Err(source) => {
+                    return Err(NetlinkError::query(interface, "list its addresses", source));
+                }
+            };
+            if msg.header.family != AddressFamily::Inet6 || msg.header.index != index {
+                continue;
+            }
+            let addr = msg.attributes.iter().find_map(|a| match a {
+                AddressAttribute::Address(IpAddr::V6(ip)) => Some(*ip),
+                _ => None,
+            });
+            if let Some(ip) = addr {
+                out.push((ip, msg.header.prefix_len, msg));
+            }
+        }
+        Ok(out)
+    }
+
+    /// Gives `interface` the IPv6 server address `server_ip/prefix` of a dual-stack pool (beside
+    /// its link-local address, which DHCPv6 replies to clients come from). Added without
+    /// duplicate address detection, so it is usable at once after a takeover: the pool's
+    /// server address is ours by the pool's definition, and the previous leader's went with
+    /// its step-down. Returns whether it was added.
+    pub async fn configure6(
+        &self,
+        interface: &str,
+        server_ip: Ipv6Addr,
+        prefix: u8,
+    ) -> Result<bool, NetlinkError> {
+        let (index, _) = self.link(interface).await?;
+        let present = self
+            .ipv6_addresses(interface, index)
+            .await?
+            .iter()
+            .any(|(ip, len, _)| (*ip, *len) == (server_ip, prefix));
+        if present {
+            return Ok(false);
+        }
+        let mut request = self
+            .handle
+            .address()
+            .add(index, IpAddr::V6(server_ip), prefix);
+        request.message_mut().header.flags |= AddressHeaderFlags::Nodad;
+        request.execute().await.map_err(|source| {
+            NetlinkError::change(interface, "add the IPv6 server address", source)
+        })?;
+        Ok(true)
+    }
+
+    /// Removes the IPv6 server address `server_ip/prefix` from `interface`. An interface or
+    /// address already gone is not an error.
+    pub async fn undo6(
+        &self,
+        interface: &str,
+        server_ip: Ipv6Addr,
+        prefix: u8,
+    ) -> Result<bool, NetlinkError> {
+        let index = match self.link(interface).await {
+            Ok((index, _)) => index,
+            Err(NetlinkError::NoSuchInterface { .. }) => return Ok(false),
+            Err(e) => return Err(e),
+        };
+        for (ip, len, msg) in self.ipv6_addresses(interface, index).await? {
+            if (ip, len) == (server_ip, prefix) {
+                self.handle
+                    .address()
+                    .del(msg)
+                    .execute()
+                    .await
+                    .map_err(|source| {
+                        NetlinkError::change(interface, "remove the IPv6 server address", source)
+                    })?;
+                return Ok(true);
+            }
+        }
+        Ok(false)
     }
 
     /// Removes `server_ip/prefix` from `interface` (when the pool stops being served here).

@@ -15,12 +15,16 @@
 //! ([`crate::dhcp::foreign`]), started and stopped with it: a standby looks for none, and
 //! stepping down forgets what was found, so that only the serving agent reports suspects.
 //!
+//! A dual-stack pool's interface also carries the pool's IPv6 server address and runs a DHCPv6
+//! server ([`crate::dhcp6`]) beside the DHCPv4 one, started and stopped with it; an interface
+//! whose IPv6 side cannot be set up (IPv6 disabled in the pod, say) keeps serving IPv4.
+//!
 //! This module owns the servers, the detectors, the addresses it configured and their
 //! announcements; the pools come from the lease table (or, before anything is loaded, from the
 //! bootstrap env).
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::net::Ipv4Addr;
+use std::net::{Ipv4Addr, Ipv6Addr};
 use std::sync::Arc;
 
 use tracing::{info, warn};
@@ -30,6 +34,7 @@ use vmdhcp_core::bootstrap::AgentNetworkConfig;
 use crate::arp::Announcer;
 use crate::dhcp::foreign::{Detectors, Target};
 use crate::dhcp::server::{Interface, InterfaceStatus, Servers};
+use crate::dhcp6::server::{Interface6, Servers6};
 use crate::lease_table::LeaseTable;
 use crate::netlink::InterfaceSetup;
 
@@ -42,6 +47,8 @@ pub struct Wanted {
     pub server_ip: Ipv4Addr,
     /// The pool's prefix length.
     pub prefix: u8,
+    /// The IPv6 server address and prefix length of a dual-stack pool.
+    pub ipv6: Option<(Ipv6Addr, u8)>,
 }
 
 /// Interface name → what it should serve.
@@ -60,6 +67,10 @@ pub fn wanted_from_table(table: &LeaseTable) -> WantedSet {
                     pool: c.pool.clone(),
                     server_ip: c.server_ip,
                     prefix: c.subnet.prefix_len(),
+                    ipv6: c
+                        .ipv6
+                        .as_ref()
+                        .map(|v6| (v6.server_ip, v6.subnet.prefix_len())),
                 },
             )
         })
@@ -77,6 +88,7 @@ pub fn wanted_from_bootstrap(configs: &[AgentNetworkConfig]) -> WantedSet {
                     pool: c.ip_pool_ref.clone(),
                     server_ip: c.server_ip,
                     prefix: c.cidr.prefix_len(),
+                    ipv6: c.server_ipv6.zip(c.cidr_v6.map(|n| n.prefix_len())),
                 },
             )
         })
@@ -86,6 +98,10 @@ pub fn wanted_from_bootstrap(configs: &[AgentNetworkConfig]) -> WantedSet {
 /// The servers and configured addresses of one agent.
 pub struct Serving {
     servers: Servers,
+    /// The DHCPv6 servers of dual-stack pools.
+    servers6: Servers6,
+    /// Interface → the IPv6 server address we configured on it (and must remove).
+    configured6: BTreeMap<String, (Ipv6Addr, u8)>,
     setup: Option<InterfaceSetup>,
     /// Announces each server address we configure.
     announcer: Announcer,
@@ -110,6 +126,8 @@ impl Serving {
         detectors: Detectors,
     ) -> Self {
         Serving {
+            servers6: Servers6::new(Arc::clone(&table)),
+            configured6: BTreeMap::new(),
             servers: Servers::new(table).reporting_to(Arc::clone(detectors.suspects())),
             setup,
             announcer,
@@ -125,6 +143,11 @@ impl Serving {
         &self.servers
     }
 
+    /// The DHCPv6 servers, for the HTTP endpoints' counters.
+    pub fn servers6(&self) -> &Servers6 {
+        &self.servers6
+    }
+
     /// The ARP announcement counters, for `/metrics`.
     pub fn arp_counters(&self) -> crate::arp::ArpCounters {
         self.announcer.counters()
@@ -137,7 +160,10 @@ impl Serving {
 
     /// Whether any interface is answering or configured.
     pub fn is_active(&self) -> bool {
-        self.servers.running().next().is_some() || !self.configured.is_empty()
+        self.servers.running().next().is_some()
+            || !self.configured.is_empty()
+            || self.servers6.running().next().is_some()
+            || !self.configured6.is_empty()
     }
 
     /// Brings servers and addresses to `wanted` (as leader) or to nothing (as standby).
@@ -152,6 +178,7 @@ impl Serving {
             // No more announcing an address we give up; then silence, for every interface at
             // once; addresses after.
             self.announcer.cancel_all();
+            self.servers6.stop_all().await;
             self.servers.stop_all(Some(InterfaceStatus::Standby)).await;
             // A standby looks for nothing and reports nothing: the new leader finds again
             // whatever is still there.
@@ -159,6 +186,9 @@ impl Serving {
             self.detectors.suspects().retain_pools(|_| false);
             for name in self.configured.keys().cloned().collect::<Vec<_>>() {
                 self.unconfigure(&name).await;
+            }
+            for name in self.configured6.keys().cloned().collect::<Vec<_>>() {
+                self.unconfigure6(&name).await;
             }
             self.clear_leftovers(wanted).await;
             self.show(wanted, true);
@@ -179,6 +209,33 @@ impl Serving {
                     .any(|i| &i.name == name && i.pool != w.pool),
             })
             .collect();
+        // IPv6 sides to stop: gone, or another pool or address.
+        let stale6: Vec<String> = self
+            .servers6
+            .running()
+            .map(|i| i.name.clone())
+            .chain(self.configured6.keys().cloned())
+            .filter(|name| match wanted.get(name) {
+                None => true,
+                Some(w) => {
+                    w.ipv6.is_none()
+                        || self
+                            .configured6
+                            .get(name)
+                            .is_some_and(|c| Some(*c) != w.ipv6)
+                        || self
+                            .servers6
+                            .running()
+                            .any(|i| &i.name == name && i.pool != w.pool)
+                }
+            })
+            .collect::<BTreeSet<_>>()
+            .into_iter()
+            .collect();
+        for name in stale6 {
+            self.servers6.stop(&name).await;
+            self.unconfigure6(&name).await;
+        }
         for name in stale {
             self.servers.stop(&name, None).await;
             self.detectors.stop(&name).await;
@@ -225,6 +282,9 @@ impl Serving {
                 name: name.clone(),
                 pool: w.pool.clone(),
             });
+            if let Some((ip6, prefix6)) = w.ipv6 {
+                self.serve_v6(name, &w.pool, ip6, prefix6).await;
+            }
             self.detectors
                 .ensure(Target {
                     interface: name.clone(),
@@ -234,6 +294,39 @@ impl Serving {
                 .await;
         }
         self.show(wanted, false);
+    }
+
+    /// The IPv6 side of a dual-stack pool's interface: its server address, then its DHCPv6
+    /// server. A failure is logged and retried on the next convergence; IPv4 goes on.
+    async fn serve_v6(&mut self, name: &str, pool: &NamespacedName, ip: Ipv6Addr, prefix: u8) {
+        if let Some(setup) = &self.setup
+            && !self.configured6.contains_key(name)
+        {
+            match setup.configure6(name, ip, prefix).await {
+                Ok(added) => {
+                    info!(interface = %name, %pool, %ip, prefix, added, "IPv6 server address configured");
+                    self.configured6.insert(name.to_owned(), (ip, prefix));
+                }
+                Err(error) => {
+                    warn!(interface = %name, %pool, %error, "IPv6 server address not configured; serving IPv4 only");
+                    return;
+                }
+            }
+        }
+        self.servers6.start(Interface6 {
+            name: name.to_owned(),
+            pool: pool.clone(),
+        });
+    }
+
+    async fn unconfigure6(&mut self, name: &str) {
+        let (Some(setup), Some((ip, prefix))) = (&self.setup, self.configured6.remove(name)) else {
+            return;
+        };
+        match setup.undo6(name, ip, prefix).await {
+            Ok(_) => info!(interface = %name, %ip, "IPv6 server address removed"),
+            Err(error) => warn!(interface = %name, %ip, %error, "IPv6 server address not removed"),
+        }
     }
 
     /// Stops everything and removes every address we configured (shutdown).

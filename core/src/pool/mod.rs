@@ -20,6 +20,7 @@ use crate::crd::{
 use crate::mac::MacAddr;
 use crate::names::{NamespacedName, is_host_name};
 
+pub mod duid;
 pub mod family;
 pub mod recorded;
 pub mod spec;

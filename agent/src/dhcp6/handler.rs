@@ -1,0 +1,1243 @@
+//! What the DHCPv6 server answers to one datagram (RFC 8415, stateful IA_NA), as a pure
+//! function of the bytes, who sent them and one [`PoolSnapshot`]: [`handle`] is the one entry
+//! point. Nothing here does I/O or changes state; a DECLINE comes back as
+//! [`Silence::Declined`] for the caller to verify. Every byte sequence yields an [`Outcome`];
+//! nothing a datagram holds can panic (a property test feeds it garbage).
+//!
+//! **Whose address.** Reservations are keyed by the NIC's MAC, and DHCPv6 clients identify by
+//! DUID, which often carries another MAC or none. The MAC is taken, in this order of trust:
+//! the Ethernet source of the frame that carried a direct message; the MAC a DUID-LL or
+//! DUID-LLT names; for a message relayed to us, the Client Link-Layer Address option (RFC 6939)
+//! the relay added (the frame's source is then the relay's). The first that has a reservation
+//! wins. A DUID naming a MAC is no stronger a claim than a forged frame, which any tenant can
+//! send: both only ever get the address reserved for that MAC.
+
+use std::net::Ipv6Addr;
+
+use dhcproto::v6::{
+    DhcpOption, DhcpOptions, IAAddr, IANA, IAPD, IATA, Message, MessageType, OptionCode, Status,
+    StatusCode,
+};
+use dhcproto::{Decodable, Decoder, Encodable, Encoder};
+use vmdhcp_core::MacAddr;
+use vmdhcp_core::pool::PoolConfigV6;
+
+use crate::lease_table::PoolSnapshot;
+
+/// Largest datagram accepted; larger ones are dropped (and not read past this, plus one byte to
+/// tell them apart). Relayed messages nest, so this is more than a client sends.
+pub const MAX_PACKET: usize = 4096;
+
+/// Most relay agents a message may have passed (RFC 8415 §7.6 HOP_COUNT_LIMIT).
+const HOP_COUNT_LIMIT: u8 = 8;
+
+/// Option codes dhcproto does not name.
+const OPTION_CLIENT_LINKLAYER_ADDR: u16 = 79;
+const OPTION_RELAY_MSG: u16 = 9;
+const OPTION_INTERFACE_ID: u16 = 18;
+
+/// The fixed part of a RELAY-FORW / RELAY-REPL: type, hop count, link and peer addresses.
+const RELAY_HEADER: usize = 34;
+
+/// Why a datagram was dropped without an answer because it is not a usable DHCPv6 message.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum DropReason {
+    /// Larger than [`MAX_PACKET`].
+    Oversized,
+    /// It does not decode as a DHCPv6 message (or its relay framing is broken).
+    Malformed,
+    /// A message type only servers or relays send (ADVERTISE, REPLY, RELAY-REPL, …), or one
+    /// this server does not handle (RECONFIGURE, lease queries).
+    NotClientMessage,
+    /// No Client Identifier where RFC 8415 requires one.
+    NoClientId,
+    /// A Server Identifier where RFC 8415 forbids one (SOLICIT, CONFIRM, REBIND), or a missing
+    /// one where it requires one (REQUEST, RENEW, RELEASE, DECLINE).
+    ServerIdRule,
+    /// Relayed through more than [`HOP_COUNT_LIMIT`] relays.
+    TooManyHops,
+    /// SOLICIT, REBIND, CONFIRM or INFORMATION-REQUEST sent to a unicast address (RFC 8415
+    /// §16: discarded).
+    UnicastNotAllowed,
+}
+
+impl DropReason {
+    /// Every reason, for metrics that must list zero counts too.
+    pub const ALL: [DropReason; 7] = [
+        DropReason::Oversized,
+        DropReason::Malformed,
+        DropReason::NotClientMessage,
+        DropReason::NoClientId,
+        DropReason::ServerIdRule,
+        DropReason::TooManyHops,
+        DropReason::UnicastNotAllowed,
+    ];
+
+    /// Stable label for logs and metrics.
+    pub fn as_str(&self) -> &'static str {
+        match self {
+            DropReason::Oversized => "oversized",
+            DropReason::Malformed => "malformed",
+            DropReason::NotClientMessage => "not_client_message",
+            DropReason::NoClientId => "no_client_id",
+            DropReason::ServerIdRule => "server_id_rule",
+            DropReason::TooManyHops => "too_many_hops",
+            DropReason::UnicastNotAllowed => "unicast_not_allowed",
+        }
+    }
+}
+
+/// A well-formed message that deliberately gets no answer.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Silence {
+    /// A SOLICIT from a client with no reservation on this pool.
+    UnknownClient,
+    /// A message naming another server's DUID.
+    OtherServer,
+    /// A REBIND for addresses this server knows nothing of, on its own link.
+    NotOurs,
+    /// A CONFIRM naming no address.
+    NothingToConfirm,
+    /// The frame came from the serving interface itself (our own traffic looped back, or a
+    /// host forging our MAC).
+    OwnInterface,
+    /// The client declined its address (its duplicate address detection found it taken): the
+    /// caller verifies that with a Neighbor Solicitation before it costs anything. The REPLY
+    /// the client waits for is [`Outcome::Answer`]'s; this is what comes with it.
+    Declined(Ipv6Addr),
+}
+
+impl Silence {
+    /// Stable label for logs and metrics.
+    pub fn as_str(&self) -> &'static str {
+        match self {
+            Silence::UnknownClient => "unknown_client",
+            Silence::OtherServer => "other_server",
+            Silence::NotOurs => "not_ours",
+            Silence::NothingToConfirm => "nothing_to_confirm",
+            Silence::OwnInterface => "own_interface",
+            Silence::Declined(_) => "declined",
+        }
+    }
+}
+
+/// What arrived, besides the bytes.
+#[derive(Clone, Copy, Debug)]
+pub struct Received<'a> {
+    /// The UDP payload.
+    pub payload: &'a [u8],
+    /// The Ethernet source of the frame.
+    pub link_source: Option<MacAddr>,
+    /// Whether the datagram was sent to a multicast address (`ff02::1:2`).
+    pub multicast: bool,
+}
+
+/// The server's side of one interface.
+#[derive(Clone, Copy, Debug)]
+pub struct Server<'a> {
+    /// This pool's server DUID ([`vmdhcp_core::pool::duid::server_duid`]).
+    pub duid: &'a [u8],
+    /// The interface's own MAC: frames from it are never answered.
+    pub own_mac: Option<MacAddr>,
+}
+
+/// The message type of an answer, for metrics.
+pub type Answered = MessageType;
+
+/// What to do with a datagram.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Outcome {
+    /// Send `bytes` back to where the datagram came from (the client's port 546, or the relay's
+    /// 547 for a RELAY-REPL), and act on `also`.
+    Answer {
+        /// The encoded reply.
+        bytes: Vec<u8>,
+        /// Its message type (the inner one, for a relayed reply).
+        kind: Answered,
+        /// Whether it goes to a relay (port 547) rather than a client (546).
+        to_relay: bool,
+        /// What the caller does besides sending it (a DECLINE to verify).
+        also: Option<Silence>,
+        /// The MAC it was answered for, when one was found.
+        mac: Option<MacAddr>,
+    },
+    /// No answer, on purpose.
+    Silent(Silence),
+    /// Not a usable message.
+    Dropped(DropReason),
+}
+
+/// Decides what to answer to one datagram on the interface serving `pool`.
+pub fn handle(received: Received<'_>, server: Server<'_>, pool: &PoolSnapshot) -> Outcome {
+    if received.payload.len() > MAX_PACKET {
+        return Outcome::Dropped(DropReason::Oversized);
+    }
+    if received.link_source.is_some() && received.link_source == server.own_mac {
+        return Outcome::Silent(Silence::OwnInterface);
+    }
+    let Some(config) = pool.config().ipv6.as_ref() else {
+        // The pool is IPv4-only (or lost its IPv6 side): nothing to serve.
+        return Outcome::Silent(Silence::UnknownClient);
+    };
+    let Some(&kind) = received.payload.first() else {
+        return Outcome::Dropped(DropReason::Malformed);
+    };
+    if kind == u8::from(MessageType::RelayForw) {
+        return relayed(received.payload, server, pool, config);
+    }
+    let msg = match Message::decode(&mut Decoder::new(received.payload)) {
+        Ok(msg) => msg,
+        Err(_) => return Outcome::Dropped(DropReason::Malformed),
+    };
+    let who = Who {
+        frame: received.link_source,
+        relay: None,
+    };
+    match decide(&msg, received.multicast, who, server, pool, config) {
+        Decision::Reply(reply, also, mac) => match encode(&reply) {
+            Some(bytes) => Outcome::Answer {
+                bytes,
+                kind: reply.msg_type(),
+                to_relay: false,
+                also,
+                mac,
+            },
+            None => Outcome::Dropped(DropReason::Malformed),
+        },
+        Decision::Silent(s) => Outcome::Silent(s),
+        Decision::Drop(r) => Outcome::Dropped(r),
+    }
+}
+
+/// The MACs a message may be answered for, in order of trust (see the module docs).
+#[derive(Clone, Copy, Debug)]
+struct Who {
+    /// The Ethernet source of a direct message.
+    frame: Option<MacAddr>,
+    /// The Client Link-Layer Address a relay added.
+    relay: Option<MacAddr>,
+}
+
+/// What [`decide`] made of a client message.
+enum Decision {
+    Reply(Message, Option<Silence>, Option<MacAddr>),
+    Silent(Silence),
+    Drop(DropReason),
+}
+
+/// RFC 8415 §18.3 for one client message.
+fn decide(
+    msg: &Message,
+    multicast: bool,
+    who: Who,
+    server: Server<'_>,
+    pool: &PoolSnapshot,
+    config: &PoolConfigV6,
+) -> Decision {
+    use MessageType as T;
+    let kind = msg.msg_type();
+    if !matches!(
+        kind,
+        T::Solicit
+            | T::Request
+            | T::Renew
+            | T::Rebind
+            | T::Confirm
+            | T::Release
+            | T::Decline
+            | T::InformationRequest
+    ) {
+        return Decision::Drop(DropReason::NotClientMessage);
+    }
+    let opts = msg.opts();
+    let client_id = match opts.get(OptionCode::ClientId) {
+        Some(DhcpOption::ClientId(id)) => Some(id.clone()),
+        _ => None,
+    };
+    let server_id = match opts.get(OptionCode::ServerId) {
+        Some(DhcpOption::ServerId(id)) => Some(id.as_slice()),
+        _ => None,
+    };
+    // Client Identifier: required by all but INFORMATION-REQUEST.
+    if client_id.is_none() && kind != T::InformationRequest {
+        return Decision::Drop(DropReason::NoClientId);
+    }
+    match (kind, server_id) {
+        (T::Solicit | T::Confirm | T::Rebind, Some(_)) => {
+            return Decision::Drop(DropReason::ServerIdRule);
+        }
+        (T::Request | T::Renew | T::Release | T::Decline, None) => {
+            return Decision::Drop(DropReason::ServerIdRule);
+        }
+        (_, Some(id)) if id != server.duid => return Decision::Silent(Silence::OtherServer),
+        _ => {}
+    }
+    if !multicast {
+        match kind {
+            T::Solicit | T::Rebind | T::Confirm | T::InformationRequest => {
+                return Decision::Drop(DropReason::UnicastNotAllowed);
+            }
+            // We never send a Server Unicast option: the client must use multicast.
+            _ => {
+                let mut reply = answer(msg, server, T::Reply);
+                reply
+                    .opts_mut()
+                    .insert(status(Status::UseMulticast, "use multicast"));
+                return Decision::Reply(reply, None, None);
+            }
+        }
+    }
+    let holder = holder(opts, who, pool);
+    let lifetimes = Lifetimes::of(config);
+    match kind {
+        T::InformationRequest => {
+            let mut reply = answer(msg, server, T::Reply);
+            add_info(&mut reply, config);
+            Decision::Reply(reply, None, holder.map(|(m, _)| m))
+        }
+        T::Solicit => {
+            let Some((mac, addr)) = holder else {
+                return Decision::Silent(Silence::UnknownClient);
+            };
+            let rapid = opts.get(OptionCode::RapidCommit).is_some();
+            let mut reply = answer(msg, server, if rapid { T::Reply } else { T::Advertise });
+            if rapid {
+                reply.opts_mut().insert(DhcpOption::RapidCommit);
+            }
+            bind_ias(
+                &mut reply,
+                opts,
+                Some(addr),
+                lifetimes,
+                Status::NoAddrsAvail,
+            );
+            add_info(&mut reply, config);
+            Decision::Reply(reply, None, Some(mac))
+        }
+        T::Request => {
+            let mut reply = answer(msg, server, T::Reply);
+            bind_ias(
+                &mut reply,
+                opts,
+                holder.map(|(_, a)| a),
+                lifetimes,
+                Status::NoAddrsAvail,
+            );
+            add_info(&mut reply, config);
+            Decision::Reply(reply, None, holder.map(|(m, _)| m))
+        }
+        T::Renew => {
+            let mut reply = answer(msg, server, T::Reply);
+            bind_ias(
+                &mut reply,
+                opts,
+                holder.map(|(_, a)| a),
+                lifetimes,
+                Status::NoBinding,
+            );
+            add_info(&mut reply, config);
+            Decision::Reply(reply, None, holder.map(|(m, _)| m))
+        }
+        T::Rebind => {
+            if holder.is_none() && !names_foreign_address(opts, config) {
+                // Addresses of our link we have no binding for: another server's business.
+                return Decision::Silent(Silence::NotOurs);
+            }
+            let mut reply = answer(msg, server, T::Reply);
+            bind_ias(
+                &mut reply,
+                opts,
+                holder.map(|(_, a)| a),
+                lifetimes,
+                Status::NoBinding,
+            );
+            add_info(&mut reply, config);
+            Decision::Reply(reply, None, holder.map(|(m, _)| m))
+        }
+        T::Confirm => {
+            let addresses = ia_addresses(opts);
+            if addresses.is_empty() {
+                return Decision::Silent(Silence::NothingToConfirm);
+            }
+            let on_link = addresses.iter().all(|a| config.subnet.contains(a));
+            let mut reply = answer(msg, server, T::Reply);
+            reply.opts_mut().insert(if on_link {
+                status(Status::Success, "all addresses on link")
+            } else {
+                status(Status::NotOnLink, "not on link")
+            });
+            Decision::Reply(reply, None, holder.map(|(m, _)| m))
+        }
+        T::Release => {
+            // Reservations are the controller's: nothing to free here.
+            let mut reply = answer(msg, server, T::Reply);
+            reply.opts_mut().insert(status(Status::Success, "released"));
+            Decision::Reply(reply, None, holder.map(|(m, _)| m))
+        }
+        T::Decline => {
+            let mut reply = answer(msg, server, T::Reply);
+            reply.opts_mut().insert(status(Status::Success, "declined"));
+            let declined = holder
+                .map(|(_, ours)| ours)
+                .filter(|ours| ia_addresses(opts).contains(ours))
+                .map(Silence::Declined);
+            Decision::Reply(reply, declined, holder.map(|(m, _)| m))
+        }
+        _ => Decision::Drop(DropReason::NotClientMessage),
+    }
+}
+
+/// The MAC with a reservation among those the message names, and its address.
+fn holder(opts: &DhcpOptions, who: Who, pool: &PoolSnapshot) -> Option<(MacAddr, Ipv6Addr)> {
+    let duid = match opts.get(OptionCode::ClientId) {
+        Some(DhcpOption::ClientId(id)) => duid_mac(id),
+        _ => None,
+    };
+    [who.frame, duid, who.relay]
+        .into_iter()
+        .flatten()
+        .find_map(|mac| pool.ipv6_of(&mac).map(|a| (mac, a)))
+}
+
+/// The MAC a DUID-LLT (type 1) or DUID-LL (type 3) of Ethernet (hardware type 1) names.
+fn duid_mac(duid: &[u8]) -> Option<MacAddr> {
+    let kind = u16::from_be_bytes([*duid.first()?, *duid.get(1)?]);
+    let hw = u16::from_be_bytes([*duid.get(2)?, *duid.get(3)?]);
+    let mac = match (kind, hw) {
+        (1, 1) => duid.get(8..14)?,
+        (3, 1) => duid.get(4..10)?,
+        _ => return None,
+    };
+    if duid.len() != mac.len() + if kind == 1 { 8 } else { 4 } {
+        return None;
+    }
+    let mut bytes = [0u8; 6];
+    bytes.copy_from_slice(mac);
+    Some(MacAddr(bytes))
+}
+
+/// Lifetimes from the pool's lease time: valid and preferred the lease, T1 ½ and T2 ⅘ of it
+/// (RFC 8415 §21.4's recommended 0.5 and 0.8).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct Lifetimes {
+    valid: u32,
+    preferred: u32,
+    t1: u32,
+    t2: u32,
+}
+
+impl Lifetimes {
+    fn of(config: &PoolConfigV6) -> Self {
+        let valid = config.lease_seconds;
+        let part =
+            |num: u64, den: u64| u32::try_from(u64::from(valid) * num / den).unwrap_or(valid);
+        Lifetimes {
+            valid,
+            preferred: valid,
+            t1: part(1, 2),
+            t2: part(4, 5),
+        }
+    }
+}
+
+/// A reply of `kind` to `msg`: its transaction id, our Server Identifier, its Client Identifier.
+fn answer(msg: &Message, server: Server<'_>, kind: MessageType) -> Message {
+    let mut reply = Message::new_with_id(kind, msg.xid());
+    let opts = reply.opts_mut();
+    opts.insert(DhcpOption::ServerId(server.duid.to_vec()));
+    if let Some(DhcpOption::ClientId(id)) = msg.opts().get(OptionCode::ClientId) {
+        opts.insert(DhcpOption::ClientId(id.clone()));
+    }
+    reply
+}
+
+fn status(status: Status, msg: &str) -> DhcpOption {
+    DhcpOption::StatusCode(StatusCode {
+        status,
+        msg: msg.to_owned(),
+    })
+}
+
+/// The pool's DNS servers (option 23), when it has any.
+fn add_info(reply: &mut Message, config: &PoolConfigV6) {
+    if !config.dns.is_empty() {
+        reply
+            .opts_mut()
+            .insert(DhcpOption::DomainNameServers(config.dns.clone()));
+    }
+}
+
+/// Answers every IA of the request: the first IA_NA gets `addr` with `lifetimes` (any other
+/// address it named, with lifetimes 0: no longer ours to give), further IA_NAs and every IA
+/// of an IA_NA without an address get `missing`; IA_TA and IA_PD are not served here.
+fn bind_ias(
+    reply: &mut Message,
+    request: &DhcpOptions,
+    addr: Option<Ipv6Addr>,
+    lifetimes: Lifetimes,
+    missing: Status,
+) {
+    let ianas: Vec<&IANA> = request
+        .get_all(OptionCode::IANA)
+        .unwrap_or_default()
+        .iter()
+        .filter_map(|o| match o {
+            DhcpOption::IANA(ia) => Some(ia),
+            _ => None,
+        })
+        .collect();
+    let mut given = false;
+    for ia in &ianas {
+        let mut opts = DhcpOptions::new();
+        let (t1, t2) = match addr.filter(|_| !given) {
+            Some(addr) => {
+                given = true;
+                opts.insert(DhcpOption::IAAddr(IAAddr {
+                    addr,
+                    preferred_life: lifetimes.preferred,
+                    valid_life: lifetimes.valid,
+                    opts: DhcpOptions::new(),
+                }));
+                for old in addresses_in(&ia.opts).into_iter().filter(|a| *a != addr) {
+                    opts.insert(DhcpOption::IAAddr(IAAddr {
+                        addr: old,
+                        preferred_life: 0,
+                        valid_life: 0,
+                        opts: DhcpOptions::new(),
+                    }));
+                }
+                (lifetimes.t1, lifetimes.t2)
+            }
+            None => {
+                opts.insert(status(missing, status_text(missing)));
+                (0, 0)
+            }
+        };
+        reply.opts_mut().insert(DhcpOption::IANA(IANA {
+            id: ia.id,
+            t1,
+            t2,
+            opts,
+        }));
+    }
+    if ianas.is_empty() && reply.msg_type() == MessageType::Advertise {
+        reply.opts_mut().insert(status(
+            Status::NoAddrsAvail,
+            status_text(Status::NoAddrsAvail),
+        ));
+    }
+    for o in request.get_all(OptionCode::IATA).unwrap_or_default() {
+        if let DhcpOption::IATA(ia) = o {
+            let mut opts = DhcpOptions::new();
+            opts.insert(status(
+                Status::NoAddrsAvail,
+                "temporary addresses are not served",
+            ));
+            reply
+                .opts_mut()
+                .insert(DhcpOption::IATA(IATA { id: ia.id, opts }));
+        }
+    }
+    for o in request.get_all(OptionCode::IAPD).unwrap_or_default() {
+        if let DhcpOption::IAPD(ia) = o {
+            let mut opts = DhcpOptions::new();
+            opts.insert(status(Status::NoPrefixAvail, "prefixes are not delegated"));
+            reply.opts_mut().insert(DhcpOption::IAPD(IAPD {
+                id: ia.id,
+                t1: 0,
+                t2: 0,
+                opts,
+            }));
+        }
+    }
+}
+
+fn status_text(status: Status) -> &'static str {
+    match status {
+        Status::NoAddrsAvail => "no address reserved for this client",
+        Status::NoBinding => "no binding for this client",
+        _ => "",
+    }
+}
+
+/// The addresses of the IA Address options in `opts`.
+fn addresses_in(opts: &DhcpOptions) -> Vec<Ipv6Addr> {
+    opts.get_all(OptionCode::IAAddr)
+        .unwrap_or_default()
+        .iter()
+        .filter_map(|o| match o {
+            DhcpOption::IAAddr(a) => Some(a.addr),
+            _ => None,
+        })
+        .collect()
+}
+
+/// Every address the message's IA_NAs name.
+fn ia_addresses(opts: &DhcpOptions) -> Vec<Ipv6Addr> {
+    opts.get_all(OptionCode::IANA)
+        .unwrap_or_default()
+        .iter()
+        .filter_map(|o| match o {
+            DhcpOption::IANA(ia) => Some(addresses_in(&ia.opts)),
+            _ => None,
+        })
+        .flatten()
+        .collect()
+}
+
+/// Whether the message names an address outside this link's subnet: a REBIND after a move,
+/// which must hear that those addresses are gone (lifetimes 0) rather than nothing.
+fn names_foreign_address(opts: &DhcpOptions, config: &PoolConfigV6) -> bool {
+    ia_addresses(opts)
+        .iter()
+        .any(|a| !config.subnet.contains(a))
+}
+
+fn encode(msg: &Message) -> Option<Vec<u8>> {
+    let mut bytes = Vec::with_capacity(256);
+    msg.encode(&mut Encoder::new(&mut bytes)).ok()?;
+    Some(bytes)
+}
+
+/// A RELAY-FORW: unwrapped (nested relays too, up to [`HOP_COUNT_LIMIT`]), the innermost client
+/// message decided with the MAC the relay saw, and the reply wrapped back in a RELAY-REPL for
+/// each relay, each echoing its Interface-Id. dhcproto reads a relay's Relay Message option as
+/// another relay message, so the framing is read and written here.
+fn relayed(
+    payload: &[u8],
+    server: Server<'_>,
+    pool: &PoolSnapshot,
+    config: &PoolConfigV6,
+) -> Outcome {
+    let mut layers = Vec::new();
+    let mut inner = payload;
+    loop {
+        if inner.first() != Some(&u8::from(MessageType::RelayForw)) {
+            break;
+        }
+        let Some(layer) = Relay::parse(inner) else {
+            return Outcome::Dropped(DropReason::Malformed);
+        };
+        if layer.hop_count >= HOP_COUNT_LIMIT || layers.len() >= usize::from(HOP_COUNT_LIMIT) {
+            return Outcome::Dropped(DropReason::TooManyHops);
+        }
+        inner = layer.message;
+        layers.push(layer);
+    }
+    let Some(closest) = layers.last() else {
+        return Outcome::Dropped(DropReason::Malformed);
+    };
+    let msg = match Message::decode(&mut Decoder::new(inner)) {
+        Ok(msg) => msg,
+        Err(_) => return Outcome::Dropped(DropReason::Malformed),
+    };
+    let who = Who {
+        frame: None,
+        relay: closest.client_mac,
+    };
+    // A relay forwards what clients multicast to it; its own unicast to us is the norm.
+    let (reply, also, mac) = match decide(&msg, true, who, server, pool, config) {
+        Decision::Reply(reply, also, mac) => (reply, also, mac),
+        Decision::Silent(s) => return Outcome::Silent(s),
+        Decision::Drop(r) => return Outcome::Dropped(r),
+    };
+    let kind = reply.msg_type();
+    let Some(mut bytes) = encode(&reply) else {
+        return Outcome::Dropped(DropReason::Malformed);
+    };
+    for layer in layers.iter().rev() {
+        bytes = layer.wrap(&bytes);
+    }
+    Outcome::Answer {
+        bytes,
+        kind,
+        to_relay: true,
+        also,
+        mac,
+    }
+}
+
+/// One RELAY-FORW layer, as read.
+struct Relay<'a> {
+    hop_count: u8,
+    link: [u8; 16],
+    peer: [u8; 16],
+    interface_id: Option<&'a [u8]>,
+    client_mac: Option<MacAddr>,
+    message: &'a [u8],
+}
+
+impl<'a> Relay<'a> {
+    /// Reads the header and the options that matter; `None` when the framing is broken or
+    /// there is no Relay Message.
+    fn parse(bytes: &'a [u8]) -> Option<Self> {
+        let header = bytes.get(..RELAY_HEADER)?;
+        let mut link = [0u8; 16];
+        let mut peer = [0u8; 16];
+        link.copy_from_slice(header.get(2..18)?);
+        peer.copy_from_slice(header.get(18..34)?);
+        let mut relay = Relay {
+            hop_count: *header.get(1)?,
+            link,
+            peer,
+            interface_id: None,
+            client_mac: None,
+            message: &[],
+        };
+        let mut message = None;
+        let mut rest = bytes.get(RELAY_HEADER..)?;
+        while !rest.is_empty() {
+            let code = u16::from_be_bytes([*rest.first()?, *rest.get(1)?]);
+            let len = usize::from(u16::from_be_bytes([*rest.get(2)?, *rest.get(3)?]));
+            let value = rest.get(4..4 + len)?;
+            match code {
+                OPTION_RELAY_MSG => message = Some(value),
+                OPTION_INTERFACE_ID => relay.interface_id = Some(value),
+                // Link-layer type 1 (Ethernet), then the address (RFC 6939).
+                OPTION_CLIENT_LINKLAYER_ADDR if len == 8 && value.get(..2) == Some(&[0, 1]) => {
+                    let mut mac = [0u8; 6];
+                    mac.copy_from_slice(value.get(2..8)?);
+                    relay.client_mac = Some(MacAddr(mac));
+                }
+                _ => {}
+            }
+            rest = rest.get(4 + len..)?;
+        }
+        relay.message = message?;
+        Some(relay)
+    }
+
+    /// `inner` in a RELAY-REPL for this layer: its hop count, link and peer addresses, and its
+    /// Interface-Id echoed.
+    fn wrap(&self, inner: &[u8]) -> Vec<u8> {
+        let mut out = Vec::with_capacity(RELAY_HEADER + 8 + inner.len() + 32);
+        out.push(u8::from(MessageType::RelayRepl));
+        out.push(self.hop_count);
+        out.extend_from_slice(&self.link);
+        out.extend_from_slice(&self.peer);
+        if let Some(id) = self.interface_id {
+            push_option(&mut out, OPTION_INTERFACE_ID, id);
+        }
+        push_option(&mut out, OPTION_RELAY_MSG, inner);
+        out
+    }
+}
+
+fn push_option(out: &mut Vec<u8>, code: u16, value: &[u8]) {
+    // Values come from a datagram of at most MAX_PACKET bytes, or a reply built from one.
+    let len = u16::try_from(value.len()).unwrap_or(u16::MAX);
+    out.extend_from_slice(&code.to_be_bytes());
+    out.extend_from_slice(&len.to_be_bytes());
+    out.extend_from_slice(value.get(..usize::from(len)).unwrap_or(value));
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::lease_table::LeaseTable;
+    use crate::pools::PoolLeases;
+    use proptest::prelude::*;
+    use std::sync::Arc;
+    use vmdhcp_core::fixtures::pool_config;
+    use vmdhcp_core::pool::Binding;
+    use vmdhcp_core::pool::duid::server_duid;
+
+    const CLIENT: MacAddr = MacAddr([2, 0, 0, 0, 0, 1]);
+    const STRANGER: MacAddr = MacAddr([2, 0, 0, 0, 0, 9]);
+    const OURS: MacAddr = MacAddr([2, 0, 0, 0, 0, 0xaa]);
+
+    fn ip6(s: &str) -> Ipv6Addr {
+        s.parse().unwrap()
+    }
+
+    fn snapshot() -> Arc<PoolSnapshot> {
+        let config = vmdhcp_core::pool::PoolConfig {
+            ipv6: Some(PoolConfigV6 {
+                server_ip: ip6("fd00::2"),
+                subnet: "fd00::/112".parse().unwrap(),
+                dns: vec![ip6("fd00::53")],
+                lease_seconds: 1000,
+            }),
+            ..pool_config("ns/p")
+        };
+        let binding = Binding {
+            ipv6: Some(ip6("fd00::10")),
+            ..Binding::ip("192.0.2.10".parse().unwrap())
+        };
+        let table = LeaseTable::new();
+        let errors = table.apply_snapshot(&[PoolLeases {
+            config,
+            leases: [(CLIENT, binding)].into_iter().collect(),
+        }]);
+        assert!(errors.is_empty(), "{errors:?}");
+        table.pool(&"ns/p".parse().unwrap()).unwrap()
+    }
+
+    fn duid() -> Vec<u8> {
+        server_duid(&"ns/p".parse().unwrap())
+    }
+
+    /// A DUID-EN (type 2): names no MAC, as systemd-networkd's default.
+    fn client_duid() -> Vec<u8> {
+        vec![0, 2, 0, 0, 0xab, 0xcd, 1, 2, 3, 4]
+    }
+
+    fn message(kind: MessageType, opts: Vec<DhcpOption>) -> Vec<u8> {
+        let mut msg = Message::new_with_id(kind, [1, 2, 3]);
+        for o in opts {
+            msg.opts_mut().insert(o);
+        }
+        encode(&msg).unwrap()
+    }
+
+    fn ia(addr: Option<&str>) -> DhcpOption {
+        let mut opts = DhcpOptions::new();
+        if let Some(a) = addr {
+            opts.insert(DhcpOption::IAAddr(IAAddr {
+                addr: ip6(a),
+                preferred_life: 0,
+                valid_life: 0,
+                opts: DhcpOptions::new(),
+            }));
+        }
+        DhcpOption::IANA(IANA {
+            id: 7,
+            t1: 0,
+            t2: 0,
+            opts,
+        })
+    }
+
+    fn run(payload: &[u8], from: MacAddr, multicast: bool) -> Outcome {
+        let duid = duid();
+        handle(
+            Received {
+                payload,
+                link_source: Some(from),
+                multicast,
+            },
+            Server {
+                duid: &duid,
+                own_mac: Some(OURS),
+            },
+            &snapshot(),
+        )
+    }
+
+    fn reply(outcome: &Outcome) -> Message {
+        match outcome {
+            Outcome::Answer { bytes, .. } => Message::decode(&mut Decoder::new(bytes)).unwrap(),
+            other => panic!("no answer: {other:?}"),
+        }
+    }
+
+    /// The address and lifetimes of the reply's first IA_NA, or its status.
+    fn granted(msg: &Message) -> Result<(Ipv6Addr, u32, u32, u32), Status> {
+        let Some(DhcpOption::IANA(ia)) = msg.opts().get(OptionCode::IANA) else {
+            panic!("no IA_NA in {msg:?}");
+        };
+        if let Some(DhcpOption::StatusCode(s)) = ia.opts.get(OptionCode::StatusCode) {
+            return Err(s.status);
+        }
+        match ia.opts.get(OptionCode::IAAddr) {
+            Some(DhcpOption::IAAddr(a)) => Ok((a.addr, a.valid_life, ia.t1, ia.t2)),
+            _ => panic!("no address in {ia:?}"),
+        }
+    }
+
+    fn top_status(msg: &Message) -> Option<Status> {
+        match msg.opts().get(OptionCode::StatusCode) {
+            Some(DhcpOption::StatusCode(s)) => Some(s.status),
+            _ => None,
+        }
+    }
+
+    #[test]
+    fn a_reserved_client_is_advertised_then_given_its_address_by_the_frame_s_mac() {
+        let solicit = message(
+            MessageType::Solicit,
+            vec![DhcpOption::ClientId(client_duid()), ia(None)],
+        );
+        let adv = reply(&run(&solicit, CLIENT, true));
+        assert_eq!(adv.msg_type(), MessageType::Advertise);
+        assert_eq!(adv.xid(), [1, 2, 3]);
+        assert_eq!(granted(&adv), Ok((ip6("fd00::10"), 1000, 500, 800)));
+        assert_eq!(
+            adv.opts().get(OptionCode::ServerId),
+            Some(&DhcpOption::ServerId(duid()))
+        );
+        assert_eq!(
+            adv.opts().get(OptionCode::DomainNameServers),
+            Some(&DhcpOption::DomainNameServers(vec![ip6("fd00::53")]))
+        );
+        let request = message(
+            MessageType::Request,
+            vec![
+                DhcpOption::ClientId(client_duid()),
+                DhcpOption::ServerId(duid()),
+                ia(Some("fd00::10")),
+            ],
+        );
+        let rep = reply(&run(&request, CLIENT, true));
+        assert_eq!(rep.msg_type(), MessageType::Reply);
+        assert_eq!(granted(&rep).map(|g| g.0), Ok(ip6("fd00::10")));
+    }
+
+    #[test]
+    fn rapid_commit_replies_at_once() {
+        let solicit = message(
+            MessageType::Solicit,
+            vec![
+                DhcpOption::ClientId(client_duid()),
+                DhcpOption::RapidCommit,
+                ia(None),
+            ],
+        );
+        let rep = reply(&run(&solicit, CLIENT, true));
+        assert_eq!(rep.msg_type(), MessageType::Reply);
+        assert!(rep.opts().get(OptionCode::RapidCommit).is_some());
+        assert_eq!(granted(&rep).map(|g| g.0), Ok(ip6("fd00::10")));
+    }
+
+    #[test]
+    fn an_unknown_client_gets_nothing_to_a_solicit_and_no_addrs_to_a_request() {
+        let solicit = message(
+            MessageType::Solicit,
+            vec![DhcpOption::ClientId(client_duid()), ia(None)],
+        );
+        assert_eq!(
+            run(&solicit, STRANGER, true),
+            Outcome::Silent(Silence::UnknownClient)
+        );
+        let request = message(
+            MessageType::Request,
+            vec![
+                DhcpOption::ClientId(client_duid()),
+                DhcpOption::ServerId(duid()),
+                ia(None),
+            ],
+        );
+        assert_eq!(
+            granted(&reply(&run(&request, STRANGER, true))),
+            Err(Status::NoAddrsAvail)
+        );
+        let renew = message(
+            MessageType::Renew,
+            vec![
+                DhcpOption::ClientId(client_duid()),
+                DhcpOption::ServerId(duid()),
+                ia(Some("fd00::10")),
+            ],
+        );
+        assert_eq!(
+            granted(&reply(&run(&renew, STRANGER, true))),
+            Err(Status::NoBinding)
+        );
+    }
+
+    #[test]
+    fn a_duid_ll_names_the_nic_when_the_frame_does_not() {
+        let mut duid_ll = vec![0, 3, 0, 1];
+        duid_ll.extend_from_slice(&CLIENT.0);
+        assert_eq!(duid_mac(&duid_ll), Some(CLIENT));
+        let mut duid_llt = vec![0, 1, 0, 1, 0, 0, 0, 9];
+        duid_llt.extend_from_slice(&CLIENT.0);
+        assert_eq!(duid_mac(&duid_llt), Some(CLIENT));
+        assert_eq!(duid_mac(&client_duid()), None);
+        assert_eq!(duid_mac(&[0, 3, 0, 1, 2]), None);
+        let solicit = message(
+            MessageType::Solicit,
+            vec![DhcpOption::ClientId(duid_ll), ia(None)],
+        );
+        assert_eq!(
+            granted(&reply(&run(&solicit, STRANGER, true))).map(|g| g.0),
+            Ok(ip6("fd00::10"))
+        );
+    }
+
+    #[test]
+    fn renews_naming_another_server_are_ignored_and_ours_answered_after_a_failover() {
+        let renew = |server: Vec<u8>| {
+            message(
+                MessageType::Renew,
+                vec![
+                    DhcpOption::ClientId(client_duid()),
+                    DhcpOption::ServerId(server),
+                    ia(Some("fd00::10")),
+                ],
+            )
+        };
+        assert_eq!(
+            run(&renew(vec![0, 4, 9, 9]), CLIENT, true),
+            Outcome::Silent(Silence::OtherServer)
+        );
+        // The DUID is the pool's: any replica computes the same and answers.
+        assert_eq!(
+            granted(&reply(&run(&renew(duid()), CLIENT, true))).map(|g| g.0),
+            Ok(ip6("fd00::10"))
+        );
+    }
+
+    #[test]
+    fn rebind_after_a_move_hears_the_old_address_is_gone() {
+        let rebind = message(
+            MessageType::Rebind,
+            vec![DhcpOption::ClientId(client_duid()), ia(Some("fd99::5"))],
+        );
+        let rep = reply(&run(&rebind, CLIENT, true));
+        let Some(DhcpOption::IANA(iana)) = rep.opts().get(OptionCode::IANA) else {
+            panic!("{rep:?}");
+        };
+        let addrs: Vec<(Ipv6Addr, u32)> = iana
+            .opts
+            .get_all(OptionCode::IAAddr)
+            .unwrap()
+            .iter()
+            .filter_map(|o| match o {
+                DhcpOption::IAAddr(a) => Some((a.addr, a.valid_life)),
+                _ => None,
+            })
+            .collect();
+        assert!(addrs.contains(&(ip6("fd00::10"), 1000)), "{addrs:?}");
+        assert!(addrs.contains(&(ip6("fd99::5"), 0)), "{addrs:?}");
+        // A stranger rebinding an address of our link: not ours to answer.
+        let theirs = message(
+            MessageType::Rebind,
+            vec![DhcpOption::ClientId(client_duid()), ia(Some("fd00::77"))],
+        );
+        assert_eq!(
+            run(&theirs, STRANGER, true),
+            Outcome::Silent(Silence::NotOurs)
+        );
+    }
+
+    #[test]
+    fn confirm_says_whether_the_addresses_are_on_link() {
+        let confirm = |a: &str| {
+            message(
+                MessageType::Confirm,
+                vec![DhcpOption::ClientId(client_duid()), ia(Some(a))],
+            )
+        };
+        assert_eq!(
+            top_status(&reply(&run(&confirm("fd00::10"), CLIENT, true))),
+            Some(Status::Success)
+        );
+        assert_eq!(
+            top_status(&reply(&run(&confirm("fd42::10"), CLIENT, true))),
+            Some(Status::NotOnLink)
+        );
+    }
+
+    #[test]
+    fn release_and_decline_are_acknowledged_and_a_decline_of_our_address_is_verified() {
+        let opts = |a: &str| {
+            vec![
+                DhcpOption::ClientId(client_duid()),
+                DhcpOption::ServerId(duid()),
+                ia(Some(a)),
+            ]
+        };
+        let rel = reply(&run(
+            &message(MessageType::Release, opts("fd00::10")),
+            CLIENT,
+            true,
+        ));
+        assert_eq!(top_status(&rel), Some(Status::Success));
+        match run(
+            &message(MessageType::Decline, opts("fd00::10")),
+            CLIENT,
+            true,
+        ) {
+            Outcome::Answer { also, .. } => {
+                assert_eq!(also, Some(Silence::Declined(ip6("fd00::10"))));
+            }
+            other => panic!("{other:?}"),
+        }
+        // Declining an address it does not hold costs nothing.
+        match run(
+            &message(MessageType::Decline, opts("fd00::11")),
+            CLIENT,
+            true,
+        ) {
+            Outcome::Answer { also, .. } => assert_eq!(also, None),
+            other => panic!("{other:?}"),
+        }
+    }
+
+    #[test]
+    fn information_requests_get_the_options_and_unicast_requests_use_multicast() {
+        let info = message(
+            MessageType::InformationRequest,
+            vec![DhcpOption::ClientId(client_duid())],
+        );
+        let rep = reply(&run(&info, STRANGER, true));
+        assert!(rep.opts().get(OptionCode::DomainNameServers).is_some());
+        assert!(rep.opts().get(OptionCode::IANA).is_none());
+        assert_eq!(
+            run(&info, STRANGER, false),
+            Outcome::Dropped(DropReason::UnicastNotAllowed)
+        );
+        let request = message(
+            MessageType::Request,
+            vec![
+                DhcpOption::ClientId(client_duid()),
+                DhcpOption::ServerId(duid()),
+                ia(None),
+            ],
+        );
+        assert_eq!(
+            top_status(&reply(&run(&request, CLIENT, false))),
+            Some(Status::UseMulticast)
+        );
+    }
+
+    #[test]
+    fn rule_breakers_and_our_own_frames_are_dropped_by_reason() {
+        let no_id = message(MessageType::Solicit, vec![ia(None)]);
+        assert_eq!(
+            run(&no_id, CLIENT, true),
+            Outcome::Dropped(DropReason::NoClientId)
+        );
+        let with_server = message(
+            MessageType::Solicit,
+            vec![
+                DhcpOption::ClientId(client_duid()),
+                DhcpOption::ServerId(duid()),
+            ],
+        );
+        assert_eq!(
+            run(&with_server, CLIENT, true),
+            Outcome::Dropped(DropReason::ServerIdRule)
+        );
+        let advertise = message(
+            MessageType::Advertise,
+            vec![DhcpOption::ClientId(client_duid())],
+        );
+        assert_eq!(
+            run(&advertise, CLIENT, true),
+            Outcome::Dropped(DropReason::NotClientMessage)
+        );
+        assert_eq!(
+            run(&[1, 2], CLIENT, true),
+            Outcome::Dropped(DropReason::Malformed)
+        );
+        assert_eq!(
+            run(&[], CLIENT, true),
+            Outcome::Dropped(DropReason::Malformed)
+        );
+        let big = vec![1u8; MAX_PACKET + 1];
+        assert_eq!(
+            run(&big, CLIENT, true),
+            Outcome::Dropped(DropReason::Oversized)
+        );
+        let solicit = message(
+            MessageType::Solicit,
+            vec![DhcpOption::ClientId(client_duid()), ia(None)],
+        );
+        assert_eq!(
+            run(&solicit, OURS, true),
+            Outcome::Silent(Silence::OwnInterface)
+        );
+    }
+
+    /// A RELAY-FORW around `inner`, from a relay that saw the client at `mac`.
+    fn relay_forw(inner: &[u8], hop: u8, mac: Option<MacAddr>) -> Vec<u8> {
+        let mut out = vec![u8::from(MessageType::RelayForw), hop];
+        out.extend_from_slice(&ip6("fd00::1").octets());
+        out.extend_from_slice(&ip6("fe80::99").octets());
+        push_option(&mut out, OPTION_INTERFACE_ID, b"port7");
+        if let Some(mac) = mac {
+            let mut value = vec![0, 1];
+            value.extend_from_slice(&mac.0);
+            push_option(&mut out, OPTION_CLIENT_LINKLAYER_ADDR, &value);
+        }
+        push_option(&mut out, OPTION_RELAY_MSG, inner);
+        out
+    }
+
+    #[test]
+    fn a_relayed_solicit_is_answered_for_the_mac_the_relay_saw_in_a_relay_repl() {
+        let solicit = message(
+            MessageType::Solicit,
+            vec![DhcpOption::ClientId(client_duid()), ia(None)],
+        );
+        // The frame comes from the relay; the relay names the client.
+        let outcome = run(&relay_forw(&solicit, 0, Some(CLIENT)), STRANGER, false);
+        let Outcome::Answer {
+            bytes,
+            to_relay,
+            kind,
+            ..
+        } = outcome
+        else {
+            panic!("{outcome:?}");
+        };
+        assert!(to_relay);
+        assert_eq!(kind, MessageType::Advertise);
+        let mut as_forw = bytes.clone();
+        as_forw[0] = u8::from(MessageType::RelayForw);
+        let layer = Relay::parse(&as_forw).unwrap();
+        assert_eq!(bytes[0], u8::from(MessageType::RelayRepl));
+        assert_eq!(layer.interface_id, Some(&b"port7"[..]));
+        assert_eq!(layer.peer, ip6("fe80::99").octets());
+        let inner = Message::decode(&mut Decoder::new(layer.message)).unwrap();
+        assert_eq!(granted(&inner).map(|g| g.0), Ok(ip6("fd00::10")));
+        // Nested relays, within the limit: answered, wrapped twice.
+        let twice = relay_forw(&relay_forw(&solicit, 0, Some(CLIENT)), 1, None);
+        assert!(matches!(
+            run(&twice, STRANGER, false),
+            Outcome::Answer { .. }
+        ));
+        // Past the hop limit: dropped.
+        let far = relay_forw(&solicit, HOP_COUNT_LIMIT, Some(CLIENT));
+        assert_eq!(
+            run(&far, STRANGER, false),
+            Outcome::Dropped(DropReason::TooManyHops)
+        );
+        // Broken framing: dropped.
+        let mut cut = relay_forw(&solicit, 0, Some(CLIENT));
+        cut.truncate(cut.len() - 3);
+        assert_eq!(
+            run(&cut, STRANGER, false),
+            Outcome::Dropped(DropReason::Malformed)
+        );
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(2000))]
+
+        /// No datagram makes the handler panic, and whatever it answers decodes.
+        #[test]
+        fn no_datagram_panics_the_handler(bytes in proptest::collection::vec(any::<u8>(), 0..600), relay in any::<bool>()) {
+            let payload = if relay { relay_forw(&bytes, 0, Some(CLIENT)) } else { bytes };
+            let _ = run(&payload, CLIENT, true);
+            let _ = run(&payload, STRANGER, false);
+        }
+
+        /// Messages that decode, with options drawn at random, are answered or refused, never
+        /// with an address other than the client's own.
+        #[test]
+        fn only_the_reserved_address_is_ever_given(kind in 1u8..14, ids in any::<(bool, bool)>(), addr in any::<bool>(), from_client in any::<bool>()) {
+            let mut opts = vec![ia(addr.then_some("fd00::10"))];
+            if ids.0 { opts.push(DhcpOption::ClientId(client_duid())); }
+            if ids.1 { opts.push(DhcpOption::ServerId(duid())); }
+            let payload = message(MessageType::from(kind), opts);
+            let from = if from_client { CLIENT } else { STRANGER };
+            if let Outcome::Answer { bytes, to_relay: false, .. } = run(&payload, from, true) {
+                let msg = Message::decode(&mut Decoder::new(&bytes)).unwrap();
+                if let Ok((a, valid, _, _)) = granted_or_none(&msg) {
+                    prop_assert!(valid == 0 || (from_client && a == ip6("fd00::10")), "{msg:?}");
+                }
+            }
+        }
+    }
+
+    /// [`granted`], without panicking on a reply that has no IA_NA.
+    fn granted_or_none(msg: &Message) -> Result<(Ipv6Addr, u32, u32, u32), Status> {
+        if msg.opts().get(OptionCode::IANA).is_none() {
+            return Err(Status::Success);
+        }
+        granted(msg)
+    }
+}

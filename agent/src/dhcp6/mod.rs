@@ -1,0 +1,16 @@
+//! The DHCPv6 server (RFC 8415, stateful IA_NA) of a dual-stack pool: what to answer
+//! ([`handler`], a pure function of the datagram, who sent it and the pool's leases) and the
+//! sockets, one set per interface ([`server`]).
+//!
+//! It reads the [`crate::lease_table::LeaseTable`] (each MAC's IPv6 reservation) and never
+//! writes to it; it never configures interfaces' addresses.
+
+pub mod handler;
+pub mod server;
+
+/// Port servers and relays listen on (RFC 8415 §7.2).
+pub const SERVER_PORT: u16 = 547;
+/// Port clients listen on.
+pub const CLIENT_PORT: u16 = 546;
+/// All_DHCP_Relay_Agents_and_Servers (RFC 8415 §7.1): where clients send.
+pub const ALL_SERVERS: std::net::Ipv6Addr = std::net::Ipv6Addr::new(0xff02, 0, 0, 0, 0, 0, 1, 2);
