@@ -27,6 +27,8 @@ use tokio::sync::watch;
 use crate::arp::{ArpCounters, SendCounters, SendReading};
 use crate::dhcp::counters::Reading;
 use crate::dhcp::server::{InterfaceCounters, InterfaceStatus};
+use crate::dhcp6::handler::DropReason as DropReason6;
+use crate::dhcp6::server::{Counters6, Interface6};
 use crate::lease_table::{Conflict, LeaseTable};
 use crate::stream::ConnectionStatus;
 use crate::suspects::{SuspectKind, Suspects};
@@ -141,6 +143,21 @@ impl HttpState {
             Some(registry) => registry.register_collector(Box::new(ArpMetrics(counters))),
             None => tracing::warn!(
                 "HttpState::with_arp called after the state was shared; ARP metrics not registered"
+            ),
+        }
+        self
+    }
+
+    /// Also reports the DHCPv6 servers of dual-stack pools: `vmdhcp_agent_dhcp6_*` per interface
+    /// and pool, beside the DHCPv4 series. Call it before the state is cloned.
+    pub fn with_dhcp6(
+        mut self,
+        counters: watch::Receiver<Vec<(Interface6, Arc<Counters6>)>>,
+    ) -> Self {
+        match Arc::get_mut(&mut self.registry) {
+            Some(registry) => registry.register_collector(Box::new(Dhcp6Metrics(counters))),
+            None => tracing::warn!(
+                "HttpState::with_dhcp6 called after the state was shared; DHCPv6 metrics not registered"
             ),
         }
         self
@@ -295,6 +312,84 @@ impl Collector for ArpMetrics {
             MetricType::Counter,
         )?;
         encode_sent_failed(&mut family, &self.0.read())
+    }
+}
+
+/// `vmdhcp_agent_dhcp6_*`: what each interface's DHCPv6 server received, answered and dropped.
+#[derive(Debug)]
+struct Dhcp6Metrics(watch::Receiver<Vec<(Interface6, Arc<Counters6>)>>);
+
+impl Collector for Dhcp6Metrics {
+    fn encode(&self, mut encoder: DescriptorEncoder) -> Result<(), std::fmt::Error> {
+        use std::sync::atomic::Ordering::Relaxed;
+        let all = self.0.borrow().clone();
+        type Read = fn(&Counters6) -> Vec<(&'static str, u64)>;
+        let series: [(&str, &str, &str, Read); 6] = [
+            (
+                "vmdhcp_agent_dhcp6_requests",
+                "DHCPv6 datagrams received on port 547.",
+                "",
+                |c| vec![("", c.received.load(Relaxed))],
+            ),
+            (
+                "vmdhcp_agent_dhcp6_replies",
+                "DHCPv6 answers sent, by type (advertise, reply).",
+                "type",
+                |c| {
+                    vec![
+                        ("advertise", c.advertised.load(Relaxed)),
+                        ("reply", c.replied.load(Relaxed)),
+                    ]
+                },
+            ),
+            (
+                "vmdhcp_agent_dhcp6_dropped",
+                "DHCPv6 datagrams dropped as unusable, by reason.",
+                "reason",
+                |c| {
+                    DropReason6::ALL
+                        .iter()
+                        .zip(&c.dropped)
+                        .map(|(r, n)| (r.as_str(), n.load(Relaxed)))
+                        .collect()
+                },
+            ),
+            (
+                "vmdhcp_agent_dhcp6_unanswered",
+                "DHCPv6 messages not answered on purpose (unknown clients, another server's renewals).",
+                "",
+                |c| vec![("", c.silent.load(Relaxed))],
+            ),
+            (
+                "vmdhcp_agent_dhcp6_declines",
+                "DHCPv6 DECLINEs of a reserved address (the client's duplicate address detection found it in use).",
+                "",
+                |c| vec![("", c.declined.load(Relaxed))],
+            ),
+            (
+                "vmdhcp_agent_dhcp6_send_errors",
+                "DHCPv6 answers the kernel refused to send.",
+                "",
+                |c| vec![("", c.send_failed.load(Relaxed))],
+            ),
+        ];
+        for (name, help, label, read) in series {
+            let mut family = encoder.encode_descriptor(name, help, None, MetricType::Counter)?;
+            for (interface, counters) in &all {
+                let pool = interface.pool.to_string();
+                for (value_label, value) in read(counters) {
+                    let mut labels = vec![
+                        ("interface", interface.name.as_str()),
+                        ("pool", pool.as_str()),
+                    ];
+                    if !label.is_empty() {
+                        labels.push((label, value_label));
+                    }
+                    ConstCounter::new(value).encode(family.encode_family(&labels)?)?;
+                }
+            }
+        }
+        Ok(())
     }
 }
 
@@ -981,6 +1076,37 @@ mod tests {
             (58..=60).contains(&conflict["held_for_seconds"].as_u64().unwrap()),
             "{conflict}"
         );
+    }
+
+    #[test]
+    fn dhcp6_counters_are_exported_per_interface_and_reason() {
+        let counters = Arc::new(Counters6::default());
+        counters
+            .received
+            .fetch_add(3, std::sync::atomic::Ordering::Relaxed);
+        counters
+            .replied
+            .fetch_add(2, std::sync::atomic::Ordering::Relaxed);
+        counters.dropped[1].fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let interface = Interface6 {
+            name: "eth1".into(),
+            pool: pool_name(),
+        };
+        let (_tx, rx) = watch::channel(vec![(interface, counters)]);
+        let mut registry = Registry::default();
+        registry.register_collector(Box::new(Dhcp6Metrics(rx)));
+        let mut text = String::new();
+        prometheus_client::encoding::text::encode(&mut text, &registry).unwrap();
+        for line in [
+            r#"vmdhcp_agent_dhcp6_requests_total{interface="eth1",pool="default/a"} 3"#,
+            r#"vmdhcp_agent_dhcp6_replies_total{interface="eth1",pool="default/a",type="reply"} 2"#,
+            r#"vmdhcp_agent_dhcp6_replies_total{interface="eth1",pool="default/a",type="advertise"} 0"#,
+            r#"vmdhcp_agent_dhcp6_dropped_total{interface="eth1",pool="default/a",reason="malformed"} 1"#,
+            r#"vmdhcp_agent_dhcp6_dropped_total{interface="eth1",pool="default/a",reason="oversized"} 0"#,
+            r#"vmdhcp_agent_dhcp6_declines_total{interface="eth1",pool="default/a"} 0"#,
+        ] {
+            assert!(text.contains(line), "{line} missing from\n{text}");
+        }
     }
 
     #[tokio::test]
