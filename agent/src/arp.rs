@@ -1,4 +1,5 @@
-//! Gratuitous ARP for the server addresses this agent takes over.
+//! Gratuitous ARP (and, for a dual-stack pool's IPv6 server address, unsolicited Neighbor
+//! Advertisements) for the server addresses this agent takes over.
 //!
 //! When a standby becomes leader, each pool's server address moves to another MAC: clients keep
 //! sending their unicast RENEWs to the old MAC until their ARP entry for the server expires,
@@ -6,7 +7,8 @@
 //! (on taking over, or for a pool added while leading), it broadcasts a few RFC 5227 "ARP
 //! Announcements" on that interface: ARP requests whose sender and target protocol addresses are
 //! both the server address, sender hardware address the interface's MAC. Hosts that hold an entry
-//! for the address update it to the new MAC.
+//! for the address update it to the new MAC. An IPv6 server address is announced the same way
+//! with unsolicited Neighbor Advertisements (RFC 4861 §7.2.6: to all nodes, Override set).
 //!
 //! It also probes an address (RFC 5227 ARP Probe, [`probe`]) before the DHCP server first offers
 //! it and to check a DHCPDECLINE ([`crate::dhcp::probe`]).
@@ -20,7 +22,7 @@
 use parking_lot::Mutex;
 use std::collections::BTreeMap;
 use std::io::{self, Read};
-use std::net::Ipv4Addr;
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::Duration;
@@ -49,6 +51,13 @@ const ARPHRD_ETHER: u16 = 1;
 const ARPOP_REQUEST: u16 = 1;
 const ARPOP_REPLY: u16 = 2;
 const BROADCAST: [u8; 6] = [0xff; 6];
+const ETH_P_IPV6: u16 = 0x86dd;
+/// The Ethernet address of ff02::1 (all nodes).
+const ALL_NODES_MAC: [u8; 6] = [0x33, 0x33, 0, 0, 0, 1];
+const ALL_NODES: Ipv6Addr = Ipv6Addr::new(0xff02, 0, 0, 0, 0, 0, 0, 1);
+/// Length of an unsolicited Neighbor Advertisement frame: Ethernet, IPv6, ICMPv6 NA (24) and a
+/// Target Link-Layer Address option (8).
+pub const NA_FRAME_LEN: usize = 14 + 40 + 24 + 8;
 
 /// Why an announcement could not be made.
 #[derive(Debug, thiserror::Error)]
@@ -99,6 +108,54 @@ pub fn announcement(mac: MacAddr, ip: Ipv4Addr) -> [u8; FRAME_LEN] {
     // 18..24: target hardware address, zero (RFC 5227 §2.3: ignored, SHOULD be zero).
     arp[24..28].copy_from_slice(&ip.octets()); // target protocol address
     frame
+}
+
+/// An unsolicited Neighbor Advertisement of `ip` by `mac` (RFC 4861 §4.4, §7.2.6): from `ip`
+/// to all nodes, hop limit 255, Override set, with the Target Link-Layer Address option; hosts
+/// that hold a neighbour entry for `ip` update it to `mac`.
+pub fn neighbor_advertisement(mac: MacAddr, ip: Ipv6Addr) -> [u8; NA_FRAME_LEN] {
+    let mut frame = [0u8; NA_FRAME_LEN];
+    let (ethernet, rest) = frame.split_at_mut(14);
+    ethernet[0..6].copy_from_slice(&ALL_NODES_MAC);
+    ethernet[6..12].copy_from_slice(&mac.octets());
+    ethernet[12..14].copy_from_slice(&ETH_P_IPV6.to_be_bytes());
+    let (ipv6, icmp) = rest.split_at_mut(40);
+    let icmp_len: u16 = 32;
+    ipv6[0] = 0x60;
+    ipv6[4..6].copy_from_slice(&icmp_len.to_be_bytes());
+    ipv6[6] = 58; // ICMPv6
+    ipv6[7] = 255; // hop limit (RFC 4861 §7.1.2: receivers drop anything else)
+    ipv6[8..24].copy_from_slice(&ip.octets());
+    ipv6[24..40].copy_from_slice(&ALL_NODES.octets());
+    icmp[0] = 136; // Neighbor Advertisement
+    icmp[4] = 0x20; // Override; neither Router nor Solicited
+    icmp[8..24].copy_from_slice(&ip.octets());
+    icmp[24] = 2; // Target Link-Layer Address
+    icmp[25] = 1; // length, in units of 8 bytes
+    icmp[26..32].copy_from_slice(&mac.octets());
+    let checksum = icmpv6_checksum(ip, ALL_NODES, icmp);
+    icmp[2..4].copy_from_slice(&checksum.to_be_bytes());
+    frame
+}
+
+/// The ICMPv6 checksum of `message` (its checksum field zero) from `src` to `dst`: the one's
+/// complement sum over the IPv6 pseudo-header and the message (RFC 4443 §2.3).
+fn icmpv6_checksum(src: Ipv6Addr, dst: Ipv6Addr, message: &[u8]) -> u16 {
+    let len = u32::try_from(message.len()).unwrap_or(u32::MAX);
+    let mut pseudo = Vec::with_capacity(40 + message.len());
+    pseudo.extend_from_slice(&src.octets());
+    pseudo.extend_from_slice(&dst.octets());
+    pseudo.extend_from_slice(&len.to_be_bytes());
+    pseudo.extend_from_slice(&[0, 0, 0, 58]);
+    pseudo.extend_from_slice(message);
+    let mut sum: u32 = pseudo
+        .chunks(2)
+        .map(|c| u32::from(u16::from_be_bytes([c[0], c.get(1).copied().unwrap_or(0)])))
+        .sum();
+    while sum > 0xffff {
+        sum = (sum & 0xffff) + (sum >> 16);
+    }
+    !u16::try_from(sum).unwrap_or(0xffff)
 }
 
 /// The RFC 5227 ARP Probe for `ip` by `mac`: a broadcast ARP request with sender protocol
@@ -508,23 +565,31 @@ impl Announcer {
     }
 
     /// Starts announcing `ip` on `interface` (which serves `pool`) in the background, replacing
-    /// an announcement still running there. Must be called inside a Tokio runtime.
-    pub fn announce(&mut self, interface: &str, pool: &NamespacedName, ip: Ipv4Addr) {
+    /// an announcement of the same family still running there: ARP for an IPv4 address,
+    /// Neighbor Advertisements for an IPv6 one. Must be called inside a Tokio runtime.
+    pub fn announce(&mut self, interface: &str, pool: &NamespacedName, ip: impl Into<IpAddr>) {
         let Some(socket) = self.socket.clone() else {
             return;
         };
-        self.cancel(interface);
+        let ip = ip.into();
+        let key = task_key(interface, &ip);
+        if let Some(task) = self.tasks.remove(&key) {
+            task.abort();
+        }
         let counts = self.counters.interfaces.entry(interface, pool);
         let span = info_span!("arp_announce", interface, pool = %pool, ip = %ip);
         let task =
             tokio::spawn(announce(socket, interface.to_owned(), ip, counts).instrument(span));
-        self.tasks.insert(interface.to_owned(), task);
+        self.tasks.insert(key, task);
     }
 
-    /// Stops the announcement running on `interface`, if any (the address is being given up).
+    /// Stops the announcements running on `interface`, both families, if any (its addresses
+    /// are being given up).
     pub fn cancel(&mut self, interface: &str) {
-        if let Some(task) = self.tasks.remove(interface) {
-            task.abort();
+        for key in [interface.to_owned(), format!("{interface}{V6_TASK}")] {
+            if let Some(task) = self.tasks.remove(&key) {
+                task.abort();
+            }
         }
     }
 
@@ -538,24 +603,39 @@ impl Announcer {
     /// Forgets the tasks that finished and the counters of interfaces `keep` rejects (their
     /// pools left), so that their series disappear from `/metrics`.
     pub fn retain(&mut self, keep: impl Fn(&str) -> bool) {
-        self.tasks
-            .retain(|name, task| keep(name) && !task.is_finished());
+        self.tasks.retain(|key, task| {
+            keep(key.strip_suffix(V6_TASK).unwrap_or(key)) && !task.is_finished()
+        });
         self.counters.interfaces.retain(keep);
     }
 
     /// Interfaces with an announcement still running.
     pub fn running(&self) -> Vec<String> {
-        self.tasks
+        let mut names: Vec<String> = self
+            .tasks
             .iter()
             .filter(|(_, task)| !task.is_finished())
-            .map(|(name, _)| name.clone())
-            .collect()
+            .map(|(key, _)| key.strip_suffix(V6_TASK).unwrap_or(key).to_owned())
+            .collect();
+        names.dedup();
+        names
     }
 }
 
 impl Drop for Announcer {
     fn drop(&mut self) {
         self.cancel_all();
+    }
+}
+
+/// The suffix of an interface's IPv6 announcement task among the tasks.
+const V6_TASK: &str = "/v6";
+
+/// The task key of an announcement of `ip` on `interface`.
+fn task_key(interface: &str, ip: &IpAddr) -> String {
+    match ip {
+        IpAddr::V4(_) => interface.to_owned(),
+        IpAddr::V6(_) => format!("{interface}{V6_TASK}"),
     }
 }
 
@@ -571,7 +651,7 @@ fn open_socket() -> Result<Socket, ArpError> {
 }
 
 /// Sends [`ANNOUNCE_COUNT`] announcements of `ip` on `interface`, [`ANNOUNCE_INTERVAL`] apart.
-async fn announce(socket: Arc<Socket>, interface: String, ip: Ipv4Addr, counts: Arc<Counts>) {
+async fn announce(socket: Arc<Socket>, interface: String, ip: IpAddr, counts: Arc<Counts>) {
     let (index, mac) = match link(&interface) {
         Ok(link) => link,
         Err(error) => {
@@ -580,8 +660,14 @@ async fn announce(socket: Arc<Socket>, interface: String, ip: Ipv4Addr, counts: 
             return;
         }
     };
-    let frame = announcement(mac, ip);
-    let destination = match link_destination(index) {
+    let (frame, destination) = match ip {
+        IpAddr::V4(ip) => (announcement(mac, ip).to_vec(), link_destination(index)),
+        IpAddr::V6(ip) => (
+            neighbor_advertisement(mac, ip).to_vec(),
+            link_address(index, ETH_P_IPV6, ALL_NODES_MAC),
+        ),
+    };
+    let destination = match destination {
         Ok(destination) => destination,
         Err(source) => {
             counts.count_failed();
@@ -616,6 +702,24 @@ async fn announce(socket: Arc<Socket>, interface: String, ip: Ipv4Addr, counts: 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_neighbor_advertisement_overrides_from_the_address_to_all_nodes_with_a_valid_checksum() {
+        let ip: Ipv6Addr = "fd00::2".parse().unwrap();
+        let frame = neighbor_advertisement(MAC, ip);
+        assert_eq!(&frame[0..6], &ALL_NODES_MAC);
+        assert_eq!(&frame[6..12], &MAC.octets());
+        assert_eq!(&frame[12..14], &[0x86, 0xdd]);
+        let (ipv6, icmp) = frame[14..].split_at(40);
+        assert_eq!((ipv6[6], ipv6[7]), (58, 255));
+        assert_eq!(&ipv6[8..24], &ip.octets());
+        assert_eq!(&ipv6[24..40], &ALL_NODES.octets());
+        assert_eq!((icmp[0], icmp[1], icmp[4]), (136, 0, 0x20));
+        assert_eq!(&icmp[8..24], &ip.octets());
+        assert_eq!(&icmp[24..32], &[2, 1, 0x02, 0x42, 0xac, 0x11, 0x00, 0x02]);
+        // A checksum over the message with its checksum in place sums to all ones.
+        assert_eq!(icmpv6_checksum(ip, ALL_NODES, icmp), 0);
+    }
 
     const MAC: MacAddr = MacAddr([0x02, 0x42, 0xac, 0x11, 0x00, 0x02]);
     const IP: Ipv4Addr = Ipv4Addr::new(10, 123, 45, 2);

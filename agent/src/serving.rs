@@ -306,6 +306,8 @@ impl Serving {
                 Ok(added) => {
                     info!(interface = %name, %pool, %ip, prefix, added, "IPv6 server address configured");
                     self.configured6.insert(name.to_owned(), (ip, prefix));
+                    // Neighbours that cached the previous leader's MAC for it learn ours.
+                    self.announcer.announce(name, pool, ip);
                 }
                 Err(error) => {
                     warn!(interface = %name, %pool, %error, "IPv6 server address not configured; serving IPv4 only");
