@@ -19,6 +19,7 @@
 //!   (`dhcp::handler`: the datagram checked, the decision, the reply encoded).
 //! - [`dhcp6`]: the DHCPv6 server of dual-stack pools (stateful IA_NA), its replies built by a
 //!   pure function (`dhcp6::handler`).
+//! - [`ra`]: Router Advertisements for the dual-stack pools that ask for them.
 //! - [`http`]: `/healthz`, `/readyz`, `/leases` and `/metrics`.
 //! - [`netlink`]: each served interface gets exactly its server address and is up.
 //! - [`arp`]: gratuitous ARP (RFC 5227 announcements) for the server addresses taken over.
@@ -38,7 +39,7 @@
 //! 1. `runtime`
 //! 2. `report`
 //! 3. `serving`, `sources`, `http`
-//! 4. `dhcp`, `dhcp6`, `stream`
+//! 4. `dhcp`, `dhcp6`, `ra`, `stream`
 //! 5. `arp`, `netlink`, `lease_table`
 //! 6. `capability`, `credentials`, `findings`, `pools`, `suspects`
 //!
@@ -56,6 +57,7 @@ pub mod http;
 pub mod lease_table;
 pub mod netlink;
 pub mod pools;
+pub mod ra;
 pub mod report;
 pub mod runtime;
 pub mod serving;

@@ -37,6 +37,7 @@ use crate::dhcp::server::{Interface, InterfaceStatus, Servers};
 use crate::dhcp6::server::{Interface6, Servers6};
 use crate::lease_table::LeaseTable;
 use crate::netlink::InterfaceSetup;
+use crate::ra::{Advertised, Advertisers};
 
 /// One interface the agent should serve on: its pool and server address.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -49,6 +50,8 @@ pub struct Wanted {
     pub prefix: u8,
     /// The IPv6 server address and prefix length of a dual-stack pool.
     pub ipv6: Option<(Ipv6Addr, u8)>,
+    /// The Router Advertisements of a dual-stack pool that asks for them.
+    pub ra: Option<Advertised>,
 }
 
 /// Interface name → what it should serve.
@@ -71,6 +74,13 @@ pub fn wanted_from_table(table: &LeaseTable) -> WantedSet {
                         .ipv6
                         .as_ref()
                         .map(|v6| (v6.server_ip, v6.subnet.prefix_len())),
+                    ra: c
+                        .ipv6
+                        .as_ref()
+                        .filter(|v6| v6.router_advertisements)
+                        .map(|v6| {
+                            Advertised::of(v6.subnet, v6.server_ip, v6.router, v6.lease_seconds)
+                        }),
                 },
             )
         })
@@ -89,6 +99,8 @@ pub fn wanted_from_bootstrap(configs: &[AgentNetworkConfig]) -> WantedSet {
                     server_ip: c.server_ip,
                     prefix: c.cidr.prefix_len(),
                     ipv6: c.server_ipv6.zip(c.cidr_v6.map(|n| n.prefix_len())),
+                    // Known once the pool's config is loaded.
+                    ra: None,
                 },
             )
         })
@@ -100,6 +112,8 @@ pub struct Serving {
     servers: Servers,
     /// The DHCPv6 servers of dual-stack pools.
     servers6: Servers6,
+    /// The Router Advertisements of the pools that ask for them.
+    advertisers: Advertisers,
     /// Interface → the IPv6 server address we configured on it (and must remove).
     configured6: BTreeMap<String, (Ipv6Addr, u8)>,
     setup: Option<InterfaceSetup>,
@@ -127,6 +141,7 @@ impl Serving {
     ) -> Self {
         Serving {
             servers6: Servers6::new(Arc::clone(&table)),
+            advertisers: Advertisers::default(),
             configured6: BTreeMap::new(),
             servers: Servers::new(table).reporting_to(Arc::clone(detectors.suspects())),
             setup,
@@ -160,7 +175,8 @@ impl Serving {
 
     /// Whether any interface is answering or configured.
     pub fn is_active(&self) -> bool {
-        self.servers.running().next().is_some()
+        self.advertisers.running().next().is_some()
+            || self.servers.running().next().is_some()
             || !self.configured.is_empty()
             || self.servers6.running().next().is_some()
             || !self.configured6.is_empty()
@@ -178,6 +194,7 @@ impl Serving {
             // No more announcing an address we give up; then silence, for every interface at
             // once; addresses after.
             self.announcer.cancel_all();
+            self.advertisers.stop_all();
             self.servers6.stop_all().await;
             self.servers.stop_all(Some(InterfaceStatus::Standby)).await;
             // A standby looks for nothing and reports nothing: the new leader finds again
@@ -233,6 +250,7 @@ impl Serving {
             .into_iter()
             .collect();
         for name in stale6 {
+            self.advertisers.stop(&name);
             self.servers6.stop(&name).await;
             self.unconfigure6(&name).await;
         }
@@ -284,6 +302,12 @@ impl Serving {
             });
             if let Some((ip6, prefix6)) = w.ipv6 {
                 self.serve_v6(name, &w.pool, ip6, prefix6).await;
+            }
+            match w.ra {
+                Some(advertised) if self.configured6.contains_key(name) || self.setup.is_none() => {
+                    self.advertisers.start(name, advertised);
+                }
+                _ => self.advertisers.stop(name),
             }
             self.detectors
                 .ensure(Target {

@@ -265,6 +265,12 @@ pub struct IPv6Config {
     /// Valid lifetime of an address in seconds; unset or 0 means one year, as for IPv4.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub lease_time: Option<i64>,
+    /// Whether the serving agent sends Router Advertisements on the network: Managed and Other
+    /// flags set (clients start DHCPv6), the pool's prefix on-link without autonomous
+    /// configuration, and a router lifetime only when `router` is the server's own address. Off
+    /// unless true, because the network's router normally sends them. Not in Harvester's design.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub send_router_advertisements: Option<bool>,
 }
 
 /// The IPv6 allocation range of a pool, inclusive at both ends (the shape of [`Pool`]).

@@ -55,6 +55,8 @@ fn dual(config: PoolConfig, octet: u8) -> PoolConfig {
             subnet: format!("fd00:{octet:x}::/112").parse().unwrap(),
             dns: vec![format!("fd00:{octet:x}::53").parse().unwrap()],
             lease_seconds: 600,
+            router_advertisements: false,
+            router: None,
         }),
         ..config
     }

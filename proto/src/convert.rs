@@ -136,6 +136,8 @@ impl From<&PoolConfigV6> for pb::PoolConfigV6 {
             cidr: c.subnet.to_string(),
             dns: c.dns.iter().map(ToString::to_string).collect(),
             lease_time_seconds: c.lease_seconds,
+            router_advertisements: c.router_advertisements,
+            router: c.router.map(|r| r.to_string()).unwrap_or_default(),
         }
     }
 }
@@ -168,6 +170,8 @@ impl TryFrom<&pb::PoolConfigV6> for PoolConfigV6 {
             subnet,
             dns,
             lease_seconds,
+            router_advertisements: p.router_advertisements,
+            router: optional_ipv6(M, "router", &p.router)?,
         })
     }
 }
@@ -385,6 +389,8 @@ mod tests {
             subnet: "fd00::/112".parse().unwrap(),
             dns: vec!["fd00::53".parse().unwrap()],
             lease_seconds: 600,
+            router_advertisements: true,
+            router: Some("fd00::1".parse().unwrap()),
         };
         let c = PoolConfig {
             ipv6: Some(v6),

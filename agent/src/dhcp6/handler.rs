@@ -757,6 +757,8 @@ mod tests {
                 subnet: "fd00::/112".parse().unwrap(),
                 dns: vec![ip6("fd00::53")],
                 lease_seconds: 1000,
+                router_advertisements: false,
+                router: None,
             }),
             ..pool_config("ns/p")
         };

@@ -325,6 +325,7 @@ mod tests {
             ),
         ) -> crate::crd::IPv6Config {
             crate::crd::IPv6Config {
+                send_router_advertisements: None,
                 server_ip: server,
                 cidr,
                 pool: crate::crd::IPv6Pool { start, end, exclude },

@@ -147,6 +147,7 @@ impl Cluster {
 /// fd00:48::1 outside the range fd00:48::81-fd00:48::90 of fd00:48::/112, both ends excluded.
 pub(super) fn v6_config() -> IPv6Config {
     IPv6Config {
+        send_router_advertisements: None,
         server_ip: "fd00:48::77".into(),
         cidr: "fd00:48::/112".into(),
         pool: IPv6Pool {

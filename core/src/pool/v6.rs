@@ -111,6 +111,7 @@ pub struct ValidV6 {
     range: PoolRange<Ipv6Addr>,
     dns: Vec<Ipv6Addr>,
     lease_seconds: u32,
+    router_advertisements: bool,
 }
 
 impl ValidV6 {
@@ -186,6 +187,7 @@ impl ValidV6 {
             range,
             dns,
             lease_seconds,
+            router_advertisements: v6.send_router_advertisements == Some(true),
         })
     }
 
@@ -201,6 +203,8 @@ impl ValidV6 {
             subnet: self.range.subnet(),
             dns: self.dns.clone(),
             lease_seconds: self.lease_seconds,
+            router_advertisements: self.router_advertisements,
+            router: self.range.router(),
         }
     }
 }
@@ -217,6 +221,13 @@ pub struct PoolConfigV6 {
     pub dns: Vec<Ipv6Addr>,
     /// Valid lifetime of an address, in seconds.
     pub lease_seconds: u32,
+    /// Whether the agent sends Router Advertisements ([`crate::crd::IPv6Config`]'s
+    /// `sendRouterAdvertisements`).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub router_advertisements: bool,
+    /// The network's router: a router lifetime is advertised only when it is `server_ip`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub router: Option<Ipv6Addr>,
 }
 
 #[cfg(test)]
@@ -236,6 +247,7 @@ mod tests {
             router: Some("fd00::1".into()),
             dns: vec![],
             lease_time: None,
+            send_router_advertisements: None,
         }
     }
 
