@@ -8,15 +8,16 @@ Names. Object names are DNS labels (Services need RFC 1035 labels), at most 63 c
 {{- end -}}
 
 {{/*
-The full name: fullnameOverride, else the release name if it already contains the chart name,
-else "<release>-<chart>"; truncated to 63 characters.
+The full name: fullnameOverride, else the release name if it already contains the chart name
+(or, without nameOverride, upstream's chart name: the add-on's release harvester-vm-dhcp-controller
+keeps its name, as under upstream's chart), else "<release>-<chart>"; truncated to 63 characters.
 */}}
 {{- define "vmdhcp.fullname" -}}
 {{- if .Values.fullnameOverride -}}
 {{- .Values.fullnameOverride | trunc 63 | trimSuffix "-" -}}
 {{- else -}}
 {{- $name := default .Chart.Name .Values.nameOverride -}}
-{{- if contains $name .Release.Name -}}
+{{- if or (contains $name .Release.Name) (and (not .Values.nameOverride) (contains (include "vmdhcp.upstream.chartName" .) .Release.Name)) -}}
 {{- .Release.Name | trunc 63 | trimSuffix "-" -}}
 {{- else -}}
 {{- printf "%s-%s" .Release.Name $name | trunc 63 | trimSuffix "-" -}}
@@ -47,22 +48,37 @@ Usage: include "vmdhcp.suffixed" (list . "controller")
 {{/* Role (and RoleBinding), in each namespace of controller.upstreamAgentNamespaces, that lets the
 controller retire upstream's agent pods there. */}}
 {{- define "vmdhcp.controller.upstreamRoleName" -}}{{ include "vmdhcp.suffixed" (list . "controller-upstream-agents") }}{{- end -}}
-{{/* Shared name of the Mutating- and ValidatingWebhookConfiguration. */}}
-{{- define "vmdhcp.webhookName" -}}{{ include "vmdhcp.suffixed" (list . "webhook") }}{{- end -}}
-
-{{- define "vmdhcp.controller.serviceAccountName" -}}
-{{- if .Values.controller.serviceAccount.create -}}
-{{- default (include "vmdhcp.controller.fullname" .) .Values.controller.serviceAccount.name -}}
+{{/*
+Shared name of the Mutating- and ValidatingWebhookConfiguration: "<fullname>-webhook", or
+"<fullname>-admission" where our full name is upstream's (the add-on's release, nameOverride,
+fullnameOverride): upstream's webhook server named its own configurations "<fullname>-webhook",
+outside its Helm release, and Helm refuses to create an object that exists and is not the
+release's (templates/upstream-leftovers.yaml removes those).
+*/}}
+{{- define "vmdhcp.webhookName" -}}
+{{- if eq (include "vmdhcp.fullname" .) (include "vmdhcp.upstream.fullname" .) -}}
+{{- include "vmdhcp.suffixed" (list . "admission") -}}
 {{- else -}}
-{{- required "controller.serviceAccount.name is required when controller.serviceAccount.create is false" .Values.controller.serviceAccount.name -}}
+{{- include "vmdhcp.suffixed" (list . "webhook") -}}
+{{- end -}}
+{{- end -}}
+
+{{/* The ServiceAccounts' names, upstream's serviceAccount.* applied (templates/_upstream.tpl). */}}
+{{- define "vmdhcp.controller.serviceAccountName" -}}
+{{- $sa := (include "vmdhcp.upstream" . | fromYaml).controller.serviceAccount -}}
+{{- if $sa.create -}}
+{{- default (include "vmdhcp.controller.fullname" .) $sa.name -}}
+{{- else -}}
+{{- required "controller.serviceAccount.name is required when controller.serviceAccount.create is false" $sa.name -}}
 {{- end -}}
 {{- end -}}
 
 {{- define "vmdhcp.agent.serviceAccountName" -}}
-{{- if .Values.agent.serviceAccount.create -}}
-{{- default (include "vmdhcp.agent.fullname" .) .Values.agent.serviceAccount.name -}}
+{{- $sa := (include "vmdhcp.upstream" . | fromYaml).agent.serviceAccount -}}
+{{- if $sa.create -}}
+{{- default (include "vmdhcp.agent.fullname" .) $sa.name -}}
 {{- else -}}
-{{- required "agent.serviceAccount.name is required when agent.serviceAccount.create is false" .Values.agent.serviceAccount.name -}}
+{{- required "agent.serviceAccount.name is required when agent.serviceAccount.create is false" $sa.name -}}
 {{- end -}}
 {{- end -}}
 

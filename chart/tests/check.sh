@@ -11,7 +11,13 @@
 #      objects, the ServiceMonitor only when enabled, the NetworkPolicies' ports and peers, PDB
 #      apiVersion per Kubernetes version;
 #   4. invalid values (schema and template checks) make `helm template` fail;
-#   5. the alerts: files/alerts.yaml is the PrometheusRule rendered with the default values
+#   5. upstream's values (harvester/vm-dhcp-controller's chart and Harvester's packaging of it):
+#      tests/values-upstream*.yaml and the valuesContent of examples/harvester-addon.yaml (checked
+#      to be an Addon of Harvester's add-on, for this chart's name and version, then rendered as
+#      release harvester-vm-dhcp-controller in harvester-system) are value sets like the others;
+#      the install notes of every set are compared with tests/golden/<set>.notes.txt (they name
+#      the key each upstream value became), and check_render.py asserts each mapping;
+#   6. the alerts: files/alerts.yaml is the PrometheusRule rendered with the default values
 #      (UPDATE_GOLDEN=1 rewrites it), `promtool check rules` on it and on the full set's
 #      render, `promtool test rules tests/alerts-test.yaml`, and check_render.py's coverage:
 #      each alert has a severity, summary, description, a runbook anchor that is a README
@@ -56,21 +62,33 @@ not_ok() { failed=$((failed + 1)); printf 'FAIL  %s\n' "$*"; }
 
 echo "helm $("$HELM" version --short 2>/dev/null)"
 
-# Value sets: name -> extra helm arguments.
-sets=(default full plaintext)
+# The add-on example: an Addon of Harvester's add-on, for this chart; its valuesContent is a set.
+addon_example="$chart/../examples/harvester-addon.yaml"
+rc=0
+out="$("$PYTHON" "$here/check_render.py" addon "$addon_example" "$chart/Chart.yaml" "$tmp/harvester-addon.values.yaml" 2>&1)" || rc=$?
+printf '%s\n' "$out"
+passed=$((passed + $(printf '%s\n' "$out" | grep -c '^ok ' || true)))
+failed=$((failed + $(printf '%s\n' "$out" | grep -c '^FAIL ' || true)))
+if [ "$rc" -ne 0 ]; then not_ok "check_render.py addon exited $rc"; fi
+
+# Value sets: name -> extra helm arguments, release and namespace.
+sets=(default full plaintext upstream upstream-defaults upstream-precedence harvester-addon)
 set_args() {
   case "$1" in
     default) ;;
+    harvester-addon) printf '%s\n' -f "$tmp/harvester-addon.values.yaml" ;;
     *) printf '%s\n' -f "$here/values-$1.yaml" ;;
   esac
 }
+set_release() { case "$1" in harvester-addon) echo harvester-vm-dhcp-controller ;; *) echo "$release" ;; esac; }
+set_namespace() { case "$1" in harvester-addon) echo harvester-system ;; *) echo "$namespace" ;; esac; }
 
 # 1. lint
 for set in "${sets[@]}"; do
   mapfile -t args < <(set_args "$set")
   for kube in "" 1.20.2; do
     what="lint --strict ($set${kube:+, kube $kube})"
-    if out="$("$HELM" lint --strict "$chart" --namespace "$namespace" ${kube:+--kube-version "$kube"} "${args[@]}" 2>&1)"; then
+    if out="$("$HELM" lint --strict "$chart" --namespace "$(set_namespace "$set")" ${kube:+--kube-version "$kube"} "${args[@]}" 2>&1)"; then
       ok "$what"
     else
       not_ok "$what"; printf '%s\n' "$out" | sed 's/^/      /'
@@ -82,7 +100,7 @@ done
 mkdir -p "$golden"
 for set in "${sets[@]}"; do
   mapfile -t args < <(set_args "$set")
-  if ! "$HELM" template "$release" "$chart" --namespace "$namespace" "${args[@]}" >"$tmp/$set.yaml" 2>"$tmp/$set.err"; then
+  if ! "$HELM" template "$(set_release "$set")" "$chart" --namespace "$(set_namespace "$set")" "${args[@]}" >"$tmp/$set.yaml" 2>"$tmp/$set.err"; then
     not_ok "template ($set)"; sed 's/^/      /' "$tmp/$set.err"; continue
   fi
   if ! "$PYTHON" "$here/check_render.py" normalize "$tmp/$set.yaml" >"$tmp/$set.norm.yaml"; then
@@ -100,6 +118,27 @@ for set in "${sets[@]}"; do
   fi
 done
 
+# The install notes (helm install --dry-run=client: no cluster), which name the key each of
+# upstream's values became.
+for set in "${sets[@]}"; do
+  mapfile -t args < <(set_args "$set")
+  if ! "$HELM" install "$(set_release "$set")" "$chart" --namespace "$(set_namespace "$set")" --dry-run=client -o json \
+       "${args[@]}" 2>"$tmp/$set.notes.err" | "$PYTHON" -c 'import json, sys; sys.stdout.write(json.load(sys.stdin)["info"]["notes"])' \
+       >"$tmp/$set.notes.txt" 2>>"$tmp/$set.notes.err"; then
+    not_ok "install notes ($set)"; sed 's/^/      /' "$tmp/$set.notes.err"; continue
+  fi
+  if [ "${UPDATE_GOLDEN:-}" = 1 ]; then
+    cp "$tmp/$set.notes.txt" "$golden/$set.notes.txt"
+    ok "golden $set.notes.txt rewritten"
+  elif [ ! -f "$golden/$set.notes.txt" ]; then
+    not_ok "golden $set.notes.txt missing (UPDATE_GOLDEN=1 writes it)"
+  elif diff -u --label "golden/$set.notes.txt" --label "notes ($set)" "$golden/$set.notes.txt" "$tmp/$set.notes.txt" >"$tmp/$set.notes.diff"; then
+    ok "golden notes ($set)"
+  else
+    not_ok "golden notes ($set): the install notes differ (UPDATE_GOLDEN=1 to accept)"; cat "$tmp/$set.notes.diff"
+  fi
+done
+
 # The oldest supported Kubernetes (PodDisruptionBudget policy/v1beta1).
 if "$HELM" template "$release" "$chart" --namespace "$namespace" --kube-version 1.20.2 >"$tmp/kube120.yaml" 2>"$tmp/kube120.err"; then
   ok "template (default, kube 1.20.2)"
@@ -111,7 +150,7 @@ fi
 for set in "${sets[@]}" kube120; do
   [ -s "$tmp/$set.yaml" ] || continue
   rc=0
-  out="$("$PYTHON" "$here/check_render.py" check "$set" "$tmp/$set.yaml" "$release" "$namespace" 2>&1)" || rc=$?
+  out="$("$PYTHON" "$here/check_render.py" check "$set" "$tmp/$set.yaml" "$(set_release "$set")" "$(set_namespace "$set")" 2>&1)" || rc=$?
   printf '%s\n' "$out"
   p="$(printf '%s\n' "$out" | grep -c '^ok ' || true)"
   f="$(printf '%s\n' "$out" | grep -c '^FAIL ' || true)"
@@ -167,8 +206,29 @@ refuse "prometheusRule.thresholds.poolAvailablePercent: 120" "poolAvailablePerce
 refuse "prometheusRule.for of an unknown alert" "VmdhcpNoSuchAlert" --set prometheusRule.for.VmdhcpNoSuchAlert=1m
 refuse "prometheusRule.for.VmdhcpPoolExhausted: 5 (no unit)" "VmdhcpPoolExhausted" --set-string prometheusRule.for.VmdhcpPoolExhausted=5
 refuse "dashboard.labelValue not a string" "labelValue" --set dashboard.labelValue=1
+# Upstream's keys are read; anything else of that shape still is not.
+refuse "a key neither chart has (replicaCounts)" "replicaCounts" --set replicaCounts=2
+refuse "an image field upstream's chart does not have (image.digest)" "digest" --set image.digest=sha256:0
+refuse "a typo'd upstream key (serviceAccount.automnt)" "automnt" --set serviceAccount.automnt=true
+refuse "upstream's service with a field it does not have (service.nodePort)" "nodePort" --set service.nodePort=30080
+refuse "webhook.image with a field upstream's does not have (webhook.image.registry)" "registry" --set webhook.image.registry=x
+refuse "the Multus annotation in upstream's podAnnotations" "podAnnotations" --set-string 'podAnnotations.k8s\.v1\.cni\.cncf\.io/networks=x'
+refuse "upstream's replicaCount: \"one\"" "replicaCount" --set-string replicaCount=one
+refuse "upstream's serviceCIDR: not a CIDR" "serviceCIDR" --set serviceCIDR=10.53.0.0
+refuse "upstream's serviceAccount.create=false without a name" "serviceAccount.name" --set serviceAccount.create=false
 
-# 5. alerts
+# 5. each of upstream's values became what the notes say
+for set in upstream upstream-defaults upstream-precedence harvester-addon; do
+  [ -s "$tmp/$set.yaml" ] || continue
+  rc=0
+  out="$("$PYTHON" "$here/check_render.py" upstream "$set" "$tmp/$set.yaml" "$(set_release "$set")" "$(set_namespace "$set")" 2>&1)" || rc=$?
+  printf '%s\n' "$out"
+  passed=$((passed + $(printf '%s\n' "$out" | grep -c '^ok ' || true)))
+  failed=$((failed + $(printf '%s\n' "$out" | grep -c '^FAIL ' || true)))
+  if [ "$rc" -ne 0 ] && ! printf '%s\n' "$out" | grep -q '^FAIL '; then not_ok "check_render.py upstream $set exited $rc"; fi
+done
+
+# 6. alerts
 PROMTOOL="${PROMTOOL:-$(command -v promtool || true)}"
 if [ -z "$PROMTOOL" ]; then
   not_ok "promtool: none on PATH and PROMTOOL unset (scripts/install-deps.sh installs Debian's prometheus)"

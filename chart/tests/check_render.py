@@ -11,6 +11,15 @@
       plaintext, kube120); prints one `ok ...` or `FAIL ...` line per check and exits 1 if
       any failed.
 
+  check_render.py upstream SET RENDERED.yaml RELEASE NAMESPACE
+      Checks that each of upstream's values in value set SET (upstream, upstream-defaults,
+      upstream-precedence, harvester-addon) became this chart's key it maps to, or was ignored.
+
+  check_render.py addon ADDON.yaml CHART.yaml VALUES_OUT.yaml
+      Checks that ADDON.yaml is an Addon (harvesterhci.io/v1beta1) of Harvester's add-on
+      harvester-vm-dhcp-controller in harvester-system, for this chart's name and version, with
+      upstream-style valuesContent; writes that valuesContent to VALUES_OUT.yaml.
+
   check_render.py rules RENDERED.yaml
       Prints the rules of the one PrometheusRule in RENDERED.yaml as a plain Prometheus rules
       file: what chart/files/alerts.yaml must hold (the same rules, for a Prometheus without the
@@ -37,6 +46,11 @@ EXPECTED_CAPS = {
     "plaintext": ["NET_ADMIN", "NET_BIND_SERVICE", "NET_RAW"],
     "full": ["NET_ADMIN", "NET_BIND_SERVICE", "NET_RAW"],
 }
+# The value sets in upstream's terms (tests/values-upstream*.yaml, the add-on example's
+# valuesContent): the defaults' invariants hold for each.
+UPSTREAM_SETS = ("upstream", "upstream-defaults", "upstream-precedence", "harvester-addon")
+for _s in UPSTREAM_SETS:
+    EXPECTED_CAPS[_s] = ["NET_ADMIN", "NET_BIND_SERVICE", "NET_RAW"]
 SERVICE_MONITORS = {"default": 0, "kube120": 0, "plaintext": 0, "full": 2}
 PROMETHEUS_RULES = {"default": 0, "kube120": 0, "plaintext": 0, "full": 1}
 DASHBOARDS = {"default": 0, "kube120": 0, "plaintext": 0, "full": 1}
@@ -51,6 +65,10 @@ NETWORK_POLICIES = {"default": 0, "kube120": 0, "plaintext": 0, "full": 2}
 # controller.upstreamAgentNamespaces of each set (empty: the release namespace).
 UPSTREAM_NAMESPACES = {"default": [], "kube120": [], "plaintext": [], "full": ["harvester-system"]}
 PDB_API = {"default": "policy/v1", "full": "policy/v1", "plaintext": None, "kube120": "policy/v1beta1"}
+for _s in UPSTREAM_SETS:
+    for _table, _value in ((SERVICE_MONITORS, 0), (PROMETHEUS_RULES, 0), (DASHBOARDS, 0),
+                           (NETWORK_POLICIES, 0), (UPSTREAM_NAMESPACES, []), (PDB_API, "policy/v1")):
+        _table[_s] = _value
 WRITE_VERBS = {"create", "update", "patch", "delete", "deletecollection", "*"}
 CLUSTER_SCOPED = {"ClusterRole", "ClusterRoleBinding", "MutatingWebhookConfiguration",
                   "ValidatingWebhookConfiguration", "CustomResourceDefinition"}
@@ -455,6 +473,161 @@ def check(set_name, path, release, namespace):
     return c.failed
 
 
+def upstream(set_name, path, release, namespace):
+    """Each of upstream's values in SET became the key the notes name (see the values files)."""
+    docs = load(path)
+    c = Checker()
+    tag = f"[{set_name}]"
+    deploys = [d for d in docs if d["kind"] == "Deployment"]
+    ctrl_d = next(d for d in deploys if container_named(d, "controller"))
+    agent_d = next(d for d in deploys if container_named(d, "agent"))
+    ctrl, agent = container_named(ctrl_d, "controller"), container_named(agent_d, "agent")
+    cpod, apod = ctrl_d["spec"]["template"], agent_d["spec"]["template"]
+    sas = {d["metadata"]["name"]: d for d in docs if d["kind"] == "ServiceAccount"}
+    kinds = {d["kind"] for d in docs}
+
+    def eq(what, got, want):
+        c.check(got == want, f"{tag} {what}", f"got {got!r}, want {want!r}")
+
+    c.check(not kinds & {"Ingress", "HorizontalPodAutoscaler"},
+            f"{tag} no Ingress, no HorizontalPodAutoscaler (upstream's ingress, autoscaling ignored)",
+            sorted(kinds & {"Ingress", "HorizontalPodAutoscaler"}))
+    metrics = [d for d in docs if d["kind"] == "Service" and d["metadata"]["name"].endswith("-metrics")]
+    c.check(len(metrics) == 2 and all(m["spec"].get("clusterIP") == "None"
+                                      and [p["port"] for p in m["spec"]["ports"]] == [8080] for m in metrics),
+            f"{tag} metrics Services stay headless on 8080 (upstream's service.* ignored)")
+    if set_name == "upstream":
+        eq("replicaCount -> controller.replicas", ctrl_d["spec"]["replicas"], 3)
+        eq("agent replicas untouched", agent_d["spec"]["replicas"], 2)
+        eq("image.* -> controller image", ctrl["image"], "registry.example.org/vmdhcp/vm-dhcp-controller:0.1.0-rc.2")
+        eq("image.pullPolicy -> controller.image.pullPolicy", ctrl["imagePullPolicy"], "Always")
+        eq("agent.image.* (the same key)", (agent["image"], agent["imagePullPolicy"]),
+           ("registry.example.org/vmdhcp/vm-dhcp-agent:0.1.0-rc.2", "Always"))
+        eq("serviceAccount.name -> the controller's ServiceAccount", cpod["spec"]["serviceAccountName"], "dhcp")
+        eq("serviceAccount.name -> the agents' <name>-agent", apod["spec"]["serviceAccountName"], "dhcp-agent")
+        eq("serviceAccount.annotations -> both ServiceAccounts",
+           sorted((n, (sa["metadata"].get("annotations") or {}).get("example.org/owner")) for n, sa in sas.items()),
+           [("dhcp", "network-team"), ("dhcp-agent", "network-team")])
+        for who, pod in (("controller", cpod), ("agent", apod)):
+            eq(f"podAnnotations -> {who}.podAnnotations",
+               (pod["metadata"].get("annotations") or {}).get("example.org/audit"), "true")
+            eq(f"podLabels -> {who}.podLabels", pod["metadata"]["labels"].get("team"), "network")
+        psc = cpod["spec"]["securityContext"]
+        eq("podSecurityContext merged over controller.podSecurityContext",
+           (psc.get("fsGroup"), psc.get("runAsUser"), psc.get("runAsNonRoot")), (2000, 65532, True))
+        eq("the agent keeps its podSecurityContext", apod["spec"]["securityContext"].get("fsGroup"), None)
+        sc = ctrl["securityContext"]
+        eq("securityContext merged over controller.securityContext",
+           (sc.get("runAsNonRoot"), sc.get("readOnlyRootFilesystem")), (True, True))
+        eq("resources merged over controller.resources", ctrl["resources"],
+           {"requests": {"cpu": "200m", "memory": "128Mi"}, "limits": {"memory": "512Mi"}})
+        eq("nodeSelector merged over controller.nodeSelector", cpod["spec"]["nodeSelector"],
+           {"kubernetes.io/os": "linux", "node-role.kubernetes.io/control-plane": "true"})
+        eq("the agent keeps agent.nodeSelector", apod["spec"]["nodeSelector"], {"kubernetes.io/os": "linux"})
+        eq("tolerations -> controller.tolerations", [t["key"] for t in cpod["spec"].get("tolerations", [])],
+           ["node-role.kubernetes.io/control-plane"])
+        eq("the agent has no tolerations", apod["spec"].get("tolerations"), None)
+        eq("affinity -> controller.affinity", list(cpod["spec"]["affinity"]), ["nodeAffinity"])
+        eq("volumes -> controller.extraVolumes", [v["name"] for v in cpod["spec"].get("volumes", [])], ["extra-ca"])
+        eq("volumeMounts -> controller.extraVolumeMounts", [m["mountPath"] for m in ctrl.get("volumeMounts", [])],
+           ["/etc/extra-ca"])
+        eq("the agent's volumes: the stream's credentials only",
+           [v["name"] for v in apod["spec"].get("volumes", [])], ["controller-auth"])
+        eq("serviceCIDR -> controller.serviceCIDR", env_value(ctrl, "SERVICE_CIDR"), "10.53.0.0/16")
+        eq("imagePullSecrets (the same key) on both", [p["name"] for pod in (cpod, apod)
+                                                        for p in pod["spec"].get("imagePullSecrets", [])],
+           ["registry-credentials", "registry-credentials"])
+        eq("webhook on the controller's Service, port 443 (webhook.service, httpsPort ignored)",
+           sorted({w["clientConfig"]["service"]["port"] for d in docs if d["kind"].endswith("WebhookConfiguration")
+                   for w in d["webhooks"]}), [443])
+    elif set_name == "upstream-defaults":
+        eq("replicaCount -> controller.replicas", ctrl_d["spec"]["replicas"], 1)
+        eq("upstream's controller and webhook images ignored: vmdhcp's controller runs", ctrl["image"],
+           "ghcr.io/vmdhcp/vm-dhcp-controller:0.1.0")
+        eq("upstream's agent image ignored: vmdhcp's agent runs", agent["image"], "ghcr.io/vmdhcp/vm-dhcp-agent:0.1.0")
+        eq("ServiceAccounts: this chart's names", (cpod["spec"]["serviceAccountName"], apod["spec"]["serviceAccountName"]),
+           (f"{release}-controller", f"{release}-agent"))
+        eq("empty pod-level keys change nothing", (cpod["spec"]["nodeSelector"], cpod["spec"].get("tolerations"),
+                                                   ctrl["resources"]["limits"], cpod["spec"].get("volumes")),
+           ({"kubernetes.io/os": "linux"}, None, {"memory": "512Mi"}, None))
+        eq("serviceCIDR -> controller.serviceCIDR", env_value(ctrl, "SERVICE_CIDR"), "10.53.0.0/16")
+    elif set_name == "upstream-precedence":
+        eq("controller.replicas wins over replicaCount", ctrl_d["spec"]["replicas"], 3)
+        eq("controller.image wins over image and webhook.image (pullPolicy, not given, from image)",
+           (ctrl["image"], ctrl["imagePullPolicy"]), ("registry.example.org/ours/vm-dhcp-controller:ours", "Always"))
+        eq("controller.serviceAccount.name wins; the agent's from serviceAccount.name",
+           (cpod["spec"]["serviceAccountName"], apod["spec"]["serviceAccountName"]), ("ours-controller", "upstream-agent"))
+        eq("controller.nodeSelector wins (upstream's not added)", cpod["spec"]["nodeSelector"],
+           {"example.org/ours": "true", "kubernetes.io/os": "linux"})
+        eq("controller.tolerations win", [t["key"] for t in cpod["spec"]["tolerations"]], ["example.org/ours"])
+        eq("controller.serviceCIDR wins", env_value(ctrl, "SERVICE_CIDR"), "10.96.0.0/12")
+        eq("podLabels: agent.podLabels wins per key, upstream's adds the others",
+           (apod["metadata"]["labels"].get("team"), apod["metadata"]["labels"].get("extra")), ("ours", "upstream"))
+        eq("podLabels: the controller gets upstream's", (cpod["metadata"]["labels"].get("team"),
+                                                        cpod["metadata"]["labels"].get("extra")), ("upstream", "upstream"))
+    elif set_name == "harvester-addon":
+        names = {(d["kind"], d["metadata"]["name"]) for d in docs}
+        for kind, name in (("Deployment", "harvester-vm-dhcp-controller-controller"),
+                           ("Deployment", "harvester-vm-dhcp-controller-agent"),
+                           ("ServiceAccount", "harvester-vm-dhcp-controller-controller"),
+                           ("ServiceAccount", "harvester-vm-dhcp-controller-agent"),
+                           ("ClusterRole", "harvester-vm-dhcp-controller-agent"),
+                           ("ClusterRoleBinding", "harvester-vm-dhcp-controller-agent"),
+                           ("ValidatingWebhookConfiguration", "harvester-vm-dhcp-controller-admission"),
+                           ("MutatingWebhookConfiguration", "harvester-vm-dhcp-controller-admission")):
+            c.check((kind, name) in names, f"{tag} {kind} {name} (the add-on's release keeps its name)")
+        # Upstream's runtime objects are named <release>-webhook: nothing of ours may be (Helm
+        # refuses to create an object that exists outside the release).
+        clash = sorted(n for n in names if n[1] == f"{release}-webhook")
+        c.check(not clash, f"{tag} nothing named {release}-webhook (upstream's webhook server's objects)", clash)
+        eq("the controller retires upstream's agents in harvester-system",
+           sorted(d["metadata"]["namespace"] for d in docs if d["kind"] == "Role"
+                  and d["metadata"]["name"].endswith("-upstream-agents")), [namespace])
+        eq("image.*, webhook.image.* -> controller image", ctrl["image"], "ghcr.io/vmdhcp/vm-dhcp-controller:0.1.0")
+        eq("agent.image.*", agent["image"], "ghcr.io/vmdhcp/vm-dhcp-agent:0.1.0")
+        eq("serviceCIDR -> controller.serviceCIDR", env_value(ctrl, "SERVICE_CIDR"), "10.53.0.0/16")
+        eq("2 controller and 2 agent replicas", (ctrl_d["spec"]["replicas"], agent_d["spec"]["replicas"]), (2, 2))
+    return c.failed
+
+
+ADDON_SPEC_FIELDS = {"enabled", "repo", "chart", "version", "valuesContent"}
+
+
+def addon(example, chart_yaml, values_out):
+    """Harvester's Addon for the add-on harvester-vm-dhcp-controller, installing this chart."""
+    c = Checker()
+    with open(example, encoding="utf-8") as f:
+        docs = [d for d in yaml.safe_load_all(f) if d]
+    with open(chart_yaml, encoding="utf-8") as f:
+        chart = yaml.safe_load(f)
+    a = docs[0] if len(docs) == 1 else {}
+    spec = a.get("spec") or {}
+    md = a.get("metadata") or {}
+    c.check(len(docs) == 1 and a.get("apiVersion") == "harvesterhci.io/v1beta1" and a.get("kind") == "Addon",
+            "examples/harvester-addon.yaml: one Addon (harvesterhci.io/v1beta1)")
+    c.check((md.get("name"), md.get("namespace")) == ("harvester-vm-dhcp-controller", "harvester-system"),
+            "the Addon is Harvester's add-on harvester-vm-dhcp-controller in harvester-system (the Helm release)",
+            (md.get("name"), md.get("namespace")))
+    c.check(set(spec) <= ADDON_SPEC_FIELDS and isinstance(spec.get("enabled"), bool)
+            and isinstance(spec.get("repo"), str) and spec.get("repo", "").startswith(("http://", "https://")),
+            "spec has only the Addon's fields, enabled a boolean, repo a URL", sorted(spec))
+    c.check((spec.get("chart"), str(spec.get("version"))) == (chart["name"], str(chart["version"])),
+            f"spec.chart/version name this chart ({chart['name']} {chart['version']})",
+            (spec.get("chart"), spec.get("version")))
+    content = spec.get("valuesContent")
+    values = yaml.safe_load(content) if isinstance(content, str) else None
+    c.check(isinstance(values, dict) and values, "spec.valuesContent is a YAML mapping (a values file)")
+    upstream_keys = {"replicaCount", "image", "agent", "webhook", "serviceCIDR", "imagePullSecrets",
+                     "nameOverride", "fullnameOverride", "serviceAccount", "podAnnotations", "podLabels",
+                     "podSecurityContext", "securityContext", "service", "ingress", "resources",
+                     "autoscaling", "volumes", "volumeMounts", "nodeSelector", "tolerations", "affinity"}
+    c.check(isinstance(values, dict) and set(values) <= upstream_keys,
+            "valuesContent is in upstream's chart's terms", sorted(set(values or {}) - upstream_keys))
+    with open(values_out, "w", encoding="utf-8") as f:
+        f.write(content if isinstance(content, str) else "")
+    return c.failed
+
+
 # PromQL words that are not series names.
 PROMQL_WORDS = {"sum", "max", "min", "avg", "count", "by", "on", "without", "and", "or", "unless",
                 "rate", "increase", "max_over_time", "min_over_time", "label_replace", "vector",
@@ -544,6 +717,10 @@ def main(argv):
         return rules_file(argv[2])
     if len(argv) == 7 and argv[1] == "alerts":
         return 1 if alerts(*argv[2:7]) else 0
+    if len(argv) == 6 and argv[1] == "upstream":
+        return 1 if upstream(argv[2], argv[3], argv[4], argv[5]) else 0
+    if len(argv) == 5 and argv[1] == "addon":
+        return 1 if addon(argv[2], argv[3], argv[4]) else 0
     if len(argv) == 6 and argv[1] == "check":
         return 1 if check(argv[2], argv[3], argv[4], argv[5]) else 0
     sys.stderr.write(__doc__)

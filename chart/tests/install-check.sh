@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Installs the chart on a real, throw-away kube-apiserver v1.20.2 (+ etcd) and checks what
 # `helm template` cannot:
-#   - the API server of the oldest supported Kubernetes accepts every object (default, full and
-#     plaintext values);
+#   - the API server of the oldest supported Kubernetes accepts every object (default, full,
+#     plaintext and upstream's values, and the add-on example's as its release in harvester-system);
 #   - RBAC means what it says: SubjectAccessReviews as each ServiceAccount, and the by-name
 #     list/watch (metadata.name field selector) the controller does on the agent Deployment;
 #   - the admission webhooks are wired to the controller Service (failurePolicy Fail refuses an
@@ -94,14 +94,23 @@ k() { kubectl "$@" 2>/dev/null; }
 helm_() { "$HELM" "$@" --namespace "$ns"; }
 
 # --- every value set is accepted ---------------------------------------------------------------
-# (full without ServiceMonitors: there is no Prometheus Operator CRD here; its
-# controller.upstreamAgentNamespaces must exist.)
+# (full without ServiceMonitors and the PrometheusRule: there is no Prometheus Operator CRD
+# here; its controller.upstreamAgentNamespaces must exist.)
 kubectl create namespace harvester-system >/dev/null
 expect "install (full values) on Kubernetes 1.20" helm_ install vmdhcp "$chart" --create-namespace \
-  -f "$here/values-full.yaml" --set serviceMonitor.enabled=false
+  -f "$here/values-full.yaml" --set serviceMonitor.enabled=false --set prometheusRule.enabled=false
 expect "uninstall (full values)" helm_ uninstall vmdhcp --wait
 expect "install (plaintext values)" helm_ install vmdhcp "$chart" -f "$here/values-plaintext.yaml"
 expect "uninstall (plaintext values)" helm_ uninstall vmdhcp --wait
+expect "install (upstream's values, every key)" helm_ install vmdhcp "$chart" -f "$here/values-upstream.yaml"
+expect "uninstall (upstream's values)" helm_ uninstall vmdhcp --wait
+# The add-on example's valuesContent, as the add-on's release in harvester-system.
+python3 -c 'import sys, yaml; sys.stdout.write(yaml.safe_load(open(sys.argv[1]))["spec"]["valuesContent"])' \
+  "$repo/examples/harvester-addon.yaml" >"$tmp/addon-values.yaml" 2>/dev/null \
+  || sed -n '/valuesContent: |/,$p' "$repo/examples/harvester-addon.yaml" | tail -n +2 | sed 's/^    //' >"$tmp/addon-values.yaml"
+expect "install (the add-on example's values, release harvester-vm-dhcp-controller)" \
+  "$HELM" install harvester-vm-dhcp-controller "$chart" --namespace harvester-system -f "$tmp/addon-values.yaml"
+expect "uninstall (the add-on example's values)" "$HELM" uninstall harvester-vm-dhcp-controller --namespace harvester-system --wait
 expect "install (default values)" helm_ install vmdhcp "$chart"
 
 # --- objects -----------------------------------------------------------------------------------

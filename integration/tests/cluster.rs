@@ -7,8 +7,11 @@
 //! One test walks the whole life of an installation, in order: install → webhook → pools and VMs
 //! → leases from the agent pod → agent and controller pod deletion → upgrade → takeover of
 //! upstream's agent pod and a config whose VM is gone → RBAC against the API server's audit log
-//! → uninstall, and prints a timeline and each pod's memory and restarts. Another shows the
-//! harness naming a node component that dies, with the tail of its log.
+//! → uninstall, and prints a timeline and each pod's memory and restarts. Another moves
+//! Harvester's add-on from upstream: one `helm upgrade` of an upstream-shaped release
+//! `harvester-vm-dhcp-controller` to this chart, with the add-on example's values, ends with our
+//! pods serving every recorded lease and nothing of upstream's left but the CRDs and their
+//! objects. A third shows the harness naming a node component that dies, with the tail of its log.
 //!
 //! The RBAC check: the node's API server logs every request of the release namespace's
 //! ServiceAccounts ([`vmdhcp_integration::audit`]), and the test fails naming each
@@ -24,7 +27,9 @@ use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use serde_json::{Value, json};
-use vmdhcp_core::crd::{IPPool, LABEL_IPPOOL_NAME, LABEL_IPPOOL_NAMESPACE};
+use vmdhcp_core::crd::{
+    IPPool, LABEL_IPPOOL_NAME, LABEL_IPPOOL_NAMESPACE, VirtualMachineNetworkConfig,
+};
 use vmdhcp_integration::audit::{self, Access, Comparison};
 use vmdhcp_integration::control_plane::repo_root;
 use vmdhcp_integration::dhcp_client::{dhclient_lease, start_dhclient, wait_event};
@@ -63,6 +68,8 @@ fn output(cmd: &mut Command) -> (bool, String) {
 
 struct Cluster {
     node: Node,
+    /// The release's namespace.
+    system: &'static str,
 }
 
 impl Cluster {
@@ -138,9 +145,9 @@ impl Cluster {
             "get",
             "pods",
             "-n",
-            SYSTEM,
+            self.system,
             "-l",
-            &format!("app.kubernetes.io/component={component}"),
+            &format!("app.kubernetes.io/component={component},app.kubernetes.io/part-of=vmdhcp"),
         ]);
         list["items"].as_array().cloned().unwrap_or_default()
     }
@@ -168,11 +175,11 @@ impl Cluster {
     /// as the kubelet would, and says so. Joining the handle gives when that happened.
     #[allow(clippy::print_stdout)]
     fn delete_pod(&self, pod: &str) -> std::thread::JoinHandle<Option<Instant>> {
-        let uid = self.json(&["get", "pod", "-n", SYSTEM, pod])["metadata"]["uid"]
+        let uid = self.json(&["get", "pod", "-n", self.system, pod])["metadata"]["uid"]
             .as_str()
             .unwrap_or_default()
             .to_owned();
-        self.kubectl(&["delete", "pod", "-n", SYSTEM, pod, "--wait=false"]);
+        self.kubectl(&["delete", "pod", "-n", self.system, pod, "--wait=false"]);
         let (pod, deleted) = (pod.to_owned(), Instant::now());
         std::thread::spawn(move || {
             let mut killed = None;
@@ -200,7 +207,7 @@ impl Cluster {
     }
 
     fn lease_holder(&self, lease: &str) -> Option<String> {
-        self.try_json(&["get", "lease", "-n", SYSTEM, lease])?["spec"]["holderIdentity"]
+        self.try_json(&["get", "lease", "-n", self.system, lease])?["spec"]["holderIdentity"]
             .as_str()
             .map(str::to_owned)
     }
@@ -218,7 +225,10 @@ impl Cluster {
         let (_, text) = output(self.node.kubectl().args([
             "get",
             "--raw",
-            &format!("/api/v1/namespaces/{SYSTEM}/pods/{pod}:8080/proxy/metrics"),
+            &format!(
+                "/api/v1/namespaces/{}/pods/{pod}:8080/proxy/metrics",
+                self.system
+            ),
         ]));
         text
     }
@@ -227,7 +237,7 @@ impl Cluster {
     fn stream_replica(&self, agent: &str) -> Option<String> {
         let mut found = None;
         for pod in self.ready_pods("controller") {
-            let (_, logs) = output(self.node.kubectl().args(["logs", "-n", SYSTEM, &pod]));
+            let (_, logs) = output(self.node.kubectl().args(["logs", "-n", self.system, &pod]));
             if logs
                 .lines()
                 .any(|l| l.contains("agent watching") && l.contains(agent))
@@ -239,7 +249,12 @@ impl Cluster {
     }
 
     fn allocations(&self) -> BTreeMap<String, String> {
-        self.try_json(&["get", "ippool", "-n", VMS, "net-a"])
+        self.pool_allocations("net-a")
+    }
+
+    /// MAC → address, from the pool's `status.ipv4.allocated`.
+    fn pool_allocations(&self, pool: &str) -> BTreeMap<String, String> {
+        self.try_json(&["get", "ippool", "-n", VMS, pool])
             .and_then(|p| {
                 p["status"]["ipv4"]["allocated"].as_object().map(|m| {
                     m.iter()
@@ -284,12 +299,13 @@ impl Cluster {
         );
         for pod in self.pods("controller").iter().chain(&self.pods("agent")) {
             if let Some(name) = pod["metadata"]["name"].as_str() {
-                let (_, logs) =
-                    output(
-                        self.node
-                            .kubectl()
-                            .args(["logs", "-n", SYSTEM, name, "--tail=15"]),
-                    );
+                let (_, logs) = output(self.node.kubectl().args([
+                    "logs",
+                    "-n",
+                    self.system,
+                    name,
+                    "--tail=15",
+                ]));
                 text.push_str(&format!("--- logs of {name}\n{logs}\n"));
             }
         }
@@ -692,6 +708,7 @@ fn helm_install_on_a_real_node_serves_vms_fails_over_upgrades_and_uninstalls_cle
     };
     let c = Cluster {
         node: start_audited_node(),
+        system: SYSTEM,
     };
     mark("node Ready, images imported");
 
@@ -1007,4 +1024,625 @@ fn helm_install_on_a_real_node_serves_vms_fails_over_upgrades_and_uninstalls_cle
     for (what, at) in &timeline {
         println!("  {:>7.1} s  {what}", at.as_secs_f64());
     }
+}
+
+/// Harvester's managed-DHCP add-on: its release name and namespace.
+const ADDON_RELEASE: &str = "harvester-vm-dhcp-controller";
+const HARVESTER: &str = "harvester-system";
+/// The second pool's bridge.
+const BRIDGE_B: &str = "brvm2";
+/// An image every node has (containerd's sandbox image), standing in for upstream's binaries.
+const PAUSE: &str = "registry.k8s.io/pause:3.6";
+
+/// Upstream's chart (harvester/vm-dhcp-controller as Harvester packages it) as it renders for the
+/// add-on's release, written as a chart of the same name whose templates are those objects, so
+/// that `helm install` makes them a Helm release exactly as upstream's install did: Deployments of
+/// the controller and the webhook server (their containers are pause: nothing of upstream's runs),
+/// three ServiceAccounts, the ClusterRoles and Roles with their bindings (the election's in
+/// kube-system), the metrics and webhook Services, and the CRDs in `crds/` (this repository's:
+/// what `kubectl apply -f chart/crds/` leaves).
+fn write_upstream_chart(dir: &Path) {
+    let labels = |component: &str, name: &str| {
+        json!({
+            "helm.sh/chart": "harvester-vm-dhcp-controller-0.3.3",
+            "app.kubernetes.io/name": name,
+            "app.kubernetes.io/instance": ADDON_RELEASE,
+            "app.kubernetes.io/version": "v0.3.3",
+            "app.kubernetes.io/managed-by": "Helm",
+            "app.kubernetes.io/component": component,
+        })
+    };
+    let selector = |name: &str| json!({"app.kubernetes.io/name": name, "app.kubernetes.io/instance": ADDON_RELEASE});
+    let deployment = |name: &str, component: &str, sa: &str, port: u16| {
+        let app = if component == "webhook" {
+            format!("{ADDON_RELEASE}-webhook")
+        } else {
+            ADDON_RELEASE.to_owned()
+        };
+        json!({
+            "apiVersion": "apps/v1", "kind": "Deployment",
+            "metadata": {"name": name, "namespace": HARVESTER, "labels": labels(component, &app)},
+            "spec": {"replicas": 1, "selector": {"matchLabels": selector(&app)}, "template": {
+                "metadata": {"labels": labels(component, &app)},
+                "spec": {"serviceAccountName": sa, "terminationGracePeriodSeconds": 0, "containers": [{
+                    "name": "harvester-vm-dhcp-controller", "image": PAUSE, "imagePullPolicy": "Never",
+                    "ports": [{"name": if component == "webhook" { "https" } else { "metrics" },
+                               "containerPort": port, "protocol": "TCP"}]}]}}}
+        })
+    };
+    let sa = |name: &str| {
+        json!({"apiVersion": "v1", "kind": "ServiceAccount", "automountServiceAccountToken": true,
+               "metadata": {"name": name, "namespace": HARVESTER, "labels": labels("controller", ADDON_RELEASE)}})
+    };
+    let rbac = |kind: &str, name: &str, ns: Option<&str>, rules: Value| {
+        let mut md = json!({"name": name, "labels": labels("controller", ADDON_RELEASE)});
+        if let Some(ns) = ns {
+            md["namespace"] = json!(ns);
+        }
+        json!({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": kind, "metadata": md, "rules": rules})
+    };
+    let binding = |kind: &str,
+                   name: &str,
+                   ns: Option<&str>,
+                   role_kind: &str,
+                   role: &str,
+                   sa: &str| {
+        let mut md = json!({"name": name, "labels": labels("controller", ADDON_RELEASE)});
+        if let Some(ns) = ns {
+            md["namespace"] = json!(ns);
+        }
+        json!({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": kind, "metadata": md,
+               "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": role_kind, "name": role},
+               "subjects": [{"kind": "ServiceAccount", "name": sa, "namespace": HARVESTER}]})
+    };
+    let r = ADDON_RELEASE;
+    let read = |group: &str, resources: &[&str]| json!({"apiGroups": [group], "resources": resources, "verbs": ["get", "list", "watch"]});
+    let objects = vec![
+        sa(r),
+        sa(&format!("{r}-agent")),
+        sa(&format!("{r}-webhook")),
+        rbac(
+            "ClusterRole",
+            r,
+            None,
+            json!([
+                read(
+                    "network.harvesterhci.io",
+                    &["ippools", "virtualmachinenetworkconfigs"]
+                ),
+                read("kubevirt.io", &["virtualmachines"])
+            ]),
+        ),
+        rbac(
+            "ClusterRole",
+            &format!("{r}-agent"),
+            None,
+            json!([read("network.harvesterhci.io", &["ippools"])]),
+        ),
+        rbac(
+            "ClusterRole",
+            &format!("{r}-webhook"),
+            None,
+            json!([read(
+                "admissionregistration.k8s.io",
+                &[
+                    "validatingwebhookconfigurations",
+                    "mutatingwebhookconfigurations"
+                ]
+            )]),
+        ),
+        binding("ClusterRoleBinding", r, None, "ClusterRole", r, r),
+        binding(
+            "ClusterRoleBinding",
+            &format!("{r}-agent"),
+            None,
+            "ClusterRole",
+            &format!("{r}-agent"),
+            &format!("{r}-agent"),
+        ),
+        binding(
+            "ClusterRoleBinding",
+            &format!("{r}-webhook"),
+            None,
+            "ClusterRole",
+            &format!("{r}-webhook"),
+            &format!("{r}-webhook"),
+        ),
+        rbac(
+            "Role",
+            &format!("{r}-lease-manager"),
+            Some("kube-system"),
+            json!([read("coordination.k8s.io", &["leases"])]),
+        ),
+        rbac(
+            "Role",
+            &format!("{r}-pod-manager"),
+            Some(HARVESTER),
+            json!([read("", &["pods"])]),
+        ),
+        rbac(
+            "Role",
+            &format!("{r}-webhook-secret-manager"),
+            Some(HARVESTER),
+            json!([read("", &["secrets"])]),
+        ),
+        binding(
+            "RoleBinding",
+            &format!("{r}-manage-leases"),
+            Some("kube-system"),
+            "Role",
+            &format!("{r}-lease-manager"),
+            r,
+        ),
+        binding(
+            "RoleBinding",
+            &format!("{r}-manage-pods"),
+            Some(HARVESTER),
+            "Role",
+            &format!("{r}-pod-manager"),
+            r,
+        ),
+        binding(
+            "RoleBinding",
+            &format!("{r}-webhook-manage-secrets"),
+            Some(HARVESTER),
+            "Role",
+            &format!("{r}-webhook-secret-manager"),
+            &format!("{r}-webhook"),
+        ),
+        json!({"apiVersion": "v1", "kind": "Service",
+               "metadata": {"name": r, "namespace": HARVESTER, "labels": labels("controller", r)},
+               "spec": {"type": "ClusterIP", "selector": selector(r),
+                        "ports": [{"name": "metrics", "port": 8080, "targetPort": "metrics", "protocol": "TCP"}]}}),
+        json!({"apiVersion": "v1", "kind": "Service",
+               "metadata": {"name": format!("{r}-webhook"), "namespace": HARVESTER,
+                            "labels": labels("webhook", &format!("{r}-webhook"))},
+               "spec": {"type": "ClusterIP", "selector": selector(&format!("{r}-webhook")),
+                        "ports": [{"name": "https", "port": 443, "targetPort": 8443, "protocol": "TCP"}]}}),
+        deployment(r, "controller", r, 8080),
+        deployment(
+            &format!("{r}-webhook"),
+            "webhook",
+            &format!("{r}-webhook"),
+            8443,
+        ),
+    ];
+    std::fs::create_dir_all(dir.join("templates")).unwrap();
+    std::fs::create_dir_all(dir.join("crds")).unwrap();
+    std::fs::write(
+        dir.join("Chart.yaml"),
+        "apiVersion: v2\nname: harvester-vm-dhcp-controller\nversion: 0.3.3\nappVersion: v0.3.3\n",
+    )
+    .unwrap();
+    let manifest: Vec<String> = objects.iter().map(|o| format!("---\n{o}\n")).collect();
+    std::fs::write(dir.join("templates/upstream.yaml"), manifest.concat()).unwrap();
+    for crd in std::fs::read_dir(repo_root().join("chart/crds")).unwrap() {
+        let crd = crd.unwrap().path();
+        std::fs::copy(&crd, dir.join("crds").join(crd.file_name().unwrap())).unwrap();
+    }
+}
+
+/// What upstream's processes created outside its Helm release, as they name them: the webhook
+/// server's two configurations (the validating one fails closed) and dynamiclistener's Secrets,
+/// and the controller's election Lease in kube-system. No Helm ownership: Helm never made them.
+fn upstream_runtime_objects() -> Vec<Value> {
+    let svc = format!("{ADDON_RELEASE}-webhook");
+    let client = |path: &str| json!({"service": {"namespace": HARVESTER, "name": svc, "path": path, "port": 443}});
+    let rule = |resources: &[&str], ops: &[&str]| {
+        json!({"apiGroups": ["network.harvesterhci.io"], "apiVersions": ["v1alpha1"],
+        "resources": resources, "operations": ops, "scope": "Namespaced"})
+    };
+    let secret = |name: String| {
+        json!({"apiVersion": "v1", "kind": "Secret", "type": "kubernetes.io/tls",
+        "metadata": {"name": name, "namespace": HARVESTER},
+        "data": {"tls.crt": "dXBzdHJlYW0=", "tls.key": "dXBzdHJlYW0="}})
+    };
+    vec![
+        json!({"apiVersion": "admissionregistration.k8s.io/v1", "kind": "ValidatingWebhookConfiguration",
+            "metadata": {"name": svc}, "webhooks": [{
+                "name": format!("validator.{HARVESTER}.{svc}"), "clientConfig": client("/v1/webhook/validation"),
+                "rules": [rule(&["ippools"], &["CREATE", "UPDATE", "DELETE"]), rule(&["virtualmachinenetworkconfigs"], &["CREATE"])],
+                "failurePolicy": "Fail", "sideEffects": "None", "admissionReviewVersions": ["v1", "v1beta1"]}]}),
+        json!({"apiVersion": "admissionregistration.k8s.io/v1", "kind": "MutatingWebhookConfiguration",
+            "metadata": {"name": svc}, "webhooks": [{
+                "name": format!("mutator.{HARVESTER}.{svc}"), "clientConfig": client("/v1/webhook/mutation"),
+                "rules": [rule(&["ippools"], &["CREATE"])],
+                "failurePolicy": "Ignore", "sideEffects": "None", "admissionReviewVersions": ["v1", "v1beta1"]}]}),
+        secret(format!("{svc}-ca")),
+        secret(format!("{svc}-tls")),
+        json!({"apiVersion": "coordination.k8s.io/v1", "kind": "Lease",
+            "metadata": {"name": "vm-dhcp-controllers", "namespace": "kube-system"},
+            "spec": {"holderIdentity": format!("{ADDON_RELEASE}-5d4f8b7c9-x2x7q"), "leaseDurationSeconds": 45}}),
+    ]
+}
+
+/// The add-on's values: the valuesContent of `examples/harvester-addon.yaml`, in upstream's terms.
+fn addon_values(dir: &Path) -> std::path::PathBuf {
+    let example =
+        std::fs::read_to_string(repo_root().join("examples/harvester-addon.yaml")).unwrap();
+    let addon: Value = serde_yaml_ng::from_str(&example).unwrap();
+    let path = dir.join("addon-values.yaml");
+    std::fs::write(
+        &path,
+        addon["spec"]["valuesContent"]
+            .as_str()
+            .expect("valuesContent"),
+    )
+    .unwrap();
+    path
+}
+
+/// One pool of the upstream install: its NAD, the pool, one VM and its config, with the status
+/// upstream's controller wrote (the VM's address recorded in both, `agentPodRef` naming its agent
+/// pod, which the test creates as upstream's controller did: labelled, bare, pause).
+struct UpstreamPool {
+    pool: &'static str,
+    bridge: &'static str,
+    cidr_prefix: &'static str,
+    vm: &'static str,
+    mac: &'static str,
+    /// The recorded address: not the first of the range, so a recomputation would show.
+    address: &'static str,
+}
+
+impl UpstreamPool {
+    fn agent_pod(&self) -> String {
+        format!("{VMS}-{}-agent", self.pool)
+    }
+
+    fn create(&self, c: &Cluster, rt: &tokio::runtime::Runtime, client: &kube::Client) {
+        let p = self.cidr_prefix;
+        c.apply(&json!({
+            "apiVersion": "k8s.cni.cncf.io/v1", "kind": "NetworkAttachmentDefinition",
+            "metadata": {"name": self.pool, "namespace": VMS, "labels": {
+                LABEL_IPPOOL_NAMESPACE: VMS, LABEL_IPPOOL_NAME: self.pool}},
+            "spec": {"config": format!("{{\"cniVersion\":\"0.3.1\",\"type\":\"bridge\",\"bridge\":\"{}\"}}", self.bridge)}
+        }))
+        .unwrap();
+        c.apply(&json!({
+            "apiVersion": "network.harvesterhci.io/v1alpha1", "kind": "IPPool",
+            "metadata": {"name": self.pool, "namespace": VMS,
+                         "finalizers": ["wrangler.cattle.io/vm-dhcp-ippool-controller"]},
+            "spec": {"networkName": format!("{VMS}/{}", self.pool), "ipv4Config": {
+                "serverIP": format!("{p}.2"), "cidr": format!("{p}.0/24"),
+                "pool": {"start": format!("{p}.50"), "end": format!("{p}.99")},
+                "router": format!("{p}.1"), "dns": [format!("{p}.53")], "leaseTime": LEASE_SECONDS
+            }}
+        }))
+        .unwrap();
+        c.apply(&vm_manifest(
+            VMS,
+            self.vm,
+            self.mac,
+            &format!("{VMS}/{}", self.pool),
+        ))
+        .unwrap();
+        let vm_uid =
+            c.json(&["get", "virtualmachine", "-n", VMS, self.vm])["metadata"]["uid"].clone();
+        c.apply(&json!({
+            "apiVersion": "network.harvesterhci.io/v1alpha1", "kind": "VirtualMachineNetworkConfig",
+            "metadata": {"name": self.vm, "namespace": VMS, "labels": {"harvesterhci.io/vmName": self.vm},
+                "finalizers": ["wrangler.cattle.io/vm-dhcp-vmnetcfg-controller"],
+                "ownerReferences": [{"apiVersion": "kubevirt.io/v1", "kind": "VirtualMachine",
+                                     "name": self.vm, "uid": vm_uid}]},
+            "spec": {"vmName": self.vm, "networkConfigs": [
+                {"networkName": format!("{VMS}/{}", self.pool), "macAddress": self.mac}]}
+        }))
+        .unwrap();
+        // Upstream's agent pod for the pool: bare, labelled, in its release's namespace.
+        let pod = self.agent_pod();
+        c.apply(&json!({
+            "apiVersion": "v1", "kind": "Pod",
+            "metadata": {"name": pod, "namespace": HARVESTER, "labels": {
+                LABEL_UPSTREAM_AGENT: "agent", LABEL_IPPOOL_NAMESPACE: VMS, LABEL_IPPOOL_NAME: self.pool}},
+            "spec": {"serviceAccountName": format!("{ADDON_RELEASE}-agent"), "terminationGracePeriodSeconds": 0,
+                     "containers": [{"name": "agent", "image": PAUSE, "imagePullPolicy": "Never"}]}
+        }))
+        .unwrap();
+        let pod_uid = c.json(&["get", "pod", "-n", HARVESTER, &pod])["metadata"]["uid"].clone();
+        let now = "2026-01-01T00:00:00Z";
+        let cond = |t: &str| json!({"type": t, "status": "True", "lastUpdateTime": now});
+        let pools: kube::Api<IPPool> = kube::Api::namespaced(client.clone(), VMS);
+        let status = json!({"status": {
+            "lastUpdate": now,
+            "ipv4": {"allocated": {self.address: self.mac}, "used": 1, "available": 49},
+            "agentPodRef": {"namespace": HARVESTER, "name": pod, "uid": pod_uid,
+                            "image": "rancher/harvester-vm-dhcp-agent:v0.3.3"},
+            "conditions": [cond("Registered"), cond("CacheReady"), cond("AgentReady")]
+        }});
+        let params = kube::api::PatchParams::default();
+        rt.block_on(pools.patch_status(self.pool, &params, &kube::api::Patch::Merge(&status)))
+            .unwrap();
+        let configs: kube::Api<VirtualMachineNetworkConfig> =
+            kube::Api::namespaced(client.clone(), VMS);
+        let status = json!({"status": {
+            "networkConfigs": [{"allocatedIPAddress": self.address, "macAddress": self.mac,
+                                "networkName": format!("{VMS}/{}", self.pool), "state": "Allocated"}],
+            "conditions": [cond("Allocated")]
+        }});
+        rt.block_on(configs.patch_status(self.vm, &params, &kube::api::Patch::Merge(&status)))
+            .unwrap();
+    }
+
+    fn agent_pod_ref(&self, c: &Cluster) -> Option<Value> {
+        let pool = c.try_json(&["get", "ippool", "-n", VMS, self.pool])?;
+        Some(pool["status"]["agentPodRef"].clone()).filter(|r| !r.is_null())
+    }
+}
+
+/// Every object upstream's install left, as (kind, namespace, name): its release's and what its
+/// processes made. After the upgrade each is gone, or is the same name now of ours (this chart's
+/// ServiceAccount, ClusterRole and ClusterRoleBinding `<release>-agent`).
+fn upstream_objects(pools: &[UpstreamPool]) -> Vec<(&'static str, &'static str, String)> {
+    let r = ADDON_RELEASE;
+    let mut out = vec![
+        ("deployment", HARVESTER, r.to_owned()),
+        ("deployment", HARVESTER, format!("{r}-webhook")),
+        ("service", HARVESTER, r.to_owned()),
+        ("service", HARVESTER, format!("{r}-webhook")),
+        ("serviceaccount", HARVESTER, r.to_owned()),
+        ("serviceaccount", HARVESTER, format!("{r}-agent")),
+        ("serviceaccount", HARVESTER, format!("{r}-webhook")),
+        ("clusterrole", "", r.to_owned()),
+        ("clusterrole", "", format!("{r}-agent")),
+        ("clusterrole", "", format!("{r}-webhook")),
+        ("clusterrolebinding", "", r.to_owned()),
+        ("clusterrolebinding", "", format!("{r}-agent")),
+        ("clusterrolebinding", "", format!("{r}-webhook")),
+        ("role", "kube-system", format!("{r}-lease-manager")),
+        ("role", HARVESTER, format!("{r}-pod-manager")),
+        ("role", HARVESTER, format!("{r}-webhook-secret-manager")),
+        ("rolebinding", "kube-system", format!("{r}-manage-leases")),
+        ("rolebinding", HARVESTER, format!("{r}-manage-pods")),
+        (
+            "rolebinding",
+            HARVESTER,
+            format!("{r}-webhook-manage-secrets"),
+        ),
+        ("validatingwebhookconfiguration", "", format!("{r}-webhook")),
+        ("mutatingwebhookconfiguration", "", format!("{r}-webhook")),
+        ("secret", HARVESTER, format!("{r}-webhook-ca")),
+        ("secret", HARVESTER, format!("{r}-webhook-tls")),
+        ("lease", "kube-system", "vm-dhcp-controllers".to_owned()),
+    ];
+    out.extend(pools.iter().map(|p| ("pod", HARVESTER, p.agent_pod())));
+    out
+}
+
+#[test]
+fn helm_upgrade_of_the_harvester_addon_release_from_upstream_to_this_chart_in_one_command() {
+    let _one = ONE_NODE.lock();
+    let t0 = Instant::now();
+    let mark = |what: &str| eprintln!("[{:>7.1} s] {what}", t0.elapsed().as_secs_f64());
+    let c = Cluster {
+        node: start_node(),
+        system: HARVESTER,
+    };
+    mark("node Ready, images imported");
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let client = c.client(&rt);
+    let dir = tempfile::tempdir().unwrap();
+    c.kubectl(&[
+        "apply",
+        "-f",
+        repo_root().join("integration/manifests").to_str().unwrap(),
+    ]);
+    for ns in [VMS, HARVESTER] {
+        c.kubectl(&["create", "namespace", ns]);
+    }
+    for bridge in [BRIDGE, BRIDGE_B] {
+        c.node
+            .ip(&["link", "add", bridge, "type", "bridge"])
+            .unwrap();
+        c.node.ip(&["link", "set", bridge, "up"]).unwrap();
+    }
+
+    // 1. Upstream's install: its Helm release, then what its processes made, then two pools with
+    // a VM each, recorded as upstream's controller records them, each with its agent pod.
+    let upstream_chart = dir.path().join("upstream-chart");
+    write_upstream_chart(&upstream_chart);
+    c.helm(&[
+        "install",
+        ADDON_RELEASE,
+        upstream_chart.to_str().unwrap(),
+        "--namespace",
+        HARVESTER,
+        "--wait",
+        "--timeout",
+        "3m",
+    ]);
+    let pools = [
+        UpstreamPool {
+            pool: "net-a",
+            bridge: BRIDGE,
+            cidr_prefix: "10.77.0",
+            vm: "vm1",
+            mac: VM1_MAC,
+            address: "10.77.0.77",
+        },
+        UpstreamPool {
+            pool: "net-b",
+            bridge: BRIDGE_B,
+            cidr_prefix: "10.78.0",
+            vm: "vm2",
+            mac: VM2_MAC,
+            address: "10.78.0.88",
+        },
+    ];
+    for p in &pools {
+        p.create(&c, &rt, &client);
+    }
+    for object in upstream_runtime_objects() {
+        c.apply(&object).unwrap();
+    }
+    mark("upstream's release, runtime objects, pools, configs and agent pods in place");
+    // Upstream's validating webhook fails closed while its server does not answer: left behind,
+    // it would refuse every IPPool write.
+    let mut bad = pool_manifest("10.99.0.2");
+    bad["metadata"]["name"] = json!("net-bad");
+    let refused = c
+        .apply(&bad)
+        .expect_err("upstream's webhook refuses while its server is down");
+    assert!(
+        refused.contains(&format!("{ADDON_RELEASE}-webhook")),
+        "{refused}"
+    );
+    let before: Vec<BTreeMap<String, String>> =
+        pools.iter().map(|p| c.pool_allocations(p.pool)).collect();
+
+    // 2. The upgrade: the CRDs first (Helm never upgrades crds/), then one `helm upgrade` of the
+    // same release to this chart, with the add-on example's values (upstream's terms).
+    c.kubectl(&[
+        "apply",
+        "--server-side",
+        "--force-conflicts",
+        "-f",
+        repo_root().join("chart/crds").to_str().unwrap(),
+    ]);
+    let values = addon_values(dir.path());
+    let chart = repo_root().join("chart");
+    let upgrade_started = Instant::now();
+    let out = c.helm(&[
+        "upgrade",
+        ADDON_RELEASE,
+        chart.to_str().unwrap(),
+        "--namespace",
+        HARVESTER,
+        "-f",
+        values.to_str().unwrap(),
+        "--wait",
+        "--timeout",
+        "5m",
+    ]);
+    println!(
+        "helm upgrade from upstream's release → every pod Ready: {:.1} s",
+        upgrade_started.elapsed().as_secs_f64()
+    );
+    assert!(
+        out.contains("serviceCIDR=10.53.0.0/16 -> controller.serviceCIDR"),
+        "the notes name the new keys:\n{out}"
+    );
+    mark("helm upgrade --wait returned");
+    let history = c.helm(&[
+        "history",
+        ADDON_RELEASE,
+        "--namespace",
+        HARVESTER,
+        "-o",
+        "json",
+    ]);
+    let history: Value = serde_json::from_str(&history).unwrap();
+    let last = history
+        .as_array()
+        .and_then(|h| h.last())
+        .cloned()
+        .unwrap_or_default();
+    assert_eq!(
+        (
+            last["revision"].as_u64(),
+            last["status"].as_str(),
+            last["chart"].as_str()
+        ),
+        (Some(2), Some("deployed"), Some("vmdhcp-0.1.0")),
+        "{history}"
+    );
+    assert_eq!(c.ready_pods("controller").len(), 2, "{}", c.diagnose());
+    assert_eq!(c.ready_pods("agent").len(), 2, "{}", c.diagnose());
+
+    // 3. Our agents serve every recorded lease; then, and only then, upstream's agents retire.
+    for p in &pools {
+        c.wait(
+            &format!("{} AgentReady from our agent", p.pool),
+            Duration::from_secs(120),
+            || {
+                (c.condition("ippool", p.pool, "AgentReady")?.0 == "True"
+                    && p.agent_pod_ref(&c).is_none())
+                .then_some(())
+            },
+        );
+    }
+    mark("both pools served by our agents, agentPodRef cleared");
+    let mut lab = Lab::new().unwrap();
+    let node_ns = c.node.netns();
+    for p in &pools {
+        let ns = lab.netns(p.vm).unwrap();
+        lab.plug(&node_ns, p.bridge, &format!("p{}", p.vm), &ns, "eth0")
+            .unwrap();
+        lab.exec(&ns, "ip", &["link", "set", "eth0", "address", p.mac])
+            .unwrap();
+        let vm_dir = dir.path().join(p.vm);
+        std::fs::create_dir_all(&vm_dir).unwrap();
+        start_dhclient(&mut lab, &ns, &vm_dir);
+        let bound = wait_event(&vm_dir, "BOUND", 0, Duration::from_secs(60));
+        assert_eq!(bound["new_ip_address"], p.address, "{}: {bound:?}", p.vm);
+        assert_eq!(
+            bound["new_routers"],
+            format!("{}.1", p.cidr_prefix),
+            "{bound:?}"
+        );
+    }
+    let after: Vec<BTreeMap<String, String>> =
+        pools.iter().map(|p| c.pool_allocations(p.pool)).collect();
+    assert_eq!(after, before, "the upgrade moved an allocation");
+    mark("each VM bound the address upstream recorded, from our agent");
+
+    // 4. Admission is ours: upstream's fail-closed webhook is gone, ours refuses with upstream's
+    // words, and a new VM gets its config and address.
+    let refused = c.wait(
+        "our webhook to answer",
+        Duration::from_secs(60),
+        || match c.apply(&bad) {
+            Err(text) if text.contains("denied the request") => Some(text),
+            Err(_) => None,
+            Ok(text) => panic!("a server IP outside the CIDR was accepted: {text}"),
+        },
+    );
+    assert!(
+        refused.contains("cannot create IPPool vms/net-bad because"),
+        "{refused}"
+    );
+    c.apply(&vm_manifest(VMS, "vm3", VM3_MAC, &format!("{VMS}/net-a")))
+        .unwrap();
+    c.wait("vm3 allocated", Duration::from_secs(60), || {
+        c.pool_allocations("net-a").get(VM3_MAC).cloned()
+    });
+    mark("admission by our controller; a new VM allocated");
+
+    // 5. Nothing of upstream's is left but the CRDs and their objects.
+    let objects = upstream_objects(&pools);
+    let left = c.wait(
+        "nothing of upstream's left",
+        Duration::from_secs(90),
+        || {
+            let left: Vec<String> = objects
+                .iter()
+                .filter_map(|(kind, ns, name)| {
+                    let mut args = vec!["get", kind, name.as_str()];
+                    if !ns.is_empty() {
+                        args.extend(["-n", ns]);
+                    }
+                    let obj = c.try_json(&args)?;
+                    let ours = obj["metadata"]["labels"]["app.kubernetes.io/part-of"] == "vmdhcp"
+                        && obj["metadata"]["annotations"]["meta.helm.sh/release-name"]
+                            == ADDON_RELEASE;
+                    (!ours).then(|| format!("{kind} {ns}/{name}"))
+                })
+                .collect();
+            left.is_empty().then_some(left)
+        },
+    );
+    assert!(left.is_empty());
+    let taken_over: Vec<String> = objects
+        .iter()
+        .filter(|(kind, ns, name)| {
+            let mut args = vec!["get", *kind, name.as_str()];
+            if !ns.is_empty() {
+                args.extend(["-n", *ns]);
+            }
+            c.try_json(&args).is_some()
+        })
+        .map(|(kind, _, name)| format!("{kind} {name}"))
+        .collect();
+    println!("upstream's names now this chart's: {taken_over:?}");
+    mark("nothing of upstream's left (the CRDs and their objects stay)");
 }
