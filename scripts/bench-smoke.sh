@@ -81,6 +81,8 @@ run fleet env VMDHCP_BENCH_RUNS=1 VMDHCP_BENCH_VMS=3 "${bench[@]}" --bench fleet
 # One round, one rate: every server launched and measured once.
 run perfdhcp env PROFILE="$agent_profile" ROUNDS=1 FIXED_SECONDS=1 STEP_SECONDS=1 RATES=2000 \
   integration/bench/perfdhcp.sh
+run perfdhcp6 env PROFILE="$agent_profile" ROUNDS=1 FIXED_SECONDS=1 STEP_SECONDS=1 RATES=2000 CLIENTS=1000 \
+  integration/bench/perfdhcp6.sh
 
 echo
 echo "== bench-smoke: wall time per benchmark"

@@ -27,12 +27,15 @@ export PATH
 
 log() { printf '[install-deps] %s\n' "$*" >&2; }
 
+# kea-dhcp6 and radvd are the DHCPv6 harness's reference server and router (`dhcp6_harness`);
+# the tests run their own instances in namespaces, never the packaged services.
 need_apt=()
 for pair in etcd:etcd-server etcdctl:etcd-client ip:iproute2 openssl:openssl \
             go:golang-go rsync:rsync make:make dpkg-source:dpkg-dev \
             dhclient:isc-dhcp-client udhcpc:udhcpc dhcpcd:dhcpcd-base socat:socat tcpdump:tcpdump \
             buildah:buildah containerd:containerd ctr:containerd runc:runc musl-gcc:musl-tools \
-            iptables:iptables conntrack:conntrack dnsmasq:dnsmasq-base; do
+            iptables:iptables conntrack:conntrack dnsmasq:dnsmasq-base \
+            kea-dhcp6:kea-dhcp6-server radvd:radvd; do
   cmd="${pair%%:*}"; pkg="${pair#*:}"
   command -v "$cmd" >/dev/null 2>&1 || need_apt+=("$pkg")
 done

@@ -6,6 +6,8 @@
 //!   Kubernetes-like security context.
 //! - [`control_plane`]: etcd + kube-apiserver as processes, with our CRDs installed.
 //! - [`dhcp_client`]: real DHCP clients (dhclient, udhcpc) and their recorded events.
+//! - [`dhcp6_client`]: real DHCPv6 clients (`dhclient -6`, dhcpcd) and their recorded events, and
+//!   the reference servers they are checked against (`kea-dhcp6`, `radvd`).
 //! - [`fleet`]: the whole system (controller, agents, VMs) on one machine.
 //! - [`hostile`]: hostile hosts on a VM network (forged DECLINEs with ARP floods, a host
 //!   answering every ARP request) and what an attack cost a real client.
@@ -32,6 +34,7 @@
 pub mod audit;
 pub mod containerd;
 pub mod control_plane;
+pub mod dhcp6_client;
 pub mod dhcp_client;
 pub mod fleet;
 pub mod hostile;

@@ -8,7 +8,7 @@
 //!   its reservation (DHCPv6 carries none of its own);
 //! - a UDP socket on `[::]:547` bound to the device, joined to `ff02::1:2` so that the interface
 //!   (and an MLD-snooping bridge) passes the clients' multicast, and that sends the replies, from
-//!   the interface's link-local address to a client's. What it receives itself is drained.
+//!   the interface's link-local address to a client's. What it receives itself is dropped by a filter.
 //!
 //! This is the only part of the DHCPv6 server that does I/O; what to answer is
 //! [`super::handler`]'s.
@@ -269,7 +269,6 @@ fn serve(
                     io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut
                 ) =>
             {
-                sockets.drain();
                 continue;
             }
             Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
@@ -356,6 +355,8 @@ const ETHERNET: usize = 14;
 const IPV6: usize = 40;
 const UDP: usize = 8;
 const ETH_P_IPV6: u16 = 0x86dd;
+/// Classic BPF "return k" (k bytes of the packet kept; 0 drops it).
+const RET_K: u16 = 0x06;
 
 impl Sockets {
     fn open(interface: &str, index: u32) -> Result<Self, Server6Error> {
@@ -386,6 +387,10 @@ impl Sockets {
             .map_err(err("join ff02::1:2", None))?;
         udp.set_multicast_loop_v6(false)
             .map_err(err("set IPV6_MULTICAST_LOOP", None))?;
+        // It only sends: the packet socket reads the same datagrams, and a copy queued here
+        // would fill its buffer and be dropped, counted as losses, under load.
+        udp.attach_filter(&[SockFilter::new(RET_K, 0, 0, 0)])
+            .map_err(err("filter out what the UDP socket receives", None))?;
         udp.set_nonblocking(true)
             .map_err(err("set non-blocking", None))?;
 
@@ -407,12 +412,6 @@ impl Sockets {
             .map_err(err("set a receive timeout", None))?;
         Ok(Sockets { packet, udp })
     }
-
-    /// Empties the UDP socket's receive queue: the packet socket has read the same datagrams.
-    fn drain(&self) {
-        let mut buf = [0u8; 64];
-        while (&self.udp).read(&mut buf).is_ok() {}
-    }
 }
 
 /// A kernel filter passing only IPv6 frames carrying UDP to port 547 (no extension headers:
@@ -421,7 +420,6 @@ fn udp547_filter() -> [SockFilter; 8] {
     const LD_H_ABS: u16 = 0x28;
     const LD_B_ABS: u16 = 0x30;
     const JEQ_K: u16 = 0x15;
-    const RET_K: u16 = 0x06;
     [
         SockFilter::new(LD_H_ABS, 0, 0, 12),
         SockFilter::new(JEQ_K, 0, 5, u32::from(ETH_P_IPV6)),

@@ -1,0 +1,260 @@
+//! The agent's DHCPv6 server against real clients: `vm-dhcp-agent serve-static` with a
+//! dual-stack pool in a server namespace, ISC `dhclient -6` and `dhcpcd` in VM namespaces joined
+//! to it by veth pairs ([`vmdhcp_integration::dhcp6_client`]).
+//!
+//! Covered: the reservation with its lifetimes, DNS and the pool's server DUID; RENEW; RELEASE;
+//! Rapid Commit; INFORMATION-REQUEST; an unknown client gets nothing; REBIND answered after the
+//! server that bound the client is gone (another DUID now serves the link); CONFIRM after a move
+//! to another link (NotOnLink, then the new link's reservation); the pool's Router
+//! Advertisements make dhcpcd go stateful and put the prefix on-link; `radvd` standing for the
+//! network's router does the same with the agent sending none.
+//!
+//! Addresses are TEST-NET and ULA prefixes that exist only in the namespaces each test creates;
+//! every wait has a deadline.
+#![allow(clippy::unwrap_used, clippy::panic, clippy::print_stderr)]
+
+use std::net::Ipv6Addr;
+use std::time::Duration;
+
+use serde_json::{Value, json};
+use vmdhcp_core::NamespacedName;
+use vmdhcp_core::pool::duid::server_duid;
+use vmdhcp_integration::dhcp_client::wait_for;
+use vmdhcp_integration::dhcp6_client::{
+    Client6, Options6, Radvd, RadvdConfig, hex_id, no_dad, set_mac, wait_link_local,
+};
+use vmdhcp_integration::netns::Netns;
+use vmdhcp_integration::static_agent::{Rig, pool, rig};
+
+/// The VM's NIC.
+const MAC: &str = "02:00:00:00:01:0a";
+/// A NIC without a reservation.
+const STRANGER: &str = "02:00:00:00:ff:ff";
+/// The pool's IPv6 subnet, a ULA that exists only in the lab.
+const SUBNET: &str = "fd76:6d64:6863::/112";
+/// The lease time: T1 5 s, T2 8 s.
+const LEASE: u32 = 10;
+const BIND: Duration = Duration::from_secs(20);
+
+fn reserved() -> Ipv6Addr {
+    "fd76:6d64:6863::10".parse().unwrap()
+}
+
+/// A dual-stack pool `default/<name>` on `srv0`: 192.0.2.0/24 and `subnet`, the server at `::1`,
+/// DNS at `::53`, [`MAC`]'s reservation at `::10` (and .10); `ra` sends Router Advertisements.
+fn dual(name: &str, subnet: &str, ra: bool) -> Value {
+    dual_leasing(name, subnet, ra, LEASE)
+}
+
+/// [`dual`] with a lease time of `lease` seconds.
+fn dual_leasing(name: &str, subnet: &str, ra: bool, lease: u32) -> Value {
+    let base: Ipv6Addr = subnet.split('/').next().unwrap().parse().unwrap();
+    let at = |n: u16| {
+        let mut s = base.segments();
+        s[7] = n;
+        Ipv6Addr::from(s).to_string()
+    };
+    let mut p = pool(
+        name,
+        "srv0",
+        "192.0.2.1",
+        "192.0.2.0/24",
+        json!({"ipv6": {
+            "server_ip": at(1), "subnet": subnet, "dns": [at(0x53)], "lease_seconds": lease,
+            "router_advertisements": ra,
+        }}),
+    );
+    p["leases"] = json!([{"mac": MAC, "ip": "192.0.2.10", "ipv6": at(0x10)}]);
+    p
+}
+
+/// The server namespace and one VM namespace (`eth0`, `mac`), duplicate address detection off
+/// in both so that link-local addresses are usable at once; the agent serving `pools`.
+fn lab(mac: &str, pools: &[Value]) -> (Rig, Netns) {
+    let mut rig = rig();
+    no_dad(&rig.lab, &rig.srv);
+    let vm = rig.lab.netns("vm").unwrap();
+    no_dad(&rig.lab, &vm);
+    rig.lab.veth(&rig.srv, "srv0", &vm, "eth0").unwrap();
+    set_mac(&rig.lab, &vm, "eth0", mac);
+    wait_link_local(&rig.lab, &vm, "eth0", Duration::from_secs(5));
+    rig.start_with(pools, &["--configure-interfaces"]);
+    rig.wait_serving(&["srv0"]);
+    wait_for("the DHCPv6 server", Duration::from_secs(10), || {
+        rig.agent_log().contains("DHCPv6 serving").then_some(())
+    });
+    (rig, vm)
+}
+
+/// Runs `f`; if it fails, prints the agent's log first (the client's is in the failure).
+fn showing_agent_log<T>(rig: &Rig, f: impl FnOnce() -> T) -> T {
+    match std::panic::catch_unwind(std::panic::AssertUnwindSafe(f)) {
+        Ok(value) => value,
+        Err(panic) => {
+            eprintln!("agent log:\n{}", rig.agent_log());
+            std::panic::resume_unwind(panic)
+        }
+    }
+}
+
+fn duid_of(pool: &str) -> String {
+    let pool: NamespacedName = pool.parse().unwrap();
+    hex_id(
+        &server_duid(&pool)
+            .iter()
+            .map(|b| format!("{b:02x}"))
+            .collect::<Vec<_>>()
+            .join(":"),
+    )
+}
+
+#[test]
+fn both_clients_get_the_reservation_with_its_lifetimes_renew_and_release() {
+    for kind in ["dhclient", "dhcpcd"] {
+        let (rig, vm) = lab(MAC, &[dual("p6", SUBNET, false)]);
+        let mut c = match kind {
+            "dhclient" => Client6::dhclient(&vm, "eth0", Options6::default()),
+            _ => Client6::dhcpcd(&vm, "eth0", Options6::default()),
+        };
+        let bound = c.wait_lease("BOUND6", 0, BIND);
+        assert_eq!(bound.address, reserved(), "{kind}");
+        assert_eq!(
+            (bound.t1, bound.t2, bound.preferred, bound.valid),
+            (5, 8, LEASE, LEASE),
+            "{kind}"
+        );
+        assert_eq!(bound.server_id, duid_of("default/p6"), "{kind}");
+        assert_eq!(
+            bound.dns,
+            ["fd76:6d64:6863::53".parse::<Ipv6Addr>().unwrap()],
+            "{kind}"
+        );
+        // RENEW at T1, answered with the same address.
+        let renewed = c.wait_lease("RENEW6", 0, Duration::from_secs(15));
+        assert_eq!(renewed.address, reserved(), "{kind}");
+        c.release(Duration::from_secs(10));
+        let log = rig.agent_log();
+        assert!(!log.contains("DHCPv6 reply not sent"), "{kind}: {log}");
+    }
+}
+
+#[test]
+fn rapid_commit_binds_in_two_messages_and_information_requests_get_the_options() {
+    let (_rig, vm) = lab(MAC, &[dual("p6", SUBNET, false)]);
+    let rapid = Options6 {
+        rapid_commit: true,
+        ..Options6::default()
+    };
+    let c = Client6::dhclient(&vm, "eth0", rapid);
+    assert_eq!(c.wait_lease("BOUND6", 0, BIND).address, reserved());
+    let log = c.log();
+    assert!(
+        !log.contains("XMT: Forming Request"),
+        "no REQUEST after a rapid commit: {log}"
+    );
+    drop(c);
+    let info = Options6 {
+        information_only: true,
+        ..Options6::default()
+    };
+    let c = Client6::dhclient(&vm, "eth0", info);
+    // dhclient hands an INFORMATION-REQUEST's reply to its hook as RENEW6, without an address.
+    let env = c.wait_event("RENEW6", 0, BIND);
+    assert_eq!(
+        env.get("new_dhcp6_name_servers").map(String::as_str),
+        Some("fd76:6d64:6863::53"),
+        "{env:?}"
+    );
+    assert!(!env.contains_key("new_ip6_address"), "{env:?}");
+}
+
+#[test]
+fn an_unknown_client_gets_no_address() {
+    let (rig, vm) = lab(STRANGER, &[dual("p6", SUBNET, false)]);
+    let c = Client6::dhclient(&vm, "eth0", Options6::default());
+    // Three SOLICITs seen, none answered.
+    wait_for("three SOLICITs", BIND, || {
+        (c.log().matches("XMT: Solicit").count() >= 3).then_some(())
+    });
+    assert!(
+        !c.event_names().iter().any(|e| e == "BOUND6"),
+        "{}",
+        c.log()
+    );
+    let log = rig.agent_log();
+    assert!(log.contains("unknown_client"), "{log}");
+}
+
+#[test]
+fn rebind_is_answered_after_the_server_that_bound_the_client_is_gone() {
+    // 20 s leases: T2 at 16 s leaves dhclient's REBIND time before the address expires.
+    let (rig, vm) = lab(MAC, &[dual_leasing("p6", SUBNET, false, 20)]);
+    let c = Client6::dhclient(&vm, "eth0", Options6::default());
+    assert_eq!(
+        c.wait_lease("BOUND6", 0, BIND).server_id,
+        duid_of("default/p6")
+    );
+    // Another pool (another DUID) serves the link now: the client's RENEWs name the old
+    // server and go unanswered, its REBIND at T2 names none and is answered.
+    rig.reload(&[dual_leasing("p6-moved", SUBNET, false, 20)]);
+    let rebound = showing_agent_log(&rig, || c.wait_lease("REBIND6", 0, Duration::from_secs(30)));
+    assert_eq!(rebound.address, reserved());
+    assert_eq!(rebound.server_id, duid_of("default/p6-moved"));
+    assert!(rig.agent_log().contains("other_server"));
+}
+
+#[test]
+fn confirm_after_a_move_to_another_link_says_not_on_link_and_the_new_reservation_follows() {
+    let (rig, vm) = lab(MAC, &[dual("p6", SUBNET, false)]);
+    let mut c = Client6::dhclient(&vm, "eth0", Options6::default());
+    assert_eq!(c.wait_lease("BOUND6", 0, BIND).address, reserved());
+    // The VM now sits on another network (another pool, another prefix) and restarts: it
+    // CONFIRMs its old address, hears NotOnLink, and solicits the new one.
+    c.stop();
+    rig.reload(&[dual("other", "fd76:6d64:6864::/112", false)]);
+    c.restart();
+    let moved: Ipv6Addr = "fd76:6d64:6864::10".parse().unwrap();
+    wait_for("the address of the new link", BIND, || {
+        c.events()
+            .iter()
+            .filter_map(|(_, env)| vmdhcp_integration::dhcp6_client::Lease6::from_event(env))
+            .any(|l| l.address == moved)
+            .then_some(())
+    });
+    let log = c.log();
+    assert!(log.contains("Confirm"), "{log}");
+}
+
+#[test]
+fn the_pool_s_router_advertisements_make_dhcpcd_stateful_and_the_prefix_on_link() {
+    let (rig, vm) = lab(MAC, &[dual("p6", SUBNET, true)]);
+    let waits = Options6 {
+        wait_for_ra: true,
+        ..Options6::default()
+    };
+    let c = Client6::dhcpcd(&vm, "eth0", waits);
+    assert_eq!(c.wait_lease("BOUND6", 0, BIND).address, reserved());
+    let routes = rig.lab.exec(&vm, "ip", &["-6", "route"]).unwrap();
+    assert!(routes.contains("fd76:6d64:6863::/112"), "{routes}");
+    assert!(
+        !routes.contains("default"),
+        "the agent is no router: {routes}"
+    );
+    assert!(rig.agent_log().contains("sending router advertisements"));
+}
+
+#[test]
+fn with_radvd_standing_for_the_network_s_router_the_agent_sends_no_advertisement() {
+    let (rig, vm) = lab(MAC, &[dual("p6", SUBNET, false)]);
+    let _radvd = Radvd::start(
+        &rig.srv,
+        &RadvdConfig::managed("srv0", "fd76:6d64:6863::/64"),
+    );
+    let waits = Options6 {
+        wait_for_ra: true,
+        ..Options6::default()
+    };
+    let c = Client6::dhcpcd(&vm, "eth0", waits);
+    assert_eq!(c.wait_lease("BOUND6", 0, BIND).address, reserved());
+    assert!(!rig.agent_log().contains("sending router advertisements"));
+}
