@@ -158,6 +158,125 @@ fn icmpv6_checksum(src: Ipv6Addr, dst: Ipv6Addr, message: &[u8]) -> u16 {
     !u16::try_from(sum).unwrap_or(0xffff)
 }
 
+/// Length of a duplicate-address-detection Neighbor Solicitation frame: Ethernet, IPv6, and an
+/// ICMPv6 NS (24) without options.
+pub const NS_FRAME_LEN: usize = 14 + 40 + 24;
+
+/// The Neighbor Solicitation a host sends for duplicate address detection of `target` (RFC 4862
+/// §5.4.2): from the unspecified address (no neighbour learns anything from it) to `target`'s
+/// solicited-node multicast group. A host using `target` answers it with a Neighbor
+/// Advertisement to all nodes.
+pub fn neighbor_solicitation(mac: MacAddr, target: Ipv6Addr) -> [u8; NS_FRAME_LEN] {
+    let t = target.octets();
+    let group = Ipv6Addr::new(
+        0xff02,
+        0,
+        0,
+        0,
+        0,
+        1,
+        0xff00 | u16::from(t[13]),
+        u16::from_be_bytes([t[14], t[15]]),
+    );
+    let mut frame = [0u8; NS_FRAME_LEN];
+    let (ethernet, rest) = frame.split_at_mut(14);
+    ethernet[0..6].copy_from_slice(&[0x33, 0x33, 0xff, t[13], t[14], t[15]]);
+    ethernet[6..12].copy_from_slice(&mac.octets());
+    ethernet[12..14].copy_from_slice(&ETH_P_IPV6.to_be_bytes());
+    let (ipv6, icmp) = rest.split_at_mut(40);
+    ipv6[0] = 0x60;
+    ipv6[4..6].copy_from_slice(&24u16.to_be_bytes());
+    ipv6[6] = 58;
+    ipv6[7] = 255;
+    // 8..24: the unspecified source.
+    ipv6[24..40].copy_from_slice(&group.octets());
+    icmp[0] = 135; // Neighbor Solicitation
+    icmp[8..24].copy_from_slice(&t);
+    let checksum = icmpv6_checksum(Ipv6Addr::UNSPECIFIED, group, icmp);
+    icmp[2..4].copy_from_slice(&checksum.to_be_bytes());
+    frame
+}
+
+/// The host a frame shows using `target`: the Ethernet source of a Neighbor Advertisement for
+/// it (hop limit 255, as RFC 4861 requires of any), unless that is `own`.
+pub fn advertiser_of(frame: &[u8], own: MacAddr, target: Ipv6Addr) -> Option<MacAddr> {
+    let eth = frame.get(..14)?;
+    if u16::from_be_bytes([eth[12], eth[13]]) != ETH_P_IPV6 {
+        return None;
+    }
+    let ipv6 = frame.get(14..54)?;
+    let icmp = frame.get(54..78)?;
+    if ipv6[6] != 58 || ipv6[7] != 255 || icmp[0] != 136 || icmp.get(8..24)? != target.octets() {
+        return None;
+    }
+    let mut mac = [0u8; 6];
+    mac.copy_from_slice(eth.get(6..12)?);
+    let mac = MacAddr(mac);
+    (mac != own).then_some(mac)
+}
+
+/// Whether another host uses `target` on `interface`: one duplicate-address-detection Neighbor
+/// Solicitation, then listening up to `wait` for an advertisement of it. Blocking; needs
+/// CAP_NET_RAW.
+pub fn probe6(
+    interface: &str,
+    target: Ipv6Addr,
+    wait: Duration,
+) -> Result<Option<MacAddr>, ArpError> {
+    let (index, own) = link(interface)?;
+    let err = |source: io::Error| ArpError::Socket {
+        missing: Capability::NetRaw.lacking(&source),
+        source,
+    };
+    let link_err = |source: io::Error| ArpError::Send {
+        interface: interface.to_owned(),
+        source,
+    };
+    let socket = Socket::new(
+        Domain::PACKET,
+        Type::RAW,
+        Some(socket2::Protocol::from(i32::from(ETH_P_IPV6.to_be()))),
+    )
+    .map_err(err)?;
+    let group_mac = {
+        let t = target.octets();
+        [0x33, 0x33, 0xff, t[13], t[14], t[15]]
+    };
+    socket
+        .bind(&link_address(index, ETH_P_IPV6, [0; 6]).map_err(link_err)?)
+        .map_err(link_err)?;
+    let to = link_address(index, ETH_P_IPV6, group_mac).map_err(link_err)?;
+    socket
+        .send_to(&neighbor_solicitation(own, target), &to)
+        .map_err(link_err)?;
+    let end = std::time::Instant::now() + wait;
+    let mut buf = [0u8; 256];
+    loop {
+        let left = end.saturating_duration_since(std::time::Instant::now());
+        if left.is_zero() {
+            return Ok(None);
+        }
+        socket.set_read_timeout(Some(left)).map_err(link_err)?;
+        match (&socket).read(&mut buf) {
+            Ok(len) => {
+                if let Some(mac) = advertiser_of(buf.get(..len).unwrap_or_default(), own, target) {
+                    return Ok(Some(mac));
+                }
+            }
+            Err(e)
+                if matches!(
+                    e.kind(),
+                    io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut
+                ) =>
+            {
+                return Ok(None);
+            }
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(source) => return Err(link_err(source)),
+        }
+    }
+}
+
 /// The RFC 5227 ARP Probe for `ip` by `mac`: a broadcast ARP request with sender protocol
 /// address zero (so no host's cache learns anything from it) and target protocol address `ip`.
 /// A host using `ip` answers it.
@@ -702,6 +821,29 @@ async fn announce(socket: Arc<Socket>, interface: String, ip: IpAddr, counts: Ar
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_dad_solicitation_goes_to_the_solicited_node_group_and_an_advertisement_names_its_host() {
+        let target: Ipv6Addr = "fd00::12:3456".parse().unwrap();
+        let ns = neighbor_solicitation(MAC, target);
+        assert_eq!(&ns[0..6], &[0x33, 0x33, 0xff, 0x12, 0x34, 0x56]);
+        let (ipv6, icmp) = ns[14..].split_at(40);
+        assert_eq!(&ipv6[8..24], &[0u8; 16], "from the unspecified address");
+        assert_eq!(
+            &ipv6[24..40],
+            &"ff02::1:ff12:3456".parse::<Ipv6Addr>().unwrap().octets()
+        );
+        assert_eq!((icmp[0], ipv6[7]), (135, 255));
+        let group: Ipv6Addr = "ff02::1:ff12:3456".parse().unwrap();
+        assert_eq!(icmpv6_checksum(Ipv6Addr::UNSPECIFIED, group, icmp), 0);
+        // Another host's advertisement of the target names it; ours, or another target's, not.
+        let other = MacAddr([2, 0, 0, 0, 0, 0x77]);
+        let na = neighbor_advertisement(other, target);
+        assert_eq!(advertiser_of(&na, MAC, target), Some(other));
+        assert_eq!(advertiser_of(&na, other, target), None);
+        assert_eq!(advertiser_of(&na, MAC, "fd00::1".parse().unwrap()), None);
+        assert_eq!(advertiser_of(&ns, MAC, target), None);
+    }
 
     #[test]
     fn a_neighbor_advertisement_overrides_from_the_address_to_all_nodes_with_a_valid_checksum() {

@@ -362,9 +362,16 @@ impl Collector for Dhcp6Metrics {
             ),
             (
                 "vmdhcp_agent_dhcp6_declines",
-                "DHCPv6 DECLINEs of a reserved address (the client's duplicate address detection found it in use).",
-                "",
-                |c| vec![("", c.declined.load(Relaxed))],
+                "DHCPv6 DECLINEs of a reserved address, by what a Neighbor Solicitation found: \
+                 confirmed (another host answers; withheld), unconfirmed (still served), not_probed.",
+                "result",
+                |c| {
+                    vec![
+                        ("confirmed", c.declines_confirmed.load(Relaxed)),
+                        ("unconfirmed", c.declines_unconfirmed.load(Relaxed)),
+                        ("not_probed", c.declines_not_probed.load(Relaxed)),
+                    ]
+                },
             ),
             (
                 "vmdhcp_agent_dhcp6_send_errors",
@@ -1103,7 +1110,7 @@ mod tests {
             r#"vmdhcp_agent_dhcp6_replies_total{interface="eth1",pool="default/a",type="advertise"} 0"#,
             r#"vmdhcp_agent_dhcp6_dropped_total{interface="eth1",pool="default/a",reason="malformed"} 1"#,
             r#"vmdhcp_agent_dhcp6_dropped_total{interface="eth1",pool="default/a",reason="oversized"} 0"#,
-            r#"vmdhcp_agent_dhcp6_declines_total{interface="eth1",pool="default/a"} 0"#,
+            r#"vmdhcp_agent_dhcp6_declines_total{interface="eth1",pool="default/a",result="confirmed"} 0"#,
         ] {
             assert!(text.contains(line), "{line} missing from\n{text}");
         }

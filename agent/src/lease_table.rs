@@ -289,6 +289,12 @@ fn seconds_left<S: serde::Serializer>(until: &Instant, s: S) -> Result<S::Ok, S:
 }
 
 type Pools = HashMap<NamespacedName, Arc<PoolSnapshot>>;
+/// IPv6 addresses withheld per pool, until when.
+type Withheld6 = HashMap<NamespacedName, BTreeMap<Ipv6Addr, Instant>>;
+
+/// Most IPv6 addresses one pool withholds at once: a flood of confirmed DECLINEs (each needs
+/// another host answering for the address) cannot take more of a pool out of service.
+pub const MAX_WITHHELD6: usize = 64;
 type Conflicts = HashMap<NamespacedName, BTreeMap<Ipv4Addr, Conflict>>;
 
 /// Every pool this agent serves, readable from any number of packet tasks without locks.
@@ -296,6 +302,8 @@ type Conflicts = HashMap<NamespacedName, BTreeMap<Ipv4Addr, Conflict>>;
 pub struct LeaseTable {
     pools: ArcSwap<Pools>,
     conflicts: ArcSwap<Conflicts>,
+    /// IPv6 addresses withheld after a DECLINE that a Neighbor Solicitation confirmed.
+    withheld6: ArcSwap<Withheld6>,
     /// What probes found, for the controller (see [`crate::findings`]).
     findings: Findings,
     /// Serialises writers, so two updates never both start from the same version and lose one.
@@ -493,6 +501,38 @@ impl LeaseTable {
         next.insert(pool.clone(), Arc::new(updated));
         self.pools.store(Arc::new(next));
         true
+    }
+
+    /// Withholds the IPv6 address `ip` of `pool` until `hold` from now (a client declined it
+    /// and another host answered for it); at most [`MAX_WITHHELD6`] per pool at once, further
+    /// ones refused until some expire. Returns whether it is withheld.
+    pub fn withhold6(&self, pool: &NamespacedName, ip: Ipv6Addr, hold: Duration) -> bool {
+        let _guard = self.write.lock();
+        let now = Instant::now();
+        let mut next = Withheld6::clone(&self.withheld6.load());
+        let held = next.entry(pool.clone()).or_default();
+        held.retain(|_, until| *until > now);
+        if held.len() >= MAX_WITHHELD6 && !held.contains_key(&ip) {
+            return false;
+        }
+        held.insert(ip, now + hold);
+        self.withheld6.store(Arc::new(next));
+        true
+    }
+
+    /// The IPv6 addresses of `pool` withheld now.
+    pub fn withheld6(&self, pool: &NamespacedName) -> Vec<Ipv6Addr> {
+        let now = Instant::now();
+        self.withheld6
+            .load()
+            .get(pool)
+            .map(|held| {
+                held.iter()
+                    .filter(|(_, until)| **until > now)
+                    .map(|(ip, _)| *ip)
+                    .collect()
+            })
+            .unwrap_or_default()
     }
 
     /// Withholds `ip` of `pool`, which `mac` declined, for `hold` (`answered_by`: the host that

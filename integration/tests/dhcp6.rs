@@ -258,3 +258,86 @@ fn with_radvd_standing_for_the_network_s_router_the_agent_sends_no_advertisement
     assert_eq!(c.wait_lease("BOUND6", 0, BIND).address, reserved());
     assert!(!rig.agent_log().contains("sending router advertisements"));
 }
+
+/// A DHCPv6 DECLINE of `addr` by a client with a DUID-EN, to the pool `pool`'s server, encoded
+/// by hand (type 9, transaction id, Client Identifier, Server Identifier, IA_NA with the address).
+fn decline(pool: &str, addr: Ipv6Addr) -> Vec<u8> {
+    let option = |code: u16, value: &[u8]| {
+        let mut o = code.to_be_bytes().to_vec();
+        o.extend_from_slice(&u16::try_from(value.len()).unwrap().to_be_bytes());
+        o.extend_from_slice(value);
+        o
+    };
+    let pool: NamespacedName = pool.parse().unwrap();
+    let mut ia_addr = addr.octets().to_vec();
+    ia_addr.extend_from_slice(&[0; 8]);
+    let mut ia_na = vec![0, 0, 0, 7, 0, 0, 0, 0, 0, 0, 0, 0];
+    ia_na.extend(option(5, &ia_addr));
+    let mut msg = vec![9, 0x12, 0x34, 0x56];
+    msg.extend(option(1, &[0, 2, 0, 0, 0xab, 0xcd, 1, 2, 3, 4]));
+    msg.extend(option(2, &server_duid(&pool)));
+    msg.extend(option(3, &ia_na));
+    msg
+}
+
+/// Sends `payload` to ff02::1:2 port 547 on `vm`'s eth0 (from an ephemeral port).
+fn send_to_servers(rig: &Rig, vm: &Netns, payload: &[u8]) {
+    let hex: String = payload.iter().map(|b| format!("{b:02x}")).collect();
+    let script = format!(
+        "import socket; s = socket.socket(socket.AF_INET6, socket.SOCK_DGRAM); \
+         s.sendto(bytes.fromhex('{hex}'), ('ff02::1:2', 547, 0, socket.if_nametoindex('eth0')))"
+    );
+    rig.lab.exec(vm, "python3", &["-c", &script]).unwrap();
+}
+
+#[test]
+fn a_decline_costs_nothing_unless_a_neighbor_solicitation_finds_the_address_in_use() {
+    let (rig, vm) = lab(MAC, &[dual("p6", SUBNET, false)]);
+    // Nobody uses the address: the DECLINE is checked, and the address still served.
+    send_to_servers(&rig, &vm, &decline("default/p6", reserved()));
+    showing_agent_log(&rig, || {
+        wait_for("the unconfirmed decline", Duration::from_secs(10), || {
+            rig.agent_log()
+                .contains("no host answers for it: still served")
+                .then_some(())
+        })
+    });
+    let c = Client6::dhclient(&vm, "eth0", Options6::default());
+    assert_eq!(c.wait_lease("BOUND6", 0, BIND).address, reserved());
+    drop(c);
+    // A host on the link answers for it (here the VM's own interface holds it): withheld.
+    rig.lab
+        .exec(
+            &vm,
+            "ip",
+            &[
+                "-6",
+                "addr",
+                "replace",
+                "fd76:6d64:6863::10/128",
+                "dev",
+                "eth0",
+            ],
+        )
+        .unwrap();
+    send_to_servers(&rig, &vm, &decline("default/p6", reserved()));
+    showing_agent_log(&rig, || {
+        wait_for("the confirmed decline", Duration::from_secs(10), || {
+            rig.agent_log()
+                .contains("another host answers for it")
+                .then_some(())
+        })
+    });
+    let log = rig.agent_log();
+    assert!(log.contains(&format!("host={MAC}")), "{log}");
+    // Withheld: the client's SOLICITs go unanswered.
+    let c = Client6::dhclient(&vm, "eth0", Options6::default());
+    wait_for("three SOLICITs", BIND, || {
+        (c.log().matches("XMT: Solicit").count() >= 3).then_some(())
+    });
+    assert!(
+        !c.event_names().iter().any(|e| e == "BOUND6"),
+        "{}",
+        c.log()
+    );
+}

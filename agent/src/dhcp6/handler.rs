@@ -139,6 +139,8 @@ pub struct Server<'a> {
     pub duid: &'a [u8],
     /// The interface's own MAC: frames from it are never answered.
     pub own_mac: Option<MacAddr>,
+    /// Addresses withheld after a confirmed DECLINE: not given, as if not reserved.
+    pub withheld: &'a [Ipv6Addr],
 }
 
 /// The message type of an answer, for metrics.
@@ -287,7 +289,7 @@ fn decide(
             }
         }
     }
-    let holder = holder(opts, who, pool);
+    let holder = holder(opts, who, pool).filter(|(_, addr)| !server.withheld.contains(addr));
     let lifetimes = Lifetimes::of(config);
     match kind {
         T::InformationRequest => {
@@ -821,9 +823,34 @@ mod tests {
             Server {
                 duid: &duid,
                 own_mac: Some(OURS),
+                withheld: &[],
             },
             &snapshot(),
         )
+    }
+
+    #[test]
+    fn a_withheld_address_is_not_given() {
+        let duid = duid();
+        let withheld = [ip6("fd00::10")];
+        let solicit = message(
+            MessageType::Solicit,
+            vec![DhcpOption::ClientId(client_duid()), ia(None)],
+        );
+        let outcome = handle(
+            Received {
+                payload: &solicit,
+                link_source: Some(CLIENT),
+                multicast: true,
+            },
+            Server {
+                duid: &duid,
+                own_mac: Some(OURS),
+                withheld: &withheld,
+            },
+            &snapshot(),
+        );
+        assert_eq!(outcome, Outcome::Silent(Silence::UnknownClient));
     }
 
     fn reply(outcome: &Outcome) -> Message {

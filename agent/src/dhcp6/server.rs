@@ -17,7 +17,7 @@ use std::collections::BTreeMap;
 use std::io::{self, Read};
 use std::net::{Ipv6Addr, SocketAddr, SocketAddrV6};
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::time::Duration;
 
 use socket2::{Domain, Protocol, SockFilter, Socket, Type};
@@ -77,12 +77,18 @@ pub struct Counters6 {
     pub dropped: [AtomicU64; DropReason::ALL.len()],
     /// Messages not answered on purpose (unknown clients, other servers' renewals, …).
     pub silent: AtomicU64,
-    /// DECLINEs of a reserved address (verified before anything is withheld).
-    pub declined: AtomicU64,
+    /// DECLINEs of a reserved address, by what the Neighbor Solicitation probe found:
+    /// another host answered (the address is withheld), nobody did (nothing changes), or no
+    /// probe was sent (too many in flight, or the socket failed).
+    pub declines_confirmed: AtomicU64,
+    /// See [`Counters6::declines_confirmed`].
+    pub declines_unconfirmed: AtomicU64,
+    /// See [`Counters6::declines_confirmed`].
+    pub declines_not_probed: AtomicU64,
 }
 
 impl Counters6 {
-    fn drop(&self, reason: DropReason) {
+    fn count_drop(&self, reason: DropReason) {
         if let Some(i) = DropReason::ALL.iter().position(|r| *r == reason) {
             self.dropped[i].fetch_add(1, Ordering::Relaxed);
         }
@@ -247,8 +253,8 @@ async fn supervise(
 fn serve(
     name: &str,
     pool: &NamespacedName,
-    table: &LeaseTable,
-    counters: &Counters6,
+    table: &Arc<LeaseTable>,
+    counters: &Arc<Counters6>,
     stop: &watch::Receiver<bool>,
     errors: &watch::Sender<BTreeMap<String, String>>,
 ) -> Result<(), Server6Error> {
@@ -259,6 +265,7 @@ fn serve(
     errors.send_if_modified(|all| all.remove(name).is_some());
     info!(interface = %name, %pool, "DHCPv6 serving on [::]:547 (ff02::1:2)");
     let duid = server_duid(pool);
+    let probes = Arc::new(AtomicUsize::new(0));
     let mut frame = vec![0u8; FRAME_BUFFER];
     while !*stop.borrow() {
         let len = match (&sockets.packet).read(&mut frame) {
@@ -296,6 +303,7 @@ fn serve(
             Server {
                 duid: &duid,
                 own_mac: Some(own),
+                withheld: &table.withheld6(pool),
             },
             &snapshot,
         );
@@ -326,8 +334,7 @@ fn serve(
                     }
                 }
                 if let Some(Silence::Declined(addr)) = also {
-                    counters.declined.fetch_add(1, Ordering::Relaxed);
-                    warn!(%addr, mac = ?mac, "client declined its IPv6 address (its DAD found it in use)");
+                    verify_decline(name, pool, addr, table, counters, &probes);
                 }
             }
             Outcome::Silent(why) => {
@@ -335,12 +342,65 @@ fn serve(
                 debug!(peer = %udp.source, why = why.as_str(), "DHCPv6 message not answered");
             }
             Outcome::Dropped(reason) => {
-                counters.drop(reason);
+                counters.count_drop(reason);
                 debug!(peer = %udp.source, reason = reason.as_str(), "DHCPv6 datagram dropped");
             }
         }
     }
     Ok(())
+}
+
+/// Most Neighbor Solicitation probes of declined addresses in flight per interface; more
+/// DECLINEs meanwhile are counted and change nothing.
+const MAX_DECLINE_PROBES: usize = 4;
+/// How long a probe listens for an advertisement of the declined address.
+const DECLINE_PROBE_WAIT: Duration = Duration::from_secs(1);
+/// How long a declined address that another host answered for is withheld.
+const DECLINE_HOLD: Duration = Duration::from_secs(60);
+
+/// A DECLINE costs nothing until checked: a Neighbor Solicitation for the address, in the
+/// background; only if another host answers is the address withheld (for [`DECLINE_HOLD`]). A
+/// tenant forging DECLINEs in a VM's name can make the agent probe, not withhold.
+fn verify_decline(
+    interface: &str,
+    pool: &NamespacedName,
+    addr: Ipv6Addr,
+    table: &Arc<LeaseTable>,
+    counters: &Arc<Counters6>,
+    in_flight: &Arc<AtomicUsize>,
+) {
+    if in_flight.fetch_add(1, Ordering::AcqRel) >= MAX_DECLINE_PROBES {
+        in_flight.fetch_sub(1, Ordering::AcqRel);
+        counters.declines_not_probed.fetch_add(1, Ordering::Relaxed);
+        warn!(%addr, "IPv6 address declined; too many probes in flight, not checked");
+        return;
+    }
+    let (interface, pool) = (interface.to_owned(), pool.clone());
+    let (table, counters, in_flight) = (
+        Arc::clone(table),
+        Arc::clone(counters),
+        Arc::clone(in_flight),
+    );
+    std::thread::spawn(move || {
+        match crate::arp::probe6(&interface, addr, DECLINE_PROBE_WAIT) {
+            Ok(Some(host)) => {
+                counters.declines_confirmed.fetch_add(1, Ordering::Relaxed);
+                let withheld = table.withhold6(&pool, addr, DECLINE_HOLD);
+                warn!(%addr, %host, withheld, "IPv6 address declined, and another host answers for it");
+            }
+            Ok(None) => {
+                counters
+                    .declines_unconfirmed
+                    .fetch_add(1, Ordering::Relaxed);
+                info!(%addr, "IPv6 address declined, but no host answers for it: still served");
+            }
+            Err(error) => {
+                counters.declines_not_probed.fetch_add(1, Ordering::Relaxed);
+                warn!(%addr, %error, "IPv6 address declined; it could not be checked");
+            }
+        }
+        in_flight.fetch_sub(1, Ordering::AcqRel);
+    });
 }
 
 /// The sockets of one interface.
