@@ -520,19 +520,13 @@ impl LeaseTable {
         true
     }
 
-    /// The IPv6 addresses of `pool` withheld now.
-    pub fn withheld6(&self, pool: &NamespacedName) -> Vec<Ipv6Addr> {
-        let now = Instant::now();
+    /// Whether `ip` of `pool` is withheld now (one lock-free look, on the packet path).
+    pub fn is_withheld6(&self, pool: &NamespacedName, ip: &Ipv6Addr) -> bool {
         self.withheld6
             .load()
             .get(pool)
-            .map(|held| {
-                held.iter()
-                    .filter(|(_, until)| **until > now)
-                    .map(|(ip, _)| *ip)
-                    .collect()
-            })
-            .unwrap_or_default()
+            .and_then(|held| held.get(ip))
+            .is_some_and(|until| *until > Instant::now())
     }
 
     /// Withholds `ip` of `pool`, which `mac` declined, for `hold` (`answered_by`: the host that

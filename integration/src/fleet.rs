@@ -45,6 +45,10 @@ pub const NTP_IP: &str = "10.123.45.123";
 pub const VM1_MAC: &str = "02:12:34:00:00:01";
 /// The second VM's NIC.
 pub const VM2_MAC: &str = "02:12:34:00:00:02";
+/// The pool's IPv6 server address, when it is dual-stack ([`Options::ipv6_lease_seconds`]).
+pub const SERVER_IP6: &str = "fd10:123:45::2";
+/// The pool's IPv6 subnet, a ULA that exists only in the lab.
+pub const SUBNET6: &str = "fd10:123:45::/112";
 const AGENT_HTTP: &str = "http://127.0.0.1:8080";
 
 /// One agent replica: its namespace (its pod), process and identity.
@@ -96,6 +100,9 @@ pub struct Options {
     /// Run this many controller replicas with leader election (as the chart's Deployment does)
     /// behind a Service stand-in on [`Fleet::grpc`], instead of one controller without election.
     pub controller_replicas: usize,
+    /// Makes pool-a dual-stack with this IPv6 `leaseTime` (see [`pool_a`]); `setup_with` then
+    /// also waits for both VMs' IPv6 allocations.
+    pub ipv6_lease_seconds: Option<u32>,
 }
 
 /// One electing controller replica of a [`Fleet`] run with
@@ -383,6 +390,21 @@ impl Fleet {
     /// A VM namespace with `eth0` (MAC `mac`) on `bridge`.
     pub fn vm_on(&mut self, name: &str, mac: &str, bridge: &str) -> Netns {
         let vm = self.lab.netns(name).unwrap();
+        self.plug_vm(vm, name, mac, bridge)
+    }
+
+    /// [`Fleet::vm`] for a DHCPv6 client: IPv6 duplicate address detection off in the namespace
+    /// before its link exists ([`crate::dhcp6_client::no_dad`]), so `eth0`'s link-local address,
+    /// which DHCPv6 clients send from, is usable at once; returns once it is.
+    pub fn vm6(&mut self, name: &str, mac: &str) -> Netns {
+        let vm = self.lab.netns(name).unwrap();
+        crate::dhcp6_client::no_dad(&self.lab, &vm);
+        let vm = self.plug_vm(vm, name, mac, "br0");
+        crate::dhcp6_client::wait_link_local(&self.lab, &vm, "eth0", Duration::from_secs(10));
+        vm
+    }
+
+    fn plug_vm(&mut self, vm: Netns, name: &str, mac: &str, bridge: &str) -> Netns {
         let net = self.net.clone();
         self.lab
             .plug(&net, bridge, &format!("p{name}"), &vm, "eth0")
@@ -412,10 +434,20 @@ impl Fleet {
         Some((get("AGENT_NETWORK_CONFIGS")?, get("IPPOOL_REFS_JSON")?))
     }
 
+    /// pool-a's IPv6 allocations, MAC → address, from its `status.ipv6` (dual-stack runs).
+    pub fn allocated6(&self) -> BTreeMap<String, String> {
+        self.allocated_family("pool-a", "ipv6")
+    }
+
     /// A pool's allocations, MAC → address, from its status.
     pub fn allocated_in(&self, pool: &str) -> BTreeMap<String, String> {
+        self.allocated_family(pool, "ipv4")
+    }
+
+    /// A pool's `status.<family>.allocated`, MAC → address.
+    fn allocated_family(&self, pool: &str, family: &str) -> BTreeMap<String, String> {
         let pool = self.kubectl_json(&["-n", NS, "get", "ippool", pool]);
-        pool["status"]["ipv4"]["allocated"]
+        pool["status"][family]["allocated"]
             .as_object()
             .map(|m| {
                 m.iter()
@@ -778,16 +810,7 @@ pub fn setup_with(options: Options) -> Fleet {
         "metadata": {"name": "net-a", "namespace": NS},
         "spec": {"config": "{\"cniVersion\":\"0.3.1\",\"type\":\"bridge\",\"bridge\":\"br0\"}"}
     }));
-    fleet.apply(&json!({
-        "apiVersion": "network.harvesterhci.io/v1alpha1", "kind": "IPPool",
-        "metadata": {"name": "pool-a", "namespace": NS},
-        "spec": {"networkName": format!("{NS}/net-a"), "ipv4Config": {
-            "serverIP": SERVER_IP, "cidr": "10.123.45.0/24",
-            "pool": {"start": "10.123.45.50", "end": "10.123.45.99"},
-            "router": "10.123.45.1", "dns": ["10.123.45.53"], "domainName": "fleet.test",
-            "ntp": [NTP_HOST], "leaseTime": 20
-        }}
-    }));
+    fleet.apply(&pool_a(options.ipv6_lease_seconds));
     for (name, mac) in [("vm1", VM1_MAC), ("vm2", VM2_MAC)] {
         fleet.apply_vm(name, mac, "net-a");
     }
@@ -805,7 +828,38 @@ pub fn setup_with(options: Options) -> Fleet {
         let a = fleet.allocated();
         (a.contains_key(VM1_MAC) && a.contains_key(VM2_MAC)).then_some(())
     });
+    if options.ipv6_lease_seconds.is_some() {
+        wait_for("both VMs allocated IPv6", Duration::from_secs(60), || {
+            let a = fleet.allocated6();
+            (a.contains_key(VM1_MAC) && a.contains_key(VM2_MAC)).then_some(())
+        });
+    }
     fleet
+}
+
+/// The IPPool `pool-a` on `net-a`: 10.123.45.0/24 with its server at [`SERVER_IP`], router,
+/// DNS, domain, [`NTP_HOST`] and 20 s leases; with `ipv6_lease_seconds`, dual-stack too:
+/// [`SUBNET6`] with its server at [`SERVER_IP6`], the range `::50`–`::99`, router `::1`, DNS
+/// `::53` and that `leaseTime`.
+pub fn pool_a(ipv6_lease_seconds: Option<u32>) -> Value {
+    let mut pool = json!({
+        "apiVersion": "network.harvesterhci.io/v1alpha1", "kind": "IPPool",
+        "metadata": {"name": "pool-a", "namespace": NS},
+        "spec": {"networkName": format!("{NS}/net-a"), "ipv4Config": {
+            "serverIP": SERVER_IP, "cidr": "10.123.45.0/24",
+            "pool": {"start": "10.123.45.50", "end": "10.123.45.99"},
+            "router": "10.123.45.1", "dns": ["10.123.45.53"], "domainName": "fleet.test",
+            "ntp": [NTP_HOST], "leaseTime": 20
+        }}
+    });
+    if let Some(lease) = ipv6_lease_seconds {
+        pool["spec"]["ipv6Config"] = json!({
+            "serverIP": SERVER_IP6, "cidr": SUBNET6,
+            "pool": {"start": "fd10:123:45::50", "end": "fd10:123:45::99"},
+            "router": "fd10:123:45::1", "dns": ["fd10:123:45::53"], "leaseTime": lease
+        });
+    }
+    pool
 }
 
 #[cfg(test)]

@@ -5,9 +5,10 @@
 //! with real `dhclient`s on a NetworkAttachmentDefinition's bridge.
 //!
 //! One test walks the whole life of an installation, in order: install → webhook → pools and VMs
-//! → leases from the agent pod → agent and controller pod deletion → upgrade → takeover of
-//! upstream's agent pod and a config whose VM is gone → RBAC against the API server's audit log
-//! → uninstall, and prints a timeline and each pod's memory and restarts. Another moves
+//! → leases from the agent pod → agent and controller pod deletion → upgrade → the pool made
+//! dual-stack (a VM's `dhclient` and `dhclient -6` get both its addresses from the agent pod) →
+//! takeover of upstream's agent pod and a config whose VM is gone → RBAC against the API
+//! server's audit log → uninstall, and prints a timeline and each pod's memory and restarts. Another moves
 //! Harvester's add-on from upstream: one `helm upgrade` of an upstream-shaped release
 //! `harvester-vm-dhcp-controller` to this chart, with the add-on example's values, ends with our
 //! pods serving every recorded lease and nothing of upstream's left but the CRDs and their
@@ -33,6 +34,9 @@ use vmdhcp_core::crd::{
 use vmdhcp_integration::audit::{self, Access, Comparison};
 use vmdhcp_integration::control_plane::repo_root;
 use vmdhcp_integration::dhcp_client::{dhclient_lease, start_dhclient, wait_event};
+use vmdhcp_integration::dhcp6_client::{
+    Client6, Options6, global_addresses, no_dad, set_mac, wait_link_local,
+};
 use vmdhcp_integration::fleet::{probe_until_leased, vm_manifest};
 use vmdhcp_integration::netns::{Lab, Netns};
 use vmdhcp_integration::node::{Node, images_dir};
@@ -47,6 +51,16 @@ const SERVER_IP: &str = "10.77.0.2";
 const VM1_MAC: &str = "02:77:00:00:00:01";
 const VM2_MAC: &str = "02:77:00:00:00:02";
 const VM3_MAC: &str = "02:77:00:00:00:03";
+/// The VM of the dual-stack step.
+const VM4_MAC: &str = "02:77:00:00:00:04";
+/// The IPv6 side net-a gains: a ULA that exists only in the lab, the server at `::2`, DNS at
+/// `::53`.
+const V6_PREFIX: &str = "fd76:6d64:6865::";
+const V6_CIDR: &str = "fd76:6d64:6865::/112";
+const V6_SERVER_IP: &str = "fd76:6d64:6865::2";
+const V6_DNS: &str = "fd76:6d64:6865::53";
+/// The IPv6 lease time: long enough that no renewal falls inside the step.
+const V6_LEASE_SECONDS: u32 = 120;
 /// The pool's lease time: dhclient renews at half of it, so renewals happen during the test.
 const LEASE_SECONDS: u64 = 20;
 /// How long the kubelet may take to stop a deleted pod before the test calls the node stalled:
@@ -254,9 +268,14 @@ impl Cluster {
 
     /// MAC → address, from the pool's `status.ipv4.allocated`.
     fn pool_allocations(&self, pool: &str) -> BTreeMap<String, String> {
+        self.family_allocations(pool, "ipv4")
+    }
+
+    /// MAC → address, from the pool's `status.<family>.allocated` (`ipv4`, `ipv6`).
+    fn family_allocations(&self, pool: &str, family: &str) -> BTreeMap<String, String> {
         self.try_json(&["get", "ippool", "-n", VMS, pool])
             .and_then(|p| {
-                p["status"]["ipv4"]["allocated"].as_object().map(|m| {
+                p["status"][family]["allocated"].as_object().map(|m| {
                     m.iter()
                         .filter_map(|(ip, mac)| Some((mac.as_str()?.to_owned(), ip.clone())))
                         .collect()
@@ -347,6 +366,17 @@ impl Cluster {
             std::thread::sleep(Duration::from_millis(250));
         }
     }
+}
+
+/// net-a made dual-stack: [`pool_manifest`] with an `ipv6Config`.
+fn dual_stack_pool_manifest() -> Value {
+    let mut pool = pool_manifest(SERVER_IP);
+    pool["spec"]["ipv6Config"] = json!({
+        "serverIP": V6_SERVER_IP, "cidr": V6_CIDR,
+        "pool": {"start": format!("{V6_PREFIX}50"), "end": format!("{V6_PREFIX}99")},
+        "router": format!("{V6_PREFIX}1"), "dns": [V6_DNS], "leaseTime": V6_LEASE_SECONDS
+    });
+    pool
 }
 
 fn pool_manifest(server_ip: &str) -> Value {
@@ -603,6 +633,175 @@ fn exercise_rare_permissions(c: &Cluster) {
     }
     println!("status re-read seen ({writes} conflicting writes)");
     c.wait_agent_ready();
+}
+
+impl Cluster {
+    /// The status of `vm`'s NIC `mac` in its VirtualMachineNetworkConfig.
+    fn nic_status(&self, vm: &str, mac: &str) -> Option<Value> {
+        let config = self.try_json(&["get", "virtualmachinenetworkconfig", "-n", VMS, vm])?;
+        config["status"]["networkConfigs"]
+            .as_array()?
+            .iter()
+            .find(|n| n["macAddress"] == mac)
+            .cloned()
+    }
+
+    /// `ip -6 -o addr show` in the network namespace of agent pod `pod` (entered through one of
+    /// its processes).
+    fn agent_pod_ipv6(&self, pod: &str) -> String {
+        let uid = self.json(&["get", "pod", "-n", self.system, pod])["metadata"]["uid"]
+            .as_str()
+            .unwrap_or_default()
+            .to_owned();
+        let pid = Node::pod_processes(&uid)
+            .first()
+            .copied()
+            .unwrap_or_else(|| panic!("no process of agent pod {pod}"));
+        let (ok, text) = output(Command::new("nsenter").args([
+            "-t",
+            &pid.to_string(),
+            "-n",
+            "ip",
+            "-6",
+            "-o",
+            "addr",
+            "show",
+        ]));
+        assert!(ok, "ip -6 addr in agent pod {pod}: {text}");
+        text
+    }
+}
+
+/// net-a becomes dual-stack (its `ipv6Config` added to the running pool): every NIC of the
+/// pool is allocated an IPv6 address as well, recorded in the pool's `status.ipv6.allocated`
+/// and in its config's `allocatedIPv6Address`; the leading agent pod puts the IPv6 server
+/// address on its pool interface (the standby does not); a new VM's `dhclient` and
+/// `dhclient -6` get the VM's two recorded addresses from the agent pod, with the pool's DNS
+/// server, lifetimes and server DUID.
+#[allow(clippy::print_stdout)]
+fn dual_stack_vm_gets_both_addresses(c: &Cluster, lab: &mut Lab, node_ns: &Netns, dir: &Path) {
+    let started = Instant::now();
+    c.apply(&dual_stack_pool_manifest()).unwrap();
+    c.apply(&vm_manifest(VMS, "vm4", VM4_MAC, &format!("{VMS}/net-a")))
+        .unwrap();
+    let macs = [VM1_MAC, VM2_MAC, VM3_MAC, VM4_MAC];
+    let (v4, v6) = c.wait(
+        "every NIC of net-a allocated an IPv6 address",
+        Duration::from_secs(60),
+        || {
+            let (v4, v6) = (
+                c.family_allocations("net-a", "ipv4"),
+                c.family_allocations("net-a", "ipv6"),
+            );
+            macs.iter()
+                .all(|m| v4.contains_key(*m) && v6.contains_key(*m))
+                .then_some((v4, v6))
+        },
+    );
+    for mac in macs {
+        assert!(
+            v6[mac].starts_with(V6_PREFIX),
+            "{mac}: {} outside {V6_CIDR}",
+            v6[mac]
+        );
+    }
+    let distinct: std::collections::BTreeSet<&String> = v6.values().collect();
+    assert_eq!(
+        distinct.len(),
+        v6.len(),
+        "an IPv6 address given twice: {v6:?}"
+    );
+    for (vm, mac) in [
+        ("vm1", VM1_MAC),
+        ("vm2", VM2_MAC),
+        ("vm3", VM3_MAC),
+        ("vm4", VM4_MAC),
+    ] {
+        let recorded = c.wait(
+            &format!("{vm}'s config to record both addresses"),
+            Duration::from_secs(60),
+            || {
+                let nic = c.nic_status(vm, mac)?;
+                let both = (
+                    nic["allocatedIPAddress"].as_str()?.to_owned(),
+                    nic["allocatedIPv6Address"].as_str()?.to_owned(),
+                );
+                Some(both)
+            },
+        );
+        assert_eq!(recorded, (v4[mac].clone(), v6[mac].clone()), "{vm}");
+    }
+
+    // The leading agent pod holds the pool's IPv6 server address on its pool interface; the
+    // standby does not.
+    let server = format!("{V6_SERVER_IP}/112");
+    let leader = c.wait("an agent leader", Duration::from_secs(30), || {
+        c.lease_holder("vm-dhcp-agents")
+    });
+    let addresses = c.wait(
+        "the agent leader to configure the IPv6 server address",
+        Duration::from_secs(30),
+        || {
+            let text = c.agent_pod_ipv6(&leader);
+            text.contains(&format!("inet6 {server} ")).then_some(text)
+        },
+    );
+    println!("IPv6 addresses in the leading agent pod {leader}:\n{addresses}");
+    for standby in c.ready_pods("agent").iter().filter(|p| **p != leader) {
+        let text = c.agent_pod_ipv6(standby);
+        assert!(
+            !text.contains(&server),
+            "standby {standby} holds the IPv6 server address:\n{text}"
+        );
+    }
+
+    // vm4: duplicate address detection off before its link exists, so that its link-local
+    // address (DHCPv6's source) is usable at once; a dhclient for each family.
+    let vm4 = lab.netns("vm4").unwrap();
+    no_dad(lab, &vm4);
+    lab.plug(node_ns, BRIDGE, "pvm4", &vm4, "eth0").unwrap();
+    set_mac(lab, &vm4, "eth0", VM4_MAC);
+    wait_link_local(lab, &vm4, "eth0", Duration::from_secs(5));
+    let vm4_dir = dir.join("vm4");
+    std::fs::create_dir_all(&vm4_dir).unwrap();
+    let dhcp_started = Instant::now();
+    start_dhclient(lab, &vm4, &vm4_dir);
+    let client6 = Client6::dhclient(&vm4, "eth0", Options6::default());
+    let bound = wait_event(&vm4_dir, "BOUND", 0, Duration::from_secs(60));
+    assert_eq!(bound["new_ip_address"], v4[VM4_MAC], "{bound:?}");
+    assert_eq!(bound["new_routers"], "10.77.0.1", "{bound:?}");
+    let lease6 = client6.wait_lease("BOUND6", 0, Duration::from_secs(60));
+    println!(
+        "vm4 bound {} and {} {:.1} s after its clients started",
+        v4[VM4_MAC],
+        lease6.address,
+        dhcp_started.elapsed().as_secs_f64()
+    );
+    assert_eq!(lease6.address.to_string(), v6[VM4_MAC], "{lease6:?}");
+    assert_eq!(
+        lease6.dns,
+        [V6_DNS.parse::<std::net::Ipv6Addr>().unwrap()],
+        "{lease6:?}"
+    );
+    assert_eq!(
+        (lease6.preferred, lease6.valid),
+        (V6_LEASE_SECONDS, V6_LEASE_SECONDS),
+        "{lease6:?}"
+    );
+    let pool: vmdhcp_core::NamespacedName = format!("{VMS}/net-a").parse().unwrap();
+    let duid: String = vmdhcp_core::pool::duid::server_duid(&pool)
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect();
+    assert_eq!(lease6.server_id, duid, "the pool's server DUID: {lease6:?}");
+    assert!(
+        global_addresses(lab, &vm4, "eth0").contains(&lease6.address),
+        "{lease6:?} not on vm4's eth0"
+    );
+    println!(
+        "net-a dual-stack: every NIC allocated an IPv6 address, vm4 bound both families: {:.1} s",
+        started.elapsed().as_secs_f64()
+    );
 }
 
 /// Compares, for the controller's and the agent's ServiceAccounts, the (verb, resource) pairs
@@ -969,13 +1168,17 @@ fn helm_install_on_a_real_node_serves_vms_fails_over_upgrades_and_uninstalls_cle
     );
     mark("helm upgrade: every allocation kept, vm1 renewed on the same address");
 
-    // 6. Every permission the chart grants is used, and no call is refused.
+    // 6. net-a becomes dual-stack: a new VM gets both its addresses from the agent pod.
+    dual_stack_vm_gets_both_addresses(&c, &mut lab, &node_ns, dir.path());
+    mark("net-a dual-stack: vm4's dhclient and dhclient -6 bound its two recorded addresses");
+
+    // 7. Every permission the chart grants is used, and no call is refused.
     exercise_rare_permissions(&c);
     mark("upstream's agent retired, a gone VM's config deleted, a status conflict re-read");
     check_rbac_against_audit(&c);
     mark("RBAC: every granted permission used, none refused");
 
-    // 7. Figures.
+    // 8. Figures.
     println!("pod                                    working set   restarts");
     for (pod, bytes, restarts) in pod_figures(&c) {
         println!(
@@ -984,7 +1187,7 @@ fn helm_install_on_a_real_node_serves_vms_fails_over_upgrades_and_uninstalls_cle
         );
     }
 
-    // 8. helm uninstall leaves nothing of ours behind.
+    // 9. helm uninstall leaves nothing of ours behind.
     c.helm(&[
         "uninstall",
         RELEASE,

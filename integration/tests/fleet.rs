@@ -3,13 +3,18 @@
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 use std::fs;
+use std::net::Ipv6Addr;
+use std::path::Path;
 use std::process::Stdio;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
+use vmdhcp_core::pool::duid::server_duid;
 use vmdhcp_integration::dhcp_client::{start_dhclient, wait_event, wait_for};
+use vmdhcp_integration::dhcp6_client::{Client6, Lease6, Options6, global_addresses};
 use vmdhcp_integration::fleet::{
-    Captured, LEASE_SECONDS, NS, NTP_IP, SERVER_IP, VM1_MAC, VM2_MAC, arp_announcements, captured,
-    doubled_replies, metric, probe_until_leased, setup,
+    Agent, Captured, Fleet, LEASE_SECONDS, NS, NTP_IP, Options, SERVER_IP, SERVER_IP6, SUBNET6,
+    VM1_MAC, VM2_MAC, arp_announcements, captured, doubled_replies, metric, probe_until_leased,
+    setup, setup_with,
 };
 use vmdhcp_integration::hostile::{
     Forgery, capture_dhcp, forge, leased_after, mac_bytes, now_unix, settled_cost, transcript,
@@ -471,6 +476,262 @@ fn after_a_takeover_clients_renew_by_unicast_with_the_new_leader_at_once() {
             && metric(&m, "vmdhcp_agent_arp_announcements_enabled ") == Some(1.0),
         "{m}"
     );
+}
+
+/// The dual-stack pool's IPv6 `leaseTime`: T1 10 s, T2 16 s. dhclient sends one RENEW at T1 and
+/// retransmits it only after REN_TIMEOUT (10 s), past T2, so a RENEW lost to an outage means a
+/// REBIND: the takeover must complete within T1 of the renewal before it, and a kill -9 takeover
+/// takes up to the agents' Lease duration (6 s) + their retry period.
+const LEASE6: u32 = 20;
+
+/// Issue #40 point 6: a dual-stack pool through the controller, a real `dhclient -6` (and a
+/// DHCPv4 `dhclient` beside it) on vm1, and two agents: the leader is killed (kill -9), then the
+/// survivor stepped down (SIGTERM) to the restarted replica. The server DUID comes from the pool,
+/// not the replica, so after each takeover the client's next RENEW (naming that DUID) is answered
+/// by the new leader with the same address: no REBIND, no new SOLICIT. The IPv6 server address
+/// follows the leader: on its interface only, removed on graceful step-down and, after a crash,
+/// by the restarted replica as a standby.
+#[test]
+fn dual_stack_clients_renew_ipv6_with_the_new_leader_after_a_crash_and_a_graceful_failover() {
+    let started = Instant::now();
+    let mut fleet = setup_with(Options {
+        ipv6_lease_seconds: Some(LEASE6),
+        ..Options::default()
+    });
+    let ip1 = fleet.allocated()[VM1_MAC].clone();
+    let ip6: Ipv6Addr = fleet.allocated6()[VM1_MAC].parse().unwrap();
+    assert!(
+        ip6.segments()[..7]
+            == SUBNET6
+                .split('/')
+                .next()
+                .unwrap()
+                .parse::<Ipv6Addr>()
+                .unwrap()
+                .segments()[..7],
+        "{ip6} is not in {SUBNET6}"
+    );
+    let duid: String = server_duid(&format!("{NS}/pool-a").parse().unwrap())
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect();
+    let ns0 = fleet.agent_netns(0);
+    let ns1 = fleet.agent_netns(1);
+    let a0 = fleet.start_agent(&ns0, "agent-0");
+    let a1 = fleet.start_agent(&ns1, "agent-1");
+    let vm1 = fleet.vm6("vm1", VM1_MAC);
+    let leader = fleet.leader(&[&a0, &a1]).identity.clone();
+    let (first, second) = if leader == a0.identity {
+        (a0, a1)
+    } else {
+        (a1, a0)
+    };
+    wait_for(
+        "the IPv6 server address on the leader's interface",
+        Duration::from_secs(10),
+        || carries_server_ip6(&fleet, &first).then_some(()),
+    );
+    assert!(
+        !carries_server_ip6(&fleet, &second),
+        "the standby carries {SERVER_IP6}"
+    );
+
+    // Both families bind on vm1's eth0: IPv4 from dhclient, IPv6 from dhclient -6.
+    let dir4 = fleet.dir.path().join("vm1-v4");
+    fs::create_dir_all(&dir4).unwrap();
+    start_dhclient(&mut fleet.lab, &vm1, &dir4);
+    let client = Client6::dhclient(&vm1, "eth0", Options6::default());
+    let bound4 = wait_event(&dir4, "BOUND", 0, Duration::from_secs(30));
+    assert_eq!(bound4["new_ip_address"], ip1);
+    let bound = client.wait_lease("BOUND6", 0, Duration::from_secs(30));
+    let expected = Lease6 {
+        address: ip6,
+        t1: LEASE6 / 2,
+        t2: LEASE6 * 4 / 5,
+        preferred: LEASE6,
+        valid: LEASE6,
+        server_id: duid.clone(),
+        dns: vec!["fd10:123:45::53".parse().unwrap()],
+    };
+    assert_eq!(bound, expected);
+    assert!(
+        global_addresses(&fleet.lab, &vm1, "eth0").contains(&ip6),
+        "the leased address is not on vm1's eth0"
+    );
+
+    // kill -9 of the leader, right after a renewal with it.
+    let took = fail_over(
+        &fleet, &client, &dir4, &first, &second, "KILL", &expected, &ip1,
+    );
+    eprintln!(
+        "crash failover: {} serving {took:.2} s after kill -9",
+        second.identity
+    );
+
+    // The killed replica comes back in the same pod network: a standby, the server addresses
+    // it left behind removed.
+    let restarted = fleet.start_agent(&first.ns.clone(), &first.identity.clone());
+    drop(first);
+    wait_for(
+        "the restarted agent to be a ready standby",
+        Duration::from_secs(30),
+        || {
+            let v = fleet.readyz(&restarted)?;
+            (v["ready"] == true && v["agent"]["leader"] == false).then_some(())
+        },
+    );
+    let leftover = wait_for_or_last(Duration::from_secs(5), || {
+        let v4 = fleet
+            .lab
+            .exec(
+                &restarted.ns,
+                "ip",
+                &["-4", "addr", "show", &fleet.interface],
+            )
+            .unwrap();
+        (
+            !v4.contains(SERVER_IP) && !carries_server_ip6(&fleet, &restarted),
+            v4,
+        )
+    });
+    assert!(
+        leftover.0,
+        "the restarted standby still carries a server address: {}; IPv6: {:?}",
+        leftover.1,
+        global_addresses(&fleet.lab, &restarted.ns, &fleet.interface)
+    );
+
+    // SIGTERM of the survivor, right after a renewal with it: it steps down to the restarted
+    // replica and removes its IPv6 server address.
+    let took = fail_over(
+        &fleet, &client, &dir4, &second, &restarted, "TERM", &expected, &ip1,
+    );
+    eprintln!(
+        "graceful failover: {} serving {took:.2} s after SIGTERM",
+        restarted.identity
+    );
+    wait_for("the old leader to exit", Duration::from_secs(10), || {
+        second.process.exited().then_some(())
+    });
+    assert!(
+        !carries_server_ip6(&fleet, &second),
+        "{} kept {SERVER_IP6} after stepping down: {:?}",
+        second.identity,
+        global_addresses(&fleet.lab, &second.ns, &fleet.interface)
+    );
+    assert_eq!(fleet.allocated6()[VM1_MAC], ip6.to_string());
+    assert_eq!(fleet.allocated()[VM1_MAC], ip1);
+    eprintln!(
+        "dual-stack failovers: {:.1} s in all",
+        started.elapsed().as_secs_f64()
+    );
+}
+
+/// Whether `agent`'s pool interface carries the pool's IPv6 server address.
+fn carries_server_ip6(fleet: &Fleet, agent: &Agent) -> bool {
+    let server: Ipv6Addr = SERVER_IP6.parse().unwrap();
+    global_addresses(&fleet.lab, &agent.ns, &fleet.interface).contains(&server)
+}
+
+/// Polls `f` (whether it holds, and what it saw) until it holds or `limit` passes; returns the
+/// last result either way.
+fn wait_for_or_last<T>(limit: Duration, mut f: impl FnMut() -> (bool, T)) -> (bool, T) {
+    let deadline = Instant::now() + limit;
+    loop {
+        let (ok, seen) = f();
+        if ok || Instant::now() > deadline {
+            return (ok, seen);
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+/// Waits for `client`'s next RENEW6 (answered by `old`), sends `signal` to `old` at once and
+/// waits for `new` to lead; then the client's next RENEW6 must be answered by `new` with the
+/// lease `expected` (same address, same server DUID) and nothing else may have happened to the
+/// client's IPv6 lease since the signal (no REBIND6, no new BOUND6), the IPv6 server address
+/// must be on `new`'s interface, and the DHCPv4 client (events in `dir4`) must renew or rebind
+/// `ip4`. Returns the seconds from the signal to `new` serving.
+#[allow(clippy::too_many_arguments)]
+fn fail_over(
+    fleet: &Fleet,
+    client: &Client6,
+    dir4: &Path,
+    old: &Agent,
+    new: &Agent,
+    signal: &str,
+    expected: &Lease6,
+    ip4: &str,
+) -> f64 {
+    let renewals = |c: &Client6| c.event_names().iter().filter(|e| *e == "RENEW6").count();
+    // The outage starts right after a renewal: the next RENEW comes T1 later.
+    let renewed = client.wait_lease("RENEW6", renewals(client), Duration::from_secs(30));
+    assert_eq!(&renewed, expected, "a renewal with {}", old.identity);
+    let (seen6, seen4) = (
+        client.events().len(),
+        vmdhcp_integration::dhcp_client::events(dir4).len(),
+    );
+    let renewals_before = renewals(client);
+    let replies = |agent: &Agent| {
+        metric(
+            &fleet.agent_metrics(agent),
+            &format!(
+                "vmdhcp_agent_dhcp6_replies_total{{interface=\"{}\",pool=\"{NS}/pool-a\",type=\"reply\"}}",
+                fleet.interface
+            ),
+        )
+        .unwrap_or(0.0)
+    };
+    assert_eq!(replies(new), 0.0, "{} answered as a standby", new.identity);
+    let signalled = Instant::now();
+    assert!(old.process.signal(signal));
+    assert_eq!(fleet.leader(&[new]).identity, new.identity);
+    let took = signalled.elapsed().as_secs_f64();
+    assert!(
+        carries_server_ip6(fleet, new),
+        "{} serves without {SERVER_IP6}: {:?}",
+        new.identity,
+        global_addresses(&fleet.lab, &new.ns, &fleet.interface)
+    );
+
+    // The next RENEW, naming the pool's DUID, is answered by the new leader: same lease.
+    let renewed = client.wait_lease("RENEW6", renewals_before, Duration::from_secs(30));
+    assert_eq!(
+        &renewed, expected,
+        "the first renewal after {signal} to {}",
+        old.identity
+    );
+    let since: Vec<String> = client.event_names().split_off(seen6);
+    assert!(
+        since.iter().all(|e| e == "RENEW6"),
+        "after {signal} to {}, the client did more than renew: {since:?}; log:\n{}",
+        old.identity,
+        client.log()
+    );
+    assert!(
+        replies(new) >= 1.0,
+        "{} sent no DHCPv6 REPLY: {}",
+        new.identity,
+        fleet.agent_metrics(new)
+    );
+
+    // IPv4 keeps working: the DHCPv4 client's next renewal (or rebind) keeps its address.
+    let (event, env) = wait_for(
+        "a DHCPv4 renewal after the takeover",
+        Duration::from_secs(30),
+        || {
+            vmdhcp_integration::dhcp_client::events(dir4)
+                .into_iter()
+                .skip(seen4)
+                .find(|(e, _)| e == "RENEW" || e == "REBIND")
+        },
+    );
+    assert_eq!(
+        env.get("new_ip_address").map(String::as_str),
+        Some(ip4),
+        "{event}: {env:?}"
+    );
+    took
 }
 
 #[test]

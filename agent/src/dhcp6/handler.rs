@@ -133,14 +133,23 @@ pub struct Received<'a> {
 }
 
 /// The server's side of one interface.
-#[derive(Clone, Copy, Debug)]
+#[derive(Clone, Copy)]
 pub struct Server<'a> {
     /// This pool's server DUID ([`vmdhcp_core::pool::duid::server_duid`]).
     pub duid: &'a [u8],
     /// The interface's own MAC: frames from it are never answered.
     pub own_mac: Option<MacAddr>,
-    /// Addresses withheld after a confirmed DECLINE: not given, as if not reserved.
-    pub withheld: &'a [Ipv6Addr],
+    /// Whether an address is withheld after a confirmed DECLINE: not given, as if not reserved.
+    pub withheld: &'a dyn Fn(&Ipv6Addr) -> bool,
+}
+
+impl std::fmt::Debug for Server<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Server")
+            .field("duid", &self.duid)
+            .field("own_mac", &self.own_mac)
+            .finish_non_exhaustive()
+    }
 }
 
 /// The message type of an answer, for metrics.
@@ -289,7 +298,7 @@ fn decide(
             }
         }
     }
-    let holder = holder(opts, who, pool).filter(|(_, addr)| !server.withheld.contains(addr));
+    let holder = holder(opts, who, pool).filter(|(_, addr)| !(server.withheld)(addr));
     let lifetimes = Lifetimes::of(config);
     match kind {
         T::InformationRequest => {
@@ -823,7 +832,7 @@ mod tests {
             Server {
                 duid: &duid,
                 own_mac: Some(OURS),
-                withheld: &[],
+                withheld: &|_| false,
             },
             &snapshot(),
         )
@@ -832,7 +841,7 @@ mod tests {
     #[test]
     fn a_withheld_address_is_not_given() {
         let duid = duid();
-        let withheld = [ip6("fd00::10")];
+        let withheld = |a: &Ipv6Addr| *a == ip6("fd00::10");
         let solicit = message(
             MessageType::Solicit,
             vec![DhcpOption::ClientId(client_duid()), ia(None)],

@@ -303,7 +303,7 @@ fn serve(
             Server {
                 duid: &duid,
                 own_mac: Some(own),
-                withheld: &table.withheld6(pool),
+                withheld: &|ip| table.is_withheld6(pool, ip),
             },
             &snapshot,
         );
