@@ -309,11 +309,14 @@ impl InterfaceSetup {
         }
     }
 
-    async fn ipv4_addresses(
+    /// The addresses of `interface` (index `index`) of `family`, with their prefix lengths: the
+    /// local address where the kernel reports one (IPv4), else the address.
+    async fn addresses(
         &self,
         interface: &str,
         index: u32,
-    ) -> Result<Vec<(Ipv4Net, AddressMessage)>, NetlinkError> {
+        family: AddressFamily,
+    ) -> Result<Vec<(IpAddr, u8, AddressMessage)>, NetlinkError> {
         let mut stream = self
             .handle
             .address()
@@ -329,26 +332,41 @@ impl InterfaceSetup {
                     return Err(NetlinkError::query(interface, "list its addresses", source));
                 }
             };
-            if msg.header.family != AddressFamily::Inet || msg.header.index != index {
+            if msg.header.family != family || msg.header.index != index {
                 continue;
             }
-            let addr = msg.attributes.iter().find_map(|a| match a {
-                AddressAttribute::Local(IpAddr::V4(ip)) => Some(*ip),
+            let local = msg.attributes.iter().find_map(|a| match a {
+                AddressAttribute::Local(ip) => Some(*ip),
                 _ => None,
             });
-            let addr = addr.or_else(|| {
+            let addr = local.or_else(|| {
                 msg.attributes.iter().find_map(|a| match a {
-                    AddressAttribute::Address(IpAddr::V4(ip)) => Some(*ip),
+                    AddressAttribute::Address(ip) => Some(*ip),
                     _ => None,
                 })
             });
-            if let Some(ip) = addr
-                && let Ok(net) = Ipv4Net::new(ip, msg.header.prefix_len)
-            {
-                out.push((net, msg));
+            if let Some(ip) = addr {
+                out.push((ip, msg.header.prefix_len, msg));
             }
         }
         Ok(out)
+    }
+
+    async fn ipv4_addresses(
+        &self,
+        interface: &str,
+        index: u32,
+    ) -> Result<Vec<(Ipv4Net, AddressMessage)>, NetlinkError> {
+        let all = self
+            .addresses(interface, index, AddressFamily::Inet)
+            .await?;
+        Ok(all
+            .into_iter()
+            .filter_map(|(ip, len, msg)| match ip {
+                IpAddr::V4(ip) => Some((Ipv4Net::new(ip, len).ok()?, msg)),
+                IpAddr::V6(_) => None,
+            })
+            .collect())
     }
 
     /// Makes `interface` carry exactly `server_ip/prefix` as IPv4 address and be up.
@@ -515,33 +533,16 @@ impl InterfaceSetup {
         interface: &str,
         index: u32,
     ) -> Result<Vec<(Ipv6Addr, u8, AddressMessage)>, NetlinkError> {
-        let mut stream = self
-            .handle
-            .address()
-            .get()
-            .set_link_index_filter(index)
-            .execute();
-        let mut out = Vec::new();
-        loop {
-            let msg = match stream.try_next().await {
-                Ok(Some(msg)) => msg,
-                Ok(None) => break,
-                Err(source) => {
-                    return Err(NetlinkError::query(interface, "list its addresses", source));
-                }
-            };
-            if msg.header.family != AddressFamily::Inet6 || msg.header.index != index {
-                continue;
-            }
-            let addr = msg.attributes.iter().find_map(|a| match a {
-                AddressAttribute::Address(IpAddr::V6(ip)) => Some(*ip),
-                _ => None,
-            });
-            if let Some(ip) = addr {
-                out.push((ip, msg.header.prefix_len, msg));
-            }
-        }
-        Ok(out)
+        let all = self
+            .addresses(interface, index, AddressFamily::Inet6)
+            .await?;
+        Ok(all
+            .into_iter()
+            .filter_map(|(ip, len, msg)| match ip {
+                IpAddr::V6(ip) => Some((ip, len, msg)),
+                IpAddr::V4(_) => None,
+            })
+            .collect())
     }
 
     /// Gives `interface` the IPv6 server address `server_ip/prefix` of a dual-stack pool (beside

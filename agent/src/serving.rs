@@ -390,16 +390,28 @@ impl Serving {
             match setup.undo(name, w.server_ip, w.prefix).await {
                 Ok(true) => {
                     info!(interface = %name, ip = %w.server_ip, "leftover server address removed (standby)");
-                    self.cleared.insert(name.clone());
                 }
-                Ok(false) => {
-                    self.cleared.insert(name.clone());
-                }
+                Ok(false) => {}
                 // Interface not there yet or netlink trouble: tried again next time.
                 Err(error) => {
-                    warn!(interface = %name, %error, "cannot check for a leftover server address")
+                    warn!(interface = %name, %error, "cannot check for a leftover server address");
+                    continue;
                 }
             }
+            // A dual-stack pool's IPv6 server address, left the same way.
+            if let Some((ip, prefix)) = w.ipv6 {
+                match setup.undo6(name, ip, prefix).await {
+                    Ok(true) => {
+                        info!(interface = %name, %ip, "leftover IPv6 server address removed (standby)");
+                    }
+                    Ok(false) => {}
+                    Err(error) => {
+                        warn!(interface = %name, %error, "cannot check for a leftover IPv6 server address");
+                        continue;
+                    }
+                }
+            }
+            self.cleared.insert(name.clone());
         }
     }
 

@@ -54,13 +54,13 @@ const VM3_MAC: &str = "02:77:00:00:00:03";
 /// The VM of the dual-stack step.
 const VM4_MAC: &str = "02:77:00:00:00:04";
 /// The IPv6 side net-a gains: a ULA that exists only in the lab, the server at `::2`, DNS at
-/// `::53`.
+/// `::53`, addresses from `::100` to `::1ff`.
 const V6_PREFIX: &str = "fd76:6d64:6865::";
 const V6_CIDR: &str = "fd76:6d64:6865::/112";
 const V6_SERVER_IP: &str = "fd76:6d64:6865::2";
 const V6_DNS: &str = "fd76:6d64:6865::53";
-/// The IPv6 lease time: long enough that no renewal falls inside the step.
-const V6_LEASE_SECONDS: u32 = 120;
+/// The IPv6 lease time: dhclient -6 renews at half of it, so a renewal happens in the step.
+const V6_LEASE_SECONDS: u32 = 20;
 /// The pool's lease time: dhclient renews at half of it, so renewals happen during the test.
 const LEASE_SECONDS: u64 = 20;
 /// How long the kubelet may take to stop a deleted pod before the test calls the node stalled:
@@ -373,7 +373,7 @@ fn dual_stack_pool_manifest() -> Value {
     let mut pool = pool_manifest(SERVER_IP);
     pool["spec"]["ipv6Config"] = json!({
         "serverIP": V6_SERVER_IP, "cidr": V6_CIDR,
-        "pool": {"start": format!("{V6_PREFIX}50"), "end": format!("{V6_PREFIX}99")},
+        "pool": {"start": format!("{V6_PREFIX}100"), "end": format!("{V6_PREFIX}1ff")},
         "router": format!("{V6_PREFIX}1"), "dns": [V6_DNS], "leaseTime": V6_LEASE_SECONDS
     });
     pool
@@ -674,13 +674,15 @@ impl Cluster {
 
 /// net-a becomes dual-stack (its `ipv6Config` added to the running pool): every NIC of the
 /// pool is allocated an IPv6 address as well, recorded in the pool's `status.ipv6.allocated`
-/// and in its config's `allocatedIPv6Address`; the leading agent pod puts the IPv6 server
-/// address on its pool interface (the standby does not); a new VM's `dhclient` and
-/// `dhclient -6` get the VM's two recorded addresses from the agent pod, with the pool's DNS
-/// server, lifetimes and server DUID.
+/// and in its config's `allocatedIPv6Address`; a new VM's `dhclient` and `dhclient -6` get the
+/// VM's two recorded addresses from the agent pod, with the pool's DNS server, lifetimes and
+/// server DUID. The agent Deployment rolls (its bootstrap now names the IPv6 server address);
+/// the new leader, a pod started after the VM bound, holds the IPv6 server address on its pool
+/// interface (the standby does not) and answers both clients' renewals with the same addresses.
 #[allow(clippy::print_stdout)]
 fn dual_stack_vm_gets_both_addresses(c: &Cluster, lab: &mut Lab, node_ns: &Netns, dir: &Path) {
     let started = Instant::now();
+    let agents_before = c.ready_pods("agent");
     c.apply(&dual_stack_pool_manifest()).unwrap();
     c.apply(&vm_manifest(VMS, "vm4", VM4_MAC, &format!("{VMS}/net-a")))
         .unwrap();
@@ -699,10 +701,17 @@ fn dual_stack_vm_gets_both_addresses(c: &Cluster, lab: &mut Lab, node_ns: &Netns
         },
     );
     for mac in macs {
+        let ip: std::net::Ipv6Addr = v6[mac].parse().unwrap();
+        let range = |last: &str| {
+            u128::from(
+                format!("{V6_PREFIX}{last}")
+                    .parse::<std::net::Ipv6Addr>()
+                    .unwrap(),
+            )
+        };
         assert!(
-            v6[mac].starts_with(V6_PREFIX),
-            "{mac}: {} outside {V6_CIDR}",
-            v6[mac]
+            (range("100")..=range("1ff")).contains(&u128::from(ip)),
+            "{mac}: {ip} outside the pool's IPv6 range"
         );
     }
     let distinct: std::collections::BTreeSet<&String> = v6.values().collect();
@@ -730,29 +739,6 @@ fn dual_stack_vm_gets_both_addresses(c: &Cluster, lab: &mut Lab, node_ns: &Netns
             },
         );
         assert_eq!(recorded, (v4[mac].clone(), v6[mac].clone()), "{vm}");
-    }
-
-    // The leading agent pod holds the pool's IPv6 server address on its pool interface; the
-    // standby does not.
-    let server = format!("{V6_SERVER_IP}/112");
-    let leader = c.wait("an agent leader", Duration::from_secs(30), || {
-        c.lease_holder("vm-dhcp-agents")
-    });
-    let addresses = c.wait(
-        "the agent leader to configure the IPv6 server address",
-        Duration::from_secs(30),
-        || {
-            let text = c.agent_pod_ipv6(&leader);
-            text.contains(&format!("inet6 {server} ")).then_some(text)
-        },
-    );
-    println!("IPv6 addresses in the leading agent pod {leader}:\n{addresses}");
-    for standby in c.ready_pods("agent").iter().filter(|p| **p != leader) {
-        let text = c.agent_pod_ipv6(standby);
-        assert!(
-            !text.contains(&server),
-            "standby {standby} holds the IPv6 server address:\n{text}"
-        );
     }
 
     // vm4: duplicate address detection off before its link exists, so that its link-local
@@ -798,9 +784,81 @@ fn dual_stack_vm_gets_both_addresses(c: &Cluster, lab: &mut Lab, node_ns: &Netns
         global_addresses(lab, &vm4, "eth0").contains(&lease6.address),
         "{lease6:?} not on vm4's eth0"
     );
+
+    // The agents roll; the new leader holds the IPv6 server address on its pool interface, the
+    // standby does not.
+    let leader = c.wait(
+        "the agent Deployment to roll, a new pod leading",
+        Duration::from_secs(180),
+        || {
+            let ready = c.ready_pods("agent");
+            let leader = c.lease_holder("vm-dhcp-agents")?;
+            (ready.len() == 2
+                && ready.iter().all(|p| !agents_before.contains(p))
+                && ready.contains(&leader))
+            .then_some(leader)
+        },
+    );
+    let rolled = Instant::now();
+    let server = format!("inet6 {V6_SERVER_IP}/112 ");
+    let addresses = c.wait(
+        "the new agent leader to configure the IPv6 server address",
+        Duration::from_secs(30),
+        || {
+            let text = c.agent_pod_ipv6(&leader);
+            text.contains(&server).then_some(text)
+        },
+    );
+    println!("IPv6 addresses in the leading agent pod {leader}:\n{addresses}");
+    for standby in c.ready_pods("agent").iter().filter(|p| **p != leader) {
+        let text = c.agent_pod_ipv6(standby);
+        assert!(
+            !text.contains(&server),
+            "standby {standby} holds the IPv6 server address:\n{text}"
+        );
+    }
+
+    // Both clients renew with the new leader, on the same addresses (the server DUID is the
+    // pool's, so the new leader answers RENEWs naming it).
+    let renewals6 = client6
+        .event_names()
+        .iter()
+        .filter(|e| *e == "RENEW6" || *e == "REBIND6")
+        .count();
+    let renewed6 = c.wait(
+        "vm4's dhclient -6 to renew with the new leader",
+        Duration::from_secs(u64::from(V6_LEASE_SECONDS) * 2),
+        || {
+            client6
+                .events()
+                .into_iter()
+                .filter(|(e, _)| e == "RENEW6" || e == "REBIND6")
+                .nth(renewals6)
+        },
+    );
+    let renewed = vmdhcp_integration::dhcp6_client::Lease6::from_event(&renewed6.1)
+        .unwrap_or_else(|| panic!("{} without an address: {:?}", renewed6.0, renewed6.1));
+    assert_eq!(
+        (
+            renewed6.0.as_str(),
+            renewed.address,
+            renewed.server_id.as_str()
+        ),
+        ("RENEW6", lease6.address, duid.as_str()),
+        "{renewed:?}"
+    );
+    c.wait_renewal(
+        "vm4's dhclient to renew with the new leader",
+        &vm4_dir,
+        &v4[VM4_MAC],
+    );
     println!(
-        "net-a dual-stack: every NIC allocated an IPv6 address, vm4 bound both families: {:.1} s",
-        started.elapsed().as_secs_f64()
+        "net-a dual-stack: every NIC allocated an IPv6 address, vm4 bound both families, the \
+         agents rolled and vm4 renewed both with the new leader: {:.1} s (roll done after \
+         {:.1} s, renewals {:.1} s later)",
+        started.elapsed().as_secs_f64(),
+        (rolled - started).as_secs_f64(),
+        rolled.elapsed().as_secs_f64()
     );
 }
 
@@ -1170,7 +1228,9 @@ fn helm_install_on_a_real_node_serves_vms_fails_over_upgrades_and_uninstalls_cle
 
     // 6. net-a becomes dual-stack: a new VM gets both its addresses from the agent pod.
     dual_stack_vm_gets_both_addresses(&c, &mut lab, &node_ns, dir.path());
-    mark("net-a dual-stack: vm4's dhclient and dhclient -6 bound its two recorded addresses");
+    mark(
+        "net-a dual-stack: vm4 bound both recorded addresses, renewed both after the agents rolled",
+    );
 
     // 7. Every permission the chart grants is used, and no call is refused.
     exercise_rare_permissions(&c);

@@ -500,16 +500,10 @@ fn dual_stack_clients_renew_ipv6_with_the_new_leader_after_a_crash_and_a_gracefu
     });
     let ip1 = fleet.allocated()[VM1_MAC].clone();
     let ip6: Ipv6Addr = fleet.allocated6()[VM1_MAC].parse().unwrap();
+    let range: [Ipv6Addr; 2] = ["fd10:123:45::50", "fd10:123:45::99"].map(|a| a.parse().unwrap());
     assert!(
-        ip6.segments()[..7]
-            == SUBNET6
-                .split('/')
-                .next()
-                .unwrap()
-                .parse::<Ipv6Addr>()
-                .unwrap()
-                .segments()[..7],
-        "{ip6} is not in {SUBNET6}"
+        (range[0]..=range[1]).contains(&ip6),
+        "{ip6} is outside pool-a's IPv6 range {range:?} ({SUBNET6})"
     );
     let duid: String = server_duid(&format!("{NS}/pool-a").parse().unwrap())
         .iter()
