@@ -223,28 +223,15 @@ pub fn probe6(
     target: Ipv6Addr,
     wait: Duration,
 ) -> Result<Option<MacAddr>, ArpError> {
-    let (index, own) = link(interface)?;
-    let err = |source: io::Error| ArpError::Socket {
-        missing: Capability::NetRaw.lacking(&source),
-        source,
-    };
+    let (socket, index, own) = bound_socket(interface, ETH_P_IPV6)?;
     let link_err = |source: io::Error| ArpError::Send {
         interface: interface.to_owned(),
         source,
     };
-    let socket = Socket::new(
-        Domain::PACKET,
-        Type::RAW,
-        Some(socket2::Protocol::from(i32::from(ETH_P_IPV6.to_be()))),
-    )
-    .map_err(err)?;
     let group_mac = {
         let t = target.octets();
         [0x33, 0x33, 0xff, t[13], t[14], t[15]]
     };
-    socket
-        .bind(&link_address(index, ETH_P_IPV6, [0; 6]).map_err(link_err)?)
-        .map_err(link_err)?;
     let to = link_address(index, ETH_P_IPV6, group_mac).map_err(link_err)?;
     socket
         .send_to(&neighbor_solicitation(own, target), &to)
@@ -398,24 +385,12 @@ pub fn probe(
     wait: Duration,
     enough: impl Fn(&Answers) -> bool,
 ) -> Result<Answers, ArpError> {
-    let (index, own) = link(interface)?;
-    let err = |source: io::Error| ArpError::Socket {
-        missing: Capability::NetRaw.lacking(&source),
-        source,
-    };
+    let (socket, index, own) = bound_socket(interface, ETH_P_ARP)?;
     let link_err = |source: io::Error| ArpError::Send {
         interface: interface.to_owned(),
         source,
     };
-    let socket = Socket::new(
-        Domain::PACKET,
-        Type::RAW,
-        Some(socket2::Protocol::from(i32::from(ETH_P_ARP.to_be()))),
-    )
-    .map_err(err)?;
     let link = link_destination(index).map_err(link_err)?;
-    // Bound to the interface and to ARP: only its ARP frames are received.
-    socket.bind(&link).map_err(link_err)?;
     let start = std::time::Instant::now();
     let end = start + wait;
     let mut answers = Answers::default();
@@ -460,6 +435,27 @@ pub fn probe(
         }
     }
     Ok(answers)
+}
+
+/// A packet socket bound to `interface` and EtherType `protocol` (only those frames of that
+/// interface are received), with the interface's index and MAC. Needs CAP_NET_RAW.
+fn bound_socket(interface: &str, protocol: u16) -> Result<(Socket, u32, MacAddr), ArpError> {
+    let (index, own) = link(interface)?;
+    let socket = Socket::new(
+        Domain::PACKET,
+        Type::RAW,
+        Some(socket2::Protocol::from(i32::from(protocol.to_be()))),
+    )
+    .map_err(|source| ArpError::Socket {
+        missing: Capability::NetRaw.lacking(&source),
+        source,
+    })?;
+    let bind = link_address(index, protocol, [0; 6]).and_then(|at| socket.bind(&at));
+    bind.map_err(|source| ArpError::Send {
+        interface: interface.to_owned(),
+        source,
+    })?;
+    Ok((socket, index, own))
 }
 
 /// The destination of an ARP frame on a packet socket: `index`'s link, broadcast.
