@@ -7,8 +7,10 @@
 //!   kernel filter that passes nothing else: only the frame tells the client's MAC, which keys
 //!   its reservation (DHCPv6 carries none of its own);
 //! - a UDP socket on `[::]:547` bound to the device, joined to `ff02::1:2` so that the interface
-//!   (and an MLD-snooping bridge) passes the clients' multicast, and that sends the replies, from
-//!   the interface's link-local address to a client's. What it receives itself is dropped by a filter.
+//!   (and an MLD-snooping bridge) passes the clients' multicast, and that sends the replies to a
+//!   client's link-local address; the kernel picks the source: the interface's link-local
+//!   address, or while that is still tentative (the first second or two of a pod's interface)
+//!   the pool's IPv6 server address, which is added without duplicate address detection. What it receives itself is dropped by a filter.
 //!
 //! This is the only part of the DHCPv6 server that does I/O; what to answer is
 //! [`super::handler`]'s.
