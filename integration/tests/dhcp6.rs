@@ -59,7 +59,7 @@ fn dual_leasing(name: &str, subnet: &str, ra: bool, lease: u32) -> Value {
         "srv0",
         "192.0.2.1",
         "192.0.2.0/24",
-        json!({"ipv6": {
+        json!({"domain_search": ["vms.example.test"], "ipv6": {
             "server_ip": at(1), "subnet": subnet, "dns": [at(0x53)], "lease_seconds": lease,
             "router_advertisements": ra,
         }}),
@@ -116,8 +116,18 @@ fn both_clients_get_the_reservation_with_its_lifetimes_renew_and_release() {
             "dhclient" => Client6::dhclient(&vm, "eth0", Options6::default()),
             _ => Client6::dhcpcd(&vm, "eth0", Options6::default()),
         };
-        let bound = c.wait_lease("BOUND6", 0, BIND);
+        let env = c.wait_event("BOUND6", 0, BIND);
+        let bound = vmdhcp_integration::dhcp6_client::Lease6::from_event(&env).unwrap();
         assert_eq!(bound.address, reserved(), "{kind}");
+        // The pool's search list (set on its IPv4 side, good for both families): option 24.
+        let search = env
+            .get("new_dhcp6_domain_search")
+            .map(|s| s.trim_end_matches('.').to_owned());
+        assert_eq!(
+            search.as_deref(),
+            Some("vms.example.test"),
+            "{kind}: {env:?}"
+        );
         assert_eq!(
             (bound.t1, bound.t2, bound.preferred, bound.valid),
             (5, 8, LEASE, LEASE),

@@ -15,10 +15,10 @@
 use std::net::Ipv6Addr;
 
 use dhcproto::v6::{
-    DhcpOption, DhcpOptions, IAAddr, IANA, IAPD, IATA, Message, MessageType, OptionCode, Status,
-    StatusCode,
+    DhcpOption, DhcpOptions, IAAddr, IANA, IAPD, IATA, Message, MessageType, NtpSuboption,
+    OptionCode, Status, StatusCode,
 };
-use dhcproto::{Decodable, Decoder, Encodable, Encoder};
+use dhcproto::{Decodable, Decoder, Encodable, Encoder, Name};
 use vmdhcp_core::MacAddr;
 use vmdhcp_core::pool::PoolConfigV6;
 
@@ -303,7 +303,7 @@ fn decide(
     match kind {
         T::InformationRequest => {
             let mut reply = answer(msg, server, T::Reply);
-            add_info(&mut reply, config);
+            add_info(&mut reply, config, pool);
             Decision::Reply(reply, None, holder.map(|(m, _)| m))
         }
         T::Solicit => {
@@ -322,7 +322,7 @@ fn decide(
                 lifetimes,
                 Status::NoAddrsAvail,
             );
-            add_info(&mut reply, config);
+            add_info(&mut reply, config, pool);
             Decision::Reply(reply, None, Some(mac))
         }
         T::Request => {
@@ -334,7 +334,7 @@ fn decide(
                 lifetimes,
                 Status::NoAddrsAvail,
             );
-            add_info(&mut reply, config);
+            add_info(&mut reply, config, pool);
             Decision::Reply(reply, None, holder.map(|(m, _)| m))
         }
         T::Renew => {
@@ -346,7 +346,7 @@ fn decide(
                 lifetimes,
                 Status::NoBinding,
             );
-            add_info(&mut reply, config);
+            add_info(&mut reply, config, pool);
             Decision::Reply(reply, None, holder.map(|(m, _)| m))
         }
         T::Rebind => {
@@ -362,7 +362,7 @@ fn decide(
                 lifetimes,
                 Status::NoBinding,
             );
-            add_info(&mut reply, config);
+            add_info(&mut reply, config, pool);
             Decision::Reply(reply, None, holder.map(|(m, _)| m))
         }
         T::Confirm => {
@@ -469,12 +469,31 @@ fn status(status: Status, msg: &str) -> DhcpOption {
     })
 }
 
-/// The pool's DNS servers (option 23), when it has any.
-fn add_info(reply: &mut Message, config: &PoolConfigV6) {
+/// The pool's DNS servers (option 23), and what the pool's IPv4 side sets that holds for both
+/// families: its domain search list (option 24) and the host names among its NTP servers
+/// (option 56, FQDN suboptions; its IPv4 addresses have no place in DHCPv6).
+fn add_info(reply: &mut Message, config: &PoolConfigV6, pool: &PoolSnapshot) {
+    let opts = reply.opts_mut();
     if !config.dns.is_empty() {
-        reply
-            .opts_mut()
-            .insert(DhcpOption::DomainNameServers(config.dns.clone()));
+        opts.insert(DhcpOption::DomainNameServers(config.dns.clone()));
+    }
+    let v4 = pool.config();
+    let search: Vec<Name> = v4
+        .domain_search
+        .iter()
+        .filter_map(|d| Name::from_ascii(d).ok())
+        .collect();
+    if !search.is_empty() {
+        opts.insert(DhcpOption::DomainSearchList(search));
+    }
+    let ntp: Vec<NtpSuboption> = v4
+        .ntp
+        .iter()
+        .filter(|n| n.parse::<std::net::IpAddr>().is_err())
+        .filter_map(|n| Name::from_ascii(n).ok().map(NtpSuboption::FQDN))
+        .collect();
+    if !ntp.is_empty() {
+        opts.insert(DhcpOption::NtpServer(ntp));
     }
 }
 
@@ -919,6 +938,62 @@ mod tests {
         let rep = reply(&run(&request, CLIENT, true));
         assert_eq!(rep.msg_type(), MessageType::Reply);
         assert_eq!(granted(&rep).map(|g| g.0), Ok(ip6("fd00::10")));
+    }
+
+    #[test]
+    fn the_pool_s_search_list_and_ntp_host_names_go_out_as_options_24_and_56() {
+        let config = vmdhcp_core::pool::PoolConfig {
+            domain_search: vec!["example.test".into()],
+            ntp: vec!["ntp.example.test".into(), "192.0.2.5".into()],
+            ..snapshot().config().as_ref().clone()
+        };
+        let table = LeaseTable::new();
+        let errors = table.apply_snapshot(&[PoolLeases {
+            config,
+            leases: [(
+                CLIENT,
+                Binding {
+                    ipv6: Some(ip6("fd00::10")),
+                    ..Binding::ip("192.0.2.10".parse().unwrap())
+                },
+            )]
+            .into_iter()
+            .collect(),
+        }]);
+        assert!(errors.is_empty(), "{errors:?}");
+        let pool = table.pool(&"ns/p".parse().unwrap()).unwrap();
+        let duid = duid();
+        let info = message(
+            MessageType::InformationRequest,
+            vec![DhcpOption::ClientId(client_duid())],
+        );
+        let outcome = handle(
+            Received {
+                payload: &info,
+                link_source: Some(CLIENT),
+                multicast: true,
+            },
+            Server {
+                duid: &duid,
+                own_mac: Some(OURS),
+                withheld: &|_| false,
+            },
+            &pool,
+        );
+        let rep = reply(&outcome);
+        assert_eq!(
+            rep.opts().get(OptionCode::DomainSearchList),
+            Some(&DhcpOption::DomainSearchList(vec![
+                Name::from_ascii("example.test.").unwrap()
+            ]))
+        );
+        // Only the host name: an IPv4 address has no place in DHCPv6.
+        assert_eq!(
+            rep.opts().get(OptionCode::NtpServer),
+            Some(&DhcpOption::NtpServer(vec![NtpSuboption::FQDN(
+                Name::from_ascii("ntp.example.test.").unwrap()
+            )]))
+        );
     }
 
     #[test]

@@ -296,6 +296,8 @@ fn serve(
             debug!("no config for this pool yet; DHCPv6 message ignored");
             continue;
         };
+        let span = transaction_span(name, pool);
+        let _in_span = span.enter();
         let outcome = handle(
             Received {
                 payload: udp.payload,
@@ -335,21 +337,52 @@ fn serve(
                         warn!(peer = %udp.source, %error, "DHCPv6 reply not sent");
                     }
                 }
+                record(&span, &format!("{kind:?}"), mac);
                 if let Some(Silence::Declined(addr)) = also {
                     verify_decline(name, pool, addr, table, counters, &probes);
                 }
             }
             Outcome::Silent(why) => {
+                record(&span, why.as_str(), None);
                 counters.silent.fetch_add(1, Ordering::Relaxed);
                 debug!(peer = %udp.source, why = why.as_str(), "DHCPv6 message not answered");
             }
             Outcome::Dropped(reason) => {
+                record(&span, reason.as_str(), None);
                 counters.count_drop(reason);
                 debug!(peer = %udp.source, reason = reason.as_str(), "DHCPv6 datagram dropped");
             }
         }
     }
     Ok(())
+}
+
+/// One span per DHCPv6 exchange, only while traces are exported (the packet path pays nothing
+/// otherwise), as the DHCPv4 server's `dhcp.transaction`: a root of its own.
+fn transaction_span(interface: &str, pool: &NamespacedName) -> tracing::Span {
+    if vmdhcp_telemetry::trace::enabled() {
+        info_span!(
+            parent: None,
+            "dhcp6.transaction",
+            interface,
+            pool = %pool,
+            mac = tracing::field::Empty,
+            result = tracing::field::Empty,
+        )
+    } else {
+        tracing::Span::none()
+    }
+}
+
+/// Records what became of an exchange in its span: the answer's type, or why there was none.
+fn record(span: &tracing::Span, result: &str, mac: Option<MacAddr>) {
+    if span.is_none() {
+        return;
+    }
+    span.record("result", result);
+    if let Some(mac) = mac {
+        span.record("mac", tracing::field::display(mac));
+    }
 }
 
 /// Most Neighbor Solicitation probes of declined addresses in flight per interface; more
