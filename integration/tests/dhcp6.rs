@@ -197,17 +197,19 @@ fn an_unknown_client_gets_no_address() {
 
 #[test]
 fn rebind_is_answered_after_the_server_that_bound_the_client_is_gone() {
-    // 20 s leases: T2 at 16 s leaves dhclient's REBIND time before the address expires.
-    let (rig, vm) = lab(MAC, &[dual_leasing("p6", SUBNET, false, 20)]);
+    // dhclient sends one RENEW at T1 and looks again only when its retransmission timer fires
+    // (about 10 s later), whatever T2 says: so its REBIND comes near T1 + 10 s, and the lease
+    // must outlive that by a margin. 40 s: T1 20 s, REBIND near 30 s, expiry at 40 s.
+    let (rig, vm) = lab(MAC, &[dual_leasing("p6", SUBNET, false, 40)]);
     let c = Client6::dhclient(&vm, "eth0", Options6::default());
     assert_eq!(
         c.wait_lease("BOUND6", 0, BIND).server_id,
         duid_of("default/p6")
     );
     // Another pool (another DUID) serves the link now: the client's RENEWs name the old
-    // server and go unanswered, its REBIND at T2 names none and is answered.
-    rig.reload(&[dual_leasing("p6-moved", SUBNET, false, 20)]);
-    let rebound = showing_agent_log(&rig, || c.wait_lease("REBIND6", 0, Duration::from_secs(30)));
+    // server and go unanswered, its REBIND names none and is answered.
+    rig.reload(&[dual_leasing("p6-moved", SUBNET, false, 40)]);
+    let rebound = showing_agent_log(&rig, || c.wait_lease("REBIND6", 0, Duration::from_secs(45)));
     assert_eq!(rebound.address, reserved());
     assert_eq!(rebound.server_id, duid_of("default/p6-moved"));
     assert!(rig.agent_log().contains("other_server"));
