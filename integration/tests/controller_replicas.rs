@@ -423,6 +423,12 @@ async fn missing_agent_deployment_is_reported_and_an_unchanged_bootstrap_writes_
             "vmdhcpcontroller_agent_bootstrap_checks_total{{result=\"{result}\"}}"
         ))
     };
+    // The counter moves once the patch has returned, which can be after the watch above shows
+    // the patched Deployment.
+    poll("the write counted", async || {
+        (checks("written") >= 1.0).then_some(())
+    })
+    .await;
     assert_eq!(checks("written"), 1.0);
     let unchanged_before = checks("unchanged");
 
