@@ -570,6 +570,14 @@ impl<A: Family> PoolAllocator<A> {
             .insert(n, (value, self.unrecorded.seq));
     }
 
+    /// Whether `ip` was given here and no write has recorded it yet. A reconcile that finds
+    /// its NIC already holding such an address (an earlier reconcile's write failed) records it
+    /// before telling anyone, as it would a new one: the next write may find that another
+    /// writer recorded the address first, and withdraw it.
+    pub fn is_unrecorded(&self, ip: A) -> bool {
+        self.unrecorded.given.contains_key(&ip.to_int())
+    }
+
     /// The number of the latest change to the books: a write that records them as they stand
     /// now covers every change up to it ([`PoolAllocator::settle`]).
     pub fn changes(&self) -> u64 {

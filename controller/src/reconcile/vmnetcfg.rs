@@ -523,7 +523,8 @@ struct Outcome {
     waiting: bool,
     /// Some NIC's static address is in use by another host.
     conflict: bool,
-    /// Addresses given by this reconcile, not recorded before it: (pool, MAC, address).
+    /// Addresses this config holds that no write has recorded yet (given by this reconcile, or
+    /// by an earlier one whose write failed): (pool, MAC, address).
     given: Vec<(NamespacedName, MacAddr, IpAddr)>,
 }
 
@@ -875,6 +876,10 @@ struct Decision {
     moved_from: Option<(Ipv4Addr, String)>,
     /// Why the address it holds now is in conflict (only a static one can be).
     conflict: Option<String>,
+    /// Whether no write has recorded the address it holds after the decision (the new one, or
+    /// the one it kept when refused): one just given, or one an earlier reconcile gave without
+    /// its write succeeding. Either is recorded before it is told.
+    unrecorded: bool,
 }
 
 /// Decides one NIC's address on its pool's allocator: [`allocate_nic`], then the host name and
@@ -888,6 +893,7 @@ fn decide(
 ) -> Decision {
     let held_before = alloc.lookup(&mac);
     let result = allocate_nic(alloc, mac, requested, previous);
+    let unrecorded = alloc.lookup(&mac).is_some_and(|ip| alloc.is_unrecorded(ip));
     let (mut renamed, mut moved_from, mut conflict) = (false, None, None);
     if let Ok(ip) = result {
         renamed = alloc.set_host_name(ip, host_name);
@@ -902,6 +908,7 @@ fn decide(
         renamed,
         moved_from,
         conflict,
+        unrecorded,
     }
 }
 
@@ -912,6 +919,8 @@ struct DecisionV6 {
     held_before: Option<Ipv6Addr>,
     /// The address it holds now, or why it got none.
     result: Result<Ipv6Addr, IpamError>,
+    /// Whether no write has recorded that address yet ([`Decision::unrecorded`]).
+    unrecorded: bool,
 }
 
 /// Decides one NIC's addresses on its pool's books, IPv4 first ([`decide`]); then, on a
@@ -926,14 +935,20 @@ fn decide_books(
 ) -> (Decision, Option<DecisionV6>) {
     let v4 = decide(&mut books.v4, mac, requested, previous, host_name);
     let v6 = match (&mut books.v6, &v4.result) {
-        (Some(a6), Ok(_)) => Some(DecisionV6 {
-            held_before: a6.lookup(&mac),
-            result: allocate_nic(a6, mac, want6.requested, want6.previous),
-        }),
+        (Some(a6), Ok(_)) => {
+            let held_before = a6.lookup(&mac);
+            let result = allocate_nic(a6, mac, want6.requested, want6.previous);
+            Some(DecisionV6 {
+                held_before,
+                result,
+                unrecorded: a6.lookup(&mac).is_some_and(|ip| a6.is_unrecorded(ip)),
+            })
+        }
         // A refused IPv4 request leaves the NIC what it held, IPv6 included.
         (Some(a6), Err(_)) => a6.lookup(&mac).map(|held| DecisionV6 {
             held_before: Some(held),
             result: Ok(held),
+            unrecorded: a6.is_unrecorded(held),
         }),
         (None, _) => None,
     };
@@ -987,11 +1002,17 @@ fn allocate(
             renamed: false,
             moved_from: None,
             conflict: None,
+            unrecorded: false,
         };
         (refused, None)
     });
     let (ipv6, v6_new) = v6_outcome(ctx, cfg, &nic_of(network, mac, pool), v6, out);
     let held_before = decision.held_before;
+    let holds = decision.result.as_ref().ok().copied().or(held_before);
+    if let (true, Some(ip)) = (decision.unrecorded, holds) {
+        out.touched.insert(pool.clone());
+        out.given.push((pool.clone(), mac, ip.into()));
+    }
     match decision.result {
         Ok(ip) => {
             span.record("ip", field::display(ip));
@@ -1039,8 +1060,6 @@ fn allocate(
                 if let Some(cause) = vmdhcp_telemetry::trace::span_context(&span) {
                     ctx.signals.causes.leases.record((pool.clone(), mac), cause);
                 }
-                out.touched.insert(pool.clone());
-                out.given.push((pool.clone(), mac, ip.into()));
                 // One event for both families: events are API writes too.
                 let both = v6_new.map(|ip6| format!(" and {ip6}")).unwrap_or_default();
                 ctx.event(
@@ -1115,8 +1134,8 @@ fn nic_of<'a>(network: &'a NamespacedName, mac: MacAddr, pool: &'a NamespacedNam
     Nic { network, mac, pool }
 }
 
-/// Carries out the IPv6 side of a NIC's decision: a newly given address is to be recorded
-/// (the pool touched, the address checked after the write like an IPv4 one); a refusal is a
+/// Carries out the IPv6 side of a NIC's decision: an address no write has recorded yet is to be
+/// recorded (the pool touched, the address checked after the write like an IPv4 one); a refusal is a
 /// problem and a Warning event. Returns where the NIC stands and the address newly given.
 fn v6_outcome(
     ctx: &Context,
@@ -1129,14 +1148,19 @@ fn v6_outcome(
         return (V6State::None, None);
     };
     let Nic { network, mac, pool } = *nic;
+    let holds = v6.result.as_ref().ok().copied().or(v6.held_before);
+    if let (true, Some(ip6)) = (v6.unrecorded, holds) {
+        out.touched.insert(pool.clone());
+        out.given.push((pool.clone(), mac, ip6.into()));
+    }
     match v6.result {
-        Ok(ip6) if v6.held_before == Some(ip6) => (V6State::Held(ip6), None),
         Ok(ip6) => {
+            if v6.held_before == Some(ip6) {
+                return (V6State::Held(ip6), None);
+            }
             ctx.signals
                 .metrics
                 .allocation(&pool.to_string(), "allocated");
-            out.touched.insert(pool.clone());
-            out.given.push((pool.clone(), mac, ip6.into()));
             (V6State::Held(ip6), Some(ip6))
         }
         Err(e) => {
@@ -1415,6 +1439,32 @@ mod tests {
         assert!(refused.result.is_err());
         assert_eq!(refused.held_before, Some(ip("192.0.2.12")));
         assert!(!refused.renamed && refused.moved_from.is_none() && refused.conflict.is_none());
+    }
+
+    /// An address an earlier reconcile gave but never recorded (its pool write failed) is
+    /// still to be recorded when the next reconcile finds the NIC holding it; once a write
+    /// covers it, a kept address is nothing to record.
+    #[test]
+    fn a_held_address_no_write_recorded_is_recorded_before_it_is_told() {
+        let mut b = dual_books();
+        let none = V6Want::default();
+        let (first, v6) = decide_books(&mut b, A, (None, None), None, none);
+        assert!(first.unrecorded && v6.unwrap().unrecorded, "new addresses");
+        // The write failed: the retry finds the NIC holding both, still unrecorded.
+        let (again, v6) = decide_books(&mut b, A, (None, None), None, none);
+        assert_eq!(again.held_before, Some(ip("192.0.2.10")));
+        assert!(again.unrecorded && v6.unwrap().unrecorded);
+        // A refused static request keeps the held address, which still needs its record.
+        let refused = decide(&mut b.v4, A, Some(ip("198.51.100.1")), None, None);
+        assert!(refused.result.is_err() && refused.unrecorded);
+        // Recorded (a write covered every change): kept is nothing to record.
+        let upto = b.v4.changes();
+        b.v4.settle(&[], upto);
+        let upto6 = b.v6.as_ref().unwrap().changes();
+        b.v6.as_mut().unwrap().settle(&[], upto6);
+        let (kept, v6) = decide_books(&mut b, A, (None, None), None, none);
+        assert_eq!(kept.result, Ok(ip("192.0.2.10")));
+        assert!(!kept.unrecorded && !v6.unwrap().unrecorded);
     }
 
     /// A cluster as a table: which pool serves each network, which pools are ready, which
