@@ -23,6 +23,8 @@
 //! - [`http`]: `/healthz`, `/readyz`, `/leases` and `/metrics`.
 //! - [`netlink`]: each served interface gets exactly its server address and is up.
 //! - [`arp`]: gratuitous ARP (RFC 5227 announcements) for the server addresses taken over.
+//! - [`supervisor`]: one task per served interface, started and stopped on its own, retried
+//!   with backoff; the DHCPv4 and DHCPv6 servers both run under it.
 //! - [`capability`]: which Linux capability a refused operation lacked, named in its error.
 //! - [`credentials`]: the controller's CA and our ServiceAccount token for the stream.
 //! - [`stream`]: the config-stream client: snapshot then deltas from the controller, resumed by
@@ -41,7 +43,7 @@
 //! 3. `serving`, `sources`, `http`
 //! 4. `dhcp`, `dhcp6`, `ra`, `stream`
 //! 5. `arp`, `netlink`, `lease_table`
-//! 6. `capability`, `credentials`, `findings`, `pools`, `suspects`
+//! 6. `capability`, `credentials`, `findings`, `pools`, `supervisor`, `suspects`
 //!
 //! `unsafe` is denied everywhere (workspace lint); the one exception, allowed on that function
 //! alone, is [`arp`] writing a `sockaddr_ll`, for which socket2 has no safe constructor.
@@ -63,4 +65,5 @@ pub mod runtime;
 pub mod serving;
 pub mod sources;
 pub mod stream;
+pub mod supervisor;
 pub mod suspects;

@@ -14,7 +14,7 @@ use dhcproto::v4::MessageType;
 use serde::Serialize;
 use socket2::{Domain, Protocol, Socket, Type};
 use tokio::sync::watch;
-use tracing::{Instrument, debug, info, info_span, warn};
+use tracing::{debug, info, info_span, warn};
 use vmdhcp_core::{MacAddr, NamespacedName};
 use vmdhcp_telemetry::trace;
 
@@ -24,6 +24,7 @@ use super::handler::{Action, MAX_PACKET, Outcome, Reply, Silence, handle_on};
 use super::probe::{Declined, PendingOffer, Probes};
 use crate::capability::{Capability, Missing};
 use crate::lease_table::{LeaseTable, PoolSnapshot};
+use crate::supervisor::{Attempt, Served, Supervisor};
 use crate::suspects::Suspects;
 
 /// Why an interface is not serving.
@@ -197,22 +198,25 @@ fn own_mac(interface: &str) -> Option<MacAddr> {
 /// One interface's counters, as the metrics endpoint reads them.
 pub type InterfaceCounters = (Interface, Arc<Counters>);
 
+impl Served for Interface {
+    fn name(&self) -> &str {
+        &self.name
+    }
+
+    fn pool(&self) -> &NamespacedName {
+        &self.pool
+    }
+}
+
 /// The running servers, one per interface; interfaces can be started and stopped at any time
-/// (the agent's serving loop follows pools and leadership), each independently of the others.
+/// (the agent's serving loop follows pools and leadership), each independently of the others
+/// ([`Supervisor`]).
 pub struct Servers {
     table: Arc<LeaseTable>,
     probes: Arc<Probes>,
     status_tx: Arc<watch::Sender<BTreeMap<String, InterfaceStatus>>>,
     statuses: watch::Receiver<BTreeMap<String, InterfaceStatus>>,
-    counters_tx: watch::Sender<Vec<InterfaceCounters>>,
-    running: BTreeMap<String, Running>,
-}
-
-/// A started interface: its own stop switch and supervising task.
-struct Running {
-    interface: Interface,
-    stop: watch::Sender<bool>,
-    task: tokio::task::JoinHandle<()>,
+    supervisor: Supervisor<Interface, Counters>,
 }
 
 impl Servers {
@@ -224,8 +228,7 @@ impl Servers {
             probes: Arc::default(),
             status_tx: Arc::new(status_tx),
             statuses,
-            counters_tx: watch::channel(Vec::new()).0,
-            running: BTreeMap::new(),
+            supervisor: Supervisor::default(),
         }
     }
 
@@ -240,52 +243,37 @@ impl Servers {
     /// interface that already runs for the same pool does nothing; for another pool, the old
     /// server must be stopped first (it is left running and a warning logged).
     pub fn start(&mut self, interface: Interface) {
-        if let Some(r) = self.running.get(&interface.name) {
-            if r.interface != interface {
-                warn!(interface = %interface.name, running = %r.interface.pool, wanted = %interface.pool, "interface already serves another pool; not restarted");
-            }
-            return;
+        if !self.supervisor.runs(&interface.name) {
+            set_status(&self.status_tx, &interface.name, InterfaceStatus::Starting);
         }
-        set_status(&self.status_tx, &interface.name, InterfaceStatus::Starting);
-        let counters = Arc::new(Counters::default());
-        self.counters_tx.send_modify(|all| {
-            all.retain(|(i, _)| i.name != interface.name);
-            all.push((interface.clone(), Arc::clone(&counters)));
-        });
-        let (stop, stopped) = watch::channel(false);
         let span = info_span!("dhcp", interface = %interface.name, pool = %interface.pool);
-        let task = tokio::spawn(
-            run_interface(
-                interface.clone(),
-                Arc::clone(&self.table),
-                Arc::clone(&self.probes),
-                counters,
-                Arc::clone(&self.status_tx),
-                stopped,
-            )
-            .instrument(span),
+        let (table, probes, status) = (
+            Arc::clone(&self.table),
+            Arc::clone(&self.probes),
+            Arc::clone(&self.status_tx),
         );
-        self.running.insert(
-            interface.name.clone(),
-            Running {
-                interface,
-                stop,
-                task,
+        let failed_status = Arc::clone(&self.status_tx);
+        let served = interface.clone();
+        self.supervisor.start(
+            interface,
+            span,
+            move |attempt| {
+                let (interface, table, probes, status) = (
+                    served.clone(),
+                    Arc::clone(&table),
+                    Arc::clone(&probes),
+                    Arc::clone(&status),
+                );
+                serve_interface(interface, table, probes, status, attempt)
             },
+            move |name, error| set_status(&failed_status, name, InterfaceStatus::Failed { error }),
         );
     }
 
     /// Stops serving on `name` and waits until its socket is closed (at most one receive
     /// timeout, 250 ms); its status becomes `then`, or disappears when `then` is `None`.
     pub async fn stop(&mut self, name: &str, then: Option<InterfaceStatus>) {
-        if let Some(r) = self.running.remove(name) {
-            let _ = r.stop.send(true);
-            if let Err(error) = r.task.await {
-                warn!(interface = %name, %error, "interface server task failed");
-            }
-            self.counters_tx
-                .send_modify(|all| all.retain(|(i, _)| i.name != name));
-        }
+        self.supervisor.stop(name).await;
         self.set_status(name, then);
     }
 
@@ -303,7 +291,7 @@ impl Servers {
 
     /// The interfaces running now.
     pub fn running(&self) -> impl Iterator<Item = &Interface> {
-        self.running.values().map(|r| &r.interface)
+        self.supervisor.running()
     }
 
     /// Every interface's status, updated as they change.
@@ -313,17 +301,13 @@ impl Servers {
 
     /// Each running interface with its counters, updated as interfaces start and stop.
     pub fn counters(&self) -> watch::Receiver<Vec<InterfaceCounters>> {
-        self.counters_tx.subscribe()
+        self.supervisor.counters()
     }
 
     /// Stops every interface and waits for each to close its socket.
     pub async fn stop_all(&mut self, then: Option<InterfaceStatus>) {
-        let names: Vec<String> = self.running.keys().cloned().collect();
-        for r in self.running.values() {
-            let _ = r.stop.send(true);
-        }
-        for name in names {
-            self.stop(&name, then.clone()).await;
+        for name in self.supervisor.stop_all().await {
+            self.set_status(&name, then.clone());
         }
     }
 }
@@ -343,77 +327,50 @@ fn set_status(
     });
 }
 
-// Delays between attempts to serve an interface that failed (vmdhcp_core::retry::exponential).
-const MIN_BACKOFF: Duration = Duration::from_millis(500);
-const MAX_BACKOFF: Duration = Duration::from_secs(30);
-
-async fn run_interface(
+/// One attempt to serve `interface`: bind its socket, then read it on a thread of its own until
+/// stopped or failed ([`Supervisor`] retries).
+async fn serve_interface(
     interface: Interface,
     table: Arc<LeaseTable>,
     probes: Arc<Probes>,
-    counters: Arc<Counters>,
     status: Arc<watch::Sender<BTreeMap<String, InterfaceStatus>>>,
-    mut shutdown: watch::Receiver<bool>,
-) {
-    let rebind_delays = || vmdhcp_core::retry::exponential(MIN_BACKOFF, MAX_BACKOFF);
-    let mut delays = rebind_delays();
-    loop {
-        if *shutdown.borrow() {
-            return;
-        }
-        let bound = ifindex(&interface.name)
-            .ok_or_else(|| ServerError::Socket {
-                interface: interface.name.clone(),
-                step: "find the interface",
-                source: io::Error::from(io::ErrorKind::NotFound),
-                missing: Missing(None),
-            })
-            .and_then(|index| Ok((index, bind(&interface.name)?)));
-        let error = match bound {
-            Ok((index, socket)) => {
-                info!("serving");
-                set_status(&status, &interface.name, InterfaceStatus::Serving);
-                delays = rebind_delays();
-                // A thread of its own per interface: a blocking receive costs two system calls
-                // per packet where readiness polling costs five, and a panic, should one ever
-                // happen, ends only this interface's thread and is reported like any failure.
-                let (i, t, c, d, stop) = (
-                    interface.clone(),
-                    Arc::clone(&table),
-                    Arc::clone(&counters),
-                    Arc::clone(&probes),
-                    shutdown.clone(),
-                );
-                let span = tracing::Span::current();
-                let served = tokio::task::spawn_blocking(move || {
-                    span.in_scope(|| serve(&i, index, socket, &t, &c, &d, &stop))
-                })
-                .await;
-                match served {
-                    Ok(Ok(())) => return,
-                    Ok(Err(e)) => e,
-                    Err(source) => ServerError::Crashed {
-                        interface: interface.name.clone(),
-                        source,
-                    },
-                }
-            }
-            Err(e) => e,
-        };
-        let backoff = delays.next().unwrap_or(MAX_BACKOFF);
-        warn!(error = %error, retry_in_ms = backoff.as_millis() as u64, "interface not serving");
-        set_status(
-            &status,
-            &interface.name,
-            InterfaceStatus::Failed {
-                error: error.to_string(),
-            },
-        );
-        tokio::select! {
-            _ = tokio::time::sleep(backoff) => {}
-            _ = shutdown.changed() => {}
-        }
-    }
+    attempt: Attempt<Counters>,
+) -> Result<(), ServerError> {
+    let index = ifindex(&interface.name).ok_or_else(|| ServerError::Socket {
+        interface: interface.name.clone(),
+        step: "find the interface",
+        source: io::Error::from(io::ErrorKind::NotFound),
+        missing: Missing(None),
+    })?;
+    let socket = bind(&interface.name)?;
+    info!("serving");
+    set_status(&status, &interface.name, InterfaceStatus::Serving);
+    attempt.serving();
+    // A thread of its own per interface: a blocking receive costs two system calls per packet
+    // where readiness polling costs five, and a panic, should one ever happen, ends only this
+    // interface's thread and is reported like any failure.
+    let name = interface.name.clone();
+    let span = tracing::Span::current();
+    tokio::task::spawn_blocking(move || {
+        span.in_scope(|| {
+            serve(
+                &interface,
+                index,
+                socket,
+                &table,
+                &attempt.counters,
+                &probes,
+                &attempt.stop,
+            )
+        })
+    })
+    .await
+    .unwrap_or_else(|source| {
+        Err(ServerError::Crashed {
+            interface: name,
+            source,
+        })
+    })
 }
 
 /// Sends `reply`, counting its latency from `received_at`, or the error.

@@ -24,7 +24,7 @@ use std::time::Duration;
 
 use socket2::{Domain, Protocol, SockFilter, Socket, Type};
 use tokio::sync::watch;
-use tracing::{Instrument, debug, info, info_span, warn};
+use tracing::{debug, info, info_span, warn};
 use vmdhcp_core::pool::duid::server_duid;
 use vmdhcp_core::{MacAddr, NamespacedName};
 
@@ -32,6 +32,7 @@ use super::handler::{DropReason, MAX_PACKET, Outcome, Received, Server, Silence,
 use super::{ALL_SERVERS, CLIENT_PORT, SERVER_PORT};
 use crate::capability::{Capability, Missing};
 use crate::lease_table::LeaseTable;
+use crate::supervisor::{Attempt, Served, Supervisor};
 
 /// Why an interface's DHCPv6 server is not serving.
 #[derive(Debug, thiserror::Error)]
@@ -47,6 +48,14 @@ pub enum Server6Error {
         source: io::Error,
         /// The capability the step lacked, when the kernel refused it for that.
         missing: Missing,
+    },
+    /// The interface's server thread ended abnormally.
+    #[error("interface {interface}: DHCPv6 server thread failed: {source}")]
+    Crashed {
+        /// The interface.
+        interface: String,
+        /// What the runtime reported (a panic, or cancellation at shutdown).
+        source: tokio::task::JoinError,
     },
     /// The interface does not exist (yet) in this network namespace.
     #[error("interface {interface}: DHCPv6: no such interface")]
@@ -106,19 +115,22 @@ pub struct Interface6 {
     pub pool: NamespacedName,
 }
 
-/// The running DHCPv6 servers, one per interface, started and stopped beside the DHCPv4 ones.
-#[derive(Default)]
-pub struct Servers6 {
-    table: Arc<LeaseTable>,
-    running: BTreeMap<String, Running>,
-    counters_tx: watch::Sender<Vec<(Interface6, Arc<Counters6>)>>,
-    errors_tx: Arc<watch::Sender<BTreeMap<String, String>>>,
+impl Served for Interface6 {
+    fn name(&self) -> &str {
+        &self.name
+    }
+
+    fn pool(&self) -> &NamespacedName {
+        &self.pool
+    }
 }
 
-struct Running {
-    interface: Interface6,
-    stop: watch::Sender<bool>,
-    task: tokio::task::JoinHandle<()>,
+/// The running DHCPv6 servers, one per interface, started and stopped beside the DHCPv4 ones
+/// ([`Supervisor`]).
+pub struct Servers6 {
+    table: Arc<LeaseTable>,
+    supervisor: Supervisor<Interface6, Counters6>,
+    errors_tx: Arc<watch::Sender<BTreeMap<String, String>>>,
 }
 
 impl Servers6 {
@@ -126,42 +138,42 @@ impl Servers6 {
     pub fn new(table: Arc<LeaseTable>) -> Self {
         Servers6 {
             table,
-            ..Default::default()
+            supervisor: Supervisor::default(),
+            errors_tx: Arc::new(watch::channel(BTreeMap::new()).0),
         }
     }
 
     /// Starts serving DHCPv6 on `interface` (in the background, retried with backoff). Starting
     /// one that runs for the same pool does nothing.
     pub fn start(&mut self, interface: Interface6) {
-        if let Some(r) = self.running.get(&interface.name) {
-            if r.interface != interface {
-                warn!(interface = %interface.name, running = %r.interface.pool, wanted = %interface.pool, "interface already serves another pool over DHCPv6; not restarted");
-            }
-            return;
-        }
-        let counters = Arc::new(Counters6::default());
-        self.counters_tx.send_modify(|all| {
-            all.retain(|(i, _)| i.name != interface.name);
-            all.push((interface.clone(), Arc::clone(&counters)));
-        });
-        let (stop, stopped) = watch::channel(false);
         let span = info_span!("dhcp6", interface = %interface.name, pool = %interface.pool);
-        let task = tokio::spawn(
-            supervise(
-                interface.clone(),
-                Arc::clone(&self.table),
-                counters,
-                Arc::clone(&self.errors_tx),
-                stopped,
-            )
-            .instrument(span),
-        );
-        self.running.insert(
-            interface.name.clone(),
-            Running {
-                interface,
-                stop,
-                task,
+        let (table, errors) = (Arc::clone(&self.table), Arc::clone(&self.errors_tx));
+        let failed = Arc::clone(&self.errors_tx);
+        let served = interface.clone();
+        self.supervisor.start(
+            interface,
+            span,
+            move |attempt| {
+                let (Interface6 { name, pool }, table, errors) =
+                    (served.clone(), Arc::clone(&table), Arc::clone(&errors));
+                async move {
+                    let thread_name = name.clone();
+                    tokio::task::spawn_blocking(move || {
+                        serve(&thread_name, &pool, &table, &attempt, &errors)
+                    })
+                    .await
+                    .unwrap_or_else(|join| {
+                        Err(Server6Error::Crashed {
+                            interface: name,
+                            source: join,
+                        })
+                    })
+                }
+            },
+            move |name, error| {
+                failed.send_modify(|all| {
+                    all.insert(name.to_owned(), error);
+                })
             },
         );
     }
@@ -169,13 +181,7 @@ impl Servers6 {
     /// Stops serving on `name` and waits until its sockets are closed (at most one receive
     /// timeout).
     pub async fn stop(&mut self, name: &str) {
-        if let Some(r) = self.running.remove(name) {
-            let _ = r.stop.send(true);
-            if let Err(error) = r.task.await {
-                warn!(interface = %name, %error, "DHCPv6 server task failed");
-            }
-            self.counters_tx
-                .send_modify(|all| all.retain(|(i, _)| i.name != name));
+        if self.supervisor.stop(name).await {
             self.errors_tx
                 .send_if_modified(|all| all.remove(name).is_some());
         }
@@ -183,23 +189,20 @@ impl Servers6 {
 
     /// Stops every interface.
     pub async fn stop_all(&mut self) {
-        for r in self.running.values() {
-            let _ = r.stop.send(true);
-        }
-        let names: Vec<String> = self.running.keys().cloned().collect();
-        for name in names {
-            self.stop(&name).await;
+        for name in self.supervisor.stop_all().await {
+            self.errors_tx
+                .send_if_modified(|all| all.remove(&name).is_some());
         }
     }
 
     /// The interfaces running now.
     pub fn running(&self) -> impl Iterator<Item = &Interface6> {
-        self.running.values().map(|r| &r.interface)
+        self.supervisor.running()
     }
 
     /// Each running interface with its counters.
     pub fn counters(&self) -> watch::Receiver<Vec<(Interface6, Arc<Counters6>)>> {
-        self.counters_tx.subscribe()
+        self.supervisor.counters()
     }
 
     /// The last error of each interface that is not serving DHCPv6 (cleared once it serves).
@@ -208,63 +211,24 @@ impl Servers6 {
     }
 }
 
-// Delays between attempts to serve an interface that failed.
-const MIN_BACKOFF: Duration = Duration::from_millis(500);
-const MAX_BACKOFF: Duration = Duration::from_secs(30);
 /// How long a receive waits before looking at the stop switch.
 const RECEIVE_TIMEOUT: Duration = Duration::from_millis(250);
-
-async fn supervise(
-    interface: Interface6,
-    table: Arc<LeaseTable>,
-    counters: Arc<Counters6>,
-    errors: Arc<watch::Sender<BTreeMap<String, String>>>,
-    mut stop: watch::Receiver<bool>,
-) {
-    let mut delays = vmdhcp_core::retry::exponential(MIN_BACKOFF, MAX_BACKOFF);
-    loop {
-        if *stop.borrow() {
-            return;
-        }
-        let (name, pool) = (interface.name.clone(), interface.pool.clone());
-        let (table, counters, stopped) = (Arc::clone(&table), Arc::clone(&counters), stop.clone());
-        let errors_on = Arc::clone(&errors);
-        let thread_name = name.clone();
-        let served = tokio::task::spawn_blocking(move || {
-            serve(&thread_name, &pool, &table, &counters, &stopped, &errors_on)
-        })
-        .await;
-        let error = match served {
-            Ok(Ok(())) => return,
-            Ok(Err(e)) => e.to_string(),
-            Err(join) => format!("interface {name}: DHCPv6 server thread failed: {join}"),
-        };
-        warn!(%error, "DHCPv6 not serving; retrying");
-        errors.send_modify(|all| {
-            all.insert(name.clone(), error);
-        });
-        let delay = delays.next().unwrap_or(MAX_BACKOFF);
-        tokio::select! {
-            _ = tokio::time::sleep(delay) => {}
-            _ = stop.changed() => return,
-        }
-    }
-}
 
 /// Serves until `stop`; returns an error when a socket cannot be set up or fails.
 fn serve(
     name: &str,
     pool: &NamespacedName,
     table: &Arc<LeaseTable>,
-    counters: &Arc<Counters6>,
-    stop: &watch::Receiver<bool>,
+    attempt: &Attempt<Counters6>,
     errors: &watch::Sender<BTreeMap<String, String>>,
 ) -> Result<(), Server6Error> {
+    let (counters, stop) = (&attempt.counters, &attempt.stop);
     let (index, own) = crate::arp::link(name).map_err(|_| Server6Error::NoInterface {
         interface: name.to_owned(),
     })?;
     let sockets = Sockets::open(name, index)?;
     errors.send_if_modified(|all| all.remove(name).is_some());
+    attempt.serving();
     info!(interface = %name, %pool, "DHCPv6 serving on [::]:547 (ff02::1:2)");
     let duid = server_duid(pool);
     let probes = Arc::new(AtomicUsize::new(0));
