@@ -24,13 +24,12 @@ use k8s_openapi::jiff::Timestamp;
 use kube::api::{Api, PostParams};
 use kube::runtime::reflector::Store;
 use kube::{Client, ResourceExt};
-use std::net::Ipv6Addr;
+use std::net::{Ipv4Addr, Ipv6Addr};
 use tracing::{debug, warn};
-use vmdhcp_core::NamespacedName;
 use vmdhcp_core::crd::{Condition, IPPool, IPPoolSpec, IPPoolStatus, IPv4Status, IPv6Status};
-use vmdhcp_core::pool::Family;
+use vmdhcp_core::{MacAddr, NamespacedName};
 
-use crate::ipam::{Foreign, Ipam, IpamError, PoolAllocator};
+use crate::ipam::{Foreign, Ipam, IpamError, PoolAllocator, PoolBooks};
 use crate::kinds::store_key;
 use crate::metrics::Metrics;
 use crate::reconcile::versioned;
@@ -343,94 +342,114 @@ pub fn fill_books(
 ) -> Result<Filled, StatusError> {
     let names = spec.ipv4_config.send_host_name == Some(true);
     let (filled, v4, v6) = ipam.with_books(pool, |books| {
-        let a = &books.v4;
-        let recorded_v4 = recorded.and_then(|s| s.ipv4.as_ref());
-        let plan = recorded_v4
-            .map(|r| a.foreign(&r.allocated))
-            .unwrap_or_default();
-        let (used, available) = counts(a, &plan);
-        let v4 = IPv4Status {
-            allocated: a.status_allocated_with(&plan),
-            used: i64::try_from(used).unwrap_or(i64::MAX),
-            available: i64::try_from(available).unwrap_or(i64::MAX),
-            conflicts: a.status_conflicts(),
+        let recorded_v4 = recorded.and_then(|s| s.ipv4.as_ref()).map(|r| &r.allocated);
+        let (v4, allocated) = FamilyFill::fill(&books.v4, recorded_v4);
+        let v4_status = IPv4Status {
+            allocated,
+            used: v4.used_i64(),
+            available: v4.available_i64(),
+            conflicts: books.v4.status_conflicts(),
             host_names: if names {
-                a.status_host_names()
+                books.v4.status_host_names()
             } else {
                 BTreeMap::new()
             },
         };
-        let (v6_filled, v6) = match &books.v6 {
+        let (v6, v6_status) = match &books.v6 {
             None => (None, None),
             Some(a6) => {
-                let recorded_v6 = recorded.and_then(|s| s.ipv6.as_ref());
-                let plan = recorded_v6
-                    .map(|r| a6.foreign(&r.allocated))
-                    .unwrap_or_default();
-                let (used, available) = counts(a6, &plan);
-                let v6 = IPv6Status {
-                    allocated: a6.status_allocated_with(&plan),
-                    used: i64::try_from(used).unwrap_or(i64::MAX),
-                    available: i64::try_from(available).unwrap_or(i64::MAX),
+                let recorded_v6 = recorded.and_then(|s| s.ipv6.as_ref()).map(|r| &r.allocated);
+                let (v6, allocated) = FamilyFill::fill(a6, recorded_v6);
+                let status = IPv6Status {
+                    allocated,
+                    used: v6.used_i64(),
+                    available: v6.available_i64(),
                 };
-                let filled = FilledV6 {
-                    used,
-                    available,
-                    plan,
-                    upto: a6.changes(),
-                };
-                (Some(filled), Some(v6))
+                (Some(v6), Some(status))
             }
         };
-        let filled = Filled {
-            used,
-            available,
-            plan,
-            upto: a.changes(),
-            v6: v6_filled,
-        };
-        (filled, v4, v6)
+        (Filled { v4, v6 }, v4_status, v6_status)
     })?;
     status.ipv4 = Some(v4);
     status.ipv6 = v6;
     Ok(filled)
 }
 
-/// Used and available addresses once the entries `plan` adopts are counted.
-fn counts<A: Family>(a: &PoolAllocator<A>, plan: &[Foreign<A>]) -> (u64, u64) {
-    let adopted = plan
-        .iter()
-        .filter(|f| matches!(f, Foreign::Adopted { .. }))
-        .count() as u64;
-    (a.used() + adopted, a.available().saturating_sub(adopted))
-}
-
-/// What [`fill_books`] wrote.
+/// What [`fill_books`] wrote of both families' books.
 #[derive(Debug, Default)]
 pub struct Filled {
-    /// IPv4 addresses used, as written.
-    pub used: u64,
-    /// IPv4 addresses available, as written.
-    pub available: u64,
-    /// Other writers' IPv4 entries kept.
-    pub plan: Vec<Foreign>,
-    /// The IPv4 books' change number the write covers.
-    pub upto: u64,
-    /// The same for the IPv6 books of a dual-stack pool.
-    pub v6: Option<FilledV6>,
+    /// The IPv4 books.
+    pub v4: FamilyFill<Ipv4Addr>,
+    /// The IPv6 books of a dual-stack pool.
+    pub v6: Option<FamilyFill<Ipv6Addr>>,
 }
 
-/// What [`fill_books`] wrote of a pool's IPv6 books.
-#[derive(Debug, Default)]
-pub struct FilledV6 {
+impl Filled {
+    /// Once the write is recorded: applies each family's plan to its books
+    /// ([`PoolAllocator::settle`]); returns the MACs whose unrecorded address was withdrawn.
+    fn settle(&self, books: &mut PoolBooks) -> Vec<MacAddr> {
+        let mut withdrawn = books.v4.settle(&self.v4.plan, self.v4.upto);
+        if let (Some(a6), Some(f6)) = (books.v6.as_mut(), self.v6.as_ref()) {
+            withdrawn.extend(a6.settle(&f6.plan, f6.upto));
+        }
+        withdrawn
+    }
+}
+
+/// What [`fill_books`] wrote of one family's books.
+#[derive(Debug)]
+pub struct FamilyFill<A: vmdhcp_core::pool::Family> {
     /// Addresses used, as written.
     pub used: u64,
     /// Addresses available, as written.
     pub available: u64,
     /// Other writers' entries kept.
-    pub plan: Vec<Foreign<Ipv6Addr>>,
+    pub plan: Vec<Foreign<A>>,
     /// The books' change number the write covers.
     pub upto: u64,
+}
+
+impl<A: vmdhcp_core::pool::Family> Default for FamilyFill<A> {
+    fn default() -> Self {
+        FamilyFill {
+            used: 0,
+            available: 0,
+            plan: Vec::new(),
+            upto: 0,
+        }
+    }
+}
+
+impl<A: vmdhcp_core::pool::Family> FamilyFill<A> {
+    /// One family's `allocated` map as a write puts it, and what that write covers: the books,
+    /// plus the entries of `recorded` (another writer's version) they do not hold
+    /// ([`PoolAllocator::foreign`]), counted as used when adopted.
+    fn fill(
+        a: &PoolAllocator<A>,
+        recorded: Option<&BTreeMap<String, String>>,
+    ) -> (Self, BTreeMap<String, String>) {
+        let plan = recorded.map(|r| a.foreign(r)).unwrap_or_default();
+        let adopted = plan
+            .iter()
+            .filter(|f| matches!(f, Foreign::Adopted { .. }))
+            .count() as u64;
+        let allocated = a.status_allocated_with(&plan);
+        let filled = FamilyFill {
+            used: a.used() + adopted,
+            available: a.available().saturating_sub(adopted),
+            plan,
+            upto: a.changes(),
+        };
+        (filled, allocated)
+    }
+
+    fn used_i64(&self) -> i64 {
+        i64::try_from(self.used).unwrap_or(i64::MAX)
+    }
+
+    fn available_i64(&self) -> i64 {
+        i64::try_from(self.available).unwrap_or(i64::MAX)
+    }
 }
 
 /// Other writers' entries a status write kept, by family, for the caller to report.
@@ -653,20 +672,14 @@ impl PoolStatusWriter {
         let mut kept = Kept::default();
         if let Some(filled) = filled {
             let key = pool.to_string();
-            self.metrics
-                .set_pool_counts(&key, filled.used, filled.available);
-            let withdrawn = ipam.with_books(pool, |books| {
-                let mut withdrawn = books.v4.settle(&filled.plan, filled.upto);
-                if let (Some(a6), Some(f6)) = (books.v6.as_mut(), filled.v6.as_ref()) {
-                    withdrawn.extend(a6.settle(&f6.plan, f6.upto));
-                }
-                withdrawn
-            })?;
-            for entry in &filled.plan {
+            let withdrawn = ipam.with_books(pool, |books| filled.settle(books))?;
+            let (v4, v6) = (filled.v4, filled.v6);
+            self.metrics.set_pool_counts(&key, v4.used, v4.available);
+            for entry in &v4.plan {
                 self.metrics.foreign_entry(&key, entry.outcome());
                 warn!(%pool, %entry, "pool status held another writer's entry");
             }
-            for entry in filled.v6.iter().flat_map(|f| &f.plan) {
+            for entry in v6.iter().flat_map(|f| &f.plan) {
                 self.metrics.foreign_entry(&key, entry.outcome());
                 warn!(%pool, %entry, "pool status held another writer's IPv6 entry");
             }
@@ -674,8 +687,8 @@ impl PoolStatusWriter {
                 warn!(%pool, ?withdrawn, "unrecorded allocations withdrawn: the record held their addresses first");
             }
             kept = Kept {
-                v4: filled.plan,
-                v6: filled.v6.map(|f| f.plan).unwrap_or_default(),
+                v4: v4.plan,
+                v6: v6.map(|f| f.plan).unwrap_or_default(),
             };
         }
         slot.written.lock().last = Some(written);
@@ -704,25 +717,31 @@ fn same_to_reconcile(a: &IPPool, b: &IPPool) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::ipam::PoolAllocator;
-    use vmdhcp_core::MacAddr;
     use vmdhcp_core::pool::PoolRange;
 
-    #[test]
-    fn host_names_are_written_only_while_the_pool_sends_them() {
-        let pool: NamespacedName = "default/net".parse().unwrap();
-        let ip = |s: &str| s.parse::<std::net::Ipv4Addr>().unwrap();
-        let range = PoolRange::new(
-            pool.clone(),
+    fn pool() -> NamespacedName {
+        "default/net".parse().unwrap()
+    }
+
+    /// The IPv4 books of `pool()`: 10.0.0.10–20 of 10.0.0.0/24.
+    fn range_v4() -> PoolRange {
+        let ip = |s: &str| s.parse::<Ipv4Addr>().unwrap();
+        PoolRange::new(
+            pool(),
             "10.0.0.0/24".parse().unwrap(),
             (ip("10.0.0.10"), ip("10.0.0.20")),
             ip("10.0.0.2"),
             None,
             Vec::new(),
         )
-        .unwrap();
+        .unwrap()
+    }
+
+    #[test]
+    fn host_names_are_written_only_while_the_pool_sends_them() {
+        let pool = pool();
         let ipam = Ipam::new();
-        ipam.insert(PoolAllocator::new(range));
+        ipam.insert(PoolAllocator::new(range_v4()));
         let mac = MacAddr([2, 0, 0, 0, 0, 1]);
         let held = ipam.allocate(&pool, mac).unwrap();
         ipam.with_pool(&pool, |a| a.set_host_name(held, Some("vm-1")))
@@ -731,7 +750,7 @@ mod tests {
         let mut spec = vmdhcp_core::crd::IPPoolSpec::default();
         let mut status = IPPoolStatus::default();
         let filled = fill_books(&ipam, &pool, &spec, None, &mut status).unwrap();
-        assert_eq!((filled.used, filled.available), (1, 10));
+        assert_eq!((filled.v4.used, filled.v4.available), (1, 10));
         let v4 = status.ipv4.clone().unwrap();
         assert_eq!(
             v4.allocated.get("10.0.0.10").map(String::as_str),
@@ -752,18 +771,8 @@ mod tests {
     /// (IPv4-only, or one that lost its `ipv6Config`) has no `status.ipv6` at all.
     #[test]
     fn both_families_are_filled_by_one_write_and_ipv6_only_when_the_books_have_it() {
-        let pool: NamespacedName = "default/net".parse().unwrap();
-        let ip = |s: &str| s.parse::<std::net::Ipv4Addr>().unwrap();
+        let pool = pool();
         let ip6 = |s: &str| s.parse::<Ipv6Addr>().unwrap();
-        let range = PoolRange::new(
-            pool.clone(),
-            "10.0.0.0/24".parse().unwrap(),
-            (ip("10.0.0.10"), ip("10.0.0.20")),
-            ip("10.0.0.2"),
-            None,
-            Vec::new(),
-        )
-        .unwrap();
         let range6 = PoolRange::new_v6(
             pool.clone(),
             "fd00::/64".parse().unwrap(),
@@ -774,8 +783,8 @@ mod tests {
         )
         .unwrap();
         let ipam = Ipam::new();
-        ipam.insert_books(crate::ipam::PoolBooks {
-            v4: PoolAllocator::new(range.clone()),
+        ipam.insert_books(PoolBooks {
+            v4: PoolAllocator::new(range_v4()),
             v6: Some(PoolAllocator::new(range6)),
         });
         let mac = MacAddr([2, 0, 0, 0, 0, 1]);
@@ -798,7 +807,7 @@ mod tests {
         assert_eq!(filled.v6.map(|f| f.used), Some(1));
         assert!(status.ipv4.is_some());
 
-        ipam.insert(PoolAllocator::new(range));
+        ipam.insert(PoolAllocator::new(range_v4()));
         fill_books(&ipam, &pool, &spec, None, &mut status).unwrap();
         assert_eq!(status.ipv6, None);
     }
