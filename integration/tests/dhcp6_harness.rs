@@ -15,8 +15,8 @@ use std::time::Duration;
 
 use vmdhcp_integration::dhcp_client::wait_for;
 use vmdhcp_integration::dhcp6_client::{
-    Client6, Kea6, Kea6Config, Options6, Radvd, RadvdConfig, add_address, global_addresses, no_dad,
-    set_mac, wait_link_local,
+    Client6, Kea6, Kea6Config, Lease6, Options6, Radvd, RadvdConfig, add_address, global_addresses,
+    no_dad, set_mac, wait_link_local,
 };
 use vmdhcp_integration::netns::{Lab, Netns};
 
@@ -81,6 +81,33 @@ fn wait_addresses(l: &Link, want: &[Ipv6Addr]) {
 
 const BIND: Duration = Duration::from_secs(20);
 
+/// `bound` is exactly the reservation, with Kea's timers, DUID and DNS servers.
+fn assert_the_reservation(bound: &Lease6, config: &Kea6Config) {
+    assert_eq!(bound.address, reserved());
+    assert_eq!(
+        (bound.t1, bound.t2, bound.preferred, bound.valid),
+        (2, 3, 5, 8)
+    );
+    assert_eq!(bound.server_id, config.server_duid());
+    assert_eq!(bound.dns, dns());
+}
+
+/// Kea logged `what` for the reservation at least once within `within`.
+fn kea_logged(kea: &Kea6, what: &str, within: Duration) {
+    kea.wait_log(what, &reserved().to_string(), 1, within);
+}
+
+/// The client RENEWs at T1 and keeps the address; then it RELEASEs, Kea frees the binding
+/// and the address leaves the interface.
+fn renews_then_releases(l: &Link, kea: &Kea6, c: &mut Client6) {
+    let renewed = c.wait_lease("RENEW6", 0, Duration::from_secs(10));
+    assert_eq!(renewed.address, reserved());
+    kea_logged(kea, "DHCP6_LEASE_RENEW", Duration::from_secs(1));
+    c.release(Duration::from_secs(10));
+    kea_logged(kea, "DHCP6_RELEASE_NA", Duration::from_secs(5));
+    wait_addresses(l, &[]);
+}
+
 #[test]
 fn harness_dhclient6_gets_renews_confirms_and_releases_a_kea_reservation() {
     let l = link(MAC_1);
@@ -89,20 +116,12 @@ fn harness_dhclient6_gets_renews_confirms_and_releases_a_kea_reservation() {
     let mut c = Client6::dhclient(&l.vm, "eth0", Options6::default());
 
     // SOLICIT/ADVERTISE/REQUEST/REPLY: exactly the reservation, with Kea's timers and options.
-    let bound = c.wait_lease("BOUND6", 0, BIND);
-    assert_eq!(bound.address, reserved());
-    assert_eq!(
-        (bound.t1, bound.t2, bound.preferred, bound.valid),
-        (2, 3, 5, 8)
-    );
-    assert_eq!(bound.server_id, config.server_duid());
-    assert_eq!(bound.dns, dns());
+    assert_the_reservation(&c.wait_lease("BOUND6", 0, BIND), &config);
     let log = c.log();
     assert!(log.contains("XMT: Forming Request"), "{log}");
-    kea.wait_log(
+    kea_logged(
+        &kea,
         "ALLOC_ENGINE_V6_HR_ADDR_GRANTED",
-        &reserved().to_string(),
-        1,
         Duration::from_secs(1),
     );
     // The same address in dhclient's lease file, and on the interface (applied by the hook).
@@ -112,12 +131,7 @@ fn harness_dhclient6_gets_renews_confirms_and_releases_a_kea_reservation() {
     // RENEW at T1, answered with the same address.
     let renewed = c.wait_lease("RENEW6", 0, Duration::from_secs(10));
     assert_eq!(renewed.address, reserved());
-    kea.wait_log(
-        "DHCP6_LEASE_RENEW",
-        &reserved().to_string(),
-        1,
-        Duration::from_secs(1),
-    );
+    kea_logged(&kea, "DHCP6_LEASE_RENEW", Duration::from_secs(1));
 
     // Started again on its lease file, it CONFIRMs the lease before using it.
     let bound_before = c.event_names().iter().filter(|e| *e == "BOUND6").count();
@@ -130,12 +144,7 @@ fn harness_dhclient6_gets_renews_confirms_and_releases_a_kea_reservation() {
 
     // RELEASE: Kea frees the binding, the address leaves the interface, the client is gone.
     c.release(Duration::from_secs(10));
-    kea.wait_log(
-        "DHCP6_RELEASE_NA",
-        &reserved().to_string(),
-        1,
-        Duration::from_secs(5),
-    );
+    kea_logged(&kea, "DHCP6_RELEASE_NA", Duration::from_secs(5));
     wait_addresses(&l, &[]);
     assert!(c.exited());
 }
@@ -178,40 +187,15 @@ fn harness_dhcpcd_gets_renews_and_releases_a_kea_reservation() {
     let mut c = Client6::dhcpcd(&l.vm, "eth0", Options6::default());
 
     // DHCPv6 at once, without a Router Advertisement.
-    let bound = c.wait_lease("BOUND6", 0, BIND);
-    assert_eq!(bound.address, reserved());
-    assert_eq!(
-        (bound.t1, bound.t2, bound.preferred, bound.valid),
-        (2, 3, 5, 8)
-    );
-    assert_eq!(bound.server_id, config.server_duid());
-    assert_eq!(bound.dns, dns());
+    assert_the_reservation(&c.wait_lease("BOUND6", 0, BIND), &config);
     // dhcpcd applies the address itself.
     wait_addresses(&l, &[reserved()]);
-    kea.wait_log(
+    kea_logged(
+        &kea,
         "ALLOC_ENGINE_V6_HR_ADDR_GRANTED",
-        &reserved().to_string(),
-        1,
         Duration::from_secs(1),
     );
-
-    let renewed = c.wait_lease("RENEW6", 0, Duration::from_secs(10));
-    assert_eq!(renewed.address, reserved());
-    kea.wait_log(
-        "DHCP6_LEASE_RENEW",
-        &reserved().to_string(),
-        1,
-        Duration::from_secs(1),
-    );
-
-    c.release(Duration::from_secs(10));
-    kea.wait_log(
-        "DHCP6_RELEASE_NA",
-        &reserved().to_string(),
-        1,
-        Duration::from_secs(5),
-    );
-    wait_addresses(&l, &[]);
+    renews_then_releases(&l, &kea, &mut c);
 }
 
 #[test]

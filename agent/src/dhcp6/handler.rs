@@ -780,8 +780,9 @@ mod tests {
         s.parse().unwrap()
     }
 
-    fn snapshot() -> Arc<PoolSnapshot> {
-        let config = vmdhcp_core::pool::PoolConfig {
+    /// The test pool's config: dual-stack, fd00::/112, served from fd00::2.
+    fn config() -> vmdhcp_core::pool::PoolConfig {
+        vmdhcp_core::pool::PoolConfig {
             ipv6: Some(PoolConfigV6 {
                 server_ip: ip6("fd00::2"),
                 subnet: "fd00::/112".parse().unwrap(),
@@ -791,7 +792,11 @@ mod tests {
                 router: None,
             }),
             ..pool_config("ns/p")
-        };
+        }
+    }
+
+    /// `config` served with one reservation: CLIENT holds 192.0.2.10 and fd00::10.
+    fn snapshot_of(config: vmdhcp_core::pool::PoolConfig) -> Arc<PoolSnapshot> {
         let binding = Binding {
             ipv6: Some(ip6("fd00::10")),
             ..Binding::ip("192.0.2.10".parse().unwrap())
@@ -803,6 +808,10 @@ mod tests {
         }]);
         assert!(errors.is_empty(), "{errors:?}");
         table.pool(&"ns/p".parse().unwrap()).unwrap()
+    }
+
+    fn snapshot() -> Arc<PoolSnapshot> {
+        snapshot_of(config())
     }
 
     fn duid() -> Vec<u8> {
@@ -841,6 +850,17 @@ mod tests {
     }
 
     fn run(payload: &[u8], from: MacAddr, multicast: bool) -> Outcome {
+        run_on(&snapshot(), payload, from, multicast, &|_| false)
+    }
+
+    /// `payload` from `from`'s frame, answered by our server on `pool` withholding `withheld`.
+    fn run_on(
+        pool: &PoolSnapshot,
+        payload: &[u8],
+        from: MacAddr,
+        multicast: bool,
+        withheld: &dyn Fn(&Ipv6Addr) -> bool,
+    ) -> Outcome {
         let duid = duid();
         handle(
             Received {
@@ -851,33 +871,20 @@ mod tests {
             Server {
                 duid: &duid,
                 own_mac: Some(OURS),
-                withheld: &|_| false,
+                withheld,
             },
-            &snapshot(),
+            pool,
         )
     }
 
     #[test]
     fn a_withheld_address_is_not_given() {
-        let duid = duid();
         let withheld = |a: &Ipv6Addr| *a == ip6("fd00::10");
         let solicit = message(
             MessageType::Solicit,
             vec![DhcpOption::ClientId(client_duid()), ia(None)],
         );
-        let outcome = handle(
-            Received {
-                payload: &solicit,
-                link_source: Some(CLIENT),
-                multicast: true,
-            },
-            Server {
-                duid: &duid,
-                own_mac: Some(OURS),
-                withheld: &withheld,
-            },
-            &snapshot(),
-        );
+        let outcome = run_on(&snapshot(), &solicit, CLIENT, true, &withheld);
         assert_eq!(outcome, Outcome::Silent(Silence::UnknownClient));
     }
 
@@ -942,44 +949,16 @@ mod tests {
 
     #[test]
     fn the_pool_s_search_list_and_ntp_host_names_go_out_as_options_24_and_56() {
-        let config = vmdhcp_core::pool::PoolConfig {
+        let pool = snapshot_of(vmdhcp_core::pool::PoolConfig {
             domain_search: vec!["example.test".into()],
             ntp: vec!["ntp.example.test".into(), "192.0.2.5".into()],
-            ..snapshot().config().as_ref().clone()
-        };
-        let table = LeaseTable::new();
-        let errors = table.apply_snapshot(&[PoolLeases {
-            config,
-            leases: [(
-                CLIENT,
-                Binding {
-                    ipv6: Some(ip6("fd00::10")),
-                    ..Binding::ip("192.0.2.10".parse().unwrap())
-                },
-            )]
-            .into_iter()
-            .collect(),
-        }]);
-        assert!(errors.is_empty(), "{errors:?}");
-        let pool = table.pool(&"ns/p".parse().unwrap()).unwrap();
-        let duid = duid();
+            ..config()
+        });
         let info = message(
             MessageType::InformationRequest,
             vec![DhcpOption::ClientId(client_duid())],
         );
-        let outcome = handle(
-            Received {
-                payload: &info,
-                link_source: Some(CLIENT),
-                multicast: true,
-            },
-            Server {
-                duid: &duid,
-                own_mac: Some(OURS),
-                withheld: &|_| false,
-            },
-            &pool,
-        );
+        let outcome = run_on(&pool, &info, CLIENT, true, &|_| false);
         let rep = reply(&outcome);
         assert_eq!(
             rep.opts().get(OptionCode::DomainSearchList),
