@@ -210,7 +210,9 @@ impl Lease6 {
 
 /// The hook both clients run: applies dhclient's address (dhcpcd applies its own and passes no
 /// `new_ip6_address`) and removes it when dhclient gives it up, then records the whole
-/// environment, one file per event, numbered in order.
+/// environment, one file per event, numbered in order. Given a `dad_wait_time` (dhclient's
+/// `--dad-wait-time`), it waits that long at most for the added address to leave `tentative`;
+/// an address the kernel deleted or flagged `dadfailed` makes it exit 3 (dhclient DECLINEs).
 fn hook_script(dir: &Path) -> PathBuf {
     let path = dir.join("hook6.sh");
     let events = dir.join("events");
@@ -225,6 +227,18 @@ case "$ev" in
     if [ -n "$new_ip6_address" ]; then
       ip -6 addr replace "$new_ip6_address/${{new_ip6_prefixlen:-128}}" dev "$interface" \
         scope global valid_lft "${{new_max_life:-forever}}" preferred_lft "${{new_preferred_life:-forever}}"
+      if [ "${{dad_wait_time:-0}}" -gt 0 ]; then
+        i=0
+        while [ "$i" -lt $((dad_wait_time * 10)) ]; do
+          st=$(ip -6 addr show dev "$interface" to "$new_ip6_address")
+          case "$st" in *tentative*) ;; *) break ;; esac
+          sleep 0.1; i=$((i + 1))
+        done
+        case "$st" in
+          ""|*dadfailed*) export dad_result=failed; status=3 ;;
+          *) export dad_result=passed ;;
+        esac
+      fi
     fi ;;
   DEPREF6)
     [ -n "$cur_ip6_address" ] && ip -6 addr change "$cur_ip6_address/${{cur_ip6_prefixlen:-128}}" \
@@ -235,7 +249,7 @@ esac
 n=$(ls {events} | wc -l)
 env > {events}/tmp.$$
 mv {events}/tmp.$$ {events}/$(printf %04d "$n")-"$ev"
-exit 0
+exit "${{status:-0}}"
 "#,
             events = events.display()
         ),
@@ -290,6 +304,11 @@ pub struct Options6 {
     pub wait_for_ra: bool,
     /// dhclient only: a DUID-LL (`-D LL`) instead of its default DUID-LLT.
     pub duid_ll: bool,
+    /// dhclient only: `--dad-wait-time` seconds. The hook then waits, as ISC's own Linux
+    /// script does, for duplicate address detection of the address it adds; if that fails (the
+    /// kernel deletes the address, or flags it `dadfailed`) it exits 3, which makes dhclient
+    /// DECLINE the address. Its event then has `dad_result=failed`.
+    pub dad_wait_seconds: Option<u32>,
 }
 
 /// A real DHCPv6 client on one interface of a namespace; stopped (SIGTERM, then killed) when
@@ -383,6 +402,9 @@ impl Client6 {
                 }
                 if self.options.duid_ll {
                     args.extend(["-D".into(), "LL".into()]);
+                }
+                if let Some(wait) = self.options.dad_wait_seconds {
+                    args.extend(["--dad-wait-time".into(), wait.to_string()]);
                 }
                 for (flag, file) in [
                     ("-cf", "dhclient.conf"),

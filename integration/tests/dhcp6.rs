@@ -7,7 +7,9 @@
 //! server that bound the client is gone (another DUID now serves the link); CONFIRM after a move
 //! to another link (NotOnLink, then the new link's reservation); the pool's Router
 //! Advertisements make dhcpcd go stateful and put the prefix on-link; `radvd` standing for the
-//! network's router does the same with the agent sending none.
+//! network's router does the same with the agent sending none; a DECLINE, hand-built and from
+//! dhcpcd whose own duplicate address detection found another host on its address, withheld
+//! only once the agent's Neighbor Solicitation finds that host too.
 //!
 //! Addresses are TEST-NET and ULA prefixes that exist only in the namespaces each test creates;
 //! every wait has a deadline.
@@ -24,10 +26,12 @@ use vmdhcp_integration::dhcp6_client::{
     Client6, Options6, Radvd, RadvdConfig, hex_id, no_dad, set_mac, wait_link_local,
 };
 use vmdhcp_integration::netns::Netns;
-use vmdhcp_integration::static_agent::{Rig, pool, rig};
+use vmdhcp_integration::static_agent::{Bridged, MAC_1, Rig, pool, rig};
 
 /// The VM's NIC.
 const MAC: &str = "02:00:00:00:01:0a";
+/// The other host on the bridged network ([`vmdhcp_integration::static_agent::EVIL_MAC`]).
+const EVIL: &str = "02:00:00:00:0e:0e";
 /// A NIC without a reservation.
 const STRANGER: &str = "02:00:00:00:ff:ff";
 /// The pool's IPv6 subnet, a ULA that exists only in the lab.
@@ -352,4 +356,74 @@ fn a_decline_costs_nothing_unless_a_neighbor_solicitation_finds_the_address_in_u
         "{}",
         c.log()
     );
+}
+
+/// dhclient, with duplicate address detection on as a VM runs it, is given its reservation
+/// while another host on the bridge already holds that address: its DAD fails, its script says
+/// so (exit 3, as ISC's own Linux script does), and it DECLINEs the address. The agent's own
+/// Neighbor Solicitation finds the other host too and withholds the address, and the client's
+/// next SOLICITs go unanswered instead of binding it again.
+///
+/// (dhcpcd 9 declines only an address the kernel keeps flagged `dadfailed`; Linux deletes a
+/// failed address that has lifetimes, as every leased one does, so dhcpcd never sees it fail.)
+#[test]
+fn dhclient_declines_an_address_its_dad_finds_taken_and_the_agent_withholds_it_after_probing() {
+    assert_eq!(MAC, MAC_1, "the bridged VM holds the reservation");
+    let b = Bridged::with_args(&[dual("a", SUBNET, false)], &["--configure-interfaces"]);
+    showing_agent_log(&b.rig, || {
+        wait_for("the DHCPv6 server", Duration::from_secs(10), || {
+            b.rig.agent_log().contains("DHCPv6 serving").then_some(())
+        })
+    });
+    // The squatter holds the address (without DAD of its own: it was there first).
+    let squatted = format!("{}/112", reserved());
+    b.rig
+        .lab
+        .exec(
+            &b.evil,
+            "ip",
+            &["-6", "addr", "add", &squatted, "dev", "eth0", "nodad"],
+        )
+        .unwrap();
+    // The VM's link-local address passes DAD (nobody else has it) before dhclient starts.
+    wait_link_local(&b.rig.lab, &b.vm, "eth0", Duration::from_secs(10));
+    let options = Options6 {
+        dad_wait_seconds: Some(3),
+        ..Options6::default()
+    };
+    let c = Client6::dhclient(&b.vm, "eth0", options);
+    showing_agent_log(&b.rig, || {
+        let bound = c.wait_event("BOUND6", 0, BIND);
+        assert_eq!(
+            bound.get("dad_result").map(String::as_str),
+            Some("failed"),
+            "{bound:?}"
+        );
+        wait_for("dhclient's DECLINE", BIND, || {
+            c.log().contains("XMT: Forming Decline").then_some(())
+        });
+        wait_for(
+            "the agent's probe to confirm it",
+            Duration::from_secs(10),
+            || {
+                b.rig
+                    .agent_log()
+                    .contains("another host answers for it")
+                    .then_some(())
+            },
+        );
+        let log = b.rig.agent_log();
+        assert!(log.contains(&format!("host={EVIL}")), "{log}");
+        let confirmed = r#"vmdhcp_agent_dhcp6_declines_total{interface="srv0",pool="default/a",result="confirmed"} 1"#;
+        let metrics = b.metrics();
+        assert!(metrics.lines().any(|l| l == confirmed), "{metrics}");
+        // Withheld: dhclient solicits again and is not given the address.
+        let solicits = |c: &Client6| c.log().matches("XMT: Solicit").count();
+        let before = solicits(&c);
+        wait_for("two more SOLICITs", BIND, || {
+            (solicits(&c) >= before + 2).then_some(())
+        });
+        let bound = c.event_names().iter().filter(|e| *e == "BOUND6").count();
+        assert_eq!(bound, 1, "{}", c.log());
+    });
 }
