@@ -20,9 +20,9 @@
 #   6. the alerts: files/alerts.yaml is the PrometheusRule rendered with the default values
 #      (UPDATE_GOLDEN=1 rewrites it), `promtool check rules` on it and on the full set's
 #      render, `promtool test rules tests/alerts-test.yaml`, and check_render.py's coverage:
-#      each alert has a severity, summary, description, a runbook anchor that is a README
-#      heading, tests where it fires and where it does not, and reads only documented series,
-#      as does every dashboard query.
+#      each alert has a severity, summary, description, a runbook anchor that is a heading of
+#      docs/alerts.md (the runbooks), tests where it fires and where it does not, and reads only
+#      documented series, as does every dashboard query.
 #
 # helm: $HELM, else `helm` on PATH (scripts/install-helm.sh installs one).
 # promtool: $PROMTOOL, else `promtool` on PATH (Debian's prometheus; scripts/install-deps.sh).
@@ -259,7 +259,7 @@ else
   if out="$(cd "$here" && "$PROMTOOL" test rules alerts-test.yaml 2>&1)"; then ok "promtool test rules alerts-test.yaml"
   else not_ok "promtool test rules alerts-test.yaml"; printf '%s\n' "$out" | sed 's/^/      /'; fi
   rc=0
-  out="$("$PYTHON" "$here/check_render.py" alerts "$alerts" "$here/alerts-test.yaml" "$chart/../README.md" \
+  out="$("$PYTHON" "$here/check_render.py" alerts "$alerts" "$here/alerts-test.yaml" "$chart/../docs/alerts.md" \
          "$chart/files/dashboard.json" "$chart/../docs/observability.md" 2>&1)" || rc=$?
   printf '%s\n' "$out"
   p="$(printf '%s\n' "$out" | grep -c '^ok ' || true)"

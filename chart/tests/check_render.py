@@ -25,11 +25,12 @@
       file: what chart/files/alerts.yaml must hold (the same rules, for a Prometheus without the
       Operator).
 
-  check_render.py alerts RULES.yaml TESTS.yaml README.md DASHBOARD.json
+  check_render.py alerts RULES.yaml TESTS.yaml RUNBOOKS.md DASHBOARD.json OBSERVABILITY.md
       Checks that every alert has a severity, a summary, a description and a runbook_url whose
-      anchor is a heading of README.md; that TESTS.yaml (promtool's unit tests) has for every
-      alert a case where it fires and one where it stays silent; that every series the rules and
-      the dashboard query is one the binaries export (named in docs/observability.md).
+      anchor is a heading of RUNBOOKS.md (docs/alerts.md, one runbook per alert); that TESTS.yaml
+      (promtool's unit tests) has for every alert a case where it fires and one where it stays
+      silent; that every series the rules and the dashboard query is one the binaries export
+      (named in OBSERVABILITY.md, docs/observability.md).
 """
 
 import json
@@ -671,13 +672,13 @@ def exported_metrics(observability_md):
         return set(re.findall(r"^\| `([a-z_]+)`", f.read(), re.M))
 
 
-def alerts(rules_path, tests_path, readme_path, dashboard_path, observability_md):
+def alerts(rules_path, tests_path, runbooks_path, dashboard_path, observability_md):
     c = Checker()
     with open(rules_path, encoding="utf-8") as f:
         groups = yaml.safe_load(f)["groups"]
     with open(tests_path, encoding="utf-8") as f:
         tests = yaml.safe_load(f)["tests"]
-    with open(readme_path, encoding="utf-8") as f:
+    with open(runbooks_path, encoding="utf-8") as f:
         headings = {re.sub(r"[^a-z0-9 -]", "", h.lower()).replace(" ", "-")
                     for h in re.findall(r"^#+ (.+)$", f.read(), re.M)}
     with open(dashboard_path, encoding="utf-8") as f:
@@ -696,7 +697,7 @@ def alerts(rules_path, tests_path, readme_path, dashboard_path, observability_md
                 f"alert {name}: severity, summary, description", r.get("labels"))
         anchor = ann.get("runbook_url", "").rsplit("#", 1)[-1]
         c.check(anchor == name.lower() and anchor in headings,
-                f"alert {name}: runbook_url ends in #{name.lower()}, a heading of README.md", ann.get("runbook_url"))
+                f"alert {name}: runbook_url ends in #{name.lower()}, a heading of docs/alerts.md", ann.get("runbook_url"))
         c.check(name in fired and name in silent,
                 f"alert {name}: promtool tests where it fires and where it stays silent",
                 {"fires": name in fired, "silent": name in silent})
