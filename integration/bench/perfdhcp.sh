@@ -30,6 +30,9 @@
 # perfdhcp's clients: with -b mac=02:00:00:00:00:00 -R 10000 it uses MACs 02:00:00:00:<i>>8>:<i&255>
 # for i in 0..9999 (the counter is added to the low octets), so every request has a reservation.
 set -euo pipefail
+# What both load benchmarks share (setup, sampling, the report's arithmetic), next to this script.
+# shellcheck source=lib.sh
+. "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 cd "$(dirname "$0")/../.."
 
 STEP_SECONDS="${STEP_SECONDS:-5}"
@@ -46,13 +49,8 @@ command -v perfdhcp >/dev/null || need+=(kea-admin)
 command -v kea-dhcp4 >/dev/null || need+=(kea-dhcp4-server)
 command -v coredhcp >/dev/null || need+=(coredhcp-server)
 command -v taskset >/dev/null || need+=(util-linux)
-if ((${#need[@]})); then
-  DEBIAN_FRONTEND=noninteractive apt-get update -qq >&2
-  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${need[@]}" >&2
-fi
-cargo build --profile "$PROFILE" --locked -p vmdhcp-agent --bin vm-dhcp-agent >&2
-# cargo writes the dev profile's binaries under target/debug, every other profile's under its name.
-AGENT="${CARGO_TARGET_DIR:-$PWD/target}/$([ "$PROFILE" = dev ] && echo debug || echo "$PROFILE")/vm-dhcp-agent"
+install_missing "${need[@]}"
+build_agent "$PROFILE"
 
 work="$(mktemp -d)"
 NS="vmdb$$"
@@ -153,19 +151,10 @@ pct = lambda p: "%.3f" % (lat[min(len(lat) - 1, int(p * len(lat)))] * 1e3) if la
 print(do[0], do[1], ra[0], ra[1], pct(0.5), pct(0.99), do[2] + ra[2])
 '
 }
-cpu_ticks() { awk '{print $14 + $15}' "/proc/$1/stat"; }
-# Busy and total jiffies of one core (everything but idle and iowait), to tell whose core saturates.
-core_ticks() { awk -v c="cpu$1" '$1 == c {print $2+$3+$4+$7+$8+$9, $2+$3+$4+$5+$6+$7+$8+$9}' /proc/stat; }
-busy_pct() { # "busy0 total0" "busy1 total1"
-  read -r b0 t0 <<<"$1"; read -r b1 t1 <<<"$2"
-  echo $(( (t1 > t0) ? (b1 - b0) * 100 / (t1 - t0) : 0 ))
-}
 # UDP datagrams a namespace's kernel dropped because its receiver did not read them in time.
 udp_rcvbuf_errors() {
   ip netns exec "$1" awk '$1 == "Udp:" && $2 ~ /^[0-9]/ {print $6; exit}' /proc/net/snmp
 }
-rss_kb() { awk -v k="$2" '$1 == k":" {print $2}' "/proc/$1/status"; }
-TICK_US=$((1000000 / $(getconf CLK_TCK)))
 # Server CPU microseconds per completed DORA: cpu_ticks before, after, and the ACKs received.
 us_per_dora() { echo $(( ($2 - $1) * TICK_US / ($3 > 0 ? $3 : 1) )); }
 
@@ -187,7 +176,6 @@ launch() {
   done
   echo "$name never answered; log:" >&2; tail -20 "$work/$name.log" >&2; exit 1
 }
-halt() { kill "$server_pid"; wait "$server_pid" 2>/dev/null || true; server_pid=""; }
 
 # Fixed 2 000/s with per-exchange timestamps for latency percentiles; appends this round's figures.
 fixed() { # name round
@@ -253,14 +241,6 @@ for round in $(seq 1 "$ROUNDS"); do
   done
 done
 
-mb() { awk -v kb="$1" 'BEGIN {print kb / 1024}'; }
-ratio() { python3 -c "a,b='$1','$2'; print('%.2f' % (float(a)/float(b)) if a not in ('-','0') and b not in ('-','0') else '-')"; }
-# Median of the rounds' figures ("12 15 11 " -> 12; "-" when there are none).
-median() { python3 -c "import statistics, sys; v = [float(x) for x in sys.argv[1:] if x != '-']; print(('%g' % statistics.median(v)) if v else '-')" $1; }
-# "median (min–max)" of the rounds' figures.
-spread() { python3 -c "import statistics, sys; v = [float(x) for x in sys.argv[1:] if x != '-']; print(('%g (%g–%g)' % (statistics.median(v), min(v), max(v))) if v else '-')" $1; }
-# Each round's ratio of two servers' figures, in round order.
-per_round() { python3 -c "import sys; a, b = sys.argv[1].split(), sys.argv[2].split(); print(' '.join('%.2f' % (float(x) / float(y)) if x != '-' and y not in ('-', '0') else '-' for x, y in zip(a, b)))" "$1" "$2"; }
 printf '\n%s rounds of %s s at 2 000/s per server (median, range); rate steps of %s s in the last round.\n' "$ROUNDS" "$FIXED_SECONDS" "$STEP_SECONDS"
 printf '\n| server | sustained DORA/s (<0.1%% drops) | CPU µs/DORA @2000/s | CPU µs/DORA @sustained | req→ack p50 / p99 ms @2000/s | RSS idle / after / peak MB |\n'
 printf '|---|---|---|---|---|---|\n'

@@ -39,6 +39,9 @@
 #   PROFILE=dev ROUNDS=1 FIXED_SECONDS=1 STEP_SECONDS=1 RATES=2000 CLIENTS=1000 integration/bench/perfdhcp6.sh
 #       # a smoke run: our agent from the test build; every phase runs to its end
 set -euo pipefail
+# What both load benchmarks share (setup, sampling, the report's arithmetic), next to this script.
+# shellcheck source=lib.sh
+. "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 cd "$(dirname "$0")/../.."
 
 STEP_SECONDS="${STEP_SECONDS:-5}"
@@ -61,12 +64,8 @@ need=()
 command -v perfdhcp >/dev/null || need+=(kea-admin)
 command -v kea-dhcp6 >/dev/null || need+=(kea-dhcp6-server)
 command -v taskset >/dev/null || need+=(util-linux)
-if ((${#need[@]})); then
-  DEBIAN_FRONTEND=noninteractive apt-get update -qq >&2
-  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${need[@]}" >&2
-fi
-cargo build --profile "$PROFILE" --locked -p vmdhcp-agent --bin vm-dhcp-agent >&2
-AGENT="${CARGO_TARGET_DIR:-$PWD/target}/$([ "$PROFILE" = dev ] && echo debug || echo "$PROFILE")/vm-dhcp-agent"
+install_missing "${need[@]}"
+build_agent "$PROFILE"
 
 work="$(mktemp -d)"
 NS="vmdb6$$"
@@ -157,19 +156,11 @@ pct = lambda p: "%.3f" % (lat[min(len(lat) - 1, int(p * len(lat)))] * 1e3) if la
 print(sa[0], sa[1], rr[0], rr[1], pct(0.5), pct(0.99), sa[2] + rr[2])
 '
 }
-cpu_ticks() { awk '{print $14 + $15}' "/proc/$1/stat"; }
-core_ticks() { awk -v c="cpu$1" '$1 == c {print $2+$3+$4+$7+$8+$9, $2+$3+$4+$5+$6+$7+$8+$9}' /proc/stat; }
-busy_pct() {
-  read -r b0 t0 <<<"$1"; read -r b1 t1 <<<"$2"
-  echo $(( (t1 > t0) ? (b1 - b0) * 100 / (t1 - t0) : 0 ))
-}
 # UDP datagrams a namespace's kernel dropped for a full receive buffer (IPv4 and IPv6).
 udp_rcvbuf_errors() {
   ip netns exec "$1" sh -c "awk '\$1 == \"Udp:\" && \$2 ~ /^[0-9]/ {print \$6; exit}' /proc/net/snmp;
     awk '\$1 == \"Udp6RcvbufErrors\" {print \$2}' /proc/net/snmp6" | awk '{s += $1} END {print s + 0}'
 }
-rss_kb() { awk -v k="$2" '$1 == k":" {print $2}' "/proc/$1/status"; }
-TICK_US=$((1000000 / $(getconf CLK_TCK)))
 # Server CPU microseconds per completed exchange ("-" when none completed).
 us_per_exchange() { if (( $3 > 0 )); then echo $(( ($2 - $1) * TICK_US / $3 )); else echo -; fi; }
 
@@ -197,7 +188,6 @@ launch() {
   fi
   echo "$name never answered; log:" >&2; tail -20 "$work/$name.log" >&2; exit 1
 }
-halt() { kill "$server_pid"; wait "$server_pid" 2>/dev/null || true; server_pid=""; }
 
 fixed() { # name round
   local name="$1" round="$2" c0 c1 out
@@ -258,11 +248,6 @@ for round in $(seq 1 "$ROUNDS"); do
   done
 done
 
-mb() { awk -v kb="$1" 'BEGIN {print kb / 1024}'; }
-ratio() { python3 -c "a,b='$1','$2'; print('%.2f' % (float(a)/float(b)) if a not in ('-','0') and b not in ('-','0') else '-')"; }
-median() { python3 -c "import statistics, sys; v = [float(x) for x in sys.argv[1:] if x != '-']; print(('%g' % statistics.median(v)) if v else '-')" $1; }
-spread() { python3 -c "import statistics, sys; v = [float(x) for x in sys.argv[1:] if x != '-']; print(('%g (%g–%g)' % (statistics.median(v), min(v), max(v))) if v else '-')" $1; }
-per_round() { python3 -c "import sys; a, b = sys.argv[1].split(), sys.argv[2].split(); print(' '.join('%.2f' % (float(x) / float(y)) if x != '-' and y not in ('-', '0') else '-' for x, y in zip(a, b)))" "$1" "$2"; }
 printf '\nDHCPv6 (%s), %s clients: %s rounds of %s s at %s/s per server (median, range); rate steps of %s s in the last round.\n' \
   "$MODE" "$CLIENTS" "$ROUNDS" "$FIXED_SECONDS" "$RATE" "$STEP_SECONDS"
 [ "${R[ours.answered]:-no}" = yes ] || printf 'ours did not answer DHCPv6 in this run: its row is what it measured, not a result.\n'

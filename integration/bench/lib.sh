@@ -1,0 +1,49 @@
+# Shared by the DHCP load benchmarks perfdhcp.sh (DHCPv4) and perfdhcp6.sh (DHCPv6), which source
+# it; not run on its own. It owns what the two do alike:
+#   - setting up: installing the missing Debian packages, building our agent (sets AGENT);
+#   - sampling: a process's CPU ticks and RSS, a core's busy share (from /proc);
+#   - the report: medians, ranges and ratios of the rounds' figures.
+# What differs stays in each script: the servers and their configurations, perfdhcp's arguments
+# and the parsing of its output, the UDP drop counters (IPv4 only, or IPv4 and IPv6), the CPU per
+# exchange when none completed, the rate steps' wording and the report's tables.
+# Bash; the scripts run with `set -euo pipefail`, from the repository's root.
+
+# Installs the given Debian packages (none: nothing), quietly, on stderr.
+install_missing() { # package...
+  if (($#)); then
+    DEBIAN_FRONTEND=noninteractive apt-get update -qq >&2
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "$@" >&2
+  fi
+}
+
+# Builds vm-dhcp-agent with the cargo profile $1 and sets AGENT to its binary.
+build_agent() { # profile
+  cargo build --profile "$1" --locked -p vmdhcp-agent --bin vm-dhcp-agent >&2
+  # cargo writes the dev profile's binaries under target/debug, every other profile's under its name.
+  AGENT="${CARGO_TARGET_DIR:-$PWD/target}/$([ "$1" = dev ] && echo debug || echo "$1")/vm-dhcp-agent"
+}
+
+# CPU ticks (user + system) process $1 has used.
+cpu_ticks() { awk '{print $14 + $15}' "/proc/$1/stat"; }
+# Busy and total jiffies of one core (everything but idle and iowait), to tell whose core saturates.
+core_ticks() { awk -v c="cpu$1" '$1 == c {print $2+$3+$4+$7+$8+$9, $2+$3+$4+$5+$6+$7+$8+$9}' /proc/stat; }
+busy_pct() { # "busy0 total0" "busy1 total1"
+  read -r b0 t0 <<<"$1"; read -r b1 t1 <<<"$2"
+  echo $(( (t1 > t0) ? (b1 - b0) * 100 / (t1 - t0) : 0 ))
+}
+# A field of process $1's /proc status in kB: VmRSS (now) or VmHWM (peak).
+rss_kb() { awk -v k="$2" '$1 == k":" {print $2}' "/proc/$1/status"; }
+TICK_US=$((1000000 / $(getconf CLK_TCK)))
+
+# Stops the server under test ($server_pid).
+halt() { kill "$server_pid"; wait "$server_pid" 2>/dev/null || true; server_pid=""; }
+
+# The report.
+mb() { awk -v kb="$1" 'BEGIN {print kb / 1024}'; }
+ratio() { python3 -c "a,b='$1','$2'; print('%.2f' % (float(a)/float(b)) if a not in ('-','0') and b not in ('-','0') else '-')"; }
+# Median of the rounds' figures ("12 15 11 " -> 12; "-" when there are none).
+median() { python3 -c "import statistics, sys; v = [float(x) for x in sys.argv[1:] if x != '-']; print(('%g' % statistics.median(v)) if v else '-')" $1; }
+# "median (min–max)" of the rounds' figures.
+spread() { python3 -c "import statistics, sys; v = [float(x) for x in sys.argv[1:] if x != '-']; print(('%g (%g–%g)' % (statistics.median(v), min(v), max(v))) if v else '-')" $1; }
+# Each round's ratio of two servers' figures, in round order.
+per_round() { python3 -c "import sys; a, b = sys.argv[1].split(), sys.argv[2].split(); print(' '.join('%.2f' % (float(x) / float(y)) if x != '-' and y not in ('-', '0') else '-' for x, y in zip(a, b)))" "$1" "$2"; }
