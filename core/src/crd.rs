@@ -386,6 +386,12 @@ pub struct IPv6Status {
     pub used: i64,
     /// Addresses still free to allocate.
     pub available: i64,
+    /// Address → conflict: addresses another host was found using (it answered an agent's
+    /// Neighbor Solicitation after a client declined the address, or when checked again), as
+    /// `status.ipv4.conflicts` records them for IPv4. Not in the HEP: a vmdhcp addition.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    #[schemars(extend("x-kubernetes-map-type" = "atomic"))]
+    pub conflicts: BTreeMap<String, AddressConflict>,
 }
 
 /// An address of a pool that another host uses, as an agent found it.

@@ -51,6 +51,7 @@ fn pool(name: &str, octet: u8) -> PoolConfig {
 fn dual(config: PoolConfig, octet: u8) -> PoolConfig {
     PoolConfig {
         ipv6: Some(PoolConfigV6 {
+            conflicted: Default::default(),
             server_ip: format!("fd00:{octet:x}::1").parse().unwrap(),
             subnet: format!("fd00:{octet:x}::/112").parse().unwrap(),
             dns: vec![format!("fd00:{octet:x}::53").parse().unwrap()],

@@ -138,6 +138,7 @@ impl From<&PoolConfigV6> for pb::PoolConfigV6 {
             lease_time_seconds: c.lease_seconds,
             router_advertisements: c.router_advertisements,
             router: c.router.map(|r| r.to_string()).unwrap_or_default(),
+            conflicted: c.conflicted.iter().map(ToString::to_string).collect(),
         }
     }
 }
@@ -172,6 +173,11 @@ impl TryFrom<&pb::PoolConfigV6> for PoolConfigV6 {
             lease_seconds,
             router_advertisements: p.router_advertisements,
             router: optional_ipv6(M, "router", &p.router)?,
+            conflicted: p
+                .conflicted
+                .iter()
+                .map(|c| ipv6(M, "conflicted", c))
+                .collect::<Result<Vec<_>, _>>()?,
         })
     }
 }
@@ -385,6 +391,7 @@ mod tests {
     fn the_ipv6_side_round_trips_and_an_older_agent_reads_the_ipv4_side() {
         use prost::Message;
         let v6 = PoolConfigV6 {
+            conflicted: vec!["fd00::99".parse().unwrap()],
             server_ip: "fd00::1".parse().unwrap(),
             subnet: "fd00::/112".parse().unwrap(),
             dns: vec!["fd00::53".parse().unwrap()],
@@ -430,6 +437,12 @@ mod tests {
             e.contains("PoolConfigV6.server_ip") && e.contains("outside cidr"),
             "{e}"
         );
+        let mut bad = wire.clone();
+        if let Some(v6) = bad.ipv6.as_mut() {
+            v6.conflicted = vec!["192.168.48.90".into()];
+        }
+        let e = PoolConfig::try_from(&bad).unwrap_err().to_string();
+        assert!(e.contains("PoolConfigV6.conflicted"), "{e}");
         let e = lease_from_entry(
             &pool,
             &pb::LeaseEntry {

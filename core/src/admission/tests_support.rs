@@ -172,6 +172,7 @@ pub(super) fn dual_pool() -> IPPool {
 pub(super) fn with_allocated_v6(mut pool: IPPool, entries: &[(&str, &str)]) -> IPPool {
     let status = pool.status.get_or_insert_with(Default::default);
     status.ipv6 = Some(IPv6Status {
+        conflicts: Default::default(),
         allocated: entries
             .iter()
             .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))

@@ -40,6 +40,8 @@ pub trait Family:
     fn contains(net: &Self::Net, addr: Self) -> bool;
     /// `net` with its host bits cleared.
     fn trunc(net: Self::Net) -> Self::Net;
+    /// `ip` when it is of this family (an agent's report names addresses of either).
+    fn of(ip: IpAddr) -> Option<Self>;
 }
 
 impl Family for Ipv4Addr {
@@ -68,6 +70,13 @@ impl Family for Ipv4Addr {
     }
     fn trunc(net: Ipv4Net) -> Ipv4Net {
         net.trunc()
+    }
+
+    fn of(ip: IpAddr) -> Option<Self> {
+        match ip {
+            IpAddr::V4(v4) => Some(v4),
+            IpAddr::V6(_) => None,
+        }
     }
 }
 
@@ -100,6 +109,13 @@ impl Family for Ipv6Addr {
     }
     fn trunc(net: Ipv6Net) -> Ipv6Net {
         net.trunc()
+    }
+
+    fn of(ip: IpAddr) -> Option<Self> {
+        match ip {
+            IpAddr::V6(v6) => Some(v6),
+            IpAddr::V4(_) => None,
+        }
     }
 }
 

@@ -451,6 +451,9 @@ impl PoolConfig {
     pub fn from_ippool(pool: &IPPool, interface_name: &str) -> Result<Self, PoolError> {
         let mut config = ValidPool::parse(pool)?.config(interface_name)?;
         config.conflicted = conflicted_in(pool);
+        if let Some(v6) = config.ipv6.as_mut() {
+            v6.conflicted = conflicted_v6_in(pool);
+        }
         Ok(config)
     }
 }
@@ -463,6 +466,20 @@ pub fn conflicted_in(pool: &IPPool) -> Vec<Ipv4Addr> {
         .and_then(|s| s.ipv4.as_ref())
         .map(|v4| v4.conflicts.keys().filter_map(|k| k.parse().ok()).collect())
         .unwrap_or_default()
+}
+
+/// The addresses `status.ipv6.conflicts` records, in address order ([`conflicted_in`]).
+pub fn conflicted_v6_in(pool: &IPPool) -> Vec<Ipv6Addr> {
+    let mut found: Vec<Ipv6Addr> = pool
+        .status
+        .as_ref()
+        .and_then(|s| s.ipv6.as_ref())
+        .map(|v6| v6.conflicts.keys().filter_map(|k| k.parse().ok()).collect())
+        .unwrap_or_default();
+    // Keys are RFC 5952 text, whose order is not the addresses'.
+    found.sort_unstable();
+    found.dedup();
+    found
 }
 
 /// Whether `addr` is a usable host address of `subnet`: inside it, and neither its network nor
@@ -478,6 +495,29 @@ mod tests {
     use crate::crd::{IPPoolStatus, IPv4Status};
 
     use crate::fixtures::readme_pool;
+
+    /// `status.ipv6.conflicts` reaches the agents as the IPv6 config's `conflicted`, in address
+    /// order whatever the keys' spelling; a key that is no address is skipped.
+    #[test]
+    fn ipv6_conflicts_are_served_as_conflicted_in_address_order() {
+        let mut pool = crate::fixtures::dual_stack_pool();
+        let conflicts = ["fd00::0:20", "fd00::11", "not-an-address"]
+            .into_iter()
+            .map(|k| (k.to_owned(), crate::crd::AddressConflict::default()))
+            .collect();
+        pool.status = Some(IPPoolStatus {
+            ipv6: Some(crate::crd::IPv6Status {
+                conflicts,
+                ..Default::default()
+            }),
+            ..Default::default()
+        });
+        let cfg = PoolConfig::from_ippool(&pool, "vmd0123456789").unwrap();
+        let v6 = cfg.ipv6.unwrap();
+        let want: Vec<Ipv6Addr> = vec!["fd00::11".parse().unwrap(), "fd00::20".parse().unwrap()];
+        assert_eq!(v6.conflicted, want);
+        assert!(cfg.conflicted.is_empty());
+    }
 
     #[test]
     fn config_from_readme_pool() {

@@ -199,6 +199,8 @@ impl ValidV6 {
     /// What an agent serves over DHCPv6 for this pool.
     pub fn config(&self) -> PoolConfigV6 {
         PoolConfigV6 {
+            // From the status, not the spec: `PoolConfig::from_ippool` fills it.
+            conflicted: Vec::new(),
             server_ip: self.range.server_ip(),
             subnet: self.range.subnet(),
             dns: self.dns.clone(),
@@ -228,6 +230,10 @@ pub struct PoolConfigV6 {
     /// The network's router: a router lifetime is advertised only when it is `server_ip`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub router: Option<Ipv6Addr>,
+    /// Addresses the controller records as used by another host (`status.ipv6.conflicts`):
+    /// not given, and re-probed by the serving agent so a freed one can be cleared.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub conflicted: Vec<Ipv6Addr>,
 }
 
 #[cfg(test)]
