@@ -23,7 +23,7 @@
 
 use parking_lot::Mutex;
 use std::collections::{BTreeMap, BTreeSet, HashMap};
-use std::net::Ipv4Addr;
+use std::net::{IpAddr, Ipv4Addr};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
@@ -289,11 +289,12 @@ impl ProbeReason {
     }
 }
 
-/// The latest verdict of an agent's ARP probe on one address of a pool.
+/// The latest verdict of an agent's probe on one address of a pool: ARP for IPv4, a Neighbor
+/// Solicitation for IPv6.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct AddressProbe {
     /// The address.
-    pub ip: Ipv4Addr,
+    pub ip: IpAddr,
     /// The client it is reserved for, when it has one.
     pub mac: Option<MacAddr>,
     /// Another host that answered for it; `None`: it is free.
@@ -1072,7 +1073,7 @@ mod tests {
                 error: String::new(),
                 lease_count: 3,
                 probes: vec![AddressProbe {
-                    ip: Ipv4Addr::new(10, 0, 0, 9),
+                    ip: Ipv4Addr::new(10, 0, 0, 9).into(),
                     mac: None,
                     answered_by: "02:00:00:00:00:09".parse().ok(),
                     reason: ProbeReason::Recheck,

@@ -16,7 +16,7 @@
 
 use parking_lot::Mutex;
 use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
-use std::net::Ipv4Addr;
+use std::net::IpAddr;
 use std::sync::Arc;
 
 use kube::ResourceExt;
@@ -48,8 +48,8 @@ struct Footprint {
     /// The networks of its spec while it is not `Allocated=True`: a pool write on one of them
     /// may be what it waits for.
     waits_on: Vec<NamespacedName>,
-    /// Every address its status records, with the network of the entry.
-    holds: Vec<(NamespacedName, Ipv4Addr)>,
+    /// Every address its status records, both families, with the network of the entry.
+    holds: Vec<(NamespacedName, IpAddr)>,
 }
 
 impl Footprint {
@@ -68,10 +68,15 @@ impl Footprint {
         } else {
             networks.clone()
         };
-        let mut holds: Vec<(NamespacedName, Ipv4Addr)> = cfg
+        let mut holds: Vec<(NamespacedName, IpAddr)> = cfg
             .recorded_nics()
             .into_iter()
-            .filter_map(|(network, _, ip, _)| Some((network, ip?)))
+            .filter_map(|(network, _, ip, _)| Some((network, IpAddr::V4(ip?))))
+            .chain(
+                cfg.recorded_ipv6()
+                    .into_iter()
+                    .map(|(network, _, ip)| (network, IpAddr::V6(ip))),
+            )
             .collect();
         holds.sort();
         holds.dedup();
@@ -96,7 +101,7 @@ struct Kept {
     networks: Box<[Name]>,
     nics: Box<[(Name, MacAddr)]>,
     waits_on: Box<[Name]>,
-    holds: Box<[(Name, Ipv4Addr)]>,
+    holds: Box<[(Name, IpAddr)]>,
 }
 
 /// Whether a config's status says every NIC is allocated.
@@ -156,7 +161,7 @@ struct Claims {
     /// Network → the configs not yet `Allocated` on it.
     waiting: BTreeMap<Name, BTreeSet<Name>>,
     /// (network, address) → the configs whose status records it (sorted; one but for conflicts).
-    holders: BTreeMap<(Name, Ipv4Addr), Vec<Name>>,
+    holders: BTreeMap<(Name, IpAddr), Vec<Name>>,
     /// Config → its footprint (what to withdraw when it changes).
     by_config: HashMap<Name, Kept>,
 }
@@ -312,7 +317,7 @@ impl ConfigIndex {
     pub fn concerned_by_pool(
         &self,
         network: &NamespacedName,
-        conflicts: impl IntoIterator<Item = Ipv4Addr>,
+        conflicts: impl IntoIterator<Item = IpAddr>,
     ) -> BTreeSet<NamespacedName> {
         let inner = self.lock();
         let claims = &inner.live;
@@ -361,6 +366,7 @@ impl ConfigIndex {
 mod tests {
     use super::*;
     use proptest::prelude::*;
+    use std::net::Ipv4Addr;
     use vmdhcp_core::crd::{
         Condition, NetworkConfig, NetworkConfigStatus, VirtualMachineNetworkConfigSpec,
         VirtualMachineNetworkConfigStatus,
@@ -466,6 +472,35 @@ mod tests {
             .collect()
     }
 
+    /// A conflict on an IPv6 address concerns the config whose status records it, as an IPv4
+    /// one does: it must move off it.
+    #[test]
+    fn a_conflict_on_an_ipv6_address_concerns_the_config_holding_it() {
+        let index = ConfigIndex::default();
+        let net: NamespacedName = NETWORKS[0].parse().unwrap();
+        let mut held = config(1, &[(0, 1, true)], false);
+        let v6: std::net::Ipv6Addr = "fd00::11".parse().unwrap();
+        if let Some(status) = held.status.as_mut() {
+            status.network_configs[0].allocated_ipv6_address = Some(v6.to_string());
+        }
+        index.observe(&watcher::Event::Apply(held));
+        let vm1: NamespacedName = "ns/vm1".parse().unwrap();
+        assert_eq!(
+            index.concerned_by_pool(&net, [IpAddr::V6(v6)]),
+            BTreeSet::from([vm1.clone()])
+        );
+        assert_eq!(
+            index.concerned_by_pool(&net, [ip(1).into()]),
+            BTreeSet::from([vm1])
+        );
+        let other: std::net::Ipv6Addr = "fd00::12".parse().unwrap();
+        assert!(
+            index
+                .concerned_by_pool(&net, [IpAddr::V6(other)])
+                .is_empty()
+        );
+    }
+
     #[test]
     fn a_config_claims_its_allocated_nics_and_lets_go_when_it_changes_or_goes() {
         let index = ConfigIndex::default();
@@ -480,7 +515,7 @@ mod tests {
         );
         assert!(
             index
-                .concerned_by_pool(&"ns/elsewhere".parse().unwrap(), [ip(1)])
+                .concerned_by_pool(&"ns/elsewhere".parse().unwrap(), [ip(1).into()])
                 .is_empty()
         );
         assert_eq!(
@@ -575,7 +610,7 @@ mod tests {
                     prop_assert_eq!(index.on_network(&net), members);
                     for conflicts in [vec![], vec![ip(1)], vec![ip(0), ip(3)]] {
                         prop_assert_eq!(
-                            index.concerned_by_pool(&net, conflicts.iter().copied()),
+                            index.concerned_by_pool(&net, conflicts.iter().map(|&c| IpAddr::from(c))),
                             naive_concerned(&configs, &net, &conflicts)
                         );
                     }

@@ -261,13 +261,19 @@ fn same_config(a: &IPPool, b: &IPPool) -> bool {
     a.spec == b.spec && conflicted(a).eq(conflicted(b))
 }
 
-/// The addresses (keys) of a pool's recorded conflicts.
+/// The addresses (keys) of a pool's recorded conflicts, IPv4 then IPv6.
 fn conflicted(pool: &IPPool) -> impl Iterator<Item = &String> {
-    pool.status
-        .as_ref()
+    let status = pool.status.as_ref();
+    status
         .and_then(|s| s.ipv4.as_ref())
         .into_iter()
         .flat_map(|v4| v4.conflicts.keys())
+        .chain(
+            status
+                .and_then(|s| s.ipv6.as_ref())
+                .into_iter()
+                .flat_map(|v6| v6.conflicts.keys()),
+        )
 }
 
 #[cfg(test)]
@@ -288,6 +294,39 @@ mod tests {
             &[(CONDITION_REGISTERED, true), (CONDITION_CACHE_READY, ready)],
         );
         Arc::new(with_allocated(p, allocated))
+    }
+
+    /// A conflict recorded on either family changes the pool's config (agents must withhold
+    /// and recheck it); the leases alone do not.
+    #[test]
+    fn a_recorded_conflict_of_either_family_changes_the_config() {
+        let base = vmdhcp_core::fixtures::dual_stack_pool();
+        let leased = with_allocated(base.clone(), &[("192.168.100.10", "02:00:00:00:00:01")]);
+        assert!(same_config(&base, &leased));
+        let conflict = || {
+            [(
+                "fd00::11".to_owned(),
+                vmdhcp_core::crd::AddressConflict::default(),
+            )]
+            .into()
+        };
+        let mut v6 = base.clone();
+        v6.status.get_or_insert_default().ipv6 = Some(vmdhcp_core::crd::IPv6Status {
+            conflicts: conflict(),
+            ..Default::default()
+        });
+        assert!(!same_config(&base, &v6));
+        let mut v4 = base.clone();
+        v4.status.get_or_insert_default().ipv4 = Some(vmdhcp_core::crd::IPv4Status {
+            conflicts: [(
+                "192.168.100.11".to_owned(),
+                vmdhcp_core::crd::AddressConflict::default(),
+            )]
+            .into(),
+            ..Default::default()
+        });
+        assert!(!same_config(&base, &v4));
+        assert!(!same_config(&v4, &v6));
     }
 
     #[test]

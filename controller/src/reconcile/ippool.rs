@@ -9,7 +9,7 @@
 //! metrics are removed under the labels they were created with.
 
 use std::collections::BTreeMap;
-use std::net::{Ipv4Addr, Ipv6Addr};
+use std::net::{IpAddr, Ipv6Addr};
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
@@ -26,7 +26,7 @@ use vmdhcp_core::crd::{
     CONDITION_PROXY_ARP_RESPONDER, CONDITION_REGISTERED, CONDITION_STOPPED, Condition, IPPool,
     IPPoolStatus, LABEL_IPPOOL_NAME, LABEL_IPPOOL_NAMESPACE, find_condition,
 };
-use vmdhcp_core::pool::{MAX_CONFLICTS_PER_HOST, PoolRange, ValidPool};
+use vmdhcp_core::pool::{Family, MAX_CONFLICTS_PER_HOST, PoolRange, ValidPool};
 
 use crate::ipam::{IpamError, PoolAllocator, PoolBooks};
 use crate::kinds::{nad_resource, network_of, object_ref};
@@ -394,8 +394,11 @@ fn allocator_from_status(pool: &IPPool, valid: &ValidPool) -> (PoolBooks, Vec<Ip
             .and_then(|s| s.ipv6.as_ref())
             .map(|v| v.allocated.clone())
             .unwrap_or_default();
-        let (books, v6_problems) = PoolAllocator::rebuild(v6.range().clone(), &allocated);
+        let (mut books, v6_problems) = PoolAllocator::rebuild(v6.range().clone(), &allocated);
         problems.extend(v6_problems);
+        if let Some(v6) = status.and_then(|s| s.ipv6.as_ref()) {
+            problems.extend(books.restore_conflicts(&v6.conflicts));
+        }
         books
     });
     (PoolBooks { v4: allocator, v6 }, problems)
@@ -697,30 +700,43 @@ fn report_suspects(
 #[derive(Debug, Default, PartialEq)]
 pub struct ConflictChanges {
     /// Newly recorded: (address, the host answering for it, why it was probed).
-    pub recorded: Vec<(Ipv4Addr, MacAddr, ProbeReason)>,
+    pub recorded: Vec<(IpAddr, MacAddr, ProbeReason)>,
     /// Found free by a recheck and cleared.
-    pub cleared: Vec<Ipv4Addr>,
+    pub cleared: Vec<IpAddr>,
     /// Not recorded (outside the range, or too many already).
     pub refused: Vec<IpamError>,
     /// Not recorded: (address, the host answering for it), a host that holds
     /// [`MAX_CONFLICTS_PER_HOST`] of the pool's addresses in conflict already.
-    pub capped: Vec<(Ipv4Addr, MacAddr)>,
+    pub capped: Vec<(IpAddr, MacAddr)>,
 }
 
-/// Applies the serving agent's verdicts to the pool's books: another host answering for an
-/// address records a conflict (once; the client's own answer is none) unless that host holds
-/// [`MAX_CONFLICTS_PER_HOST`] already, a recheck nobody else answers clears one. `since` stamps
-/// new records.
-pub fn apply_probes(
-    alloc: &mut PoolAllocator,
+impl ConflictChanges {
+    /// Adds another family's changes.
+    fn extend(&mut self, other: ConflictChanges) {
+        self.recorded.extend(other.recorded);
+        self.cleared.extend(other.cleared);
+        self.refused.extend(other.refused);
+        self.capped.extend(other.capped);
+    }
+}
+
+/// Applies the serving agent's verdicts on addresses of `alloc`'s family to its books: another
+/// host answering for an address records a conflict (once; the client's own answer is none)
+/// unless that host holds [`MAX_CONFLICTS_PER_HOST`] already, a recheck nobody else answers
+/// clears one. `since` stamps new records.
+pub fn apply_probes<A: Family>(
+    alloc: &mut PoolAllocator<A>,
     probes: &[AddressProbe],
     since: &Time,
 ) -> ConflictChanges {
     let mut changes = ConflictChanges::default();
     for p in probes {
+        let Some(ip) = A::of(p.ip) else {
+            continue;
+        };
         match p.answered_by {
             Some(other) if Some(other) != p.mac => {
-                if alloc.conflict(p.ip).is_none()
+                if alloc.conflict(ip).is_none()
                     && alloc.conflicts_held_by(&other.to_string()) >= MAX_CONFLICTS_PER_HOST
                 {
                     changes.capped.push((p.ip, other));
@@ -732,13 +748,13 @@ pub fn apply_probes(
                     source: p.reason.as_source().to_owned(),
                     since: Some(since.clone()),
                 };
-                match alloc.record_conflict(p.ip, conflict) {
+                match alloc.record_conflict(ip, conflict) {
                     Ok(true) => changes.recorded.push((p.ip, other, p.reason)),
                     Ok(false) => {}
                     Err(e) => changes.refused.push(e),
                 }
             }
-            None if p.reason == ProbeReason::Recheck && alloc.clear_conflict(p.ip) => {
+            None if p.reason == ProbeReason::Recheck && alloc.clear_conflict(ip) => {
                 changes.cleared.push(p.ip);
             }
             _ => {}
@@ -763,11 +779,13 @@ async fn record_conflicts(
         return;
     }
     let since = crate::reconcile::status::now();
-    let Ok(changes) = ctx
-        .books
-        .ipam
-        .with_pool(pool_ref, |a| apply_probes(a, probes, &since))
-    else {
+    let Ok(changes) = ctx.books.ipam.with_books(pool_ref, |b| {
+        let mut changes = apply_probes(&mut b.v4, probes, &since);
+        if let Some(a6) = b.v6.as_mut() {
+            changes.extend(apply_probes(a6, probes, &since));
+        }
+        changes
+    }) else {
         return;
     };
     for (ip, by, reason) in &changes.recorded {
@@ -782,7 +800,7 @@ async fn record_conflicts(
             EventType::Warning,
             "AddressConflict",
             "Probe",
-            format!("{ip} is in use by another host: {by} answered an ARP probe {how} ({agent}); it is not handed out until a probe finds it free"),
+            format!("{ip} is in use by another host: {by} answered {} {how} ({agent}); it is not handed out until a probe finds it free", probe_of(ip)),
         );
     }
     for ip in &changes.cleared {
@@ -792,7 +810,10 @@ async fn record_conflicts(
             EventType::Normal,
             "ConflictCleared",
             "Probe",
-            format!("{ip} is free again: nobody else answered an ARP probe ({agent})"),
+            format!(
+                "{ip} is free again: nobody else answered {} ({agent})",
+                probe_of(ip)
+            ),
         );
     }
     for e in changes.refused.iter().take(3) {
@@ -805,8 +826,17 @@ async fn record_conflicts(
             EventType::Warning,
             "ConflictLimit",
             "Probe",
-            format!("{by} also answers ARP for {ip}, but it holds {MAX_CONFLICTS_PER_HOST} of this pool's addresses in conflict already: no more are withheld for it"),
+            format!("{by} also answers {} for {ip}, but it holds {MAX_CONFLICTS_PER_HOST} of this pool's addresses in conflict already: no more are withheld for it", if ip.is_ipv4() { "ARP" } else { "NDP" }),
         );
+    }
+}
+
+/// How an agent probes `ip`: ARP for IPv4, a Neighbor Solicitation for IPv6.
+fn probe_of(ip: &IpAddr) -> &'static str {
+    if ip.is_ipv4() {
+        "an ARP probe"
+    } else {
+        "a Neighbor Solicitation"
     }
 }
 
@@ -873,6 +903,7 @@ async fn cleanup(pool: Arc<IPPool>, ctx: Arc<Context>) -> Result<Action, Error> 
 mod tests {
     use super::*;
     use crate::reports::{AgentIdentity, InterfaceReport};
+    use std::net::Ipv4Addr;
     use vmdhcp_core::fixtures::{nn, pool_on, with_allocated, with_conditions};
 
     #[test]
@@ -963,13 +994,101 @@ mod tests {
         }
     }
 
+    /// A restart rebuilds both families' conflicts from the status, so an IPv6 address another
+    /// host uses stays blocked across leaders.
+    #[test]
+    fn ipv6_conflicts_survive_a_rebuild_from_status() {
+        let mut pool = vmdhcp_core::fixtures::dual_stack_pool();
+        let conflict = AddressConflict {
+            mac_address: "02:00:00:00:00:01".into(),
+            answered_by: "02:00:00:00:00:09".into(),
+            source: "Decline".into(),
+            since: None,
+        };
+        pool.status = Some(vmdhcp_core::crd::IPPoolStatus {
+            ipv6: Some(vmdhcp_core::crd::IPv6Status {
+                conflicts: [("fd00::11".to_owned(), conflict.clone())].into(),
+                ..Default::default()
+            }),
+            ..Default::default()
+        });
+        let valid = ValidPool::parse(&pool).unwrap();
+        let (books, problems) = allocator_from_status(&pool, &valid);
+        assert!(problems.is_empty(), "{problems:?}");
+        let a6 = books.v6.unwrap();
+        assert_eq!(a6.conflict("fd00::11".parse().unwrap()), Some(&conflict));
+        assert!(books.v4.status_conflicts().is_empty());
+    }
+
+    /// A dual-stack pool's verdicts go to the books of their family: an IPv6 address another
+    /// host answers a Neighbor Solicitation for is recorded on the IPv6 books, and the IPv4
+    /// books never see it.
+    #[test]
+    fn ipv6_verdicts_are_recorded_on_the_ipv6_books_only() {
+        let pool: NamespacedName = "ns/pool".parse().unwrap();
+        let vm: MacAddr = "02:00:00:00:00:01".parse().unwrap();
+        let squatter: MacAddr = "02:00:00:00:00:09".parse().unwrap();
+        let v6 = |s: &str| s.parse::<Ipv6Addr>().unwrap();
+        let range6 = PoolRange::new_v6(
+            pool.clone(),
+            "fd00::/112".parse().unwrap(),
+            (v6("fd00::10"), v6("fd00::20")),
+            v6("fd00::1"),
+            None,
+            vec![],
+        )
+        .unwrap();
+        let range4 = PoolRange::new(
+            pool,
+            "192.0.2.0/24".parse().unwrap(),
+            (Ipv4Addr::new(192, 0, 2, 10), Ipv4Addr::new(192, 0, 2, 20)),
+            Ipv4Addr::new(192, 0, 2, 1),
+            None,
+            vec![],
+        )
+        .unwrap();
+        let (mut a4, mut a6) = (PoolAllocator::new(range4), PoolAllocator::new(range6));
+        let probes = [
+            AddressProbe {
+                ip: v6("fd00::11").into(),
+                mac: Some(vm),
+                answered_by: Some(squatter),
+                reason: ProbeReason::Decline,
+            },
+            AddressProbe {
+                ip: v6("fd00::12").into(),
+                mac: None,
+                answered_by: None,
+                reason: ProbeReason::Recheck,
+            },
+        ];
+        let since = crate::reconcile::status::now();
+        assert_eq!(
+            apply_probes(&mut a4, &probes, &since),
+            ConflictChanges::default()
+        );
+        a6.record_conflict(v6("fd00::12"), AddressConflict::default())
+            .unwrap();
+        let changes = apply_probes(&mut a6, &probes, &since);
+        assert_eq!(
+            changes.recorded,
+            [(IpAddr::from(v6("fd00::11")), squatter, ProbeReason::Decline)]
+        );
+        assert_eq!(changes.cleared, [IpAddr::from(v6("fd00::12"))]);
+        let recorded = a6.conflict(v6("fd00::11")).unwrap();
+        assert_eq!(recorded.mac_address, vm.to_string());
+        assert_eq!(recorded.source, "Decline");
+        assert!(a4.status_conflicts().is_empty());
+        assert_eq!(a6.status_conflicts().len(), 1);
+    }
+
     #[test]
     fn conflicts_come_from_the_serving_leaders_verdicts_only() {
         let pool: NamespacedName = "ns/pool".parse().unwrap();
         let vm: MacAddr = "02:00:00:00:00:01".parse().unwrap();
         let squatter: MacAddr = "02:00:00:00:00:09".parse().unwrap();
         let verdict = |last: u8, answered_by, reason| AddressProbe {
-            ip: Ipv4Addr::new(192, 0, 2, last),
+            ip: Ipv4Addr::new(192, 0, 2, last).into(),
             mac: Some(vm),
             answered_by,
             reason,
@@ -1010,9 +1129,16 @@ mod tests {
         let changes = apply_probes(&mut alloc, probes, &since);
         assert_eq!(
             changes.recorded,
-            [(Ipv4Addr::new(192, 0, 2, 10), squatter, ProbeReason::Offer)]
+            [(
+                IpAddr::from(Ipv4Addr::new(192, 0, 2, 10)),
+                squatter,
+                ProbeReason::Offer
+            )]
         );
-        assert_eq!(changes.cleared, [Ipv4Addr::new(192, 0, 2, 12)]);
+        assert_eq!(
+            changes.cleared,
+            [IpAddr::from(Ipv4Addr::new(192, 0, 2, 12))]
+        );
         assert!(
             matches!(changes.refused[..], [IpamError::OutsideRange { .. }]),
             "{:?}",

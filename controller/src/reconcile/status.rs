@@ -364,6 +364,7 @@ pub fn fill_books(
                     allocated,
                     used: v6.used_i64(),
                     available: v6.available_i64(),
+                    conflicts: a6.status_conflicts(),
                 };
                 (Some(v6), Some(status))
             }

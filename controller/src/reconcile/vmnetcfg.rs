@@ -921,6 +921,8 @@ struct DecisionV6 {
     result: Result<Ipv6Addr, IpamError>,
     /// Whether no write has recorded that address yet ([`Decision::unrecorded`]).
     unrecorded: bool,
+    /// The address it moved away from, and why that one was in conflict.
+    moved_from: Option<(Ipv6Addr, String)>,
 }
 
 /// Decides one NIC's addresses on its pool's books, IPv4 first ([`decide`]); then, on a
@@ -938,10 +940,17 @@ fn decide_books(
         (Some(a6), Ok(_)) => {
             let held_before = a6.lookup(&mac);
             let result = allocate_nic(a6, mac, want6.requested, want6.previous);
+            let moved_from = match (held_before, &result) {
+                (Some(old), Ok(new)) if old != *new => {
+                    a6.conflict_reason(old).map(|why| (old, why))
+                }
+                _ => None,
+            };
             Some(DecisionV6 {
                 held_before,
                 result,
                 unrecorded: a6.lookup(&mac).is_some_and(|ip| a6.is_unrecorded(ip)),
+                moved_from,
             })
         }
         // A refused IPv4 request leaves the NIC what it held, IPv6 included.
@@ -949,6 +958,7 @@ fn decide_books(
             held_before: Some(held),
             result: Ok(held),
             unrecorded: a6.is_unrecorded(held),
+            moved_from: None,
         }),
         (None, _) => None,
     };
@@ -1158,6 +1168,15 @@ fn v6_outcome(
             if v6.held_before == Some(ip6) {
                 return (V6State::Held(ip6), None);
             }
+            if let Some((old, why)) = &v6.moved_from {
+                ctx.event(
+                    cfg,
+                    EventType::Warning,
+                    "AddressConflict",
+                    "Allocate",
+                    format!("{old} is {why}: {mac} on {network} moved to {ip6}"),
+                );
+            }
             ctx.signals
                 .metrics
                 .allocation(&pool.to_string(), "allocated");
@@ -1343,6 +1362,29 @@ mod tests {
 
     fn ip6(s: &str) -> Ipv6Addr {
         s.parse().unwrap()
+    }
+
+    /// Another host found using a dynamic NIC's IPv6 address moves the NIC to another one and
+    /// says from where, as on IPv4; its IPv4 address stays.
+    #[test]
+    fn a_conflict_on_a_nic_s_ipv6_address_moves_it_and_says_why() {
+        let mut b = dual_books();
+        let none = V6Want::default();
+        let (v4, v6) = decide_books(&mut b, A, (None, None), None, none);
+        let held = v6.unwrap().result.unwrap();
+        if let Some(a6) = b.v6.as_mut() {
+            a6.record_conflict(held, squatted()).unwrap();
+        }
+        let (again, v6) = decide_books(&mut b, A, (None, None), None, none);
+        assert_eq!(again.result, v4.result, "the IPv4 address stays");
+        let v6 = v6.unwrap();
+        assert_eq!(v6.held_before, Some(held));
+        let moved = v6.result.unwrap();
+        assert_ne!(moved, held);
+        let (from, why) = v6.moved_from.unwrap();
+        assert_eq!(from, held);
+        assert!(why.contains("02:00:00:00:00:99"), "{why}");
+        assert!(v6.unrecorded, "the new address is to be recorded");
     }
 
     #[test]

@@ -319,7 +319,7 @@ fn probe(p: &pb::AddressProbe) -> Result<AddressProbe, Status> {
             invalid(
                 "interfaces.probes.ip_address",
                 &p.ip_address,
-                "is not an IPv4 address",
+                "is not an IP address",
             )
         })?,
         mac: mac("interfaces.probes.mac_address", &p.mac_address)?,
