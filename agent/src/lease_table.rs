@@ -529,6 +529,15 @@ impl LeaseTable {
             .is_some_and(|until| *until > Instant::now())
     }
 
+    /// Whether the IPv6 address `ip` of `pool` must not be given now: held after a DECLINE
+    /// this agent confirmed ([`LeaseTable::is_withheld6`]), or recorded as conflicted by the
+    /// controller and not found free since ([`Findings::withheld6`]). The DHCPv6 packet path's
+    /// one question, as [`LeaseTable::withholds`] is the DHCPv4 one.
+    pub fn withholds6(&self, pool: &PoolSnapshot, ip: &Ipv6Addr) -> bool {
+        let config = pool.config();
+        self.is_withheld6(&config.pool, ip) || self.findings.withheld6(config, *ip)
+    }
+
     /// Withholds `ip` of `pool`, which `mac` declined, for `hold` (`answered_by`: the host that
     /// answered a probe for it). A conflict on the same address is replaced.
     pub fn mark_conflicted(
@@ -970,5 +979,57 @@ mod tests {
             }]));
         }
         reader.join().unwrap();
+    }
+
+    #[test]
+    fn an_ipv6_address_is_withheld_after_a_confirmed_decline_or_while_the_controller_records_it() {
+        let v6 = |s: &str| -> Ipv6Addr { s.parse().unwrap() };
+        let mut cfg = config("a", "192.0.2.0/24", "192.0.2.1");
+        cfg.ipv6 = Some(vmdhcp_core::pool::PoolConfigV6 {
+            server_ip: v6("fd00::1"),
+            subnet: "fd00::/112".parse().unwrap(),
+            dns: vec![],
+            lease_seconds: 300,
+            router_advertisements: false,
+            router: None,
+            conflicted: vec![v6("fd00::20")],
+        });
+        let table = LeaseTable::new();
+        table.apply_snapshot(&[PoolLeases {
+            leases: [
+                (
+                    mac(1),
+                    Binding {
+                        ipv6: Some(v6("fd00::10")),
+                        ..Binding::ip("192.0.2.10".parse().unwrap())
+                    },
+                ),
+                (
+                    mac(2),
+                    Binding {
+                        ipv6: Some(v6("fd00::20")),
+                        ..Binding::ip("192.0.2.11".parse().unwrap())
+                    },
+                ),
+            ]
+            .into(),
+            config: cfg,
+        }]);
+        let a = table.pool(&name("a")).unwrap();
+        assert_eq!(a.ipv6_holder_of(&v6("fd00::20")), Some(mac(2)));
+        assert!(!table.withholds6(&a, &v6("fd00::10")));
+        // Recorded by the controller: withheld until a recheck finds it free.
+        assert!(table.withholds6(&a, &v6("fd00::20")));
+        table.findings().record(
+            &name("a"),
+            v6("fd00::20"),
+            crate::findings::Finding::free(Some(mac(2))),
+        );
+        assert!(!table.withholds6(&a, &v6("fd00::20")));
+        // A DECLINE this agent confirmed: withheld for its hold.
+        assert!(table.withhold6(&name("a"), v6("fd00::10"), HOUR));
+        assert!(table.withholds6(&a, &v6("fd00::10")));
+        assert!(table.withhold6(&name("a"), v6("fd00::30"), Duration::ZERO));
+        assert!(!table.withholds6(&a, &v6("fd00::30")));
     }
 }

@@ -11,8 +11,8 @@
 //! - [`lease_table`]: the pools and leases served, swapped atomically so lookups never wait.
 //! - [`pools`]: the one vocabulary for pool state every source, the stream and the lease table
 //!   share: a pool with its leases (`PoolLeases`) and a change to the pools (`PoolDelta`).
-//! - [`findings`]: what ARP probes found (conflicts, and recorded ones found free again), for
-//!   the controller.
+//! - [`findings`]: what ARP and Neighbor Solicitation probes found (conflicts, and recorded ones
+//!   found free again), for the controller.
 //! - [`suspects`]: hosts found acting where they should not on a pool's network (foreign DHCP
 //!   servers, proxy-ARP responders), kept while they keep showing, for the controller.
 //! - [`dhcp`]: the DHCPv4 server, one socket per interface, replies built by pure functions

@@ -1,8 +1,9 @@
 //! Telling the controller what this agent applied and how its interfaces fare (the `Report`
 //! RPC), which becomes each IPPool's `AgentReady` condition.
 //!
-//! Each interface's entry also carries the latest ARP probe verdicts on the pool's addresses
-//! ([`crate::findings`]), how conflicts reach the controller, and the hosts found acting where
+//! Each interface's entry also carries the latest probe verdicts on the pool's addresses, ARP for
+//! IPv4 and Neighbor Solicitation for a dual-stack pool's IPv6 ([`crate::findings`]), how
+//! conflicts of both families reach the controller, and the hosts found acting where
 //! they should not on the pool's network ([`crate::suspects`]), how foreign DHCP servers reach
 //! the pool's conditions.
 //!
@@ -85,7 +86,8 @@ pub fn build(inputs: &ReportInputs) -> pb::ReportRequest {
     }
 }
 
-/// The latest probe verdicts on `pool`'s addresses ([`crate::findings`]), as reported.
+/// The latest probe verdicts on `pool`'s addresses ([`crate::findings`]), as reported: an IPv6
+/// address as RFC 5952 text, which is what the controller keys `status.ipv6.conflicts` by.
 fn probes(table: &LeaseTable, pool: &NamespacedName) -> Vec<pb::AddressProbe> {
     table
         .findings()
@@ -229,7 +231,7 @@ mod tests {
         let squatter: MacAddr = "02:00:00:00:00:09".parse().unwrap();
         table.findings().record(
             &"ns/a".parse().unwrap(),
-            "192.0.2.10".parse().unwrap(),
+            "192.0.2.10".parse::<std::net::Ipv4Addr>().unwrap(),
             crate::findings::Finding::conflict(None, squatter, Reason::Offer),
         );
         let suspects = Arc::new(Suspects::default());
@@ -309,6 +311,45 @@ mod tests {
                 ip_address: "192.0.3.7".into(),
                 detail: "offered 192.0.3.50 to 02:00:00:00:01:0a".into(),
             }]
+        );
+    }
+
+    #[test]
+    fn an_ipv6_verdict_is_reported_as_rfc_5952_text_after_the_ipv4_ones() {
+        let table = LeaseTable::new();
+        table.apply_snapshot(&[PoolLeases::new(pool_config("ns/a"))]);
+        let pool: NamespacedName = "ns/a".parse().unwrap();
+        let (vm, squatter): (MacAddr, MacAddr) = (
+            "02:00:00:00:00:01".parse().unwrap(),
+            "02:00:00:00:00:09".parse().unwrap(),
+        );
+        let v6: std::net::Ipv6Addr = "fd00:0:0:0:0:0:0:10".parse().unwrap();
+        table.findings().record(
+            &pool,
+            v6,
+            crate::findings::Finding::conflict(Some(vm), squatter, Reason::Decline),
+        );
+        table.findings().record(
+            &pool,
+            "192.0.2.10".parse::<std::net::Ipv4Addr>().unwrap(),
+            crate::findings::Finding::free(None),
+        );
+        assert_eq!(
+            probes(&table, &pool),
+            [
+                pb::AddressProbe {
+                    ip_address: "192.0.2.10".into(),
+                    mac_address: String::new(),
+                    answered_by: String::new(),
+                    reason: pb::ProbeReason::Recheck.into(),
+                },
+                pb::AddressProbe {
+                    ip_address: "fd00::10".into(),
+                    mac_address: "02:00:00:00:00:01".into(),
+                    answered_by: "02:00:00:00:00:09".into(),
+                    reason: pb::ProbeReason::Decline.into(),
+                },
+            ]
         );
     }
 }

@@ -933,7 +933,7 @@ mod tests {
         assert_eq!(found.len(), 1);
         assert_eq!(
             (found[0].0, found[0].1.answered_by, found[0].1.reason),
-            (IP, Some(OTHER), Reason::Decline)
+            (IP.into(), Some(OTHER), Reason::Decline)
         );
     }
 
@@ -962,7 +962,16 @@ mod tests {
         // IP: another host answers; `free`: nobody does.
         probes.recheck_with("eth1", &snapshot, &table, answering(Some(OTHER)));
         settle(&probes);
-        let found: BTreeMap<_, _> = table.findings().of(&config.pool).into_iter().collect();
+        // Findings are keyed by either family's address; these are IPv4.
+        let found: BTreeMap<Ipv4Addr, _> = table
+            .findings()
+            .of(&config.pool)
+            .into_iter()
+            .filter_map(|(ip, f)| match ip {
+                std::net::IpAddr::V4(ip) => Some((ip, f)),
+                std::net::IpAddr::V6(_) => None,
+            })
+            .collect();
         assert_eq!(found[&IP].answered_by, Some(OTHER));
         assert_eq!(found[&IP].mac, Some(HOLDER));
         assert_eq!(found[&free].answered_by, None);

@@ -54,7 +54,7 @@ pub enum DropReason {
     /// A Server Identifier where RFC 8415 forbids one (SOLICIT, CONFIRM, REBIND), or a missing
     /// one where it requires one (REQUEST, RENEW, RELEASE, DECLINE).
     ServerIdRule,
-    /// Relayed through more than [`HOP_COUNT_LIMIT`] relays.
+    /// Relayed through more than `HOP_COUNT_LIMIT` (8) relays.
     TooManyHops,
     /// SOLICIT, REBIND, CONFIRM or INFORMATION-REQUEST sent to a unicast address (RFC 8415
     /// §16: discarded).
@@ -139,7 +139,9 @@ pub struct Server<'a> {
     pub duid: &'a [u8],
     /// The interface's own MAC: frames from it are never answered.
     pub own_mac: Option<MacAddr>,
-    /// Whether an address is withheld after a confirmed DECLINE: not given, as if not reserved.
+    /// Whether an address is withheld, after a DECLINE the server confirmed or while the
+    /// controller records it as used by another host (`status.ipv6.conflicts`, until a recheck
+    /// finds it free): not given, as if not reserved.
     pub withheld: &'a dyn Fn(&Ipv6Addr) -> bool,
 }
 
@@ -784,6 +786,7 @@ mod tests {
     fn config() -> vmdhcp_core::pool::PoolConfig {
         vmdhcp_core::pool::PoolConfig {
             ipv6: Some(PoolConfigV6 {
+                conflicted: Default::default(),
                 server_ip: ip6("fd00::2"),
                 subnet: "fd00::/112".parse().unwrap(),
                 dns: vec![ip6("fd00::53")],

@@ -2,8 +2,11 @@
 //! ([`handler`], a pure function of the datagram, who sent it and the pool's leases) and the
 //! sockets, one set per interface ([`server`]).
 //!
-//! It reads the [`crate::lease_table::LeaseTable`] (each MAC's IPv6 reservation) and never
-//! writes to it; it never configures interfaces' addresses.
+//! It reads the [`crate::lease_table::LeaseTable`] (each MAC's IPv6 reservation, and the
+//! addresses withheld) and writes only what its Neighbor Solicitation probes find: an address
+//! withheld after a DECLINE another host's answer confirms, and the verdicts for the controller
+//! ([`crate::findings`]: conflicts, and recorded conflicts found free again). It never
+//! configures interfaces' addresses.
 
 pub mod handler;
 pub mod server;

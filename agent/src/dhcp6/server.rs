@@ -12,16 +12,33 @@
 //!   address, or while that is still tentative (the first second or two of a pod's interface)
 //!   the pool's IPv6 server address, which is added without duplicate address detection. What it receives itself is dropped by a filter.
 //!
+//! Beside serving, each interface checks addresses with duplicate-address-detection Neighbor
+//! Solicitations ([`crate::arp::probe6`]), as the DHCPv4 server does with ARP
+//! ([`crate::dhcp::probe`], whose rules these follow):
+//! - a DECLINE costs nothing until checked: only when another host (not the reservation's own
+//!   client) answers for the address is it withheld, for `DECLINE_HOLD`, and the conflict
+//!   recorded in the table's [`crate::findings`], which reach the controller; it records them in
+//!   the pool's `status.ipv6.conflicts`, moves a dynamically allocated VM elsewhere, and streams
+//!   the recorded addresses back ([`vmdhcp_core::pool::PoolConfigV6::conflicted`]);
+//! - those recorded addresses are not given ([`LeaseTable::withholds6`]), and every
+//!   [`crate::findings::RECHECK`] each is probed again (`Rechecks`): one nobody else answers
+//!   for is reported free, and the controller clears it.
+//!
+//! The probes of one interface, of DECLINEs and rechecks together, are bounded: at most
+//! `MAX_PROBES` at once, one per address, each a small thread that lives one probe window
+//! (`PROBE_WAIT`); the rechecks still to start live in the serving loop, and stop with it.
+//!
 //! This is the only part of the DHCPv6 server that does I/O; what to answer is
 //! [`super::handler`]'s.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashSet, VecDeque};
 use std::io::{self, Read};
 use std::net::{Ipv6Addr, SocketAddr, SocketAddrV6};
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
-use std::time::Duration;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
 
+use parking_lot::Mutex;
 use socket2::{Domain, Protocol, SockFilter, Socket, Type};
 use tokio::sync::watch;
 use tracing::{debug, info, info_span, warn};
@@ -30,8 +47,10 @@ use vmdhcp_core::{MacAddr, NamespacedName};
 
 use super::handler::{DropReason, MAX_PACKET, Outcome, Received, Server, Silence, handle};
 use super::{ALL_SERVERS, CLIENT_PORT, SERVER_PORT};
+use crate::arp::ArpError;
 use crate::capability::{Capability, Missing};
-use crate::lease_table::LeaseTable;
+use crate::findings::{Finding, RECHECK, Reason};
+use crate::lease_table::{LeaseTable, PoolSnapshot};
 use crate::supervisor::{Attempt, Served, Supervisor};
 
 /// Why an interface's DHCPv6 server is not serving.
@@ -89,8 +108,9 @@ pub struct Counters6 {
     /// Messages not answered on purpose (unknown clients, other servers' renewals, …).
     pub silent: AtomicU64,
     /// DECLINEs of a reserved address, by what the Neighbor Solicitation probe found:
-    /// another host answered (the address is withheld), nobody did (nothing changes), or no
-    /// probe was sent (too many in flight, or the socket failed).
+    /// another host answered (the address is withheld and the conflict reported), nobody but
+    /// the reservation's own client did (nothing changes), or no probe was sent (too many in
+    /// flight, or the socket failed).
     pub declines_confirmed: AtomicU64,
     /// See [`Counters6::declines_confirmed`].
     pub declines_unconfirmed: AtomicU64,
@@ -231,9 +251,15 @@ fn serve(
     attempt.serving();
     info!(interface = %name, %pool, "DHCPv6 serving on [::]:547 (ff02::1:2)");
     let duid = server_duid(pool);
-    let probes = Arc::new(AtomicUsize::new(0));
+    let probes = Arc::new(InFlight::default());
+    let mut rechecks = Rechecks::new(Instant::now());
     let mut frame = vec![0u8; FRAME_BUFFER];
     while !*stop.borrow() {
+        // Before the receive, which returns every RECEIVE_TIMEOUT when nothing arrives.
+        rechecks.start_round(Instant::now(), || table.pool(pool));
+        for claimed in rechecks.claim(&probes) {
+            recheck(name, pool, table, claimed);
+        }
         let len = match (&sockets.packet).read(&mut frame) {
             Ok(len) => len,
             Err(e)
@@ -271,7 +297,7 @@ fn serve(
             Server {
                 duid: &duid,
                 own_mac: Some(own),
-                withheld: &|ip| table.is_withheld6(pool, ip),
+                withheld: &|ip| table.withholds6(&snapshot, ip),
             },
             &snapshot,
         );
@@ -303,7 +329,7 @@ fn serve(
                 }
                 record(&span, &format!("{kind:?}"), mac);
                 if let Some(Silence::Declined(addr)) = also {
-                    verify_decline(name, pool, addr, table, counters, &probes);
+                    verify_decline(name, pool, addr, mac, table, counters, &probes);
                 }
             }
             Outcome::Silent(why) => {
@@ -349,56 +375,320 @@ fn record(span: &tracing::Span, result: &str, mac: Option<MacAddr>) {
     }
 }
 
-/// Most Neighbor Solicitation probes of declined addresses in flight per interface; more
-/// DECLINEs meanwhile are counted and change nothing.
-const MAX_DECLINE_PROBES: usize = 4;
-/// How long a probe listens for an advertisement of the declined address.
-const DECLINE_PROBE_WAIT: Duration = Duration::from_secs(1);
-/// How long a declined address that another host answered for is withheld.
+/// Most Neighbor Solicitation probes in flight per interface, of DECLINEs and rechecks
+/// together; more DECLINEs meanwhile are counted and change nothing, more rechecks wait.
+const MAX_PROBES: usize = 4;
+/// How long a probe listens for an advertisement of the address.
+const PROBE_WAIT: Duration = Duration::from_secs(1);
+/// How long a declined address that another host answered for is withheld here (the
+/// controller's record, once it arrives, withholds it for as long as the conflict lasts).
 const DECLINE_HOLD: Duration = Duration::from_secs(60);
+/// Stack of a probe thread: it only sends and reads small frames.
+const PROBE_STACK: usize = 64 * 1024;
+
+/// The probes of one interface running now, by address: at most [`MAX_PROBES`], one per
+/// address, so a flood of DECLINEs or a long list of recorded conflicts costs no more threads.
+#[derive(Debug, Default)]
+struct InFlight {
+    running: Mutex<HashSet<Ipv6Addr>>,
+}
+
+/// Whether a probe of an address may start.
+#[derive(Debug)]
+enum Claim {
+    /// It may; the address's place is held until the [`Slot`] is dropped.
+    Granted(Slot),
+    /// A probe of that address runs already.
+    Running,
+    /// [`MAX_PROBES`] run already.
+    Busy,
+}
+
+/// A running probe's place in [`InFlight`], given back when dropped: when its probe ends, and
+/// also when its thread cannot start or panics, so a place is never lost.
+#[derive(Debug)]
+struct Slot {
+    in_flight: Arc<InFlight>,
+    ip: Ipv6Addr,
+}
+
+impl Drop for Slot {
+    fn drop(&mut self) {
+        self.in_flight.running.lock().remove(&self.ip);
+    }
+}
+
+impl InFlight {
+    fn claim(self: &Arc<Self>, ip: Ipv6Addr) -> Claim {
+        let mut running = self.running.lock();
+        if running.contains(&ip) {
+            return Claim::Running;
+        }
+        if running.len() >= MAX_PROBES {
+            return Claim::Busy;
+        }
+        running.insert(ip);
+        Claim::Granted(Slot {
+            in_flight: Arc::clone(self),
+            ip,
+        })
+    }
+
+    #[cfg(test)]
+    fn len(&self) -> usize {
+        self.running.lock().len()
+    }
+}
+
+/// Runs `job` on a small thread of its own, holding `slot` until it ends; returns whether the
+/// thread started.
+fn spawn_probe(slot: Slot, job: impl FnOnce() + Send + 'static) -> bool {
+    let span = tracing::Span::current();
+    let started = std::thread::Builder::new()
+        .name("ns-probe".into())
+        .stack_size(PROBE_STACK)
+        .spawn(move || {
+            let _held = slot;
+            let _in = span.enter();
+            job();
+        });
+    match started {
+        Ok(_) => true,
+        Err(error) => {
+            warn!(%error, "no thread for a Neighbor Solicitation probe");
+            false
+        }
+    }
+}
+
+/// What a DECLINE's Neighbor Solicitation found (the DHCPv4 verdicts' rules,
+/// [`crate::dhcp::probe::Verdict`], for the one probe IPv6 sends).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum DeclineVerdict {
+    /// Another host answered: it uses the address.
+    Conflict(MacAddr),
+    /// The reservation's own client answered: it uses its address, so the DECLINE was forged
+    /// or stale.
+    HolderAnswers,
+    /// Nobody answered: stale or forged.
+    NoAnswer,
+    /// The probe could not be sent.
+    Unverifiable,
+}
+
+impl DeclineVerdict {
+    /// The verdict on a DECLINE in the name of `client` (the reservation's MAC), from what its
+    /// probe heard.
+    fn of(client: Option<MacAddr>, probed: &Result<Option<MacAddr>, ArpError>) -> Self {
+        match probed {
+            Err(_) => DeclineVerdict::Unverifiable,
+            Ok(None) => DeclineVerdict::NoAnswer,
+            Ok(Some(host)) if Some(*host) == client => DeclineVerdict::HolderAnswers,
+            Ok(Some(host)) => DeclineVerdict::Conflict(*host),
+        }
+    }
+}
 
 /// A DECLINE costs nothing until checked: a Neighbor Solicitation for the address, in the
-/// background; only if another host answers is the address withheld (for [`DECLINE_HOLD`]). A
-/// tenant forging DECLINEs in a VM's name can make the agent probe, not withhold.
+/// background; only if another host answers is the address withheld (for [`DECLINE_HOLD`])
+/// and the conflict recorded for the controller. A tenant forging DECLINEs in a VM's name can
+/// make the agent probe, not withhold. A DECLINE for an address whose probe runs already
+/// changes nothing: that probe answers for it.
 fn verify_decline(
     interface: &str,
     pool: &NamespacedName,
     addr: Ipv6Addr,
+    client: Option<MacAddr>,
     table: &Arc<LeaseTable>,
     counters: &Arc<Counters6>,
-    in_flight: &Arc<AtomicUsize>,
+    in_flight: &Arc<InFlight>,
 ) {
-    if in_flight.fetch_add(1, Ordering::AcqRel) >= MAX_DECLINE_PROBES {
-        in_flight.fetch_sub(1, Ordering::AcqRel);
-        counters.declines_not_probed.fetch_add(1, Ordering::Relaxed);
-        warn!(%addr, "IPv6 address declined; too many probes in flight, not checked");
-        return;
-    }
+    let slot = match in_flight.claim(addr) {
+        Claim::Granted(slot) => slot,
+        Claim::Running => {
+            debug!(%interface, %pool, %addr, mac = ?client, "IPv6 address declined while a probe of it runs");
+            return;
+        }
+        Claim::Busy => {
+            counters.declines_not_probed.fetch_add(1, Ordering::Relaxed);
+            warn!(%interface, %pool, %addr, mac = ?client, "IPv6 address declined; too many probes in flight, not checked");
+            return;
+        }
+    };
     let (interface, pool) = (interface.to_owned(), pool.clone());
-    let (table, counters, in_flight) = (
-        Arc::clone(table),
-        Arc::clone(counters),
-        Arc::clone(in_flight),
-    );
-    std::thread::spawn(move || {
-        match crate::arp::probe6(&interface, addr, DECLINE_PROBE_WAIT) {
-            Ok(Some(host)) => {
-                counters.declines_confirmed.fetch_add(1, Ordering::Relaxed);
-                let withheld = table.withhold6(&pool, addr, DECLINE_HOLD);
-                warn!(%addr, %host, withheld, "IPv6 address declined, and another host answers for it");
+    let (table, counted) = (Arc::clone(table), Arc::clone(counters));
+    let started = spawn_probe(slot, move || {
+        let probed = crate::arp::probe6(&interface, addr, PROBE_WAIT);
+        if let Err(error) = &probed {
+            warn!(%interface, %pool, %addr, mac = ?client, %error, "IPv6 address declined; it could not be checked");
+        }
+        let verdict = DeclineVerdict::of(client, &probed);
+        apply_decline(&pool, addr, client, verdict, &table, &counted);
+    });
+    if !started {
+        counters.declines_not_probed.fetch_add(1, Ordering::Relaxed);
+    }
+}
+
+/// Applies the verdict on a DECLINE of `addr` of `pool` in the name of `client`: a conflict is
+/// withheld here and recorded in the table's findings (reported; the controller records it in
+/// `status.ipv6.conflicts`), as the DHCPv4 server does; nothing else changes anything.
+fn apply_decline(
+    pool: &NamespacedName,
+    addr: Ipv6Addr,
+    client: Option<MacAddr>,
+    verdict: DeclineVerdict,
+    table: &LeaseTable,
+    counters: &Counters6,
+) {
+    match verdict {
+        DeclineVerdict::Conflict(host) => {
+            counters.declines_confirmed.fetch_add(1, Ordering::Relaxed);
+            let withheld = table.withhold6(pool, addr, DECLINE_HOLD);
+            table
+                .findings()
+                .record(pool, addr, Finding::conflict(client, host, Reason::Decline));
+            warn!(%pool, %addr, mac = ?client, answered_by = %host, withheld, hold_s = DECLINE_HOLD.as_secs(), "IPv6 address declined, and another host answers for it: withheld, reported");
+        }
+        DeclineVerdict::HolderAnswers => {
+            counters
+                .declines_unconfirmed
+                .fetch_add(1, Ordering::Relaxed);
+            warn!(%pool, %addr, mac = ?client, "IPv6 address declined in the name of its own holder, which answers for it: forged or stale, ignored");
+        }
+        DeclineVerdict::NoAnswer => {
+            counters
+                .declines_unconfirmed
+                .fetch_add(1, Ordering::Relaxed);
+            info!(%pool, %addr, mac = ?client, "IPv6 address declined, but no host answers for it: still served");
+        }
+        // Logged with its error where the probe failed.
+        DeclineVerdict::Unverifiable => {
+            counters.declines_not_probed.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+}
+
+/// One recorded conflict to probe again: the address, and the client it is reserved for, if
+/// any (whose own answer makes no conflict).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct Target {
+    ip: Ipv6Addr,
+    holder: Option<MacAddr>,
+}
+
+/// The addresses of `pool`'s IPv6 side that the controller records as conflicted
+/// (`status.ipv6.conflicts`), each with its reservation's holder.
+fn recheck_targets(pool: &PoolSnapshot) -> Vec<Target> {
+    pool.config()
+        .ipv6
+        .as_ref()
+        .map(|v6| {
+            v6.conflicted
+                .iter()
+                .map(|ip| Target {
+                    ip: *ip,
+                    holder: pool.ipv6_holder_of(ip),
+                })
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+/// The verdict a recheck's probe makes, as the DHCPv4 recheck's: another host answering (not
+/// the address's own client) keeps the conflict; nobody else answering frees it; a probe that
+/// could not be sent says nothing.
+fn recheck_finding(
+    holder: Option<MacAddr>,
+    probed: &Result<Option<MacAddr>, ArpError>,
+) -> Option<Finding> {
+    match probed {
+        Ok(Some(host)) if Some(*host) != holder => {
+            Some(Finding::conflict(holder, *host, Reason::Recheck))
+        }
+        Ok(_) => Some(Finding::free(holder)),
+        Err(_) => None,
+    }
+}
+
+/// The rechecks of one interface's recorded conflicts: a round starts every [`RECHECK`] (the
+/// first as soon as the interface serves, so a new leader learns at once which are free), and
+/// its addresses are probed a few at a time as places in [`InFlight`] free up. Only the serving
+/// loop holds it, so the rounds stop with the interface.
+#[derive(Debug)]
+struct Rechecks {
+    /// This round's addresses still to probe, next first.
+    pending: VecDeque<Target>,
+    /// When the next round is due.
+    next_round: Instant,
+}
+
+impl Rechecks {
+    fn new(now: Instant) -> Self {
+        Rechecks {
+            pending: VecDeque::new(),
+            next_round: now,
+        }
+    }
+
+    /// Starts a round of the recorded conflicts of the pool `pool` returns, when one is due and
+    /// the last one has been started in full. Without a config yet, the round waits for one.
+    fn start_round(&mut self, now: Instant, pool: impl FnOnce() -> Option<Arc<PoolSnapshot>>) {
+        if now < self.next_round || !self.pending.is_empty() {
+            return;
+        }
+        let Some(pool) = pool() else {
+            return;
+        };
+        self.pending = recheck_targets(&pool).into();
+        self.next_round = now + RECHECK;
+    }
+
+    /// Claims a probe for this round's addresses, in order, while [`MAX_PROBES`] do not run;
+    /// an address probed already (a DECLINE's probe answers for it) leaves the round, the rest
+    /// wait for places.
+    fn claim(&mut self, in_flight: &Arc<InFlight>) -> Vec<(Slot, Target)> {
+        let mut claimed = Vec::new();
+        while let Some(target) = self.pending.front().copied() {
+            match in_flight.claim(target.ip) {
+                Claim::Granted(slot) => claimed.push((slot, target)),
+                Claim::Running => {}
+                Claim::Busy => break,
             }
-            Ok(None) => {
-                counters
-                    .declines_unconfirmed
-                    .fetch_add(1, Ordering::Relaxed);
-                info!(%addr, "IPv6 address declined, but no host answers for it: still served");
+            self.pending.pop_front();
+        }
+        claimed
+    }
+}
+
+/// Probes one recorded conflict of `pool` again on `interface`, in the background, recording in
+/// the table's findings who answers: another host (the conflict stands) or nobody but the
+/// address's own client (it is free: withheld no longer, and the controller clears it).
+fn recheck(
+    interface: &str,
+    pool: &NamespacedName,
+    table: &Arc<LeaseTable>,
+    (slot, target): (Slot, Target),
+) {
+    let (interface, pool, table) = (interface.to_owned(), pool.clone(), Arc::clone(table));
+    spawn_probe(slot, move || {
+        let Target { ip, holder } = target;
+        let probed = crate::arp::probe6(&interface, ip, PROBE_WAIT);
+        let Some(finding) = recheck_finding(holder, &probed) else {
+            if let Err(error) = probed {
+                debug!(%interface, %pool, %ip, %error, "recorded IPv6 conflict not rechecked");
             }
-            Err(error) => {
-                counters.declines_not_probed.fetch_add(1, Ordering::Relaxed);
-                warn!(%addr, %error, "IPv6 address declined; it could not be checked");
+            return;
+        };
+        match finding.answered_by {
+            None => {
+                info!(%interface, %pool, %ip, mac = ?holder, "an IPv6 address recorded as conflicted is free again")
+            }
+            Some(host) => {
+                debug!(%interface, %pool, %ip, mac = ?holder, answered_by = %host, "an IPv6 address recorded as conflicted is still used by another host")
             }
         }
-        in_flight.fetch_sub(1, Ordering::AcqRel);
+        table.findings().record(&pool, ip, finding);
     });
 }
 
@@ -540,6 +830,227 @@ fn is_link_local(ip: &Ipv6Addr) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::pools::PoolLeases;
+    use vmdhcp_core::fixtures::pool_config;
+    use vmdhcp_core::pool::{Binding, PoolConfigV6};
+
+    const VM: MacAddr = MacAddr([2, 0, 0, 0, 0, 1]);
+    const OTHER: MacAddr = MacAddr([2, 0, 0, 0, 0, 9]);
+
+    fn ip6(n: u16) -> Ipv6Addr {
+        Ipv6Addr::new(0xfd00, 0, 0, 0, 0, 0, 0, n)
+    }
+
+    /// A table serving `default/a`, dual-stack in fd00::/112, where VM holds fd00::10 and the
+    /// controller records `conflicted` as used by another host.
+    fn table(conflicted: Vec<Ipv6Addr>) -> Arc<LeaseTable> {
+        let config = vmdhcp_core::pool::PoolConfig {
+            ipv6: Some(PoolConfigV6 {
+                server_ip: ip6(1),
+                subnet: "fd00::/112".parse().unwrap(),
+                dns: vec![],
+                lease_seconds: 300,
+                router_advertisements: false,
+                router: None,
+                conflicted,
+            }),
+            ..pool_config("default/a")
+        };
+        let table = LeaseTable::new();
+        let binding = Binding {
+            ipv6: Some(ip6(0x10)),
+            ..Binding::ip("192.0.2.10".parse().unwrap())
+        };
+        let errors = table.apply_snapshot(&[PoolLeases {
+            leases: [(VM, binding)].into(),
+            config,
+        }]);
+        assert!(errors.is_empty(), "{errors:?}");
+        Arc::new(table)
+    }
+
+    fn pool() -> NamespacedName {
+        "default/a".parse().unwrap()
+    }
+
+    fn no_socket() -> ArpError {
+        ArpError::Socket {
+            source: io::Error::from(io::ErrorKind::PermissionDenied),
+            missing: Missing(None),
+        }
+    }
+
+    #[test]
+    fn a_declined_address_is_in_conflict_only_when_another_host_answers_for_it() {
+        let cases = [
+            (Some(VM), Ok(Some(OTHER)), DeclineVerdict::Conflict(OTHER)),
+            (None, Ok(Some(OTHER)), DeclineVerdict::Conflict(OTHER)),
+            (Some(VM), Ok(Some(VM)), DeclineVerdict::HolderAnswers),
+            (Some(VM), Ok(None), DeclineVerdict::NoAnswer),
+            (Some(VM), Err(no_socket()), DeclineVerdict::Unverifiable),
+        ];
+        for (client, probed, verdict) in cases {
+            assert_eq!(DeclineVerdict::of(client, &probed), verdict, "{probed:?}");
+        }
+    }
+
+    #[test]
+    fn a_confirmed_decline_is_withheld_and_recorded_for_the_controller_and_nothing_else_is() {
+        let (table, counters) = (table(vec![]), Counters6::default());
+        let snapshot = table.pool(&pool()).unwrap();
+        let addr = ip6(0x10);
+        for verdict in [
+            DeclineVerdict::NoAnswer,
+            DeclineVerdict::HolderAnswers,
+            DeclineVerdict::Unverifiable,
+        ] {
+            apply_decline(&pool(), addr, Some(VM), verdict, &table, &counters);
+            assert!(!table.withholds6(&snapshot, &addr), "{verdict:?}");
+            assert!(table.findings().of(&pool()).is_empty(), "{verdict:?}");
+        }
+        apply_decline(
+            &pool(),
+            addr,
+            Some(VM),
+            DeclineVerdict::Conflict(OTHER),
+            &table,
+            &counters,
+        );
+        assert!(table.is_withheld6(&pool(), &addr));
+        assert!(table.withholds6(&snapshot, &addr));
+        let found = table.findings().of(&pool());
+        assert_eq!(found.len(), 1);
+        let (ip, finding) = found[0];
+        assert_eq!(
+            (ip, finding.mac, finding.answered_by, finding.reason),
+            (addr.into(), Some(VM), Some(OTHER), Reason::Decline)
+        );
+        let counted = |c: &AtomicU64| c.load(Ordering::Relaxed);
+        assert_eq!(
+            (
+                counted(&counters.declines_confirmed),
+                counted(&counters.declines_unconfirmed),
+                counted(&counters.declines_not_probed)
+            ),
+            (1, 2, 1)
+        );
+    }
+
+    #[test]
+    fn probes_are_bounded_one_per_address_and_give_their_place_back_when_done() {
+        let in_flight = Arc::new(InFlight::default());
+        let mut slots: Vec<Slot> = (0..MAX_PROBES as u16)
+            .map(|n| match in_flight.claim(ip6(0x100 + n)) {
+                Claim::Granted(slot) => slot,
+                other => panic!("{other:?}"),
+            })
+            .collect();
+        assert!(matches!(in_flight.claim(ip6(0x100)), Claim::Running));
+        assert!(matches!(in_flight.claim(ip6(0x999)), Claim::Busy));
+        assert_eq!(in_flight.len(), MAX_PROBES);
+        // A probe ends (or its thread never started): its place is free again.
+        slots.pop();
+        assert!(matches!(in_flight.claim(ip6(0x999)), Claim::Granted(_)));
+        drop(slots);
+        assert_eq!(in_flight.len(), 0);
+    }
+
+    #[test]
+    fn a_recheck_finds_a_recorded_conflict_free_unless_another_host_answers_for_it() {
+        let taken = recheck_finding(Some(VM), &Ok(Some(OTHER))).unwrap();
+        assert_eq!(
+            (taken.mac, taken.answered_by, taken.reason),
+            (Some(VM), Some(OTHER), Reason::Recheck)
+        );
+        let unreserved = recheck_finding(None, &Ok(Some(OTHER))).unwrap();
+        assert_eq!(
+            (unreserved.mac, unreserved.answered_by),
+            (None, Some(OTHER))
+        );
+        // Nobody, or only the address's own client: free.
+        for heard in [None, Some(VM)] {
+            let free = recheck_finding(Some(VM), &Ok(heard)).unwrap();
+            assert_eq!(
+                (free.mac, free.answered_by, free.reason),
+                (Some(VM), None, Reason::Recheck)
+            );
+        }
+        assert_eq!(recheck_finding(Some(VM), &Err(no_socket())), None);
+
+        // Recorded, a free verdict gives the address again until the controller clears it; a
+        // conflict keeps it withheld.
+        let table = table(vec![ip6(0x10), ip6(0x20)]);
+        let snapshot = table.pool(&pool()).unwrap();
+        assert!(table.withholds6(&snapshot, &ip6(0x10)));
+        table
+            .findings()
+            .record(&pool(), ip6(0x10), Finding::free(Some(VM)));
+        table.findings().record(&pool(), ip6(0x20), taken);
+        assert!(!table.withholds6(&snapshot, &ip6(0x10)));
+        assert!(table.withholds6(&snapshot, &ip6(0x20)));
+    }
+
+    /// The targets of `claimed`, in order.
+    fn targets(claimed: &[(Slot, Target)]) -> Vec<Target> {
+        claimed.iter().map(|(_, t)| *t).collect()
+    }
+
+    #[test]
+    fn each_recorded_conflict_is_rechecked_with_its_holder_a_few_at_a_time_every_recheck() {
+        let conflicted: Vec<Ipv6Addr> = (0..6).map(|n| ip6(0x10 + n)).collect();
+        let table = table(conflicted.clone());
+        let snapshot = || table.pool(&pool());
+        let want: Vec<Target> = conflicted
+            .iter()
+            .map(|ip| Target {
+                ip: *ip,
+                holder: (*ip == ip6(0x10)).then_some(VM),
+            })
+            .collect();
+        assert_eq!(recheck_targets(&table.pool(&pool()).unwrap()), want);
+
+        let in_flight = Arc::new(InFlight::default());
+        let start = Instant::now();
+        let mut rechecks = Rechecks::new(start);
+        // No config yet: the round waits for one.
+        rechecks.start_round(start, || None);
+        assert!(rechecks.claim(&in_flight).is_empty());
+        rechecks.start_round(start, snapshot);
+        // A DECLINE's probe of one address runs: it answers for that address this round.
+        let Claim::Granted(decline) = in_flight.claim(ip6(0x11)) else {
+            panic!("nothing runs yet");
+        };
+        let first = rechecks.claim(&in_flight);
+        assert_eq!(targets(&first), [want[0], want[2], want[3]]);
+        assert!(rechecks.claim(&in_flight).is_empty(), "every place taken");
+        // A probe ends: the next address takes its place; the round is not over.
+        drop(decline);
+        let second = rechecks.claim(&in_flight);
+        assert_eq!(targets(&second), [want[4]]);
+        let later = start + RECHECK;
+        rechecks.start_round(later, snapshot);
+        drop(first);
+        let third = rechecks.claim(&in_flight);
+        assert_eq!(targets(&third), [want[5]]);
+        assert!(rechecks.claim(&in_flight).is_empty(), "the round is done");
+        drop((second, third));
+        // The next round is due RECHECK after the last one started, and not before.
+        let mut asked = false;
+        rechecks.start_round(later - Duration::from_millis(1), || {
+            asked = true;
+            None
+        });
+        assert!(!asked);
+        rechecks.start_round(later, snapshot);
+        assert_eq!(targets(&rechecks.claim(&in_flight)), want[..MAX_PROBES]);
+    }
+
+    #[test]
+    fn a_pool_without_an_ipv6_side_has_nothing_to_recheck() {
+        let table = LeaseTable::new();
+        table.apply_snapshot(&[PoolLeases::new(pool_config("default/a"))]);
+        assert!(recheck_targets(&table.pool(&pool()).unwrap()).is_empty());
+    }
 
     fn frame(next_header: u8, port: u16, payload: &[u8]) -> Vec<u8> {
         let mut f = vec![0x33, 0x33, 0, 1, 0, 2, 2, 0, 0, 0, 0, 1, 0x86, 0xdd];
