@@ -306,8 +306,12 @@ fn send_to_servers(rig: &Rig, vm: &Netns, payload: &[u8]) {
     rig.lab.exec(vm, "python3", &["-c", &script]).unwrap();
 }
 
+/// A DECLINE (hand-built, over the real path) costs nothing unless another host answers the
+/// agent's Neighbor Solicitation: nobody answering leaves the address served, and neither does
+/// the reservation's own client answering (a DECLINE forged in its name, or a stale one). The
+/// confirmed case, from a real client, is the next test.
 #[test]
-fn a_decline_costs_nothing_unless_a_neighbor_solicitation_finds_the_address_in_use() {
+fn a_decline_costs_nothing_unless_another_host_answers_the_neighbor_solicitation() {
     let (rig, vm) = lab(MAC, &[dual("p6", SUBNET, false)]);
     // Nobody uses the address: the DECLINE is checked, and the address still served.
     send_to_servers(&rig, &vm, &decline("default/p6", reserved()));
@@ -321,7 +325,8 @@ fn a_decline_costs_nothing_unless_a_neighbor_solicitation_finds_the_address_in_u
     let c = Client6::dhclient(&vm, "eth0", Options6::default());
     assert_eq!(c.wait_lease("BOUND6", 0, BIND).address, reserved());
     drop(c);
-    // A host on the link answers for it (here the VM's own interface holds it): withheld.
+    // The VM itself uses the address (its interface holds it) and answers the probe: a
+    // DECLINE in its name is forged or stale, and withholds nothing.
     rig.lab
         .exec(
             &vm,
@@ -338,24 +343,15 @@ fn a_decline_costs_nothing_unless_a_neighbor_solicitation_finds_the_address_in_u
         .unwrap();
     send_to_servers(&rig, &vm, &decline("default/p6", reserved()));
     showing_agent_log(&rig, || {
-        wait_for("the confirmed decline", Duration::from_secs(10), || {
+        wait_for("the ignored decline", Duration::from_secs(10), || {
             rig.agent_log()
-                .contains("another host answers for it")
+                .contains("in the name of its own holder, which answers for it")
                 .then_some(())
         })
     });
-    let log = rig.agent_log();
-    assert!(log.contains(&format!("host={MAC}")), "{log}");
-    // Withheld: the client's SOLICITs go unanswered.
+    assert!(!rig.agent_log().contains("another host answers for it"));
     let c = Client6::dhclient(&vm, "eth0", Options6::default());
-    wait_for("three SOLICITs", BIND, || {
-        (c.log().matches("XMT: Solicit").count() >= 3).then_some(())
-    });
-    assert!(
-        !c.event_names().iter().any(|e| e == "BOUND6"),
-        "{}",
-        c.log()
-    );
+    assert_eq!(c.wait_lease("BOUND6", 0, BIND).address, reserved());
 }
 
 /// dhclient, with duplicate address detection on as a VM runs it, is given its reservation
@@ -413,7 +409,7 @@ fn dhclient_declines_an_address_its_dad_finds_taken_and_the_agent_withholds_it_a
             },
         );
         let log = b.rig.agent_log();
-        assert!(log.contains(&format!("host={EVIL}")), "{log}");
+        assert!(log.contains(&format!("answered_by={EVIL}")), "{log}");
         let confirmed = r#"vmdhcp_agent_dhcp6_declines_total{interface="srv0",pool="default/a",result="confirmed"} 1"#;
         let metrics = b.metrics();
         assert!(metrics.lines().any(|l| l == confirmed), "{metrics}");

@@ -10,7 +10,9 @@ use std::time::{Duration, Instant};
 
 use vmdhcp_core::pool::duid::server_duid;
 use vmdhcp_integration::dhcp_client::{start_dhclient, wait_event, wait_for};
-use vmdhcp_integration::dhcp6_client::{Client6, Lease6, Options6, global_addresses};
+use vmdhcp_integration::dhcp6_client::{
+    Client6, Lease6, Options6, global_addresses, wait_link_local,
+};
 use vmdhcp_integration::fleet::{
     Agent, Captured, Fleet, LEASE_SECONDS, NS, NTP_IP, Options, SERVER_IP, SERVER_IP6, SUBNET6,
     VM1_MAC, VM2_MAC, arp_announcements, captured, doubled_replies, metric, probe_until_leased,
@@ -839,6 +841,115 @@ fn a_squatter_on_a_vms_address_moves_the_vm_records_why_and_is_cleared_once_gone
             .any(|(k, m)| k == "IPPool" && m.contains(&ip1))
     );
     assert_eq!(fleet.allocated()[VM2_MAC], ip2);
+}
+
+/// The IPv6 side of the rule above. A host nobody manages already uses vm1's IPv6 address:
+/// dhclient -6, with duplicate address detection on as a VM runs it, binds the address, its DAD
+/// fails and it DECLINEs. The leader's Neighbor Solicitation finds the squatter too and reports
+/// it; the controller records the conflict in `status.ipv6.conflicts`, moves vm1's IPv6
+/// address (its IPv4 one stays) and says why; the client's next SOLICIT binds the new address.
+/// Once the squatter leaves, the agent's recheck finds the address free and the controller
+/// clears the conflict.
+#[test]
+fn a_squatted_ipv6_address_a_vm_declines_is_recorded_the_vm_moves_and_it_clears_once_gone() {
+    let mut fleet = setup_with(Options {
+        ipv6_lease_seconds: Some(LEASE6),
+        ..Options::default()
+    });
+    let ip1 = fleet.allocated()[VM1_MAC].clone();
+    let squatted = fleet.allocated6()[VM1_MAC].clone();
+    let ns0 = fleet.agent_netns(0);
+    let a0 = fleet.start_agent(&ns0, "agent-0");
+    fleet.leader(&[&a0]);
+
+    const SQUATTER_MAC: &str = "02:12:34:00:00:98";
+    let squatter = fleet.vm("squat6", SQUATTER_MAC);
+    let squat = |fleet: &Fleet, verb: &str| {
+        let address = format!("{squatted}/112");
+        let mut args = vec!["-6", "addr", verb, address.as_str(), "dev", "eth0"];
+        if verb == "add" {
+            args.push("nodad");
+        }
+        fleet.lab.exec(&squatter, "ip", &args).unwrap();
+    };
+    squat(&fleet, "add");
+    // DAD on, as in a VM: its link-local address must pass it before DHCPv6 starts.
+    let vm1 = fleet.vm("vm1", VM1_MAC);
+    wait_link_local(&fleet.lab, &vm1, "eth0", Duration::from_secs(10));
+    let started = Instant::now();
+    let client = Client6::dhclient(
+        &vm1,
+        "eth0",
+        Options6 {
+            dad_wait_seconds: Some(3),
+            ..Options6::default()
+        },
+    );
+    let first = client.wait_event("BOUND6", 0, Duration::from_secs(30));
+    assert_eq!(first.get("new_ip6_address"), Some(&squatted), "{first:?}");
+    assert_eq!(first.get("dad_result").map(String::as_str), Some("failed"));
+
+    let moved = client.wait_lease("BOUND6", 1, Duration::from_secs(90));
+    eprintln!(
+        "squatted {squatted}: vm1 bound to {} {:.1} s after dhclient -6 started",
+        moved.address,
+        started.elapsed().as_secs_f64()
+    );
+    assert_ne!(moved.address.to_string(), squatted);
+    assert_eq!(fleet.allocated6()[VM1_MAC], moved.address.to_string());
+    assert_eq!(fleet.allocated()[VM1_MAC], ip1, "vm1's IPv4 address stays");
+    assert!(
+        client.log().contains("XMT: Forming Decline"),
+        "{}",
+        client.log()
+    );
+
+    let pool = fleet.kubectl_json(&["-n", NS, "get", "ippool", "pool-a"]);
+    let conflict = &pool["status"]["ipv6"]["conflicts"][&squatted];
+    assert_eq!(conflict["answeredBy"], SQUATTER_MAC, "{pool}");
+    assert_eq!(conflict["macAddress"], VM1_MAC, "{pool}");
+    assert_eq!(conflict["source"], "Decline", "{pool}");
+    assert!(
+        pool["status"]["ipv4"]["conflicts"].is_null(),
+        "nothing recorded for IPv4: {pool}"
+    );
+    let said = wait_for("AddressConflict events", Duration::from_secs(20), || {
+        let said = events(&fleet, "AddressConflict");
+        said.iter()
+            .any(|(k, m)| {
+                k == "IPPool" && m.contains(&squatted) && m.contains("Neighbor Solicitation")
+            })
+            .then_some(said)
+    });
+    assert!(
+        said.iter().any(|(_, m)| m.contains(SQUATTER_MAC)),
+        "{said:?}"
+    );
+
+    // The squatter leaves: the recheck finds the address free and the conflict is cleared.
+    squat(&fleet, "del");
+    let left = Instant::now();
+    wait_for(
+        "the IPv6 conflict cleared",
+        Duration::from_secs(120),
+        || {
+            let pool = fleet.kubectl_json(&["-n", NS, "get", "ippool", "pool-a"]);
+            pool["status"]["ipv6"]["conflicts"]
+                .get(&squatted)
+                .is_none()
+                .then_some(())
+        },
+    );
+    eprintln!(
+        "squatter gone: conflict on {squatted} cleared {:.1} s later",
+        left.elapsed().as_secs_f64()
+    );
+    assert!(
+        events(&fleet, "ConflictCleared")
+            .iter()
+            .any(|(k, m)| k == "IPPool" && m.contains(&squatted))
+    );
+    drop(a0);
 }
 
 /// Issue 37: another host sends DECLINEs in a running VM's name and floods the leader with
