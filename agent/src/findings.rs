@@ -199,22 +199,6 @@ mod tests {
         Ipv6Addr::new(0xfd00, 0, 0, 0, 0, 0, 0, n)
     }
 
-    /// `key`'s pool with an IPv6 side in fd00::/112 whose recorded conflicts are `conflicted`.
-    fn dual_stack(key: &str, conflicted: Vec<Ipv6Addr>) -> PoolConfig {
-        PoolConfig {
-            ipv6: Some(vmdhcp_core::pool::PoolConfigV6 {
-                server_ip: ip6(1),
-                subnet: "fd00::/112".parse().unwrap(),
-                dns: vec![],
-                lease_seconds: 300,
-                router_advertisements: false,
-                router: None,
-                conflicted,
-            }),
-            ..pool_config(key)
-        }
-    }
-
     #[test]
     fn the_latest_verdict_per_address_wins_and_a_pool_keeps_at_most_its_bound() {
         let findings = Findings::default();
@@ -339,7 +323,7 @@ mod tests {
         let findings = Findings::default();
         let single = pool_config("default/a");
         assert!(!findings.withheld6(&single, ip6(10)), "no IPv6 side");
-        let mut config = dual_stack("default/a", vec![]);
+        let mut config = pool_config("default/a").with_ipv6(vec![]);
         assert!(!findings.withheld6(&config, ip6(10)), "nothing recorded");
         config.ipv6.as_mut().unwrap().conflicted = vec![ip6(10)];
         config.conflicted = vec![ip(10)];
@@ -368,7 +352,7 @@ mod tests {
         assert!(!findings.withheld(&config, ip(10)));
         assert!(findings.withheld6(&config, ip6(10)));
         // Another pool's verdict frees nothing here.
-        let other = dual_stack("default/b", vec![ip6(10)]);
+        let other = pool_config("default/b").with_ipv6(vec![ip6(10)]);
         findings.record(&other.pool, ip6(10), Finding::free(None));
         assert!(findings.withheld6(&config, ip6(10)));
         assert!(!findings.withheld6(&other, ip6(10)));

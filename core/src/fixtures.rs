@@ -130,6 +130,21 @@ impl PoolConfig {
         self
     }
 
+    /// Dual-stack: an IPv6 side in fd00::/112, the server at fd00::1, no DNS, 300 s lifetimes,
+    /// no Router Advertisements, `conflicted` recorded as used by another host.
+    pub fn with_ipv6(mut self, conflicted: Vec<std::net::Ipv6Addr>) -> Self {
+        self.ipv6 = Some(crate::pool::PoolConfigV6 {
+            server_ip: "fd00::1".parse().unwrap(),
+            subnet: "fd00::/112".parse().unwrap(),
+            dns: vec![],
+            lease_seconds: 300,
+            router_advertisements: false,
+            router: None,
+            conflicted,
+        });
+        self
+    }
+
     /// Every option set, in 192.0.2.0/24: router .254, DNS .53 and .54, domain `example.test`,
     /// search `example.test` and `svc.example.test`, NTP 192.0.2.123 and `ntp.example.test`.
     pub fn with_options(mut self) -> Self {

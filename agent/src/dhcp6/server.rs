@@ -832,7 +832,7 @@ mod tests {
     use super::*;
     use crate::pools::PoolLeases;
     use vmdhcp_core::fixtures::pool_config;
-    use vmdhcp_core::pool::{Binding, PoolConfigV6};
+    use vmdhcp_core::pool::Binding;
 
     const VM: MacAddr = MacAddr([2, 0, 0, 0, 0, 1]);
     const OTHER: MacAddr = MacAddr([2, 0, 0, 0, 0, 9]);
@@ -844,18 +844,7 @@ mod tests {
     /// A table serving `default/a`, dual-stack in fd00::/112, where VM holds fd00::10 and the
     /// controller records `conflicted` as used by another host.
     fn table(conflicted: Vec<Ipv6Addr>) -> Arc<LeaseTable> {
-        let config = vmdhcp_core::pool::PoolConfig {
-            ipv6: Some(PoolConfigV6 {
-                server_ip: ip6(1),
-                subnet: "fd00::/112".parse().unwrap(),
-                dns: vec![],
-                lease_seconds: 300,
-                router_advertisements: false,
-                router: None,
-                conflicted,
-            }),
-            ..pool_config("default/a")
-        };
+        let config = pool_config("default/a").with_ipv6(conflicted);
         let table = LeaseTable::new();
         let binding = Binding {
             ipv6: Some(ip6(0x10)),

@@ -994,6 +994,19 @@ mod tests {
         }
     }
 
+    /// `pool`'s IPv4 range: 192.0.2.10–20 of 192.0.2.0/24, the server at .1.
+    fn range_v4(pool: NamespacedName) -> PoolRange {
+        PoolRange::new(
+            pool,
+            "192.0.2.0/24".parse().unwrap(),
+            (Ipv4Addr::new(192, 0, 2, 10), Ipv4Addr::new(192, 0, 2, 20)),
+            Ipv4Addr::new(192, 0, 2, 1),
+            None,
+            vec![],
+        )
+        .unwrap()
+    }
+
     /// A restart rebuilds both families' conflicts from the status, so an IPv6 address another
     /// host uses stays blocked across leaders.
     #[test]
@@ -1038,16 +1051,10 @@ mod tests {
             vec![],
         )
         .unwrap();
-        let range4 = PoolRange::new(
-            pool,
-            "192.0.2.0/24".parse().unwrap(),
-            (Ipv4Addr::new(192, 0, 2, 10), Ipv4Addr::new(192, 0, 2, 20)),
-            Ipv4Addr::new(192, 0, 2, 1),
-            None,
-            vec![],
-        )
-        .unwrap();
-        let (mut a4, mut a6) = (PoolAllocator::new(range4), PoolAllocator::new(range6));
+        let (mut a4, mut a6) = (
+            PoolAllocator::new(range_v4(pool)),
+            PoolAllocator::new(range6),
+        );
         let probes = [
             AddressProbe {
                 ip: v6("fd00::11").into(),
@@ -1112,16 +1119,7 @@ mod tests {
         let (agent, probes) = serving_probes(&reports, &pool, SystemTime::now()).unwrap();
         assert_eq!((agent, probes.len()), ("vmdhcp/agent-1", 4));
 
-        let range = PoolRange::new(
-            pool.clone(),
-            "192.0.2.0/24".parse().unwrap(),
-            (Ipv4Addr::new(192, 0, 2, 10), Ipv4Addr::new(192, 0, 2, 20)),
-            Ipv4Addr::new(192, 0, 2, 1),
-            None,
-            vec![],
-        )
-        .unwrap();
-        let mut alloc = PoolAllocator::new(range);
+        let mut alloc = PoolAllocator::new(range_v4(pool.clone()));
         let since = crate::reconcile::status::now();
         alloc
             .record_conflict(Ipv4Addr::new(192, 0, 2, 12), AddressConflict::default())
