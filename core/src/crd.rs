@@ -543,6 +543,19 @@ pub type RecordedNic = (
     Option<NetworkConfigState>,
 );
 
+impl IPPool {
+    /// The addresses its status records as used by another host, as recorded (keys, not
+    /// parsed): `status.ipv4.conflicts`, then `status.ipv6.conflicts`. What the controller
+    /// wakes configs for and republishes a pool's config on, whichever family changed.
+    pub fn conflict_keys(&self) -> impl Iterator<Item = &String> {
+        let status = self.status.as_ref();
+        let v4 = status.and_then(|s| s.ipv4.as_ref()).into_iter();
+        let v6 = status.and_then(|s| s.ipv6.as_ref()).into_iter();
+        v4.flat_map(|v4| v4.conflicts.keys())
+            .chain(v6.flat_map(|v6| v6.conflicts.keys()))
+    }
+}
+
 impl VirtualMachineNetworkConfig {
     /// The NICs its status records, networks resolved in its namespace; an entry whose network
     /// or MAC does not parse names no NIC and is skipped.

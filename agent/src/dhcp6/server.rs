@@ -595,19 +595,17 @@ fn recheck_targets(pool: &PoolSnapshot) -> Vec<Target> {
         .unwrap_or_default()
 }
 
-/// The verdict a recheck's probe makes, as the DHCPv4 recheck's: another host answering (not
-/// the address's own client) keeps the conflict; nobody else answering frees it; a probe that
-/// could not be sent says nothing.
+/// The verdict a recheck's probe makes, read as a DECLINE's ([`DeclineVerdict::of`]) and as the
+/// DHCPv4 recheck's: another host answering (not the address's own client) keeps the conflict;
+/// nobody else answering frees it; a probe that could not be sent says nothing.
 fn recheck_finding(
     holder: Option<MacAddr>,
     probed: &Result<Option<MacAddr>, ArpError>,
 ) -> Option<Finding> {
-    match probed {
-        Ok(Some(host)) if Some(*host) != holder => {
-            Some(Finding::conflict(holder, *host, Reason::Recheck))
-        }
-        Ok(_) => Some(Finding::free(holder)),
-        Err(_) => None,
+    match DeclineVerdict::of(holder, probed) {
+        DeclineVerdict::Conflict(host) => Some(Finding::conflict(holder, host, Reason::Recheck)),
+        DeclineVerdict::HolderAnswers | DeclineVerdict::NoAnswer => Some(Finding::free(holder)),
+        DeclineVerdict::Unverifiable => None,
     }
 }
 

@@ -258,22 +258,7 @@ fn logged<T>(key: &NamespacedName, read: Result<(T, Vec<PoolError>), PoolError>)
 /// Whether two versions of a pool give it the same config (spec, and the conflicted addresses
 /// its status records), so that only its leases can differ.
 fn same_config(a: &IPPool, b: &IPPool) -> bool {
-    a.spec == b.spec && conflicted(a).eq(conflicted(b))
-}
-
-/// The addresses (keys) of a pool's recorded conflicts, IPv4 then IPv6.
-fn conflicted(pool: &IPPool) -> impl Iterator<Item = &String> {
-    let status = pool.status.as_ref();
-    status
-        .and_then(|s| s.ipv4.as_ref())
-        .into_iter()
-        .flat_map(|v4| v4.conflicts.keys())
-        .chain(
-            status
-                .and_then(|s| s.ipv6.as_ref())
-                .into_iter()
-                .flat_map(|v6| v6.conflicts.keys()),
-        )
+    a.spec == b.spec && a.conflict_keys().eq(b.conflict_keys())
 }
 
 #[cfg(test)]

@@ -576,17 +576,8 @@ fn config_triggers(
         let Some(network) = network_of(&pool) else {
             return Vec::new();
         };
-        let status = pool.status.as_ref();
-        let conflicts = status
-            .and_then(|s| s.ipv4.as_ref())
-            .into_iter()
-            .flat_map(|v4| v4.conflicts.keys())
-            .chain(
-                status
-                    .and_then(|s| s.ipv6.as_ref())
-                    .into_iter()
-                    .flat_map(|v6| v6.conflicts.keys()),
-            )
+        let conflicts = pool
+            .conflict_keys()
             .filter_map(|ip| ip.parse::<std::net::IpAddr>().ok());
         configs
             .concerned_by_pool(&network, conflicts)
