@@ -141,21 +141,36 @@ pub fn neighbor_advertisement(mac: MacAddr, ip: Ipv6Addr) -> [u8; NA_FRAME_LEN] 
 /// The ICMPv6 checksum of `message` (its checksum field zero) from `src` to `dst`: the one's
 /// complement sum over the IPv6 pseudo-header and the message (RFC 4443 §2.3).
 fn icmpv6_checksum(src: Ipv6Addr, dst: Ipv6Addr, message: &[u8]) -> u16 {
+    ipv6_checksum(src, dst, 58, message)
+}
+
+/// The checksum of an upper-layer `message` (`next_header` 58 for ICMPv6, 17 for UDP; its
+/// checksum field zero) from `src` to `dst` over IPv6: the one's complement of the one's
+/// complement sum of the pseudo-header (RFC 8200 §8.1) and the message. For UDP, a result of
+/// zero is sent as `0xffff` (RFC 8200 §8.1: zero means "no checksum", which IPv6 forbids).
+pub fn ipv6_checksum(src: Ipv6Addr, dst: Ipv6Addr, next_header: u8, message: &[u8]) -> u16 {
     let len = u32::try_from(message.len()).unwrap_or(u32::MAX);
-    let mut pseudo = Vec::with_capacity(40 + message.len());
-    pseudo.extend_from_slice(&src.octets());
-    pseudo.extend_from_slice(&dst.octets());
-    pseudo.extend_from_slice(&len.to_be_bytes());
-    pseudo.extend_from_slice(&[0, 0, 0, 58]);
-    pseudo.extend_from_slice(message);
-    let mut sum: u32 = pseudo
-        .chunks(2)
-        .map(|c| u32::from(u16::from_be_bytes([c[0], c.get(1).copied().unwrap_or(0)])))
-        .sum();
+    let words = |bytes: &[u8]| -> u64 {
+        bytes
+            .chunks(2)
+            .map(|c| u64::from(u16::from_be_bytes([c[0], c.get(1).copied().unwrap_or(0)])))
+            .sum()
+    };
+    let mut sum = words(&src.octets())
+        + words(&dst.octets())
+        + u64::from(len >> 16)
+        + u64::from(len & 0xffff)
+        + u64::from(next_header)
+        + words(message);
     while sum > 0xffff {
         sum = (sum & 0xffff) + (sum >> 16);
     }
-    !u16::try_from(sum).unwrap_or(0xffff)
+    let folded = !u16::try_from(sum).unwrap_or(0xffff);
+    if next_header == 17 && folded == 0 {
+        0xffff
+    } else {
+        folded
+    }
 }
 
 /// Length of a duplicate-address-detection Neighbor Solicitation frame: Ethernet, IPv6, and an
@@ -197,71 +212,115 @@ pub fn neighbor_solicitation(mac: MacAddr, target: Ipv6Addr) -> [u8; NS_FRAME_LE
     frame
 }
 
-/// The host a frame shows using `target`: the Ethernet source of a Neighbor Advertisement for
-/// it (hop limit 255, as RFC 4861 requires of any), unless that is `own`.
-pub fn advertiser_of(frame: &[u8], own: MacAddr, target: Ipv6Addr) -> Option<MacAddr> {
+/// Who a frame answers for, when it is an answer that counts to a duplicate-address-detection
+/// probe by `own` for one of `targets` ([`neighbor_solicitation`]): a Neighbor Advertisement of
+/// the target to all nodes (RFC 4861 §7.2.4: how a host answers a solicitation from the
+/// unspecified address), hop limit 255 (§7.1.2), whose Target Link-Layer Address option names
+/// its Ethernet source. A frame that says one thing at layer 2 and another in NDP is forged; a
+/// unicast advertisement answers no probe of ours; our own frames are no answer.
+pub fn advertiser_of(
+    frame: &[u8],
+    own: MacAddr,
+    targets: &[Ipv6Addr],
+) -> Option<(MacAddr, Ipv6Addr)> {
     let eth = frame.get(..14)?;
-    if u16::from_be_bytes([eth[12], eth[13]]) != ETH_P_IPV6 {
+    if u16::from_be_bytes([eth[12], eth[13]]) != ETH_P_IPV6 || eth[6..12] == own.0 {
         return None;
     }
     let ipv6 = frame.get(14..54)?;
-    let icmp = frame.get(54..78)?;
-    if ipv6[6] != 58 || ipv6[7] != 255 || icmp[0] != 136 || icmp.get(8..24)? != target.octets() {
+    let payload = usize::from(u16::from_be_bytes([ipv6[4], ipv6[5]]));
+    let icmp = frame.get(54..54 + payload)?;
+    if ipv6[6] != 58 || ipv6[7] != 255 || ipv6[24..40] != ALL_NODES.octets() {
+        return None;
+    }
+    if *icmp.first()? != 136 || *icmp.get(1)? != 0 {
+        return None;
+    }
+    let target = Ipv6Addr::from(<[u8; 16]>::try_from(icmp.get(8..24)?).ok()?);
+    if !targets.contains(&target) {
+        return None;
+    }
+    // The options, 8-byte units each: the Target Link-Layer Address (type 2) must be there.
+    let mut options = icmp.get(24..)?;
+    let mut named = None;
+    while let [kind, units, ..] = *options {
+        let len = usize::from(units) * 8;
+        if len == 0 {
+            return None;
+        }
+        let option = options.get(..len)?;
+        if kind == 2 {
+            named = option.get(2..8);
+        }
+        options = options.get(len..)?;
+    }
+    if named? != &eth[6..12] {
         return None;
     }
     let mut mac = [0u8; 6];
-    mac.copy_from_slice(eth.get(6..12)?);
-    let mac = MacAddr(mac);
-    (mac != own).then_some(mac)
+    mac.copy_from_slice(&eth[6..12]);
+    Some((MacAddr(mac), target))
 }
 
-/// Whether another host uses `target` on `interface`: one duplicate-address-detection Neighbor
-/// Solicitation, then listening up to `wait` for an advertisement of it. Blocking; needs
-/// CAP_NET_RAW.
+/// Whether other hosts use `targets` on `interface` (RFC 4862 §5.4, as RFC 5227 probes for
+/// IPv4): [`PROBE_NUM`] rounds, each a duplicate-address-detection Neighbor Solicitation for
+/// every target, `interval` apart, listening until `wait` after the first and noting every
+/// answer that counts ([`advertiser_of`]) with its round. Stops early once `enough` says what
+/// was heard decides the question. Blocking; needs CAP_NET_RAW.
 pub fn probe6(
     interface: &str,
-    target: Ipv6Addr,
+    targets: &[Ipv6Addr],
+    interval: Duration,
     wait: Duration,
-) -> Result<Option<MacAddr>, ArpError> {
+    enough: impl Fn(&Answers<Ipv6Addr>) -> bool,
+) -> Result<Answers<Ipv6Addr>, ArpError> {
     let (socket, index, own) = bound_socket(interface, ETH_P_IPV6)?;
     let link_err = |source: io::Error| ArpError::Send {
         interface: interface.to_owned(),
         source,
     };
-    let group_mac = {
-        let t = target.octets();
-        [0x33, 0x33, 0xff, t[13], t[14], t[15]]
-    };
-    let to = link_address(index, ETH_P_IPV6, group_mac).map_err(link_err)?;
     socket
-        .send_to(&neighbor_solicitation(own, target), &to)
+        .attach_filter(&advertisement_filter())
         .map_err(link_err)?;
-    let end = std::time::Instant::now() + wait;
-    let mut buf = [0u8; 256];
-    loop {
-        let left = end.saturating_duration_since(std::time::Instant::now());
-        if left.is_zero() {
-            return Ok(None);
-        }
-        socket.set_read_timeout(Some(left)).map_err(link_err)?;
-        match (&socket).read(&mut buf) {
-            Ok(len) => {
-                if let Some(mac) = advertiser_of(buf.get(..len).unwrap_or_default(), own, target) {
-                    return Ok(Some(mac));
-                }
-            }
-            Err(e)
-                if matches!(
-                    e.kind(),
-                    io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut
-                ) =>
-            {
-                return Ok(None);
-            }
-            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-            Err(source) => return Err(link_err(source)),
-        }
-    }
+    let send = |target: &Ipv6Addr| -> io::Result<()> {
+        let t = target.octets();
+        let to = link_address(index, ETH_P_IPV6, [0x33, 0x33, 0xff, t[13], t[14], t[15]])?;
+        socket.send_to(&neighbor_solicitation(own, *target), &to)?;
+        Ok(())
+    };
+    rounds(
+        &socket,
+        targets,
+        interval,
+        wait,
+        &enough,
+        |target| send(target).map_err(link_err),
+        |frame| advertiser_of(frame, own, targets),
+    )
+    .map_err(|e| match e {
+        RoundError::Send(e) => e,
+        RoundError::Receive(source) => link_err(source),
+    })
+}
+
+/// A kernel filter passing only ICMPv6 Neighbor Advertisements (no extension headers), so that
+/// a probe's socket queues nothing else of a busy link.
+fn advertisement_filter() -> [socket2::SockFilter; 8] {
+    use socket2::SockFilter;
+    const LD_H_ABS: u16 = 0x28;
+    const LD_B_ABS: u16 = 0x30;
+    const JEQ_K: u16 = 0x15;
+    const RET_K: u16 = 0x06;
+    [
+        SockFilter::new(LD_H_ABS, 0, 0, 12),
+        SockFilter::new(JEQ_K, 0, 5, u32::from(ETH_P_IPV6)),
+        SockFilter::new(LD_B_ABS, 0, 0, 20),
+        SockFilter::new(JEQ_K, 0, 3, 58),
+        SockFilter::new(LD_B_ABS, 0, 0, 54),
+        SockFilter::new(JEQ_K, 0, 1, 136),
+        SockFilter::new(RET_K, 0, 0, 0x0004_0000),
+        SockFilter::new(RET_K, 0, 0, 0),
+    ]
 }
 
 /// The RFC 5227 ARP Probe for `ip` by `mac`: a broadcast ARP request with sender protocol
@@ -272,6 +331,15 @@ pub fn probe_frame(mac: MacAddr, ip: Ipv4Addr) -> [u8; FRAME_LEN] {
     frame[14 + 14..14 + 18].copy_from_slice(&Ipv4Addr::UNSPECIFIED.octets());
     frame
 }
+
+/// Time between the [`PROBE_NUM`] probes of one check, of either family (RFC 5227 spaces them
+/// 1–2 s; hosts on one L2 answer within milliseconds, and a first OFFER waits for the check).
+pub const PROBE_INTERVAL: Duration = Duration::from_millis(150);
+/// Addresses nobody holds that a host answering for a probed address is asked about.
+pub const CANARIES: usize = 4;
+/// Answers for that many canaries make a host a proxy responder (ARP or NDP): it answers for
+/// addresses it does not hold.
+pub const PROXY_CANARY_ANSWERS: usize = 2;
 
 /// How many probes one check sends (RFC 5227's PROBE_NUM): an answer counts toward a conflict
 /// only when it answers every one of them.
@@ -284,24 +352,31 @@ pub const MAX_HEARD: usize = 32;
 /// One host heard answering for one address, and in which rounds (bit `k`: between the `k`-th
 /// probe and the next).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Heard {
-    /// Who answered (its Ethernet source, equal to its ARP sender hardware address).
+pub struct Heard<A = Ipv4Addr> {
+    /// Who answered (its Ethernet source, equal to the hardware address its answer names).
     pub mac: MacAddr,
     /// The address it answered for.
-    pub ip: Ipv4Addr,
+    pub ip: A,
     /// The rounds it answered in, one bit each.
     pub rounds: u8,
 }
 
-/// What one check heard: every answer that counts (see [`answer_of`]), bounded by [`MAX_HEARD`].
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct Answers {
-    heard: Vec<Heard>,
+/// What one check heard: every answer that counts (see [`answer_of`] and [`advertiser_of`]),
+/// bounded by [`MAX_HEARD`].
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Answers<A = Ipv4Addr> {
+    heard: Vec<Heard<A>>,
 }
 
-impl Answers {
+impl<A> Default for Answers<A> {
+    fn default() -> Self {
+        Answers { heard: Vec::new() }
+    }
+}
+
+impl<A: Copy + PartialEq> Answers<A> {
     /// Notes that `mac` answered for `ip` in round `round`.
-    pub fn record(&mut self, mac: MacAddr, ip: Ipv4Addr, round: u8) {
+    pub fn record(&mut self, mac: MacAddr, ip: A, round: u8) {
         let bit = 1u8.checked_shl(u32::from(round)).unwrap_or(0);
         if let Some(h) = self.heard.iter_mut().find(|h| h.mac == mac && h.ip == ip) {
             h.rounds |= bit;
@@ -315,12 +390,12 @@ impl Answers {
     }
 
     /// Whether `mac` answered for `ip` at all.
-    pub fn answered(&self, mac: MacAddr, ip: Ipv4Addr) -> bool {
+    pub fn answered(&self, mac: MacAddr, ip: A) -> bool {
         self.heard.iter().any(|h| h.mac == mac && h.ip == ip)
     }
 
     /// The hosts that answered for `ip` in each of `rounds` rounds, in the order first heard.
-    pub fn steady(&self, ip: Ipv4Addr, rounds: u8) -> impl Iterator<Item = MacAddr> + '_ {
+    pub fn steady(&self, ip: A, rounds: u8) -> impl Iterator<Item = MacAddr> + '_ {
         let all = 1u8
             .checked_shl(u32::from(rounds))
             .map_or(u8::MAX, |b| b - 1);
@@ -336,7 +411,7 @@ impl Answers {
     }
 
     /// Everything heard.
-    pub fn heard(&self) -> &[Heard] {
+    pub fn heard(&self) -> &[Heard<A>] {
         &self.heard
     }
 }
@@ -391,15 +466,48 @@ pub fn probe(
         source,
     };
     let link = link_destination(index).map_err(link_err)?;
+    let send = |target: &Ipv4Addr| {
+        socket
+            .send_to(&probe_frame(own, *target), &link)
+            .map(|_| ())
+            .map_err(link_err)
+    };
+    rounds(&socket, targets, interval, wait, &enough, send, |frame| {
+        answer_of(frame, own, targets)
+    })
+    .map_err(|e| match e {
+        RoundError::Send(e) => e,
+        RoundError::Receive(source) => link_err(source),
+    })
+}
+
+/// Why [`rounds`] stopped early.
+enum RoundError {
+    /// Sending a probe failed.
+    Send(ArpError),
+    /// Receiving failed.
+    Receive(io::Error),
+}
+
+/// The rounds of a probe, for either family: [`PROBE_NUM`] rounds, each `send` for every
+/// target, `interval` apart; every frame read on `socket` until `wait` after the first is
+/// passed to `answer`, and what it finds is noted with its round; stops early once `enough`.
+fn rounds<A: Copy + PartialEq>(
+    socket: &Socket,
+    targets: &[A],
+    interval: Duration,
+    wait: Duration,
+    enough: &dyn Fn(&Answers<A>) -> bool,
+    send: impl Fn(&A) -> Result<(), ArpError>,
+    answer: impl Fn(&[u8]) -> Option<(MacAddr, A)>,
+) -> Result<Answers<A>, RoundError> {
     let start = std::time::Instant::now();
     let end = start + wait;
     let mut answers = Answers::default();
-    let mut buf = [0u8; 128];
+    let mut buf = [0u8; 256];
     for round in 0..PROBE_NUM {
         for target in targets {
-            socket
-                .send_to(&probe_frame(own, *target), &link)
-                .map_err(link_err)?;
+            send(target).map_err(RoundError::Send)?;
         }
         let round_end = if round + 1 < PROBE_NUM {
             (start + interval * u32::from(round + 1)).min(end)
@@ -411,10 +519,12 @@ pub fn probe(
             if left.is_zero() {
                 break;
             }
-            socket.set_read_timeout(Some(left)).map_err(link_err)?;
-            match (&socket).read(&mut buf) {
+            socket
+                .set_read_timeout(Some(left))
+                .map_err(RoundError::Receive)?;
+            match (&*socket).read(&mut buf) {
                 Ok(len) => {
-                    if let Some((mac, ip)) = answer_of(&buf[..len], own, targets) {
+                    if let Some((mac, ip)) = answer(buf.get(..len).unwrap_or_default()) {
                         answers.record(mac, ip, round);
                         if enough(&answers) {
                             return Ok(answers);
@@ -430,7 +540,7 @@ pub fn probe(
                     break;
                 }
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-                Err(source) => return Err(link_err(source)),
+                Err(source) => return Err(RoundError::Receive(source)),
             }
         }
     }
@@ -835,10 +945,43 @@ mod tests {
         // Another host's advertisement of the target names it; ours, or another target's, not.
         let other = MacAddr([2, 0, 0, 0, 0, 0x77]);
         let na = neighbor_advertisement(other, target);
-        assert_eq!(advertiser_of(&na, MAC, target), Some(other));
-        assert_eq!(advertiser_of(&na, other, target), None);
-        assert_eq!(advertiser_of(&na, MAC, "fd00::1".parse().unwrap()), None);
-        assert_eq!(advertiser_of(&ns, MAC, target), None);
+        assert_eq!(advertiser_of(&na, MAC, &[target]), Some((other, target)));
+        assert_eq!(advertiser_of(&na, other, &[target]), None);
+        assert_eq!(advertiser_of(&na, MAC, &["fd00::1".parse().unwrap()]), None);
+        assert_eq!(advertiser_of(&ns, MAC, &[target]), None);
+    }
+
+    #[test]
+    fn an_advertisement_counts_only_to_all_nodes_and_naming_its_own_ethernet_source() {
+        let target: Ipv6Addr = "fd00::12:3456".parse().unwrap();
+        let host = MacAddr([2, 0, 0, 0, 0, 0x77]);
+        let na = neighbor_advertisement(host, target);
+        // Its Target Link-Layer Address says another MAC than its Ethernet source: forged.
+        let mut lying = na;
+        lying[6..12].copy_from_slice(&[2, 0, 0, 0, 0, 0x66]);
+        assert_eq!(advertiser_of(&lying, MAC, &[target]), None);
+        // Without the option: no answer to a probe from the unspecified address (RFC 4861
+        // §7.2.4 requires it there).
+        let mut bare = na.to_vec();
+        bare.truncate(14 + 40 + 24);
+        bare[14 + 5] = 24;
+        assert_eq!(advertiser_of(&bare, MAC, &[target]), None);
+        // Unicast to us: answers no DAD probe.
+        let mut unicast = na;
+        unicast[14 + 24..14 + 40]
+            .copy_from_slice(&"fe80::aa".parse::<Ipv6Addr>().unwrap().octets());
+        assert_eq!(advertiser_of(&unicast, MAC, &[target]), None);
+        // A hop limit other than 255: off-link, forged.
+        let mut routed = na;
+        routed[14 + 7] = 64;
+        assert_eq!(advertiser_of(&routed, MAC, &[target]), None);
+        // A zero-length option would loop for ever: the frame is no answer.
+        let mut broken = na;
+        broken[14 + 40 + 25] = 0;
+        assert_eq!(advertiser_of(&broken, MAC, &[target]), None);
+        for cut in 0..na.len() {
+            assert_eq!(advertiser_of(&na[..cut], MAC, &[target]), None, "{cut}");
+        }
     }
 
     #[test]

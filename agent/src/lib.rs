@@ -1,4 +1,5 @@
-//! The vmdhcp agent: it serves DHCPv4 for the pools the controller assigns it.
+//! The vmdhcp agent: it serves DHCPv4 (and DHCPv6 for dual-stack pools) for the pools the
+//! controller assigns it.
 //!
 //! One Deployment of agents serves every pool; the replicas elect a leader through a Lease, and
 //! only the leader configures interfaces and answers, while standbys keep the same state hot.
@@ -22,6 +23,8 @@
 //! - [`ra`]: Router Advertisements for the dual-stack pools that ask for them.
 //! - [`http`]: `/healthz`, `/readyz`, `/leases` and `/metrics`.
 //! - [`netlink`]: each served interface gets exactly its server address and is up.
+//! - [`host6`]: each served interface is an IPv6 host that takes no routing from its tenants
+//!   (no RAs, redirects or proxy NDP; what the kernel learned anyway is swept).
 //! - [`arp`]: gratuitous ARP (RFC 5227 announcements) for the server addresses taken over.
 //! - [`supervisor`]: one task per served interface, started and stopped on its own, retried
 //!   with backoff; the DHCPv4 and DHCPv6 servers both run under it.
@@ -41,7 +44,7 @@
 //! 1. `runtime`
 //! 2. `report`
 //! 3. `serving`, `sources`, `http`
-//! 4. `dhcp`, `dhcp6`, `ra`, `stream`
+//! 4. `dhcp`, `dhcp6`, `host6`, `ra`, `stream`
 //! 5. `arp`, `netlink`, `lease_table`
 //! 6. `capability`, `credentials`, `findings`, `pools`, `supervisor`, `suspects`
 //!
@@ -55,6 +58,7 @@ pub mod credentials;
 pub mod dhcp;
 pub mod dhcp6;
 pub mod findings;
+pub mod host6;
 pub mod http;
 pub mod lease_table;
 pub mod netlink;

@@ -15,8 +15,7 @@
 //! which needs CAP_NET_ADMIN only, not a writable `/proc/sys`): no forwarding of what arrives
 //! there, no redirects sent or accepted, no source routes, no proxy ARP, and ARP answered only
 //! for the interface's own address. The pod's own interface is left as Kubernetes set it. IPv6
-//! devconf cannot be set over rtnetlink; a new namespace starts with IPv6 forwarding off, which
-//! the agent does not change.
+//! devconf cannot be set over rtnetlink; [`crate::host6`] keeps the IPv6 side a host's.
 //!
 //! [`endpoint_interfaces`](InterfaceSetup::endpoint_interfaces) tells which interfaces the
 //! agent's own HTTP endpoints may answer on: never a pool interface.
@@ -82,7 +81,7 @@ pub enum NetlinkError {
 impl NetlinkError {
     /// A refused change to `interface` (address, link state): these need CAP_NET_ADMIN, which
     /// the error names when the kernel refused for want of it.
-    fn change(interface: &str, step: &'static str, source: rtnetlink::Error) -> Self {
+    pub(crate) fn change(interface: &str, step: &'static str, source: rtnetlink::Error) -> Self {
         let errno = match &source {
             rtnetlink::Error::NetlinkError(message) => Some(message.raw_code().abs()),
             _ => None,
@@ -96,7 +95,7 @@ impl NetlinkError {
     }
 
     /// A failed read-only request about `interface` (lookups need no capability).
-    fn query(interface: &str, step: &'static str, source: rtnetlink::Error) -> Self {
+    pub(crate) fn query(interface: &str, step: &'static str, source: rtnetlink::Error) -> Self {
         NetlinkError::Request {
             interface: interface.to_owned(),
             step,
@@ -271,6 +270,14 @@ pub struct InterfaceSetup {
 const ENODEV: i32 = 19;
 
 impl InterfaceSetup {
+    /// The rtnetlink handle, for the other modules that change what they own of an interface
+    /// ([`crate::host6`]).
+    pub(crate) fn handle(&self) -> &Handle {
+        &self.handle
+    }
+}
+
+impl InterfaceSetup {
     /// Opens the rtnetlink socket; its connection is driven by a task on the current runtime.
     pub fn connect() -> Result<Self, NetlinkError> {
         let (connection, handle, _) = rtnetlink::new_connection().map_err(NetlinkError::Connect)?;
@@ -278,7 +285,7 @@ impl InterfaceSetup {
         Ok(InterfaceSetup { handle })
     }
 
-    async fn link(&self, interface: &str) -> Result<(u32, bool), NetlinkError> {
+    pub(crate) async fn link(&self, interface: &str) -> Result<(u32, bool), NetlinkError> {
         let link = self.link_message(interface).await?;
         Ok((link.header.index, link.header.flags.contains(LinkFlags::Up)))
     }
@@ -528,7 +535,7 @@ impl InterfaceSetup {
     }
 
     /// The IPv6 addresses of `interface` (index `index`) with their prefix lengths.
-    async fn ipv6_addresses(
+    pub(crate) async fn ipv6_addresses(
         &self,
         interface: &str,
         index: u32,

@@ -19,15 +19,20 @@
 //! server ([`crate::dhcp6`]) beside the DHCPv4 one, started and stopped with it; an interface
 //! whose IPv6 side cannot be set up (IPv6 disabled in the pod, say) keeps serving IPv4.
 //!
+//! Every interface it configures is also made an IPv6 host that takes no routing from its
+//! tenants ([`crate::host6`]): the settings once, and on every convergence whatever the kernel
+//! learned from a tenant's Router Advertisement or redirect anyway is removed and logged.
+//!
 //! This module owns the servers, the detectors, the addresses it configured and their
 //! announcements; the pools come from the lease table (or, before anything is loaded, from the
 //! bootstrap env).
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::{Ipv4Addr, Ipv6Addr};
+use std::path::Path;
 use std::sync::Arc;
 
-use tracing::{info, warn};
+use tracing::{debug, info, warn};
 use vmdhcp_core::NamespacedName;
 use vmdhcp_core::bootstrap::AgentNetworkConfig;
 
@@ -35,6 +40,7 @@ use crate::arp::Announcer;
 use crate::dhcp::foreign::{Detectors, Target};
 use crate::dhcp::server::{Interface, InterfaceStatus, Servers};
 use crate::dhcp6::server::{Interface6, Servers6};
+use crate::host6;
 use crate::lease_table::LeaseTable;
 use crate::netlink::InterfaceSetup;
 use crate::ra::{Advertised, Advertisers};
@@ -127,6 +133,8 @@ pub struct Serving {
     shown: BTreeMap<String, Wanted>,
     /// Interfaces known to carry no server address of ours while standby.
     cleared: BTreeSet<String>,
+    /// Interfaces whose IPv6 settings were made a host's (or found unwritable, said once).
+    hosted6: BTreeSet<String>,
 }
 
 impl Serving {
@@ -140,7 +148,8 @@ impl Serving {
         detectors: Detectors,
     ) -> Self {
         Serving {
-            servers6: Servers6::new(Arc::clone(&table)),
+            servers6: Servers6::new(Arc::clone(&table))
+                .reporting_to(Arc::clone(detectors.suspects())),
             advertisers: Advertisers::default(),
             configured6: BTreeMap::new(),
             servers: Servers::new(table).reporting_to(Arc::clone(detectors.suspects())),
@@ -150,6 +159,7 @@ impl Serving {
             configured: BTreeMap::new(),
             shown: BTreeMap::new(),
             cleared: BTreeSet::new(),
+            hosted6: BTreeSet::new(),
         }
     }
 
@@ -296,6 +306,7 @@ impl Serving {
                     }
                 }
             }
+            self.host6(name, &w.pool).await;
             self.servers.start(Interface {
                 name: name.clone(),
                 pool: w.pool.clone(),
@@ -415,8 +426,34 @@ impl Serving {
         }
     }
 
+    /// Keeps `name`'s IPv6 side a host's ([`crate::host6`]), when we configure interfaces.
+    async fn host6(&mut self, name: &str, pool: &NamespacedName) {
+        let Some(setup) = &self.setup else {
+            return;
+        };
+        if self.hosted6.insert(name.to_owned()) {
+            match host6::settle(Path::new(host6::PROC_CONF), name) {
+                Ok(changed) if changed.is_empty() => {}
+                Ok(changed) => {
+                    info!(interface = %name, %pool, ?changed, "IPv6 set to take no routing from the pool network")
+                }
+                Err(error) => {
+                    warn!(interface = %name, %pool, %error, "IPv6 settings not changed; what Router Advertisements or redirects teach the interface is removed as found")
+                }
+            }
+        }
+        match host6::sweep(setup, name).await {
+            Ok(learned) if learned.is_empty() => {}
+            Ok(learned) => {
+                warn!(interface = %name, %pool, routes = ?learned.routes, addresses = ?learned.addresses, "removed what a Router Advertisement or redirect from a host on the pool network taught the agent")
+            }
+            Err(error) => debug!(interface = %name, %pool, %error, "IPv6 routes not checked"),
+        }
+    }
+
     async fn unconfigure(&mut self, name: &str) {
         self.announcer.cancel(name);
+        self.hosted6.remove(name);
         let (Some(setup), Some((ip, prefix))) = (&self.setup, self.configured.remove(name)) else {
             return;
         };

@@ -318,7 +318,7 @@ fn a_decline_costs_nothing_unless_another_host_answers_the_neighbor_solicitation
     showing_agent_log(&rig, || {
         wait_for("the unconfirmed decline", Duration::from_secs(10), || {
             rig.agent_log()
-                .contains("no host answers for it: still served")
+                .contains("no host answers every solicitation for it: still served")
                 .then_some(())
         })
     });

@@ -78,13 +78,7 @@ pub const PROBE_WAIT: Duration = Duration::from_millis(500);
 pub const CONFLICT_HOLD: Duration = Duration::from_secs(60);
 /// How long a DECLINE that cannot be checked withholds the address.
 pub const UNVERIFIED_HOLD: Duration = Duration::from_secs(10);
-/// Time between the [`arp::PROBE_NUM`] probes of one check (RFC 5227 spaces them 1–2 s; hosts
-/// on one L2 answer within milliseconds, and a first OFFER waits for the check).
-pub const PROBE_INTERVAL: Duration = Duration::from_millis(150);
-/// Addresses nobody holds that a host answering for a probed address is asked about.
-pub const CANARIES: usize = 4;
-/// Answers for that many canaries make a host a proxy-ARP responder.
-pub const PROXY_CANARY_ANSWERS: usize = 2;
+pub use crate::arp::{CANARIES, PROBE_INTERVAL, PROXY_CANARY_ANSWERS};
 /// How long a proxy-ARP responder is remembered after its last answer.
 pub const PROXY_MEMORY: Duration = Duration::from_secs(600);
 /// Most proxy-ARP responders remembered (the oldest go first).

@@ -59,11 +59,19 @@ pub enum DropReason {
     /// SOLICIT, REBIND, CONFIRM or INFORMATION-REQUEST sent to a unicast address (RFC 8415
     /// §16: discarded).
     UnicastNotAllowed,
+    /// Sent from an address no single host owns: a multicast, unspecified or loopback IPv6
+    /// source, or a group Ethernet source. Answering it would reflect the reply to every host
+    /// of the link (a forged `ff02::1` source), so it gets none.
+    SourceNotUnicast,
+    /// A client message sent directly (not relayed) from an address that is not link-local:
+    /// clients speak to servers from their link-local address (RFC 8415 §13.1), and an answer
+    /// to another source would go wherever the sender pointed it.
+    SourceNotLinkLocal,
 }
 
 impl DropReason {
     /// Every reason, for metrics that must list zero counts too.
-    pub const ALL: [DropReason; 7] = [
+    pub const ALL: [DropReason; 9] = [
         DropReason::Oversized,
         DropReason::Malformed,
         DropReason::NotClientMessage,
@@ -71,6 +79,8 @@ impl DropReason {
         DropReason::ServerIdRule,
         DropReason::TooManyHops,
         DropReason::UnicastNotAllowed,
+        DropReason::SourceNotUnicast,
+        DropReason::SourceNotLinkLocal,
     ];
 
     /// Stable label for logs and metrics.
@@ -83,6 +93,8 @@ impl DropReason {
             DropReason::ServerIdRule => "server_id_rule",
             DropReason::TooManyHops => "too_many_hops",
             DropReason::UnicastNotAllowed => "unicast_not_allowed",
+            DropReason::SourceNotUnicast => "source_not_unicast",
+            DropReason::SourceNotLinkLocal => "source_not_link_local",
         }
     }
 }
@@ -126,6 +138,8 @@ impl Silence {
 pub struct Received<'a> {
     /// The UDP payload.
     pub payload: &'a [u8],
+    /// The IPv6 source of the datagram, where the answer goes.
+    pub source: Ipv6Addr,
     /// The Ethernet source of the frame.
     pub link_source: Option<MacAddr>,
     /// Whether the datagram was sent to a multicast address (`ff02::1:2`).
@@ -188,6 +202,9 @@ pub fn handle(received: Received<'_>, server: Server<'_>, pool: &PoolSnapshot) -
     if received.link_source.is_some() && received.link_source == server.own_mac {
         return Outcome::Silent(Silence::OwnInterface);
     }
+    if !is_unicast(&received.source) || received.link_source.is_some_and(|m| m.0[0] & 1 == 1) {
+        return Outcome::Dropped(DropReason::SourceNotUnicast);
+    }
     let Some(config) = pool.config().ipv6.as_ref() else {
         // The pool is IPv4-only (or lost its IPv6 side): nothing to serve.
         return Outcome::Silent(Silence::UnknownClient);
@@ -197,6 +214,9 @@ pub fn handle(received: Received<'_>, server: Server<'_>, pool: &PoolSnapshot) -
     };
     if kind == u8::from(MessageType::RelayForw) {
         return relayed(received.payload, server, pool, config);
+    }
+    if !is_link_local(&received.source) {
+        return Outcome::Dropped(DropReason::SourceNotLinkLocal);
     }
     let msg = match Message::decode(&mut Decoder::new(received.payload)) {
         Ok(msg) => msg,
@@ -220,6 +240,16 @@ pub fn handle(received: Received<'_>, server: Server<'_>, pool: &PoolSnapshot) -
         Decision::Silent(s) => Outcome::Silent(s),
         Decision::Drop(r) => Outcome::Dropped(r),
     }
+}
+
+/// Whether `ip` can be one host's address: not multicast, unspecified or loopback.
+fn is_unicast(ip: &Ipv6Addr) -> bool {
+    !(ip.is_multicast() || ip.is_unspecified() || ip.is_loopback())
+}
+
+/// Whether `ip` is link-local (`fe80::/10`).
+pub fn is_link_local(ip: &Ipv6Addr) -> bool {
+    ip.segments()[0] & 0xffc0 == 0xfe80
 }
 
 /// The MACs a message may be answered for, in order of trust (see the module docs).
@@ -499,9 +529,15 @@ fn add_info(reply: &mut Message, config: &PoolConfigV6, pool: &PoolSnapshot) {
     }
 }
 
-/// Answers every IA of the request: the first IA_NA gets `addr` with `lifetimes` (any other
-/// address it named, with lifetimes 0: no longer ours to give), further IA_NAs and every IA
-/// of an IA_NA without an address get `missing`; IA_TA and IA_PD are not served here.
+/// Most IAs of each kind (IA_NA, IA_TA, IA_PD) one request gets an answer for; the rest are
+/// left out of the reply. A NIC has one reservation, so a client asks for one IA_NA; a request
+/// naming dozens only wants a reply many times its own size.
+pub const MAX_IAS: usize = 4;
+
+/// Answers the first [`MAX_IAS`] IAs of each kind in the request: the first IA_NA gets `addr`
+/// with `lifetimes` (any other address it named, with lifetimes 0: no longer ours to give),
+/// further IA_NAs and every IA of an IA_NA without an address get `missing`; IA_TA and IA_PD
+/// are not served here.
 fn bind_ias(
     reply: &mut Message,
     request: &DhcpOptions,
@@ -517,6 +553,7 @@ fn bind_ias(
             DhcpOption::IANA(ia) => Some(ia),
             _ => None,
         })
+        .take(MAX_IAS)
         .collect();
     let mut given = false;
     for ia in &ianas {
@@ -558,7 +595,12 @@ fn bind_ias(
             status_text(Status::NoAddrsAvail),
         ));
     }
-    for o in request.get_all(OptionCode::IATA).unwrap_or_default() {
+    for o in request
+        .get_all(OptionCode::IATA)
+        .unwrap_or_default()
+        .iter()
+        .take(MAX_IAS)
+    {
         if let DhcpOption::IATA(ia) = o {
             let mut opts = DhcpOptions::new();
             opts.insert(status(
@@ -570,7 +612,12 @@ fn bind_ias(
                 .insert(DhcpOption::IATA(IATA { id: ia.id, opts }));
         }
     }
-    for o in request.get_all(OptionCode::IAPD).unwrap_or_default() {
+    for o in request
+        .get_all(OptionCode::IAPD)
+        .unwrap_or_default()
+        .iter()
+        .take(MAX_IAS)
+    {
         if let DhcpOption::IAPD(ia) = o {
             let mut opts = DhcpOptions::new();
             opts.insert(status(Status::NoPrefixAvail, "prefixes are not delegated"));
@@ -864,11 +911,23 @@ mod tests {
         multicast: bool,
         withheld: &dyn Fn(&Ipv6Addr) -> bool,
     ) -> Outcome {
+        run_sourced(pool, payload, (from, ip6("fe80::1")), multicast, withheld)
+    }
+
+    /// [`run_on`] from the IPv6 source `source.1` in a frame from `source.0`.
+    fn run_sourced(
+        pool: &PoolSnapshot,
+        payload: &[u8],
+        source: (MacAddr, Ipv6Addr),
+        multicast: bool,
+        withheld: &dyn Fn(&Ipv6Addr) -> bool,
+    ) -> Outcome {
         let duid = duid();
         handle(
             Received {
                 payload,
-                link_source: Some(from),
+                source: source.1,
+                link_source: Some(source.0),
                 multicast,
             },
             Server {
@@ -1233,6 +1292,108 @@ mod tests {
         assert_eq!(
             run(&solicit, OURS, true),
             Outcome::Silent(Silence::OwnInterface)
+        );
+    }
+
+    #[test]
+    fn sources_no_one_host_owns_and_direct_messages_from_beyond_the_link_are_dropped() {
+        let solicit = message(
+            MessageType::Solicit,
+            vec![DhcpOption::ClientId(client_duid()), ia(None)],
+        );
+        let from = |mac: MacAddr, source: &str| {
+            run_sourced(&snapshot(), &solicit, (mac, ip6(source)), true, &|_| false)
+        };
+        for source in ["ff02::1", "ff02::1:2", "::", "::1"] {
+            assert_eq!(
+                from(CLIENT, source),
+                Outcome::Dropped(DropReason::SourceNotUnicast),
+                "{source}"
+            );
+        }
+        let group = MacAddr([0x33, 0x33, 0, 0, 0, 1]);
+        assert_eq!(
+            from(group, "fe80::1"),
+            Outcome::Dropped(DropReason::SourceNotUnicast)
+        );
+        // A direct message from a global source: dropped; from a link-local one: answered.
+        assert_eq!(
+            from(CLIENT, "fd00::77"),
+            Outcome::Dropped(DropReason::SourceNotLinkLocal)
+        );
+        assert!(matches!(from(CLIENT, "fe80::1"), Outcome::Answer { .. }));
+        // A relay may speak from its global address; not from a group one.
+        let relayed = relay_forw(&solicit, 0, Some(CLIENT));
+        let via = |source: &str| {
+            run_sourced(
+                &snapshot(),
+                &relayed,
+                (STRANGER, ip6(source)),
+                false,
+                &|_| false,
+            )
+        };
+        assert!(matches!(via("fd00::1"), Outcome::Answer { .. }));
+        assert_eq!(
+            via("ff02::1"),
+            Outcome::Dropped(DropReason::SourceNotUnicast)
+        );
+    }
+
+    #[test]
+    fn a_request_naming_many_ias_is_answered_for_the_first_few_of_each_kind() {
+        let mut opts = vec![DhcpOption::ClientId(client_duid())];
+        for id in 0..85u32 {
+            opts.push(DhcpOption::IANA(IANA {
+                id,
+                t1: 0,
+                t2: 0,
+                opts: DhcpOptions::new(),
+            }));
+            opts.push(DhcpOption::IATA(IATA {
+                id,
+                opts: DhcpOptions::new(),
+            }));
+            opts.push(DhcpOption::IAPD(IAPD {
+                id,
+                t1: 0,
+                t2: 0,
+                opts: DhcpOptions::new(),
+            }));
+        }
+        let solicit = message(MessageType::Solicit, opts);
+        let outcome = run(&solicit, CLIENT, true);
+        let answered = reply(&outcome);
+        let count = |code| answered.opts().get_all(code).map_or(0, |all| all.len());
+        assert_eq!(
+            (
+                count(OptionCode::IANA),
+                count(OptionCode::IATA),
+                count(OptionCode::IAPD)
+            ),
+            (MAX_IAS, MAX_IAS, MAX_IAS)
+        );
+        // One of them still gets the reservation; the reply stays smaller than the request.
+        let given: Vec<Vec<Ipv6Addr>> = answered
+            .opts()
+            .get_all(OptionCode::IANA)
+            .unwrap_or_default()
+            .iter()
+            .filter_map(|o| match o {
+                DhcpOption::IANA(ia) => Some(addresses_in(&ia.opts)),
+                _ => None,
+            })
+            .filter(|given| !given.is_empty())
+            .collect();
+        assert_eq!(given, [vec![ip6("fd00::10")]], "{answered:?}");
+        let Outcome::Answer { bytes, .. } = outcome else {
+            unreachable!("answered above")
+        };
+        assert!(
+            bytes.len() < solicit.len(),
+            "{} ≥ {}",
+            bytes.len(),
+            solicit.len()
         );
     }
 

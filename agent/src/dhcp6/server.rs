@@ -6,11 +6,11 @@
 //! - a packet socket (`AF_PACKET`, CAP_NET_RAW) that receives the frames of UDP port 547, with a
 //!   kernel filter that passes nothing else: only the frame tells the client's MAC, which keys
 //!   its reservation (DHCPv6 carries none of its own);
+//!   and that sends the replies, whole frames addressed to the MAC the request came from
+//!   ([`super::frame`]: never through the kernel's neighbour table, which tenants can write);
 //! - a UDP socket on `[::]:547` bound to the device, joined to `ff02::1:2` so that the interface
-//!   (and an MLD-snooping bridge) passes the clients' multicast, and that sends the replies to a
-//!   client's link-local address; the kernel picks the source: the interface's link-local
-//!   address, or while that is still tentative (the first second or two of a pod's interface)
-//!   the pool's IPv6 server address, which is added without duplicate address detection. What it receives itself is dropped by a filter.
+//!   (and an MLD-snooping bridge) passes the clients' multicast. It sends nothing, and what it
+//!   receives itself is dropped by a filter.
 //!
 //! Beside serving, each interface checks addresses with duplicate-address-detection Neighbor
 //! Solicitations ([`crate::arp::probe6`]), as the DHCPv4 server does with ARP
@@ -33,7 +33,7 @@
 
 use std::collections::{BTreeMap, HashSet, VecDeque};
 use std::io::{self, Read};
-use std::net::{Ipv6Addr, SocketAddr, SocketAddrV6};
+use std::net::{IpAddr, Ipv6Addr, SocketAddr, SocketAddrV6};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
@@ -45,13 +45,16 @@ use tracing::{debug, info, info_span, warn};
 use vmdhcp_core::pool::duid::server_duid;
 use vmdhcp_core::{MacAddr, NamespacedName};
 
+use super::frame::{self, Addressing, ETH_P_IPV6, ETHERNET, IPV6, RET_K, Sources, UDP};
 use super::handler::{DropReason, MAX_PACKET, Outcome, Received, Server, Silence, handle};
 use super::{ALL_SERVERS, CLIENT_PORT, SERVER_PORT};
-use crate::arp::ArpError;
+use crate::arp::{self, Answers, ArpError, CANARIES, PROBE_INTERVAL, PROXY_CANARY_ANSWERS};
 use crate::capability::{Capability, Missing};
 use crate::findings::{Finding, RECHECK, Reason};
 use crate::lease_table::{LeaseTable, PoolSnapshot};
 use crate::supervisor::{Attempt, Served, Supervisor};
+use crate::suspects::{SuspectKind, Suspects};
+use vmdhcp_core::pool::MAX_CONFLICTS_PER_HOST;
 
 /// Why an interface's DHCPv6 server is not serving.
 #[derive(Debug, thiserror::Error)]
@@ -149,6 +152,7 @@ impl Served for Interface6 {
 /// ([`Supervisor`]).
 pub struct Servers6 {
     table: Arc<LeaseTable>,
+    suspects: Option<Arc<Suspects>>,
     supervisor: Supervisor<Interface6, Counters6>,
     errors_tx: Arc<watch::Sender<BTreeMap<String, String>>>,
 }
@@ -158,9 +162,16 @@ impl Servers6 {
     pub fn new(table: Arc<LeaseTable>) -> Self {
         Servers6 {
             table,
+            suspects: None,
             supervisor: Supervisor::default(),
             errors_tx: Arc::new(watch::channel(BTreeMap::new()).0),
         }
+    }
+
+    /// Servers that report the proxy-NDP responders their probes find to `suspects`.
+    pub fn reporting_to(mut self, suspects: Arc<Suspects>) -> Self {
+        self.suspects = Some(suspects);
+        self
     }
 
     /// Starts serving DHCPv6 on `interface` (in the background, retried with backoff). Starting
@@ -168,18 +179,24 @@ impl Servers6 {
     pub fn start(&mut self, interface: Interface6) {
         let span = info_span!("dhcp6", interface = %interface.name, pool = %interface.pool);
         let (table, errors) = (Arc::clone(&self.table), Arc::clone(&self.errors_tx));
+        let suspects = self.suspects.clone();
         let failed = Arc::clone(&self.errors_tx);
         let served = interface.clone();
         self.supervisor.start(
             interface,
             span,
             move |attempt| {
-                let (Interface6 { name, pool }, table, errors) =
-                    (served.clone(), Arc::clone(&table), Arc::clone(&errors));
+                let (Interface6 { name, pool }, table, errors, suspects) = (
+                    served.clone(),
+                    Arc::clone(&table),
+                    Arc::clone(&errors),
+                    suspects.clone(),
+                );
                 async move {
                     let thread_name = name.clone();
                     tokio::task::spawn_blocking(move || {
-                        serve(&thread_name, &pool, &table, &attempt, &errors)
+                        let watchers = Watchers { errors, suspects };
+                        serve(&thread_name, &pool, &table, &attempt, &watchers)
                     })
                     .await
                     .unwrap_or_else(|join| {
@@ -234,15 +251,22 @@ impl Servers6 {
 /// How long a receive waits before looking at the stop switch.
 const RECEIVE_TIMEOUT: Duration = Duration::from_millis(250);
 
+/// Where one interface's server says how it fares: its errors, and the hosts it suspects.
+struct Watchers {
+    errors: Arc<watch::Sender<BTreeMap<String, String>>>,
+    suspects: Option<Arc<Suspects>>,
+}
+
 /// Serves until `stop`; returns an error when a socket cannot be set up or fails.
 fn serve(
     name: &str,
     pool: &NamespacedName,
     table: &Arc<LeaseTable>,
     attempt: &Attempt<Counters6>,
-    errors: &watch::Sender<BTreeMap<String, String>>,
+    watchers: &Watchers,
 ) -> Result<(), Server6Error> {
     let (counters, stop) = (&attempt.counters, &attempt.stop);
+    let Watchers { errors, suspects } = watchers;
     let (index, own) = crate::arp::link(name).map_err(|_| Server6Error::NoInterface {
         interface: name.to_owned(),
     })?;
@@ -252,13 +276,20 @@ fn serve(
     info!(interface = %name, %pool, "DHCPv6 serving on [::]:547 (ff02::1:2)");
     let duid = server_duid(pool);
     let probes = Arc::new(InFlight::default());
+    let context = Context {
+        table: Arc::clone(table),
+        counters: Arc::clone(counters),
+        suspects: suspects.clone(),
+    };
     let mut rechecks = Rechecks::new(Instant::now());
     let mut frame = vec![0u8; FRAME_BUFFER];
+    let mut reply = Vec::with_capacity(FRAME_BUFFER);
+    let mut sources = Sources::new(index);
     while !*stop.borrow() {
         // Before the receive, which returns every RECEIVE_TIMEOUT when nothing arrives.
         rechecks.start_round(Instant::now(), || table.pool(pool));
         for claimed in rechecks.claim(&probes) {
-            recheck(name, pool, table, claimed);
+            recheck(name, pool, &context, claimed);
         }
         let len = match (&sockets.packet).read(&mut frame) {
             Ok(len) => len,
@@ -278,7 +309,7 @@ fn serve(
                 });
             }
         };
-        let Some(udp) = frame.get(..len).and_then(parse_frame) else {
+        let Some(udp) = frame.get(..len).and_then(frame::parse) else {
             continue;
         };
         counters.received.fetch_add(1, Ordering::Relaxed);
@@ -291,6 +322,7 @@ fn serve(
         let outcome = handle(
             Received {
                 payload: udp.payload,
+                source: udp.source,
                 link_source: Some(udp.source_mac),
                 multicast: udp.destination.is_multicast(),
             },
@@ -309,10 +341,26 @@ fn serve(
                 also,
                 mac,
             } => {
-                let port = if to_relay { SERVER_PORT } else { CLIENT_PORT };
-                let scope = if is_link_local(&udp.source) { index } else { 0 };
-                let to = SocketAddrV6::new(udp.source, port, 0, scope);
-                match sockets.udp.send_to(&bytes, &SocketAddr::V6(to).into()) {
+                sources.refresh(Instant::now());
+                let server_ip = snapshot.config().ipv6.as_ref().map(|v6| v6.server_ip);
+                let sent = sources
+                    .source_for(&udp.source, server_ip)
+                    .ok_or(SendError::NoSource)
+                    .and_then(|from| {
+                        let addressing = Addressing {
+                            from_mac: own,
+                            to_mac: udp.source_mac,
+                            from,
+                            to: udp.source,
+                            to_port: if to_relay { SERVER_PORT } else { CLIENT_PORT },
+                        };
+                        frame::build(&addressing, &bytes, &mut reply).ok_or(SendError::TooLarge)?;
+                        sockets
+                            .packet
+                            .send_with_flags(&reply, libc::MSG_DONTWAIT)
+                            .map_err(SendError::Io)
+                    });
+                match sent {
                     Ok(_) => {
                         let counter = if kind == dhcproto::v6::MessageType::Advertise {
                             &counters.advertised
@@ -329,7 +377,7 @@ fn serve(
                 }
                 record(&span, &format!("{kind:?}"), mac);
                 if let Some(Silence::Declined(addr)) = also {
-                    verify_decline(name, pool, addr, mac, table, counters, &probes);
+                    verify_decline(name, pool, addr, mac, &context, &probes);
                 }
             }
             Outcome::Silent(why) => {
@@ -378,7 +426,7 @@ fn record(span: &tracing::Span, result: &str, mac: Option<MacAddr>) {
 /// Most Neighbor Solicitation probes in flight per interface, of DECLINEs and rechecks
 /// together; more DECLINEs meanwhile are counted and change nothing, more rechecks wait.
 const MAX_PROBES: usize = 4;
-/// How long a probe listens for an advertisement of the address.
+/// How long a check listens for advertisements of the address, from its first solicitation.
 const PROBE_WAIT: Duration = Duration::from_secs(1);
 /// How long a declined address that another host answered for is withheld here (the
 /// controller's record, once it arrives, withholds it for as long as the conflict lasts).
@@ -461,46 +509,210 @@ fn spawn_probe(slot: Slot, job: impl FnOnce() + Send + 'static) -> bool {
     }
 }
 
-/// What a DECLINE's Neighbor Solicitation found (the DHCPv4 verdicts' rules,
-/// [`crate::dhcp::probe::Verdict`], for the one probe IPv6 sends).
+/// What a check of an address heard, judged as the DHCPv4 server judges its ARP probes
+/// ([`crate::dhcp::probe`], whose rules these are): evidence a tenant cannot fake cheaply.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Evidence {
+    /// The address's own client answered, at any time in the window: it uses its address.
+    Holder,
+    /// Another host answered every one of the [`arp::PROBE_NUM`] solicitations, and not for
+    /// addresses nobody holds: it uses the address.
+    Taken(MacAddr),
+    /// The host that answered also answers for addresses nobody holds: a proxy-NDP responder
+    /// (a router with `proxy_ndp`, or a tenant answering every solicitation), not a user.
+    Proxy(MacAddr),
+    /// The host that answered already holds [`MAX_CONFLICTS_PER_HOST`] of the pool's IPv6
+    /// addresses in conflict here: its answer makes no more.
+    Capped(MacAddr),
+    /// Nobody answered every solicitation (a host answering with a new MAC each time is nobody).
+    Nobody,
+}
+
+/// What a DECLINE's check found.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum DeclineVerdict {
-    /// Another host answered: it uses the address.
+    /// Another host uses the address: withheld, reported.
     Conflict(MacAddr),
     /// The reservation's own client answered: it uses its address, so the DECLINE was forged
     /// or stale.
     HolderAnswers,
-    /// Nobody answered: stale or forged.
+    /// Nobody answered every probe: stale or forged.
     NoAnswer,
+    /// Only a proxy-NDP responder answered.
+    Proxy(MacAddr),
+    /// The answering host holds [`MAX_CONFLICTS_PER_HOST`] conflicts already.
+    Capped(MacAddr),
     /// The probe could not be sent.
     Unverifiable,
 }
 
 impl DeclineVerdict {
-    /// The verdict on a DECLINE in the name of `client` (the reservation's MAC), from what its
-    /// probe heard.
-    fn of(client: Option<MacAddr>, probed: &Result<Option<MacAddr>, ArpError>) -> Self {
-        match probed {
+    /// The verdict on a DECLINE, from what its check found.
+    fn of(evidence: &Result<Evidence, ArpError>) -> Self {
+        match evidence {
             Err(_) => DeclineVerdict::Unverifiable,
-            Ok(None) => DeclineVerdict::NoAnswer,
-            Ok(Some(host)) if Some(*host) == client => DeclineVerdict::HolderAnswers,
-            Ok(Some(host)) => DeclineVerdict::Conflict(*host),
+            Ok(Evidence::Holder) => DeclineVerdict::HolderAnswers,
+            Ok(Evidence::Nobody) => DeclineVerdict::NoAnswer,
+            Ok(Evidence::Taken(host)) => DeclineVerdict::Conflict(*host),
+            Ok(Evidence::Proxy(host)) => DeclineVerdict::Proxy(*host),
+            Ok(Evidence::Capped(host)) => DeclineVerdict::Capped(*host),
         }
     }
 }
 
-/// A DECLINE costs nothing until checked: a Neighbor Solicitation for the address, in the
-/// background; only if another host answers is the address withheld (for [`DECLINE_HOLD`])
-/// and the conflict recorded for the controller. A tenant forging DECLINEs in a VM's name can
-/// make the agent probe, not withhold. A DECLINE for an address whose probe runs already
-/// changes nothing: that probe answers for it.
+/// The probe as a check sends it: on an interface, for some addresses, until what was heard is
+/// enough ([`arp::probe6`]; a stand-in in tests).
+trait Prober6:
+    Fn(&str, &[Ipv6Addr], &dyn Fn(&Answers<Ipv6Addr>) -> bool) -> Result<Answers<Ipv6Addr>, ArpError>
+{
+}
+impl<F> Prober6 for F where
+    F: Fn(
+        &str,
+        &[Ipv6Addr],
+        &dyn Fn(&Answers<Ipv6Addr>) -> bool,
+    ) -> Result<Answers<Ipv6Addr>, ArpError>
+{
+}
+
+/// The real probe: [`arp::probe6`], [`PROBE_INTERVAL`] apart, listening [`PROBE_WAIT`].
+fn ndp_probe(
+    interface: &str,
+    targets: &[Ipv6Addr],
+    enough: &dyn Fn(&Answers<Ipv6Addr>) -> bool,
+) -> Result<Answers<Ipv6Addr>, ArpError> {
+    arp::probe6(interface, targets, PROBE_INTERVAL, PROBE_WAIT, enough)
+}
+
+/// One address to check.
+#[derive(Clone, Copy, Debug)]
+struct Check<'a> {
+    interface: &'a str,
+    pool: &'a NamespacedName,
+    ip: Ipv6Addr,
+    /// The client it is reserved for, whose answer settles the check.
+    holder: Option<MacAddr>,
+    /// Whether [`MAX_CONFLICTS_PER_HOST`] applies (not when rechecking a recorded conflict).
+    cap: bool,
+}
+
+/// Finds out who uses `check.ip` (see [`Evidence`]): the holder answering at any time settles
+/// it; otherwise a host must answer every solicitation, then is asked about [`CANARIES`]
+/// addresses of the pool's IPv6 subnet nobody holds, answering [`PROXY_CANARY_ANSWERS`] of
+/// which makes it a proxy-NDP responder (reported to `suspects`); with `check.cap`, a host
+/// holding [`MAX_CONFLICTS_PER_HOST`] of the pool's IPv6 addresses in conflict here makes no
+/// more. Blocking: up to two probe windows.
+fn investigate(
+    probe: &impl Prober6,
+    table: &LeaseTable,
+    suspects: Option<&Suspects>,
+    check: Check<'_>,
+) -> Result<Evidence, ArpError> {
+    let Check {
+        interface,
+        pool,
+        ip,
+        holder,
+        cap,
+    } = check;
+    let holder_heard = |a: &Answers<Ipv6Addr>| holder.is_some_and(|h| a.answered(h, ip));
+    let answers = probe(interface, &[ip], &holder_heard)?;
+    if holder_heard(&answers) {
+        return Ok(Evidence::Holder);
+    }
+    let Some(other) = answers
+        .steady(ip, arp::PROBE_NUM)
+        .find(|m| Some(*m) != holder)
+    else {
+        return Ok(Evidence::Nobody);
+    };
+    let canaries = table
+        .pool(pool)
+        .map(|snapshot| canaries6(&snapshot, ip, CANARIES))
+        .unwrap_or_default();
+    if !canaries.is_empty() {
+        let enough = |a: &Answers<Ipv6Addr>| a.addresses_of(other) >= PROXY_CANARY_ANSWERS;
+        let heard = probe(interface, &canaries, &enough)?;
+        if enough(&heard) {
+            if let Some(suspects) = suspects {
+                let detail = format!(
+                    "answers Neighbor Solicitations for {ip} and for IPv6 addresses nobody holds"
+                );
+                suspects.record(pool, SuspectKind::ProxyArpResponder, other, None, &detail);
+            }
+            warn!(%pool, mac = %other, %ip, "a host answers Neighbor Solicitations for addresses nobody holds: a proxy-NDP responder, its answers make no conflict");
+            return Ok(Evidence::Proxy(other));
+        }
+    }
+    if cap {
+        let held = table
+            .findings()
+            .of(pool)
+            .iter()
+            .filter(|(at, f)| {
+                matches!(at, IpAddr::V6(v6) if *v6 != ip) && f.answered_by == Some(other)
+            })
+            .count();
+        if held >= MAX_CONFLICTS_PER_HOST {
+            warn!(%pool, mac = %other, %ip, held, "a host answers for one more IPv6 address but holds {MAX_CONFLICTS_PER_HOST} in conflict already: no more");
+            return Ok(Evidence::Capped(other));
+        }
+    }
+    Ok(Evidence::Taken(other))
+}
+
+/// Up to `n` addresses of `pool`'s IPv6 subnet that nobody should answer for: not `ip`, not the
+/// server, the router or a DNS server, not reserved, not recorded as conflicted. Spread over the
+/// subnet from a point that depends on `ip`, so that a host cannot know them in advance from
+/// the pool alone.
+fn canaries6(pool: &PoolSnapshot, ip: Ipv6Addr, n: usize) -> Vec<Ipv6Addr> {
+    let Some(v6) = pool.config().ipv6.as_ref() else {
+        return Vec::new();
+    };
+    let bits = 128 - u32::from(v6.subnet.prefix_len());
+    // Host offsets 1..=hosts; a subnet wider than 2^64 is walked in its first 2^64.
+    let hosts: u128 = if bits >= 64 {
+        u128::from(u64::MAX)
+    } else {
+        (1u128 << bits).saturating_sub(1)
+    };
+    if hosts <= 1 {
+        return Vec::new();
+    }
+    let network = u128::from(v6.subnet.network());
+    let seed = u128::from(ip).wrapping_mul(0x9e37_79b9_7f4a_7c15) % hosts;
+    let stride = 2 * (hosts / 7) + 1;
+    let mut out = Vec::with_capacity(n);
+    for i in 0..hosts.min(4096) {
+        let candidate = Ipv6Addr::from(network + 1 + (seed + i * stride) % hosts);
+        let taken = candidate == ip
+            || candidate == v6.server_ip
+            || v6.router == Some(candidate)
+            || v6.dns.contains(&candidate)
+            || v6.conflicted.contains(&candidate)
+            || pool.ipv6_holder_of(&candidate).is_some();
+        if !taken && !out.contains(&candidate) {
+            out.push(candidate);
+            if out.len() == n {
+                break;
+            }
+        }
+    }
+    out
+}
+
+/// A DECLINE costs nothing until checked ([`investigate`], in the background); only evidence
+/// that another host uses the address withholds it (for [`DECLINE_HOLD`]) and records the
+/// conflict for the controller. A tenant forging DECLINEs in a VM's name, relayed or direct,
+/// and answering the solicitations itself, withholds nothing while the VM answers for its
+/// address, and nothing beyond [`MAX_CONFLICTS_PER_HOST`] per MAC it answers with steadily.
+/// A DECLINE for an address whose probe runs already changes nothing: that probe answers for it.
 fn verify_decline(
     interface: &str,
     pool: &NamespacedName,
     addr: Ipv6Addr,
     client: Option<MacAddr>,
-    table: &Arc<LeaseTable>,
-    counters: &Arc<Counters6>,
+    context: &Context,
     in_flight: &Arc<InFlight>,
 ) {
     let slot = match in_flight.claim(addr) {
@@ -510,24 +722,55 @@ fn verify_decline(
             return;
         }
         Claim::Busy => {
-            counters.declines_not_probed.fetch_add(1, Ordering::Relaxed);
+            context
+                .counters
+                .declines_not_probed
+                .fetch_add(1, Ordering::Relaxed);
             warn!(%interface, %pool, %addr, mac = ?client, "IPv6 address declined; too many probes in flight, not checked");
             return;
         }
     };
-    let (interface, pool) = (interface.to_owned(), pool.clone());
-    let (table, counted) = (Arc::clone(table), Arc::clone(counters));
+    let (interface, pool, context2) = (interface.to_owned(), pool.clone(), context.clone());
     let started = spawn_probe(slot, move || {
-        let probed = crate::arp::probe6(&interface, addr, PROBE_WAIT);
-        if let Err(error) = &probed {
+        let Context {
+            table,
+            counters,
+            suspects,
+        } = &context2;
+        let check = Check {
+            interface: &interface,
+            pool: &pool,
+            ip: addr,
+            holder: client,
+            cap: true,
+        };
+        let evidence = investigate(&ndp_probe, table, suspects.as_deref(), check);
+        if let Err(error) = &evidence {
             warn!(%interface, %pool, %addr, mac = ?client, %error, "IPv6 address declined; it could not be checked");
         }
-        let verdict = DeclineVerdict::of(client, &probed);
-        apply_decline(&pool, addr, client, verdict, &table, &counted);
+        apply_decline(
+            &pool,
+            addr,
+            client,
+            DeclineVerdict::of(&evidence),
+            table,
+            counters,
+        );
     });
     if !started {
-        counters.declines_not_probed.fetch_add(1, Ordering::Relaxed);
+        context
+            .counters
+            .declines_not_probed
+            .fetch_add(1, Ordering::Relaxed);
     }
+}
+
+/// What a DECLINE's check needs besides the address: where verdicts go.
+#[derive(Clone)]
+struct Context {
+    table: Arc<LeaseTable>,
+    counters: Arc<Counters6>,
+    suspects: Option<Arc<Suspects>>,
 }
 
 /// Applies the verdict on a DECLINE of `addr` of `pool` in the name of `client`: a conflict is
@@ -560,7 +803,19 @@ fn apply_decline(
             counters
                 .declines_unconfirmed
                 .fetch_add(1, Ordering::Relaxed);
-            info!(%pool, %addr, mac = ?client, "IPv6 address declined, but no host answers for it: still served");
+            info!(%pool, %addr, mac = ?client, "IPv6 address declined, but no host answers every solicitation for it: still served");
+        }
+        DeclineVerdict::Proxy(host) => {
+            counters
+                .declines_unconfirmed
+                .fetch_add(1, Ordering::Relaxed);
+            info!(%pool, %addr, mac = ?client, proxy = %host, "IPv6 address declined, but only a proxy-NDP responder answers for it: still served");
+        }
+        DeclineVerdict::Capped(host) => {
+            counters
+                .declines_unconfirmed
+                .fetch_add(1, Ordering::Relaxed);
+            warn!(%pool, %addr, mac = ?client, answered_by = %host, "IPv6 address declined; the host answering for it holds {MAX_CONFLICTS_PER_HOST} addresses in conflict already: still served");
         }
         // Logged with its error where the probe failed.
         DeclineVerdict::Unverifiable => {
@@ -595,17 +850,19 @@ fn recheck_targets(pool: &PoolSnapshot) -> Vec<Target> {
         .unwrap_or_default()
 }
 
-/// The verdict a recheck's probe makes, read as a DECLINE's ([`DeclineVerdict::of`]) and as the
-/// DHCPv4 recheck's: another host answering (not the address's own client) keeps the conflict;
-/// nobody else answering frees it; a probe that could not be sent says nothing.
+/// The finding a recheck's evidence makes, as the DHCPv4 recheck's: another host answering
+/// every solicitation (not the address's own client) keeps the conflict; nobody else, or only a
+/// proxy-NDP responder, frees it; a probe that could not be sent says nothing.
 fn recheck_finding(
     holder: Option<MacAddr>,
-    probed: &Result<Option<MacAddr>, ArpError>,
+    evidence: &Result<Evidence, ArpError>,
 ) -> Option<Finding> {
-    match DeclineVerdict::of(holder, probed) {
-        DeclineVerdict::Conflict(host) => Some(Finding::conflict(holder, host, Reason::Recheck)),
-        DeclineVerdict::HolderAnswers | DeclineVerdict::NoAnswer => Some(Finding::free(holder)),
-        DeclineVerdict::Unverifiable => None,
+    match evidence {
+        Ok(Evidence::Taken(host) | Evidence::Capped(host)) => {
+            Some(Finding::conflict(holder, *host, Reason::Recheck))
+        }
+        Ok(Evidence::Holder | Evidence::Nobody | Evidence::Proxy(_)) => Some(Finding::free(holder)),
+        Err(_) => None,
     }
 }
 
@@ -665,13 +922,21 @@ impl Rechecks {
 fn recheck(
     interface: &str,
     pool: &NamespacedName,
-    table: &Arc<LeaseTable>,
+    context: &Context,
     (slot, target): (Slot, Target),
 ) {
-    let (interface, pool, table) = (interface.to_owned(), pool.clone(), Arc::clone(table));
+    let (interface, pool, context) = (interface.to_owned(), pool.clone(), context.clone());
     spawn_probe(slot, move || {
         let Target { ip, holder } = target;
-        let probed = crate::arp::probe6(&interface, ip, PROBE_WAIT);
+        let table = &context.table;
+        let check = Check {
+            interface: &interface,
+            pool: &pool,
+            ip,
+            holder,
+            cap: false,
+        };
+        let probed = investigate(&ndp_probe, table, context.suspects.as_deref(), check);
         let Some(finding) = recheck_finding(holder, &probed) else {
             if let Err(error) = probed {
                 debug!(%interface, %pool, %ip, %error, "recorded IPv6 conflict not rechecked");
@@ -692,18 +957,28 @@ fn recheck(
 
 /// The sockets of one interface.
 struct Sockets {
+    /// Reads the requests and sends the replies.
     packet: Socket,
-    udp: Socket,
+    /// Held open for its membership in `ff02::1:2`, which lasts as long as it does.
+    _membership: Socket,
 }
 
 /// Room for a frame: the largest accepted datagram plus Ethernet, IPv6 and UDP headers.
 const FRAME_BUFFER: usize = MAX_PACKET + 1 + ETHERNET + IPV6 + UDP;
-const ETHERNET: usize = 14;
-const IPV6: usize = 40;
-const UDP: usize = 8;
-const ETH_P_IPV6: u16 = 0x86dd;
-/// Classic BPF "return k" (k bytes of the packet kept; 0 drops it).
-const RET_K: u16 = 0x06;
+
+/// Why a reply was not sent.
+#[derive(Debug, thiserror::Error)]
+enum SendError {
+    /// Neither a usable link-local address on the interface nor a server address to send from.
+    #[error("no source address: the interface's link-local address is not usable yet")]
+    NoSource,
+    /// Larger than one datagram.
+    #[error("reply too large for one datagram")]
+    TooLarge,
+    /// The packet socket refused it.
+    #[error(transparent)]
+    Io(io::Error),
+}
 
 impl Sockets {
     fn open(interface: &str, index: u32) -> Result<Self, Server6Error> {
@@ -746,7 +1021,7 @@ impl Sockets {
         let packet = Socket::new(Domain::PACKET, Type::RAW, None)
             .map_err(err("create a packet socket", Some(Capability::NetRaw)))?;
         packet
-            .attach_filter(&udp547_filter())
+            .attach_filter(&frame::udp547_filter())
             .map_err(err("attach the port-547 filter", None))?;
         let link = crate::arp::link_address(index, ETH_P_IPV6, [0; 6])
             .map_err(err("address the interface's link", None))?;
@@ -757,72 +1032,11 @@ impl Sockets {
         packet
             .set_read_timeout(Some(RECEIVE_TIMEOUT))
             .map_err(err("set a receive timeout", None))?;
-        Ok(Sockets { packet, udp })
+        Ok(Sockets {
+            packet,
+            _membership: udp,
+        })
     }
-}
-
-/// A kernel filter passing only IPv6 frames carrying UDP to port 547 (no extension headers:
-/// clients and relays send none).
-fn udp547_filter() -> [SockFilter; 8] {
-    const LD_H_ABS: u16 = 0x28;
-    const LD_B_ABS: u16 = 0x30;
-    const JEQ_K: u16 = 0x15;
-    [
-        SockFilter::new(LD_H_ABS, 0, 0, 12),
-        SockFilter::new(JEQ_K, 0, 5, u32::from(ETH_P_IPV6)),
-        SockFilter::new(LD_B_ABS, 0, 0, 20),
-        SockFilter::new(JEQ_K, 0, 3, 17),
-        SockFilter::new(LD_H_ABS, 0, 0, 56),
-        SockFilter::new(JEQ_K, 0, 1, u32::from(SERVER_PORT)),
-        SockFilter::new(RET_K, 0, 0, 0x0004_0000),
-        SockFilter::new(RET_K, 0, 0, 0),
-    ]
-}
-
-/// A UDP datagram to port 547 read from an Ethernet frame.
-#[derive(Debug, PartialEq, Eq)]
-struct Udp6<'a> {
-    source_mac: MacAddr,
-    source: Ipv6Addr,
-    destination: Ipv6Addr,
-    payload: &'a [u8],
-}
-
-/// The DHCPv6 datagram an Ethernet frame carries, when it carries one: IPv6, UDP (no extension
-/// header), destination port 547, lengths consistent.
-fn parse_frame(frame: &[u8]) -> Option<Udp6<'_>> {
-    let eth = frame.get(..ETHERNET)?;
-    if u16::from_be_bytes([eth[12], eth[13]]) != ETH_P_IPV6 {
-        return None;
-    }
-    let ip = frame.get(ETHERNET..ETHERNET + IPV6)?;
-    if ip[0] >> 4 != 6 || ip[6] != 17 {
-        return None;
-    }
-    let payload_len = usize::from(u16::from_be_bytes([ip[4], ip[5]]));
-    let udp = frame.get(ETHERNET + IPV6..ETHERNET + IPV6 + payload_len)?;
-    let header = udp.get(..UDP)?;
-    if u16::from_be_bytes([header[2], header[3]]) != SERVER_PORT {
-        return None;
-    }
-    let udp_len = usize::from(u16::from_be_bytes([header[4], header[5]]));
-    let payload = udp.get(UDP..udp_len)?;
-    let octets = |range: std::ops::Range<usize>| -> Option<Ipv6Addr> {
-        let bytes: [u8; 16] = ip.get(range)?.try_into().ok()?;
-        Some(Ipv6Addr::from(bytes))
-    };
-    let mut mac = [0u8; 6];
-    mac.copy_from_slice(eth.get(6..12)?);
-    Some(Udp6 {
-        source_mac: MacAddr(mac),
-        source: octets(8..24)?,
-        destination: octets(24..40)?,
-        payload,
-    })
-}
-
-fn is_link_local(ip: &Ipv6Addr) -> bool {
-    ip.segments()[0] & 0xffc0 == 0xfe80
 }
 
 #[cfg(test)]
@@ -867,18 +1081,109 @@ mod tests {
         }
     }
 
-    #[test]
-    fn a_declined_address_is_in_conflict_only_when_another_host_answers_for_it() {
-        let cases = [
-            (Some(VM), Ok(Some(OTHER)), DeclineVerdict::Conflict(OTHER)),
-            (None, Ok(Some(OTHER)), DeclineVerdict::Conflict(OTHER)),
-            (Some(VM), Ok(Some(VM)), DeclineVerdict::HolderAnswers),
-            (Some(VM), Ok(None), DeclineVerdict::NoAnswer),
-            (Some(VM), Err(no_socket()), DeclineVerdict::Unverifiable),
-        ];
-        for (client, probed, verdict) in cases {
-            assert_eq!(DeclineVerdict::of(client, &probed), verdict, "{probed:?}");
+    /// Who answers for what in each round of a probe.
+    type Hosts<'a> = dyn Fn(&[Ipv6Addr], u8) -> Vec<(MacAddr, Ipv6Addr)> + 'a;
+
+    /// A stand-in for the network: `hosts(targets, round)` says who answers for what in each
+    /// round of a probe.
+    fn network(hosts: impl Fn(&[Ipv6Addr], u8) -> Vec<(MacAddr, Ipv6Addr)>) -> impl Prober6 {
+        move |_, targets, _| {
+            let mut answers = Answers::default();
+            for round in 0..arp::PROBE_NUM {
+                for (mac, ip) in hosts(targets, round) {
+                    answers.record(mac, ip, round);
+                }
+            }
+            Ok(answers)
         }
+    }
+
+    fn check(ip: Ipv6Addr, holder: Option<MacAddr>) -> Check<'static> {
+        static POOL: std::sync::OnceLock<NamespacedName> = std::sync::OnceLock::new();
+        Check {
+            interface: "srv0",
+            pool: POOL.get_or_init(pool),
+            ip,
+            holder,
+            cap: true,
+        }
+    }
+
+    #[test]
+    fn a_declined_address_is_in_conflict_only_on_evidence_a_tenant_cannot_fake_cheaply() {
+        let table = table(vec![]);
+        let suspects = Suspects::new(Duration::from_secs(60));
+        let addr = ip6(0x10);
+        let judge = |probe: &Hosts<'_>| {
+            let evidence = investigate(
+                &network(|t, r| probe(t, r)),
+                &table,
+                Some(&suspects),
+                check(addr, Some(VM)),
+            );
+            DeclineVerdict::of(&evidence)
+        };
+        // Another host answering every solicitation, and only for the address: a conflict.
+        let squatter = |t: &[Ipv6Addr], _| {
+            t.iter()
+                .filter(|ip| **ip == addr)
+                .map(|ip| (OTHER, *ip))
+                .collect()
+        };
+        assert_eq!(judge(&squatter), DeclineVerdict::Conflict(OTHER));
+        // The VM answering for its address, even once beside a steady forger: it uses it.
+        let answered = |t: &[Ipv6Addr], r: u8| {
+            let mut heard: Vec<_> = t.iter().map(|ip| (OTHER, *ip)).collect();
+            if r == 2 {
+                heard.push((VM, addr));
+            }
+            heard
+        };
+        assert_eq!(judge(&answered), DeclineVerdict::HolderAnswers);
+        // Not every round, or a new MAC every round: nobody.
+        let twice = |t: &[Ipv6Addr], r: u8| if r < 2 { vec![(OTHER, t[0])] } else { vec![] };
+        assert_eq!(judge(&twice), DeclineVerdict::NoAnswer);
+        let rotating = |t: &[Ipv6Addr], r: u8| vec![(MacAddr([2, 0, 0, 0, 0xee, r]), t[0])];
+        assert_eq!(judge(&rotating), DeclineVerdict::NoAnswer);
+        assert!(suspects.current(&pool()).is_empty());
+        // Answering for the canaries too: a proxy-NDP responder, reported, no conflict.
+        let everything = |t: &[Ipv6Addr], _| t.iter().map(|ip| (OTHER, *ip)).collect();
+        assert_eq!(judge(&everything), DeclineVerdict::Proxy(OTHER));
+        let reported = suspects.current(&pool());
+        assert_eq!(reported.len(), 1);
+        assert_eq!(
+            (reported[0].kind, reported[0].mac),
+            (SuspectKind::ProxyArpResponder, OTHER)
+        );
+        // A host holding the cap already: no more.
+        for n in 0..MAX_CONFLICTS_PER_HOST {
+            let held = ip6(0x40 + u16::try_from(n).unwrap());
+            table.findings().record(
+                &pool(),
+                held,
+                Finding::conflict(None, OTHER, Reason::Decline),
+            );
+        }
+        assert_eq!(judge(&squatter), DeclineVerdict::Capped(OTHER));
+        // A probe that cannot be sent.
+        let failing =
+            |_: &str, _: &[Ipv6Addr], _: &dyn Fn(&Answers<Ipv6Addr>) -> bool| Err(no_socket());
+        let evidence = investigate(&failing, &table, None, check(addr, Some(VM)));
+        assert_eq!(DeclineVerdict::of(&evidence), DeclineVerdict::Unverifiable);
+    }
+
+    #[test]
+    fn canaries_are_free_addresses_of_the_subnet_that_depend_on_the_address() {
+        let table = table(vec![ip6(0x20)]);
+        let snapshot = table.pool(&pool()).unwrap();
+        let v6 = snapshot.config().ipv6.clone().unwrap();
+        let some = canaries6(&snapshot, ip6(0x10), CANARIES);
+        assert_eq!(some.len(), CANARIES);
+        for c in &some {
+            assert!(v6.subnet.contains(c), "{c}");
+            assert!(![ip6(0x10), ip6(0x20), v6.server_ip].contains(c), "{c}");
+        }
+        assert_ne!(some, canaries6(&snapshot, ip6(0x11), CANARIES));
     }
 
     #[test]
@@ -944,18 +1249,18 @@ mod tests {
 
     #[test]
     fn a_recheck_finds_a_recorded_conflict_free_unless_another_host_answers_for_it() {
-        let taken = recheck_finding(Some(VM), &Ok(Some(OTHER))).unwrap();
+        let taken = recheck_finding(Some(VM), &Ok(Evidence::Taken(OTHER))).unwrap();
         assert_eq!(
             (taken.mac, taken.answered_by, taken.reason),
             (Some(VM), Some(OTHER), Reason::Recheck)
         );
-        let unreserved = recheck_finding(None, &Ok(Some(OTHER))).unwrap();
+        let unreserved = recheck_finding(None, &Ok(Evidence::Taken(OTHER))).unwrap();
         assert_eq!(
             (unreserved.mac, unreserved.answered_by),
             (None, Some(OTHER))
         );
-        // Nobody, or only the address's own client: free.
-        for heard in [None, Some(VM)] {
+        // Nobody, only the address's own client, or a proxy: free.
+        for heard in [Evidence::Nobody, Evidence::Holder, Evidence::Proxy(OTHER)] {
             let free = recheck_finding(Some(VM), &Ok(heard)).unwrap();
             assert_eq!(
                 (free.mac, free.answered_by, free.reason),
@@ -1037,46 +1342,5 @@ mod tests {
         let table = LeaseTable::new();
         table.apply_snapshot(&[PoolLeases::new(pool_config("default/a"))]);
         assert!(recheck_targets(&table.pool(&pool()).unwrap()).is_empty());
-    }
-
-    fn frame(next_header: u8, port: u16, payload: &[u8]) -> Vec<u8> {
-        let mut f = vec![0x33, 0x33, 0, 1, 0, 2, 2, 0, 0, 0, 0, 1, 0x86, 0xdd];
-        let udp_len = u16::try_from(UDP + payload.len()).unwrap();
-        f.extend_from_slice(&[0x60, 0, 0, 0]);
-        f.extend_from_slice(&udp_len.to_be_bytes());
-        f.extend_from_slice(&[next_header, 1]);
-        f.extend_from_slice(&"fe80::1".parse::<Ipv6Addr>().unwrap().octets());
-        f.extend_from_slice(&ALL_SERVERS.octets());
-        f.extend_from_slice(&546u16.to_be_bytes());
-        f.extend_from_slice(&port.to_be_bytes());
-        f.extend_from_slice(&udp_len.to_be_bytes());
-        f.extend_from_slice(&[0, 0]);
-        f.extend_from_slice(payload);
-        f
-    }
-
-    #[test]
-    fn a_frame_to_port_547_yields_its_datagram_and_the_sender_s_mac() {
-        let f = frame(17, 547, b"hello");
-        let udp = parse_frame(&f).unwrap();
-        assert_eq!(udp.source_mac, MacAddr([2, 0, 0, 0, 0, 1]));
-        assert_eq!(udp.source, "fe80::1".parse::<Ipv6Addr>().unwrap());
-        assert!(udp.destination.is_multicast());
-        assert_eq!(udp.payload, b"hello");
-        assert!(is_link_local(&udp.source));
-    }
-
-    #[test]
-    fn other_frames_and_broken_lengths_yield_nothing() {
-        assert_eq!(parse_frame(&frame(6, 547, b"x")), None, "TCP");
-        assert_eq!(parse_frame(&frame(17, 546, b"x")), None, "to a client");
-        let mut cut = frame(17, 547, b"hello");
-        cut.truncate(cut.len() - 2);
-        assert_eq!(parse_frame(&cut), None);
-        assert_eq!(parse_frame(&[0u8; 10]), None);
-        let mut v4 = frame(17, 547, b"x");
-        v4[12] = 0x08;
-        v4[13] = 0x00;
-        assert_eq!(parse_frame(&v4), None);
     }
 }
