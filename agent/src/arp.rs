@@ -332,7 +332,7 @@ pub fn probe_frame(mac: MacAddr, ip: Ipv4Addr) -> [u8; FRAME_LEN] {
     frame
 }
 
-/// Time between the [`PROBE_NUM`] probes of one check, of either family (RFC 5227 spaces them
+/// Time between the [`PROBE_NUM`] ARP probes of one check (RFC 5227 spaces them
 /// 1–2 s; hosts on one L2 answer within milliseconds, and a first OFFER waits for the check).
 pub const PROBE_INTERVAL: Duration = Duration::from_millis(150);
 /// Addresses nobody holds that a host answering for a probed address is asked about.

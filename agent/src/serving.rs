@@ -12,7 +12,8 @@
 //! cancels the announcements still running before anything else.
 //!
 //! Beside each server runs a detector of other DHCP servers on the interface's network
-//! ([`crate::dhcp::foreign`]), started and stopped with it: a standby looks for none, and
+//! ([`crate::dhcp::foreign`]; the DHCPv6 server looks for other DHCPv6 servers itself, with the
+//! same settings), started and stopped with it: a standby looks for none, and
 //! stepping down forgets what was found, so that only the serving agent reports suspects.
 //!
 //! A dual-stack pool's interface also carries the pool's IPv6 server address and runs a DHCPv6
@@ -39,7 +40,7 @@ use vmdhcp_core::bootstrap::AgentNetworkConfig;
 use crate::arp::Announcer;
 use crate::dhcp::foreign::{Detectors, Target};
 use crate::dhcp::server::{Interface, InterfaceStatus, Servers};
-use crate::dhcp6::server::{Interface6, Servers6};
+use crate::dhcp6::server::{Foreign6, Interface6, Servers6};
 use crate::host6;
 use crate::lease_table::LeaseTable;
 use crate::netlink::InterfaceSetup;
@@ -148,8 +149,13 @@ impl Serving {
         detectors: Detectors,
     ) -> Self {
         Serving {
-            servers6: Servers6::new(Arc::clone(&table))
-                .reporting_to(Arc::clone(detectors.suspects())),
+            servers6: Servers6::new(Arc::clone(&table)).reporting_to(
+                Arc::clone(detectors.suspects()),
+                Foreign6 {
+                    enabled: detectors.settings().enabled,
+                    probe_interval: detectors.settings().probe_interval,
+                },
+            ),
             advertisers: Advertisers::default(),
             configured6: BTreeMap::new(),
             servers: Servers::new(table).reporting_to(Arc::clone(detectors.suspects())),

@@ -67,7 +67,7 @@ pub struct Attacker {
 impl Attacker {
     /// Starts `script` on `ns` and waits for its line `ready` (its sockets are open); it must
     /// stop by itself within `limit`.
-    fn start(ns: &Netns, script: &str, limit: Duration) -> Self {
+    pub(crate) fn start(ns: &Netns, script: &str, limit: Duration) -> Self {
         let mut cmd = ns.command("python3");
         cmd.args(["-c", script])
             .stdin(Stdio::null())

@@ -38,6 +38,7 @@ pub mod dhcp6_client;
 pub mod dhcp_client;
 pub mod fleet;
 pub mod hostile;
+pub mod hostile6;
 pub mod http;
 pub mod netns;
 pub mod node;

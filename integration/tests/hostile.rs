@@ -11,28 +11,40 @@
 //! - keep new VMs off the network by answering every ARP request;
 //! - hold more than a bounded number of a pool's addresses in conflict (a real squatter is
 //!   still found);
-//! - run a DHCP server on the network unnoticed.
+//! - run a DHCP server on the network unnoticed;
+//! - and on a dual-stack pool, against a live `dhclient -6`: steal a VM's DHCPv6 answers with
+//!   forged Neighbor Advertisements, take its IPv6 address with a forged (relayed) DECLINE and a
+//!   burst of advertisements, deny DHCPv6 to the pool with requests from unresolvable sources,
+//!   reflect answers to every VM, or steer the agent's routing with a Router Advertisement.
 //!
 //! Every attacker is a bounded process on raw sockets ([`vmdhcp_integration::hostile`]).
 //! Addresses are TEST-NET ranges that exist only inside the lab: 192.0.2.0/24 (pool A),
 //! 198.51.100.0/24 (pool B) and 203.0.113.0/24 (the pod network).
 #![allow(clippy::unwrap_used, clippy::print_stdout)]
 
+use std::net::Ipv6Addr;
 use std::time::{Duration, Instant};
 
 use serde_json::{Value, json};
+use vmdhcp_core::NamespacedName;
+use vmdhcp_core::pool::duid::server_duid;
 use vmdhcp_integration::dhcp_client::{
     events, start_dhclient, start_dhcpcd, try_http_get, udhcpc, udhcpc_bound, wait_event, wait_for,
+};
+use vmdhcp_integration::dhcp6_client::{
+    Client6, Kea6, Kea6Config, Lease6, Options6, Radvd, RadvdConfig, addresses, global_addresses,
+    wait_link_local,
 };
 use vmdhcp_integration::fleet::metric;
 use vmdhcp_integration::hostile::{
     EchoCounter, Forgery, answer_every_arp, capture_dhcp, forge, leased_after, mac_bytes, mac_of,
     neighbour, now_unix, ping, settled_cost, transcript,
 };
+use vmdhcp_integration::hostile6;
 use vmdhcp_integration::netns::Netns;
 use vmdhcp_integration::static_agent::{
-    Bridged, EVIL_MAC, IP_1, MAC_1, MAC_1_BYTES, Rig, SERVER_A, SERVER_B, pool, rig, send_decline,
-    start_rogue, timed_udhcpc, with_lease,
+    Bridged, EVIL_MAC, IP_1, MAC_1, MAC_1_BYTES, Rig, SERVER_A, SERVER_B, hex, pool, rig,
+    send_decline, start_rogue, timed_udhcpc, with_lease,
 };
 
 /// The pod network's other end (a node or another pod), in namespace `pod`.
@@ -622,4 +634,483 @@ fn a_rogue_dnsmasq_beside_a_booting_vm_is_reported_and_forgotten_after_it_stops(
     assert!(found_after <= Duration::from_secs(INTERVAL + 1));
     // Last seen at most one probe interval before it stopped.
     assert!(cleared_after >= Duration::from_secs(FORGET - INTERVAL));
+}
+
+// IPv6 (issue 53): the same tenant, on a dual-stack pool, against a live `dhclient -6`.
+
+/// The dual-stack pool's IPv6 subnet, a ULA that exists only in the lab.
+const SUBNET6: &str = "fd76:6d64:6863::/112";
+/// A prefix a rogue router advertises, another lab-only ULA.
+const ROGUE_PREFIX: &str = "fd99:6d64:6863:1::/64";
+
+fn reserved6() -> Ipv6Addr {
+    "fd76:6d64:6863::10".parse().unwrap()
+}
+
+/// Pool A dual-stack: [`MAC_1`] holds [`IP_1`] and `::10`; IPv6 leases of 10 s (T1 5 s, T2
+/// 8 s), so a victim that stops being answered loses its address within seconds.
+fn dual_a() -> Value {
+    let mut p = pool(
+        "a",
+        "srv0",
+        SERVER_A,
+        "192.0.2.0/24",
+        json!({"ipv6": {"server_ip": "fd76:6d64:6863::1", "subnet": SUBNET6, "lease_seconds": 10}}),
+    );
+    p["leases"] = json!([{"mac": MAC_1, "ip": IP_1, "ipv6": reserved6().to_string()}]);
+    p
+}
+
+/// The bridged network serving [`dual_a`], interfaces configured by the agent, with the VM's
+/// `dhclient -6` bound to its reservation.
+fn dual_lab() -> (Bridged, Client6) {
+    let b = Bridged::with_args(&[dual_a()], &["--configure-interfaces"]);
+    wait_for("the DHCPv6 server", Duration::from_secs(10), || {
+        b.rig.agent_log().contains("DHCPv6 serving").then_some(())
+    });
+    wait_link_local(&b.rig.lab, &b.vm, "eth0", Duration::from_secs(10));
+    let victim = Client6::dhclient(&b.vm, "eth0", Options6::default());
+    let bound = victim.wait_lease("BOUND6", 0, Duration::from_secs(20));
+    assert_eq!(bound.address, reserved6());
+    // The attacks start once the VM's duplicate address detection is over: an advertisement
+    // of a tentative address makes the VM's own kernel give it up (RFC 4862 §5.4.4), which is
+    // the link's weakness, not the server's.
+    wait_for("the VM's address past DAD", Duration::from_secs(10), || {
+        addresses(&b.rig.lab, &b.vm, "eth0", "global")
+            .iter()
+            .any(|(a, flags)| *a == reserved6() && flags.is_empty())
+            .then_some(())
+    });
+    (b, victim)
+}
+
+/// Waits, during an attack, until the victim renewed `n` more times from `events_before`
+/// events, each keeping its address; fails (with both logs) on an expiry or a lost address.
+fn keeps_renewing(b: &Bridged, victim: &Client6, events_before: usize, n: usize) -> usize {
+    let kept = wait_for("the victim's renewals", Duration::from_secs(40), || {
+        let events = victim.events();
+        for (name, env) in &events[events_before..] {
+            assert!(
+                !["EXPIRE6", "STOP6", "RELEASE6"].contains(&name.as_str()),
+                "the victim lost its lease ({name}); client:\n{}\nagent:\n{}",
+                victim.log(),
+                b.rig.agent_log()
+            );
+            if let Some(lease) = Lease6::from_event(env) {
+                assert_eq!(lease.address, reserved6(), "{name}: {env:?}");
+            }
+        }
+        let renewed = events[events_before..]
+            .iter()
+            .filter(|(name, _)| name == "RENEW6" || name == "REBIND6")
+            .count();
+        (renewed >= n).then_some(renewed)
+    });
+    println!(
+        "the victim renewed {kept} times during the attack, keeping {}",
+        reserved6()
+    );
+    kept
+}
+
+/// Polls `f` until it gives something, for at most `limit`.
+fn wait_for_or_none<T>(limit: Duration, mut f: impl FnMut() -> Option<T>) -> Option<T> {
+    let deadline = Instant::now() + limit;
+    loop {
+        if let Some(v) = f() {
+            return Some(v);
+        }
+        if Instant::now() >= deadline {
+            return None;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+/// A metric line of pool A's DHCPv6 server on `srv0`: `family{labels,extra} value`.
+fn dhcp6_metric(b: &Bridged, family: &str, extra: &str) -> f64 {
+    let labels = if extra.is_empty() {
+        LABELS.to_owned()
+    } else {
+        format!("{LABELS},{extra}")
+    };
+    metric(&b.metrics(), &format!("{family}{{{labels}}}")).unwrap_or(0.0)
+}
+
+/// 50 Neighbor Advertisements a second, for 20 s, unicast to the agent and claiming the
+/// victim's link-local address for the tenant's MAC (Solicited and Override set): on a server
+/// that sends through the kernel's neighbour table, every answer to the victim goes to the
+/// tenant and the victim's address expires. Ours answers the MAC each request came from.
+#[test]
+fn forged_neighbor_advertisements_do_not_steal_a_vm_s_dhcpv6_answers() {
+    let (b, victim) = dual_lab();
+    let agent_mac = mac_of(&b.rig.lab, &b.rig.srv, "srv0");
+    let agent_ll = wait_link_local(&b.rig.lab, &b.rig.srv, "srv0", Duration::from_secs(10));
+    let victim_ll = wait_link_local(&b.rig.lab, &b.vm, "eth0", Duration::from_secs(10));
+    let evil = mac_bytes(EVIL_MAC);
+    let na =
+        hostile6::neighbor_advertisement((evil, agent_mac), (victim_ll, agent_ll), victim_ll, evil);
+    let before = victim.events().len();
+    let attacker = hostile6::play(
+        &b.evil,
+        &[na],
+        Duration::from_millis(20),
+        Duration::from_secs(20),
+    );
+    let kept = keeps_renewing(&b, &victim, before, 3);
+    let sent = attacker.finish();
+    println!("forged NAs sent: {}", sent[0]);
+    assert!(kept >= 3);
+    assert_eq!(
+        dhcp6_metric(&b, "vmdhcp_agent_dhcp6_send_errors_total", ""),
+        0.0
+    );
+}
+
+/// A DECLINE of the victim's address in its name, relayed (option 79 naming its MAC), every
+/// 20 ms, in a stream of 2 000 Neighbor Advertisements a second of that address from the tenant
+/// (to all nodes, naming the tenant's MAC, as a real answer looks; and unicast to the agent),
+/// half from its own MAC, half from a new MAC each time: a server that takes the first answer
+/// to one solicitation hears the tenant before the VM sooner or later, and withholds the VM's
+/// address. Ours hears the VM answer its solicitations, so the DECLINE is forged and nothing is
+/// withheld; the victim keeps renewing its address.
+#[test]
+fn a_forged_relayed_decline_with_an_advertisement_burst_takes_no_vm_s_ipv6_address() {
+    let (b, victim) = dual_lab();
+    let agent_mac = mac_of(&b.rig.lab, &b.rig.srv, "srv0");
+    let agent_ll = wait_link_local(&b.rig.lab, &b.rig.srv, "srv0", Duration::from_secs(10));
+    let evil = mac_bytes(EVIL_MAC);
+    let evil_ll: Ipv6Addr = "fe80::e0e".parse().unwrap();
+    let pool_name: NamespacedName = "default/a".parse().unwrap();
+    let decline = hostile6::udp6(
+        (evil, hostile6::ALL_SERVERS_MAC),
+        (evil_ll, 547),
+        (hostile6::ALL_SERVERS, 547),
+        &hostile6::relayed_decline(mac_bytes(MAC_1), &server_duid(&pool_name), reserved6()),
+    );
+    let all_nodes: Ipv6Addr = "ff02::1".parse().unwrap();
+    let mut frames = vec![decline];
+    for n in 0u8..20 {
+        // The tenant's own MAC, then a fresh one per frame.
+        let mac = if n % 2 == 0 {
+            evil
+        } else {
+            [2, 0xee, 0, 0, 0, n]
+        };
+        frames.push(hostile6::neighbor_advertisement(
+            (mac, [0x33, 0x33, 0, 0, 0, 1]),
+            (reserved6(), all_nodes),
+            reserved6(),
+            mac,
+        ));
+        frames.push(hostile6::neighbor_advertisement(
+            (mac, agent_mac),
+            (reserved6(), agent_ll),
+            reserved6(),
+            mac,
+        ));
+    }
+    let before = victim.events().len();
+    let attacker = hostile6::play(
+        &b.evil,
+        &frames,
+        Duration::from_micros(500),
+        Duration::from_secs(20),
+    );
+    let verdict = "in the name of its own holder, which answers for it";
+    let heard = wait_for_or_none(Duration::from_secs(20), || {
+        b.rig.agent_log().contains(verdict).then_some(())
+    });
+    assert!(heard.is_some(), "no verdict; agent:\n{}", b.rig.agent_log());
+    let kept = keeps_renewing(&b, &victim, before, 3);
+    let sent = attacker.finish();
+    println!("DECLINEs and NAs sent: {}", sent[0]);
+    assert!(kept >= 3);
+    let log = b.rig.agent_log();
+    assert!(
+        !log.contains("another host answers for it: withheld"),
+        "{log}"
+    );
+    let confirmed = dhcp6_metric(
+        &b,
+        "vmdhcp_agent_dhcp6_declines_total",
+        r#"result="confirmed""#,
+    );
+    assert_eq!(confirmed, 0.0);
+}
+
+/// 200 INFORMATION-REQUESTs a second, for 20 s, each from a new link-local source nobody owns:
+/// a server whose answers wait in the kernel for Neighbor Discovery of those sources fills its
+/// send buffer and stops answering anyone. Ours sends each answer to the frame's MAC at once:
+/// the victim keeps renewing, no answer fails, and the agent's neighbour table does not grow.
+#[test]
+fn information_requests_from_unresolvable_sources_deny_dhcpv6_to_nobody() {
+    let (b, victim) = dual_lab();
+    let evil = mac_bytes(EVIL_MAC);
+    let frames: Vec<Vec<u8>> = (0u16..400)
+        .map(|n| {
+            let source = Ipv6Addr::new(0xfe80, 0, 0, 0, 0x1234, 0x5678, n, 0x9abc);
+            hostile6::udp6(
+                (evil, hostile6::ALL_SERVERS_MAC),
+                (source, 546),
+                (hostile6::ALL_SERVERS, 547),
+                &hostile6::information_request(u32::from(n)),
+            )
+        })
+        .collect();
+    let before = victim.events().len();
+    let attacker = hostile6::play(
+        &b.evil,
+        &frames,
+        Duration::from_millis(5),
+        Duration::from_secs(20),
+    );
+    let kept = keeps_renewing(&b, &victim, before, 3);
+    let sent = attacker.finish();
+    println!("INFORMATION-REQUESTs sent: {}", sent[0]);
+    assert!(kept >= 3);
+    assert_eq!(
+        dhcp6_metric(&b, "vmdhcp_agent_dhcp6_send_errors_total", ""),
+        0.0
+    );
+    let neighbours = b
+        .rig
+        .lab
+        .exec(&b.rig.srv, "ip", &["-6", "neigh", "show", "dev", "srv0"])
+        .unwrap();
+    assert!(neighbours.lines().count() < 10, "{neighbours}");
+}
+
+/// SOLICITs naming 85 IA_NAs: from `ff02::1` (a reply would go to every VM), dropped; from a
+/// host's own address, answered for the first few IAs only, a reply smaller than the request.
+/// The victim's interface sees no reply of the agent's meanwhile.
+#[test]
+fn a_solicit_from_all_nodes_is_not_reflected_and_many_ias_are_not_amplified() {
+    let (mut b, victim) = dual_lab();
+    drop(victim);
+    let evil = mac_bytes(EVIL_MAC);
+    // In the VM's name (its DUID-LL), so that there is a reservation to answer with.
+    let solicit = hostile6::solicit_with_ias(mac_bytes(MAC_1), 85);
+    let reflected = hostile6::udp6(
+        (evil, hostile6::ALL_SERVERS_MAC),
+        ("ff02::1".parse().unwrap(), 546),
+        (hostile6::ALL_SERVERS, 547),
+        &solicit,
+    );
+    let pcap = b.rig.dir.path().join("vm6.pcap");
+    let mut cmd = b.vm.command("tcpdump");
+    cmd.args(["-i", "eth0", "--immediate-mode", "-U", "-n", "-w"])
+        .arg(&pcap)
+        .args(["udp", "src", "port", "547"])
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null());
+    b.rig.lab.spawn(cmd).unwrap();
+    wait_for("tcpdump capturing", Duration::from_secs(10), || {
+        std::fs::metadata(&pcap)
+            .is_ok_and(|m| m.len() >= 24)
+            .then_some(())
+    });
+    let sent = hostile6::play(
+        &b.evil,
+        &[reflected],
+        Duration::from_millis(10),
+        Duration::from_secs(1),
+    )
+    .finish();
+    let dropped = wait_for("the drops counted", Duration::from_secs(10), || {
+        let n = dhcp6_metric(
+            &b,
+            "vmdhcp_agent_dhcp6_dropped_total",
+            r#"reason="source_not_unicast""#,
+        );
+        (n >= sent[0] as f64).then_some(n)
+    });
+    println!(
+        "SOLICITs from ff02::1 sent: {}, dropped: {dropped}",
+        sent[0]
+    );
+    let replies = b
+        .rig
+        .lab
+        .exec(&b.vm, "tcpdump", &["-r", pcap.to_str().unwrap(), "-n"])
+        .unwrap_or_default();
+    assert_eq!(replies.lines().count(), 0, "{replies}");
+    // From the tenant's own link-local address: answered, for at most a few IAs.
+    let evil_ll = wait_link_local(&b.rig.lab, &b.evil, "eth0", Duration::from_secs(10));
+    let own = hostile6::udp6(
+        (evil, hostile6::ALL_SERVERS_MAC),
+        (evil_ll, 546),
+        (hostile6::ALL_SERVERS, 547),
+        &solicit,
+    );
+    let script = format!(
+        "import socket\n\
+         s=socket.socket(socket.AF_INET6,socket.SOCK_DGRAM)\n\
+         s.setsockopt(socket.SOL_SOCKET,socket.SO_BINDTODEVICE,b'eth0')\n\
+         s.bind(('::',546)); s.settimeout(5)\n\
+         p=socket.socket(socket.AF_PACKET,socket.SOCK_RAW); p.bind(('eth0',0))\n\
+         p.send(bytes.fromhex('{}'))\n\
+         d=s.recv(65535)\n\
+         print(len(d))\n",
+        hex(&own)
+    );
+    let answer = b
+        .rig
+        .lab
+        .exec(&b.evil, "python3", &["-c", &script])
+        .unwrap();
+    let reply_len: usize = answer.split_whitespace().next().unwrap().parse().unwrap();
+    println!(
+        "a SOLICIT of {} bytes with 85 IA_NAs: a reply of {reply_len} bytes",
+        solicit.len()
+    );
+    assert!(reply_len < solicit.len(), "{reply_len} ≥ {}", solicit.len());
+}
+
+/// A tenant runs a router (radvd) advertising a prefix with SLAAC on and itself as the default
+/// router: the VM takes the prefix (the RA reached the network), the agent takes nothing, no
+/// address and no route, and its interface ignores RAs, redirects and proxies no NDP.
+#[test]
+fn a_rogue_router_advertisement_steers_none_of_the_agent_s_routing() {
+    let (b, victim) = dual_lab();
+    drop(victim);
+    let config = RadvdConfig {
+        managed: false,
+        other: false,
+        autonomous: true,
+        router_lifetime: 1800,
+        ..RadvdConfig::managed("eth0", ROGUE_PREFIX)
+    };
+    let mut radvd = Radvd::start(&b.evil, &config);
+    let rogue_net = |a: &Ipv6Addr| a.segments()[..4] == [0xfd99, 0x6d64, 0x6863, 1];
+    let slaac = wait_for(
+        "the VM's SLAAC address from the rogue RA",
+        Duration::from_secs(30),
+        || {
+            global_addresses(&b.rig.lab, &b.vm, "eth0")
+                .into_iter()
+                .find(|a| rogue_net(a))
+        },
+    );
+    println!("the VM took {slaac} from the rogue router");
+    // The agent's namespace: no address in the prefix, no route learned from the RA.
+    let addresses = global_addresses(&b.rig.lab, &b.rig.srv, "srv0");
+    assert!(!addresses.iter().any(rogue_net), "{addresses:?}");
+    let routes = b
+        .rig
+        .lab
+        .exec(&b.rig.srv, "ip", &["-6", "route", "show", "proto", "ra"])
+        .unwrap();
+    assert!(routes.trim().is_empty(), "{routes}");
+    for setting in ["accept_ra", "autoconf", "accept_redirects", "proxy_ndp"] {
+        let file = format!("/proc/sys/net/ipv6/conf/srv0/{setting}");
+        let value = b.rig.lab.exec(&b.rig.srv, "cat", &[&file]).unwrap();
+        assert_eq!(value.trim(), "0", "{setting}");
+    }
+    radvd.stop();
+}
+
+/// A tenant runs a DHCPv6 server (kea-dhcp6 with a pool of the pool's own subnet) on the
+/// network: the agent's probe SOLICIT finds it within one probe interval, and reports it as it
+/// reports a DHCPv4 one (the suspect series the IPPool condition, event and alert follow); once
+/// it stops, it is forgotten after the forget time.
+#[test]
+fn a_rogue_dhcpv6_server_is_reported_and_forgotten_after_it_stops() {
+    const INTERVAL: u64 = 2;
+    const FORGET: u64 = 6;
+    let b = Bridged::with_args(
+        &[dual_a()],
+        &[
+            "--configure-interfaces",
+            "--foreign-dhcp-probe-interval-seconds",
+            &INTERVAL.to_string(),
+            "--suspect-forget-after-seconds",
+            &FORGET.to_string(),
+        ],
+    );
+    wait_for("the DHCPv6 server", Duration::from_secs(10), || {
+        b.rig.agent_log().contains("DHCPv6 serving").then_some(())
+    });
+    let series = "vmdhcp_agent_network_suspects{pool=\"default/a\",kind=\"foreign_dhcp_server\"}";
+    let suspects = |b: &Bridged| metric(&b.metrics(), series);
+    assert_eq!(suspects(&b), Some(0.0), "{}", b.metrics());
+    let config = Kea6Config {
+        pool: Some("fd76:6d64:6863::100 - fd76:6d64:6863::1ff".to_owned()),
+        ..Kea6Config::new("eth0", SUBNET6)
+    };
+    // Kea binds its link-local address: once that one is past DAD.
+    wait_link_local(&b.rig.lab, &b.evil, "eth0", Duration::from_secs(10));
+    let started = Instant::now();
+    let mut kea = Kea6::start(&b.evil, &config);
+    let found = wait_for_or_none(Duration::from_secs(INTERVAL + 5), || {
+        (suspects(&b) == Some(1.0)).then_some(())
+    });
+    assert!(
+        found.is_some(),
+        "not reported; kea:\n{}\nagent:\n{}",
+        kea.log(),
+        b.rig.agent_log()
+    );
+    let found_after = started.elapsed();
+    let log = b.rig.agent_log();
+    assert!(
+        log.contains("foreign DHCPv6 server on the pool's network"),
+        "{log}"
+    );
+    assert!(log.contains(&config.server_duid()[..16]), "{log}");
+    kea.stop();
+    let stopped = Instant::now();
+    wait_for(
+        "the rogue server forgotten",
+        Duration::from_secs(FORGET + 3),
+        || (suspects(&b) == Some(0.0)).then_some(()),
+    );
+    println!(
+        "rogue kea-dhcp6 (probe every {INTERVAL} s, forgotten after {FORGET} s): reported {} ms \
+         after it started, cleared {} ms after it stopped",
+        found_after.as_millis(),
+        stopped.elapsed().as_millis()
+    );
+    assert!(found_after <= Duration::from_secs(INTERVAL + 1));
+}
+
+/// A tenant answers every Neighbor Solicitation (proxy NDP): a new VM's duplicate address
+/// detection fails on its reservation and `dhclient -6` declines it. The agent's own
+/// solicitations hear the tenant too, and for addresses nobody holds: a proxy-NDP responder,
+/// reported, whose answers make no conflict. Nothing is withheld.
+#[test]
+fn a_host_answering_every_neighbor_solicitation_makes_no_ipv6_conflict_and_is_reported() {
+    let b = Bridged::with_args(&[dual_a()], &["--configure-interfaces"]);
+    wait_for("the DHCPv6 server", Duration::from_secs(10), || {
+        b.rig.agent_log().contains("DHCPv6 serving").then_some(())
+    });
+    wait_link_local(&b.rig.lab, &b.vm, "eth0", Duration::from_secs(10));
+    let proxy =
+        hostile6::answer_every_ns(&b.evil, mac_bytes(EVIL_MAC), Duration::from_secs(30), 2000);
+    let options = Options6 {
+        dad_wait_seconds: Some(3),
+        ..Options6::default()
+    };
+    let c = Client6::dhclient(&b.vm, "eth0", options);
+    let verdict = "only a proxy-NDP responder answers for it: still served";
+    let heard = wait_for_or_none(Duration::from_secs(30), || {
+        b.rig.agent_log().contains(verdict).then_some(())
+    });
+    assert!(
+        heard.is_some(),
+        "no verdict; client:\n{}\nagent:\n{}",
+        c.log(),
+        b.rig.agent_log()
+    );
+    assert!(c.log().contains("XMT: Forming Decline"), "{}", c.log());
+    let series = "vmdhcp_agent_network_suspects{pool=\"default/a\",kind=\"proxy_arp_responder\"}";
+    assert_eq!(metric(&b.metrics(), series), Some(1.0), "{}", b.metrics());
+    let confirmed = dhcp6_metric(
+        &b,
+        "vmdhcp_agent_dhcp6_declines_total",
+        r#"result="confirmed""#,
+    );
+    assert_eq!(confirmed, 0.0);
+    let answers = proxy.stop();
+    println!("the proxy answered {} solicitations", answers[0]);
 }

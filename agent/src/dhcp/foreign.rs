@@ -168,6 +168,11 @@ impl Detectors {
         }
     }
 
+    /// How they run, for the DHCPv6 servers' own look for other servers.
+    pub fn settings(&self) -> DetectorSettings {
+        self.settings
+    }
+
     /// Where what they find is recorded.
     pub fn suspects(&self) -> &Arc<Suspects> {
         &self.suspects

@@ -21,8 +21,8 @@ use std::time::{Duration, Instant};
 use socket2::SockFilter;
 use vmdhcp_core::MacAddr;
 
-use super::SERVER_PORT;
 use super::handler::is_link_local;
+use super::{CLIENT_PORT, SERVER_PORT};
 
 /// Ethernet header length.
 pub const ETHERNET: usize = 14;
@@ -37,25 +37,27 @@ const HOP_LIMIT: u8 = 64;
 /// Classic BPF "return k" (k bytes of the packet kept; 0 drops it).
 pub const RET_K: u16 = 0x06;
 
-/// A kernel filter passing only IPv6 frames carrying UDP to port 547 (no extension headers:
-/// clients and relays send none).
-pub fn udp547_filter() -> [SockFilter; 8] {
+/// A kernel filter passing only IPv6 frames carrying UDP to port 547 (clients' and relays'
+/// messages) or 546 (other servers' answers, [`super::foreign`]); no extension headers: clients,
+/// relays and servers send none.
+pub fn dhcp_filter() -> [SockFilter; 9] {
     const LD_H_ABS: u16 = 0x28;
     const LD_B_ABS: u16 = 0x30;
     const JEQ_K: u16 = 0x15;
     [
         SockFilter::new(LD_H_ABS, 0, 0, 12),
-        SockFilter::new(JEQ_K, 0, 5, u32::from(ETH_P_IPV6)),
+        SockFilter::new(JEQ_K, 0, 6, u32::from(ETH_P_IPV6)),
         SockFilter::new(LD_B_ABS, 0, 0, 20),
-        SockFilter::new(JEQ_K, 0, 3, 17),
+        SockFilter::new(JEQ_K, 0, 4, 17),
         SockFilter::new(LD_H_ABS, 0, 0, 56),
-        SockFilter::new(JEQ_K, 0, 1, u32::from(SERVER_PORT)),
+        SockFilter::new(JEQ_K, 1, 0, u32::from(SERVER_PORT)),
+        SockFilter::new(JEQ_K, 0, 1, u32::from(CLIENT_PORT)),
         SockFilter::new(RET_K, 0, 0, 0x0004_0000),
         SockFilter::new(RET_K, 0, 0, 0),
     ]
 }
 
-/// A UDP datagram to port 547 read from an Ethernet frame.
+/// A UDP datagram to port 547 (or 546) read from an Ethernet frame.
 #[derive(Debug, PartialEq, Eq)]
 pub struct Udp6<'a> {
     /// The frame's Ethernet source: where the answer goes.
@@ -66,12 +68,14 @@ pub struct Udp6<'a> {
     pub destination: Ipv6Addr,
     /// The UDP source port.
     pub source_port: u16,
+    /// The UDP destination port: 547 for a server, 546 for a client.
+    pub destination_port: u16,
     /// The UDP payload.
     pub payload: &'a [u8],
 }
 
 /// The DHCPv6 datagram an Ethernet frame carries, when it carries one: IPv6, UDP (no extension
-/// header), destination port 547, lengths consistent.
+/// header), destination port 547 or 546, lengths consistent.
 pub fn parse(frame: &[u8]) -> Option<Udp6<'_>> {
     let eth = frame.get(..ETHERNET)?;
     if u16::from_be_bytes([eth[12], eth[13]]) != ETH_P_IPV6 {
@@ -84,7 +88,8 @@ pub fn parse(frame: &[u8]) -> Option<Udp6<'_>> {
     let payload_len = usize::from(u16::from_be_bytes([ip[4], ip[5]]));
     let udp = frame.get(ETHERNET + IPV6..ETHERNET + IPV6 + payload_len)?;
     let header = udp.get(..UDP)?;
-    if u16::from_be_bytes([header[2], header[3]]) != SERVER_PORT {
+    let destination_port = u16::from_be_bytes([header[2], header[3]]);
+    if destination_port != SERVER_PORT && destination_port != CLIENT_PORT {
         return None;
     }
     let udp_len = usize::from(u16::from_be_bytes([header[4], header[5]]));
@@ -100,6 +105,7 @@ pub fn parse(frame: &[u8]) -> Option<Udp6<'_>> {
         source: octets(8..24)?,
         destination: octets(24..40)?,
         source_port: u16::from_be_bytes([header[0], header[1]]),
+        destination_port,
         payload,
     })
 }
@@ -115,12 +121,13 @@ pub struct Addressing {
     pub from: Ipv6Addr,
     /// The request's source address.
     pub to: Ipv6Addr,
-    /// 546 for a client, 547 for a relay.
+    /// 547 for a server's answer; 546 for the probe's SOLICIT ([`super::foreign`]).
+    pub from_port: u16,
+    /// 546 for a client, 547 for a relay or a server.
     pub to_port: u16,
 }
 
-/// Writes into `out` (cleared first) the Ethernet frame carrying `payload` from port 547 as
-/// `addressing` says, with the UDP checksum IPv6 requires. `None` for a payload too large for
+/// Writes into `out` (cleared first) the Ethernet frame carrying `payload` as `addressing` says, with the UDP checksum IPv6 requires. `None` for a payload too large for
 /// one datagram.
 pub fn build(addressing: &Addressing, payload: &[u8], out: &mut Vec<u8>) -> Option<()> {
     let udp_len = u16::try_from(UDP + payload.len()).ok()?;
@@ -135,7 +142,7 @@ pub fn build(addressing: &Addressing, payload: &[u8], out: &mut Vec<u8>) -> Opti
     out.extend_from_slice(&addressing.from.octets());
     out.extend_from_slice(&addressing.to.octets());
     let udp_start = out.len();
-    out.extend_from_slice(&SERVER_PORT.to_be_bytes());
+    out.extend_from_slice(&addressing.from_port.to_be_bytes());
     out.extend_from_slice(&addressing.to_port.to_be_bytes());
     out.extend_from_slice(&udp_len.to_be_bytes());
     out.extend_from_slice(&[0, 0]);
@@ -182,6 +189,11 @@ impl Sources {
         self.link_local = std::fs::read_to_string("/proc/net/if_inet6")
             .ok()
             .and_then(|table| usable_link_local(&table, self.index));
+    }
+
+    /// The interface's usable link-local address, when it has one.
+    pub fn link_local(&self) -> Option<Ipv6Addr> {
+        self.link_local
     }
 
     /// Where a reply to `to` comes from: to a link-local address, from the interface's
@@ -266,7 +278,12 @@ mod tests {
     #[test]
     fn other_frames_and_broken_lengths_yield_nothing() {
         assert_eq!(parse(&frame(6, 547, b"x")), None, "TCP");
-        assert_eq!(parse(&frame(17, 546, b"x")), None, "to a client");
+        assert_eq!(parse(&frame(17, 68, b"x")), None, "to another port");
+        assert_eq!(
+            parse(&frame(17, 546, b"x")).map(|u| u.destination_port),
+            Some(546),
+            "to a client: another server's answer"
+        );
         let mut cut = frame(17, 547, b"hello");
         cut.truncate(cut.len() - 2);
         assert_eq!(parse(&cut), None);
@@ -284,6 +301,7 @@ mod tests {
             to_mac: CLIENT,
             from: ip6("fe80::aa"),
             to: ip6("fe80::1"),
+            from_port: 547,
             to_port: 546,
         };
         let mut out = Vec::new();
@@ -309,6 +327,7 @@ mod tests {
         let mut as_request = out.clone();
         as_request[ETHERNET + IPV6 + 2..ETHERNET + IPV6 + 4].copy_from_slice(&547u16.to_be_bytes());
         let back = parse(&as_request).unwrap();
+        assert_eq!(back.destination_port, 547);
         assert_eq!(
             (back.source_mac, back.source, back.destination, back.payload),
             (OURS, addressing.from, addressing.to, &b"reply!"[..])

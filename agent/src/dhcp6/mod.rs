@@ -1,6 +1,7 @@
 //! The DHCPv6 server (RFC 8415, stateful IA_NA) of a dual-stack pool: what to answer
 //! ([`handler`], a pure function of the datagram, who sent it and the pool's leases), the frames
-//! it reads and sends ([`frame`]) and the sockets, one set per interface ([`server`]).
+//! it reads and sends ([`frame`]), other DHCPv6 servers on the network ([`foreign`]) and the
+//! sockets, one set per interface ([`server`]).
 //!
 //! It reads the [`crate::lease_table::LeaseTable`] (each MAC's IPv6 reservation, and the
 //! addresses withheld) and writes only what its Neighbor Solicitation probes find: an address
@@ -8,6 +9,7 @@
 //! ([`crate::findings`]: conflicts, and recorded conflicts found free again). It never
 //! configures interfaces' addresses.
 
+pub mod foreign;
 pub mod frame;
 pub mod handler;
 pub mod server;

@@ -45,10 +45,11 @@ use tracing::{debug, info, info_span, warn};
 use vmdhcp_core::pool::duid::server_duid;
 use vmdhcp_core::{MacAddr, NamespacedName};
 
+use super::foreign;
 use super::frame::{self, Addressing, ETH_P_IPV6, ETHERNET, IPV6, RET_K, Sources, UDP};
 use super::handler::{DropReason, MAX_PACKET, Outcome, Received, Server, Silence, handle};
 use super::{ALL_SERVERS, CLIENT_PORT, SERVER_PORT};
-use crate::arp::{self, Answers, ArpError, CANARIES, PROBE_INTERVAL, PROXY_CANARY_ANSWERS};
+use crate::arp::{self, Answers, ArpError, CANARIES, PROXY_CANARY_ANSWERS};
 use crate::capability::{Capability, Missing};
 use crate::findings::{Finding, RECHECK, Reason};
 use crate::lease_table::{LeaseTable, PoolSnapshot};
@@ -153,6 +154,7 @@ impl Served for Interface6 {
 pub struct Servers6 {
     table: Arc<LeaseTable>,
     suspects: Option<Arc<Suspects>>,
+    foreign: Foreign6,
     supervisor: Supervisor<Interface6, Counters6>,
     errors_tx: Arc<watch::Sender<BTreeMap<String, String>>>,
 }
@@ -163,14 +165,17 @@ impl Servers6 {
         Servers6 {
             table,
             suspects: None,
+            foreign: Foreign6::default(),
             supervisor: Supervisor::default(),
             errors_tx: Arc::new(watch::channel(BTreeMap::new()).0),
         }
     }
 
-    /// Servers that report the proxy-NDP responders their probes find to `suspects`.
-    pub fn reporting_to(mut self, suspects: Arc<Suspects>) -> Self {
+    /// Servers that report to `suspects` the proxy-NDP responders their probes find and, as
+    /// `foreign` says, the other DHCPv6 servers on their networks.
+    pub fn reporting_to(mut self, suspects: Arc<Suspects>, foreign: Foreign6) -> Self {
         self.suspects = Some(suspects);
+        self.foreign = foreign;
         self
     }
 
@@ -179,7 +184,7 @@ impl Servers6 {
     pub fn start(&mut self, interface: Interface6) {
         let span = info_span!("dhcp6", interface = %interface.name, pool = %interface.pool);
         let (table, errors) = (Arc::clone(&self.table), Arc::clone(&self.errors_tx));
-        let suspects = self.suspects.clone();
+        let (suspects, foreign) = (self.suspects.clone(), self.foreign);
         let failed = Arc::clone(&self.errors_tx);
         let served = interface.clone();
         self.supervisor.start(
@@ -195,7 +200,11 @@ impl Servers6 {
                 async move {
                     let thread_name = name.clone();
                     tokio::task::spawn_blocking(move || {
-                        let watchers = Watchers { errors, suspects };
+                        let watchers = Watchers {
+                            errors,
+                            suspects,
+                            foreign,
+                        };
                         serve(&thread_name, &pool, &table, &attempt, &watchers)
                     })
                     .await
@@ -255,6 +264,88 @@ const RECEIVE_TIMEOUT: Duration = Duration::from_millis(250);
 struct Watchers {
     errors: Arc<watch::Sender<BTreeMap<String, String>>>,
     suspects: Option<Arc<Suspects>>,
+    foreign: Foreign6,
+}
+
+/// Whether and how often the DHCPv6 servers look for other DHCPv6 servers ([`super::foreign`]),
+/// as the DHCPv4 side's detectors are set.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Foreign6 {
+    /// Whether answers of other servers are looked at (and reported) at all.
+    pub enabled: bool,
+    /// Time between two probe SOLICITs; `None`: listening only.
+    pub probe_interval: Option<Duration>,
+}
+
+impl Foreign6 {
+    fn probe_every(&self) -> Option<Duration> {
+        self.probe_interval.filter(|_| self.enabled)
+    }
+}
+
+impl Default for Foreign6 {
+    fn default() -> Self {
+        Foreign6 {
+            enabled: true,
+            probe_interval: Some(Duration::from_secs(30)),
+        }
+    }
+}
+
+/// Sends the probe SOLICIT ([`super::foreign::solicit`]) from the interface's link-local
+/// address, once it has a usable one.
+fn probe_servers(packet: &Socket, own: MacAddr, sources: &Sources) {
+    let Some(from) = sources.link_local() else {
+        debug!("no usable link-local address yet: no probe SOLICIT");
+        return;
+    };
+    let bits =
+        std::hash::BuildHasher::build_hasher(&std::collections::hash_map::RandomState::new());
+    let xid = std::hash::Hasher::finish(&bits).to_be_bytes();
+    let addressing = Addressing {
+        from_mac: own,
+        to_mac: MacAddr([0x33, 0x33, 0, 1, 0, 2]),
+        from,
+        to: ALL_SERVERS,
+        from_port: CLIENT_PORT,
+        to_port: SERVER_PORT,
+    };
+    let mut out = Vec::new();
+    let sent = frame::build(
+        &addressing,
+        &foreign::solicit(own, [xid[0], xid[1], xid[2]]),
+        &mut out,
+    )
+    .map(|()| packet.send_with_flags(&out, libc::MSG_DONTWAIT));
+    match sent {
+        Some(Ok(_)) => debug!("probe SOLICIT sent"),
+        Some(Err(error)) => debug!(%error, "probe SOLICIT not sent"),
+        None => {}
+    }
+}
+
+/// Records the sender of a datagram to port 546 if it is another DHCPv6 server's answer.
+fn look_at(
+    udp: &frame::Udp6<'_>,
+    own: MacAddr,
+    duid: &[u8],
+    pool: &NamespacedName,
+    suspects: &Suspects,
+) {
+    let Some(seen) = foreign::judge(udp, own, duid) else {
+        return;
+    };
+    if suspects.record(
+        pool,
+        SuspectKind::ForeignDhcpServer,
+        seen.mac,
+        None,
+        &seen.detail,
+    ) {
+        warn!(%pool, mac = %seen.mac, server = %seen.source, detail = %seen.detail, "foreign DHCPv6 server on the pool's network");
+    } else {
+        debug!(%pool, mac = %seen.mac, server = %seen.source, "foreign DHCPv6 server seen again");
+    }
 }
 
 /// Serves until `stop`; returns an error when a socket cannot be set up or fails.
@@ -266,7 +357,9 @@ fn serve(
     watchers: &Watchers,
 ) -> Result<(), Server6Error> {
     let (counters, stop) = (&attempt.counters, &attempt.stop);
-    let Watchers { errors, suspects } = watchers;
+    let Watchers {
+        errors, suspects, ..
+    } = watchers;
     let (index, own) = crate::arp::link(name).map_err(|_| Server6Error::NoInterface {
         interface: name.to_owned(),
     })?;
@@ -285,8 +378,16 @@ fn serve(
     let mut frame = vec![0u8; FRAME_BUFFER];
     let mut reply = Vec::with_capacity(FRAME_BUFFER);
     let mut sources = Sources::new(index);
+    let mut next_probe = Instant::now();
     while !*stop.borrow() {
         // Before the receive, which returns every RECEIVE_TIMEOUT when nothing arrives.
+        if let Some(every) = watchers.foreign.probe_every()
+            && Instant::now() >= next_probe
+        {
+            sources.refresh(Instant::now());
+            probe_servers(&sockets.packet, own, &sources);
+            next_probe = Instant::now() + every;
+        }
         rechecks.start_round(Instant::now(), || table.pool(pool));
         for claimed in rechecks.claim(&probes) {
             recheck(name, pool, &context, claimed);
@@ -312,6 +413,14 @@ fn serve(
         let Some(udp) = frame.get(..len).and_then(frame::parse) else {
             continue;
         };
+        if udp.destination_port == CLIENT_PORT {
+            if watchers.foreign.enabled
+                && let Some(suspects) = suspects
+            {
+                look_at(&udp, own, &duid, pool, suspects);
+            }
+            continue;
+        }
         counters.received.fetch_add(1, Ordering::Relaxed);
         let Some(snapshot) = table.pool(pool) else {
             debug!("no config for this pool yet; DHCPv6 message ignored");
@@ -352,6 +461,7 @@ fn serve(
                             to_mac: udp.source_mac,
                             from,
                             to: udp.source,
+                            from_port: SERVER_PORT,
                             to_port: if to_relay { SERVER_PORT } else { CLIENT_PORT },
                         };
                         frame::build(&addressing, &bytes, &mut reply).ok_or(SendError::TooLarge)?;
@@ -427,7 +537,13 @@ fn record(span: &tracing::Span, result: &str, mac: Option<MacAddr>) {
 /// together; more DECLINEs meanwhile are counted and change nothing, more rechecks wait.
 const MAX_PROBES: usize = 4;
 /// How long a check listens for advertisements of the address, from its first solicitation.
-const PROBE_WAIT: Duration = Duration::from_secs(1);
+///
+/// Short, because a DHCPv6 client that declined an address solicits again at once (unlike a
+/// DHCPv4 one, which waits 10 s): a squatter's address must be withheld before that SOLICIT is
+/// answered. Hosts on one link answer a solicitation within milliseconds.
+const PROBE_WAIT: Duration = Duration::from_millis(250);
+/// Time between the [`arp::PROBE_NUM`] solicitations of one check.
+const PROBE_INTERVAL: Duration = Duration::from_millis(50);
 /// How long a declined address that another host answered for is withheld here (the
 /// controller's record, once it arrives, withholds it for as long as the conflict lasts).
 const DECLINE_HOLD: Duration = Duration::from_secs(60);
@@ -596,8 +712,8 @@ struct Check<'a> {
     cap: bool,
 }
 
-/// Finds out who uses `check.ip` (see [`Evidence`]): the holder answering at any time settles
-/// it; otherwise a host must answer every solicitation, then is asked about [`CANARIES`]
+/// Finds out who uses `check.ip` (see [`Evidence`]): the holder answering any of the
+/// solicitations settles it; otherwise a host must answer every one, then is asked about [`CANARIES`]
 /// addresses of the pool's IPv6 subnet nobody holds, answering [`PROXY_CANARY_ANSWERS`] of
 /// which makes it a proxy-NDP responder (reported to `suspects`); with `check.cap`, a host
 /// holding [`MAX_CONFLICTS_PER_HOST`] of the pool's IPv6 addresses in conflict here makes no
@@ -616,7 +732,12 @@ fn investigate(
         cap,
     } = check;
     let holder_heard = |a: &Answers<Ipv6Addr>| holder.is_some_and(|h| a.answered(h, ip));
-    let answers = probe(interface, &[ip], &holder_heard)?;
+    // Decided once the holder answers, or once another host answered all the solicitations
+    // without the holder answering any of them.
+    let decided = |a: &Answers<Ipv6Addr>| {
+        holder_heard(a) || a.steady(ip, arp::PROBE_NUM).any(|m| Some(m) != holder)
+    };
+    let answers = probe(interface, &[ip], &decided)?;
     if holder_heard(&answers) {
         return Ok(Evidence::Holder);
     }
@@ -1021,7 +1142,7 @@ impl Sockets {
         let packet = Socket::new(Domain::PACKET, Type::RAW, None)
             .map_err(err("create a packet socket", Some(Capability::NetRaw)))?;
         packet
-            .attach_filter(&frame::udp547_filter())
+            .attach_filter(&frame::dhcp_filter())
             .map_err(err("attach the port-547 filter", None))?;
         let link = crate::arp::link_address(index, ETH_P_IPV6, [0; 6])
             .map_err(err("address the interface's link", None))?;
