@@ -293,11 +293,10 @@ impl Default for Foreign6 {
 }
 
 /// Sends the probe SOLICIT ([`super::foreign::solicit`]) from the interface's link-local
-/// address, once it has a usable one.
-fn probe_servers(packet: &Socket, own: MacAddr, sources: &Sources) {
+/// address; returns whether it had a usable one to send from.
+fn probe_servers(packet: &Socket, own: MacAddr, sources: &Sources) -> bool {
     let Some(from) = sources.link_local() else {
-        debug!("no usable link-local address yet: no probe SOLICIT");
-        return;
+        return false;
     };
     let bits =
         std::hash::BuildHasher::build_hasher(&std::collections::hash_map::RandomState::new());
@@ -322,6 +321,7 @@ fn probe_servers(packet: &Socket, own: MacAddr, sources: &Sources) {
         Some(Err(error)) => debug!(%error, "probe SOLICIT not sent"),
         None => {}
     }
+    true
 }
 
 /// Records the sender of a datagram to port 546 if it is another DHCPv6 server's answer.
@@ -385,8 +385,10 @@ fn serve(
             && Instant::now() >= next_probe
         {
             sources.refresh(Instant::now());
-            probe_servers(&sockets.packet, own, &sources);
-            next_probe = Instant::now() + every;
+            // Until the interface has a usable link-local address, tried again each turn.
+            if probe_servers(&sockets.packet, own, &sources) {
+                next_probe = Instant::now() + every;
+            }
         }
         rechecks.start_round(Instant::now(), || table.pool(pool));
         for claimed in rechecks.claim(&probes) {
