@@ -14,18 +14,35 @@
 //!   mode, nothing else), and a container's `/proc/sys` is read-only unless the runtime allows
 //!   the writes. Where it is not writable, that is said once per interface, and the second layer
 //!   does the work.
-//! - **Sweep** ([`sweep`], every convergence): a route the kernel learned from an RA
+//! - **Watch and sweep** ([`watch`], at once; [`sweep`], every convergence): a route the kernel
+//!   learned from an RA
 //!   (`proto ra`) or a redirect on the interface, and an address it configured itself from an
 //!   RA's prefix (any IPv6 address that is not permanent: ours, the pool's server address and
-//!   the link-local one, are), are removed and reported.
+//!   the link-local one, are), are removed and reported: the watcher removes each as the kernel
+//!   announces it (milliseconds after the RA), the sweep whatever came before the watcher or was
+//!   missed; a warning, and
+//!   `vmdhcp_agent_ipv6_learned_removed_total` ([`Host6Counters`]), beside
+//!   `vmdhcp_agent_ipv6_host_settings`, which says whether the first layer holds.
 
+use std::collections::BTreeMap;
 use std::net::Ipv6Addr;
 use std::path::Path;
+use std::sync::Arc;
 
-use futures_util::TryStreamExt;
-use rtnetlink::RouteMessageBuilder;
-use rtnetlink::packet_route::address::{AddressAttribute, AddressFlags, AddressHeaderFlags};
+use parking_lot::Mutex;
+use vmdhcp_core::NamespacedName;
+
+use futures_util::{StreamExt, TryStreamExt};
+use rtnetlink::packet_core::NetlinkPayload;
+use rtnetlink::packet_route::address::{
+    AddressAttribute, AddressFlags, AddressHeaderFlags, AddressMessage,
+};
 use rtnetlink::packet_route::route::{RouteAttribute, RouteMessage, RouteProtocol};
+use rtnetlink::packet_route::{AddressFamily, RouteNetlinkMessage};
+use rtnetlink::sys::AsyncSocket;
+use rtnetlink::{Handle, RouteMessageBuilder};
+use tokio::task::JoinHandle;
+use tracing::{debug, warn};
 
 use crate::netlink::{InterfaceSetup, NetlinkError};
 
@@ -68,6 +85,14 @@ pub enum Host6Error {
     },
 }
 
+impl Host6Error {
+    /// Whether the settings are not there (the interface does not exist yet, or has no IPv6),
+    /// rather than not writable: worth trying again later.
+    pub fn missing(&self) -> bool {
+        matches!(self, Host6Error::Setting { source, .. } if source.kind() == std::io::ErrorKind::NotFound)
+    }
+}
+
 /// Sets [`SETTINGS`] for `interface` under `root` ([`PROC_CONF`]), writing only those that
 /// differ; returns the ones it changed.
 pub fn settle(root: &Path, interface: &str) -> Result<Vec<&'static str>, Host6Error> {
@@ -108,6 +133,178 @@ impl Learned {
     /// Whether nothing was found.
     pub fn is_empty(&self) -> bool {
         self.routes.is_empty() && self.addresses.is_empty()
+    }
+}
+
+/// What one interface's guard did, for `/metrics`.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Host6Reading {
+    /// The interface.
+    pub interface: String,
+    /// The pool served there.
+    pub pool: String,
+    /// Whether [`SETTINGS`] hold there (set by us or found so); `false`: only the sweep guards.
+    pub settings: bool,
+    /// Routes removed so far.
+    pub routes_removed: u64,
+    /// Addresses removed so far.
+    pub addresses_removed: u64,
+}
+
+/// Per-interface state of the guard, shared with `/metrics`; cheap to clone.
+#[derive(Clone, Debug, Default)]
+pub struct Host6Counters(Arc<Mutex<BTreeMap<String, Host6Reading>>>);
+
+impl Host6Counters {
+    /// Notes whether `interface` (serving `pool`) has the host settings; starts its counts
+    /// afresh when it serves another pool.
+    pub fn settled(&self, interface: &str, pool: &NamespacedName, settings: bool) {
+        let mut all = self.0.lock();
+        let pool = pool.to_string();
+        let entry = all.entry(interface.to_owned()).or_default();
+        if entry.pool != pool {
+            *entry = Host6Reading {
+                interface: interface.to_owned(),
+                pool,
+                ..Host6Reading::default()
+            };
+        }
+        entry.settings = settings;
+    }
+
+    /// Counts what a sweep of `interface` removed.
+    pub fn swept(&self, interface: &str, learned: &Learned) {
+        if let Some(entry) = self.0.lock().get_mut(interface) {
+            entry.routes_removed += u64::try_from(learned.routes.len()).unwrap_or(u64::MAX);
+            entry.addresses_removed += u64::try_from(learned.addresses.len()).unwrap_or(u64::MAX);
+        }
+    }
+
+    /// Forgets the interfaces `keep` rejects (their series leave `/metrics`).
+    pub fn retain(&self, keep: impl Fn(&str) -> bool) {
+        self.0.lock().retain(|name, _| keep(name));
+    }
+
+    /// Every interface's reading.
+    pub fn read(&self) -> Vec<Host6Reading> {
+        self.0.lock().values().cloned().collect()
+    }
+}
+
+/// The interfaces the watcher guards: index → (name, pool). Cheap to clone.
+#[derive(Clone, Debug, Default)]
+pub struct Guarded(Arc<Mutex<BTreeMap<u32, (String, NamespacedName)>>>);
+
+impl Guarded {
+    /// Guards the interface `name` (index `index`) serving `pool`.
+    pub fn insert(&self, index: u32, name: &str, pool: &NamespacedName) {
+        self.0.lock().insert(index, (name.to_owned(), pool.clone()));
+    }
+
+    /// Keeps guarding only the interfaces `keep` accepts.
+    pub fn retain(&self, keep: impl Fn(&str) -> bool) {
+        self.0.lock().retain(|_, (name, _)| keep(name));
+    }
+
+    fn get(&self, index: u32) -> Option<(String, NamespacedName)> {
+        self.0.lock().get(&index).cloned()
+    }
+}
+
+/// Starts watching the kernel's IPv6 route and address events: a route or address that a
+/// [`Guarded`] interface learned from its link is removed as soon as the kernel announces it,
+/// counted in `counters` and logged. The task runs until aborted.
+pub fn watch(guarded: Guarded, counters: Host6Counters) -> Result<JoinHandle<()>, NetlinkError> {
+    let (mut connection, handle, mut messages) =
+        rtnetlink::new_connection().map_err(NetlinkError::Connect)?;
+    let groups = rtnetlink::constants::RTMGRP_IPV6_IFADDR | rtnetlink::constants::RTMGRP_IPV6_ROUTE;
+    connection
+        .socket_mut()
+        .socket_mut()
+        .bind(&rtnetlink::sys::SocketAddr::new(0, groups))
+        .map_err(NetlinkError::Connect)?;
+    tokio::spawn(connection);
+    Ok(tokio::spawn(async move {
+        while let Some((message, _)) = messages.next().await {
+            let NetlinkPayload::InnerMessage(event) = message.payload else {
+                continue;
+            };
+            match event {
+                RouteNetlinkMessage::NewRoute(route) if learned_from_link(&route) => {
+                    remove_route(&handle, &guarded, &counters, route).await;
+                }
+                RouteNetlinkMessage::NewAddress(address)
+                    if address.header.family == AddressFamily::Inet6 =>
+                {
+                    remove_address(&handle, &guarded, &counters, address).await;
+                }
+                _ => {}
+            }
+        }
+    }))
+}
+
+async fn remove_route(
+    handle: &Handle,
+    guarded: &Guarded,
+    counters: &Host6Counters,
+    route: RouteMessage,
+) {
+    let index = route.attributes.iter().find_map(|a| match a {
+        RouteAttribute::Oif(i) => Some(*i),
+        _ => None,
+    });
+    let Some((name, pool)) = index.and_then(|i| guarded.get(i)) else {
+        return;
+    };
+    let shown = describe(&route);
+    match handle.route().del(route).execute().await {
+        Ok(()) => {
+            let learned = Learned {
+                routes: vec![shown.clone()],
+                addresses: Vec::new(),
+            };
+            counters.swept(&name, &learned);
+            warn!(interface = %name, %pool, route = %shown, "removed a route a Router Advertisement or redirect from a host on the pool network gave the agent");
+        }
+        Err(error) => {
+            debug!(interface = %name, %pool, route = %shown, %error, "a learned route not removed (the sweep retries)")
+        }
+    }
+}
+
+async fn remove_address(
+    handle: &Handle,
+    guarded: &Guarded,
+    counters: &Host6Counters,
+    address: AddressMessage,
+) {
+    let flags = address.attributes.iter().find_map(|a| match a {
+        AddressAttribute::Flags(f) => Some(*f),
+        _ => None,
+    });
+    if !autoconfigured(address.header.flags, flags) {
+        return;
+    }
+    let Some((name, pool)) = guarded.get(address.header.index) else {
+        return;
+    };
+    let ip = address.attributes.iter().find_map(|a| match a {
+        AddressAttribute::Address(std::net::IpAddr::V6(ip)) => Some(*ip),
+        _ => None,
+    });
+    match handle.address().del(address).execute().await {
+        Ok(()) => {
+            let learned = Learned {
+                routes: Vec::new(),
+                addresses: ip.into_iter().collect(),
+            };
+            counters.swept(&name, &learned);
+            warn!(interface = %name, %pool, address = ?ip, "removed an address a Router Advertisement from a host on the pool network gave the agent");
+        }
+        Err(error) => {
+            debug!(interface = %name, %pool, address = ?ip, %error, "a learned address not removed (the sweep retries)")
+        }
     }
 }
 
@@ -244,7 +441,9 @@ mod tests {
     #[test]
     fn a_missing_or_unwritable_setting_is_an_error_naming_it() {
         let root = conf_dir("1");
-        let err = settle(root.path(), "nope").unwrap_err().to_string();
+        let err = settle(root.path(), "nope").unwrap_err();
+        assert!(err.missing(), "{err}");
+        let err = err.to_string();
         assert!(err.contains("net.ipv6.conf.nope.accept_ra"), "{err}");
         for bad in ["", "../x", "a/b", ".."] {
             assert!(
@@ -252,6 +451,43 @@ mod tests {
                 "{bad}"
             );
         }
+    }
+
+    #[test]
+    fn counts_follow_the_interface_s_pool_and_go_with_it() {
+        let counters = Host6Counters::default();
+        let a: NamespacedName = "default/a".parse().unwrap();
+        let b: NamespacedName = "default/b".parse().unwrap();
+        let learned = Learned {
+            routes: vec!["default via fe80::1 (ra)".into()],
+            addresses: vec!["fd99::1".parse().unwrap(), "fd99::2".parse().unwrap()],
+        };
+        counters.swept("srv0", &learned);
+        assert!(
+            counters.read().is_empty(),
+            "not counted before it is settled"
+        );
+        counters.settled("srv0", &a, false);
+        counters.swept("srv0", &learned);
+        counters.settled("srv0", &a, true);
+        let read = counters.read();
+        assert_eq!(
+            (
+                read[0].pool.as_str(),
+                read[0].settings,
+                read[0].routes_removed,
+                read[0].addresses_removed
+            ),
+            ("default/a", true, 1, 2)
+        );
+        counters.settled("srv0", &b, true);
+        assert_eq!(
+            counters.read()[0].routes_removed,
+            0,
+            "another pool starts afresh"
+        );
+        counters.retain(|name| name != "srv0");
+        assert!(counters.read().is_empty());
     }
 
     #[test]

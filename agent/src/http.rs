@@ -29,6 +29,7 @@ use crate::dhcp::counters::Reading;
 use crate::dhcp::server::{InterfaceCounters, InterfaceStatus};
 use crate::dhcp6::handler::DropReason as DropReason6;
 use crate::dhcp6::server::{Counters6, Interface6};
+use crate::host6::Host6Counters;
 use crate::lease_table::{Conflict, LeaseTable};
 use crate::stream::ConnectionStatus;
 use crate::suspects::{SuspectKind, Suspects};
@@ -143,6 +144,19 @@ impl HttpState {
             Some(registry) => registry.register_collector(Box::new(ArpMetrics(counters))),
             None => tracing::warn!(
                 "HttpState::with_arp called after the state was shared; ARP metrics not registered"
+            ),
+        }
+        self
+    }
+
+    /// Also reports the IPv6 guard of the pool interfaces ([`crate::host6`]):
+    /// `vmdhcp_agent_ipv6_host_settings` and `vmdhcp_agent_ipv6_learned_removed_total` per
+    /// interface and pool. Call it before the state is cloned.
+    pub fn with_host6(mut self, counters: Host6Counters) -> Self {
+        match Arc::get_mut(&mut self.registry) {
+            Some(registry) => registry.register_collector(Box::new(Host6Metrics(counters))),
+            None => tracing::warn!(
+                "HttpState::with_host6 called after the state was shared; IPv6 guard metrics not registered"
             ),
         }
         self
@@ -312,6 +326,53 @@ impl Collector for ArpMetrics {
             MetricType::Counter,
         )?;
         encode_sent_failed(&mut family, &self.0.read())
+    }
+}
+
+/// `vmdhcp_agent_ipv6_*`: whether each pool interface ignores tenants' routing by its settings,
+/// and what the sweep removed that a tenant's RA or redirect taught it anyway.
+#[derive(Debug)]
+struct Host6Metrics(Host6Counters);
+
+impl Collector for Host6Metrics {
+    fn encode(&self, mut encoder: DescriptorEncoder) -> Result<(), std::fmt::Error> {
+        let all = self.0.read();
+        let mut family = encoder.encode_descriptor(
+            "vmdhcp_agent_ipv6_host_settings",
+            "1 when the pool interface has accept_ra, autoconf, accept_redirects and proxy_ndp \
+             off; 0 when /proc/sys was not writable and only the sweep removes what tenants' \
+             Router Advertisements and redirects teach it.",
+            None,
+            MetricType::Gauge,
+        )?;
+        for r in &all {
+            let labels = [
+                ("interface", r.interface.as_str()),
+                ("pool", r.pool.as_str()),
+            ];
+            ConstGauge::new(i64::from(r.settings)).encode(family.encode_family(&labels)?)?;
+        }
+        let mut family = encoder.encode_descriptor(
+            "vmdhcp_agent_ipv6_learned_removed",
+            "Routes and addresses a pool interface learned from a tenant's Router Advertisement \
+             or redirect, removed by the agent, by kind (route, address).",
+            None,
+            MetricType::Counter,
+        )?;
+        for r in &all {
+            for (kind, value) in [
+                ("route", r.routes_removed),
+                ("address", r.addresses_removed),
+            ] {
+                let labels = [
+                    ("interface", r.interface.as_str()),
+                    ("pool", r.pool.as_str()),
+                    ("kind", kind),
+                ];
+                ConstCounter::new(value).encode(family.encode_family(&labels)?)?;
+            }
+        }
+        Ok(())
     }
 }
 
@@ -925,6 +986,32 @@ mod tests {
                 .any(|l| l == "vmdhcp_agent_stream_connected 0"),
             "{metrics}"
         );
+    }
+
+    #[tokio::test]
+    async fn the_ipv6_guard_is_on_metrics_per_interface() {
+        let (state, _, _) = setup(true, InterfaceStatus::Serving);
+        let counters = Host6Counters::default();
+        let state = state.with_host6(counters.clone());
+        counters.settled("eth1", &pool_name(), false);
+        counters.swept(
+            "eth1",
+            &crate::host6::Learned {
+                routes: vec!["default via fe80::66 (ra)".into()],
+                addresses: vec![],
+            },
+        );
+        let (_, metrics) = get(state, "/metrics").await;
+        for line in [
+            r#"vmdhcp_agent_ipv6_host_settings{interface="eth1",pool="default/a"} 0"#,
+            r#"vmdhcp_agent_ipv6_learned_removed_total{interface="eth1",pool="default/a",kind="route"} 1"#,
+            r#"vmdhcp_agent_ipv6_learned_removed_total{interface="eth1",pool="default/a",kind="address"} 0"#,
+        ] {
+            assert!(
+                metrics.lines().any(|l| l == line),
+                "{line} not in\n{metrics}"
+            );
+        }
     }
 
     #[tokio::test]

@@ -175,6 +175,7 @@ pub async fn run(settings: Settings, client: Option<kube::Client>) -> Result<(),
             .with_stream(stream_status.clone())
             .with_agent(role.clone())
             .with_arp(serving.arp_counters())
+            .with_host6(serving.host6_counters())
             .with_dhcp6(serving.servers6().counters())
             .with_suspects(Arc::clone(&suspects), serving.probe_counters());
             // The pool interfaces known now; later ones have `vmd…` names, refused as well.

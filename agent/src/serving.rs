@@ -20,9 +20,10 @@
 //! server ([`crate::dhcp6`]) beside the DHCPv4 one, started and stopped with it; an interface
 //! whose IPv6 side cannot be set up (IPv6 disabled in the pod, say) keeps serving IPv4.
 //!
-//! Every interface it configures is also made an IPv6 host that takes no routing from its
-//! tenants ([`crate::host6`]): the settings once, and on every convergence whatever the kernel
-//! learned from a tenant's Router Advertisement or redirect anyway is removed and logged.
+//! Every wanted pool interface, leading or standby, is also kept an IPv6 host that takes no
+//! routing from its tenants ([`crate::host6`], when the agent configures interfaces): the
+//! settings once, a watcher that removes what the kernel learns from a tenant's Router
+//! Advertisement or redirect anyway as it appears, and a sweep on every convergence.
 //!
 //! This module owns the servers, the detectors, the addresses it configured and their
 //! announcements; the pools come from the lease table (or, before anything is loaded, from the
@@ -33,6 +34,8 @@ use std::net::{Ipv4Addr, Ipv6Addr};
 use std::path::Path;
 use std::sync::Arc;
 
+use tokio::task::JoinHandle;
+
 use tracing::{debug, info, warn};
 use vmdhcp_core::NamespacedName;
 use vmdhcp_core::bootstrap::AgentNetworkConfig;
@@ -41,7 +44,7 @@ use crate::arp::Announcer;
 use crate::dhcp::foreign::{Detectors, Target};
 use crate::dhcp::server::{Interface, InterfaceStatus, Servers};
 use crate::dhcp6::server::{Foreign6, Interface6, Servers6};
-use crate::host6;
+use crate::host6::{self, Guarded, Host6Counters};
 use crate::lease_table::LeaseTable;
 use crate::netlink::InterfaceSetup;
 use crate::ra::{Advertised, Advertisers};
@@ -136,9 +139,20 @@ pub struct Serving {
     cleared: BTreeSet<String>,
     /// Interfaces whose IPv6 settings were made a host's (or found unwritable, said once).
     hosted6: BTreeSet<String>,
+    /// What the IPv6 guard did on each interface, for `/metrics`.
+    host6_counters: Host6Counters,
+    /// The interfaces whose learned routes and addresses the watcher removes at once.
+    guarded6: Guarded,
+    /// The watcher, once an interface is configured ([`crate::host6::watch`]).
+    watcher6: Option<JoinHandle<()>>,
 }
 
 impl Serving {
+    /// What the IPv6 guard did on each interface ([`crate::host6`]), for `/metrics`.
+    pub fn host6_counters(&self) -> Host6Counters {
+        self.host6_counters.clone()
+    }
+
     /// Serves from `table`; with `setup`, gives each interface its server address and announces
     /// it with `announcer` (pass [`Announcer::disabled`] to announce nothing); `detectors` look
     /// for other DHCP servers beside each server.
@@ -166,6 +180,9 @@ impl Serving {
             shown: BTreeMap::new(),
             cleared: BTreeSet::new(),
             hosted6: BTreeSet::new(),
+            host6_counters: Host6Counters::default(),
+            guarded6: Guarded::default(),
+            watcher6: None,
         }
     }
 
@@ -224,6 +241,7 @@ impl Serving {
                 self.unconfigure6(&name).await;
             }
             self.clear_leftovers(wanted).await;
+            self.guard6(wanted).await;
             self.show(wanted, true);
             return;
         }
@@ -278,6 +296,7 @@ impl Serving {
         self.detectors
             .retain(|name| wanted.contains_key(name))
             .await;
+        self.guard6(wanted).await;
         self.detectors
             .suspects()
             .retain_pools(|pool| wanted.values().any(|w| &w.pool == pool));
@@ -312,7 +331,6 @@ impl Serving {
                     }
                 }
             }
-            self.host6(name, &w.pool).await;
             self.servers.start(Interface {
                 name: name.clone(),
                 pool: w.pool.clone(),
@@ -432,25 +450,65 @@ impl Serving {
         }
     }
 
-    /// Keeps `name`'s IPv6 side a host's ([`crate::host6`]), when we configure interfaces.
+    /// Keeps the IPv6 side of every wanted interface a host's ([`crate::host6`]), leading or
+    /// not: a standby's pool interfaces are on the same networks, and a tenant's RA would steer
+    /// its routing as much. Interfaces no longer wanted are forgotten.
+    async fn guard6(&mut self, wanted: &WantedSet) {
+        if self.setup.is_none() {
+            return;
+        }
+        self.hosted6.retain(|name| wanted.contains_key(name));
+        self.guarded6.retain(|name| wanted.contains_key(name));
+        self.host6_counters.retain(|name| wanted.contains_key(name));
+        for (name, w) in wanted {
+            self.host6(name, &w.pool).await;
+        }
+    }
+
+    /// [`Serving::guard6`] for one interface.
     async fn host6(&mut self, name: &str, pool: &NamespacedName) {
         let Some(setup) = &self.setup else {
             return;
         };
-        if self.hosted6.insert(name.to_owned()) {
-            match host6::settle(Path::new(host6::PROC_CONF), name) {
-                Ok(changed) if changed.is_empty() => {}
+        if !self.hosted6.contains(name) {
+            let settled = match host6::settle(Path::new(host6::PROC_CONF), name) {
                 Ok(changed) => {
-                    info!(interface = %name, %pool, ?changed, "IPv6 set to take no routing from the pool network")
+                    if !changed.is_empty() {
+                        info!(interface = %name, %pool, ?changed, "IPv6 set to take no routing from the pool network");
+                    }
+                    Some(true)
+                }
+                // Not there (yet): tried again on the next convergence.
+                Err(error) if error.missing() => {
+                    debug!(interface = %name, %pool, %error, "IPv6 settings not there yet");
+                    None
                 }
                 Err(error) => {
-                    warn!(interface = %name, %pool, %error, "IPv6 settings not changed; what Router Advertisements or redirects teach the interface is removed as found")
+                    warn!(interface = %name, %pool, %error, "IPv6 settings not changed; what Router Advertisements or redirects teach the interface is removed as it appears");
+                    Some(false)
+                }
+            };
+            let Some(settled) = settled else {
+                return;
+            };
+            self.hosted6.insert(name.to_owned());
+            self.host6_counters.settled(name, pool, settled);
+        }
+        if self.watcher6.is_none() {
+            match host6::watch(self.guarded6.clone(), self.host6_counters.clone()) {
+                Ok(task) => self.watcher6 = Some(task),
+                Err(error) => {
+                    warn!(%error, "IPv6 routes and addresses learned from pool networks are removed every few seconds only")
                 }
             }
+        }
+        if let Ok((index, _)) = setup.link(name).await {
+            self.guarded6.insert(index, name, pool);
         }
         match host6::sweep(setup, name).await {
             Ok(learned) if learned.is_empty() => {}
             Ok(learned) => {
+                self.host6_counters.swept(name, &learned);
                 warn!(interface = %name, %pool, routes = ?learned.routes, addresses = ?learned.addresses, "removed what a Router Advertisement or redirect from a host on the pool network taught the agent")
             }
             Err(error) => debug!(interface = %name, %pool, %error, "IPv6 routes not checked"),
@@ -459,13 +517,20 @@ impl Serving {
 
     async fn unconfigure(&mut self, name: &str) {
         self.announcer.cancel(name);
-        self.hosted6.remove(name);
         let (Some(setup), Some((ip, prefix))) = (&self.setup, self.configured.remove(name)) else {
             return;
         };
         match setup.undo(name, ip, prefix).await {
             Ok(_) => info!(interface = %name, %ip, "server address removed"),
             Err(error) => warn!(interface = %name, %ip, %error, "server address not removed"),
+        }
+    }
+}
+
+impl Drop for Serving {
+    fn drop(&mut self) {
+        if let Some(watcher) = self.watcher6.take() {
+            watcher.abort();
         }
     }
 }

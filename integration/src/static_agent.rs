@@ -80,6 +80,9 @@ pub struct Rig {
     pub dir: tempfile::TempDir,
     /// The agent's process id, once started.
     pub agent_pid: u32,
+    /// Whether the agent sees `/proc/sys` read-only, as in a pod whose runtime allows no
+    /// writes there.
+    pub read_only_proc_sys: bool,
 }
 
 /// A new lab with an empty server namespace `srv`; nothing runs yet.
@@ -91,6 +94,7 @@ pub fn rig() -> Rig {
         srv,
         dir: tempfile::tempdir().unwrap(),
         agent_pid: 0,
+        read_only_proc_sys: false,
     }
 }
 
@@ -139,7 +143,21 @@ impl Rig {
     pub fn start_with(&mut self, pools: &[Value], args: &[&str]) {
         self.write_config(pools);
         let log = fs::File::create(self.dir.path().join("agent.log")).unwrap();
-        let mut cmd = self.srv.command(agent_bin().to_str().unwrap());
+        let agent = agent_bin().to_str().unwrap();
+        let mut cmd = if self.read_only_proc_sys {
+            // A mount namespace of its own (private), where /proc/sys is bound read-only.
+            let mut cmd = self.srv.command("unshare");
+            cmd.args([
+                "-m",
+                "sh",
+                "-c",
+                "mount --bind /proc/sys /proc/sys && mount -o remount,bind,ro /proc/sys && exec \"$0\" \"$@\"",
+                agent,
+            ]);
+            cmd
+        } else {
+            self.srv.command(agent)
+        };
         cmd.arg("serve-static")
             .arg("--config")
             .arg(self.config_path())
@@ -206,6 +224,15 @@ impl Bridged {
 
     /// [`Bridged::new`], with more arguments to `serve-static`.
     pub fn with_args(pools: &[Value], args: &[&str]) -> Self {
+        Bridged::build(pools, args, false)
+    }
+
+    /// [`Bridged::with_args`], the agent seeing `/proc/sys` read-only (as in a pod).
+    pub fn with_read_only_proc_sys(pools: &[Value], args: &[&str]) -> Self {
+        Bridged::build(pools, args, true)
+    }
+
+    fn build(pools: &[Value], args: &[&str], read_only_proc_sys: bool) -> Self {
         let mut lab = Lab::new().unwrap();
         let net = lab.netns("net").unwrap();
         lab.bridge(&net, "br0").unwrap();
@@ -217,6 +244,7 @@ impl Bridged {
             srv,
             dir: tempfile::tempdir().unwrap(),
             agent_pid: 0,
+            read_only_proc_sys,
         };
         let listen = BRIDGED_HTTP.trim_start_matches("http://");
         rig.start_with(pools, &[&["--http-listen", listen], args].concat());

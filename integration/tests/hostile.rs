@@ -1002,6 +1002,13 @@ fn a_rogue_router_advertisement_steers_none_of_the_agent_s_routing() {
         .exec(&b.rig.srv, "ip", &["-6", "route", "show", "proto", "ra"])
         .unwrap();
     assert!(routes.trim().is_empty(), "{routes}");
+    let settings = format!("vmdhcp_agent_ipv6_host_settings{{{LABELS}}}");
+    assert_eq!(
+        metric(&b.metrics(), &settings),
+        Some(1.0),
+        "{}",
+        b.metrics()
+    );
     for setting in ["accept_ra", "autoconf", "accept_redirects", "proxy_ndp"] {
         let file = format!("/proc/sys/net/ipv6/conf/srv0/{setting}");
         let value = b.rig.lab.exec(&b.rig.srv, "cat", &[&file]).unwrap();
@@ -1113,4 +1120,74 @@ fn a_host_answering_every_neighbor_solicitation_makes_no_ipv6_conflict_and_is_re
     assert_eq!(confirmed, 0.0);
     let answers = proxy.stop();
     println!("the proxy answered {} solicitations", answers[0]);
+}
+
+/// The rogue router again, where the agent cannot write `/proc/sys` (as in a pod whose runtime
+/// allows no writes there: `vmdhcp_agent_ipv6_host_settings` 0): the kernel takes the RA's
+/// address and default route, and the agent removes both as the kernel announces them, each
+/// counted; after the rogue stops, nothing of it is left.
+#[test]
+fn where_proc_sys_is_read_only_what_a_rogue_ra_teaches_the_agent_is_removed_at_once() {
+    let b = Bridged::with_read_only_proc_sys(&[dual_a()], &["--configure-interfaces"]);
+    wait_for("the DHCPv6 server", Duration::from_secs(10), || {
+        b.rig.agent_log().contains("DHCPv6 serving").then_some(())
+    });
+    let settings = format!("vmdhcp_agent_ipv6_host_settings{{{LABELS}}}");
+    assert_eq!(
+        metric(&b.metrics(), &settings),
+        Some(0.0),
+        "{}",
+        b.metrics()
+    );
+    let accept_ra = b
+        .rig
+        .lab
+        .exec(
+            &b.rig.srv,
+            "cat",
+            &["/proc/sys/net/ipv6/conf/srv0/accept_ra"],
+        )
+        .unwrap();
+    assert_eq!(accept_ra.trim(), "1", "the namespace's default stays");
+    let config = RadvdConfig {
+        managed: false,
+        other: false,
+        autonomous: true,
+        router_lifetime: 1800,
+        ..RadvdConfig::managed("eth0", ROGUE_PREFIX)
+    };
+    let mut radvd = Radvd::start(&b.evil, &config);
+    let removed = |kind: &str| {
+        let series = format!("vmdhcp_agent_ipv6_learned_removed_total{{{LABELS},kind=\"{kind}\"}}");
+        metric(&b.metrics(), &series).unwrap_or(0.0)
+    };
+    let seen = wait_for_or_none(Duration::from_secs(30), || {
+        (removed("route") >= 1.0 && removed("address") >= 1.0).then_some(())
+    });
+    assert!(
+        seen.is_some(),
+        "nothing removed; agent:\n{}",
+        b.rig.agent_log()
+    );
+    radvd.stop();
+    let rogue = |a: &Ipv6Addr| a.segments()[..4] == [0xfd99, 0x6d64, 0x6863, 1];
+    let left = wait_for_or_none(Duration::from_secs(10), || {
+        let routes = b
+            .rig
+            .lab
+            .exec(&b.rig.srv, "ip", &["-6", "route", "show", "proto", "ra"])
+            .unwrap();
+        let addresses = global_addresses(&b.rig.lab, &b.rig.srv, "srv0");
+        (routes.trim().is_empty() && !addresses.iter().any(rogue)).then_some(())
+    });
+    assert!(
+        left.is_some(),
+        "the rogue's route or address stayed; agent:\n{}",
+        b.rig.agent_log()
+    );
+    println!(
+        "with /proc/sys read-only, the agent removed {} routes and {} addresses a rogue RA gave it",
+        removed("route"),
+        removed("address")
+    );
 }
