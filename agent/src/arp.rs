@@ -341,6 +341,35 @@ pub const CANARIES: usize = 4;
 /// addresses it does not hold.
 pub const PROXY_CANARY_ANSWERS: usize = 2;
 
+/// The addresses, as numbers, that a check's canaries are chosen from, for either family: up to
+/// `n` of the `hosts` host addresses after `network` (offsets `1..=hosts`), from a start that
+/// depends on `seed`, each one `taken` says is someone's skipped. An odd stride visits every
+/// host of a power-of-two range before repeating; at most 4 096 are looked at.
+pub fn spread(
+    network: u128,
+    hosts: u128,
+    seed: u128,
+    n: usize,
+    taken: impl Fn(u128) -> bool,
+) -> Vec<u128> {
+    if hosts == 0 {
+        return Vec::new();
+    }
+    let start = seed % hosts;
+    let stride = 2 * (hosts / 7) + 1;
+    let mut out = Vec::with_capacity(n);
+    for i in 0..hosts.min(4096) {
+        let candidate = network + 1 + (start + i * stride) % hosts;
+        if !taken(candidate) && !out.contains(&candidate) {
+            out.push(candidate);
+            if out.len() == n {
+                break;
+            }
+        }
+    }
+    out
+}
+
 /// How many probes one check sends (RFC 5227's PROBE_NUM): an answer counts toward a conflict
 /// only when it answers every one of them.
 pub const PROBE_NUM: u8 = 3;

@@ -713,6 +713,30 @@ fn keeps_renewing(b: &Bridged, victim: &Client6, events_before: usize, n: usize)
     kept
 }
 
+/// Plays `frames` from the tenant, one every `every`, for 20 s while the victim renews, running
+/// `during` once the attack started; returns once the victim renewed 3 times keeping its address
+/// (failing otherwise), having printed how many frames of `what` were sent, and checks that no
+/// answer of the agent failed meanwhile.
+fn attack_while_renewing(
+    b: &Bridged,
+    victim: &Client6,
+    (frames, every): (&[Vec<u8>], Duration),
+    what: &str,
+    during: impl FnOnce(),
+) {
+    let before = victim.events().len();
+    let attacker = hostile6::play(&b.evil, frames, every, Duration::from_secs(20));
+    during();
+    let kept = keeps_renewing(b, victim, before, 3);
+    let sent = attacker.finish();
+    println!("{what} sent: {}", sent[0]);
+    assert!(kept >= 3);
+    assert_eq!(
+        dhcp6_metric(b, "vmdhcp_agent_dhcp6_send_errors_total", ""),
+        0.0
+    );
+}
+
 /// Polls `f` until it gives something, for at most `limit`.
 fn wait_for_or_none<T>(limit: Duration, mut f: impl FnMut() -> Option<T>) -> Option<T> {
     let deadline = Instant::now() + limit;
@@ -750,21 +774,8 @@ fn forged_neighbor_advertisements_do_not_steal_a_vm_s_dhcpv6_answers() {
     let evil = mac_bytes(EVIL_MAC);
     let na =
         hostile6::neighbor_advertisement((evil, agent_mac), (victim_ll, agent_ll), victim_ll, evil);
-    let before = victim.events().len();
-    let attacker = hostile6::play(
-        &b.evil,
-        &[na],
-        Duration::from_millis(20),
-        Duration::from_secs(20),
-    );
-    let kept = keeps_renewing(&b, &victim, before, 3);
-    let sent = attacker.finish();
-    println!("forged NAs sent: {}", sent[0]);
-    assert!(kept >= 3);
-    assert_eq!(
-        dhcp6_metric(&b, "vmdhcp_agent_dhcp6_send_errors_total", ""),
-        0.0
-    );
+    let attack = (&[na][..], Duration::from_millis(20));
+    attack_while_renewing(&b, &victim, attack, "forged NAs", || {});
 }
 
 /// A DECLINE of the victim's address in its name, relayed (option 79 naming its MAC), every
@@ -810,22 +821,14 @@ fn a_forged_relayed_decline_with_an_advertisement_burst_takes_no_vm_s_ipv6_addre
             mac,
         ));
     }
-    let before = victim.events().len();
-    let attacker = hostile6::play(
-        &b.evil,
-        &frames,
-        Duration::from_micros(500),
-        Duration::from_secs(20),
-    );
     let verdict = "in the name of its own holder, which answers for it";
-    let heard = wait_for_or_none(Duration::from_secs(20), || {
-        b.rig.agent_log().contains(verdict).then_some(())
+    let attack = (&frames[..], Duration::from_micros(500));
+    attack_while_renewing(&b, &victim, attack, "DECLINEs and NAs", || {
+        let heard = wait_for_or_none(Duration::from_secs(20), || {
+            b.rig.agent_log().contains(verdict).then_some(())
+        });
+        assert!(heard.is_some(), "no verdict; agent:\n{}", b.rig.agent_log());
     });
-    assert!(heard.is_some(), "no verdict; agent:\n{}", b.rig.agent_log());
-    let kept = keeps_renewing(&b, &victim, before, 3);
-    let sent = attacker.finish();
-    println!("DECLINEs and NAs sent: {}", sent[0]);
-    assert!(kept >= 3);
     let log = b.rig.agent_log();
     assert!(
         !log.contains("another host answers for it: withheld"),
@@ -858,21 +861,8 @@ fn information_requests_from_unresolvable_sources_deny_dhcpv6_to_nobody() {
             )
         })
         .collect();
-    let before = victim.events().len();
-    let attacker = hostile6::play(
-        &b.evil,
-        &frames,
-        Duration::from_millis(5),
-        Duration::from_secs(20),
-    );
-    let kept = keeps_renewing(&b, &victim, before, 3);
-    let sent = attacker.finish();
-    println!("INFORMATION-REQUESTs sent: {}", sent[0]);
-    assert!(kept >= 3);
-    assert_eq!(
-        dhcp6_metric(&b, "vmdhcp_agent_dhcp6_send_errors_total", ""),
-        0.0
-    );
+    let attack = (&frames[..], Duration::from_millis(5));
+    attack_while_renewing(&b, &victim, attack, "INFORMATION-REQUESTs", || {});
     let neighbours = b
         .rig
         .lab

@@ -350,35 +350,22 @@ fn arp_probe(
 pub fn canaries(pool: &PoolSnapshot, ip: Ipv4Addr, n: usize) -> Vec<Ipv4Addr> {
     let config = pool.config();
     let subnet = config.subnet;
-    let hosts = (1u64 << (32 - u32::from(subnet.prefix_len()))).saturating_sub(2);
-    if hosts == 0 {
-        return Vec::new();
-    }
-    let network = u64::from(u32::from(subnet.network()));
-    let start = (u64::from(u32::from(ip)).wrapping_mul(2_654_435_761)) % hosts;
-    // An odd stride visits every host of a power-of-two range before repeating.
-    let stride = 2 * (hosts / 7) + 1;
-    let mut out = Vec::with_capacity(n);
-    for i in 0..hosts.min(4096) {
-        let offset = (start + i * stride) % hosts;
-        let Ok(candidate) = u32::try_from(network + 1 + offset) else {
-            continue;
-        };
-        let candidate = Ipv4Addr::from(candidate);
-        let taken = candidate == ip
+    let hosts = (1u128 << (32 - u32::from(subnet.prefix_len()))).saturating_sub(2);
+    let network = u128::from(u32::from(subnet.network()));
+    let seed = u128::from(u32::from(ip)) * 2_654_435_761;
+    let taken = |candidate: Ipv4Addr| {
+        candidate == ip
             || candidate == config.server_ip
             || config.router == Some(candidate)
             || config.dns.contains(&candidate)
             || config.conflicted.contains(&candidate)
-            || pool.holder_of(&candidate).is_some();
-        if !taken && !out.contains(&candidate) {
-            out.push(candidate);
-            if out.len() == n {
-                break;
-            }
-        }
-    }
-    out
+            || pool.holder_of(&candidate).is_some()
+    };
+    let v4 = |c: u128| u32::try_from(c).ok().map(Ipv4Addr::from);
+    arp::spread(network, hosts, seed, n, |c| v4(c).is_none_or(taken))
+        .into_iter()
+        .filter_map(v4)
+        .collect()
 }
 
 impl Probes {

@@ -793,35 +793,26 @@ fn canaries6(pool: &PoolSnapshot, ip: Ipv6Addr, n: usize) -> Vec<Ipv6Addr> {
         return Vec::new();
     };
     let bits = 128 - u32::from(v6.subnet.prefix_len());
-    // Host offsets 1..=hosts; a subnet wider than 2^64 is walked in its first 2^64.
+    // A subnet wider than 2^64 is walked in its first 2^64 hosts.
     let hosts: u128 = if bits >= 64 {
         u128::from(u64::MAX)
     } else {
         (1u128 << bits).saturating_sub(1)
     };
-    if hosts <= 1 {
-        return Vec::new();
-    }
-    let network = u128::from(v6.subnet.network());
-    let seed = u128::from(ip).wrapping_mul(0x9e37_79b9_7f4a_7c15) % hosts;
-    let stride = 2 * (hosts / 7) + 1;
-    let mut out = Vec::with_capacity(n);
-    for i in 0..hosts.min(4096) {
-        let candidate = Ipv6Addr::from(network + 1 + (seed + i * stride) % hosts);
-        let taken = candidate == ip
+    let seed = u128::from(ip).wrapping_mul(0x9e37_79b9_7f4a_7c15);
+    let taken = |c: u128| {
+        let candidate = Ipv6Addr::from(c);
+        candidate == ip
             || candidate == v6.server_ip
             || v6.router == Some(candidate)
             || v6.dns.contains(&candidate)
             || v6.conflicted.contains(&candidate)
-            || pool.ipv6_holder_of(&candidate).is_some();
-        if !taken && !out.contains(&candidate) {
-            out.push(candidate);
-            if out.len() == n {
-                break;
-            }
-        }
-    }
-    out
+            || pool.ipv6_holder_of(&candidate).is_some()
+    };
+    arp::spread(u128::from(v6.subnet.network()), hosts, seed, n, taken)
+        .into_iter()
+        .map(Ipv6Addr::from)
+        .collect()
 }
 
 /// A DECLINE costs nothing until checked ([`investigate`], in the background); only evidence
