@@ -957,13 +957,9 @@ fn a_solicit_from_all_nodes_is_not_reflected_and_many_ias_are_not_amplified() {
     assert!(reply_len < solicit.len(), "{reply_len} ≥ {}", solicit.len());
 }
 
-/// A tenant runs a router (radvd) advertising a prefix with SLAAC on and itself as the default
-/// router: the VM takes the prefix (the RA reached the network), the agent takes nothing, no
-/// address and no route, and its interface ignores RAs, redirects and proxies no NDP.
-#[test]
-fn a_rogue_router_advertisement_steers_none_of_the_agent_s_routing() {
-    let (b, victim) = dual_lab();
-    drop(victim);
+/// radvd on the tenant's host as a rogue router: [`ROGUE_PREFIX`] with SLAAC on, itself the
+/// default router, no DHCPv6 flags.
+fn rogue_router(b: &Bridged) -> Radvd {
     let config = RadvdConfig {
         managed: false,
         other: false,
@@ -971,21 +967,35 @@ fn a_rogue_router_advertisement_steers_none_of_the_agent_s_routing() {
         router_lifetime: 1800,
         ..RadvdConfig::managed("eth0", ROGUE_PREFIX)
     };
-    let mut radvd = Radvd::start(&b.evil, &config);
-    let rogue_net = |a: &Ipv6Addr| a.segments()[..4] == [0xfd99, 0x6d64, 0x6863, 1];
+    Radvd::start(&b.evil, &config)
+}
+
+/// Whether `a` is in [`ROGUE_PREFIX`].
+fn rogue(a: &Ipv6Addr) -> bool {
+    a.segments()[..4] == [0xfd99, 0x6d64, 0x6863, 1]
+}
+
+/// A tenant runs a router (radvd) advertising a prefix with SLAAC on and itself as the default
+/// router: the VM takes the prefix (the RA reached the network), the agent takes nothing, no
+/// address and no route, and its interface ignores RAs, redirects and proxies no NDP.
+#[test]
+fn a_rogue_router_advertisement_steers_none_of_the_agent_s_routing() {
+    let (b, victim) = dual_lab();
+    drop(victim);
+    let mut radvd = rogue_router(&b);
     let slaac = wait_for(
         "the VM's SLAAC address from the rogue RA",
         Duration::from_secs(30),
         || {
             global_addresses(&b.rig.lab, &b.vm, "eth0")
                 .into_iter()
-                .find(|a| rogue_net(a))
+                .find(rogue)
         },
     );
     println!("the VM took {slaac} from the rogue router");
     // The agent's namespace: no address in the prefix, no route learned from the RA.
     let addresses = global_addresses(&b.rig.lab, &b.rig.srv, "srv0");
-    assert!(!addresses.iter().any(rogue_net), "{addresses:?}");
+    assert!(!addresses.iter().any(rogue), "{addresses:?}");
     let routes = b
         .rig
         .lab
@@ -1139,14 +1149,7 @@ fn where_proc_sys_is_read_only_what_a_rogue_ra_teaches_the_agent_is_removed_at_o
         )
         .unwrap();
     assert_eq!(accept_ra.trim(), "1", "the namespace's default stays");
-    let config = RadvdConfig {
-        managed: false,
-        other: false,
-        autonomous: true,
-        router_lifetime: 1800,
-        ..RadvdConfig::managed("eth0", ROGUE_PREFIX)
-    };
-    let mut radvd = Radvd::start(&b.evil, &config);
+    let mut radvd = rogue_router(&b);
     let removed = |kind: &str| {
         let series = format!("vmdhcp_agent_ipv6_learned_removed_total{{{LABELS},kind=\"{kind}\"}}");
         metric(&b.metrics(), &series).unwrap_or(0.0)
@@ -1160,7 +1163,6 @@ fn where_proc_sys_is_read_only_what_a_rogue_ra_teaches_the_agent_is_removed_at_o
         b.rig.agent_log()
     );
     radvd.stop();
-    let rogue = |a: &Ipv6Addr| a.segments()[..4] == [0xfd99, 0x6d64, 0x6863, 1];
     let left = wait_for_or_none(Duration::from_secs(10), || {
         let routes = b
             .rig
