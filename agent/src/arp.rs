@@ -288,29 +288,28 @@ pub fn probe6(
         socket.send_to(&neighbor_solicitation(own, *target), &to)?;
         Ok(())
     };
-    rounds(
-        &socket,
-        targets,
-        interval,
-        wait,
-        &enough,
-        |target| send(target).map_err(link_err),
-        |frame| advertiser_of(frame, own, targets),
-    )
-    .map_err(|e| match e {
-        RoundError::Send(e) => e,
-        RoundError::Receive(source) => link_err(source),
-    })
+    let answer = |frame: &[u8]| advertiser_of(frame, own, targets);
+    let timing = (interval, wait);
+    rounds(&socket, targets, timing, &enough, send, answer).map_err(link_err)
+}
+
+/// The classic BPF opcodes the agent's kernel filters on packet sockets are written in.
+pub mod bpf {
+    /// Load the half-word at an absolute offset.
+    pub const LD_H_ABS: u16 = 0x28;
+    /// Load the byte at an absolute offset.
+    pub const LD_B_ABS: u16 = 0x30;
+    /// Jump on equal to a constant.
+    pub const JEQ_K: u16 = 0x15;
+    /// Return a constant: the bytes of the packet kept, 0 drops it.
+    pub const RET_K: u16 = 0x06;
 }
 
 /// A kernel filter passing only ICMPv6 Neighbor Advertisements (no extension headers), so that
 /// a probe's socket queues nothing else of a busy link.
 fn advertisement_filter() -> [socket2::SockFilter; 8] {
+    use bpf::{JEQ_K, LD_B_ABS, LD_H_ABS, RET_K};
     use socket2::SockFilter;
-    const LD_H_ABS: u16 = 0x28;
-    const LD_B_ABS: u16 = 0x30;
-    const JEQ_K: u16 = 0x15;
-    const RET_K: u16 = 0x06;
     [
         SockFilter::new(LD_H_ABS, 0, 0, 12),
         SockFilter::new(JEQ_K, 0, 5, u32::from(ETH_P_IPV6)),
@@ -332,9 +331,6 @@ pub fn probe_frame(mac: MacAddr, ip: Ipv4Addr) -> [u8; FRAME_LEN] {
     frame
 }
 
-/// Time between the [`PROBE_NUM`] ARP probes of one check (RFC 5227 spaces them
-/// 1–2 s; hosts on one L2 answer within milliseconds, and a first OFFER waits for the check).
-pub const PROBE_INTERVAL: Duration = Duration::from_millis(150);
 /// Addresses nobody holds that a host answering for a probed address is asked about.
 pub const CANARIES: usize = 4;
 /// Answers for that many canaries make a host a proxy responder (ARP or NDP): it answers for
@@ -499,44 +495,31 @@ pub fn probe(
         socket
             .send_to(&probe_frame(own, *target), &link)
             .map(|_| ())
-            .map_err(link_err)
     };
-    rounds(&socket, targets, interval, wait, &enough, send, |frame| {
-        answer_of(frame, own, targets)
-    })
-    .map_err(|e| match e {
-        RoundError::Send(e) => e,
-        RoundError::Receive(source) => link_err(source),
-    })
-}
-
-/// Why [`rounds`] stopped early.
-enum RoundError {
-    /// Sending a probe failed.
-    Send(ArpError),
-    /// Receiving failed.
-    Receive(io::Error),
+    let answer = |frame: &[u8]| answer_of(frame, own, targets);
+    let timing = (interval, wait);
+    rounds(&socket, targets, timing, &enough, send, answer).map_err(link_err)
 }
 
 /// The rounds of a probe, for either family: [`PROBE_NUM`] rounds, each `send` for every
-/// target, `interval` apart; every frame read on `socket` until `wait` after the first is
-/// passed to `answer`, and what it finds is noted with its round; stops early once `enough`.
+/// target, `interval` apart (`timing.0`); every frame read on `socket` until `wait` (`timing.1`)
+/// after the first is passed to `answer`, and what it finds is noted with its round; stops
+/// early once `enough`.
 fn rounds<A: Copy + PartialEq>(
     socket: &Socket,
     targets: &[A],
-    interval: Duration,
-    wait: Duration,
+    (interval, wait): (Duration, Duration),
     enough: &dyn Fn(&Answers<A>) -> bool,
-    send: impl Fn(&A) -> Result<(), ArpError>,
+    send: impl Fn(&A) -> io::Result<()>,
     answer: impl Fn(&[u8]) -> Option<(MacAddr, A)>,
-) -> Result<Answers<A>, RoundError> {
+) -> io::Result<Answers<A>> {
     let start = std::time::Instant::now();
     let end = start + wait;
     let mut answers = Answers::default();
     let mut buf = [0u8; 256];
     for round in 0..PROBE_NUM {
         for target in targets {
-            send(target).map_err(RoundError::Send)?;
+            send(target)?;
         }
         let round_end = if round + 1 < PROBE_NUM {
             (start + interval * u32::from(round + 1)).min(end)
@@ -548,9 +531,7 @@ fn rounds<A: Copy + PartialEq>(
             if left.is_zero() {
                 break;
             }
-            socket
-                .set_read_timeout(Some(left))
-                .map_err(RoundError::Receive)?;
+            socket.set_read_timeout(Some(left))?;
             match (&*socket).read(&mut buf) {
                 Ok(len) => {
                     if let Some((mac, ip)) = answer(buf.get(..len).unwrap_or_default()) {
@@ -569,7 +550,7 @@ fn rounds<A: Copy + PartialEq>(
                     break;
                 }
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-                Err(source) => return Err(RoundError::Receive(source)),
+                Err(source) => return Err(source),
             }
         }
     }

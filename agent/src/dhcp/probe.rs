@@ -78,7 +78,10 @@ pub const PROBE_WAIT: Duration = Duration::from_millis(500);
 pub const CONFLICT_HOLD: Duration = Duration::from_secs(60);
 /// How long a DECLINE that cannot be checked withholds the address.
 pub const UNVERIFIED_HOLD: Duration = Duration::from_secs(10);
-pub use crate::arp::{CANARIES, PROBE_INTERVAL, PROXY_CANARY_ANSWERS};
+/// Time between the [`arp::PROBE_NUM`] probes of one check (RFC 5227 spaces them 1–2 s; hosts
+/// on one L2 answer within milliseconds, and a first OFFER waits for the check).
+pub const PROBE_INTERVAL: Duration = Duration::from_millis(150);
+pub use crate::arp::{CANARIES, PROXY_CANARY_ANSWERS};
 /// How long a proxy-ARP responder is remembered after its last answer.
 pub const PROXY_MEMORY: Duration = Duration::from_secs(600);
 /// Most proxy-ARP responders remembered (the oldest go first).

@@ -34,16 +34,12 @@ pub const UDP: usize = 8;
 pub const ETH_P_IPV6: u16 = 0x86dd;
 /// Hop limit of a reply: the kernel's default for IPv6.
 const HOP_LIMIT: u8 = 64;
-/// Classic BPF "return k" (k bytes of the packet kept; 0 drops it).
-pub const RET_K: u16 = 0x06;
 
 /// A kernel filter passing only IPv6 frames carrying UDP to port 547 (clients' and relays'
 /// messages) or 546 (other servers' answers, [`super::foreign`]); no extension headers: clients,
 /// relays and servers send none.
 pub fn dhcp_filter() -> [SockFilter; 9] {
-    const LD_H_ABS: u16 = 0x28;
-    const LD_B_ABS: u16 = 0x30;
-    const JEQ_K: u16 = 0x15;
+    use crate::arp::bpf::{JEQ_K, LD_B_ABS, LD_H_ABS, RET_K};
     [
         SockFilter::new(LD_H_ABS, 0, 0, 12),
         SockFilter::new(JEQ_K, 0, 6, u32::from(ETH_P_IPV6)),

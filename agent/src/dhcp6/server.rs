@@ -3,10 +3,10 @@
 //! others (or the DHCPv4 server beside it).
 //!
 //! Two sockets per interface:
-//! - a packet socket (`AF_PACKET`, CAP_NET_RAW) that receives the frames of UDP port 547, with a
-//!   kernel filter that passes nothing else: only the frame tells the client's MAC, which keys
-//!   its reservation (DHCPv6 carries none of its own);
-//!   and that sends the replies, whole frames addressed to the MAC the request came from
+//! - a packet socket (`AF_PACKET`, CAP_NET_RAW) that receives the frames of UDP ports 547 (and
+//!   546, other servers' answers: [`super::foreign`]), with a kernel filter that passes nothing
+//!   else: only the frame tells the client's MAC, which keys its reservation (DHCPv6 carries
+//!   none of its own); and that sends the replies, whole frames addressed to the MAC the request came from
 //!   ([`super::frame`]: never through the kernel's neighbour table, which tenants can write);
 //! - a UDP socket on `[::]:547` bound to the device, joined to `ff02::1:2` so that the interface
 //!   (and an MLD-snooping bridge) passes the clients' multicast. It sends nothing, and what it
@@ -46,7 +46,7 @@ use vmdhcp_core::pool::duid::server_duid;
 use vmdhcp_core::{MacAddr, NamespacedName};
 
 use super::foreign;
-use super::frame::{self, Addressing, ETH_P_IPV6, ETHERNET, IPV6, RET_K, Sources, UDP};
+use super::frame::{self, Addressing, ETH_P_IPV6, ETHERNET, IPV6, Sources, UDP};
 use super::handler::{DropReason, MAX_PACKET, Outcome, Received, Server, Silence, handle};
 use super::{ALL_SERVERS, CLIENT_PORT, SERVER_PORT};
 use crate::arp::{self, Answers, ArpError, CANARIES, PROXY_CANARY_ANSWERS};
@@ -1125,7 +1125,7 @@ impl Sockets {
             .map_err(err("set IPV6_MULTICAST_LOOP", None))?;
         // It only sends: the packet socket reads the same datagrams, and a copy queued here
         // would fill its buffer and be dropped, counted as losses, under load.
-        udp.attach_filter(&[SockFilter::new(RET_K, 0, 0, 0)])
+        udp.attach_filter(&[SockFilter::new(arp::bpf::RET_K, 0, 0, 0)])
             .map_err(err("filter out what the UDP socket receives", None))?;
         udp.set_nonblocking(true)
             .map_err(err("set non-blocking", None))?;
@@ -1136,7 +1136,7 @@ impl Sockets {
             .map_err(err("create a packet socket", Some(Capability::NetRaw)))?;
         packet
             .attach_filter(&frame::dhcp_filter())
-            .map_err(err("attach the port-547 filter", None))?;
+            .map_err(err("attach the DHCPv6 ports' filter", None))?;
         let link = crate::arp::link_address(index, ETH_P_IPV6, [0; 6])
             .map_err(err("address the interface's link", None))?;
         packet.bind(&link).map_err(err(
