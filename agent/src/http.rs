@@ -428,9 +428,9 @@ impl Collector for Dhcp6Metrics {
                 "result",
                 |c| {
                     vec![
-                        ("confirmed", c.declines_confirmed.load(Relaxed)),
-                        ("unconfirmed", c.declines_unconfirmed.load(Relaxed)),
-                        ("not_probed", c.declines_not_probed.load(Relaxed)),
+                        ("confirmed", c.declines.confirmed.load(Relaxed)),
+                        ("unconfirmed", c.declines.unconfirmed.load(Relaxed)),
+                        ("not_probed", c.declines.not_probed.load(Relaxed)),
                     ]
                 },
             ),

@@ -154,7 +154,7 @@ pub fn build(addressing: &Addressing, payload: &[u8], out: &mut Vec<u8>) -> Opti
 const REFRESH: Duration = Duration::from_secs(1);
 
 /// The addresses a reply may come from on one interface: its usable link-local address (not
-/// tentative, not failed), read from `/proc/net/if_inet6` at most every [`REFRESH`], and the
+/// tentative, not failed), read from `/proc/net/if_inet6` at most every `REFRESH`, and the
 /// pool's IPv6 server address.
 #[derive(Debug)]
 pub struct Sources {
@@ -173,7 +173,7 @@ impl Sources {
         }
     }
 
-    /// Reads the link-local address again when the last reading is older than [`REFRESH`].
+    /// Reads the link-local address again when the last reading is older than `REFRESH`.
     pub fn refresh(&mut self, now: Instant) {
         if self
             .read_at

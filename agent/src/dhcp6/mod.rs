@@ -12,6 +12,7 @@
 pub mod foreign;
 pub mod frame;
 pub mod handler;
+pub mod probe;
 pub mod server;
 
 /// Port servers and relays listen on (RFC 8415 §7.2).
