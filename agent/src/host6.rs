@@ -44,7 +44,7 @@ use rtnetlink::{Handle, RouteMessageBuilder};
 use tokio::task::JoinHandle;
 use tracing::{debug, warn};
 
-use crate::netlink::{InterfaceSetup, NetlinkError};
+use crate::netlink::NetlinkError;
 
 /// Where the kernel keeps each interface's IPv6 settings.
 pub const PROC_CONF: &str = "/proc/sys/net/ipv6/conf";
@@ -120,20 +120,13 @@ pub fn settle(root: &Path, interface: &str) -> Result<Vec<&'static str>, Host6Er
     Ok(changed)
 }
 
-/// What a [`sweep`] removed from an interface.
+/// What the watcher or a [`sweep`] removed from an interface.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Learned {
     /// Routes learned from RAs or redirects: destination/prefix via gateway.
     pub routes: Vec<String>,
     /// Addresses configured from an RA's prefix.
     pub addresses: Vec<Ipv6Addr>,
-}
-
-impl Learned {
-    /// Whether nothing was found.
-    pub fn is_empty(&self) -> bool {
-        self.routes.is_empty() && self.addresses.is_empty()
-    }
 }
 
 /// What one interface's guard did, for `/metrics`.
@@ -172,12 +165,17 @@ impl Host6Counters {
         entry.settings = settings;
     }
 
-    /// Counts what a sweep of `interface` removed.
+    /// Counts what was removed from `interface`.
     pub fn swept(&self, interface: &str, learned: &Learned) {
         if let Some(entry) = self.0.lock().get_mut(interface) {
             entry.routes_removed += u64::try_from(learned.routes.len()).unwrap_or(u64::MAX);
             entry.addresses_removed += u64::try_from(learned.addresses.len()).unwrap_or(u64::MAX);
         }
+    }
+
+    /// Whether `interface`'s settings were looked at (set, found so, or found not writable).
+    pub fn settled_on(&self, interface: &str) -> bool {
+        self.0.lock().contains_key(interface)
     }
 
     /// Forgets the interfaces `keep` rejects (their series leave `/metrics`).
@@ -204,6 +202,11 @@ impl Guarded {
     /// Keeps guarding only the interfaces `keep` accepts.
     pub fn retain(&self, keep: impl Fn(&str) -> bool) {
         self.0.lock().retain(|_, (name, _)| keep(name));
+    }
+
+    /// Whether the interface `name` is guarded.
+    pub fn contains(&self, name: &str) -> bool {
+        self.0.lock().values().any(|(n, _)| n == name)
     }
 
     fn get(&self, index: u32) -> Option<(String, NamespacedName)> {
@@ -327,66 +330,39 @@ fn autoconfigured(header: AddressHeaderFlags, flags: Option<AddressFlags>) -> bo
     !permanent
 }
 
-/// Removes from `interface` every route and address it learned from its link (see the module
-/// docs), and returns them.
-pub async fn sweep(setup: &InterfaceSetup, interface: &str) -> Result<Learned, NetlinkError> {
-    let (index, _) = setup.link(interface).await?;
-    let handle = setup.handle();
-    let mut learned = Learned::default();
-    let mut routes = handle
+/// Removes from every [`Guarded`] interface each route and address it learned from its link
+/// (see the module docs), as the watcher does, counted in `counters`: what came before the
+/// watcher, or what it missed. One dump of the IPv6 routes and one of the IPv6 addresses,
+/// whatever the number of interfaces.
+pub async fn sweep(
+    handle: &Handle,
+    guarded: &Guarded,
+    counters: &Host6Counters,
+) -> Result<(), NetlinkError> {
+    let query = |step| move |source| NetlinkError::query("pool interfaces", step, source);
+    let routes: Vec<RouteMessage> = handle
         .route()
         .get(RouteMessageBuilder::<Ipv6Addr>::new().build())
-        .execute();
-    let mut doomed = Vec::new();
-    loop {
-        match routes.try_next().await {
-            Ok(Some(route)) => {
-                let here = route
-                    .attributes
-                    .iter()
-                    .any(|a| matches!(a, RouteAttribute::Oif(i) if *i == index));
-                if here && learned_from_link(&route) {
-                    doomed.push(route);
-                }
-            }
-            Ok(None) => break,
-            Err(source) => return Err(NetlinkError::query(interface, "list IPv6 routes", source)),
-        }
+        .execute()
+        .try_filter(|route| std::future::ready(learned_from_link(route)))
+        .try_collect()
+        .await
+        .map_err(query("list IPv6 routes"))?;
+    for route in routes {
+        remove_route(handle, guarded, counters, route).await;
     }
-    for route in doomed {
-        let shown = describe(&route);
-        handle
-            .route()
-            .del(route)
-            .execute()
-            .await
-            .map_err(|source| {
-                NetlinkError::change(interface, "remove a route learned from the link", source)
-            })?;
-        learned.routes.push(shown);
+    let addresses: Vec<AddressMessage> = handle
+        .address()
+        .get()
+        .execute()
+        .try_filter(|address| std::future::ready(address.header.family == AddressFamily::Inet6))
+        .try_collect()
+        .await
+        .map_err(query("list IPv6 addresses"))?;
+    for address in addresses {
+        remove_address(handle, guarded, counters, address).await;
     }
-    for (ip, _, msg) in setup.ipv6_addresses(interface, index).await? {
-        let flags = msg.attributes.iter().find_map(|a| match a {
-            AddressAttribute::Flags(f) => Some(*f),
-            _ => None,
-        });
-        if autoconfigured(msg.header.flags, flags) {
-            handle
-                .address()
-                .del(msg)
-                .execute()
-                .await
-                .map_err(|source| {
-                    NetlinkError::change(
-                        interface,
-                        "remove an address learned from the link",
-                        source,
-                    )
-                })?;
-            learned.addresses.push(ip);
-        }
-    }
-    Ok(learned)
+    Ok(())
 }
 
 /// `destination/len via gateway` of a route, for logs.

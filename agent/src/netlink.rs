@@ -535,7 +535,7 @@ impl InterfaceSetup {
     }
 
     /// The IPv6 addresses of `interface` (index `index`) with their prefix lengths.
-    pub(crate) async fn ipv6_addresses(
+    async fn ipv6_addresses(
         &self,
         interface: &str,
         index: u32,

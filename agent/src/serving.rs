@@ -137,9 +137,7 @@ pub struct Serving {
     shown: BTreeMap<String, Wanted>,
     /// Interfaces known to carry no server address of ours while standby.
     cleared: BTreeSet<String>,
-    /// Interfaces whose IPv6 settings were made a host's (or found unwritable, said once).
-    hosted6: BTreeSet<String>,
-    /// What the IPv6 guard did on each interface, for `/metrics`.
+    /// What the IPv6 guard did on each interface (whose settings it looked at), for `/metrics`.
     host6_counters: Host6Counters,
     /// The interfaces whose learned routes and addresses the watcher removes at once.
     guarded6: Guarded,
@@ -179,7 +177,6 @@ impl Serving {
             configured: BTreeMap::new(),
             shown: BTreeMap::new(),
             cleared: BTreeSet::new(),
-            hosted6: BTreeSet::new(),
             host6_counters: Host6Counters::default(),
             guarded6: Guarded::default(),
             watcher6: None,
@@ -454,47 +451,20 @@ impl Serving {
     /// not: a standby's pool interfaces are on the same networks, and a tenant's RA would steer
     /// its routing as much. Interfaces no longer wanted are forgotten.
     async fn guard6(&mut self, wanted: &WantedSet) {
-        if self.setup.is_none() {
-            return;
-        }
-        self.hosted6.retain(|name| wanted.contains_key(name));
-        self.guarded6.retain(|name| wanted.contains_key(name));
-        self.host6_counters.retain(|name| wanted.contains_key(name));
-        for (name, w) in wanted {
-            self.host6(name, &w.pool).await;
-        }
-    }
-
-    /// [`Serving::guard6`] for one interface.
-    async fn host6(&mut self, name: &str, pool: &NamespacedName) {
         let Some(setup) = &self.setup else {
             return;
         };
-        if !self.hosted6.contains(name) {
-            let settled = match host6::settle(Path::new(host6::PROC_CONF), name) {
-                Ok(changed) => {
-                    if !changed.is_empty() {
-                        info!(interface = %name, %pool, ?changed, "IPv6 set to take no routing from the pool network");
-                    }
-                    Some(true)
-                }
-                // Not there (yet): tried again on the next convergence.
-                Err(error) if error.missing() => {
-                    debug!(interface = %name, %pool, %error, "IPv6 settings not there yet");
-                    None
-                }
-                Err(error) => {
-                    warn!(interface = %name, %pool, %error, "IPv6 settings not changed; what Router Advertisements or redirects teach the interface is removed as it appears");
-                    Some(false)
-                }
-            };
-            let Some(settled) = settled else {
-                return;
-            };
-            self.hosted6.insert(name.to_owned());
-            self.host6_counters.settled(name, pool, settled);
+        self.guarded6.retain(|name| wanted.contains_key(name));
+        self.host6_counters.retain(|name| wanted.contains_key(name));
+        for (name, w) in wanted {
+            settle6(&self.host6_counters, name, &w.pool);
+            if !self.guarded6.contains(name)
+                && let Ok((index, _)) = setup.link(name).await
+            {
+                self.guarded6.insert(index, name, &w.pool);
+            }
         }
-        if self.watcher6.is_none() {
+        if self.watcher6.is_none() && !wanted.is_empty() {
             match host6::watch(self.guarded6.clone(), self.host6_counters.clone()) {
                 Ok(task) => self.watcher6 = Some(task),
                 Err(error) => {
@@ -502,16 +472,9 @@ impl Serving {
                 }
             }
         }
-        if let Ok((index, _)) = setup.link(name).await {
-            self.guarded6.insert(index, name, pool);
-        }
-        match host6::sweep(setup, name).await {
-            Ok(learned) if learned.is_empty() => {}
-            Ok(learned) => {
-                self.host6_counters.swept(name, &learned);
-                warn!(interface = %name, %pool, routes = ?learned.routes, addresses = ?learned.addresses, "removed what a Router Advertisement or redirect from a host on the pool network taught the agent")
-            }
-            Err(error) => debug!(interface = %name, %pool, %error, "IPv6 routes not checked"),
+        if let Err(error) = host6::sweep(setup.handle(), &self.guarded6, &self.host6_counters).await
+        {
+            debug!(%error, "IPv6 routes not checked");
         }
     }
 
@@ -525,6 +488,31 @@ impl Serving {
             Err(error) => warn!(interface = %name, %ip, %error, "server address not removed"),
         }
     }
+}
+
+/// Makes `name`'s IPv6 settings a host's ([`host6::settle`]), once: an interface not there yet
+/// is tried again on the next convergence; one whose settings are not writable is said once.
+fn settle6(counters: &Host6Counters, name: &str, pool: &NamespacedName) {
+    if counters.settled_on(name) {
+        return;
+    }
+    let settled = match host6::settle(Path::new(host6::PROC_CONF), name) {
+        Ok(changed) => {
+            if !changed.is_empty() {
+                info!(interface = %name, %pool, ?changed, "IPv6 set to take no routing from the pool network");
+            }
+            true
+        }
+        Err(error) if error.missing() => {
+            debug!(interface = %name, %pool, %error, "IPv6 settings not there yet");
+            return;
+        }
+        Err(error) => {
+            warn!(interface = %name, %pool, %error, "IPv6 settings not changed; what Router Advertisements or redirects teach the interface is removed as it appears");
+            false
+        }
+    };
+    counters.settled(name, pool, settled);
 }
 
 impl Drop for Serving {
