@@ -400,12 +400,23 @@ impl<A> Default for Answers<A> {
 }
 
 impl<A: Copy + PartialEq> Answers<A> {
-    /// Notes that `mac` answered for `ip` in round `round`.
+    /// Notes that `mac` answered for `ip` while round `round` ran. The answer counts for the
+    /// previous round when `mac` has not answered that one yet, else for this one: on a busy
+    /// node an answer can arrive after the next probe left, and it still answers its probe.
+    /// One answer counts once, and never for a probe not yet sent or two rounds back, so a
+    /// burst of answers counts for two rounds at most.
     pub fn record(&mut self, mac: MacAddr, ip: A, round: u8) {
-        let bit = 1u8.checked_shl(u32::from(round)).unwrap_or(0);
+        let bit = |r: u8| 1u8.checked_shl(u32::from(r)).unwrap_or(0);
+        let window = bit(round) | round.checked_sub(1).map_or(0, bit);
+        let first_free = |rounds: u8| {
+            let free = !rounds & window;
+            // The earlier of the two rounds not answered yet, or nothing.
+            free & free.wrapping_neg()
+        };
         if let Some(h) = self.heard.iter_mut().find(|h| h.mac == mac && h.ip == ip) {
-            h.rounds |= bit;
+            h.rounds |= first_free(h.rounds);
         } else if self.heard.len() < MAX_HEARD {
+            let bit = first_free(0);
             self.heard.push(Heard {
                 mac,
                 ip,
@@ -1153,6 +1164,31 @@ mod tests {
             answers.record(MacAddr([2, 0, 0, 0, 1, n]), ip, 0);
         }
         assert_eq!(answers.heard().len(), MAX_HEARD);
+    }
+
+    #[test]
+    fn a_late_answer_counts_for_its_probe_and_a_burst_for_two_rounds_at_most() {
+        let ip = Ipv4Addr::new(192, 0, 2, 10);
+        let (late, burst) = (MacAddr([2, 0, 0, 0, 0, 7]), MacAddr([2, 0, 0, 0, 0, 8]));
+        let mut answers = Answers::default();
+        // Each answer arrives after the next probe left: rounds 1, 2, 2.
+        answers.record(late, ip, 1);
+        answers.record(late, ip, 2);
+        assert_eq!(answers.steady(ip, PROBE_NUM).count(), 0, "two answers");
+        answers.record(late, ip, 2);
+        assert_eq!(answers.steady(ip, PROBE_NUM).collect::<Vec<_>>(), [late]);
+        // Ten answers after the last probe answer two probes, not three.
+        for _ in 0..10 {
+            answers.record(burst, ip, PROBE_NUM - 1);
+        }
+        assert_eq!(answers.steady(ip, PROBE_NUM).collect::<Vec<_>>(), [late]);
+        // Nor does a burst in the first round.
+        let mut first = Answers::default();
+        for _ in 0..10 {
+            first.record(burst, ip, 0);
+        }
+        first.record(burst, ip, 1);
+        assert_eq!(first.steady(ip, PROBE_NUM).count(), 0);
     }
 
     #[test]

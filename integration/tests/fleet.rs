@@ -889,13 +889,20 @@ fn a_squatted_ipv6_address_a_vm_declines_is_recorded_the_vm_moves_and_it_clears_
     assert_eq!(first.get("new_ip6_address"), Some(&squatted), "{first:?}");
     assert_eq!(first.get("dad_result").map(String::as_str), Some("failed"));
 
-    let moved = client.wait_lease("BOUND6", 1, Duration::from_secs(90));
+    // A SOLICIT sent before the agent's check of the DECLINE ends is offered the squatted
+    // address once more; the client's DAD fails again and its second DECLINE finds the address
+    // withheld. Never more than that.
+    let mut moved = client.wait_lease("BOUND6", 1, Duration::from_secs(90));
+    if moved.address.to_string() == squatted {
+        eprintln!("vm1 solicited before the check ended: offered {squatted} once more");
+        moved = client.wait_lease("BOUND6", 2, Duration::from_secs(90));
+    }
     eprintln!(
         "squatted {squatted}: vm1 bound to {} {:.1} s after dhclient -6 started",
         moved.address,
         started.elapsed().as_secs_f64()
     );
-    assert_ne!(moved.address.to_string(), squatted);
+    assert_ne!(moved.address.to_string(), squatted, "{}", client.log());
     assert_eq!(fleet.allocated6()[VM1_MAC], moved.address.to_string());
     assert_eq!(fleet.allocated()[VM1_MAC], ip1, "vm1's IPv4 address stays");
     assert!(

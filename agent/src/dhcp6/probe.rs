@@ -51,10 +51,12 @@ pub struct Declines {
 const MAX_PROBES: usize = 4;
 /// How long a check listens for advertisements of the address, from its first solicitation.
 ///
-/// Short, because a DHCPv6 client that declined an address solicits again at once (unlike a
-/// DHCPv4 one, which waits 10 s): a squatter's address must be withheld before that SOLICIT is
-/// answered. Hosts on one link answer a solicitation within milliseconds.
-const PROBE_WAIT: Duration = Duration::from_millis(250);
+/// A check ends as soon as it is decided (a host answered every solicitation, or the holder
+/// answered), within milliseconds of the last solicitation on a quiet link: a DHCPv6 client
+/// that declined an address solicits again within a second (unlike a DHCPv4 one, which waits
+/// 10 s), and a squatter's address should be withheld by then. A client whose SOLICIT comes
+/// sooner is offered the address once more, declines it once more, and is moved then.
+const PROBE_WAIT: Duration = Duration::from_millis(500);
 /// Time between the [`arp::PROBE_NUM`] solicitations of one check.
 const PROBE_INTERVAL: Duration = Duration::from_millis(50);
 /// How long a declined address that another host answered for is withheld here (the
