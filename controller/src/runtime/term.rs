@@ -36,7 +36,7 @@ use crate::index::shared_watch::Trigger;
 use crate::ipam::{Ipam, MacOwners};
 use crate::kinds::{VirtualMachine, nad_resource, network_of, object_ref, store_key};
 use crate::metrics::Metrics;
-use crate::reconcile::context::{Agents, Books, Context, Signals, Stores};
+use crate::reconcile::context::{Agents, Books, Context, NotLeader, Signals, Stores};
 use crate::reconcile::events::{EVENT_QUEUE, Events, Publisher};
 use crate::reconcile::status::PoolStatusWriter;
 use crate::reconcile::{agent_bootstrap, ippool, vm, vmnetcfg};
@@ -58,13 +58,34 @@ pub enum ReconcileError {
 
 impl ReconcileError {
     /// Leadership was lost under the reconcile: not a failure, the write was just not made.
+    /// Anywhere in the chain: a reconciler's error mostly comes wrapped by kube's finalizer
+    /// helper (`ApplyFailed`, `CleanupFailed`).
     fn is_not_leader(&self) -> bool {
-        matches!(
-            self,
-            ReconcileError::IPPool(ippool::Error::NotLeader(_))
-                | ReconcileError::Vmnetcfg(vmnetcfg::Error::NotLeader(_))
-                | ReconcileError::Vm(vm::Error::NotLeader(_))
-        )
+        let said_here = |e: &(dyn std::error::Error + 'static)| {
+            e.is::<NotLeader>()
+                || matches!(
+                    e.downcast_ref::<ippool::Error>(),
+                    Some(ippool::Error::NotLeader(_))
+                )
+                || matches!(
+                    e.downcast_ref::<vmnetcfg::Error>(),
+                    Some(vmnetcfg::Error::NotLeader(_))
+                )
+                || matches!(e.downcast_ref::<vm::Error>(), Some(vm::Error::NotLeader(_)))
+        };
+        // The variants are transparent: the top level is not its own inner error's source.
+        let top = match self {
+            ReconcileError::IPPool(e) => said_here(e),
+            ReconcileError::Vmnetcfg(e) => said_here(e),
+            ReconcileError::Vm(e) => said_here(e),
+        };
+        let mut next = std::error::Error::source(self);
+        let mut found = top;
+        while let (false, Some(e)) = (found, next) {
+            found = said_here(e);
+            next = e.source();
+        }
+        found
     }
 }
 
@@ -596,11 +617,36 @@ mod tests {
         kube::Error::Api(Status::failure("m", "r").with_code(code).boxed())
     }
 
+    /// `source` as the config reconciler returns it: its own error, wrapped by kube's
+    /// finalizer helper, as every error of a real reconcile is.
     fn through_a_reconciler(source: kube::Error) -> ReconcileError {
-        ReconcileError::Vmnetcfg(vmnetcfg::Error::Kube {
+        wrapped(vmnetcfg::Error::Kube {
             action: "writing".into(),
             source,
         })
+    }
+
+    fn wrapped(inner: vmnetcfg::Error) -> ReconcileError {
+        use kube::runtime::finalizer::Error as Finalizer;
+        ReconcileError::Vmnetcfg(vmnetcfg::Error::Finalizer(Box::new(
+            Finalizer::ApplyFailed(inner),
+        )))
+    }
+
+    #[test]
+    fn a_lost_leadership_is_seen_through_the_finalizer_wrapper() {
+        use kube::runtime::finalizer::Error as Finalizer;
+        let lost = || vmnetcfg::Error::NotLeader(NotLeader);
+        assert!(ReconcileError::Vmnetcfg(lost()).is_not_leader());
+        assert!(wrapped(lost()).is_not_leader());
+        let cleanup = vmnetcfg::Error::Finalizer(Box::new(Finalizer::CleanupFailed(lost())));
+        assert!(ReconcileError::Vmnetcfg(cleanup).is_not_leader());
+        let pool = ippool::Error::Finalizer(Box::new(Finalizer::ApplyFailed(
+            ippool::Error::NotLeader(NotLeader),
+        )));
+        assert!(ReconcileError::IPPool(pool).is_not_leader());
+        assert!(!through_a_reconciler(api(503)).is_not_leader());
+        assert!(!wrapped(vmnetcfg::Error::Unnamespaced).is_not_leader());
     }
 
     #[test]
@@ -614,12 +660,21 @@ mod tests {
         let refused = std::io::Error::from(std::io::ErrorKind::ConnectionRefused);
         let unreachable = kube::Error::Service(Box::new(refused));
         assert!(is_transient(&through_a_reconciler(unreachable)));
+        // The finalizer's own patches, adding or removing it.
+        use kube::runtime::finalizer::Error as Finalizer;
+        for (code, transient) in [(503, true), (409, false)] {
+            let add = vmnetcfg::Error::Finalizer(Box::new(Finalizer::AddFinalizer(api(code))));
+            assert_eq!(is_transient(&ReconcileError::Vmnetcfg(add)), transient);
+            let remove =
+                vmnetcfg::Error::Finalizer(Box::new(Finalizer::RemoveFinalizer(api(code))));
+            assert_eq!(is_transient(&ReconcileError::Vmnetcfg(remove)), transient);
+        }
         // Deeper in the chain: a status write's API error inside a reconciler's error.
         let status = vmnetcfg::Error::Status(crate::reconcile::status::StatusError::Api {
             pool: "ns/p".parse().unwrap(),
             source: api(503),
         });
-        assert!(is_transient(&ReconcileError::Vmnetcfg(status)));
+        assert!(is_transient(&wrapped(status)));
         assert!(!is_transient(&ReconcileError::Vmnetcfg(
             vmnetcfg::Error::Unnamespaced
         )));
