@@ -21,10 +21,8 @@ use parking_lot::{Mutex, RwLock};
 use std::collections::{BTreeMap, HashMap};
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 use std::sync::Arc;
-use std::time::Duration;
 
 use ipnet::IpNet;
-use tokio::sync::watch;
 use vmdhcp_core::crd::AddressConflict;
 use vmdhcp_core::pool::{Family, Holder, PoolRange, parse_allocated};
 use vmdhcp_core::{MacAddr, NamespacedName};
@@ -353,7 +351,11 @@ impl<A: Family> PoolAllocator<A> {
 
     /// Rebuilds a pool from its spec and its recorded `status.ipv4.allocated`, giving exactly the
     /// state that produced that status. Entries that cannot be replayed as recorded are returned;
-    /// their addresses stay blocked (an unreadable or conflicting record still means "taken").
+    /// their addresses stay blocked (an unreadable or conflicting record still means "taken"),
+    /// and what no address of the books can hold (a key outside the range or not an address, a
+    /// MAC on an address the spec now reserves or excludes) is kept verbatim: every later write
+    /// records it as it was, so a rebuild never erases what another writer (or an older spec)
+    /// recorded.
     pub fn rebuild(
         range: PoolRange<A>,
         allocated: &BTreeMap<String, String>,
@@ -378,15 +380,23 @@ impl<A: Family> PoolAllocator<A> {
                     && alloc.is_free(addr.to_int())
                 {
                     alloc.take(addr.to_int(), Slot::Unreadable(value.clone()));
+                } else {
+                    alloc.verbatim.insert(ip.clone(), value.clone());
                 }
                 problems.push(entry_err(&ip, &value, reason));
             }
         }
         for (ip, holder) in entries {
-            let (key, value) = (ip.to_string(), holder.as_status_value());
+            let key = ip.to_string();
+            // As recorded, where it cannot be held as it is (a MAC's case kept, say).
+            let value = allocated
+                .get(&key)
+                .cloned()
+                .unwrap_or_else(|| holder.as_status_value());
             if !alloc.in_range(ip) {
                 if holder != Holder::Excluded && holder != Holder::Reserved {
                     problems.push(entry_err(&key, &value, "outside the pool range".into()));
+                    alloc.verbatim.insert(key, value);
                 }
                 continue;
             }
@@ -412,6 +422,7 @@ impl<A: Family> PoolAllocator<A> {
                         &value,
                         "address is reserved or excluded by the pool spec".into(),
                     ));
+                    alloc.verbatim.insert(key, value);
                 }
             }
         }
@@ -440,10 +451,35 @@ impl<A: Family> PoolAllocator<A> {
 
     /// Gives `mac` an address: the one it already holds, else the lowest free one.
     pub fn allocate(&mut self, mac: MacAddr) -> Result<A, IpamError> {
+        self.allocate_avoiding(mac, &|_| false)
+    }
+
+    /// [`allocate`](Self::allocate), passing over free addresses `avoid` names: those another
+    /// NIC asks for as its static address (`ipAddress`) and does not hold yet. As a Kea
+    /// reservation, such an address is never given dynamically, whoever asks first; when only
+    /// those are free, the pool is exhausted for dynamic NICs. Costs one look per address
+    /// passed over.
+    pub fn allocate_avoiding(
+        &mut self,
+        mac: MacAddr,
+        avoid: &dyn Fn(A) -> bool,
+    ) -> Result<A, IpamError> {
         if let Some(ip) = self.lookup(&mac) {
             return Ok(ip);
         }
-        let Some((&first, _)) = self.free.first_key_value() else {
+        let first = self.free.iter().find_map(|(&start, &last)| {
+            let mut n = start;
+            loop {
+                if !avoid(A::from_int(n)) {
+                    return Some(n);
+                }
+                if n == last {
+                    return None;
+                }
+                n = A::succ(n)?;
+            }
+        });
+        let Some(first) = first else {
             return Err(IpamError::Exhausted {
                 pool: self.range.pool().clone(),
                 start: self.range.start().into(),
@@ -592,6 +628,10 @@ impl<A: Family> PoolAllocator<A> {
     pub fn foreign(&self, recorded: &BTreeMap<String, String>) -> Vec<Foreign<A>> {
         let mut plan = Vec::new();
         for (key, value) in recorded {
+            // Kept as recorded already (see `rebuild`): nothing new.
+            if self.verbatim.get(key) == Some(value) {
+                continue;
+            }
             let parsed = key.parse::<A>().ok().filter(|ip| self.in_range(*ip));
             let Some(ip) = parsed else {
                 if self.verbatim.get(key) != Some(value) {
@@ -980,19 +1020,9 @@ impl PoolBooks {
 /// Every pool's allocator, keyed by pool. Safe to share between reconcilers and HTTP handlers:
 /// the map is behind a read-write lock and each pool behind its own mutex, so work on one pool
 /// never waits for another.
+#[derive(Default)]
 pub struct Ipam {
     pools: RwLock<HashMap<NamespacedName, Arc<Mutex<PoolBooks>>>>,
-    /// Bumped whenever a pool is registered or forgotten, for [`Ipam::built`].
-    registered: watch::Sender<u64>,
-}
-
-impl Default for Ipam {
-    fn default() -> Self {
-        Ipam {
-            pools: RwLock::default(),
-            registered: watch::channel(0).0,
-        }
-    }
 }
 
 impl Ipam {
@@ -1011,36 +1041,12 @@ impl Ipam {
         let pool = books.v4.range.pool().clone();
         let mut pools = self.pools.write();
         pools.insert(pool, Arc::new(Mutex::new(books)));
-        drop(pools);
-        self.registered.send_modify(|n| *n += 1);
     }
 
     /// Forgets a pool (pause or deletion); returns whether it was known.
     pub fn remove(&self, pool: &NamespacedName) -> bool {
         let mut pools = self.pools.write();
-        let known = pools.remove(pool).is_some();
-        drop(pools);
-        self.registered.send_modify(|n| *n += 1);
-        known
-    }
-
-    /// Waits, at most `limit`, until the pool's allocator is built; returns whether it is.
-    ///
-    /// After a restart or a change of leader every config waits for its pool's rebuild: waiting
-    /// here wakes each of them once, when it happens, where thousands of configs polling every
-    /// few hundred milliseconds would take the CPU from the very rebuild they wait for.
-    pub async fn built(&self, pool: &NamespacedName, limit: Duration) -> bool {
-        // Subscribed before the first look: a pool registered after it wakes the wait.
-        let mut registered = self.registered.subscribe();
-        let wait = async {
-            while !self.contains(pool) {
-                if registered.changed().await.is_err() {
-                    // Cannot happen while `self` lives (it holds the sender).
-                    std::future::pending::<()>().await;
-                }
-            }
-        };
-        tokio::time::timeout(limit, wait).await.is_ok()
+        pools.remove(pool).is_some()
     }
 
     /// Whether the pool's allocator has been built (upstream's `IsNetworkInitialized`).
@@ -1277,6 +1283,45 @@ mod tests {
     }
 
     #[test]
+    fn addresses_other_nics_ask_for_are_passed_over_by_dynamic_allocation() {
+        let mut a = PoolAllocator::new(readme_range());
+        // 192.168.48.82..=.89 are free (.81 and .90 excluded); .82, .83 and .85 are asked for.
+        let asked: Vec<Ipv4Addr> = ["192.168.48.82", "192.168.48.83", "192.168.48.85"]
+            .into_iter()
+            .map(ip)
+            .collect();
+        let avoid = |x: Ipv4Addr| asked.contains(&x);
+        assert_eq!(
+            a.allocate_avoiding(mac(1), &avoid).unwrap(),
+            ip("192.168.48.84")
+        );
+        assert_eq!(
+            a.allocate_avoiding(mac(2), &avoid).unwrap(),
+            ip("192.168.48.86")
+        );
+        assert_eq!(
+            a.allocate_avoiding(mac(1), &avoid).unwrap(),
+            ip("192.168.48.84"),
+            "a MAC keeps its address"
+        );
+        // The NIC that asked gets its address.
+        assert_eq!(
+            a.allocate_requested(mac(3), ip("192.168.48.82")).unwrap(),
+            ip("192.168.48.82")
+        );
+        for i in 4..7 {
+            a.allocate_avoiding(mac(i), &avoid).unwrap();
+        }
+        // Only .83 and .85 are free, both asked for: exhausted for a dynamic NIC.
+        assert_eq!(a.available(), 2);
+        assert!(matches!(
+            a.allocate_avoiding(mac(99), &avoid),
+            Err(IpamError::Exhausted { .. })
+        ));
+        assert_eq!(a.allocate(mac(99)).unwrap(), ip("192.168.48.83"));
+    }
+
+    #[test]
     fn exhaustion_is_reported() {
         let mut a = PoolAllocator::new(readme_range());
         for i in 0..8 {
@@ -1372,26 +1417,6 @@ mod tests {
             Err(IpamError::UnknownPool { .. })
         ));
         assert_eq!(ipam.pools(), [a.pool().clone()]);
-    }
-
-    #[tokio::test]
-    async fn a_wait_for_a_pool_ends_when_it_is_built_or_at_its_limit() {
-        let ipam = Arc::new(Ipam::new());
-        let (a, b) = (readme_range(), readme_range_of("default/net-48-b"));
-        // Never built: the wait gives up at its limit.
-        assert!(!ipam.built(b.pool(), Duration::from_millis(10)).await);
-        let waiter = {
-            let (ipam, pool) = (ipam.clone(), a.pool().clone());
-            tokio::spawn(async move { ipam.built(&pool, Duration::from_secs(3600)).await })
-        };
-        tokio::task::yield_now().await;
-        // Another pool's registration wakes it, but it keeps waiting for its own.
-        ipam.insert(PoolAllocator::new(b.clone()));
-        tokio::task::yield_now().await;
-        assert!(!waiter.is_finished());
-        ipam.insert(PoolAllocator::new(a.clone()));
-        assert!(waiter.await.unwrap(), "woken by the pool's rebuild");
-        assert!(ipam.built(a.pool(), Duration::ZERO).await, "built already");
     }
 
     #[test]
@@ -1566,11 +1591,28 @@ mod tests {
         // .83 and .84 stay taken: new allocations skip them.
         assert_eq!(a.allocate(mac(1)).unwrap(), ip("192.168.48.85"));
         assert_eq!(a.used(), 4);
+        // Nothing is lost by a rewrite: every recorded entry is written back as it was (the
+        // MAC on the excluded .81 too, which stays excluded here), beside the new one.
         let written = a.status_allocated();
+        for (key, value) in &status {
+            assert_eq!(written.get(key), Some(value), "{key} lost or changed");
+        }
         assert_eq!(
-            written.get("192.168.48.83").map(String::as_str),
-            Some("garbage"),
-            "nothing is lost by a rewrite"
+            written.get("192.168.48.85").map(String::as_str),
+            Some(mac(1).to_string().as_str())
+        );
+        assert_eq!(
+            written.get("192.168.48.90").map(String::as_str),
+            Some("EXCLUDED")
+        );
+        // What is kept verbatim is no other writer's news on the next write.
+        assert!(a.foreign(&written).is_empty(), "{:?}", a.foreign(&written));
+        // And a rebuild from that write gives the same books.
+        let (mut again, _) = PoolAllocator::rebuild(readme_range(), &written);
+        assert_eq!(again.status_allocated(), written);
+        assert_eq!(
+            again.allocate_avoiding(mac(2), &|_| false).ok(),
+            a.clone().allocate(mac(2)).ok()
         );
     }
 
@@ -1935,14 +1977,46 @@ mod tests {
                     let written = ours.status_allocated_with(&plan);
                     let upto = ours.changes();
                     ours.settle(&plan, upto);
+                    let held: BTreeMap<Ipv4Addr, MacAddr> = ours.leases().collect();
                     for (k, v) in &theirs {
                         assert_eq!(written.get(k), Some(v), "step {step}: their {k} lost");
+                        let at: Ipv4Addr = k.parse().unwrap();
+                        assert_eq!(
+                            held.get(&at).map(ToString::to_string).as_ref(),
+                            Some(v),
+                            "step {step}: their {k} not held in our books"
+                        );
                     }
+                    // One address per MAC in what was written.
+                    let macs: Vec<&String> = written
+                        .values()
+                        .filter(|v| v.parse::<MacAddr>().is_ok())
+                        .collect();
+                    let distinct: BTreeSet<&String> = macs.iter().copied().collect();
+                    assert_eq!(
+                        distinct.len(),
+                        macs.len(),
+                        "step {step}: a MAC written twice"
+                    );
                     record = written;
                 }
             }
-            let held: BTreeSet<Ipv4Addr> = ours.leases().map(|(i, _)| i).collect();
-            assert_eq!(held.len(), ours.leases().count());
+            // No MAC at two addresses in the books, and each held address is the MAC's.
+            let by_mac: BTreeMap<MacAddr, Ipv4Addr> = ours.leases().map(|(i, m)| (m, i)).collect();
+            assert_eq!(
+                by_mac.len(),
+                ours.leases().count(),
+                "step {step}: a MAC held twice"
+            );
+            for (m, i) in &by_mac {
+                assert_eq!(ours.lookup(m), Some(*i), "step {step}: {m}");
+            }
         }
+        assert!(
+            !theirs.is_empty() && ours.used() > theirs.len() as u64,
+            "both writers held entries: {} theirs, {} in all",
+            theirs.len(),
+            ours.used()
+        );
     }
 }

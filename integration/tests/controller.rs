@@ -365,6 +365,11 @@ async fn pool_is_registered_marked_counted_paused_and_deleted_cleanly() {
     })
     .await;
     assert_eq!(allocated(&paused), alloc, "pause keeps allocations");
+    assert_eq!(
+        condition(&paused, "CacheReady"),
+        Some(("False".into(), Some("Paused".into()))),
+        "its IPAM is forgotten: nothing waits for a rebuild"
+    );
     pools
         .patch(
             "pool-a",
@@ -407,12 +412,16 @@ async fn second_pool_on_a_network_and_missing_network_are_refused_with_condition
     })
     .await;
     assert!(
-        find_condition(&second.status.unwrap().conditions, "Registered")
+        find_condition(&second.status.clone().unwrap().conditions, "Registered")
             .unwrap()
             .message
             .as_deref()
             .unwrap()
             .contains(&format!("IPPool {ns}/first"))
+    );
+    assert_eq!(
+        condition(&second, "CacheReady"),
+        Some(("False".into(), Some("NetworkInUse".into())))
     );
     let first = pools.get("first").await.unwrap();
     assert!(ready(&first), "the first pool keeps its network");
@@ -1236,4 +1245,61 @@ async fn a_dual_stack_pool_allocates_records_and_frees_both_families() {
             .is_some_and(|(_, v4, v6)| !v4.is_empty() && v6.is_empty())
     })
     .await;
+}
+
+/// A static address a config asks for is never handed to a dynamic NIC, even one that
+/// reconciles first: here the config asking for the pool's lowest free address is paused (as
+/// one waiting for anything would be) while a VM with a dynamic NIC comes; the VM gets the next
+/// address, and the config gets its own once resumed.
+#[tokio::test]
+async fn a_static_address_asked_for_is_never_given_to_a_dynamic_nic() {
+    let (client, ns) = setup("static").await;
+    create_nad(&client, &ns, "net-s").await;
+    create_pool(&client, &ns, "pool-s", "net-s", 9).await;
+    let pools: Api<IPPool> = Api::namespaced(client.clone(), &ns);
+    wait_for(&pools, "pool-s", "ready", ready).await;
+    let cfgs: Api<VirtualMachineNetworkConfig> = Api::namespaced(client.clone(), &ns);
+    let asks: VirtualMachineNetworkConfig = serde_json::from_value(json!({
+        "apiVersion": "network.harvesterhci.io/v1alpha1", "kind": "VirtualMachineNetworkConfig",
+        "metadata": {"name": "asks", "namespace": ns},
+        "spec": {"vmName": "asks", "paused": true, "networkConfigs": [{"networkName": format!("{ns}/net-s"), "macAddress": "02:00:00:00:09:01", "ipAddress": "10.9.0.10"}]}
+    }))
+    .unwrap();
+    cfgs.create(&PostParams::default(), &asks).await.unwrap();
+    wait_for(&cfgs, "asks", "disabled", |c| {
+        cfg_condition(c, "Disabled").is_some_and(|a| a.0 == "True")
+    })
+    .await;
+
+    vm_api(&client, &ns)
+        .create(
+            &PostParams::default(),
+            &vm(&ns, "dynamic", &[("net-s", "02:00:00:00:09:02")]),
+        )
+        .await
+        .unwrap();
+    let dynamic = wait_for(&cfgs, "dynamic", "allocated", |c| {
+        cfg_condition(c, "Allocated").is_some_and(|a| a.0 == "True")
+    })
+    .await;
+    // .10 is asked for, .11 excluded, .12 the server's.
+    assert_eq!(cfg_ips(&dynamic)[0].1, "10.9.0.13");
+
+    cfgs.patch(
+        "asks",
+        &PatchParams::default(),
+        &Patch::Merge(json!({"spec": {"paused": false}})),
+    )
+    .await
+    .unwrap();
+    let asks = wait_for(&cfgs, "asks", "allocated", |c| {
+        cfg_condition(c, "Allocated").is_some_and(|a| a.0 == "True")
+    })
+    .await;
+    assert_eq!(cfg_ips(&asks)[0].1, "10.9.0.10");
+    let pool = pools.get("pool-s").await.unwrap();
+    assert_eq!(
+        allocated(&pool).get("10.9.0.10").map(String::as_str),
+        Some("02:00:00:00:09:01")
+    );
 }

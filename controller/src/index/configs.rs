@@ -7,7 +7,9 @@
 //!   reconcile cost O(configs) and a resync O(configs²);
 //! - which configs wait for an address on a network, and which hold a given address there: a
 //!   pool's status write (every allocation makes one) wakes exactly those, where a scan of every
-//!   config per pool event would make building up a cluster quadratic.
+//!   config per pool event would make building up a cluster quadratic;
+//! - which addresses NICs ask for as their static one (`ipAddress`, `ipv6Address`): dynamic
+//!   allocation passes over them, as over a Kea reservation.
 //!
 //! Each answer costs O(log n + answer); an event costs what its one config costs. The index is
 //! fed by [`ConfigIndex::observe`] with every event of the config watch, before the cache and the
@@ -16,7 +18,7 @@
 
 use parking_lot::Mutex;
 use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
-use std::net::IpAddr;
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 use std::sync::Arc;
 
 use kube::ResourceExt;
@@ -50,6 +52,8 @@ struct Footprint {
     waits_on: Vec<NamespacedName>,
     /// Every address its status records, both families, with the network of the entry.
     holds: Vec<(NamespacedName, IpAddr)>,
+    /// The static addresses its spec asks for, both families: (network, address, MAC).
+    requests: Vec<(NamespacedName, IpAddr, MacAddr)>,
 }
 
 impl Footprint {
@@ -85,11 +89,15 @@ impl Footprint {
             nics: claims_of(cfg),
             waits_on,
             holds,
+            requests: requests_of(cfg),
         }
     }
 
     fn is_empty(&self) -> bool {
-        self.networks.is_empty() && self.nics.is_empty() && self.holds.is_empty()
+        self.networks.is_empty()
+            && self.nics.is_empty()
+            && self.holds.is_empty()
+            && self.requests.is_empty()
     }
 }
 
@@ -102,6 +110,7 @@ struct Kept {
     nics: Box<[(Name, MacAddr)]>,
     waits_on: Box<[Name]>,
     holds: Box<[(Name, IpAddr)]>,
+    requests: Box<[(Name, IpAddr, MacAddr)]>,
 }
 
 /// Whether a config's status says every NIC is allocated.
@@ -162,6 +171,9 @@ struct Claims {
     waiting: BTreeMap<Name, BTreeSet<Name>>,
     /// (network, address) → the configs whose status records it (sorted; one but for conflicts).
     holders: BTreeMap<(Name, IpAddr), Vec<Name>>,
+    /// (network, address) → the (config, MAC) NICs whose spec asks for it (one but for a
+    /// request the webhook would refuse).
+    requested: BTreeMap<(Name, IpAddr), Vec<(Name, MacAddr)>>,
     /// Config → its footprint (what to withdraw when it changes).
     by_config: HashMap<Name, Kept>,
 }
@@ -201,6 +213,11 @@ impl Claims {
                 .iter()
                 .map(|(n, ip)| (self.intern(n), *ip))
                 .collect(),
+            requests: footprint
+                .requests
+                .iter()
+                .map(|(n, ip, mac)| (self.intern(n), *ip, *mac))
+                .collect(),
         };
         for network in &kept.networks {
             link(&mut self.members, network, &config);
@@ -213,6 +230,11 @@ impl Claims {
         }
         for held in &kept.holds {
             link_one(&mut self.holders, held, &config);
+        }
+        for (network, ip, mac) in &kept.requests {
+            let requesters = self.requested.entry((network.clone(), *ip)).or_default();
+            requesters.reserve_exact(1);
+            requesters.push((config.clone(), *mac));
         }
         self.by_config.insert(config, kept);
     }
@@ -236,6 +258,16 @@ impl Claims {
             unlink_one(&mut self.holders, held, config);
             mentioned.push(held.0.clone());
         }
+        for (network, ip, _) in &kept.requests {
+            let key = (network.clone(), *ip);
+            if let Some(requesters) = self.requested.get_mut(&key) {
+                requesters.retain(|(c, _)| c.as_ref() != config);
+                if requesters.is_empty() {
+                    self.requested.remove(&key);
+                }
+            }
+            mentioned.push(network.clone());
+        }
         drop(kept);
         for network in mentioned {
             // Two references left, the set's and this one: nothing else mentions it.
@@ -250,6 +282,42 @@ impl Claims {
 #[derive(Debug, Default)]
 pub struct ConfigIndex {
     inner: Mutex<Relisted<Claims>>,
+}
+
+/// The static addresses `cfg`'s spec asks for, both families: (network, address, MAC); none
+/// while it is being deleted. A NIC whose network, MAC or address does not parse asks for
+/// nothing (its reconcile says why).
+fn requests_of(cfg: &VirtualMachineNetworkConfig) -> Vec<(NamespacedName, IpAddr, MacAddr)> {
+    if cfg.metadata.deletion_timestamp.is_some() {
+        return Vec::new();
+    }
+    let ns = cfg.namespace().unwrap_or_default();
+    let mut out = Vec::new();
+    for nc in &cfg.spec.network_configs {
+        let (Ok(network), Ok(mac)) = (
+            NamespacedName::parse_in(&nc.network_name, &ns),
+            nc.mac_address.parse::<MacAddr>(),
+        ) else {
+            continue;
+        };
+        let v4 = nc
+            .ip_address
+            .as_deref()
+            .and_then(|a| a.parse::<Ipv4Addr>().ok());
+        let v6 = nc
+            .ipv6_address
+            .as_deref()
+            .and_then(|a| a.parse::<Ipv6Addr>().ok());
+        out.extend(
+            v4.map(IpAddr::V4)
+                .into_iter()
+                .chain(v6.map(IpAddr::V6))
+                .map(|ip| (network.clone(), ip, mac)),
+        );
+    }
+    out.sort();
+    out.dedup();
+    out
 }
 
 /// The NICs `cfg`'s status records as `Allocated`; none while it is being deleted (its
@@ -337,6 +405,25 @@ impl ConfigIndex {
             }
         }
         out
+    }
+
+    /// Whether a NIC other than `me`'s `mac` asks for `ip` on `network` as its static address.
+    pub fn requested_by_another(
+        &self,
+        network: &NamespacedName,
+        ip: IpAddr,
+        me: &NamespacedName,
+        mac: MacAddr,
+    ) -> bool {
+        let inner = self.lock();
+        let claims = &inner.live;
+        let Some(network) = claims.interned(network) else {
+            return false;
+        };
+        claims
+            .requested
+            .get(&(network.clone(), ip))
+            .is_some_and(|r| r.iter().any(|(c, m)| c.as_ref() != me || *m != mac))
     }
 
     /// The configs with a NIC on `network` (its pool's users).
@@ -499,6 +586,48 @@ mod tests {
                 .concerned_by_pool(&net, [IpAddr::V6(other)])
                 .is_empty()
         );
+    }
+
+    /// The static addresses NICs ask for are known by network until their config no longer
+    /// asks (changed, being deleted, gone); the asking NIC itself is not "another".
+    #[test]
+    fn static_requests_are_known_until_their_config_stops_asking() {
+        let index = ConfigIndex::default();
+        let net: NamespacedName = NETWORKS[0].parse().unwrap();
+        let (vm1, vm2): (NamespacedName, NamespacedName) =
+            ("ns/vm1".parse().unwrap(), "ns/vm2".parse().unwrap());
+        let mut asking = config(1, &[(0, 1, false)], false);
+        asking.spec.network_configs[0].ip_address = Some(ip(50).to_string());
+        asking.spec.network_configs[0].ipv6_address = Some("fd00::50".into());
+        index.observe(&watcher::Event::Apply(asking.clone()));
+        let asked = IpAddr::V4(ip(50));
+        let asked6 = IpAddr::V6("fd00::50".parse().unwrap());
+        assert!(index.requested_by_another(&net, asked, &vm2, mac(2)));
+        assert!(index.requested_by_another(&net, asked6, &vm2, mac(2)));
+        assert!(
+            !index.requested_by_another(&net, asked, &vm1, mac(1)),
+            "its own"
+        );
+        assert!(
+            index.requested_by_another(&net, asked, &vm1, mac(7)),
+            "its other NIC"
+        );
+        assert!(!index.requested_by_another(&net, IpAddr::V4(ip(51)), &vm2, mac(2)));
+        let elsewhere: NamespacedName = NETWORKS[1].parse().unwrap();
+        assert!(!index.requested_by_another(&elsewhere, asked, &vm2, mac(2)));
+        // Being deleted: its addresses are on their way back, and so is its request.
+        let mut deleting = asking.clone();
+        deleting.metadata.deletion_timestamp =
+            Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(
+                k8s_openapi::jiff::Timestamp::now(),
+            ));
+        index.observe(&watcher::Event::Apply(deleting));
+        assert!(!index.requested_by_another(&net, asked, &vm2, mac(2)));
+        index.observe(&watcher::Event::Apply(asking.clone()));
+        assert!(index.requested_by_another(&net, asked, &vm2, mac(2)));
+        index.observe(&watcher::Event::Delete(asking));
+        assert!(!index.requested_by_another(&net, asked, &vm2, mac(2)));
+        assert!(!index.requested_by_another(&net, asked6, &vm2, mac(2)));
     }
 
     #[test]

@@ -205,7 +205,8 @@ fn forget(ctx: &Context, pool_ref: &NamespacedName) {
     ctx.signals.metrics.remove_pool(&pool_ref.to_string());
 }
 
-/// Refuses to register a pool: a warning event and `Registered=False` with `reason`.
+/// Refuses to register a pool: a warning event and `Registered=False` with `reason`; its IPAM
+/// is forgotten, so `CacheReady=False` too (the configs on its network wait for no rebuild).
 async fn refuse(
     ctx: &Context,
     pool: &IPPool,
@@ -223,7 +224,10 @@ async fn refuse(
     write_status(
         ctx,
         pool_ref,
-        &[Wanted::new(CONDITION_REGISTERED, false).because(reason, message)],
+        &[
+            Wanted::new(CONDITION_REGISTERED, false).because(reason, message),
+            Wanted::new(CONDITION_CACHE_READY, false).because(reason, ""),
+        ],
         false,
     )
     .await
@@ -270,6 +274,8 @@ async fn apply(pool: Arc<IPPool>, ctx: Arc<Context>) -> Result<Action, Error> {
             &[
                 Wanted::new(CONDITION_REGISTERED, true),
                 Wanted::new(CONDITION_STOPPED, true).because("Paused", ""),
+                // Its IPAM is forgotten: after a restart, nothing waits for it to be rebuilt.
+                Wanted::new(CONDITION_CACHE_READY, false).because("Paused", ""),
             ],
             false,
         )

@@ -23,7 +23,7 @@ use parking_lot::Mutex;
 use serde_json::json;
 use tracing::{debug, field, info, info_span};
 use vmdhcp_core::crd::{
-    CONDITION_ALLOCATED, CONDITION_CACHE_READY, CONDITION_DISABLED, CONDITION_IN_SYNCED,
+    CONDITION_ALLOCATED, CONDITION_CACHE_READY, CONDITION_DISABLED, CONDITION_IN_SYNCED, IPPool,
     NetworkConfig, NetworkConfigState, NetworkConfigStatus, VirtualMachineNetworkConfig,
     find_condition,
 };
@@ -84,17 +84,23 @@ pub enum Error {
 ///
 /// The same decision for either family: a dual-stack NIC's IPv6 address is decided by it too,
 /// on the pool's IPv6 books, once its IPv4 address is.
+///
+/// `avoid` names the addresses other NICs ask for as their static address: neither the lowest
+/// free nor a restored one is ever one of them, so a static request admitted by the webhook is
+/// not taken by a dynamic NIC that happens to reconcile first.
 pub fn allocate_nic<A: Family>(
     alloc: &mut PoolAllocator<A>,
     mac: MacAddr,
     requested: Option<A>,
     previous: Option<A>,
+    avoid: &dyn Fn(IpAddr) -> bool,
 ) -> Result<A, IpamError> {
+    let avoid = |ip: A| avoid(ip.into());
     match (alloc.lookup(&mac), requested) {
         (Some(held), None) if alloc.conflict(held).is_some() => {
             // Another host answers for it: a dynamic NIC moves (the address stays blocked).
             alloc.release(held)?;
-            alloc.allocate(mac)
+            alloc.allocate_avoiding(mac, &avoid)
         }
         (Some(held), Some(want)) if held != want => {
             alloc.release(held)?;
@@ -108,11 +114,11 @@ pub fn allocate_nic<A: Family>(
         }
         (Some(held), _) => Ok(held),
         (None, Some(want)) => alloc.allocate_requested(mac, want),
-        (None, None) => match previous {
+        (None, None) => match previous.filter(|p| !avoid(*p)) {
             Some(prev) => alloc
                 .allocate_requested(mac, prev)
-                .or_else(|_| alloc.allocate(mac)),
-            None => alloc.allocate(mac),
+                .or_else(|_| alloc.allocate_avoiding(mac, &avoid)),
+            None => alloc.allocate_avoiding(mac, &avoid),
         },
     }
 }
@@ -163,22 +169,25 @@ pub fn looks_unsettled(cfg: &VirtualMachineNetworkConfig) -> bool {
     })
 }
 
-/// How long a config waits for its pool's rebuild ([`pool_rebuilding`]) within one reconcile,
-/// and how soon it looks again if the rebuild has not happened by then (the pool's reconcile
-/// failed and is retried).
+/// How soon a config whose pool is being rebuilt ([`pool_rebuilding`]) looks again if nothing
+/// wakes it first. The rebuild itself wakes every config on the pool's network
+/// (`Books::rebuilt`); this only covers a rebuild that fails and is retried.
 const POOL_REBUILD_WAIT: Duration = Duration::from_secs(5);
 
 /// The pool serving `nc`'s network if it was ready in the last term (its status says
-/// `CacheReady`) but this term has not rebuilt its IPAM yet: the pool's own reconcile is about to.
-/// A config waits for that instead of writing `Pending`/"not ready" and then `Allocated` again —
-/// after a restart or a change of leader, every config would flap and be written twice.
+/// `CacheReady`), is neither paused nor being deleted, and this term has not rebuilt its IPAM
+/// yet: the pool's own reconcile is about to. A config leaves its status alone until then instead
+/// of writing `Pending`/"not ready" and then `Allocated` again — after a restart or a change of
+/// leader, every config would flap and be written twice. A paused pool is never rebuilt: its
+/// configs keep what they hold ([`NicPlan::Held`]).
 fn pool_rebuilding(ctx: &Context, nc: &NetworkConfig, namespace: &str) -> Option<NamespacedName> {
     let network = NamespacedName::parse_in(&nc.network_name, namespace).ok()?;
     let pool = ctx.pool_for_network(&network)?;
     let was_ready = pool.status.as_ref().is_some_and(|s| {
         find_condition(&s.conditions, CONDITION_CACHE_READY).is_some_and(|c| c.status == "True")
     });
-    object_ref(pool.as_ref()).filter(|p| was_ready && !ctx.books.ipam.contains(p))
+    let will_rebuild = was_ready && pool.spec.paused != Some(true);
+    object_ref(pool.as_ref()).filter(|p| will_rebuild && !ctx.books.ipam.contains(p))
 }
 
 /// Releases `mac` on the pool serving `network`; returns the pool if something was released.
@@ -430,11 +439,11 @@ async fn apply(cfg: Arc<VirtualMachineNetworkConfig>, ctx: Arc<Context>) -> Resu
         .iter()
         .filter_map(|nc| pool_rebuilding(&ctx, nc, &me.namespace))
         .collect();
-    for pool in &rebuilding {
-        if !ctx.books.ipam.built(pool, POOL_REBUILD_WAIT).await {
-            debug!(vmnetcfg = %me, %pool, "pool not rebuilt yet; looking again");
-            return Ok(Action::requeue(POOL_REBUILD_WAIT));
-        }
+    // Never waited for here: a reconcile holds one of the controller's few slots, and a pool
+    // that is not rebuilt soon (its reconcile failing) would hold them all.
+    if let Some(pool) = rebuilding.first() {
+        debug!(vmnetcfg = %me, %pool, "pool not rebuilt yet; its rebuild wakes this config");
+        return Ok(Action::requeue(POOL_REBUILD_WAIT));
     }
     let previous = cfg.recorded_nics();
     let previous6 = cfg.recorded_ipv6();
@@ -605,6 +614,8 @@ trait NicFacts {
     fn pool_serving(&self, network: &NamespacedName) -> Option<NamespacedName>;
     /// Whether this term's IPAM holds the pool (its reconcile rebuilt it from status).
     fn pool_ready(&self, pool: &NamespacedName) -> bool;
+    /// Whether the pool is paused (`spec.paused`).
+    fn pool_paused(&self, pool: &NamespacedName) -> bool;
     /// Another config whose status holds `mac` on `network`.
     fn claimed_elsewhere(&self, network: &NamespacedName, mac: MacAddr) -> Option<NamespacedName>;
 }
@@ -624,6 +635,14 @@ impl NicFacts for CacheFacts<'_> {
 
     fn pool_ready(&self, pool: &NamespacedName) -> bool {
         self.ctx.books.ipam.contains(pool)
+    }
+
+    fn pool_paused(&self, pool: &NamespacedName) -> bool {
+        self.ctx
+            .stores
+            .pools
+            .get(&store_key::<IPPool>(pool))
+            .is_some_and(|p| p.spec.paused == Some(true))
     }
 
     fn claimed_elsewhere(&self, network: &NamespacedName, mac: MacAddr) -> Option<NamespacedName> {
@@ -655,6 +674,9 @@ enum NicPlan {
         mac: MacAddr,
         other: NamespacedName,
     },
+    /// Its pool is paused: the address its status records stays as recorded (a paused pool
+    /// keeps its allocations, and has no IPAM to ask).
+    Held(NetworkConfigStatus),
     /// Give it an address on `pool` ([`allocate_nic`]: keep, honour the static request or
     /// refuse it, restore the recorded one, or the lowest free).
     Allocate {
@@ -672,6 +694,10 @@ impl NicPlan {
     fn nic(&self) -> Option<(NamespacedName, MacAddr)> {
         match self {
             NicPlan::Invalid(_) => None,
+            NicPlan::Held(entry) => Some((
+                entry.network_name.as_deref()?.parse().ok()?,
+                entry.mac_address.as_deref()?.parse().ok()?,
+            )),
             NicPlan::Pending { network, mac, .. }
             | NicPlan::MacInUse { network, mac, .. }
             | NicPlan::Allocate { network, mac, .. } => Some((network.clone(), *mac)),
@@ -735,13 +761,25 @@ fn plan_nic(
             return pending(None, problem, false);
         }
     };
-    let prev_ip = previous
+    let recorded = previous
         .iter()
-        .find(|(n, m, _, _)| *n == network && *m == mac)
-        .and_then(|(_, _, ip, _)| *ip);
+        .find(|(n, m, _, _)| *n == network && *m == mac);
+    let prev_ip = recorded.and_then(|(_, _, ip, _)| *ip);
     let Some(pool) = facts.pool_serving(&network) else {
         return pending(prev_ip, format!("no IPPool serves network {network}"), true);
     };
+    if facts.pool_paused(&pool) {
+        return match recorded {
+            Some((_, _, Some(ip), Some(NetworkConfigState::Allocated))) => NicPlan::Held(entry(
+                &network,
+                mac,
+                (Some(*ip), prev6),
+                NetworkConfigState::Allocated,
+            )),
+            // Woken when the pool resumes (a pool's change wakes the configs waiting on it).
+            _ => pending(prev_ip, format!("IPPool {pool} is paused"), false),
+        };
+    }
     if !facts.pool_ready(&pool) {
         return pending(prev_ip, format!("IPPool {pool} is not ready"), true);
     }
@@ -791,6 +829,7 @@ async fn perform(
 ) {
     match plan {
         NicPlan::Invalid(problem) => out.problems.push(problem),
+        NicPlan::Held(entry) => out.entries.push(entry),
         NicPlan::Pending {
             network,
             mac,
@@ -890,9 +929,10 @@ fn decide(
     requested: Option<Ipv4Addr>,
     previous: Option<Ipv4Addr>,
     host_name: Option<&str>,
+    avoid: &dyn Fn(IpAddr) -> bool,
 ) -> Decision {
     let held_before = alloc.lookup(&mac);
-    let result = allocate_nic(alloc, mac, requested, previous);
+    let result = allocate_nic(alloc, mac, requested, previous, avoid);
     let unrecorded = alloc.lookup(&mac).is_some_and(|ip| alloc.is_unrecorded(ip));
     let (mut renamed, mut moved_from, mut conflict) = (false, None, None);
     if let Ok(ip) = result {
@@ -934,12 +974,13 @@ fn decide_books(
     (requested, previous): (Option<Ipv4Addr>, Option<Ipv4Addr>),
     host_name: Option<&str>,
     want6: V6Want,
+    avoid: &dyn Fn(IpAddr) -> bool,
 ) -> (Decision, Option<DecisionV6>) {
-    let v4 = decide(&mut books.v4, mac, requested, previous, host_name);
+    let v4 = decide(&mut books.v4, mac, requested, previous, host_name, avoid);
     let v6 = match (&mut books.v6, &v4.result) {
         (Some(a6), Ok(_)) => {
             let held_before = a6.lookup(&mac);
-            let result = allocate_nic(a6, mac, want6.requested, want6.previous);
+            let result = allocate_nic(a6, mac, want6.requested, want6.previous, avoid);
             let moved_from = match (held_before, &result) {
                 (Some(old), Ok(new)) if old != *new => {
                     a6.conflict_reason(old).map(|why| (old, why))
@@ -1000,9 +1041,19 @@ fn allocate(
         .filter(|n| !n.is_empty())
         .map_or_else(|| cfg.name_any(), str::to_owned);
     let host_name = host_name_of(&vm_name);
+    // Addresses other NICs on the network ask for as their static one.
+    let index = &ctx.stores.config_index;
+    let avoid = |ip: IpAddr| index.requested_by_another(network, ip, me, mac);
     let decision = span.in_scope(|| {
         ctx.books.ipam.with_books(pool, |b| {
-            decide_books(b, mac, (requested, prev_ip), host_name.as_deref(), want6)
+            decide_books(
+                b,
+                mac,
+                (requested, prev_ip),
+                host_name.as_deref(),
+                want6,
+                &avoid,
+            )
         })
     });
     let (decision, v6) = decision.unwrap_or_else(|e| {
@@ -1221,6 +1272,11 @@ mod tests {
     use super::*;
     use vmdhcp_core::pool::PoolRange;
 
+    /// No address asked for by another NIC.
+    fn nothing(_: IpAddr) -> bool {
+        false
+    }
+
     fn alloc() -> PoolAllocator {
         let range = PoolRange::new(
             "ns/p".parse().unwrap(),
@@ -1244,29 +1300,51 @@ mod tests {
     fn held_address_is_kept_and_previous_one_restored() {
         let mut a = alloc();
         assert_eq!(
-            allocate_nic(&mut a, A, None, None).unwrap(),
+            allocate_nic(&mut a, A, None, None, &nothing).unwrap(),
             ip("192.0.2.10")
         );
         assert_eq!(
-            allocate_nic(&mut a, A, None, Some(ip("192.0.2.15"))).unwrap(),
+            allocate_nic(&mut a, A, None, Some(ip("192.0.2.15")), &nothing).unwrap(),
             ip("192.0.2.10"),
             "held beats recorded"
         );
         // After a pause the NIC gets back the address its status recorded.
         a.release_mac(&A);
         assert_eq!(
-            allocate_nic(&mut a, B, None, None).unwrap(),
+            allocate_nic(&mut a, B, None, None, &nothing).unwrap(),
             ip("192.0.2.10")
         );
         assert_eq!(
-            allocate_nic(&mut a, A, None, Some(ip("192.0.2.15"))).unwrap(),
+            allocate_nic(&mut a, A, None, Some(ip("192.0.2.15")), &nothing).unwrap(),
             ip("192.0.2.15")
         );
         // Recorded address taken meanwhile: the next free one.
         let mut a = alloc();
-        allocate_nic(&mut a, B, Some(ip("192.0.2.15")), None).unwrap();
+        allocate_nic(&mut a, B, Some(ip("192.0.2.15")), None, &nothing).unwrap();
         assert_eq!(
-            allocate_nic(&mut a, A, None, Some(ip("192.0.2.15"))).unwrap(),
+            allocate_nic(&mut a, A, None, Some(ip("192.0.2.15")), &nothing).unwrap(),
+            ip("192.0.2.10")
+        );
+    }
+
+    #[test]
+    fn an_address_another_nic_asks_for_is_never_given_to_a_dynamic_one() {
+        let asked = |x: IpAddr| x == ip("192.0.2.10") || x == ip("192.0.2.15");
+        let mut a = alloc();
+        // The lowest free is asked for by another NIC: the next one.
+        assert_eq!(
+            allocate_nic(&mut a, A, None, None, &asked).unwrap(),
+            ip("192.0.2.11")
+        );
+        // Nor is a recorded address restored once another NIC asks for it.
+        assert_eq!(
+            allocate_nic(&mut a, B, None, Some(ip("192.0.2.15")), &asked).unwrap(),
+            ip("192.0.2.12")
+        );
+        // The NIC that asks gets it, whoever reconciled first.
+        let c = MacAddr([2, 0, 0, 0, 0, 3]);
+        assert_eq!(
+            allocate_nic(&mut a, c, Some(ip("192.0.2.10")), None, &nothing).unwrap(),
             ip("192.0.2.10")
         );
     }
@@ -1275,11 +1353,11 @@ mod tests {
     fn static_requests_are_honoured_or_refused_keeping_the_held_address() {
         let mut a = alloc();
         assert_eq!(
-            allocate_nic(&mut a, A, Some(ip("192.0.2.12")), None).unwrap(),
+            allocate_nic(&mut a, A, Some(ip("192.0.2.12")), None, &nothing).unwrap(),
             ip("192.0.2.12")
         );
         assert_eq!(
-            allocate_nic(&mut a, A, Some(ip("192.0.2.13")), None).unwrap(),
+            allocate_nic(&mut a, A, Some(ip("192.0.2.13")), None, &nothing).unwrap(),
             ip("192.0.2.13"),
             "moves to a new static address"
         );
@@ -1288,15 +1366,15 @@ mod tests {
             !a.status_allocated().contains_key("192.0.2.12"),
             "old address released"
         );
-        allocate_nic(&mut a, B, Some(ip("192.0.2.14")), None).unwrap();
-        let err = allocate_nic(&mut a, A, Some(ip("192.0.2.14")), None).unwrap_err();
+        allocate_nic(&mut a, B, Some(ip("192.0.2.14")), None, &nothing).unwrap();
+        let err = allocate_nic(&mut a, A, Some(ip("192.0.2.14")), None, &nothing).unwrap_err();
         assert!(matches!(err, IpamError::AlreadyAllocated { .. }), "{err}");
         assert_eq!(
             a.lookup(&A),
             Some(ip("192.0.2.13")),
             "refusal keeps the held address"
         );
-        let err = allocate_nic(&mut a, A, Some(ip("192.0.2.99")), None).unwrap_err();
+        let err = allocate_nic(&mut a, A, Some(ip("192.0.2.99")), None, &nothing).unwrap_err();
         assert!(matches!(err, IpamError::OutsideRange { .. }), "{err}");
         assert_eq!(a.lookup(&A), Some(ip("192.0.2.13")));
     }
@@ -1313,19 +1391,19 @@ mod tests {
     #[test]
     fn a_dynamic_nic_moves_off_a_conflicted_address_a_static_one_stays() {
         let mut a = alloc();
-        let first = allocate_nic(&mut a, A, None, None).unwrap();
+        let first = allocate_nic(&mut a, A, None, None, &nothing).unwrap();
         assert!(a.record_conflict(first, squatted()).unwrap());
-        let moved = allocate_nic(&mut a, A, None, Some(first)).unwrap();
+        let moved = allocate_nic(&mut a, A, None, Some(first), &nothing).unwrap();
         assert_ne!(moved, first);
         assert_eq!(a.lookup(&A), Some(moved));
         // The squatted address is handed to nobody, nor recorded as anyone's.
         assert_eq!(
-            allocate_nic(&mut a, B, None, None).unwrap(),
+            allocate_nic(&mut a, B, None, None, &nothing).unwrap(),
             ip("192.0.2.12")
         );
         assert!(!a.status_allocated().contains_key(&first.to_string()));
         assert!(a.status_conflicts().contains_key(&first.to_string()));
-        let err = allocate_nic(&mut a, B, Some(first), None).unwrap_err();
+        let err = allocate_nic(&mut a, B, Some(first), None, &nothing).unwrap_err();
         assert!(
             err.to_string().contains("02:00:00:00:00:99 answers ARP"),
             "{err}"
@@ -1337,9 +1415,12 @@ mod tests {
         // A static address in conflict is kept.
         let mut a = alloc();
         let want = ip("192.0.2.12");
-        allocate_nic(&mut a, A, Some(want), None).unwrap();
+        allocate_nic(&mut a, A, Some(want), None, &nothing).unwrap();
         a.record_conflict(want, squatted()).unwrap();
-        assert_eq!(allocate_nic(&mut a, A, Some(want), None).unwrap(), want);
+        assert_eq!(
+            allocate_nic(&mut a, A, Some(want), None, &nothing).unwrap(),
+            want
+        );
         assert!(a.conflict(want).is_some());
     }
 
@@ -1370,12 +1451,12 @@ mod tests {
     fn a_conflict_on_a_nic_s_ipv6_address_moves_it_and_says_why() {
         let mut b = dual_books();
         let none = V6Want::default();
-        let (v4, v6) = decide_books(&mut b, A, (None, None), None, none);
+        let (v4, v6) = decide_books(&mut b, A, (None, None), None, none, &nothing);
         let held = v6.unwrap().result.unwrap();
         if let Some(a6) = b.v6.as_mut() {
             a6.record_conflict(held, squatted()).unwrap();
         }
-        let (again, v6) = decide_books(&mut b, A, (None, None), None, none);
+        let (again, v6) = decide_books(&mut b, A, (None, None), None, none, &nothing);
         assert_eq!(again.result, v4.result, "the IPv4 address stays");
         let v6 = v6.unwrap();
         assert_eq!(v6.held_before, Some(held));
@@ -1391,19 +1472,19 @@ mod tests {
     fn a_dual_stack_nic_gets_ipv4_first_then_ipv6_and_keeps_both() {
         let mut b = dual_books();
         let none = V6Want::default();
-        let (v4, v6) = decide_books(&mut b, A, (None, None), None, none);
+        let (v4, v6) = decide_books(&mut b, A, (None, None), None, none, &nothing);
         assert_eq!(v4.result, Ok(ip("192.0.2.10")));
         let v6 = v6.unwrap();
         assert_eq!((v6.held_before, v6.result), (None, Ok(ip6("fd00::10"))));
         // Again: both kept.
-        let (_, v6) = decide_books(&mut b, A, (None, None), None, none);
+        let (_, v6) = decide_books(&mut b, A, (None, None), None, none, &nothing);
         assert_eq!(v6.unwrap().held_before, Some(ip6("fd00::10")));
         // A static IPv6 address is honoured; a recorded one restored when free.
         let want = V6Want {
             requested: Some(ip6("fd00::12")),
             previous: None,
         };
-        let (_, v6) = decide_books(&mut b, B, (None, None), None, want);
+        let (_, v6) = decide_books(&mut b, B, (None, None), None, want, &nothing);
         assert_eq!(v6.unwrap().result, Ok(ip6("fd00::12")));
         b.v4.release_mac(&B);
         b.v6.as_mut().unwrap().release_mac(&B);
@@ -1411,7 +1492,7 @@ mod tests {
             requested: None,
             previous: Some(ip6("fd00::12")),
         };
-        let (_, v6) = decide_books(&mut b, B, (None, None), None, back);
+        let (_, v6) = decide_books(&mut b, B, (None, None), None, back, &nothing);
         assert_eq!(v6.unwrap().result, Ok(ip6("fd00::12")));
     }
 
@@ -1425,17 +1506,18 @@ mod tests {
             (Some(ip("198.51.100.1")), None),
             None,
             V6Want::default(),
+            &nothing,
         );
         assert!(v4.result.is_err());
         assert!(v6.is_none());
         assert_eq!(b.v6.as_ref().unwrap().lookup(&A), None);
         // IPv6 exhausted: IPv4 given, IPv6 refused with the pool's words.
         for (i, m) in [A, B, MacAddr([2, 0, 0, 0, 0, 3])].into_iter().enumerate() {
-            let (_, v6) = decide_books(&mut b, m, (None, None), None, V6Want::default());
+            let (_, v6) = decide_books(&mut b, m, (None, None), None, V6Want::default(), &nothing);
             assert!(v6.unwrap().result.is_ok(), "NIC {i}");
         }
         let d = MacAddr([2, 0, 0, 0, 0, 4]);
-        let (v4, v6) = decide_books(&mut b, d, (None, None), None, V6Want::default());
+        let (v4, v6) = decide_books(&mut b, d, (None, None), None, V6Want::default(), &nothing);
         assert!(v4.result.is_ok());
         let err = v6.unwrap().result.unwrap_err().to_string();
         assert!(
@@ -1444,25 +1526,32 @@ mod tests {
         );
         // An IPv4-only pool: no IPv6 side.
         let mut v4_only = PoolBooks::v4_only(alloc());
-        let (_, v6) = decide_books(&mut v4_only, A, (None, None), None, V6Want::default());
+        let (_, v6) = decide_books(
+            &mut v4_only,
+            A,
+            (None, None),
+            None,
+            V6Want::default(),
+            &nothing,
+        );
         assert!(v6.is_none());
     }
 
     #[test]
     fn one_decision_reads_the_move_the_name_and_the_conflict_from_the_same_state() {
         let mut a = alloc();
-        let first = decide(&mut a, A, None, None, Some("vm1"));
+        let first = decide(&mut a, A, None, None, Some("vm1"), &nothing);
         assert_eq!(first.held_before, None);
         assert_eq!(first.result, Ok(ip("192.0.2.10")));
         assert!(first.renamed, "a new address takes the VM's name");
         assert_eq!((first.moved_from, first.conflict), (None, None));
-        let again = decide(&mut a, A, None, None, Some("vm1"));
+        let again = decide(&mut a, A, None, None, Some("vm1"), &nothing);
         assert_eq!(again.held_before, Some(ip("192.0.2.10")));
         assert!(!again.renamed, "the same name is no change");
 
         // Another host answers for the address: a dynamic NIC moves, and says from where.
         a.record_conflict(ip("192.0.2.10"), squatted()).unwrap();
-        let moved = decide(&mut a, A, None, None, Some("vm1"));
+        let moved = decide(&mut a, A, None, None, Some("vm1"), &nothing);
         assert_eq!(moved.result, Ok(ip("192.0.2.11")));
         let (from, why) = moved.moved_from.unwrap();
         assert_eq!(from, ip("192.0.2.10"));
@@ -1470,14 +1559,14 @@ mod tests {
         assert_eq!(moved.conflict, None);
 
         // A static NIC keeps its conflicted address, and the decision says it is in conflict.
-        let stays = decide(&mut a, B, Some(ip("192.0.2.12")), None, None);
+        let stays = decide(&mut a, B, Some(ip("192.0.2.12")), None, None, &nothing);
         a.record_conflict(ip("192.0.2.12"), squatted()).unwrap();
-        let stays_again = decide(&mut a, B, Some(ip("192.0.2.12")), None, None);
+        let stays_again = decide(&mut a, B, Some(ip("192.0.2.12")), None, None, &nothing);
         assert_eq!(stays.result, stays_again.result);
         assert!(stays_again.conflict.is_some());
 
         // Refused: nothing else is read.
-        let refused = decide(&mut a, B, Some(ip("198.51.100.1")), None, None);
+        let refused = decide(&mut a, B, Some(ip("198.51.100.1")), None, None, &nothing);
         assert!(refused.result.is_err());
         assert_eq!(refused.held_before, Some(ip("192.0.2.12")));
         assert!(!refused.renamed && refused.moved_from.is_none() && refused.conflict.is_none());
@@ -1490,21 +1579,21 @@ mod tests {
     fn a_held_address_no_write_recorded_is_recorded_before_it_is_told() {
         let mut b = dual_books();
         let none = V6Want::default();
-        let (first, v6) = decide_books(&mut b, A, (None, None), None, none);
+        let (first, v6) = decide_books(&mut b, A, (None, None), None, none, &nothing);
         assert!(first.unrecorded && v6.unwrap().unrecorded, "new addresses");
         // The write failed: the retry finds the NIC holding both, still unrecorded.
-        let (again, v6) = decide_books(&mut b, A, (None, None), None, none);
+        let (again, v6) = decide_books(&mut b, A, (None, None), None, none, &nothing);
         assert_eq!(again.held_before, Some(ip("192.0.2.10")));
         assert!(again.unrecorded && v6.unwrap().unrecorded);
         // A refused static request keeps the held address, which still needs its record.
-        let refused = decide(&mut b.v4, A, Some(ip("198.51.100.1")), None, None);
+        let refused = decide(&mut b.v4, A, Some(ip("198.51.100.1")), None, None, &nothing);
         assert!(refused.result.is_err() && refused.unrecorded);
         // Recorded (a write covered every change): kept is nothing to record.
         let upto = b.v4.changes();
         b.v4.settle(&[], upto);
         let upto6 = b.v6.as_ref().unwrap().changes();
         b.v6.as_mut().unwrap().settle(&[], upto6);
-        let (kept, v6) = decide_books(&mut b, A, (None, None), None, none);
+        let (kept, v6) = decide_books(&mut b, A, (None, None), None, none, &nothing);
         assert_eq!(kept.result, Ok(ip("192.0.2.10")));
         assert!(!kept.unrecorded && !v6.unwrap().unrecorded);
     }
@@ -1515,6 +1604,7 @@ mod tests {
     struct Table {
         pools: Vec<(&'static str, &'static str)>,
         ready: Vec<&'static str>,
+        paused: Vec<&'static str>,
         claimed: Vec<(&'static str, MacAddr, &'static str)>,
     }
 
@@ -1526,6 +1616,10 @@ mod tests {
 
         fn pool_ready(&self, pool: &NamespacedName) -> bool {
             self.ready.iter().any(|p| *p == pool.to_string())
+        }
+
+        fn pool_paused(&self, pool: &NamespacedName) -> bool {
+            self.paused.iter().any(|p| *p == pool.to_string())
         }
 
         fn claimed_elsewhere(
@@ -1557,14 +1651,28 @@ mod tests {
     #[test]
     fn each_nic_is_planned_from_its_spec_and_the_cluster() {
         let cluster = Table {
-            pools: vec![("vms/net-a", "vms/pool-a"), ("vms/net-b", "vms/pool-b")],
+            pools: vec![
+                ("vms/net-a", "vms/pool-a"),
+                ("vms/net-b", "vms/pool-b"),
+                ("vms/net-p", "vms/pool-p"),
+            ],
             ready: vec!["vms/pool-a"],
+            paused: vec!["vms/pool-p"],
             claimed: vec![("vms/net-a", B, "vms/other")],
         };
-        // The status recorded 192.0.2.15 for A on net-a and on net-b.
+        // The status recorded 192.0.2.15 for A on net-a and on net-b; A holds 192.0.2.17 on
+        // the paused pool's network, where B waited for an address.
+        let allocated = Some(NetworkConfigState::Allocated);
         let previous: Vec<Recorded> = vec![
             (name("vms/net-a"), A, Some(ip("192.0.2.15")), None),
             (name("vms/net-b"), A, Some(ip("192.0.2.16")), None),
+            (name("vms/net-p"), A, Some(ip("192.0.2.17")), allocated),
+            (
+                name("vms/net-p"),
+                B,
+                None,
+                Some(NetworkConfigState::Pending),
+            ),
         ];
         let pending =
             |network: &str, mac, ip_: Option<&str>, problem: &str, waiting| NicPlan::Pending {
@@ -1618,6 +1726,21 @@ mod tests {
                     "IPPool vms/pool-b is not ready",
                     true,
                 ),
+            ),
+            (
+                "an address held on a paused pool: kept as recorded, nothing asked of its IPAM",
+                nic("net-p", a, None),
+                NicPlan::Held(entry(
+                    &name("vms/net-p"),
+                    A,
+                    (Some(ip("192.0.2.17")), None),
+                    NetworkConfigState::Allocated,
+                )),
+            ),
+            (
+                "no address yet on a paused pool: pending until it resumes, not polled",
+                nic("net-p", b, None),
+                pending("vms/net-p", B, None, "IPPool vms/pool-p is paused", false),
             ),
             (
                 "MAC held by another config on this network",
