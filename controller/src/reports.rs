@@ -66,12 +66,18 @@ pub const MAX_ERROR: usize = 512;
 pub const MAX_INTERFACE_NAME: usize = 15;
 /// Longest epoch (the controller's are 16 hex digits); longer is refused.
 pub const MAX_EPOCH: usize = 64;
-/// Most bytes one agent's entry takes in the reports ConfigMap (its JSON): room for some 300
-/// serving pools with a few verdicts each. Larger is refused.
-pub const MAX_REPORT_BYTES: usize = 64 << 10;
-/// Most bytes all entries together take: the ConfigMap stays well under the API's 1 MiB per
-/// object, whatever the agents send. A new or larger report beyond it is refused.
-pub const MAX_PUBLISHED_BYTES: usize = 768 << 10;
+/// Most bytes one agent's entry takes in the reports ConfigMap (its JSON): room for a report of
+/// [`MAX_INTERFACES`] pools with the longest names Kubernetes allows and every verdict and
+/// suspect the bounds admit (errors are cut to [`SHORT_ERROR`] bytes each when the full ones
+/// would not fit). Larger is refused.
+pub const MAX_REPORT_BYTES: usize = 640 << 10;
+/// Most bytes all entries together take: the ConfigMap stays under the API's 1 MiB per object,
+/// whatever the agents send. The Lease holder's report is always admitted, the oldest of the
+/// others dropped to make room; another agent's beyond it is refused.
+pub const MAX_PUBLISHED_BYTES: usize = 896 << 10;
+/// What each interface error is cut to when a report with whole errors would exceed
+/// [`MAX_REPORT_BYTES`].
+pub const SHORT_ERROR: usize = 64;
 /// Reports waiting to be published; more are dropped (the agent reports again within its
 /// interval).
 const OUTBOX: usize = 256;
@@ -479,33 +485,91 @@ impl Reports {
         self.insert(key, report)
     }
 
-    fn insert(&self, key: NamespacedName, report: AgentReport) -> Result<(), ReportError> {
-        let size = encode(&report).len();
+    fn insert(&self, key: NamespacedName, mut report: AgentReport) -> Result<(), ReportError> {
+        let mut size = encode(&report).len();
+        if size > MAX_REPORT_BYTES {
+            // Diagnostics give way first: a report of every pool the agent may serve fits.
+            for i in &mut report.interfaces {
+                i.error = vmdhcp_core::text::truncate(&i.error, SHORT_ERROR).to_owned();
+            }
+            size = encode(&report).len();
+        }
         if size > MAX_REPORT_BYTES {
             return Err(ReportError::TooLarge(size));
         }
+        let holder = self.is_holder(&key);
         let mut all = self.lock();
         let mut sizes = self.sizes.lock();
-        let others: usize = sizes
-            .iter()
-            .filter(|(k, _)| **k != key)
-            .map(|(_, n)| n)
-            .sum();
-        if others + size > MAX_PUBLISHED_BYTES {
-            return Err(ReportError::Full(others + size));
+        if all
+            .get(&key)
+            .is_some_and(|held| held.received_at >= report.received_at)
+        {
+            return Ok(());
         }
-        let touched = match all.get(&key) {
-            Some(held) if held.received_at >= report.received_at => return Ok(()),
-            Some(held) => changed_pools(held, &report),
-            None if all.len() >= MAX_AGENTS => return Err(ReportError::TooManyAgents(all.len())),
-            None => pools_named(&report).collect(),
+        // Room is made by dropping the oldest reports of other agents that do not hold the
+        // Lease (pods of a rollout gone, say), for the holder's always and for another's only
+        // when newer than them: reports from old pods never crowd out the serving agent's.
+        let fits = |all: &BTreeMap<NamespacedName, AgentReport>,
+                    sizes: &BTreeMap<NamespacedName, usize>| {
+            let others: usize = sizes
+                .iter()
+                .filter(|(k, _)| **k != key)
+                .map(|(_, n)| n)
+                .sum();
+            let agents = all.len() + usize::from(!all.contains_key(&key));
+            (
+                others + size <= MAX_PUBLISHED_BYTES && agents <= MAX_AGENTS,
+                others + size,
+            )
         };
+        let mut touched = Vec::new();
+        let mut evicted = Vec::new();
+        loop {
+            let (ok, total) = fits(&all, &sizes);
+            if ok {
+                break;
+            }
+            let oldest = all
+                .iter()
+                .filter(|(k, _)| **k != key && !self.is_holder(k))
+                .min_by_key(|(_, r)| r.received_at)
+                .map(|(k, r)| (k.clone(), r.received_at));
+            match oldest {
+                Some((victim, at)) if holder || at < report.received_at => {
+                    if let Some(gone) = all.remove(&victim) {
+                        touched.extend(pools_named(&gone));
+                    }
+                    sizes.remove(&victim);
+                    evicted.push(victim);
+                }
+                _ if !all.contains_key(&key) && all.len() >= MAX_AGENTS => {
+                    return Err(ReportError::TooManyAgents(all.len()));
+                }
+                _ => return Err(ReportError::Full(total)),
+            }
+        }
+        touched.extend(match all.get(&key) {
+            Some(held) => changed_pools(held, &report),
+            None => pools_named(&report).collect(),
+        });
         sizes.insert(key.clone(), size);
         all.insert(key, report);
         drop(sizes);
         drop(all);
+        if !evicted.is_empty() {
+            info!(?evicted, "older agents' reports dropped to make room");
+        }
         self.touch(touched);
         Ok(())
+    }
+
+    /// Whether the agent keyed `key` holds the agents' Lease (as last seen; never while the
+    /// Lease is not followed).
+    fn is_holder(&self, key: &NamespacedName) -> bool {
+        let Some(lease) = self.agent_lease.get() else {
+            return false;
+        };
+        key.namespace == lease.namespace && self.holder.lock().as_deref() == Some(key.name.as_str())
     }
 
     fn touch(&self, pools: Vec<NamespacedName>) {
@@ -1372,10 +1436,6 @@ mod tests {
                 .collect();
             r
         };
-        assert!(matches!(
-            Reports::default().record(big("agent-2", 200)),
-            Err(ReportError::TooLarge(_))
-        ));
         let full = Reports::default();
         let mut stored = 0;
         for i in 0..MAX_AGENTS {
@@ -1395,5 +1455,116 @@ mod tests {
         );
         // A stored agent may still report again at its size.
         full.record(big("agent-0", 60)).unwrap();
+    }
+
+    /// The largest report the bounds admit: [`MAX_INTERFACES`] pools with the longest names
+    /// Kubernetes allows, every error at [`MAX_ERROR`], every verdict and suspect allowed.
+    fn largest(pod: &str, at_secs: u64) -> AgentReport {
+        let mut r = report(pod, at_secs, InterfaceState::Error);
+        let one = r.interfaces[0].clone();
+        let (probe, suspect) = (one.probes[0], one.suspects[0].clone());
+        r.interfaces = (0..MAX_INTERFACES)
+            .map(|i| InterfaceReport {
+                pool_ref: format!(
+                    "{}/{}.{}.{}.p{i:0>60}",
+                    "n".repeat(63),
+                    "a".repeat(63),
+                    "b".repeat(63),
+                    "c".repeat(63)
+                ),
+                interface_name: format!("{i:0>15}"),
+                error: "x".repeat(MAX_ERROR),
+                probes: if i < MAX_REPORT_PROBES / MAX_PROBES {
+                    vec![probe; MAX_PROBES]
+                } else {
+                    Vec::new()
+                },
+                suspects: if i < MAX_REPORT_SUSPECTS / MAX_SUSPECTS {
+                    vec![
+                        NetworkSuspect {
+                            detail: "d".repeat(MAX_SUSPECT_DETAIL),
+                            ..suspect.clone()
+                        };
+                        MAX_SUSPECTS
+                    ]
+                } else {
+                    Vec::new()
+                },
+                ..one.clone()
+            })
+            .collect();
+        r
+    }
+
+    /// Reports of agent pods a rollout left behind never crowd out the one the Lease holder
+    /// sends: it is always admitted, the oldest report of an agent not holding the Lease
+    /// dropped to make room; another agent's report gets room only over older ones.
+    #[test]
+    fn the_lease_holders_report_is_always_admitted_over_old_pods() {
+        let reports = Reports::default();
+        reports.lead_by("vmdhcp-system/agents".parse().unwrap());
+        reports.set_holder(Some("leader".into()));
+        let big = |pod: &str, at: u64| {
+            let mut r = largest(pod, at);
+            r.interfaces.truncate(200);
+            r
+        };
+        let mut stored = Vec::new();
+        for i in 0..MAX_AGENTS as u64 {
+            match reports.record(big(&format!("old-{i}"), 100)) {
+                Ok(()) => stored.push(format!("vmdhcp-system/old-{i}")),
+                Err(ReportError::Full(_)) => break,
+                Err(e) => panic!("{e}"),
+            }
+        }
+        assert!(
+            stored.len() > 1 && stored.len() < MAX_AGENTS,
+            "{}",
+            stored.len()
+        );
+        // An agent older than every stored one gets no room.
+        assert!(matches!(
+            reports.record(big("older", 50)),
+            Err(ReportError::Full(_))
+        ));
+        // The holder's largest report, even one that arrived earlier, is admitted: the oldest
+        // pods' reports go, and the pools they named are re-checked.
+        reports.take_touched();
+        reports.record(largest("leader", 90)).unwrap();
+        let all = reports.all();
+        assert!(all["vmdhcp-system/leader"].leader);
+        assert_eq!(all["vmdhcp-system/leader"].interfaces.len(), MAX_INTERFACES);
+        assert!(!all.contains_key(&stored[0]), "the oldest went first");
+        assert!(
+            all.contains_key(stored.last().unwrap()),
+            "only as many as needed go"
+        );
+        assert!(!reports.take_touched().is_empty());
+        let total: usize = reports.sizes.lock().values().sum();
+        assert!(total <= MAX_PUBLISHED_BYTES, "{total}");
+        // A newer report of another agent takes the place of the oldest left.
+        let before = reports.all();
+        reports.record(big("new", 1_000)).unwrap();
+        let after = reports.all();
+        assert!(after.contains_key("vmdhcp-system/new"));
+        assert!(
+            after.len() <= before.len(),
+            "room made, not grown past the budget"
+        );
+        assert!(
+            reports.all().contains_key("vmdhcp-system/leader"),
+            "never the holder's"
+        );
+    }
+
+    /// The largest report the bounds admit fits, its errors cut to [`SHORT_ERROR`] bytes.
+    #[test]
+    fn a_report_of_every_pool_an_agent_may_serve_fits() {
+        let reports = Reports::default();
+        reports.record(largest("agent-0", 10)).unwrap();
+        let kept = &reports.all()["vmdhcp-system/agent-0"];
+        assert_eq!(kept.interfaces.len(), MAX_INTERFACES);
+        assert!(kept.interfaces.iter().all(|i| i.error.len() == SHORT_ERROR));
+        assert!(encode(kept).len() <= MAX_REPORT_BYTES);
     }
 }
