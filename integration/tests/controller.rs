@@ -879,7 +879,14 @@ async fn repeated_events_fold_into_a_series_and_the_series_kept_are_bounded() {
     }
     let all = listed().await;
     assert_eq!(all.len(), 1, "{all:?}");
-    assert_eq!(all[0].series.as_ref().map(|s| s.count), Some(3));
+    // The count is written at the 2nd, 4th, 8th… repeat (and every minute while it goes on).
+    assert_eq!(all[0].series.as_ref().map(|s| s.count), Some(2));
+    publisher
+        .publish(&ev("pool full"), &about("vm-a"))
+        .await
+        .unwrap();
+    let all = listed().await;
+    assert_eq!(all[0].series.as_ref().map(|s| s.count), Some(4));
     assert_eq!(all[0].reason.as_deref(), Some("AllocationRefused"));
     assert_eq!(
         all[0].reporting_instance.as_deref(),
@@ -895,16 +902,19 @@ async fn repeated_events_fold_into_a_series_and_the_series_kept_are_bounded() {
         .unwrap();
     assert_eq!(listed().await.len(), 2);
 
-    // The API server dropped the Event (its TTL): the next repeat starts a new one.
+    // The API server dropped the Event (its TTL): the next repeat written (the 8th) starts a
+    // new one.
     let first = all[0].metadata.name.clone().unwrap();
     events
         .delete(&first, &DeleteParams::default())
         .await
         .unwrap();
-    publisher
-        .publish(&ev("pool full"), &about("vm-a"))
-        .await
-        .unwrap();
+    for _ in 5..=8 {
+        publisher
+            .publish(&ev("pool full"), &about("vm-a"))
+            .await
+            .unwrap();
+    }
     let all = listed().await;
     assert_eq!(all.len(), 2, "{all:?}");
     assert!(
@@ -1302,4 +1312,35 @@ async fn a_static_address_asked_for_is_never_given_to_a_dynamic_nic() {
         allocated(&pool).get("10.9.0.10").map(String::as_str),
         Some("02:00:00:00:09:01")
     );
+}
+
+/// A config on a network no pool serves is not polled (on a cluster whose VLANs have DHCP of
+/// their own, thousands of them would be reconciled every few seconds for nothing): it waits,
+/// and the pool's creation and readiness wake it.
+#[tokio::test]
+async fn a_config_waiting_for_a_pool_is_woken_by_the_pool_not_polled() {
+    let (client, ns) = setup("nopool").await;
+    create_nad(&client, &ns, "net-w").await;
+    vm_api(&client, &ns)
+        .create(
+            &PostParams::default(),
+            &vm(&ns, "early", &[("net-w", "02:00:00:00:0a:01")]),
+        )
+        .await
+        .unwrap();
+    let cfgs: Api<VirtualMachineNetworkConfig> = Api::namespaced(client.clone(), &ns);
+    let waiting = wait_for(&cfgs, "early", "pending", |c| {
+        cfg_condition(c, "Allocated").is_some_and(|a| a.0 == "False")
+    })
+    .await;
+    let msg = find_condition(&waiting.status.clone().unwrap().conditions, "Allocated")
+        .and_then(|c| c.message.clone())
+        .unwrap_or_default();
+    assert!(msg.contains("no IPPool serves network"), "{msg}");
+    create_pool(&client, &ns, "pool-w", "net-w", 10).await;
+    let cfg = wait_for(&cfgs, "early", "allocated", |c| {
+        cfg_condition(c, "Allocated").is_some_and(|a| a.0 == "True")
+    })
+    .await;
+    assert_eq!(cfg_ips(&cfg)[0].1, "10.10.0.10");
 }

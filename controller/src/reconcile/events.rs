@@ -124,12 +124,17 @@ impl SeriesKey {
     }
 }
 
-/// The Event object a series continues, and how many times it happened.
+/// How often at least a series' count is written while it repeats (see [`Publisher::publish`]).
+pub const SERIES_REFRESH: Duration = Duration::from_secs(60);
+
+/// The Event object a series continues, how many times it happened, and when its count was
+/// last written.
 #[derive(Clone, Debug)]
 struct Series {
     namespace: String,
     name: String,
     count: i32,
+    written: tokio::time::Instant,
 }
 
 /// Publishes events as `reporter`; a repeat within [`SERIES_TTL`] raises the first Event's
@@ -166,11 +171,22 @@ impl Publisher {
     }
 
     /// Publishes one event about `about` (in its namespace; "default" for a cluster-scoped one).
+    ///
+    /// A repeat raises its series' count, written to the API at the 2nd, 4th, 8th… occurrence
+    /// and at least every [`SERIES_REFRESH`] while it goes on, as client-go's event recorder
+    /// refreshes its series: a reconcile that says the same thing on every pass (a MAC in use,
+    /// a pool full) costs API writes in the logarithm of its repeats, not one each.
     pub async fn publish(&self, ev: &Event, about: &ObjectReference) -> Result<(), kube::Error> {
         let key = SeriesKey::of(ev, about);
         let now = Timestamp::now();
         if let Some(mut series) = self.series.get(&key).await {
             series.count = series.count.saturating_add(1);
+            let doubled = series.count.count_ones() == 1;
+            if !doubled && series.written.elapsed() < SERIES_REFRESH {
+                self.series.insert(key, series).await;
+                return Ok(());
+            }
+            series.written = tokio::time::Instant::now();
             let api: Api<K8sEvent> = Api::namespaced(self.client.clone(), &series.namespace);
             let patch = json!({"series": EventSeries {
                 count: series.count,
@@ -197,6 +213,7 @@ impl Publisher {
             namespace,
             name: created.metadata.name.unwrap_or_default(),
             count: 1,
+            written: tokio::time::Instant::now(),
         };
         self.series.insert(key, series).await;
         Ok(())

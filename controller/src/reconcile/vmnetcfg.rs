@@ -528,8 +528,11 @@ struct Outcome {
     entries: Vec<NetworkConfigStatus>,
     /// Why some NIC is not allocated (the `Allocated` condition's message).
     problems: Vec<String>,
-    /// Some NIC waits for a pool to appear or get ready: look again soon.
+    /// Some NIC waits for a pool to appear or get ready (the pool's own events wake it).
     waiting: bool,
+    /// Some NIC's MAC is held by another config: nothing but time wakes it (that config's
+    /// release is not an event of this one or of a pool).
+    mac_in_use: bool,
     /// Some NIC's static address is in use by another host.
     conflict: bool,
     /// Addresses this config holds that no write has recorded yet (given by this reconcile, or
@@ -571,14 +574,22 @@ async fn finish(
         ],
     )
     .await?;
-    Ok(match (allocated, out.waiting) {
+    if out.waiting {
+        debug!(vmnetcfg = %me, "waiting for a pool to serve its network or get ready; woken by the pool's events");
+    }
+    Ok(match (allocated, out.mac_in_use) {
         // Nothing to look at until something changes: its own object, its VM, its pool's
         // conflicts, or its pool's IPAM rebuilt (`Context::pool_rebuilt`). A periodic pass over
         // every allocated config would cost, at 20 000 configs, 33 reconciles a second of a
         // busy leader's time for nothing, and a scheduler entry per config.
         (true, _) => Action::await_change(),
-        (false, true) => Action::requeue(Duration::from_secs(5)),
-        (false, false) => Action::requeue(Duration::from_secs(60)),
+        // Neither does a config that waits: for a pool to serve its network or get ready
+        // (`out.waiting`), for an address to be freed, for a static one to be released. Every
+        // write of the pool on its network wakes it (the pool trigger), the pool's creation
+        // and readiness included. Polling every 5 s, 20 000 configs on networks with DHCP of
+        // their own (a Harvester cluster's VLANs) cost some 4 000 reconciles a second.
+        (false, false) => Action::await_change(),
+        (false, true) => Action::requeue(Duration::from_secs(60)),
     })
 }
 
@@ -857,6 +868,7 @@ async fn perform(
             );
             ctx.event(cfg, EventType::Warning, "MacInUse", "Allocate", msg.clone());
             out.problems.push(msg);
+            out.mac_in_use = true;
             out.entries.push(entry(
                 &network,
                 mac,
@@ -873,6 +885,7 @@ async fn perform(
             v6,
         } => {
             if let Err(other) = ctx.books.mac_owners.claim(&pool, mac, me) {
+                out.mac_in_use = true;
                 out.problems.push(format!(
                     "{mac} on {network} is already allocated to VirtualMachineNetworkConfig {other}"
                 ));
