@@ -43,6 +43,9 @@ pub const CONDITION_FOREIGN_DHCP_SERVER: &str = "ForeignDHCPServer";
 pub const CONDITION_PROXY_ARP_RESPONDER: &str = "ProxyARPResponder";
 /// VirtualMachineNetworkConfig condition: every network config has an address.
 pub const CONDITION_ALLOCATED: &str = "Allocated";
+/// The `Allocated=False` reason of a config whose only problem is MACs another config holds on
+/// their networks (ours; upstream says nothing of it).
+pub const REASON_MAC_IN_USE: &str = "MacInUse";
 /// VirtualMachineNetworkConfig condition: the config is paused and its addresses released.
 pub const CONDITION_DISABLED: &str = "Disabled";
 /// VirtualMachineNetworkConfig condition: the spec matches the VirtualMachine it came from.

@@ -24,7 +24,8 @@ use std::sync::Arc;
 use kube::ResourceExt;
 use kube::runtime::watcher;
 use vmdhcp_core::crd::{
-    CONDITION_ALLOCATED, NetworkConfigState, VirtualMachineNetworkConfig, find_condition,
+    CONDITION_ALLOCATED, NetworkConfigState, REASON_MAC_IN_USE, VirtualMachineNetworkConfig,
+    find_condition,
 };
 use vmdhcp_core::{MacAddr, NamespacedName};
 
@@ -67,7 +68,9 @@ impl Footprint {
             .collect();
         networks.sort();
         networks.dedup();
-        let waits_on = if is_allocated(cfg) {
+        // A config whose only problem is a MAC another config holds waits for no pool: a
+        // burst of allocations beside it would wake it once per pool write for nothing.
+        let waits_on = if is_allocated(cfg) || waits_for_a_mac(cfg) {
             Vec::new()
         } else {
             networks.clone()
@@ -117,6 +120,14 @@ struct Kept {
 pub fn is_allocated(c: &VirtualMachineNetworkConfig) -> bool {
     c.status.as_ref().is_some_and(|s| {
         find_condition(&s.conditions, CONDITION_ALLOCATED).is_some_and(|a| a.status == "True")
+    })
+}
+
+/// Whether a config says it is not allocated only because its MACs are held elsewhere.
+fn waits_for_a_mac(c: &VirtualMachineNetworkConfig) -> bool {
+    c.status.as_ref().is_some_and(|s| {
+        find_condition(&s.conditions, CONDITION_ALLOCATED)
+            .is_some_and(|a| a.status == "False" && a.reason.as_deref() == Some(REASON_MAC_IN_USE))
     })
 }
 
@@ -628,6 +639,29 @@ mod tests {
         index.observe(&watcher::Event::Delete(asking));
         assert!(!index.requested_by_another(&net, asked, &vm2, mac(2)));
         assert!(!index.requested_by_another(&net, asked6, &vm2, mac(2)));
+    }
+
+    /// A config refused only because another config holds its MAC waits for no pool write:
+    /// a burst of allocations beside a hundred of them would wake each once per write.
+    #[test]
+    fn a_config_waiting_only_for_a_mac_is_not_woken_by_pool_writes() {
+        let index = ConfigIndex::default();
+        let net: NamespacedName = NETWORKS[0].parse().unwrap();
+        let mut dup = config(1, &[(0, 1, false)], false);
+        let reason = |cfg: &mut VirtualMachineNetworkConfig, why: &str| {
+            if let Some(status) = cfg.status.as_mut() {
+                status.conditions[0].reason = Some(why.into());
+            }
+        };
+        reason(&mut dup, REASON_MAC_IN_USE);
+        index.observe(&watcher::Event::Apply(dup.clone()));
+        assert!(index.concerned_by_pool(&net, []).is_empty());
+        reason(&mut dup, "Error");
+        index.observe(&watcher::Event::Apply(dup));
+        assert_eq!(
+            index.concerned_by_pool(&net, []),
+            BTreeSet::from(["ns/vm1".parse().unwrap()])
+        );
     }
 
     #[test]

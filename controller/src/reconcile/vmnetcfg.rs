@@ -24,8 +24,8 @@ use serde_json::json;
 use tracing::{debug, field, info, info_span};
 use vmdhcp_core::crd::{
     CONDITION_ALLOCATED, CONDITION_CACHE_READY, CONDITION_DISABLED, CONDITION_IN_SYNCED, IPPool,
-    NetworkConfig, NetworkConfigState, NetworkConfigStatus, VirtualMachineNetworkConfig,
-    find_condition,
+    NetworkConfig, NetworkConfigState, NetworkConfigStatus, REASON_MAC_IN_USE,
+    VirtualMachineNetworkConfig, find_condition,
 };
 use vmdhcp_core::names::host_name_of;
 use vmdhcp_core::pool::Family;
@@ -530,9 +530,9 @@ struct Outcome {
     problems: Vec<String>,
     /// Some NIC waits for a pool to appear or get ready (the pool's own events wake it).
     waiting: bool,
-    /// Some NIC's MAC is held by another config: nothing but time wakes it (that config's
-    /// release is not an event of this one or of a pool).
-    mac_in_use: bool,
+    /// NICs whose MAC another config holds: nothing but time wakes them (that config's
+    /// release is no event of this one or of a pool).
+    mac_in_use: usize,
     /// Some NIC's static address is in use by another host.
     conflict: bool,
     /// Addresses this config holds that no write has recorded yet (given by this reconcile, or
@@ -565,6 +565,9 @@ async fn finish(
                 match (allocated, out.conflict) {
                     (true, _) => "",
                     (false, true) => "AddressConflict",
+                    // Only MACs held elsewhere: no pool write can help (the pool trigger
+                    // passes such configs over, see `index::configs`).
+                    (false, false) if out.problems.len() == out.mac_in_use => REASON_MAC_IN_USE,
                     (false, false) => "Error",
                 },
                 message,
@@ -577,7 +580,7 @@ async fn finish(
     if out.waiting {
         debug!(vmnetcfg = %me, "waiting for a pool to serve its network or get ready; woken by the pool's events");
     }
-    Ok(match (allocated, out.mac_in_use) {
+    Ok(match (allocated, out.mac_in_use > 0) {
         // Nothing to look at until something changes: its own object, its VM, its pool's
         // conflicts, or its pool's IPAM rebuilt (`Context::pool_rebuilt`). A periodic pass over
         // every allocated config would cost, at 20 000 configs, 33 reconciles a second of a
@@ -868,7 +871,7 @@ async fn perform(
             );
             ctx.event(cfg, EventType::Warning, "MacInUse", "Allocate", msg.clone());
             out.problems.push(msg);
-            out.mac_in_use = true;
+            out.mac_in_use += 1;
             out.entries.push(entry(
                 &network,
                 mac,
@@ -885,7 +888,7 @@ async fn perform(
             v6,
         } => {
             if let Err(other) = ctx.books.mac_owners.claim(&pool, mac, me) {
-                out.mac_in_use = true;
+                out.mac_in_use += 1;
                 out.problems.push(format!(
                     "{mac} on {network} is already allocated to VirtualMachineNetworkConfig {other}"
                 ));
