@@ -29,6 +29,10 @@ use crate::metrics::EventCounts;
 /// with `result="dropped"`, and in the log).
 pub const EVENT_QUEUE: usize = 1024;
 
+/// The warnings that say another host uses an address, or two MACs were recorded for one:
+/// the last room in the event queue is theirs.
+pub const ADDRESS_WARNINGS: [&str; 2] = ["AddressConflict", "AddressCollision"];
+
 /// Series remembered at most (a repeat of an event older or evicted starts a new Event object).
 pub const SERIES_KEPT: u64 = 4096;
 
@@ -57,12 +61,16 @@ impl Events {
     /// last quarter of the queue is kept for warnings: a burst of allocations fills the queue
     /// with `Allocated` events faster than one publisher empties it under load (most of them
     /// are dropped: docs/tuning.md), and a refusal or an address conflict in that burst, what
-    /// an operator reads events for, must not be dropped for them.
+    /// an operator reads events for, must not be dropped for them. Of that quarter, the last
+    /// half is kept for [`ADDRESS_WARNINGS`]: warnings a reconcile repeats on every pass (a MAC
+    /// in use, a pool full) must not push out the one that says another host uses an address.
     pub fn send(&self, event: Event, about: ObjectReference) {
-        let reserved = self.tx.max_capacity() / 4;
+        let for_warnings = self.tx.max_capacity() / 4;
+        let for_addresses = self.tx.max_capacity() / 8;
         let admitted = match event.type_ {
-            EventType::Warning => true,
-            EventType::Normal => self.tx.capacity() > reserved,
+            EventType::Warning if ADDRESS_WARNINGS.contains(&event.reason.as_str()) => true,
+            EventType::Warning => self.tx.capacity() > for_addresses,
+            EventType::Normal => self.tx.capacity() > for_warnings,
         };
         if !admitted || self.tx.try_send((event, about)).is_err() {
             let n = self.counts.dropped.inc() + 1;
@@ -314,8 +322,17 @@ mod tests {
         for _ in 0..3 {
             events.send(warning(), ObjectReference::default());
         }
-        // Two warnings fit beside them; the third finds the queue full.
-        assert_eq!(counts.dropped.get(), 100 - 6 + 1);
+        // One warning fits beside them; the last eighth is kept for address warnings.
+        assert_eq!(counts.dropped.get(), 100 - 6 + 2);
+        let conflict = || Event {
+            reason: "AddressConflict".into(),
+            note: Some("10.0.0.9 is used by 02:00:00:00:00:09".into()),
+            ..warning()
+        };
+        events.send(conflict(), ObjectReference::default());
+        // The queue is full now: even that one is dropped.
+        events.send(conflict(), ObjectReference::default());
+        assert_eq!(counts.dropped.get(), 100 - 6 + 3);
         let mut queued = Vec::new();
         while let Ok((e, _)) = rx.try_recv() {
             queued.push(e.reason);
@@ -323,8 +340,9 @@ mod tests {
         assert_eq!(queued.len(), 8);
         assert_eq!(
             queued.iter().filter(|r| *r == "AllocationRefused").count(),
-            2
+            1
         );
+        assert_eq!(queued.last().map(String::as_str), Some("AddressConflict"));
     }
 
     #[test]
