@@ -497,7 +497,17 @@ impl Reports {
         if size > MAX_REPORT_BYTES {
             return Err(ReportError::TooLarge(size));
         }
-        let holder = self.is_holder(&key);
+        // Who holds the Lease, read once: every candidate for eviction is asked about it.
+        let holder_name = self.agent_lease.get().and_then(|lease| {
+            let name = self.holder.lock().clone()?;
+            Some((lease.namespace.clone(), name))
+        });
+        let is_holder = |k: &NamespacedName| {
+            holder_name
+                .as_ref()
+                .is_some_and(|(ns, name)| k.namespace == *ns && k.name == *name)
+        };
+        let holder = is_holder(&key);
         let mut all = self.lock();
         let mut sizes = self.sizes.lock();
         if all
@@ -531,7 +541,7 @@ impl Reports {
             }
             let oldest = all
                 .iter()
-                .filter(|(k, _)| **k != key && !self.is_holder(k))
+                .filter(|(k, _)| **k != key && !is_holder(k))
                 .min_by_key(|(_, r)| r.received_at)
                 .map(|(k, r)| (k.clone(), r.received_at));
             match oldest {
@@ -561,15 +571,6 @@ impl Reports {
         }
         self.touch(touched);
         Ok(())
-    }
-
-    /// Whether the agent keyed `key` holds the agents' Lease (as last seen; never while the
-    /// Lease is not followed).
-    fn is_holder(&self, key: &NamespacedName) -> bool {
-        let Some(lease) = self.agent_lease.get() else {
-            return false;
-        };
-        key.namespace == lease.namespace && self.holder.lock().as_deref() == Some(key.name.as_str())
     }
 
     fn touch(&self, pools: Vec<NamespacedName>) {

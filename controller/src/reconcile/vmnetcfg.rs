@@ -688,9 +688,14 @@ enum NicPlan {
         mac: MacAddr,
         other: NamespacedName,
     },
-    /// Its pool is paused: the address its status records stays as recorded (a paused pool
+    /// Its pool is paused: the addresses its status records stay as recorded (a paused pool
     /// keeps its allocations, and has no IPAM to ask).
-    Held(NetworkConfigStatus),
+    Held {
+        network: NamespacedName,
+        mac: MacAddr,
+        ip: Ipv4Addr,
+        ipv6: Option<Ipv6Addr>,
+    },
     /// Give it an address on `pool` ([`allocate_nic`]: keep, honour the static request or
     /// refuse it, restore the recorded one, or the lowest free).
     Allocate {
@@ -708,11 +713,8 @@ impl NicPlan {
     fn nic(&self) -> Option<(NamespacedName, MacAddr)> {
         match self {
             NicPlan::Invalid(_) => None,
-            NicPlan::Held(entry) => Some((
-                entry.network_name.as_deref()?.parse().ok()?,
-                entry.mac_address.as_deref()?.parse().ok()?,
-            )),
-            NicPlan::Pending { network, mac, .. }
+            NicPlan::Held { network, mac, .. }
+            | NicPlan::Pending { network, mac, .. }
             | NicPlan::MacInUse { network, mac, .. }
             | NicPlan::Allocate { network, mac, .. } => Some((network.clone(), *mac)),
         }
@@ -784,12 +786,12 @@ fn plan_nic(
     };
     if facts.pool_paused(&pool) {
         return match recorded {
-            Some((_, _, Some(ip), Some(NetworkConfigState::Allocated))) => NicPlan::Held(entry(
-                &network,
+            Some((_, _, Some(ip), Some(NetworkConfigState::Allocated))) => NicPlan::Held {
+                network,
                 mac,
-                (Some(*ip), prev6),
-                NetworkConfigState::Allocated,
-            )),
+                ip: *ip,
+                ipv6: prev6,
+            },
             // Woken when the pool resumes (a pool's change wakes the configs waiting on it).
             _ => pending(prev_ip, format!("IPPool {pool} is paused"), false),
         };
@@ -843,7 +845,17 @@ async fn perform(
 ) {
     match plan {
         NicPlan::Invalid(problem) => out.problems.push(problem),
-        NicPlan::Held(entry) => out.entries.push(entry),
+        NicPlan::Held {
+            network,
+            mac,
+            ip,
+            ipv6,
+        } => out.entries.push(entry(
+            &network,
+            mac,
+            (Some(ip), ipv6),
+            NetworkConfigState::Allocated,
+        )),
         NicPlan::Pending {
             network,
             mac,
@@ -1746,12 +1758,12 @@ mod tests {
             (
                 "an address held on a paused pool: kept as recorded, nothing asked of its IPAM",
                 nic("net-p", a, None),
-                NicPlan::Held(entry(
-                    &name("vms/net-p"),
-                    A,
-                    (Some(ip("192.0.2.17")), None),
-                    NetworkConfigState::Allocated,
-                )),
+                NicPlan::Held {
+                    network: name("vms/net-p"),
+                    mac: A,
+                    ip: ip("192.0.2.17"),
+                    ipv6: None,
+                },
             ),
             (
                 "no address yet on a paused pool: pending until it resumes, not polled",

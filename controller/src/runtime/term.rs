@@ -73,19 +73,13 @@ impl ReconcileError {
                 )
                 || matches!(e.downcast_ref::<vm::Error>(), Some(vm::Error::NotLeader(_)))
         };
-        // The variants are transparent: the top level is not its own inner error's source.
-        let top = match self {
-            ReconcileError::IPPool(e) => said_here(e),
-            ReconcileError::Vmnetcfg(e) => said_here(e),
-            ReconcileError::Vm(e) => said_here(e),
+        // The variants are transparent: the chain starts at the reconciler's own error.
+        let inner: &(dyn std::error::Error + 'static) = match self {
+            ReconcileError::IPPool(e) => e,
+            ReconcileError::Vmnetcfg(e) => e,
+            ReconcileError::Vm(e) => e,
         };
-        let mut next = std::error::Error::source(self);
-        let mut found = top;
-        while let (false, Some(e)) = (found, next) {
-            found = said_here(e);
-            next = e.source();
-        }
-        found
+        std::iter::successors(Some(inner), |e| e.source()).any(said_here)
     }
 }
 
