@@ -573,6 +573,12 @@ impl Reports {
         Ok(())
     }
 
+    /// Has `AgentReady` of `pools` re-checked, for what the reports do not show: the agent
+    /// Deployment gone or back.
+    pub fn recheck(&self, pools: Vec<NamespacedName>) {
+        self.touch(pools);
+    }
+
     fn touch(&self, pools: Vec<NamespacedName>) {
         if !pools.is_empty() {
             self.touched.lock().extend(pools);

@@ -421,6 +421,14 @@ async fn missing_agent_deployment_is_reported_and_an_unchanged_bootstrap_writes_
         annotated.then_some(d)
     })
     .await;
+    // The Deployment is back: the condition says so at once (no agent runs here), not at the
+    // pool's next periodic reconcile.
+    poll("AgentReady=False NoAgentReport", async || {
+        let pool = pools.get("net-boot").await.ok()?;
+        let c = find_condition(&pool.status?.conditions, "AgentReady")?.clone();
+        (c.reason.as_deref() == Some("NoAgentReport")).then_some(())
+    })
+    .await;
     let checks = |result: &str| {
         replica.metric(&format!(
             "vmdhcpcontroller_agent_bootstrap_checks_total{{result=\"{result}\"}}"

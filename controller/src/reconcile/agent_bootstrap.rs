@@ -5,7 +5,10 @@
 //! Interface names are stable per pool, so adding a pool appends to the annotation without
 //! renaming the others. The Deployment is patched only when the rendered bootstrap differs from
 //! what it already carries: an unchanged set of pools writes nothing (a write rolls the agents).
-//! A missing Deployment is reported on every served pool (AgentReady=False + event).
+//! A missing Deployment is reported on every served pool: an event here, and `AgentReady=False`
+//! by the pool's own reconcile, which this writer wakes whenever the Deployment goes or comes
+//! back. One writer per condition: a second one racing the pool reconcile could have its
+//! condition overwritten by a reconcile that read the flag just before it changed.
 
 use std::collections::BTreeSet;
 use std::sync::Arc;
@@ -24,12 +27,10 @@ use vmdhcp_core::NamespacedName;
 use vmdhcp_core::bootstrap::{
     Bootstrap, ENV_AGENT_NETWORK_CONFIGS, ENV_IPPOOL_REFS_JSON, MULTUS_NETWORKS_ANNOTATION,
 };
-use vmdhcp_core::crd::CONDITION_AGENT_READY;
 
 use crate::index::{Index, PoolFilter};
 use crate::kinds::store_key;
 use crate::reconcile::context::{AgentDeployment, Context};
-use crate::reconcile::status::{set_condition, update_pool_status};
 
 /// What the Deployment carries now: (annotation, configs env, refs env).
 fn current(
@@ -151,9 +152,15 @@ pub async fn run(
             Seen::Unknown => {}
             Seen::Present(deploy) => {
                 missing_reported.clear();
-                ctx.agents
+                let was_missing = ctx
+                    .agents
                     .deployment_missing
-                    .store(false, std::sync::atomic::Ordering::Relaxed);
+                    .swap(false, std::sync::atomic::Ordering::Relaxed);
+                if was_missing {
+                    ctx.agents
+                        .reports
+                        .recheck(pools.iter().map(|c| c.pool.clone()).collect());
+                }
                 if current(deploy, &target.container) == desired {
                     ctx.signals.metrics.bootstrap_checked("unchanged");
                 } else if ctx.ensure_leader().is_ok() {
@@ -191,8 +198,10 @@ pub async fn run(
                     .filter(|p| !missing_reported.contains(p))
                     .collect();
                 if !unreported.is_empty() {
-                    report_missing(&ctx, &target, &unreported).await;
-                    missing_reported.extend(unreported);
+                    report_missing(&ctx, &target, &unreported);
+                    missing_reported.extend(unreported.iter().cloned());
+                    // The flag is set: each reconcile from now on writes the condition.
+                    ctx.agents.reports.recheck(unreported);
                 }
             }
         }
@@ -218,16 +227,20 @@ pub async fn run(
     }
 }
 
-async fn report_missing(ctx: &Context, target: &AgentDeployment, pools: &[NamespacedName]) {
+/// Tells each of `pools` (once per absence) that the agent Deployment is missing: a Warning
+/// event. The condition is the pool reconcile's ([`Reports::recheck`] wakes it).
+///
+/// [`Reports::recheck`]: crate::reports::Reports::recheck
+fn report_missing(ctx: &Context, target: &AgentDeployment, pools: &[NamespacedName]) {
     let message = format!(
         "agent Deployment {} not found; agents cannot be bootstrapped",
         target.deployment
     );
     warn!(deployment = %target.deployment, "agent Deployment not found");
+    if ctx.ensure_leader().is_err() {
+        return;
+    }
     for pool in pools {
-        if ctx.ensure_leader().is_err() {
-            return;
-        }
         if let Some(obj) = ctx.stores.pools.get(&store_key(pool)) {
             ctx.event(
                 obj.as_ref(),
@@ -236,20 +249,6 @@ async fn report_missing(ctx: &Context, target: &AgentDeployment, pools: &[Namesp
                 "Bootstrap",
                 message.clone(),
             );
-        }
-        let result = update_pool_status(&ctx.client, Some(&ctx.stores.pools), pool, |s| {
-            set_condition(
-                &mut s.conditions,
-                CONDITION_AGENT_READY,
-                false,
-                "AgentDeploymentNotFound",
-                &message,
-            );
-            Ok(())
-        })
-        .await;
-        if let Err(e) = result {
-            warn!(%pool, error = %e, "cannot report the missing agent Deployment");
         }
     }
 }
