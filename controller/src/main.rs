@@ -70,6 +70,10 @@ struct RunArgs {
     /// Serve /ipams/{ns}/{pool} and /caches/{ns}/{pool}.
     #[arg(long)]
     enable_cache_dump_api: bool,
+    /// Seconds a pool entry whose MAC no VirtualMachineNetworkConfig names is kept before its
+    /// address is released (a config gone while its status write was failing).
+    #[arg(long, default_value_t = vmdhcp_controller::reconcile::orphans::DEFAULT_GRACE.as_secs())]
+    unnamed_entry_grace_seconds: u64,
     /// Seconds between heartbeats on idle config streams.
     #[arg(long, default_value_t = 10)]
     heartbeat_seconds: u64,
@@ -273,6 +277,7 @@ impl RunArgs {
             },
             agent,
             dumps: self.enable_cache_dump_api,
+            orphan_grace: Duration::from_secs(self.unnamed_entry_grace_seconds),
             // Beside the controllers' Lease: the namespace and name RBAC already scopes.
             reports: Some(ReportsObject::beside_lease(
                 namespace,

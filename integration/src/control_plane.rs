@@ -235,14 +235,7 @@ impl ControlPlane {
         )?;
         let server = format!("https://127.0.0.1:{secure_port}");
         let kubeconfig = dir.join("kubeconfig");
-        std::fs::write(
-            &kubeconfig,
-            format!(
-                "apiVersion: v1\nkind: Config\nclusters:\n- name: test\n  cluster:\n    server: {server}\n    certificate-authority: {}\nusers:\n- name: admin\n  user:\n    token: {token}\ncontexts:\n- name: test\n  context:\n    cluster: test\n    user: admin\ncurrent-context: test\n",
-                p("ca.crt")
-            ),
-        )
-        .map_err(io("writing kubeconfig"))?;
+        write_kubeconfig(&kubeconfig, &server, &dir.join("ca.crt"), &token)?;
 
         let cp = ControlPlane {
             apiserver,
@@ -434,6 +427,18 @@ impl ControlPlane {
         &self.kubeconfig
     }
 
+    /// A kubeconfig acting as ServiceAccount `namespace/name` (a token the API server issues,
+    /// valid for an hour), for a process whose permissions a test restricts with RBAC.
+    pub fn kubeconfig_as(&self, namespace: &str, name: &str) -> Result<PathBuf, ControlPlaneError> {
+        let token =
+            run(self
+                .kubectl()
+                .args(["create", "token", name, "-n", namespace, "--duration=1h"]))?;
+        let path = self.dir.join(format!("kubeconfig-{namespace}-{name}"));
+        write_kubeconfig(&path, &self.server, &self.dir.join("ca.crt"), token.trim())?;
+        Ok(path)
+    }
+
     /// The API server's URL.
     pub fn server(&self) -> &str {
         &self.server
@@ -552,6 +557,23 @@ fn write_pki(dir: &Path) -> Result<(), ControlPlaneError> {
     ]))?;
     run(openssl().args(["ec", "-in", "sa.key", "-pubout", "-out", "sa.pub"]))?;
     Ok(())
+}
+
+/// Writes a kubeconfig for `server` (trusting `ca`) that authenticates with `token`.
+fn write_kubeconfig(
+    path: &Path,
+    server: &str,
+    ca: &Path,
+    token: &str,
+) -> Result<(), ControlPlaneError> {
+    std::fs::write(
+        path,
+        format!(
+            "apiVersion: v1\nkind: Config\nclusters:\n- name: test\n  cluster:\n    server: {server}\n    certificate-authority: {}\nusers:\n- name: user\n  user:\n    token: {token}\ncontexts:\n- name: test\n  context:\n    cluster: test\n    user: user\ncurrent-context: test\n",
+            ca.display()
+        ),
+    )
+    .map_err(io("writing kubeconfig"))
 }
 
 /// The writes (anything but GET and LIST) between two readings of [`ControlPlane::requests`],

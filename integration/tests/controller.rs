@@ -70,6 +70,7 @@ fn controller() -> &'static Handles {
                     dumps: true,
                     reports: None,
                     agent_lease: None,
+                    orphan_grace: vmdhcp_controller::reconcile::orphans::DEFAULT_GRACE,
                 };
                 let grpc = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
                 let http = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
@@ -1343,4 +1344,222 @@ async fn a_config_waiting_for_a_pool_is_woken_by_the_pool_not_polled() {
     })
     .await;
     assert_eq!(cfg_ips(&cfg)[0].1, "10.10.0.10");
+}
+
+/// What no version of a pool may show while no VM goes: an address recorded for one MAC and
+/// then another (it was given twice), or one MAC at two addresses. `first` remembers each
+/// address's first MAC across versions.
+fn check_version(
+    first: &mut std::collections::BTreeMap<String, String>,
+    allocated: std::collections::BTreeMap<String, String>,
+    family: &str,
+) {
+    let mut macs = BTreeSet::new();
+    for (ip, mac) in allocated.into_iter().filter(|(_, v)| v.starts_with("02:")) {
+        assert!(macs.insert(mac.clone()), "{family}: {mac} at two addresses");
+        let held = first.entry(ip.clone()).or_insert_with(|| mac.clone());
+        assert_eq!(
+            *held, mac,
+            "{family}: {ip} recorded for {held}, then for {mac}"
+        );
+    }
+}
+
+/// A pool's books are rebuilt three times (it gains `ipv6Config`, an exclude, a router) while a
+/// burst of 300 VMs allocates on it. A rebuild reads the pool and swaps the books while no
+/// status write is in flight, and the next write starts from the version it read: otherwise an
+/// allocation recorded in between drops out of the books and its address goes to another MAC.
+/// Every version of the pool a watch shows is checked, and at the end every allocated config's
+/// addresses are recorded for its MAC.
+#[tokio::test]
+async fn a_pool_rebuilt_during_a_burst_never_records_an_address_for_two_macs() {
+    use futures_util::StreamExt;
+    use kube::runtime::{WatchStreamExt, watcher};
+
+    let (client, ns) = setup("rebuild").await;
+    create_nad(&client, &ns, "net-rb").await;
+    let pool: IPPool = serde_json::from_value(json!({
+        "apiVersion": "network.harvesterhci.io/v1alpha1", "kind": "IPPool",
+        "metadata": {"name": "pool-rb", "namespace": ns},
+        "spec": {"networkName": format!("{ns}/net-rb"), "ipv4Config": {"serverIP": "10.78.0.1",
+            "cidr": "10.78.0.0/16", "pool": {"start": "10.78.0.2", "end": "10.78.255.254"}}}
+    }))
+    .unwrap();
+    let pools: Api<IPPool> = Api::namespaced(client.clone(), &ns);
+    pools.create(&PostParams::default(), &pool).await.unwrap();
+    wait_for(&pools, "pool-rb", "ready", ready).await;
+
+    let checker = tokio::spawn({
+        let versions = watcher(
+            pools.clone(),
+            watcher::Config::default().fields("metadata.name=pool-rb"),
+        )
+        .applied_objects();
+        async move {
+            let (mut v4, mut v6) = Default::default();
+            let mut versions = std::pin::pin!(versions);
+            while let Some(Ok(p)) = versions.next().await {
+                check_version(&mut v4, allocated(&p), "IPv4");
+                check_version(&mut v6, allocated_v6(&p), "IPv6");
+            }
+        }
+    });
+    let n = 300u32;
+    let burst = tokio::spawn({
+        let (vms, ns) = (vm_api(&client, &ns), ns.clone());
+        async move {
+            let creates = (0..n).map(|i| {
+                let vms = vms.clone();
+                let mac = format!("02:00:00:4e:{:02x}:{:02x}", i / 256, i % 256);
+                let v = vm(&ns, &format!("vm-{i}"), &[("net-rb", &mac)]);
+                async move { vms.create(&PostParams::default(), &v).await.unwrap() }
+            });
+            futures_util::stream::iter(creates)
+                .buffer_unordered(32)
+                .collect::<Vec<_>>()
+                .await;
+        }
+    });
+    let edits = [
+        (
+            30,
+            json!({"spec": {"ipv6Config": {"serverIP": "fd00:78::1", "cidr": "fd00:78::/112",
+            "pool": {"start": "fd00:78::10", "end": "fd00:78::ffff"}}}}),
+        ),
+        (
+            120,
+            json!({"spec": {"ipv4Config": {"pool": {"exclude": ["10.78.255.200", "10.78.255.201"]}}}}),
+        ),
+        (
+            200,
+            json!({"spec": {"ipv4Config": {"router": "10.78.255.254"}}}),
+        ),
+    ];
+    for (after, edit) in edits {
+        wait_for(&pools, "pool-rb", "allocating", |p| {
+            held_by_vms(p).len() >= after
+        })
+        .await;
+        pools
+            .patch("pool-rb", &PatchParams::default(), &Patch::Merge(edit))
+            .await
+            .unwrap();
+    }
+    burst.await.unwrap();
+
+    let cfgs: Api<VirtualMachineNetworkConfig> = Api::namespaced(client.clone(), &ns);
+    let deadline = Instant::now() + 4 * DEADLINE;
+    let done = loop {
+        let all = cfgs.list(&Default::default()).await.unwrap().items;
+        let done: Vec<_> = all
+            .into_iter()
+            .filter(|c| cfg_condition(c, "Allocated").is_some_and(|a| a.0 == "True"))
+            .filter(|c| {
+                cfg_both(c)
+                    .iter()
+                    .all(|(_, v4, v6)| !v4.is_empty() && !v6.is_empty())
+            })
+            .collect();
+        if done.len() == n as usize {
+            break done;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "only {} of {n} configs allocated in both families",
+            done.len()
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    };
+    let pool = pools.get("pool-rb").await.unwrap();
+    let (v4, v6) = (allocated(&pool), allocated_v6(&pool));
+    for c in &done {
+        for (mac, ip4, ip6) in cfg_both(c) {
+            assert_eq!(v4.get(&ip4), Some(&mac), "{}: {ip4}", c.name_any());
+            assert_eq!(v6.get(&ip6), Some(&mac), "{}: {ip6}", c.name_any());
+        }
+    }
+    // A failed check ends the watch task: its panic is this test's.
+    let ended = checker.is_finished();
+    checker.abort();
+    if let Err(e) = checker.await
+        && e.is_panic()
+    {
+        std::panic::resume_unwind(e.into_panic());
+    }
+    assert!(!ended, "the pool's watch ended before the burst did");
+}
+
+/// A config refused because another config holds its MAC (`MacInUse`) says so once: reconciled
+/// again, it raises no second Warning while its condition already says it. And it gets the MAC's
+/// address as soon as the holder goes, woken by the holder's deletion (not a minute later).
+#[tokio::test]
+async fn a_config_refused_for_a_mac_in_use_warns_once_and_gets_it_when_the_holder_goes() {
+    let (client, ns) = setup("macinuse").await;
+    create_nad(&client, &ns, "net-m").await;
+    create_pool(&client, &ns, "pool-m", "net-m", 79).await;
+    let pools: Api<IPPool> = Api::namespaced(client.clone(), &ns);
+    wait_for(&pools, "pool-m", "ready", ready).await;
+    let cfgs: Api<VirtualMachineNetworkConfig> = Api::namespaced(client.clone(), &ns);
+    let config = |name: &str| -> VirtualMachineNetworkConfig {
+        serde_json::from_value(json!({
+            "apiVersion": "network.harvesterhci.io/v1alpha1", "kind": "VirtualMachineNetworkConfig",
+            "metadata": {"name": name, "namespace": ns},
+            "spec": {"vmName": name, "networkConfigs": [{"networkName": format!("{ns}/net-m"), "macAddress": "02:00:00:4f:00:01"}]}
+        }))
+        .unwrap()
+    };
+    cfgs.create(&PostParams::default(), &config("holder"))
+        .await
+        .unwrap();
+    let held = wait_for(&cfgs, "holder", "allocated", |c| {
+        cfg_condition(c, "Allocated").is_some_and(|a| a.0 == "True")
+    })
+    .await;
+    cfgs.create(&PostParams::default(), &config("second"))
+        .await
+        .unwrap();
+    wait_for(&cfgs, "second", "refused", |c| {
+        cfg_condition(c, "Allocated") == Some(("False".into(), Some("MacInUse".into())))
+    })
+    .await;
+    // Reconciled again (each change of its labels wakes it): no second Warning.
+    for i in 0..3 {
+        cfgs.patch(
+            "second",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"metadata": {"labels": {"touch": i.to_string()}}})),
+        )
+        .await
+        .unwrap();
+    }
+    let warnings = || async {
+        let events: Api<k8s_openapi::api::events::v1::Event> = Api::namespaced(client.clone(), &ns);
+        events
+            .list(&Default::default())
+            .await
+            .unwrap()
+            .items
+            .into_iter()
+            .filter(|e| {
+                e.reason.as_deref() == Some("MacInUse")
+                    && e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some("second")
+            })
+            .map(|e| e.series.map_or(1, |s| s.count))
+            .sum::<i32>()
+    };
+    let deadline = Instant::now() + DEADLINE;
+    while warnings().await == 0 {
+        assert!(Instant::now() < deadline, "no MacInUse event");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert_eq!(warnings().await, 1, "MacInUse warned more than once");
+
+    cfgs.delete("holder", &DeleteParams::default())
+        .await
+        .unwrap();
+    let second = wait_for(&cfgs, "second", "allocated once the holder went", |c| {
+        cfg_condition(c, "Allocated").is_some_and(|a| a.0 == "True")
+    })
+    .await;
+    assert_eq!(cfg_ips(&second)[0].1, cfg_ips(&held)[0].1);
 }

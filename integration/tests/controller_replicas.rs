@@ -42,15 +42,18 @@ fn start_with(
     extra: &[String],
 ) -> Replica {
     let (http, grpc) = (free_port(), free_port());
-    let mut args = vec![
-        "run".to_owned(),
-        format!("--kubeconfig={}", cp.kubeconfig().display()),
+    let mut args = vec!["run".to_owned()];
+    // The admin's kubeconfig unless `extra` names another (a restricted identity).
+    if !extra.iter().any(|e| e.starts_with("--kubeconfig")) {
+        args.push(format!("--kubeconfig={}", cp.kubeconfig().display()));
+    }
+    args.extend([
         format!("--identity={identity}"),
         format!("--grpc-listen=127.0.0.1:{grpc}"),
         format!("--http-listen=127.0.0.1:{http}"),
         format!("--leader-election-namespace={lease_ns}"),
         "--grpc-plaintext".into(),
-    ];
+    ]);
     // Fast elections unless `extra` sets its own timings.
     for timing in [
         "--lease-duration-seconds=3",
@@ -1140,20 +1143,8 @@ async fn a_takeover_with_a_trailing_cache_builds_its_books_from_a_read_of_record
     })
     .await;
     drop(a);
-    // Resumed only once the Lease has run out, so that it takes over at once, with the burst's
-    // watch events still queued behind its election.
-    poll("record-a's Lease expired", async || {
-        let lease = leases.get("vm-dhcp-controllers").await.ok()?.spec?;
-        let renewed = lease.renew_time?.0;
-        let duration = i64::from(lease.lease_duration_seconds?);
-        let age = k8s_openapi::jiff::Timestamp::now().as_second() - renewed.as_second();
-        (age > duration + 1).then_some(())
-    })
-    .await;
-    let mark = std::fs::read_to_string(&audit).unwrap().lines().count();
-    assert!(b.process.signal("CONT"));
-    poll("record-b leads", async || {
-        (holder_now(&leases).await.as_deref() == Some("record-b")).then_some(())
+    let mark = take_over_when_the_lease_runs_out(&leases, &b, "record-b", || {
+        std::fs::read_to_string(&audit).unwrap().lines().count()
     })
     .await;
     for i in n..n + 20 {
@@ -1212,6 +1203,287 @@ async fn a_takeover_with_a_trailing_cache_builds_its_books_from_a_read_of_record
             .map(|e| format!("{} {}", e["verb"], e["requestURI"]))
             .collect::<Vec<_>>()
     );
+}
+
+/// Resumes `follower` (stopped, its caches trailing) once the leader it followed is gone and
+/// its Lease has run out, so that it takes over at once, with the last term's watch events still
+/// queued behind its election; returns once it leads. `mark` runs just before the resume.
+async fn take_over_when_the_lease_runs_out<T>(
+    leases: &Api<Lease>,
+    follower: &Replica,
+    identity: &str,
+    mark: impl FnOnce() -> T,
+) -> T {
+    poll("the old leader's Lease expired", async || {
+        let lease = leases.get("vm-dhcp-controllers").await.ok()?.spec?;
+        let renewed = lease.renew_time?.0;
+        let duration = i64::from(lease.lease_duration_seconds?);
+        let age = k8s_openapi::jiff::Timestamp::now().as_second() - renewed.as_second();
+        (age > duration + 1).then_some(())
+    })
+    .await;
+    let marked = mark();
+    assert!(follower.process.signal("CONT"));
+    poll(&format!("{identity} leads"), async || {
+        (holder_now(leases).await.as_deref() == Some(identity)).then_some(())
+    })
+    .await;
+    marked
+}
+
+/// A new leader whose caches trail the last term's releases (stopped while the old leader
+/// released VMs, resumed once its Lease had run out) does not take the released entries its
+/// cache still shows for another writer's and keep them: its first write starts from the
+/// version of record its books were built from. The released MACs stay released, and `used`
+/// counts the live configs.
+#[tokio::test]
+async fn a_takeover_with_a_trailing_cache_keeps_the_last_terms_releases() {
+    let cp = &ControlPlane::start().unwrap();
+    let client = cp.client().await.unwrap();
+    let ns = cp.namespace(&client, "released").await.unwrap();
+    let leases: Api<Lease> = Api::namespaced(client.clone(), &ns);
+    let a = start(cp, "released-a", &ns, true);
+    poll("released-a leads", async || {
+        (holder_now(&leases).await.as_deref() == Some("released-a")).then_some(())
+    })
+    .await;
+    network_and_pool(&client, &ns, "net-rel", 28).await;
+    let pools: Api<IPPool> = Api::namespaced(client.clone(), &ns);
+    wait_pool_ready(&pools, "net-rel").await;
+    let n = 40u32;
+    for i in 0..n {
+        let mac = format!("02:00:00:1c:00:{i:02x}");
+        vm(&client, &ns, &format!("vm-{i}"), "net-rel", &mac).await;
+    }
+    poll("the VMs allocated", async || {
+        (allocated_configs(&client, &ns).await.len() == n as usize).then_some(())
+    })
+    .await;
+    // b's first lists hold every allocation; then it stops following.
+    let b = start(cp, "released-b", &ns, true);
+    poll("released-b's caches filled", async || {
+        let ready = b.get("/readyz").is_some_and(|(code, _)| code == 200);
+        (ready && b.metric("vmdhcpcontroller_leader") == 0.0).then_some(())
+    })
+    .await;
+    assert!(b.process.signal("STOP"));
+    let vms: Api<DynamicObject> = Api::namespaced_with(
+        client.clone(),
+        &ns,
+        &ApiResource::from_gvk_with_plural(
+            &GroupVersionKind::gvk("kubevirt.io", "v1", "VirtualMachine"),
+            "virtualmachines",
+        ),
+    );
+    for i in 0..n / 2 {
+        vms.delete(&format!("vm-{i}"), &Default::default())
+            .await
+            .unwrap();
+    }
+    let macs_recorded = |allocated: BTreeMap<String, String>| -> BTreeSet<String> {
+        allocated
+            .into_values()
+            .filter(|v| v.starts_with("02:"))
+            .collect()
+    };
+    poll("the old leader recorded the releases", async || {
+        (macs_recorded(recorded(&pools, "net-rel").await).len() == (n / 2) as usize).then_some(())
+    })
+    .await;
+    drop(a);
+    take_over_when_the_lease_runs_out(&leases, &b, "released-b", || ()).await;
+    // The new leader writes the pool (its reconcile, and allocations).
+    for i in n..n + 5 {
+        let mac = format!("02:00:00:1c:00:{i:02x}");
+        vm(&client, &ns, &format!("vm-{i}"), "net-rel", &mac).await;
+    }
+    let live = poll("the VMs after the takeover allocated", async || {
+        let done = allocated_configs(&client, &ns).await;
+        (done.len() == (n / 2 + 5) as usize).then_some(done)
+    })
+    .await;
+    let live_macs: BTreeSet<String> = live.values().map(|(mac, _)| mac.clone()).collect();
+    let macs = macs_recorded(recorded(&pools, "net-rel").await);
+    assert_eq!(
+        macs.difference(&live_macs).collect::<Vec<_>>(),
+        Vec::<&String>::new(),
+        "released MACs recorded again"
+    );
+    assert_all_recorded(&pools, "net-rel", &live, &BTreeMap::new()).await;
+    let used = pools
+        .get("net-rel")
+        .await
+        .unwrap()
+        .status
+        .unwrap()
+        .ipv4
+        .unwrap()
+        .used;
+    assert_eq!(used, i64::from(n / 2 + 5), "used counts a released entry");
+}
+
+/// Applies `manifest` (any kind kubectl knows) as the admin.
+fn kubectl_apply(cp: &ControlPlane, manifest: &serde_json::Value) {
+    cp.kubectl_stdin(&["apply", "-f", "-"], &manifest.to_string())
+        .unwrap();
+}
+
+/// A ServiceAccount `controller` in `ns` with every permission the controller uses except
+/// writing configs' status, and a kubeconfig acting as it. Binding the ClusterRole
+/// `<ns>-config-status` to it (see [`allow_config_status`]) restores that.
+fn controller_denied_config_status(cp: &ControlPlane, ns: &str) -> std::path::PathBuf {
+    let all = |groups: &[&str], resources: &[&str]| json!({"apiGroups": groups, "resources": resources, "verbs": ["*"]});
+    kubectl_apply(
+        cp,
+        &json!({"apiVersion": "v1", "kind": "List", "items": [
+            {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": {"name": "controller", "namespace": ns}},
+            {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRole", "metadata": {"name": format!("{ns}-controller")},
+             "rules": [
+                all(&["network.harvesterhci.io"], &["ippools", "ippools/status", "virtualmachinenetworkconfigs"]),
+                all(&["kubevirt.io"], &["virtualmachines"]),
+                all(&["k8s.cni.cncf.io"], &["network-attachment-definitions"]),
+                all(&["", "events.k8s.io"], &["events"]),
+                all(&[""], &["configmaps", "secrets", "pods", "namespaces"]),
+                all(&["coordination.k8s.io"], &["leases"]),
+                all(&["apps"], &["deployments"]),
+             ]},
+            {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRole", "metadata": {"name": format!("{ns}-config-status")},
+             "rules": [all(&["network.harvesterhci.io"], &["virtualmachinenetworkconfigs/status"])]},
+            {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRoleBinding", "metadata": {"name": format!("{ns}-controller")},
+             "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": format!("{ns}-controller")},
+             "subjects": [{"kind": "ServiceAccount", "name": "controller", "namespace": ns}]},
+        ]}),
+    );
+    cp.kubeconfig_as(ns, "controller").unwrap()
+}
+
+/// Gives the ServiceAccount of [`controller_denied_config_status`] back the configs' status.
+fn allow_config_status(cp: &ControlPlane, ns: &str) {
+    kubectl_apply(
+        cp,
+        &json!({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRoleBinding",
+        "metadata": {"name": format!("{ns}-config-status")},
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": format!("{ns}-config-status")},
+        "subjects": [{"kind": "ServiceAccount", "name": "controller", "namespace": ns}]}),
+    );
+}
+
+/// A config whose status write is refused (RBAC) after its pool's succeeded holds an address its
+/// status never records. When its VM goes, the address is released all the same: from the MAC
+/// claims of the term that gave it; and, when the replica that gave it is gone and the config was
+/// removed past its finalizer, by the next leader's sweep of entries no config names.
+#[tokio::test]
+async fn an_address_whose_config_status_was_never_written_is_released_when_the_vm_goes() {
+    let cp = &ControlPlane::start().unwrap();
+    let client = cp.client().await.unwrap();
+    let ns = cp.namespace(&client, "unwritten").await.unwrap();
+    let restricted = controller_denied_config_status(cp, &ns);
+    let first = start_with(
+        cp,
+        "unwritten-1",
+        &ns,
+        false,
+        &[format!("--kubeconfig={}", restricted.display())],
+    );
+    network_and_pool(&client, &ns, "net-uw", 29).await;
+    let pools: Api<IPPool> = Api::namespaced(client.clone(), &ns);
+    wait_pool_ready(&pools, "net-uw").await;
+    let recorded_for = |mac: &'static str| {
+        let pools = pools.clone();
+        async move {
+            recorded(&pools, "net-uw")
+                .await
+                .into_iter()
+                .find(|(_, m)| m == mac)
+                .map(|(ip, _)| ip)
+        }
+    };
+    let vms: Api<DynamicObject> = Api::namespaced_with(
+        client.clone(),
+        &ns,
+        &ApiResource::from_gvk_with_plural(
+            &GroupVersionKind::gvk("kubevirt.io", "v1", "VirtualMachine"),
+            "virtualmachines",
+        ),
+    );
+    let cfgs: Api<VirtualMachineNetworkConfig> = Api::namespaced(client.clone(), &ns);
+
+    // The pool records the address; the config's status cannot say so.
+    const MAC1: &str = "02:00:00:1d:00:01";
+    vm(&client, &ns, "vm-1", "net-uw", MAC1).await;
+    let ip1 = poll("vm-1's address recorded", async || recorded_for(MAC1).await).await;
+    assert!(
+        cfgs.get("vm-1")
+            .await
+            .unwrap()
+            .status
+            .is_none_or(|s| s.network_configs.is_empty()),
+        "the config's status was written"
+    );
+    vms.delete("vm-1", &Default::default()).await.unwrap();
+    poll("vm-1's config gone", async || {
+        cfgs.get_opt("vm-1").await.ok()?.is_none().then_some(())
+    })
+    .await;
+    poll("vm-1's address released", async || {
+        recorded_for(MAC1).await.is_none().then_some(())
+    })
+    .await;
+    // Allowed again: the next VM gets the address back, the lowest free.
+    allow_config_status(cp, &ns);
+    let (_, ip3) = vm_allocated(
+        &client,
+        &ns,
+        "vm-3",
+        "net-uw",
+        "02:00:00:1d:00:03",
+        "vm-3 allocated",
+    )
+    .await;
+    assert_eq!(ip3, ip1, "the released address is free again");
+
+    // The replica that gave the address goes, and the config is removed past its finalizer
+    // before another runs: nothing names the entry any more.
+    const MAC2: &str = "02:00:00:1d:00:02";
+    vm(&client, &ns, "vm-2", "net-uw", MAC2).await;
+    let _ = poll("vm-2 allocated", async || recorded_for(MAC2).await).await;
+    drop(first);
+    vms.delete("vm-2", &Default::default()).await.unwrap();
+    cfgs.patch(
+        "vm-2",
+        &PatchParams::default(),
+        &Patch::Merge(json!({"metadata": {"finalizers": null}})),
+    )
+    .await
+    .unwrap();
+    let _ = cfgs.delete("vm-2", &Default::default()).await;
+    let _second = start_with(
+        cp,
+        "unwritten-2",
+        &ns,
+        false,
+        &["--unnamed-entry-grace-seconds=2".into()],
+    );
+    poll("vm-2's unnamed address released", async || {
+        recorded_for(MAC2).await.is_none().then_some(())
+    })
+    .await;
+    assert_eq!(
+        recorded_for("02:00:00:1d:00:03").await,
+        Some(ip3),
+        "a named entry was released"
+    );
+    let events: Api<Event> = Api::namespaced(client.clone(), &ns);
+    poll("an UnnamedReleased event on the pool", async || {
+        events
+            .list(&Default::default())
+            .await
+            .ok()?
+            .items
+            .into_iter()
+            .find(|e| e.reason.as_deref() == Some("UnnamedReleased"))
+    })
+    .await;
 }
 
 /// Sets (creating it the first time) the agents' election Lease `agents` in `ns` to `holder`.

@@ -55,6 +55,9 @@ struct Footprint {
     holds: Vec<(NamespacedName, IpAddr)>,
     /// The static addresses its spec asks for, both families: (network, address, MAC).
     requests: Vec<(NamespacedName, IpAddr, MacAddr)>,
+    /// While it waits only for MACs another config holds (`MacInUse`): the NICs of its spec its
+    /// status does not record as allocated. The holder's release wakes it.
+    blocked: Vec<Nic>,
 }
 
 impl Footprint {
@@ -75,6 +78,18 @@ impl Footprint {
         } else {
             networks.clone()
         };
+        let nics = claims_of(cfg);
+        let blocked = if waits_for_a_mac(cfg) {
+            let mut blocked: Vec<Nic> = spec_nics(cfg)
+                .into_iter()
+                .filter(|nic| !nics.contains(nic))
+                .collect();
+            blocked.sort();
+            blocked.dedup();
+            blocked
+        } else {
+            Vec::new()
+        };
         let mut holds: Vec<(NamespacedName, IpAddr)> = cfg
             .recorded_nics()
             .into_iter()
@@ -89,10 +104,11 @@ impl Footprint {
         holds.dedup();
         Footprint {
             networks,
-            nics: claims_of(cfg),
+            nics,
             waits_on,
             holds,
             requests: requests_of(cfg),
+            blocked,
         }
     }
 
@@ -101,6 +117,7 @@ impl Footprint {
             && self.nics.is_empty()
             && self.holds.is_empty()
             && self.requests.is_empty()
+            && self.blocked.is_empty()
     }
 }
 
@@ -114,6 +131,7 @@ struct Kept {
     waits_on: Box<[Name]>,
     holds: Box<[(Name, IpAddr)]>,
     requests: Box<[(Name, IpAddr, MacAddr)]>,
+    blocked: Box<[(Name, MacAddr)]>,
 }
 
 /// Whether a config's status says every NIC is allocated.
@@ -185,6 +203,8 @@ struct Claims {
     /// (network, address) → the (config, MAC) NICs whose spec asks for it (one but for a
     /// request the webhook would refuse).
     requested: BTreeMap<(Name, IpAddr), Vec<(Name, MacAddr)>>,
+    /// (network, MAC) → the configs waiting for that MAC's holder to let it go.
+    blocked: BTreeMap<(Name, MacAddr), Vec<Name>>,
     /// Config → its footprint (what to withdraw when it changes).
     by_config: HashMap<Name, Kept>,
 }
@@ -229,6 +249,11 @@ impl Claims {
                 .iter()
                 .map(|(n, ip, mac)| (self.intern(n), *ip, *mac))
                 .collect(),
+            blocked: footprint
+                .blocked
+                .iter()
+                .map(|(n, mac)| (self.intern(n), *mac))
+                .collect(),
         };
         for network in &kept.networks {
             link(&mut self.members, network, &config);
@@ -241,6 +266,9 @@ impl Claims {
         }
         for held in &kept.holds {
             link_one(&mut self.holders, held, &config);
+        }
+        for nic in &kept.blocked {
+            link_one(&mut self.blocked, nic, &config);
         }
         for (network, ip, mac) in &kept.requests {
             let requesters = self.requested.entry((network.clone(), *ip)).or_default();
@@ -268,6 +296,10 @@ impl Claims {
         for held in &kept.holds {
             unlink_one(&mut self.holders, held, config);
             mentioned.push(held.0.clone());
+        }
+        for nic in &kept.blocked {
+            unlink_one(&mut self.blocked, nic, config);
+            mentioned.push(nic.0.clone());
         }
         for (network, ip, _) in &kept.requests {
             let key = (network.clone(), *ip);
@@ -331,6 +363,19 @@ fn requests_of(cfg: &VirtualMachineNetworkConfig) -> Vec<(NamespacedName, IpAddr
     out
 }
 
+/// The NICs of `cfg`'s spec (a NIC whose network or MAC does not parse is none).
+fn spec_nics(cfg: &VirtualMachineNetworkConfig) -> Vec<Nic> {
+    let ns = cfg.namespace().unwrap_or_default();
+    cfg.spec
+        .network_configs
+        .iter()
+        .filter_map(|nc| {
+            let network = NamespacedName::parse_in(&nc.network_name, &ns).ok()?;
+            Some((network, nc.mac_address.parse().ok()?))
+        })
+        .collect()
+}
+
 /// The NICs `cfg`'s status records as `Allocated`; none while it is being deleted (its
 /// addresses are on their way back).
 pub fn claims_of(cfg: &VirtualMachineNetworkConfig) -> Vec<Nic> {
@@ -390,6 +435,18 @@ impl ConfigIndex {
             .map(|owner| owner.as_ref().clone())
     }
 
+    /// Whether any config's status holds `mac` on `network`.
+    pub fn claimed_by_any(&self, network: &NamespacedName, mac: MacAddr) -> bool {
+        let inner = self.lock();
+        let claims = &inner.live;
+        claims.interned(network).is_some_and(|network| {
+            claims
+                .owners
+                .get(&(network.clone(), mac))
+                .is_some_and(|owners| !owners.is_empty())
+        })
+    }
+
     /// The configs a write of the pool on `network` may concern: those waiting for an address
     /// there, and those whose status holds one of `conflicts` there (they must move off it, or
     /// say why they cannot).
@@ -435,6 +492,31 @@ impl ConfigIndex {
             .requested
             .get(&(network.clone(), ip))
             .is_some_and(|r| r.iter().any(|(c, m)| c.as_ref() != me || *m != mac))
+    }
+
+    /// The configs waiting (`MacInUse`) for a MAC `cfg` may just have let go: one its spec or
+    /// status names, as the change of `cfg` (its deletion too) that the caller saw shows it.
+    pub fn blocked_by(&self, cfg: &VirtualMachineNetworkConfig) -> BTreeSet<NamespacedName> {
+        let me = object_ref(cfg);
+        let recorded = cfg.recorded_nics().into_iter().map(|(n, m, _, _)| (n, m));
+        let nics: BTreeSet<Nic> = spec_nics(cfg).into_iter().chain(recorded).collect();
+        let inner = self.lock();
+        let claims = &inner.live;
+        let mut out = BTreeSet::new();
+        for (network, mac) in nics {
+            let Some(network) = claims.interned(&network) else {
+                continue;
+            };
+            let waiting = claims.blocked.get(&(network.clone(), mac));
+            out.extend(
+                waiting
+                    .into_iter()
+                    .flatten()
+                    .filter(|c| Some(c.as_ref()) != me.as_ref())
+                    .map(|c| c.as_ref().clone()),
+            );
+        }
+        out
     }
 
     /// The configs with a NIC on `network` (its pool's users).
@@ -656,12 +738,23 @@ mod tests {
         reason(&mut dup, REASON_MAC_IN_USE);
         index.observe(&watcher::Event::Apply(dup.clone()));
         assert!(index.concerned_by_pool(&net, []).is_empty());
+        // The holder of its MAC (another config, Allocated) wakes it when it changes or goes;
+        // a holder of another MAC does not, nor does it wake itself.
+        let holder = config(2, &[(0, 1, true)], false);
+        let other = config(3, &[(0, 2, true)], false);
+        let vm1: BTreeSet<NamespacedName> = BTreeSet::from(["ns/vm1".parse().unwrap()]);
+        assert_eq!(index.blocked_by(&holder), vm1);
+        assert!(index.blocked_by(&other).is_empty());
+        assert!(index.blocked_by(&dup).is_empty());
         reason(&mut dup, "Error");
-        index.observe(&watcher::Event::Apply(dup));
-        assert_eq!(
-            index.concerned_by_pool(&net, []),
-            BTreeSet::from(["ns/vm1".parse().unwrap()])
-        );
+        index.observe(&watcher::Event::Apply(dup.clone()));
+        assert_eq!(index.concerned_by_pool(&net, []), vm1);
+        assert!(index.blocked_by(&holder).is_empty(), "no longer MacInUse");
+        reason(&mut dup, REASON_MAC_IN_USE);
+        index.observe(&watcher::Event::Apply(dup.clone()));
+        index.observe(&watcher::Event::Delete(dup));
+        assert!(index.blocked_by(&holder).is_empty(), "gone");
+        assert!(index.lock().live.blocked.is_empty());
     }
 
     #[test]

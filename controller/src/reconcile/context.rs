@@ -84,6 +84,8 @@ pub struct Books {
     pub mac_owners: MacOwners,
     /// Batches IPAM → IPPool status writes.
     pub writer: Arc<PoolStatusWriter>,
+    /// Pool entries no live config names, and since when ([`crate::reconcile::orphans`]).
+    pub orphans: crate::reconcile::orphans::Orphans,
     /// The status last written per config, until the cache shows it.
     pub written: StatusMemo,
     /// The networks whose pool's IPAM its reconcile has just (re)built: every config on such a

@@ -32,7 +32,7 @@ use crate::ipam::{IpamError, PoolAllocator, PoolBooks};
 use crate::kinds::{nad_resource, network_of, object_ref};
 use crate::metrics::PoolLabels;
 use crate::reconcile::context::{Context, IPPOOL_FINALIZER, NotLeader, serving_order};
-use crate::reconcile::status::{StatusError, Wanted, update_pool_status};
+use crate::reconcile::status::{PoolStatusWriter, StatusError, Wanted, update_pool_status};
 use crate::reports::{
     AddressProbe, AgentReport, InterfaceReport, InterfaceState, NetworkSuspect, ProbeReason,
     SuspectKind,
@@ -131,6 +131,10 @@ async fn write_status(
     Ok(())
 }
 
+/// How often a served pool is reconciled when nothing wakes it: what bounds drift from writes
+/// no watch event woke it for.
+const RESYNC: Duration = Duration::from_secs(300);
+
 /// How recent an agent report must be to count for `AgentReady`.
 pub const REPORT_FRESHNESS: Duration = Duration::from_secs(90);
 
@@ -201,6 +205,7 @@ pub fn agent_ready(
 /// Drops what this replica holds in memory for a pool (its IPPool stays, with its allocations).
 fn forget(ctx: &Context, pool_ref: &NamespacedName) {
     ctx.books.ipam.remove(pool_ref);
+    ctx.books.orphans.forget_pool(pool_ref);
     ctx.books.mac_owners.forget_pool(pool_ref);
     ctx.signals.metrics.remove_pool(&pool_ref.to_string());
 }
@@ -285,6 +290,8 @@ async fn apply(pool: Arc<IPPool>, ctx: Arc<Context>) -> Result<Action, Error> {
     }
 
     rebuild_ipam(&ctx, &pool, &pool_ref, &valid).await?;
+    // Released in the books here, recorded by the status write below.
+    let unnamed_due = crate::reconcile::orphans::release_unnamed(&ctx, &pool, &pool_ref, network)?;
     // One copy of the agents' reports serves both the conflicts and `AgentReady`.
     let (reports, now) = (ctx.agents.reports.all(), SystemTime::now());
     record_conflicts(&ctx, &pool, &pool_ref, &reports, now).await;
@@ -325,7 +332,9 @@ async fn apply(pool: Arc<IPPool>, ctx: Arc<Context>) -> Result<Action, Error> {
     ctx.signals
         .metrics
         .set_pool(labels(range, network), used, available);
-    Ok(Action::requeue(Duration::from_secs(300)))
+    Ok(Action::requeue(
+        unnamed_due.map_or(RESYNC, |due| due.min(RESYNC)),
+    ))
 }
 
 /// Labels the pool's network (NAD) with the pool that serves it. Returns when to look again if
@@ -443,16 +452,26 @@ async fn rebuild_ipam(
         return Ok(());
     }
     // From the record, not the cache (which may trail the last term's or another writer's
-    // final writes): a GET is a quorum read.
+    // final writes): a GET is a quorum read. Under the status writer's lock, so that no write
+    // lands between the read and the books built from it.
     let api: Api<IPPool> = Api::namespaced(ctx.client.clone(), &pool_ref.namespace);
-    let of_record = api
-        .get_status(&pool_ref.name)
-        .await
-        .map_err(|source| Error::Kube {
-            action: format!("reading IPPool {pool_ref} to rebuild its IPAM"),
-            source,
-        })?;
-    let (allocator, problems) = allocator_from_status(&of_record, valid);
+    let problems = ctx
+        .books
+        .writer
+        .rebuild(pool_ref, async || {
+            let of_record = api
+                .get_status(&pool_ref.name)
+                .await
+                .map_err(|source| Error::Kube {
+                    action: format!("reading IPPool {pool_ref} to rebuild its IPAM"),
+                    source,
+                })?;
+            let (allocator, problems) = allocator_from_status(&of_record, valid);
+            ctx.books.mac_owners.forget_pool(pool_ref);
+            ctx.books.ipam.insert_books(allocator);
+            Ok::<_, Error>((Arc::new(of_record), problems))
+        })
+        .await?;
     for problem in problems.iter().take(5) {
         warn!(pool = %pool_ref, %problem, "status entry not replayed");
         ctx.event(
@@ -463,8 +482,6 @@ async fn rebuild_ipam(
             problem.to_string(),
         );
     }
-    ctx.books.mac_owners.forget_pool(pool_ref);
-    ctx.books.ipam.insert_books(allocator);
     info!(pool = %pool_ref, leases = ctx.books.ipam.with_pool(pool_ref, |a| a.used()).unwrap_or(0), "IPAM rebuilt from status");
     if let Some(network) = network_of(pool) {
         // Bounded: a term shutting down may no longer take them (the next term reconciles
@@ -486,9 +503,16 @@ async fn rebuild_ipam(
 /// waits for its pool's reconcile, and after a failover at scale the configs (thousands) crowd
 /// out the pools (hundreds) they wait for. The pool's reconcile still runs; it finds the IPAM
 /// built, with the same range, and keeps it.
-pub fn prebuild(pools: &[Arc<IPPool>], ipam: &crate::ipam::Ipam) -> usize {
+///
+/// Each pool's status writer starts from the version its books were built from
+/// ([`PoolStatusWriter::built_from`]).
+pub fn prebuild(
+    pools: &[Arc<IPPool>],
+    ipam: &crate::ipam::Ipam,
+    writer: &PoolStatusWriter,
+) -> usize {
     // Which pool serves each network: the first in `serving_order`, as the reconcilers decide.
-    let mut serving: BTreeMap<NamespacedName, &IPPool> = BTreeMap::new();
+    let mut serving: BTreeMap<NamespacedName, &Arc<IPPool>> = BTreeMap::new();
     for pool in pools
         .iter()
         .filter(|p| p.metadata.deletion_timestamp.is_none())
@@ -510,7 +534,8 @@ pub fn prebuild(pools: &[Arc<IPPool>], ipam: &crate::ipam::Ipam) -> usize {
         let ready = pool.status.as_ref().is_some_and(|s| {
             find_condition(&s.conditions, CONDITION_CACHE_READY).is_some_and(|c| c.status == "True")
         });
-        let (Ok(valid), Some(pool_ref)) = (ValidPool::parse(pool), object_ref(pool)) else {
+        let (Ok(valid), Some(pool_ref)) = (ValidPool::parse(pool), object_ref(pool.as_ref()))
+        else {
             continue;
         };
         if !ready || pool.spec.paused == Some(true) || ipam.contains(&pool_ref) {
@@ -519,6 +544,7 @@ pub fn prebuild(pools: &[Arc<IPPool>], ipam: &crate::ipam::Ipam) -> usize {
         let (allocator, problems) = allocator_from_status(pool, &valid);
         if problems.is_empty() {
             ipam.insert_books(allocator);
+            writer.built_from(&pool_ref, Arc::clone(pool));
             built += 1;
         }
     }
@@ -965,7 +991,8 @@ mod tests {
         .map(Arc::new)
         .collect();
         let ipam = crate::ipam::Ipam::new();
-        assert_eq!(prebuild(&pools, &ipam), 2);
+        let writer = PoolStatusWriter::new(Arc::new(crate::metrics::Metrics::default()));
+        assert_eq!(prebuild(&pools, &ipam, &writer), 2);
         assert_eq!(ipam.pools(), [nn("ns/ok"), nn("ns/older")]);
         let mac: MacAddr = "aa:bb:cc:00:00:01".parse().unwrap();
         assert_eq!(
@@ -974,7 +1001,7 @@ mod tests {
             "built from the recorded allocations"
         );
         // Built already: a second call (or the pool's reconcile) keeps it.
-        assert_eq!(prebuild(&pools, &ipam), 0);
+        assert_eq!(prebuild(&pools, &ipam, &writer), 0);
     }
 
     fn report(leader: bool, age: u64, state: InterfaceState, error: &str) -> AgentReport {

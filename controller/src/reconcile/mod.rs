@@ -8,6 +8,7 @@
 //! - [`vm`]: a VirtualMachine → its VirtualMachineNetworkConfig (NICs and MACs);
 //! - [`vmnetcfg`]: a config's NICs → addresses, written to the pool's status first;
 //! - [`status`]: conditions and the batched IPAM → `IPPool.status` writer;
+//! - [`orphans`]: pool entries no live config names, released after a grace period;
 //! - [`agent_bootstrap`]: the agent Deployment's Multus annotation and env;
 //! - [`upstream_agent`]: retiring the Go controller's per-pool agent pod once ours serves;
 //! - [`versioned`]: writes whose response is read for the resourceVersion alone.
@@ -19,6 +20,7 @@ pub mod agent_bootstrap;
 pub mod context;
 pub mod events;
 pub mod ippool;
+pub mod orphans;
 pub mod status;
 pub mod upstream_agent;
 pub mod versioned;

@@ -698,6 +698,32 @@ impl PoolStatusWriter {
         Ok(kept)
     }
 
+    /// Has `pool`'s next write start from `record`, the version of record its books were just
+    /// built from (a term's first build): not from a cache that may trail that read, whose
+    /// entries the books no longer hold (the last term's releases) would be taken for another
+    /// writer's and kept.
+    pub fn built_from(&self, pool: &NamespacedName, record: Arc<IPPool>) {
+        self.slot(pool).written.lock().last = Some(record);
+    }
+
+    /// Runs `rebuild` (a read of record and the books built from it) while no write of `pool`
+    /// is in flight, and has the next write start from the version it read
+    /// ([`PoolStatusWriter::built_from`]). Beside a write, an allocation recorded between the
+    /// read and the swap of the books would be missing from the new books while this writer's
+    /// last write holds it, and the next write, starting from that version as its own, would
+    /// drop the entry and free the address for another MAC while agents still serve it.
+    pub async fn rebuild<T, E>(
+        &self,
+        pool: &NamespacedName,
+        rebuild: impl AsyncFnOnce() -> Result<(Arc<IPPool>, T), E>,
+    ) -> Result<T, E> {
+        let slot = self.slot(pool);
+        let _writer = slot.writing.lock().await;
+        let (record, out) = rebuild().await?;
+        slot.written.lock().last = Some(record);
+        Ok(out)
+    }
+
     /// Forgets a pool's tickets (it was deleted).
     pub fn forget(&self, pool: &NamespacedName) {
         self.tickets.lock().remove(pool);

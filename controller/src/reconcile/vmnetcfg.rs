@@ -190,7 +190,10 @@ fn pool_rebuilding(ctx: &Context, nc: &NetworkConfig, namespace: &str) -> Option
     object_ref(pool.as_ref()).filter(|p| will_rebuild && !ctx.books.ipam.contains(p))
 }
 
-/// Releases `mac` on the pool serving `network`; returns the pool if something was released.
+/// Releases `mac` on the pool serving `network` for `owner`; returns the pool if something was
+/// released. Not when another config claims the MAC there in this term, nor, when no config
+/// does, while another config's status holds it: a NIC listed in the spec or status of a config
+/// that never got the MAC (refused as `MacInUse`) must not free its holder's address.
 fn release(
     ctx: &Context,
     network: &NamespacedName,
@@ -198,21 +201,57 @@ fn release(
     owner: &NamespacedName,
 ) -> Option<NamespacedName> {
     let pool = object_ref(ctx.pool_for_network(network)?.as_ref())?;
-    ctx.books.mac_owners.release(&pool, mac, owner);
+    let theirs = match ctx.books.mac_owners.owner(&pool, mac) {
+        Some(claimant) => claimant != *owner,
+        None => ctx
+            .stores
+            .config_index
+            .claimed_elsewhere(network, mac, owner)
+            .is_some(),
+    };
+    (!theirs && release_claimed(ctx, &pool, mac, owner)).then_some(pool)
+}
+
+/// Releases `mac` on `pool`, with `owner`'s claim on it; whether the books held it.
+fn release_claimed(
+    ctx: &Context,
+    pool: &NamespacedName,
+    mac: MacAddr,
+    owner: &NamespacedName,
+) -> bool {
+    ctx.books.mac_owners.release(pool, mac, owner);
     let released = ctx
         .books
         .ipam
-        .with_books(&pool, |b| {
+        .with_books(pool, |b| {
             let v6 = b.v6.as_mut().and_then(|a| a.release_mac(&mac));
             b.v4.release_mac(&mac).is_some() || v6.is_some()
         })
         .unwrap_or(false);
-    released.then(|| {
+    if released {
         ctx.signals
             .metrics
             .allocation(&pool.to_string(), "released");
-        pool
-    })
+    }
+    released
+}
+
+/// Releases every MAC `owner` claimed in this term on a pool other than those `kept` (the pools
+/// serving the NICs it still has): what its status may not record, because the write that would
+/// have recorded them failed. Returns the pools whose books changed.
+fn release_claims(
+    ctx: &Context,
+    owner: &NamespacedName,
+    kept: &BTreeSet<(NamespacedName, MacAddr)>,
+) -> BTreeSet<NamespacedName> {
+    ctx.books
+        .mac_owners
+        .claims_of(owner)
+        .into_iter()
+        .filter(|claim| !kept.contains(claim))
+        .filter(|(pool, mac)| release_claimed(ctx, pool, *mac, owner))
+        .map(|(pool, _)| pool)
+        .collect()
 }
 
 async fn persist(ctx: &Context, pools: &BTreeSet<NamespacedName>) -> Result<(), Error> {
@@ -481,6 +520,15 @@ async fn apply(cfg: Arc<VirtualMachineNetworkConfig>, ctx: Arc<Context>) -> Resu
                 .push(entry(&network, mac, (ip, None), NetworkConfigState::Stale));
         }
     }
+    // Claims of NICs gone whose status entry was never written.
+    let kept: BTreeSet<(NamespacedName, MacAddr)> = wanted
+        .iter()
+        .filter_map(|(network, mac)| {
+            let pool = object_ref(ctx.pool_for_network(network)?.as_ref())?;
+            Some((pool, *mac))
+        })
+        .collect();
+    out.touched.extend(release_claims(&ctx, &me, &kept));
     if cfg.spec.network_configs.is_empty() {
         out.problems.push("no network configs found".into());
     }
@@ -508,6 +556,7 @@ async fn pause(
             NetworkConfigState::Pending,
         ));
     }
+    touched.extend(release_claims(ctx, me, &BTreeSet::new()));
     persist(ctx, &touched).await?;
     write_status(
         ctx,
@@ -594,6 +643,29 @@ async fn finish(
         (false, false) => Action::await_change(),
         (false, true) => Action::requeue(Duration::from_secs(60)),
     })
+}
+
+/// A refusal's Warning, unless the config says it already: its `Allocated` condition is False
+/// with `message` among its problems. A config refused again on every reconcile (each write of
+/// its pool wakes one that waits) would otherwise repeat the event, an API write each time;
+/// the condition written with the first one tells it as long as it holds.
+fn warn_refused(ctx: &Context, cfg: &VirtualMachineNetworkConfig, reason: &str, message: String) {
+    if !says_already(cfg, &message) {
+        ctx.event(cfg, EventType::Warning, reason, "Allocate", message);
+    }
+}
+
+/// Whether `cfg`'s `Allocated` condition is False with `problem` among its problems.
+fn says_already(cfg: &VirtualMachineNetworkConfig, problem: &str) -> bool {
+    cfg.status
+        .as_ref()
+        .and_then(|s| find_condition(&s.conditions, CONDITION_ALLOCATED))
+        .is_some_and(|c| {
+            c.status == "False"
+                && c.message
+                    .as_deref()
+                    .is_some_and(|m| m.split("; ").any(|p| p == problem))
+        })
 }
 
 /// One recorded NIC: (network, MAC, address, state).
@@ -881,7 +953,7 @@ async fn perform(
             let msg = format!(
                 "{mac} on {network} is already allocated to VirtualMachineNetworkConfig {other}"
             );
-            ctx.event(cfg, EventType::Warning, "MacInUse", "Allocate", msg.clone());
+            warn_refused(ctx, cfg, "MacInUse", msg.clone());
             out.problems.push(msg);
             out.mac_in_use += 1;
             out.entries.push(entry(
@@ -1174,13 +1246,7 @@ fn allocate(
             if held_before.is_none() {
                 ctx.books.mac_owners.release(pool, mac, me);
             }
-            ctx.event(
-                cfg,
-                EventType::Warning,
-                "AllocationRefused",
-                "Allocate",
-                e.to_string(),
-            );
+            warn_refused(ctx, cfg, "AllocationRefused", e.to_string());
             out.problems.push(e.to_string());
             out.entries.push(entry(
                 network,
@@ -1264,13 +1330,7 @@ fn v6_outcome(
         Err(e) => {
             ctx.signals.metrics.allocation(&pool.to_string(), "refused");
             let msg = format!("{mac} on {network}: IPv6: {e}");
-            ctx.event(
-                cfg,
-                EventType::Warning,
-                "AllocationRefused",
-                "Allocate",
-                msg.clone(),
-            );
+            warn_refused(ctx, cfg, "AllocationRefused", msg.clone());
             out.problems.push(msg);
             (V6State::Refused(v6.held_before), None)
         }
@@ -1284,10 +1344,19 @@ async fn cleanup(
     let Some(me) = object_ref(cfg.as_ref()) else {
         return Err(Error::Unnamespaced);
     };
+    // What its status records, what its spec names (a status write that failed records
+    // nothing), and what it claimed in this term.
     let mut touched = BTreeSet::new();
-    for (network, mac, _, _) in cfg.recorded_nics() {
+    let named = cfg.spec.network_configs.iter().filter_map(|nc| {
+        let network = NamespacedName::parse_in(&nc.network_name, &me.namespace).ok()?;
+        Some((network, nc.mac_address.parse::<MacAddr>().ok()?))
+    });
+    let recorded = cfg.recorded_nics().into_iter().map(|(n, m, _, _)| (n, m));
+    let nics: BTreeSet<(NamespacedName, MacAddr)> = recorded.chain(named).collect();
+    for (network, mac) in nics {
         touched.extend(release(&ctx, &network, mac, &me));
     }
+    touched.extend(release_claims(&ctx, &me, &BTreeSet::new()));
     persist(&ctx, &touched).await?;
     ctx.signals.metrics.remove_vmnetcfg(&me.to_string());
     ctx.books.written.forget(&me.to_string());
@@ -1891,5 +1960,35 @@ mod tests {
         let mut deleted = config(nics, json!({"networkConfigs": [a, b]}));
         deleted.metadata.deletion_timestamp = Some(crate::reconcile::status::now());
         assert!(looks_unsettled(&deleted));
+    }
+
+    #[test]
+    fn a_refusal_the_condition_already_states_is_not_warned_again() {
+        let with = |status: &str, message: &str| {
+            serde_json::from_value::<VirtualMachineNetworkConfig>(json!({
+                "apiVersion": "network.harvesterhci.io/v1alpha1",
+                "kind": "VirtualMachineNetworkConfig",
+                "metadata": {"name": "vm1", "namespace": "vms"},
+                "spec": {"vmName": "vm1", "networkConfigs": []},
+                "status": {"conditions": [{"type": "Allocated", "status": status,
+                    "reason": "Error", "message": message}]},
+            }))
+            .unwrap()
+        };
+        let (one, two) = ("mac A on vms/net is already allocated", "pool full");
+        let both = format!("{one}; {two}");
+        assert!(says_already(&with("False", &both), one));
+        assert!(says_already(&with("False", &both), two));
+        assert!(!says_already(&with("False", one), two), "a new problem");
+        assert!(
+            !says_already(&with("False", &both), "pool"),
+            "whole problems only"
+        );
+        assert!(!says_already(&with("True", one), one), "allocated since");
+        let none = serde_json::from_value::<VirtualMachineNetworkConfig>(json!({
+            "metadata": {"name": "vm1", "namespace": "vms"},
+            "spec": {"vmName": "vm1", "networkConfigs": []}}))
+        .unwrap();
+        assert!(!says_already(&none, one), "no status yet");
     }
 }

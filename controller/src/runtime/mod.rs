@@ -83,6 +83,9 @@ pub struct Settings {
     /// claims ([`crate::reports::follow_agent_lease`]). `None` (tests, a single agent without
     /// election) believes the reports.
     pub agent_lease: Option<vmdhcp_core::NamespacedName>,
+    /// How long a pool entry no live config names is kept before it is released
+    /// ([`crate::reconcile::orphans`]).
+    pub orphan_grace: Duration,
 }
 
 /// What a running controller exposes to its embedder (tests, main).

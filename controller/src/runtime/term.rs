@@ -38,6 +38,7 @@ use crate::kinds::{VirtualMachine, nad_resource, network_of, object_ref, store_k
 use crate::metrics::Metrics;
 use crate::reconcile::context::{Agents, Books, Context, NotLeader, Signals, Stores};
 use crate::reconcile::events::{EVENT_QUEUE, Events, Publisher};
+use crate::reconcile::orphans::Orphans;
 use crate::reconcile::status::PoolStatusWriter;
 use crate::reconcile::{agent_bootstrap, ippool, vm, vmnetcfg};
 use crate::reports::Reports;
@@ -313,7 +314,10 @@ pub(super) async fn lead(
     let cfg_ctrl = config_triggers(
         cfg_ctrl.graceful_shutdown_on(stopped(stop.clone())),
         shared_caches.config_index.clone(),
-        vm_for_cfgs,
+        (
+            vm_for_cfgs,
+            replay::changes_after_list(&shared_caches.configs),
+        ),
         pool_for_cfgs,
     )
     .reconcile_on(members_of(
@@ -334,11 +338,11 @@ pub(super) async fn lead(
     let caches_ready = {
         let (shared_caches, vms, nads) =
             (shared_caches.clone(), vm_watch.ready(), nad_watch.ready());
-        let (client, ipam) = (client.clone(), ipam.clone());
+        let (client, ipam, writer) = (client.clone(), ipam.clone(), writer.clone());
         async move {
             tokio::join!(shared_caches.ready(), vms, nads);
             let pools = pools_of_record(&client).await;
-            let built = ippool::prebuild(&pools, &ipam);
+            let built = ippool::prebuild(&pools, &ipam, &writer);
             caches_tx.send_replace(true);
             info!(
                 pools = built,
@@ -362,6 +366,7 @@ pub(super) async fn lead(
             ipam,
             mac_owners: MacOwners::default(),
             writer,
+            orphans: Orphans::new(settings.orphan_grace),
             written: Default::default(),
             rebuilt: pool_rebuilt,
         },
@@ -573,19 +578,33 @@ fn members_of(
     })
 }
 
-/// The config controller's triggers besides its own watch: the VM it is named after, and the
-/// pools on its networks while it still waits for an address there, or holds one another host
-/// was found using (it must move off it, or say why it cannot). The others do not depend on the
+/// The config controller's triggers besides its own watch: the VM it is named after, the
+/// config holding a MAC it was refused, and the pools on its networks while it still waits for an
+/// address there, or holds one another host was found using (it must move off it, or say why it
+/// cannot). The others do not depend on the
 /// pool's status, and re-queueing every config on every pool write is quadratic: the configs are
 /// looked up in the [`ConfigIndex`], in time proportional to the answer.
 fn config_triggers(
     ctrl: Controller<VirtualMachineNetworkConfig>,
     configs: Arc<ConfigIndex>,
-    vms: Trigger<VirtualMachine>,
+    (vms, holders): (
+        Trigger<VirtualMachine>,
+        Trigger<VirtualMachineNetworkConfig>,
+    ),
     pools: Trigger<IPPool>,
 ) -> Controller<VirtualMachineNetworkConfig> {
+    let blocked = configs.clone();
     ctrl.watches_shared_stream(vms, |vm: Arc<VirtualMachine>| {
         Some(ObjectRef::new(&vm.name_any()).within(&vm.namespace().unwrap_or_default()))
+    })
+    // A config refused a MAC another holds (`MacInUse`) waits for that holder's change or
+    // deletion: by then its reconcile has let the MAC go.
+    .watches_shared_stream(holders, move |holder: Arc<VirtualMachineNetworkConfig>| {
+        blocked
+            .blocked_by(&holder)
+            .into_iter()
+            .map(|c| store_key::<VirtualMachineNetworkConfig>(&c))
+            .collect::<Vec<_>>()
     })
     .watches_shared_stream(pools, move |pool: Arc<IPPool>| {
         let Some(network) = network_of(&pool) else {

@@ -30,6 +30,7 @@ impl InProcess {
             dumps: false,
             reports: None,
             agent_lease: None,
+            orphan_grace: vmdhcp_controller::reconcile::orphans::DEFAULT_GRACE,
         };
         let grpc = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let http = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();

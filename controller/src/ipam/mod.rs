@@ -11,11 +11,15 @@
 //! network as upstream did, so two pools never share or clobber state, and every access goes
 //! through a lock (upstream left pool creation, deletion and lookup unlocked).
 //!
-//! [`MacOwners`] records which config claimed each MAC on each pool, so one MAC never gets two
-//! configs' addresses.
+//! [`MacOwners`] (in `owners`) records which config claimed each MAC on each pool, so one MAC
+//! never gets two configs' addresses.
 //!
 //! This module only keeps the books. Writing them to etcd before anything is served is the
 //! reconciler's job; the IPAM is always rebuilt from there after a restart.
+
+mod owners;
+
+pub use owners::MacOwners;
 
 use parking_lot::{Mutex, RwLock};
 use std::collections::{BTreeMap, HashMap};
@@ -1112,42 +1116,6 @@ impl Ipam {
     }
 }
 
-/// Which config owns each MAC on each pool, so a MAC is never shared between two configs.
-#[derive(Default)]
-pub struct MacOwners(Mutex<HashMap<(NamespacedName, MacAddr), NamespacedName>>);
-
-impl MacOwners {
-    /// Claims `mac` on `pool` for `owner`; returns the other owner if someone else has it.
-    pub fn claim(
-        &self,
-        pool: &NamespacedName,
-        mac: MacAddr,
-        owner: &NamespacedName,
-    ) -> Result<(), NamespacedName> {
-        let mut map = self.0.lock();
-        match map.get(&(pool.clone(), mac)) {
-            Some(other) if other != owner => Err(other.clone()),
-            _ => {
-                map.insert((pool.clone(), mac), owner.clone());
-                Ok(())
-            }
-        }
-    }
-
-    /// Gives up `owner`'s claim on `mac` (another owner's claim stays).
-    pub fn release(&self, pool: &NamespacedName, mac: MacAddr, owner: &NamespacedName) {
-        let mut map = self.0.lock();
-        if map.get(&(pool.clone(), mac)) == Some(owner) {
-            map.remove(&(pool.clone(), mac));
-        }
-    }
-
-    /// Forgets every claim on a pool (its IPAM was dropped or rebuilt).
-    pub fn forget_pool(&self, pool: &NamespacedName) {
-        self.0.lock().retain(|(p, _), _| p != pool);
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -1800,28 +1768,6 @@ mod tests {
             let again: Vec<Ipv4Addr> = (0..n as u32).map(|m| a.allocate(mac(m + 100)).unwrap()).collect();
             prop_assert_eq!(again, got);
         }
-    }
-
-    #[test]
-    fn mac_owners_refuse_a_second_config() {
-        const A: MacAddr = MacAddr([2, 0, 0, 0, 0, 1]);
-        let owners = MacOwners::default();
-        let (pool, one, two): (NamespacedName, NamespacedName, NamespacedName) = (
-            "ns/p".parse().unwrap(),
-            "ns/vm1".parse().unwrap(),
-            "ns/vm2".parse().unwrap(),
-        );
-        owners.claim(&pool, A, &one).unwrap();
-        owners.claim(&pool, A, &one).unwrap();
-        assert_eq!(owners.claim(&pool, A, &two), Err(one.clone()));
-        owners.release(&pool, A, &two);
-        assert_eq!(
-            owners.claim(&pool, A, &two),
-            Err(one.clone()),
-            "only the owner releases"
-        );
-        owners.release(&pool, A, &one);
-        owners.claim(&pool, A, &two).unwrap();
     }
 
     /// A write that meets another writer's version of the record: entries it does not know
