@@ -1365,8 +1365,8 @@ fn check_version(
     }
 }
 
-/// A pool's books are rebuilt three times (it gains `ipv6Config`, an exclude, a router) while a
-/// burst of 300 VMs allocates on it. A rebuild reads the pool and swaps the books while no
+/// A pool's books are rebuilt every 20 allocations (it gains `ipv6Config`, its exclusions change,
+/// it gains a router) while a burst of 300 VMs allocates on it. A rebuild reads the pool and swaps the books while no
 /// status write is in flight, and the next write starts from the version it read: otherwise an
 /// allocation recorded in between drops out of the books and its address goes to another MAC.
 /// Every version of the pool a watch shows is checked, and at the end every allocated config's
@@ -1420,21 +1420,28 @@ async fn a_pool_rebuilt_during_a_burst_never_records_an_address_for_two_macs() {
                 .await;
         }
     });
-    let edits = [
-        (
-            30,
-            json!({"spec": {"ipv6Config": {"serverIP": "fd00:78::1", "cidr": "fd00:78::/112",
+    // A rebuild every 20 allocations: the IPv6 side first, then the exclusions toggled, then a
+    // router. Each is a GET and a swap of the books while allocations go on.
+    let mut edits = vec![(
+        30,
+        json!({"spec": {"ipv6Config": {"serverIP": "fd00:78::1", "cidr": "fd00:78::/112",
             "pool": {"start": "fd00:78::10", "end": "fd00:78::ffff"}}}}),
-        ),
-        (
-            120,
-            json!({"spec": {"ipv4Config": {"pool": {"exclude": ["10.78.255.200", "10.78.255.201"]}}}}),
-        ),
-        (
-            200,
-            json!({"spec": {"ipv4Config": {"router": "10.78.255.254"}}}),
-        ),
-    ];
+    )];
+    for (i, after) in (50..280).step_by(20).enumerate() {
+        let exclude = if i % 2 == 0 {
+            json!(["10.78.255.200", "10.78.255.201"])
+        } else {
+            json!(["10.78.255.210"])
+        };
+        edits.push((
+            after,
+            json!({"spec": {"ipv4Config": {"pool": {"exclude": exclude}}}}),
+        ));
+    }
+    edits.push((
+        290,
+        json!({"spec": {"ipv4Config": {"router": "10.78.255.254"}}}),
+    ));
     for (after, edit) in edits {
         wait_for(&pools, "pool-rb", "allocating", |p| {
             held_by_vms(p).len() >= after
@@ -1532,27 +1539,54 @@ async fn a_config_refused_for_a_mac_in_use_warns_once_and_gets_it_when_the_holde
         .await
         .unwrap();
     }
-    let warnings = || async {
-        let events: Api<k8s_openapi::api::events::v1::Event> = Api::namespaced(client.clone(), &ns);
+    // Then a second NIC asking for an address outside the range: a new refusal, warned. The
+    // events are published in order, so once this one shows, any repeat of MacInUse before it
+    // does too.
+    let nic = |mac: &str, ip: Option<&str>| json!({"networkName": format!("{ns}/net-m"), "macAddress": mac, "ipAddress": ip});
+    let spec = |nics: Vec<Value>| json!({"spec": {"networkConfigs": nics}});
+    let with_refused = spec(vec![
+        nic("02:00:00:4f:00:01", None),
+        nic("02:00:00:4f:00:02", Some("10.79.0.99")),
+    ]);
+    cfgs.patch(
+        "second",
+        &PatchParams::default(),
+        &Patch::Merge(with_refused),
+    )
+    .await
+    .unwrap();
+    let events: Api<k8s_openapi::api::events::v1::Event> = Api::namespaced(client.clone(), &ns);
+    let count = |events: &[k8s_openapi::api::events::v1::Event], reason: &str| -> i32 {
         events
-            .list(&Default::default())
-            .await
-            .unwrap()
-            .items
-            .into_iter()
+            .iter()
             .filter(|e| {
-                e.reason.as_deref() == Some("MacInUse")
+                e.reason.as_deref() == Some(reason)
                     && e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some("second")
             })
-            .map(|e| e.series.map_or(1, |s| s.count))
-            .sum::<i32>()
+            .map(|e| e.series.as_ref().map_or(1, |s| s.count))
+            .sum()
     };
     let deadline = Instant::now() + DEADLINE;
-    while warnings().await == 0 {
-        assert!(Instant::now() < deadline, "no MacInUse event");
+    let seen = loop {
+        let seen = events.list(&Default::default()).await.unwrap().items;
+        if count(&seen, "AllocationRefused") > 0 {
+            break seen;
+        }
+        assert!(Instant::now() < deadline, "no AllocationRefused event");
         tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-    assert_eq!(warnings().await, 1, "MacInUse warned more than once");
+    };
+    assert_eq!(
+        count(&seen, "MacInUse"),
+        1,
+        "MacInUse warned more than once"
+    );
+    cfgs.patch(
+        "second",
+        &PatchParams::default(),
+        &Patch::Merge(spec(vec![nic("02:00:00:4f:00:01", None)])),
+    )
+    .await
+    .unwrap();
 
     cfgs.delete("holder", &DeleteParams::default())
         .await

@@ -1,6 +1,7 @@
 //! What every reconciler shares: the API client, the caches (reflector stores), the IPAM, the
 //! pool-status writer, the bounded event queue, and the leadership flag that gates every write.
 
+use std::collections::HashMap;
 use std::sync::Arc;
 use std::sync::atomic::AtomicBool;
 
@@ -9,6 +10,7 @@ use kube::api::DynamicObject;
 use kube::runtime::events::{Event, EventType};
 use kube::runtime::reflector::Store;
 use kube::{Client, Resource, ResourceExt};
+use parking_lot::Mutex;
 use tokio::sync::{mpsc, watch};
 use vmdhcp_core::NamespacedName;
 use vmdhcp_core::crd::{IPPool, VirtualMachineNetworkConfig};
@@ -21,7 +23,6 @@ use crate::kinds::{VirtualMachine, network_of, store_key};
 use crate::metrics::Metrics;
 use crate::reconcile::events::Events;
 use crate::reconcile::status::{Kept, PoolStatusWriter};
-use crate::reconcile::vmnetcfg::StatusMemo;
 use crate::reports::Reports;
 
 /// Finalizer on IPPools (upstream's name, so objects created by upstream carry over).
@@ -213,4 +214,45 @@ pub fn serving_order(pool: &IPPool) -> (Timestamp, String, String) {
         pool.namespace().unwrap_or_default(),
         pool.name_any(),
     )
+}
+
+/// The status this replica last wrote to each config, until its cache shows it: a reconcile
+/// queued behind our own write may still see the version the write was computed from, and the
+/// same version with the same result means the write is already done.
+#[derive(Debug, Default)]
+pub struct StatusMemo(Mutex<HashMap<String, WrittenStatus>>);
+
+/// One config's status as written, and the version it was computed from.
+#[derive(Debug, PartialEq, Eq)]
+struct WrittenStatus {
+    /// The config's resourceVersion the status was computed from.
+    from_version: String,
+    /// The status sent, serialised without its conditions' times.
+    timeless: String,
+}
+
+impl StatusMemo {
+    /// Whether `timeless`, computed from `version`, is what was last written to `key`.
+    pub(crate) fn already(&self, key: &str, version: &str, timeless: &str) -> bool {
+        self.0
+            .lock()
+            .get(key)
+            .is_some_and(|w| w.from_version == version && w.timeless == timeless)
+    }
+
+    /// Notes a write.
+    pub(crate) fn record(&self, key: String, from_version: String, timeless: String) {
+        self.0.lock().insert(
+            key,
+            WrittenStatus {
+                from_version,
+                timeless,
+            },
+        );
+    }
+
+    /// Forgets `key`'s note: the cache shows the write, or the config is gone.
+    pub(crate) fn forget(&self, key: &str) {
+        self.0.lock().remove(key);
+    }
 }
