@@ -376,21 +376,7 @@ async fn missing_agent_deployment_is_reported_and_an_unchanged_bootstrap_writes_
             .then_some(())
     })
     .await;
-    let events: Api<Event> = Api::namespaced(client.clone(), &ns);
-    poll("an AgentDeploymentNotFound event on the pool", async || {
-        events
-            .list(&Default::default())
-            .await
-            .ok()?
-            .items
-            .into_iter()
-            .find(|e| {
-                e.reason.as_deref() == Some("AgentDeploymentNotFound")
-                    && e.involved_object.name.as_deref() == Some("net-boot")
-                    && e.type_.as_deref() == Some("Warning")
-            })
-    })
-    .await;
+    warning_on(&client, &ns, "net-boot", "AgentDeploymentNotFound").await;
 
     // The Deployment appears: the bootstrap is written once.
     let deployments: Api<Deployment> = Api::namespaced(client.clone(), &ns);
@@ -1116,22 +1102,13 @@ async fn a_takeover_with_a_trailing_cache_builds_its_books_from_a_read_of_record
     let client = cp.client().await.unwrap();
     let ns = cp.namespace(&client, "record").await.unwrap();
     let leases: Api<Lease> = Api::namespaced(client.clone(), &ns);
-    let a = start(cp, "record-a", &ns, true);
-    poll("record-a leads", async || {
-        (holder_now(&leases).await.as_deref() == Some("record-a")).then_some(())
-    })
-    .await;
+    let a = start_leading(cp, "record-a", &ns, &leases).await;
     let b = start(cp, "record-b", &ns, true);
     network_and_pool(&client, &ns, "net-rec", 24).await;
     let pools: Api<IPPool> = Api::namespaced(client.clone(), &ns);
     wait_pool_ready(&pools, "net-rec").await;
     // b's caches hold the pool; now they stop following.
-    poll("record-b's caches filled", async || {
-        let ready = b.get("/readyz").is_some_and(|(code, _)| code == 200);
-        (ready && b.metric("vmdhcpcontroller_leader") == 0.0).then_some(())
-    })
-    .await;
-    assert!(b.process.signal("STOP"));
+    stop_following(&b, "record-b").await;
     let n = 60u32;
     for i in 0..n {
         let mac = format!("02:00:00:18:00:{i:02x}");
@@ -1205,6 +1182,44 @@ async fn a_takeover_with_a_trailing_cache_builds_its_books_from_a_read_of_record
     );
 }
 
+/// Starts replica `identity` electing in `ns` and waits until it holds the Lease.
+async fn start_leading(
+    cp: &ControlPlane,
+    identity: &str,
+    ns: &str,
+    leases: &Api<Lease>,
+) -> Replica {
+    let replica = start(cp, identity, ns, true);
+    poll(&format!("{identity} leads"), async || {
+        (holder_now(leases).await.as_deref() == Some(identity)).then_some(())
+    })
+    .await;
+    replica
+}
+
+/// Waits until `follower` (not leading) has its caches filled, then stops it (SIGSTOP): its
+/// caches no longer follow what the leader writes.
+async fn stop_following(follower: &Replica, identity: &str) {
+    poll(&format!("{identity}'s caches filled"), async || {
+        let ready = follower.get("/readyz").is_some_and(|(code, _)| code == 200);
+        (ready && follower.metric("vmdhcpcontroller_leader") == 0.0).then_some(())
+    })
+    .await;
+    assert!(follower.process.signal("STOP"));
+}
+
+/// The KubeVirt VirtualMachines of `ns`.
+fn vm_api(client: &Client, ns: &str) -> Api<DynamicObject> {
+    Api::namespaced_with(
+        client.clone(),
+        ns,
+        &ApiResource::from_gvk_with_plural(
+            &GroupVersionKind::gvk("kubevirt.io", "v1", "VirtualMachine"),
+            "virtualmachines",
+        ),
+    )
+}
+
 /// Resumes `follower` (stopped, its caches trailing) once the leader it followed is gone and
 /// its Lease has run out, so that it takes over at once, with the last term's watch events still
 /// queued behind its election; returns once it leads. `mark` runs just before the resume.
@@ -1242,11 +1257,7 @@ async fn a_takeover_with_a_trailing_cache_keeps_the_last_terms_releases() {
     let client = cp.client().await.unwrap();
     let ns = cp.namespace(&client, "released").await.unwrap();
     let leases: Api<Lease> = Api::namespaced(client.clone(), &ns);
-    let a = start(cp, "released-a", &ns, true);
-    poll("released-a leads", async || {
-        (holder_now(&leases).await.as_deref() == Some("released-a")).then_some(())
-    })
-    .await;
+    let a = start_leading(cp, "released-a", &ns, &leases).await;
     network_and_pool(&client, &ns, "net-rel", 28).await;
     let pools: Api<IPPool> = Api::namespaced(client.clone(), &ns);
     wait_pool_ready(&pools, "net-rel").await;
@@ -1261,20 +1272,8 @@ async fn a_takeover_with_a_trailing_cache_keeps_the_last_terms_releases() {
     .await;
     // b's first lists hold every allocation; then it stops following.
     let b = start(cp, "released-b", &ns, true);
-    poll("released-b's caches filled", async || {
-        let ready = b.get("/readyz").is_some_and(|(code, _)| code == 200);
-        (ready && b.metric("vmdhcpcontroller_leader") == 0.0).then_some(())
-    })
-    .await;
-    assert!(b.process.signal("STOP"));
-    let vms: Api<DynamicObject> = Api::namespaced_with(
-        client.clone(),
-        &ns,
-        &ApiResource::from_gvk_with_plural(
-            &GroupVersionKind::gvk("kubevirt.io", "v1", "VirtualMachine"),
-            "virtualmachines",
-        ),
-    );
+    stop_following(&b, "released-b").await;
+    let vms = vm_api(&client, &ns);
     for i in 0..n / 2 {
         vms.delete(&format!("vm-{i}"), &Default::default())
             .await
@@ -1398,14 +1397,7 @@ async fn an_address_whose_config_status_was_never_written_is_released_when_the_v
                 .map(|(ip, _)| ip)
         }
     };
-    let vms: Api<DynamicObject> = Api::namespaced_with(
-        client.clone(),
-        &ns,
-        &ApiResource::from_gvk_with_plural(
-            &GroupVersionKind::gvk("kubevirt.io", "v1", "VirtualMachine"),
-            "virtualmachines",
-        ),
-    );
+    let vms = vm_api(&client, &ns);
     let cfgs: Api<VirtualMachineNetworkConfig> = Api::namespaced(client.clone(), &ns);
 
     // The pool records the address; the config's status cannot say so.
@@ -1473,17 +1465,26 @@ async fn an_address_whose_config_status_was_never_written_is_released_when_the_v
         Some(ip3),
         "a named entry was released"
     );
-    let events: Api<Event> = Api::namespaced(client.clone(), &ns);
-    poll("an UnnamedReleased event on the pool", async || {
+    warning_on(&client, &ns, "net-uw", "UnnamedReleased").await;
+}
+
+/// Waits for a Warning event `reason` about the object `name` in `ns`.
+async fn warning_on(client: &Client, ns: &str, name: &str, reason: &str) -> Event {
+    let events: Api<Event> = Api::namespaced(client.clone(), ns);
+    poll(&format!("a {reason} event on {name}"), async || {
         events
             .list(&Default::default())
             .await
             .ok()?
             .items
             .into_iter()
-            .find(|e| e.reason.as_deref() == Some("UnnamedReleased"))
+            .find(|e| {
+                e.reason.as_deref() == Some(reason)
+                    && e.involved_object.name.as_deref() == Some(name)
+                    && e.type_.as_deref() == Some("Warning")
+            })
     })
-    .await;
+    .await
 }
 
 /// Sets (creating it the first time) the agents' election Lease `agents` in `ns` to `holder`.
