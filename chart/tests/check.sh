@@ -21,7 +21,8 @@
 #      (UPDATE_GOLDEN=1 rewrites it), `promtool check rules` on it and on the full set's
 #      render, `promtool test rules tests/alerts-test.yaml`, and check_render.py's coverage:
 #      each alert has a severity, summary, description, a runbook anchor that is a heading of
-#      docs/alerts.md (the runbooks), tests where it fires and where it does not, and reads only
+#      docs/alerts.md (the runbooks), tests where it fires and where it does not, keeps the
+#      `namespace` label through every aggregation (and the tests expect it), and reads only
 #      documented series, as does every dashboard query.
 #
 # helm: $HELM, else `helm` on PATH (scripts/install-helm.sh installs one).

@@ -29,8 +29,9 @@
       Checks that every alert has a severity, a summary, a description and a runbook_url whose
       anchor is a heading of RUNBOOKS.md (docs/alerts.md, one runbook per alert); that TESTS.yaml
       (promtool's unit tests) has for every alert a case where it fires and one where it stays
-      silent; that every series the rules and the dashboard query is one the binaries export
-      (named in OBSERVABILITY.md, docs/observability.md).
+      silent; that every aggregation and match keeps the `namespace` label, and every firing case
+      expects it with the alert's other labels; that every series the rules and the dashboard
+      query is one the binaries export (named in OBSERVABILITY.md, docs/observability.md).
 """
 
 import json
@@ -660,7 +661,11 @@ def rules_file(path):
         "# vmdhcp's alert rules for Prometheus without the Operator: chart/templates/prometheusrule.yaml\n"
         "# rendered with the chart's default values. Generated (UPDATE_GOLDEN=1 chart/tests/check.sh),\n"
         "# never edited by hand: chart/tests/check.sh fails while the two differ.\n"
-        "# Load it with `rule_files:` in prometheus.yml; unit tests: chart/tests/alerts-test.yaml.\n")
+        "# Load it with `rule_files:` in prometheus.yml; unit tests: chart/tests/alerts-test.yaml.\n"
+        "# The alerts keep the `namespace` label of the scraped pods, which your scrape config must set\n"
+        "# (kubernetes_sd_configs: relabel __meta_kubernetes_namespace to namespace); the no-leader\n"
+        "# alerts' fallback, when nothing is scraped, names vmdhcp-system: for another namespace, render\n"
+        "# your own (helm template -n NS -s templates/prometheusrule.yaml --set prometheusRule.enabled=true).\n")
     sys.stdout.write(yaml.safe_dump(rules[0]["spec"], sort_keys=False, default_flow_style=False,
                                     width=100, allow_unicode=True))
     return 0
@@ -686,9 +691,12 @@ def alerts(rules_path, tests_path, runbooks_path, dashboard_path, observability_
     documented = exported_metrics(observability_md)
     rules = [r for g in groups for r in g["rules"]]
     fired, silent = set(), set()
+    expected_labels = {}  # alert -> the exp_labels of every alert its firing cases expect
     for t in tests:
         for case in t.get("alert_rule_test", []):
             (fired if case.get("exp_alerts") else silent).add(case["alertname"])
+            expected_labels.setdefault(case["alertname"], []).extend(
+                a.get("exp_labels") or {} for a in case.get("exp_alerts") or [])
     for r in rules:
         name = r["alert"]
         ann = r.get("annotations", {})
@@ -701,6 +709,18 @@ def alerts(rules_path, tests_path, runbooks_path, dashboard_path, observability_
         c.check(name in fired and name in silent,
                 f"alert {name}: promtool tests where it fires and where it stays silent",
                 {"fires": name in fired, "silent": name in silent})
+        # Alertmanager routes by namespace: every aggregation and every match keeps it, and the
+        # tests expect it (with the pool, NIC, ... labels the alert is about) wherever it fires.
+        groupings = [[l.strip() for l in g.split(",") if l.strip()]
+                     for g in re.findall(r"\b(?:by|on)\s*\(([^)]*)\)", r["expr"])]
+        bare = re.findall(r"\b(?:sum|max|min|avg|count)\s*\(", r["expr"])
+        c.check(not bare and all("namespace" in g for g in groupings),
+                f"alert {name}: every aggregation and match keeps the namespace label",
+                {"aggregations without by": bare, "groupings": groupings})
+        kept = groupings[0] if groupings else ["namespace"]
+        missing = [sorted(set(kept) - set(l)) for l in expected_labels.get(name, []) if not set(kept) <= set(l)]
+        c.check(expected_labels.get(name) and not missing,
+                f"alert {name}: every promtool case where it fires expects its labels {kept}", missing)
     series = lambda e: {re.sub(r"_(bucket|count|sum)$", "", m) for m in metric_names(e)}
     used = {m for r in rules for m in series(r["expr"])}
     used |= {m for p in dashboard["panels"] for t in p.get("targets", []) for m in series(t["expr"])}
