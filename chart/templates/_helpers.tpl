@@ -231,6 +231,10 @@ Checks that the schema cannot express. Rendered (to nothing) once, from the cont
 {{- if and (eq .Values.tls.mode "plaintext") (not .Values.tls.insecure) -}}
 {{- fail "tls.mode=plaintext serves the config stream without TLS or authentication: anyone who can reach the controller reads every pool's leases, MACs and addresses and can send agent reports. Set tls.insecure=true to accept that (local clusters only), or use tls.mode=controller" -}}
 {{- end -}}
+{{- $t := .Values.prometheusRule.thresholds -}}
+{{- if not (lt (float64 $t.certificateExpiryCriticalDays) (float64 $t.certificateExpiryWarningDays)) -}}
+{{- fail (printf "prometheusRule.thresholds: certificateExpiryCriticalDays (%v) must be less than certificateExpiryWarningDays (%v): the warning comes first" $t.certificateExpiryCriticalDays $t.certificateExpiryWarningDays) -}}
+{{- end -}}
 {{- if and (or .Values.tracing.sampler .Values.tracing.samplerArg) (not .Values.tracing.otlpEndpoint) -}}
 {{- fail "tracing.sampler/samplerArg are set but tracing.otlpEndpoint is empty: traces would go nowhere" -}}
 {{- end -}}

@@ -204,6 +204,10 @@ refuse "controller retryPeriodSeconds >= renewDeadlineSeconds" "retryPeriodSecon
 refuse "tracing.sampler without an endpoint" "otlpEndpoint" --set tracing.sampler=always_on
 refuse "serviceAccount.create=false without a name" "serviceAccount.name" --set agent.serviceAccount.create=false
 refuse "prometheusRule.thresholds.poolAvailablePercent: 120" "poolAvailablePercent" --set prometheusRule.thresholds.poolAvailablePercent=120
+refuse "prometheusRule.thresholds: certificate critical days not below warning days" "certificateExpiryCriticalDays" \
+  --set prometheusRule.thresholds.certificateExpiryCriticalDays=7
+refuse "prometheusRule.thresholds.certificateExpiryWarningDays: 0" "certificateExpiryWarningDays" \
+  --set prometheusRule.thresholds.certificateExpiryWarningDays=0
 refuse "prometheusRule.for of an unknown alert" "VmdhcpNoSuchAlert" --set prometheusRule.for.VmdhcpNoSuchAlert=1m
 refuse "prometheusRule.for.VmdhcpPoolExhausted: 5 (no unit)" "VmdhcpPoolExhausted" --set-string prometheusRule.for.VmdhcpPoolExhausted=5
 refuse "dashboard.labelValue not a string" "labelValue" --set dashboard.labelValue=1
