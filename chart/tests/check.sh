@@ -21,7 +21,7 @@
 #      (UPDATE_GOLDEN=1 rewrites it), `promtool check rules` on it and on the full set's
 #      render, `promtool test rules tests/alerts-test.yaml`, and check_render.py's coverage:
 #      each alert has a severity, summary, description, a runbook anchor that is a heading of
-#      docs/alerts.md (the runbooks), tests where it fires and where it does not, keeps the
+#      docs/alerts.md (the runbooks; prometheusRule.runbookURL is its base, and empty drops it), tests where it fires and where it does not, keeps the
 #      `namespace` label through every aggregation (and the tests expect it), and reads only
 #      documented series, as does every dashboard query.
 #
@@ -208,6 +208,7 @@ refuse "prometheusRule.thresholds: certificate critical days not below warning d
   --set prometheusRule.thresholds.certificateExpiryCriticalDays=7
 refuse "prometheusRule.thresholds.certificateExpiryWarningDays: 0" "certificateExpiryWarningDays" \
   --set prometheusRule.thresholds.certificateExpiryWarningDays=0
+refuse "prometheusRule.runbookURL with its own anchor" "runbookURL" --set prometheusRule.runbookURL=docs/alerts.md#top
 refuse "prometheusRule.for of an unknown alert" "VmdhcpNoSuchAlert" --set prometheusRule.for.VmdhcpNoSuchAlert=1m
 refuse "prometheusRule.for.VmdhcpPoolExhausted: 5 (no unit)" "VmdhcpPoolExhausted" --set-string prometheusRule.for.VmdhcpPoolExhausted=5
 refuse "dashboard.labelValue not a string" "labelValue" --set dashboard.labelValue=1
@@ -260,6 +261,18 @@ else
     what="promtool check rules ($( [ "$rules" = "$alerts" ] && echo files/alerts.yaml || echo 'full values'))"
     if out="$("$PROMTOOL" check rules "$rules" 2>&1)"; then ok "$what: $(printf '%s\n' "$out" | grep -o '[0-9]* rules found')"
     else not_ok "$what"; printf '%s\n' "$out" | sed 's/^/      /'; fi
+  done
+  # runbook_url: prometheusRule.runbookURL + #<alert>, or none at all when it is empty.
+  for base in "" docs/alerts.md https://git.example.org/network/vmdhcp/blob/v0.1.0/docs/alerts.md; do
+    out=""
+    if "$HELM" template "$release" "$chart" --namespace "$namespace" -s templates/prometheusrule.yaml \
+         --set prometheusRule.enabled=true --set-string prometheusRule.runbookURL="$base" \
+         >"$tmp/rule-runbook.yaml" 2>"$tmp/rule-runbook.err" \
+       && out="$("$PYTHON" "$here/check_render.py" runbooks "$tmp/rule-runbook.yaml" "$base" 2>&1)"; then
+      ok "${out#ok    }"
+    else
+      not_ok "runbookURL=\"$base\""; sed 's/^/      /' "$tmp/rule-runbook.err"; printf '%s\n' "$out" | sed 's/^/      /'
+    fi
   done
   if out="$(cd "$here" && "$PROMTOOL" test rules alerts-test.yaml 2>&1)"; then ok "promtool test rules alerts-test.yaml"
   else not_ok "promtool test rules alerts-test.yaml"; printf '%s\n' "$out" | sed 's/^/      /'; fi

@@ -25,9 +25,14 @@
       file: what chart/files/alerts.yaml must hold (the same rules, for a Prometheus without the
       Operator).
 
+  check_render.py runbooks RENDERED.yaml BASE
+      Checks that every alert of the rendered PrometheusRule has the runbook_url BASE#<its name,
+      lowercased>, or none when BASE is empty.
+
   check_render.py alerts RULES.yaml TESTS.yaml RUNBOOKS.md DASHBOARD.json OBSERVABILITY.md
       Checks that every alert has a severity, a summary, a description and a runbook_url whose
-      anchor is a heading of RUNBOOKS.md (docs/alerts.md, one runbook per alert); that TESTS.yaml
+      anchor is a heading of RUNBOOKS.md (docs/alerts.md, one runbook per alert) and whose base is
+      an address or that file's path; that TESTS.yaml
       (promtool's unit tests) has for every alert a case where it fires and one where it stays
       silent; that every aggregation and match keeps the `namespace` label, and every firing case
       expects it with the alert's other labels; that every series the rules and the dashboard
@@ -35,6 +40,7 @@
 """
 
 import json
+import os
 import re
 import sys
 
@@ -671,6 +677,21 @@ def rules_file(path):
     return 0
 
 
+def runbooks(path, base):
+    """Every alert of the rendered PrometheusRule links BASE#<its name, lowercased>; none when BASE
+    is empty (prometheusRule.runbookURL="")."""
+    c = Checker()
+    rules = [r for d in load(path) if d.get("kind") == "PrometheusRule"
+             for g in d["spec"]["groups"] for r in g["rules"]]
+    got = {r["alert"]: (r.get("annotations") or {}).get("runbook_url") for r in rules}
+    want = {name: (f"{base}#{name.lower()}" if base else None) for name in got}
+    c.check(rules and got == want,
+            f"runbookURL={base!r}: " + (f"every alert's runbook_url is {base}#<alert>" if base
+                                         else "no alert has a runbook_url"),
+            {k: v for k, v in got.items() if v != want[k]})
+    return c.failed
+
+
 def exported_metrics(observability_md):
     """Metric names docs/observability.md lists (its tables' first column)."""
     with open(observability_md, encoding="utf-8") as f:
@@ -703,9 +724,12 @@ def alerts(rules_path, tests_path, runbooks_path, dashboard_path, observability_
         c.check(r.get("labels", {}).get("severity") in ("warning", "critical")
                 and ann.get("summary") and ann.get("description"),
                 f"alert {name}: severity, summary, description", r.get("labels"))
-        anchor = ann.get("runbook_url", "").rsplit("#", 1)[-1]
-        c.check(anchor == name.lower() and anchor in headings,
-                f"alert {name}: runbook_url ends in #{name.lower()}, a heading of docs/alerts.md", ann.get("runbook_url"))
+        base, _, anchor = ann.get("runbook_url", "").rpartition("#")
+        # A base without a scheme is a path in vmdhcp's source: it must be the runbooks' file.
+        local = os.path.normpath(runbooks_path).endswith(os.path.normpath(base or "-"))
+        c.check(anchor == name.lower() and anchor in headings and (base.startswith(("https://", "http://")) or local),
+                f"alert {name}: runbook_url ends in #{name.lower()}, a heading of docs/alerts.md (the file itself, "
+                "or an address)", ann.get("runbook_url"))
         c.check(name in fired and name in silent,
                 f"alert {name}: promtool tests where it fires and where it stays silent",
                 {"fires": name in fired, "silent": name in silent})
@@ -736,6 +760,8 @@ def main(argv):
         return 0
     if len(argv) == 3 and argv[1] == "rules":
         return rules_file(argv[2])
+    if len(argv) == 4 and argv[1] == "runbooks":
+        return 1 if runbooks(argv[2], argv[3]) else 0
     if len(argv) == 7 and argv[1] == "alerts":
         return 1 if alerts(*argv[2:7]) else 0
     if len(argv) == 6 and argv[1] == "upstream":
