@@ -138,6 +138,21 @@ app.kubernetes.io/instance: {{ $ctx.Release.Name }}
 app.kubernetes.io/component: {{ index . 1 }}
 {{- end -}}
 
+{{/*
+The peers the NetworkPolicies admit to the metrics port (http, 8080), as YAML {peers: [...]}:
+networkPolicy.metrics.from, then, when this release creates ServiceMonitors, every pod of
+networkPolicy.metrics.prometheusNamespace, so that the NetworkPolicies never block the scrapes
+those ServiceMonitors ask for. Usage: (include "vmdhcp.metricsPeers" . | fromYaml).peers
+*/}}
+{{- define "vmdhcp.metricsPeers" -}}
+{{- $m := .Values.networkPolicy.metrics -}}
+{{- $peers := concat (list) ($m.from | default list) -}}
+{{- if and .Values.serviceMonitor.enabled $m.prometheusNamespace -}}
+{{- $peers = append $peers (dict "namespaceSelector" (dict "matchLabels" (dict "kubernetes.io/metadata.name" $m.prometheusNamespace))) -}}
+{{- end -}}
+{{- toYaml (dict "peers" $peers) -}}
+{{- end -}}
+
 {{/* image reference of a component: include "vmdhcp.image" (list . .Values.controller.image) */}}
 {{- define "vmdhcp.image" -}}
 {{- $ctx := index . 0 -}}
@@ -230,6 +245,10 @@ Checks that the schema cannot express. Rendered (to nothing) once, from the cont
 {{- end -}}
 {{- if and (eq .Values.tls.mode "plaintext") (not .Values.tls.insecure) -}}
 {{- fail "tls.mode=plaintext serves the config stream without TLS or authentication: anyone who can reach the controller reads every pool's leases, MACs and addresses and can send agent reports. Set tls.insecure=true to accept that (local clusters only), or use tls.mode=controller" -}}
+{{- end -}}
+{{- $np := .Values.networkPolicy -}}
+{{- if and $np.enabled .Values.serviceMonitor.enabled (not $np.metrics.prometheusNamespace) (not $np.metrics.from) -}}
+{{- fail "networkPolicy.enabled with serviceMonitor.enabled: the NetworkPolicies would admit nobody to the metrics port, and no Prometheus could scrape through the ServiceMonitors. Set networkPolicy.metrics.prometheusNamespace to your Prometheus's namespace (default cattle-monitoring-system), or networkPolicy.metrics.from to peers that match it" -}}
 {{- end -}}
 {{- $t := .Values.prometheusRule.thresholds -}}
 {{- if not (lt (float64 $t.certificateExpiryCriticalDays) (float64 $t.certificateExpiryWarningDays)) -}}

@@ -8,8 +8,9 @@
 #      UPDATE_GOLDEN=1 rewrites the golden files instead;
 #   3. invariants of the rendered objects (check_render.py): agent capabilities, the empty
 #      bootstrap, least-privilege RBAC, names shared between the controller's flags and the
-#      objects, the ServiceMonitor only when enabled, the NetworkPolicies' ports and peers, PDB
-#      apiVersion per Kubernetes version;
+#      objects, the ServiceMonitor only when enabled, the NetworkPolicies' ports and peers (and
+#      that they admit the Prometheus of the set's ServiceMonitors: a self-test shows the check
+#      fails NetworkPolicies that would block it), PDB apiVersion per Kubernetes version;
 #   4. invalid values (schema and template checks) make `helm template` fail;
 #   5. upstream's values (harvester/vm-dhcp-controller's chart and Harvester's packaging of it):
 #      tests/values-upstream*.yaml and the valuesContent of examples/harvester-addon.yaml (checked
@@ -159,6 +160,35 @@ for set in "${sets[@]}" kube120; do
   if [ "$rc" -ne 0 ] && [ "$f" -eq 0 ]; then not_ok "check_render.py $set exited $rc"; fi
 done
 
+# The NetworkPolicies never block a ServiceMonitor of the same release (check_render.py checks it
+# on every set above); the check itself must fail on a NetworkPolicy that admits to the metrics
+# port only a namespace other than the Prometheus's, and pass for that namespace.
+cat >"$tmp/np-elsewhere.yaml" <<'EOF'
+serviceMonitor: {enabled: true}
+networkPolicy:
+  enabled: true
+  metrics:
+    prometheusNamespace: ""
+    from: [{namespaceSelector: {matchLabels: {kubernetes.io/metadata.name: elsewhere}}}]
+EOF
+if "$HELM" template "$release" "$chart" --namespace "$namespace" -f "$tmp/np-elsewhere.yaml" \
+     >"$tmp/np-elsewhere.render.yaml" 2>"$tmp/np-elsewhere.err"; then
+  rc=0; "$PYTHON" "$here/check_render.py" scrape "$tmp/np-elsewhere.render.yaml" cattle-monitoring-system \
+    >"$tmp/np-elsewhere.out" 2>&1 || rc=$?
+  if [ "$rc" -ne 0 ] && grep -q '^FAIL .*ServiceMonitor' "$tmp/np-elsewhere.out"; then
+    ok "the scrape check fails NetworkPolicies that admit only another namespace than the Prometheus's"
+  else
+    not_ok "the scrape check passed NetworkPolicies that block the ServiceMonitors' Prometheus"; sed 's/^/      /' "$tmp/np-elsewhere.out"
+  fi
+  if "$PYTHON" "$here/check_render.py" scrape "$tmp/np-elsewhere.render.yaml" elsewhere >"$tmp/np-elsewhere.out" 2>&1; then
+    ok "the scrape check passes the same NetworkPolicies for a Prometheus in the namespace they admit"
+  else
+    not_ok "the scrape check fails NetworkPolicies that admit the Prometheus's namespace"; sed 's/^/      /' "$tmp/np-elsewhere.out"
+  fi
+else
+  not_ok "template (NetworkPolicies admitting namespace elsewhere)"; sed 's/^/      /' "$tmp/np-elsewhere.err"
+fi
+
 # 4. invalid values are refused: refuse WHAT TEXT-THE-ERROR-NAMES HELM-ARGS...
 refuse() {
   local what="$1" expect="$2"; shift 2
@@ -184,6 +214,10 @@ refuse "tls.mode=plaintext without tls.insecure=true" "tls.insecure=true" --set 
 refuse "tls.mode=plaintext with tls.insecure=false" "tls.insecure=true" --set tls.mode=plaintext --set tls.insecure=false
 refuse "tls.insecure: \"yes\"" "insecure" --set tls.mode=plaintext --set-string tls.insecure=yes
 refuse "networkPolicy.webhook.from not a list" "from" --set networkPolicy.enabled=true --set networkPolicy.webhook.from=10.0.0.0/8
+refuse "serviceMonitor with networkPolicy admitting nobody to the metrics port" "prometheusNamespace" \
+  --set serviceMonitor.enabled=true --set networkPolicy.enabled=true --set networkPolicy.metrics.prometheusNamespace=
+refuse "networkPolicy.metrics.prometheusNamespace: not a namespace name" "prometheusNamespace" \
+  --set networkPolicy.metrics.prometheusNamespace=Cattle_Monitoring
 refuse "a typo'd networkPolicy key (networkPolicy.metrics.form)" "form" --set 'networkPolicy.metrics.form[0].podSelector.x=y'
 refuse "controller.upstreamAgentNamespaces: not a namespace name" "upstreamAgentNamespaces" --set 'controller.upstreamAgentNamespaces={Harvester_System}'
 refuse "a typo'd top-level key (controler)" "controler" -f "$tmp/typo.yaml"

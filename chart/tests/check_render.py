@@ -11,6 +11,10 @@
       plaintext, kube120); prints one `ok ...` or `FAIL ...` line per check and exits 1 if
       any failed.
 
+  check_render.py scrape RENDERED.yaml PROMETHEUS_NAMESPACE
+      Checks that the NetworkPolicies in RENDERED.yaml admit a Prometheus in PROMETHEUS_NAMESPACE
+      to every port its ServiceMonitors scrape (`check` runs the same on every set).
+
   check_render.py upstream SET RENDERED.yaml RELEASE NAMESPACE
       Checks that each of upstream's values in value set SET (upstream, upstream-defaults,
       upstream-precedence, harvester-addon) became this chart's key it maps to, or was ignored.
@@ -77,6 +81,11 @@ for _s in UPSTREAM_SETS:
     for _table, _value in ((SERVICE_MONITORS, 0), (PROMETHEUS_RULES, 0), (DASHBOARDS, 0),
                            (NETWORK_POLICIES, 0), (UPSTREAM_NAMESPACES, []), (PDB_API, "policy/v1")):
         _table[_s] = _value
+# The Prometheus that scrapes through a set's ServiceMonitors: its namespace (default: Rancher's
+# and Harvester's monitoring, networkPolicy.metrics.prometheusNamespace's default) and labels the
+# Prometheus Operator puts on its pods. The NetworkPolicies must admit it (scrape_checks).
+PROMETHEUS_NAMESPACE = {"full": "monitoring"}
+PROMETHEUS_POD_LABELS = {"app.kubernetes.io/name": "prometheus", "app.kubernetes.io/managed-by": "prometheus-operator"}
 WRITE_VERBS = {"create", "update", "patch", "delete", "deletecollection", "*"}
 CLUSTER_SCOPED = {"ClusterRole", "ClusterRoleBinding", "MutatingWebhookConfiguration",
                   "ValidatingWebhookConfiguration", "CustomResourceDefinition"}
@@ -141,6 +150,78 @@ def flag(container, name):
         if a.startswith(f"--{name}="):
             return a.split("=", 1)[1]
     return None
+
+
+def selects(selector, labels):
+    """Whether a LabelSelector selects an object with `labels` ({} selects everything)."""
+    if any(labels.get(k) != v for k, v in (selector.get("matchLabels") or {}).items()):
+        return False
+    for e in selector.get("matchExpressions") or []:
+        has, value = e["key"] in labels, labels.get(e["key"])
+        op = e["operator"]
+        if (op == "In" and value not in e.get("values", [])) or (op == "NotIn" and value in e.get("values", [])) \
+                or (op == "Exists" and not has) or (op == "DoesNotExist" and has):
+            return False
+    return True
+
+
+def scrape_checks(c, tag, docs, prom_namespace):
+    """For each ServiceMonitor: the port it scrapes (through its Service's targetPort) on the
+    pods behind that Service, and whether the NetworkPolicies selecting those pods admit a
+    Prometheus pod (PROMETHEUS_POD_LABELS) of namespace `prom_namespace` there. A peer admits it
+    by namespaceSelector and/or podSelector; an ipBlock proves nothing (pod addresses vary)."""
+    prom_ns_labels = {"kubernetes.io/metadata.name": prom_namespace}
+    for sm in [d for d in docs if d["kind"] == "ServiceMonitor"]:
+        sm_name = sm["metadata"]["name"]
+        in_ns = (sm["spec"].get("namespaceSelector") or {}).get("matchNames") or [sm["metadata"]["namespace"]]
+        services = [d for d in docs if d["kind"] == "Service" and d["metadata"]["namespace"] in in_ns
+                    and selects(sm["spec"]["selector"], d["metadata"].get("labels") or {})]
+        for ep in sm["spec"]["endpoints"]:
+            blocked = []
+            for svc in services:
+                ns = svc["metadata"]["namespace"]
+                sport = next((p for p in svc["spec"]["ports"] if p.get("name") == ep.get("port")), None)
+                if sport is None:
+                    blocked.append(f"Service {svc['metadata']['name']} has no port {ep.get('port')}")
+                    continue
+                target = sport.get("targetPort", sport["port"])
+                pods = [d for d in docs if d["kind"] == "Deployment" and d["metadata"]["namespace"] == ns
+                        and selects({"matchLabels": svc["spec"].get("selector") or {"-": "-"}},
+                                    d["spec"]["template"]["metadata"].get("labels") or {})]
+                for deploy in pods:
+                    labels = deploy["spec"]["template"]["metadata"].get("labels") or {}
+                    cports = [p for ct in deploy["spec"]["template"]["spec"]["containers"]
+                              for p in ct.get("ports", []) if target in (p.get("name"), p["containerPort"])]
+                    port_ids = {x for p in cports for x in (p.get("name"), p["containerPort"]) if x is not None} or {target}
+                    policies = [n for n in docs if n["kind"] == "NetworkPolicy" and n["metadata"]["namespace"] == ns
+                                and "Ingress" in n["spec"].get("policyTypes", ["Ingress"])
+                                and selects(n["spec"]["podSelector"], labels)]
+
+                    def admits(peer, policy_ns=ns):
+                        if "ipBlock" in peer:
+                            return False
+                        ns_ok = (selects(peer["namespaceSelector"], prom_ns_labels) if "namespaceSelector" in peer
+                                 else prom_namespace == policy_ns)
+                        return ns_ok and selects(peer.get("podSelector") or {}, PROMETHEUS_POD_LABELS)
+
+                    open_ = not policies or any(
+                        (not rule.get("ports") or any(p.get("port") in port_ids for p in rule["ports"]))
+                        and (not rule.get("from") or any(admits(peer) for peer in rule["from"]))
+                        for pol in policies for rule in pol["spec"].get("ingress") or [])
+                    if not open_:
+                        blocked.append(f"{ns}/{deploy['metadata']['name']} port {target}: "
+                                       f"NetworkPolicies {[p['metadata']['name'] for p in policies]}")
+            c.check(services and not blocked,
+                    f"{tag} ServiceMonitor {sm_name} port {ep.get('port')}: the NetworkPolicies admit a Prometheus "
+                    f"in namespace {prom_namespace} to the pods it scrapes", blocked or "no Service selected")
+
+
+def scrape(path, prom_namespace):
+    c = Checker()
+    docs = load(path)
+    c.check(any(d["kind"] == "ServiceMonitor" for d in docs), "the render has ServiceMonitors")
+    scrape_checks(c, "[scrape]", docs, prom_namespace)
+    return c.failed
 
 
 def check(set_name, path, release, namespace):
@@ -421,6 +502,8 @@ def check(set_name, path, release, namespace):
     sms = by_kind.get("ServiceMonitor", [])
     c.check(len(sms) == SERVICE_MONITORS[set_name],
             f"{tag} {SERVICE_MONITORS[set_name]} ServiceMonitor(s)", len(sms))
+    # The NetworkPolicies never block what the ServiceMonitors of the same release ask for.
+    scrape_checks(c, tag, docs, PROMETHEUS_NAMESPACE.get(set_name, "cattle-monitoring-system"))
     for sm in sms:
         sel = sm["spec"]["selector"]["matchLabels"]
         targets = [s for s in by_kind.get("Service", [])
@@ -760,6 +843,8 @@ def main(argv):
         return 0
     if len(argv) == 3 and argv[1] == "rules":
         return rules_file(argv[2])
+    if len(argv) == 4 and argv[1] == "scrape":
+        return 1 if scrape(argv[2], argv[3]) else 0
     if len(argv) == 4 and argv[1] == "runbooks":
         return 1 if runbooks(argv[2], argv[3]) else 0
     if len(argv) == 7 and argv[1] == "alerts":
