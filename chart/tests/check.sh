@@ -15,7 +15,8 @@
 #   5. upstream's values (harvester/vm-dhcp-controller's chart and Harvester's packaging of it):
 #      tests/values-upstream*.yaml and the valuesContent of examples/harvester-addon.yaml (checked
 #      to be an Addon of Harvester's add-on, for this chart's name and version, then rendered as
-#      release harvester-vm-dhcp-controller in harvester-system) are value sets like the others;
+#      release harvester-vm-dhcp-controller in harvester-system, and again with its monitoring on:
+#      harvester-monitoring) are value sets like the others;
 #      the install notes of every set are compared with tests/golden/<set>.notes.txt (they name
 #      the key each upstream value became), and check_render.py asserts each mapping;
 #   6. the alerts: files/alerts.yaml is the PrometheusRule rendered with the default values
@@ -74,16 +75,20 @@ failed=$((failed + $(printf '%s\n' "$out" | grep -c '^FAIL ' || true)))
 if [ "$rc" -ne 0 ]; then not_ok "check_render.py addon exited $rc"; fi
 
 # Value sets: name -> extra helm arguments, release and namespace.
-sets=(default full plaintext upstream upstream-defaults upstream-precedence harvester-addon)
+# harvester-monitoring: the add-on example with its monitoring keys' `enabled` set true, as on a
+# Harvester whose monitoring add-on is on.
+sets=(default full plaintext upstream upstream-defaults upstream-precedence harvester-addon harvester-monitoring)
 set_args() {
   case "$1" in
     default) ;;
     harvester-addon) printf '%s\n' -f "$tmp/harvester-addon.values.yaml" ;;
+    harvester-monitoring) printf '%s\n' -f "$tmp/harvester-addon.values.yaml" --set serviceMonitor.enabled=true \
+                            --set prometheusRule.enabled=true --set dashboard.enabled=true --set networkPolicy.enabled=true ;;
     *) printf '%s\n' -f "$here/values-$1.yaml" ;;
   esac
 }
-set_release() { case "$1" in harvester-addon) echo harvester-vm-dhcp-controller ;; *) echo "$release" ;; esac; }
-set_namespace() { case "$1" in harvester-addon) echo harvester-system ;; *) echo "$namespace" ;; esac; }
+set_release() { case "$1" in harvester-*) echo harvester-vm-dhcp-controller ;; *) echo "$release" ;; esac; }
+set_namespace() { case "$1" in harvester-*) echo harvester-system ;; *) echo "$namespace" ;; esac; }
 
 # 1. lint
 for set in "${sets[@]}"; do
@@ -258,7 +263,7 @@ refuse "upstream's serviceCIDR: not a CIDR" "serviceCIDR" --set serviceCIDR=10.5
 refuse "upstream's serviceAccount.create=false without a name" "serviceAccount.name" --set serviceAccount.create=false
 
 # 5. each of upstream's values became what the notes say
-for set in upstream upstream-defaults upstream-precedence harvester-addon; do
+for set in upstream upstream-defaults upstream-precedence harvester-addon harvester-monitoring; do
   [ -s "$tmp/$set.yaml" ] || continue
   rc=0
   out="$("$PYTHON" "$here/check_render.py" upstream "$set" "$tmp/$set.yaml" "$(set_release "$set")" "$(set_namespace "$set")" 2>&1)" || rc=$?

@@ -60,7 +60,7 @@ EXPECTED_CAPS = {
 }
 # The value sets in upstream's terms (tests/values-upstream*.yaml, the add-on example's
 # valuesContent): the defaults' invariants hold for each.
-UPSTREAM_SETS = ("upstream", "upstream-defaults", "upstream-precedence", "harvester-addon")
+UPSTREAM_SETS = ("upstream", "upstream-defaults", "upstream-precedence", "harvester-addon", "harvester-monitoring")
 for _s in UPSTREAM_SETS:
     EXPECTED_CAPS[_s] = ["NET_ADMIN", "NET_BIND_SERVICE", "NET_RAW"]
 SERVICE_MONITORS = {"default": 0, "kube120": 0, "plaintext": 0, "full": 2}
@@ -81,6 +81,14 @@ for _s in UPSTREAM_SETS:
     for _table, _value in ((SERVICE_MONITORS, 0), (PROMETHEUS_RULES, 0), (DASHBOARDS, 0),
                            (NETWORK_POLICIES, 0), (UPSTREAM_NAMESPACES, []), (PDB_API, "policy/v1")):
         _table[_s] = _value
+# The add-on example with Harvester's monitoring on (its `enabled` keys set true): everything of
+# it rendered, the dashboard where Harvester's Grafana loads dashboards from.
+for _table in (SERVICE_MONITORS, NETWORK_POLICIES):
+    _table["harvester-monitoring"] = 2
+for _table in (PROMETHEUS_RULES, DASHBOARDS):
+    _table["harvester-monitoring"] = 1
+# The dashboard ConfigMap's namespace, where not the release's (dashboard.namespace).
+DASHBOARD_NAMESPACE = {"harvester-monitoring": "cattle-dashboards"}
 # The Prometheus that scrapes through a set's ServiceMonitors: its namespace (default: Rancher's
 # and Harvester's monitoring, networkPolicy.metrics.prometheusNamespace's default) and labels the
 # Prometheus Operator puts on its pods. The NetworkPolicies must admit it (scrape_checks).
@@ -252,12 +260,15 @@ def check(set_name, path, release, namespace):
     upstream_ns = UPSTREAM_NAMESPACES[set_name] or [namespace]
     upstream_role = next((d["metadata"]["name"] for d in by_kind.get("Role", [])
                           if d["metadata"]["name"].endswith("-controller-upstream-agents")), None)
+    dashboard_ns = DASHBOARD_NAMESPACE.get(set_name, namespace)
     wrong = [key(d) for d in docs
              if d["kind"] not in CLUSTER_SCOPED and d["metadata"].get("namespace") != namespace
              and not (d["kind"] in ("Role", "RoleBinding") and d["metadata"]["name"] == upstream_role
-                      and d["metadata"].get("namespace") in upstream_ns)]
-    c.check(not wrong, f"{tag} every namespaced object is in {namespace} (upstream agents' Roles: {upstream_ns})",
-            wrong)
+                      and d["metadata"].get("namespace") in upstream_ns)
+             and not (d["kind"] == "ConfigMap" and "vmdhcp.json" in (d.get("data") or {})
+                      and d["metadata"].get("namespace") == dashboard_ns)]
+    c.check(not wrong, f"{tag} every namespaced object is in {namespace} (upstream agents' Roles: {upstream_ns}; "
+            f"the dashboard: {dashboard_ns})", wrong)
     long_names = [key(d) for d in by_kind.get("Service", []) if len(d["metadata"]["name"]) > 63]
     c.check(not long_names, f"{tag} Service names are at most 63 characters", long_names)
 
@@ -542,6 +553,8 @@ def check(set_name, path, release, namespace):
     c.check(len(dashboards) == DASHBOARDS[set_name], f"{tag} {DASHBOARDS[set_name]} dashboard ConfigMap(s)",
             len(dashboards))
     for d in dashboards:
+        c.check(d["metadata"].get("namespace") == dashboard_ns,
+                f"{tag} dashboard ConfigMap {d['metadata']['name']} is in {dashboard_ns}", d["metadata"].get("namespace"))
         labels = d["metadata"].get("labels", {})
         c.check(labels.get("grafana_dashboard") == "1",
                 f"{tag} dashboard ConfigMap {d['metadata']['name']} has the Grafana sidecar's label", labels)
@@ -656,7 +669,7 @@ def upstream(set_name, path, release, namespace):
            (apod["metadata"]["labels"].get("team"), apod["metadata"]["labels"].get("extra")), ("ours", "upstream"))
         eq("podLabels: the controller gets upstream's", (cpod["metadata"]["labels"].get("team"),
                                                         cpod["metadata"]["labels"].get("extra")), ("upstream", "upstream"))
-    elif set_name == "harvester-addon":
+    elif set_name in ("harvester-addon", "harvester-monitoring"):
         names = {(d["kind"], d["metadata"]["name"]) for d in docs}
         for kind, name in (("Deployment", "harvester-vm-dhcp-controller-controller"),
                            ("Deployment", "harvester-vm-dhcp-controller-agent"),
@@ -712,8 +725,17 @@ def addon(example, chart_yaml, values_out):
                      "nameOverride", "fullnameOverride", "serviceAccount", "podAnnotations", "podLabels",
                      "podSecurityContext", "securityContext", "service", "ingress", "resources",
                      "autoscaling", "volumes", "volumeMounts", "nodeSelector", "tolerations", "affinity"}
-    c.check(isinstance(values, dict) and set(values) <= upstream_keys,
-            "valuesContent is in upstream's chart's terms", sorted(set(values or {}) - upstream_keys))
+    # Upstream's chart has no monitoring: those keys are this chart's, set for Harvester's.
+    monitoring_keys = {"serviceMonitor", "prometheusRule", "dashboard", "networkPolicy"}
+    c.check(isinstance(values, dict) and set(values) <= upstream_keys | monitoring_keys,
+            "valuesContent is in upstream's chart's terms, but this chart's monitoring keys",
+            sorted(set(values or {}) - upstream_keys - monitoring_keys))
+    mon = values if isinstance(values, dict) else {}
+    c.check((mon.get("dashboard") or {}).get("namespace") == "cattle-dashboards"
+            and ((mon.get("networkPolicy") or {}).get("metrics") or {}).get("prometheusNamespace")
+            == "cattle-monitoring-system",
+            "valuesContent: the dashboard in cattle-dashboards (the only namespace Harvester's Grafana "
+            "loads them from), cattle-monitoring-system's Prometheus admitted to the metrics port")
     with open(values_out, "w", encoding="utf-8") as f:
         f.write(content if isinstance(content, str) else "")
     return c.failed
