@@ -59,10 +59,13 @@ values the user set). Usage: $u := include "vmdhcp.upstream" . | fromYaml
 {{- end -}}
 {{- end -}}
 
-{{- /* replicaCount -> controller.replicas */ -}}
+{{- /* replicaCount -> controller.replicas, but never below 2: upstream's default is 1, which
+here would leave no standby (nothing allocated, no webhook answer while that one restarts) */ -}}
 {{- if hasKey $v "replicaCount" -}}
 {{- if get $ours "controller.replicas" -}}
 {{- $notes = append $notes (printf "replicaCount=%v: ignored, controller.replicas=%v is given (this chart's keys win)" $v.replicaCount $v.controller.replicas) -}}
+{{- else if lt (int $v.replicaCount) 2 -}}
+{{- $notes = append $notes (printf "replicaCount=%v: ignored, the controller keeps %v replicas: with fewer than 2 there is no standby, and while the one replica restarts nothing is allocated and the webhook does not answer (set controller.replicas to run fewer)" $v.replicaCount $c.replicas) -}}
 {{- else -}}
 {{- $_ := set $c "replicas" $v.replicaCount -}}
 {{- $notes = append $notes (printf "replicaCount=%v -> controller.replicas (one elected leader writes; every replica serves the webhook and the config stream)" $v.replicaCount) -}}

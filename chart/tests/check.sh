@@ -273,6 +273,20 @@ for set in upstream upstream-defaults upstream-precedence harvester-addon harves
   if [ "$rc" -ne 0 ] && ! printf '%s\n' "$out" | grep -q '^FAIL '; then not_ok "check_render.py upstream $set exited $rc"; fi
 done
 
+# upstream's replicaCount never takes the controller below 2 replicas; controller.replicas, given,
+# still wins: controller_replicas WHAT WANT HELM-ARGS...
+controller_replicas() {
+  local what="$1" want="$2" got; shift 2
+  got="$("$HELM" template "$release" "$chart" --namespace "$namespace" -s templates/controller-deployment.yaml "$@" 2>"$tmp/replicas.err" \
+         | "$PYTHON" -c 'import sys, yaml; print(next(d for d in yaml.safe_load_all(sys.stdin) if d)["spec"]["replicas"])' 2>>"$tmp/replicas.err")" || true
+  if [ "$got" = "$want" ]; then ok "$what"; else not_ok "$what: got '$got'"; sed 's/^/      /' "$tmp/replicas.err"; fi
+}
+controller_replicas "upstream's replicaCount=0 -> 2 controller replicas" 2 --set replicaCount=0
+controller_replicas "upstream's replicaCount=1 -> 2 controller replicas" 2 --set replicaCount=1
+controller_replicas "upstream's replicaCount=3 -> 3 controller replicas" 3 --set replicaCount=3
+controller_replicas "controller.replicas=1 wins over replicaCount=1" 1 --set replicaCount=1 --set controller.replicas=1
+controller_replicas "controller.replicas=1 wins over replicaCount=3" 1 --set replicaCount=3 --set controller.replicas=1
+
 # 6. alerts
 PROMTOOL="${PROMTOOL:-$(command -v promtool || true)}"
 if [ -z "$PROMTOOL" ]; then

@@ -645,7 +645,7 @@ def upstream(set_name, path, release, namespace):
            sorted({w["clientConfig"]["service"]["port"] for d in docs if d["kind"].endswith("WebhookConfiguration")
                    for w in d["webhooks"]}), [443])
     elif set_name == "upstream-defaults":
-        eq("replicaCount -> controller.replicas", ctrl_d["spec"]["replicas"], 1)
+        eq("replicaCount=1 (below 2) not taken: 2 controller replicas", ctrl_d["spec"]["replicas"], 2)
         eq("upstream's controller and webhook images ignored: vmdhcp's controller runs", ctrl["image"],
            "ghcr.io/vmdhcp/vm-dhcp-controller:0.1.0")
         eq("upstream's agent image ignored: vmdhcp's agent runs", agent["image"], "ghcr.io/vmdhcp/vm-dhcp-agent:0.1.0")
