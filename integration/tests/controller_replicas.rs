@@ -1487,6 +1487,76 @@ async fn warning_on(client: &Client, ns: &str, name: &str, reason: &str) -> Even
     .await
 }
 
+/// The IPv6 address config `name` records for its first NIC.
+async fn ipv6_of(cfgs: &Api<VirtualMachineNetworkConfig>, name: &str) -> Option<String> {
+    cfgs.get(name)
+        .await
+        .ok()?
+        .status?
+        .network_configs
+        .first()?
+        .allocated_ipv6_address
+        .clone()
+}
+
+/// A writer that predates dual-stack (upstream's controller, an older release) writes a
+/// dual-stack pool's status without `status.ipv6` while no replica of ours runs. The next
+/// replica reports it (`IPv6RecordMissing`), keeps every IPv6 address the configs' status records
+/// for its config (a new VM does not get one), and records them again.
+#[tokio::test]
+async fn a_pool_record_without_its_ipv6_side_keeps_what_the_configs_record() {
+    let cp = &ControlPlane::start().unwrap();
+    let client = cp.client().await.unwrap();
+    let ns = cp.namespace(&client, "v6lost").await.unwrap();
+    let first = start(cp, "v6lost-1", &ns, false);
+    create(&client, &ns, json!({"apiVersion": "k8s.cni.cncf.io/v1", "kind": "NetworkAttachmentDefinition", "metadata": {"name": "net-6", "namespace": ns}, "spec": {"config": "{}"}})).await;
+    create(&client, &ns, json!({
+        "apiVersion": "network.harvesterhci.io/v1alpha1", "kind": "IPPool", "metadata": {"name": "net-6", "namespace": ns},
+        "spec": {"networkName": format!("{ns}/net-6"),
+            "ipv4Config": {"serverIP": "10.31.0.1", "cidr": "10.31.0.0/24", "pool": {"start": "10.31.0.10", "end": "10.31.0.20"}},
+            "ipv6Config": {"serverIP": "fd00:31::1", "cidr": "fd00:31::/112", "pool": {"start": "fd00:31::10", "end": "fd00:31::20"}}}
+    }))
+    .await;
+    let pools: Api<IPPool> = Api::namespaced(client.clone(), &ns);
+    wait_pool_ready(&pools, "net-6").await;
+    let cfgs: Api<VirtualMachineNetworkConfig> = Api::namespaced(client.clone(), &ns);
+    vm(&client, &ns, "vm-1", "net-6", "02:00:00:1f:00:01").await;
+    let v6 = poll("vm-1's IPv6 address", async || ipv6_of(&cfgs, "vm-1").await).await;
+    drop(first);
+
+    // The pre-dual-stack write: the whole status back, without `ipv6`.
+    let mut pool = pools.get_status("net-6").await.unwrap();
+    pool.status.as_mut().unwrap().ipv6 = None;
+    pool.metadata.managed_fields = None;
+    pools
+        .replace_status("net-6", &PostParams::default(), &pool)
+        .await
+        .unwrap();
+    assert!(
+        pools
+            .get("net-6")
+            .await
+            .unwrap()
+            .status
+            .unwrap()
+            .ipv6
+            .is_none()
+    );
+
+    let _second = start(cp, "v6lost-2", &ns, false);
+    warning_on(&client, &ns, "net-6", "IPv6RecordMissing").await;
+    vm(&client, &ns, "vm-2", "net-6", "02:00:00:1f:00:02").await;
+    let v6_2 = poll("vm-2's IPv6 address", async || ipv6_of(&cfgs, "vm-2").await).await;
+    assert_ne!(v6_2, v6, "vm-1's recorded IPv6 address given to vm-2");
+    poll("vm-1's IPv6 address recorded again", async || {
+        let status = pools.get("net-6").await.ok()?.status?;
+        (status.ipv6?.allocated.get(&v6).map(String::as_str) == Some("02:00:00:1f:00:01"))
+            .then_some(())
+    })
+    .await;
+    assert_eq!(ipv6_of(&cfgs, "vm-1").await, Some(v6));
+}
+
 /// Sets (creating it the first time) the agents' election Lease `agents` in `ns` to `holder`.
 async fn hold_agent_lease(leases: &Api<Lease>, holder: &str) {
     let lease: Lease = serde_json::from_value(json!({

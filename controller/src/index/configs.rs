@@ -53,6 +53,9 @@ struct Footprint {
     waits_on: Vec<NamespacedName>,
     /// Every address its status records, both families, with the network of the entry.
     holds: Vec<(NamespacedName, IpAddr)>,
+    /// The addresses of its status entries that say `Allocated`, both families: what it holds
+    /// by the record, which no other NIC's dynamic allocation may take.
+    allocated: Vec<(NamespacedName, IpAddr)>,
     /// The static addresses its spec asks for, both families: (network, address, MAC).
     requests: Vec<(NamespacedName, IpAddr, MacAddr)>,
     /// While it waits only for MACs another config holds (`MacInUse`): the NICs of its spec its
@@ -102,11 +105,13 @@ impl Footprint {
             .collect();
         holds.sort();
         holds.dedup();
+        let allocated = allocated_addresses(cfg);
         Footprint {
             networks,
             nics,
             waits_on,
             holds,
+            allocated,
             requests: requests_of(cfg),
             blocked,
         }
@@ -130,6 +135,7 @@ struct Kept {
     nics: Box<[(Name, MacAddr)]>,
     waits_on: Box<[Name]>,
     holds: Box<[(Name, IpAddr)]>,
+    allocated: Box<[(Name, IpAddr)]>,
     requests: Box<[(Name, IpAddr, MacAddr)]>,
     blocked: Box<[(Name, MacAddr)]>,
 }
@@ -200,6 +206,8 @@ struct Claims {
     waiting: BTreeMap<Name, BTreeSet<Name>>,
     /// (network, address) → the configs whose status records it (sorted; one but for conflicts).
     holders: BTreeMap<(Name, IpAddr), Vec<Name>>,
+    /// (network, address) → the configs whose status records it as `Allocated`.
+    allocated_at: BTreeMap<(Name, IpAddr), Vec<Name>>,
     /// (network, address) → the (config, MAC) NICs whose spec asks for it (one but for a
     /// request the webhook would refuse).
     requested: BTreeMap<(Name, IpAddr), Vec<(Name, MacAddr)>>,
@@ -239,6 +247,11 @@ impl Claims {
                 .map(|(n, mac)| (self.intern(n), *mac))
                 .collect(),
             waits_on: footprint.waits_on.iter().map(|n| self.intern(n)).collect(),
+            allocated: footprint
+                .allocated
+                .iter()
+                .map(|(n, ip)| (self.intern(n), *ip))
+                .collect(),
             holds: footprint
                 .holds
                 .iter()
@@ -266,6 +279,9 @@ impl Claims {
         }
         for held in &kept.holds {
             link_one(&mut self.holders, held, &config);
+        }
+        for held in &kept.allocated {
+            link_one(&mut self.allocated_at, held, &config);
         }
         for nic in &kept.blocked {
             link_one(&mut self.blocked, nic, &config);
@@ -295,6 +311,10 @@ impl Claims {
         }
         for held in &kept.holds {
             unlink_one(&mut self.holders, held, config);
+            mentioned.push(held.0.clone());
+        }
+        for held in &kept.allocated {
+            unlink_one(&mut self.allocated_at, held, config);
             mentioned.push(held.0.clone());
         }
         for nic in &kept.blocked {
@@ -358,6 +378,42 @@ fn requests_of(cfg: &VirtualMachineNetworkConfig) -> Vec<(NamespacedName, IpAddr
                 .map(|ip| (network.clone(), ip, mac)),
         );
     }
+    out.sort();
+    out.dedup();
+    out
+}
+
+/// The addresses `cfg`'s status records as `Allocated`, both families, with their network; none
+/// while it is being deleted (they are on their way back).
+fn allocated_addresses(cfg: &VirtualMachineNetworkConfig) -> Vec<(NamespacedName, IpAddr)> {
+    if cfg.metadata.deletion_timestamp.is_some() {
+        return Vec::new();
+    }
+    let ns = cfg.namespace().unwrap_or_default();
+    let mut out: Vec<(NamespacedName, IpAddr)> = cfg
+        .status
+        .iter()
+        .flat_map(|s| &s.network_configs)
+        .filter(|e| e.state == Some(NetworkConfigState::Allocated))
+        .filter_map(|e| {
+            let network = NamespacedName::parse_in(e.network_name.as_deref()?, &ns).ok()?;
+            let v4 = e
+                .allocated_ip_address
+                .as_deref()
+                .and_then(|a| a.parse::<Ipv4Addr>().ok());
+            let v6 = e
+                .allocated_ipv6_address
+                .as_deref()
+                .and_then(|a| a.parse::<Ipv6Addr>().ok());
+            Some(
+                v4.map(IpAddr::V4)
+                    .into_iter()
+                    .chain(v6.map(IpAddr::V6))
+                    .map(move |ip| (network.clone(), ip)),
+            )
+        })
+        .flatten()
+        .collect();
     out.sort();
     out.dedup();
     out
@@ -517,6 +573,41 @@ impl ConfigIndex {
             );
         }
         out
+    }
+
+    /// Whether a config other than `me` records `ip` on `network` as `Allocated`: the address is
+    /// its by the record even when the books lost it (a writer that predates dual-stack erased
+    /// `status.ipv6`, say), and a dynamic allocation passes over it until that config has been
+    /// reconciled and took it back.
+    pub fn recorded_by_another(
+        &self,
+        network: &NamespacedName,
+        ip: IpAddr,
+        me: &NamespacedName,
+    ) -> bool {
+        let inner = self.lock();
+        let claims = &inner.live;
+        let Some(network) = claims.interned(network) else {
+            return false;
+        };
+        claims
+            .allocated_at
+            .get(&(network.clone(), ip))
+            .is_some_and(|holders| holders.iter().any(|c| c.as_ref() != me))
+    }
+
+    /// How many IPv6 addresses the configs' statuses record as `Allocated` on `network`.
+    pub fn allocated_ipv6_on(&self, network: &NamespacedName) -> usize {
+        let inner = self.lock();
+        let claims = &inner.live;
+        let Some(network) = claims.interned(network) else {
+            return 0;
+        };
+        let (lo, hi) = (Ipv6Addr::UNSPECIFIED, Ipv6Addr::from(u128::MAX));
+        claims
+            .allocated_at
+            .range((network.clone(), IpAddr::V6(lo))..=(network.clone(), IpAddr::V6(hi)))
+            .count()
     }
 
     /// The configs with a NIC on `network` (its pool's users).

@@ -361,6 +361,17 @@ fn allocator_from_status(pool: &IPPool, valid: &ValidPool) -> (PoolBooks, Vec<Ip
     (PoolBooks { v4: allocator, v6 }, problems)
 }
 
+/// Whether a dual-stack pool's record lacks `status.ipv6` while it records IPv4 allocations:
+/// what a writer that predates dual-stack leaves (upstream's controller, an older release).
+fn lost_ipv6_record(pool: &IPPool, valid: &ValidPool) -> bool {
+    let status = pool.status.as_ref();
+    valid.ipv6().is_some()
+        && status.is_some_and(|s| s.ipv6.is_none())
+        && status
+            .and_then(|s| s.ipv4.as_ref())
+            .is_some_and(|v4| !v4.allocated.is_empty())
+}
+
 /// The ranges a pool's books are built on: IPv4, and IPv6 on a dual-stack pool. Books built on
 /// other ranges are rebuilt.
 fn ranges_of(valid: &ValidPool) -> (PoolRange, Option<PoolRange<Ipv6Addr>>) {
@@ -411,9 +422,27 @@ async fn rebuild_ipam(
             let (allocator, problems) = allocator_from_status(&of_record, valid);
             ctx.books.mac_owners.forget_pool(pool_ref);
             ctx.books.ipam.insert_books(allocator);
-            Ok::<_, Error>((Arc::new(of_record), problems))
+            let ipv6_missing = lost_ipv6_record(&of_record, valid);
+            Ok::<_, Error>((Arc::new(of_record), (problems, ipv6_missing)))
         })
         .await?;
+    let (problems, ipv6_missing) = problems;
+    if let (true, Some(network)) = (ipv6_missing, network_of(pool)) {
+        let recorded = ctx.stores.config_index.allocated_ipv6_on(&network);
+        if recorded > 0 {
+            let message = format!(
+                "status.ipv6 is missing (written by a controller that predates dual-stack?): the {recorded} IPv6 addresses the configs' status records stay theirs and are recorded again as each config is reconciled"
+            );
+            warn!(pool = %pool_ref, recorded, "the pool's IPv6 record is missing; kept from the configs' status");
+            ctx.event(
+                pool,
+                EventType::Warning,
+                "IPv6RecordMissing",
+                "Rebuild",
+                message,
+            );
+        }
+    }
     for problem in problems.iter().take(5) {
         warn!(pool = %pool_ref, %problem, "status entry not replayed");
         ctx.event(
@@ -480,7 +509,12 @@ pub fn prebuild(
         else {
             continue;
         };
-        if !ready || pool.spec.paused == Some(true) || ipam.contains(&pool_ref) {
+        // A record without its IPv6 side is left to the reconcile, which reports it.
+        if !ready
+            || pool.spec.paused == Some(true)
+            || ipam.contains(&pool_ref)
+            || lost_ipv6_record(pool, &valid)
+        {
             continue;
         }
         let (allocator, problems) = allocator_from_status(pool, &valid);

@@ -237,9 +237,13 @@ pub(super) fn allocate(
         .filter(|n| !n.is_empty())
         .map_or_else(|| cfg.name_any(), str::to_owned);
     let host_name = host_name_of(&vm_name);
-    // Addresses other NICs on the network ask for as their static one.
+    // Addresses other NICs on the network ask for as their static one, or hold by their
+    // config's record (the books may have lost one: a status written without `ipv6`).
     let index = &ctx.stores.config_index;
-    let avoid = |ip: IpAddr| index.requested_by_another(network, ip, me, mac);
+    let avoid = |ip: IpAddr| {
+        index.requested_by_another(network, ip, me, mac)
+            || index.recorded_by_another(network, ip, me)
+    };
     let decision = span.in_scope(|| {
         ctx.books.ipam.with_books(pool, |b| {
             decide_books(
