@@ -74,41 +74,15 @@ trap 'rm -f "$images_log"' EXIT
 (renice -n 19 -p "$BASHPID" >/dev/null && build_images) >"$images_log" 2>&1 &
 images_pid=$!
 
-# The alerts suite spends its five minutes waiting for Prometheus's scrapes and rule evaluations,
-# at little CPU: it runs beside the other suites, from its built binary (run as `cargo test`
-# runs it, from its package's directory), its output kept for the end.
-alerts_bin="$(cargo test --workspace --locked --no-run --message-format=json --test alerts 2>/dev/null \
-  | python3 -c 'import json,sys
-for line in sys.stdin:
-    m = json.loads(line)
-    if m.get("reason") == "compiler-artifact" and m["target"]["name"] == "alerts" and m.get("executable"):
-        print(m["executable"])')"
-if [ -z "$alerts_bin" ]; then
-  echo "scripts/test.sh: the alerts suite's binary was not found among the built tests" >&2
-  exit 1
-fi
-alerts_log="$(mktemp)"
-(cd integration && "$alerts_bin") >"$alerts_log" 2>&1 &
-alerts_pid=$!
-trap 'kill "$alerts_pid" 2>/dev/null; rm -f "$images_log" "$alerts_log"' EXIT
-
-# Every test target of the workspace but those three; always `--workspace`, the test build's one
+# Every test target of the workspace but those two; always `--workspace`, the test build's one
 # feature resolution, so that no run rebuilds anything.
 after_images=(images cluster)
 targets=(--lib --bins)
 for name in $(basename -s .rs */tests/*.rs | sort -u); do
-  [[ " ${after_images[*]} alerts " == *" $name "* ]] || targets+=(--test "$name")
+  [[ " ${after_images[*]} " == *" $name "* ]] || targets+=(--test "$name")
 done
 cargo test --workspace --locked "${targets[@]}"
 cargo test --workspace --locked --doc
-echo "== the alerts suite (run beside the others)"
-alerts_rc=0
-wait "$alerts_pid" || alerts_rc=$?
-cat "$alerts_log"
-if [ "$alerts_rc" -ne 0 ]; then
-  echo "scripts/test.sh: the alerts suite failed (above)" >&2
-  exit 1
-fi
 phase "unit tests and suites"
 
 # The Helm chart: lint, golden renders, invariants, refused values (chart/tests/check.sh), then an
