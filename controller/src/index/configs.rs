@@ -420,7 +420,7 @@ fn allocated_addresses(cfg: &VirtualMachineNetworkConfig) -> Vec<(NamespacedName
 }
 
 /// The NICs of `cfg`'s spec (a NIC whose network or MAC does not parse is none).
-fn spec_nics(cfg: &VirtualMachineNetworkConfig) -> Vec<Nic> {
+pub fn spec_nics(cfg: &VirtualMachineNetworkConfig) -> Vec<Nic> {
     let ns = cfg.namespace().unwrap_or_default();
     cfg.spec
         .network_configs
@@ -430,6 +430,12 @@ fn spec_nics(cfg: &VirtualMachineNetworkConfig) -> Vec<Nic> {
             Some((network, nc.mac_address.parse().ok()?))
         })
         .collect()
+}
+
+/// Every NIC `cfg` names, in its spec or in its status (whatever state the entry says).
+pub fn named_nics(cfg: &VirtualMachineNetworkConfig) -> BTreeSet<Nic> {
+    let recorded = cfg.recorded_nics().into_iter().map(|(n, m, _, _)| (n, m));
+    spec_nics(cfg).into_iter().chain(recorded).collect()
 }
 
 /// The NICs `cfg`'s status records as `Allocated`; none while it is being deleted (its
@@ -554,8 +560,7 @@ impl ConfigIndex {
     /// status names, as the change of `cfg` (its deletion too) that the caller saw shows it.
     pub fn blocked_by(&self, cfg: &VirtualMachineNetworkConfig) -> BTreeSet<NamespacedName> {
         let me = object_ref(cfg);
-        let recorded = cfg.recorded_nics().into_iter().map(|(n, m, _, _)| (n, m));
-        let nics: BTreeSet<Nic> = spec_nics(cfg).into_iter().chain(recorded).collect();
+        let nics = named_nics(cfg);
         let inner = self.lock();
         let claims = &inner.live;
         let mut out = BTreeSet::new();

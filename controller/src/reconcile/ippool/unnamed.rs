@@ -77,13 +77,12 @@ fn spec_macs(ctx: &Context, network: &NamespacedName) -> HashSet<MacAddr> {
         let Some(cfg) = ctx.stores.vmnetcfgs.get(&store_key(&key)) else {
             continue;
         };
-        macs.extend(cfg.spec.network_configs.iter().filter_map(|nc| {
-            let on = NamespacedName::parse_in(&nc.network_name, &key.namespace).ok()?;
-            if on != *network {
-                return None;
-            }
-            nc.mac_address.parse::<MacAddr>().ok()
-        }));
+        macs.extend(
+            crate::index::configs::spec_nics(&cfg)
+                .into_iter()
+                .filter(|(on, _)| on == network)
+                .map(|(_, mac)| mac),
+        );
     }
     macs
 }

@@ -540,13 +540,7 @@ async fn cleanup(
     // What its status records, what its spec names (a status write that failed records
     // nothing), and what it claimed in this term.
     let mut touched = BTreeSet::new();
-    let named = cfg.spec.network_configs.iter().filter_map(|nc| {
-        let network = NamespacedName::parse_in(&nc.network_name, &me.namespace).ok()?;
-        Some((network, nc.mac_address.parse::<MacAddr>().ok()?))
-    });
-    let recorded = cfg.recorded_nics().into_iter().map(|(n, m, _, _)| (n, m));
-    let nics: BTreeSet<(NamespacedName, MacAddr)> = recorded.chain(named).collect();
-    for (network, mac) in nics {
+    for (network, mac) in crate::index::configs::named_nics(&cfg) {
         touched.extend(release(&ctx, &network, mac, &me));
     }
     touched.extend(release_claims(&ctx, &me, &BTreeSet::new()));
