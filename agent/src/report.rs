@@ -12,6 +12,7 @@
 //! logged and retried at the next occasion; reporting never blocks serving.
 
 use std::collections::BTreeMap;
+use std::net::IpAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -118,10 +119,18 @@ fn suspects(suspects: &Suspects, pool: &NamespacedName) -> Vec<pb::NetworkSuspec
             kind: match s.kind {
                 SuspectKind::ForeignDhcpServer => pb::SuspectKind::ForeignDhcpServer,
                 SuspectKind::ProxyArpResponder => pb::SuspectKind::ProxyArpResponder,
+                SuspectKind::ProxyNdpResponder => pb::SuspectKind::ProxyNdpResponder,
             }
             .into(),
             mac_address: s.mac.to_string(),
-            ip_address: s.ip.map(|ip| ip.to_string()).unwrap_or_default(),
+            ip_address: match s.ip {
+                Some(IpAddr::V4(ip)) => ip.to_string(),
+                _ => String::new(),
+            },
+            ipv6_address: match s.ip {
+                Some(IpAddr::V6(ip)) => ip.to_string(),
+                _ => String::new(),
+            },
             detail: s.detail,
         })
         .collect()
@@ -242,6 +251,20 @@ mod tests {
             Some("192.0.3.7".parse().unwrap()),
             "offered 192.0.3.50 to 02:00:00:00:01:0a",
         );
+        suspects.record(
+            &"ns/b".parse().unwrap(),
+            SuspectKind::ForeignDhcpServer,
+            "02:00:00:00:0e:0f".parse().unwrap(),
+            Some("fe80::66".parse().unwrap()),
+            "ADVERTISE from fe80::66",
+        );
+        suspects.record(
+            &"ns/b".parse().unwrap(),
+            SuspectKind::ProxyNdpResponder,
+            "02:00:00:00:0e:0e".parse().unwrap(),
+            None,
+            "answers Neighbor Solicitations",
+        );
         let (_s, stream) = watch::channel(ConnectionStatus {
             epoch: "e1".into(),
             revision: 9,
@@ -301,16 +324,33 @@ mod tests {
             }]
         );
         assert!(report.interfaces[1].probes.is_empty());
-        // So does a suspect.
+        // So do the suspects, each address in its family's field.
         assert!(report.interfaces[0].suspects.is_empty());
         assert_eq!(
             report.interfaces[1].suspects,
-            [pb::NetworkSuspect {
-                kind: pb::SuspectKind::ForeignDhcpServer.into(),
-                mac_address: "02:00:00:00:0e:0e".into(),
-                ip_address: "192.0.3.7".into(),
-                detail: "offered 192.0.3.50 to 02:00:00:00:01:0a".into(),
-            }]
+            [
+                pb::NetworkSuspect {
+                    kind: pb::SuspectKind::ForeignDhcpServer.into(),
+                    mac_address: "02:00:00:00:0e:0e".into(),
+                    ip_address: "192.0.3.7".into(),
+                    ipv6_address: String::new(),
+                    detail: "offered 192.0.3.50 to 02:00:00:00:01:0a".into(),
+                },
+                pb::NetworkSuspect {
+                    kind: pb::SuspectKind::ForeignDhcpServer.into(),
+                    mac_address: "02:00:00:00:0e:0f".into(),
+                    ip_address: String::new(),
+                    ipv6_address: "fe80::66".into(),
+                    detail: "ADVERTISE from fe80::66".into(),
+                },
+                pb::NetworkSuspect {
+                    kind: pb::SuspectKind::ProxyNdpResponder.into(),
+                    mac_address: "02:00:00:00:0e:0e".into(),
+                    ip_address: String::new(),
+                    ipv6_address: String::new(),
+                    detail: "answers Neighbor Solicitations".into(),
+                },
+            ]
         );
     }
 

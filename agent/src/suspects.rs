@@ -1,8 +1,9 @@
 //! Hosts on the pools' networks that this agent found acting where they should not: another
-//! DHCP server answering on a pool's network ([`crate::dhcp::foreign`]), a host answering ARP
-//! for addresses that are not its own. The serving agent records what it sees here; the report
-//! carries each pool's current suspects to the controller, which turns them into the pool's
-//! `ForeignDHCPServer` and `ProxyARPResponder` conditions, and `/metrics` counts them.
+//! DHCP server (of either family) answering on a pool's network ([`crate::dhcp::foreign`],
+//! [`crate::dhcp6::server`]), a host answering ARP or Neighbor Solicitations for addresses that
+//! are not its own. The serving agent records what it sees here; the report carries each pool's
+//! current suspects to the controller, which turns them into the pool's `ForeignDHCPServer`,
+//! `ProxyARPResponder` and `ProxyNDPResponder` conditions, and `/metrics` counts them.
 //!
 //! A suspect is kept while it keeps showing itself: one not seen again for `forget_after`
 //! ([`FORGET_AFTER`] unless set) is forgotten, which is how a condition clears once the host
@@ -13,7 +14,7 @@
 //! It records and forgets; it sends nothing and decides nothing about serving.
 
 use std::collections::{BTreeMap, HashMap};
-use std::net::Ipv4Addr;
+use std::net::IpAddr;
 use std::time::{Duration, Instant};
 
 use parking_lot::Mutex;
@@ -37,13 +38,16 @@ pub enum SuspectKind {
     ForeignDhcpServer,
     /// It answers ARP for many addresses that are not its own.
     ProxyArpResponder,
+    /// It answers Neighbor Solicitations for many IPv6 addresses that are not its own.
+    ProxyNdpResponder,
 }
 
 impl SuspectKind {
     /// Every kind, for metrics that list zero counts too.
-    pub const ALL: [SuspectKind; 2] = [
+    pub const ALL: [SuspectKind; 3] = [
         SuspectKind::ForeignDhcpServer,
         SuspectKind::ProxyArpResponder,
+        SuspectKind::ProxyNdpResponder,
     ];
 
     /// Stable label for logs and metrics.
@@ -51,6 +55,7 @@ impl SuspectKind {
         match self {
             SuspectKind::ForeignDhcpServer => "foreign_dhcp_server",
             SuspectKind::ProxyArpResponder => "proxy_arp_responder",
+            SuspectKind::ProxyNdpResponder => "proxy_ndp_responder",
         }
     }
 }
@@ -62,8 +67,9 @@ pub struct Suspect {
     pub kind: SuspectKind,
     /// Its hardware address (the Ethernet source of what it sent).
     pub mac: MacAddr,
-    /// The address it speaks for (a DHCP server's identifier), when known.
-    pub ip: Option<Ipv4Addr>,
+    /// The address it speaks for (a DHCP server's identifier, a DHCPv6 server's source), when
+    /// known.
+    pub ip: Option<IpAddr>,
     /// What was last seen, for people.
     pub detail: String,
     /// When it was last seen.
@@ -73,7 +79,7 @@ pub struct Suspect {
 /// What is kept of one suspect (its kind and MAC are the key).
 #[derive(Clone, Debug)]
 struct Entry {
-    ip: Option<Ipv4Addr>,
+    ip: Option<IpAddr>,
     detail: String,
     last_seen: Instant,
 }
@@ -119,7 +125,7 @@ impl Suspects {
         pool: &NamespacedName,
         kind: SuspectKind,
         mac: MacAddr,
-        ip: Option<Ipv4Addr>,
+        ip: Option<IpAddr>,
         detail: &str,
     ) -> bool {
         self.record_at(pool, kind, mac, ip, detail, Instant::now())
@@ -130,7 +136,7 @@ impl Suspects {
         pool: &NamespacedName,
         kind: SuspectKind,
         mac: MacAddr,
-        ip: Option<Ipv4Addr>,
+        ip: Option<IpAddr>,
         detail: &str,
         now: Instant,
     ) -> bool {
@@ -290,8 +296,8 @@ mod tests {
         format!("default/{name}").parse().unwrap()
     }
 
-    fn ip(n: u8) -> Option<Ipv4Addr> {
-        Some(Ipv4Addr::new(192, 0, 2, n))
+    fn ip(n: u8) -> Option<IpAddr> {
+        Some(std::net::Ipv4Addr::new(192, 0, 2, n).into())
     }
 
     #[test]

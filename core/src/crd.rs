@@ -41,6 +41,10 @@ pub const CONDITION_FOREIGN_DHCP_SERVER: &str = "ForeignDHCPServer";
 /// IPPool condition (ours, not upstream's): the serving agent found a host answering ARP for
 /// many addresses that are not its own on the pool's network; the message names each.
 pub const CONDITION_PROXY_ARP_RESPONDER: &str = "ProxyARPResponder";
+/// IPPool condition (ours, not upstream's): the serving agent found a host answering Neighbor
+/// Solicitations for many IPv6 addresses that are not its own on a dual-stack pool's network;
+/// the message names each.
+pub const CONDITION_PROXY_NDP_RESPONDER: &str = "ProxyNDPResponder";
 /// VirtualMachineNetworkConfig condition: every network config has an address.
 pub const CONDITION_ALLOCATED: &str = "Allocated";
 /// The `Allocated=False` reason of a config whose only problem is MACs another config holds on

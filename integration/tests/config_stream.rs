@@ -875,6 +875,7 @@ async fn reports_are_recorded_and_invalid_ones_refused() {
         mac_address: "02:00:00:00:0e:0e".into(),
         ip_address: "10.0.0.7".into(),
         detail: "x".repeat(1000),
+        ipv6_address: String::new(),
     };
     let with_suspects = |suspects: Vec<pb::NetworkSuspect>| pb::ReportRequest {
         interfaces: vec![pb::InterfaceReport {
@@ -910,6 +911,21 @@ async fn reports_are_recorded_and_invalid_ones_refused() {
                 ..rogue.clone()
             },
             "interfaces.suspects.ip_address = \"10.0.0\"",
+        ),
+        (
+            pb::NetworkSuspect {
+                ip_address: String::new(),
+                ipv6_address: "10.0.0.7".into(),
+                ..rogue.clone()
+            },
+            "interfaces.suspects.ipv6_address = \"10.0.0.7\"",
+        ),
+        (
+            pb::NetworkSuspect {
+                ipv6_address: "fe80::66".into(),
+                ..rogue.clone()
+            },
+            "interfaces.suspects.ipv6_address = \"fe80::66\": is set beside ip_address",
         ),
         (
             pb::NetworkSuspect {

@@ -1110,7 +1110,7 @@ fn a_host_answering_every_neighbor_solicitation_makes_no_ipv6_conflict_and_is_re
         b.rig.agent_log()
     );
     assert!(c.log().contains("XMT: Forming Decline"), "{}", c.log());
-    let series = "vmdhcp_agent_network_suspects{pool=\"default/a\",kind=\"proxy_arp_responder\"}";
+    let series = "vmdhcp_agent_network_suspects{pool=\"default/a\",kind=\"proxy_ndp_responder\"}";
     assert_eq!(metric(&b.metrics(), series), Some(1.0), "{}", b.metrics());
     let confirmed = dhcp6_metric(
         &b,

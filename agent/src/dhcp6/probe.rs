@@ -27,7 +27,7 @@ use tracing::{debug, info, warn};
 use vmdhcp_core::pool::MAX_CONFLICTS_PER_HOST;
 use vmdhcp_core::{MacAddr, NamespacedName};
 
-use crate::arp::{self, Answers, ArpError, CANARIES, PROXY_CANARY_ANSWERS};
+use crate::arp::{self, Answers, ArpError, CANARIES, Evidence};
 use crate::findings::{Finding, RECHECK, Reason};
 use crate::lease_table::{LeaseTable, PoolSnapshot};
 use crate::suspects::{SuspectKind, Suspects};
@@ -140,25 +140,6 @@ fn spawn_probe(slot: Slot, job: impl FnOnce() + Send + 'static) -> bool {
     }
 }
 
-/// What a check of an address heard, judged as the DHCPv4 server judges its ARP probes
-/// ([`crate::dhcp::probe`], whose rules these are): evidence a tenant cannot fake cheaply.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum Evidence {
-    /// The address's own client answered, at any time in the window: it uses its address.
-    Holder,
-    /// Another host answered every one of the [`arp::PROBE_NUM`] solicitations, and not for
-    /// addresses nobody holds: it uses the address.
-    Taken(MacAddr),
-    /// The host that answered also answers for addresses nobody holds: a proxy-NDP responder
-    /// (a router with `proxy_ndp`, or a tenant answering every solicitation), not a user.
-    Proxy(MacAddr),
-    /// The host that answered already holds [`MAX_CONFLICTS_PER_HOST`] of the pool's IPv6
-    /// addresses in conflict here: its answer makes no more.
-    Capped(MacAddr),
-    /// Nobody answered every solicitation (a host answering with a new MAC each time is nobody).
-    Nobody,
-}
-
 /// What a DECLINE's check found.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum DeclineVerdict {
@@ -229,7 +210,7 @@ struct Check<'a> {
 
 /// Finds out who uses `check.ip` (see [`Evidence`]): the holder answering any of the
 /// solicitations settles it; otherwise a host must answer every one, then is asked about [`CANARIES`]
-/// addresses of the pool's IPv6 subnet nobody holds, answering [`PROXY_CANARY_ANSWERS`] of
+/// addresses of the pool's IPv6 subnet nobody holds, answering [`arp::PROXY_CANARY_ANSWERS`] of
 /// which makes it a proxy-NDP responder (reported to `suspects`); with `check.cap`, a host
 /// holding [`MAX_CONFLICTS_PER_HOST`] of the pool's IPv6 addresses in conflict here makes no
 /// more. Blocking: up to two probe windows.
@@ -246,55 +227,50 @@ fn investigate(
         holder,
         cap,
     } = check;
-    let holder_heard = |a: &Answers<Ipv6Addr>| holder.is_some_and(|h| a.answered(h, ip));
-    // Decided once the holder answers, or once another host answered all the solicitations
-    // without the holder answering any of them.
-    let decided = |a: &Answers<Ipv6Addr>| {
-        holder_heard(a) || a.steady(ip, arp::PROBE_NUM).any(|m| Some(m) != holder)
+    let canaries = || {
+        table
+            .pool(pool)
+            .map(|snapshot| canaries6(&snapshot, ip, CANARIES))
+            .unwrap_or_default()
     };
-    let answers = probe(interface, &[ip], &decided)?;
-    if holder_heard(&answers) {
-        return Ok(Evidence::Holder);
-    }
-    let Some(other) = answers
-        .steady(ip, arp::PROBE_NUM)
-        .find(|m| Some(*m) != holder)
-    else {
-        return Ok(Evidence::Nobody);
-    };
-    let canaries = table
-        .pool(pool)
-        .map(|snapshot| canaries6(&snapshot, ip, CANARIES))
-        .unwrap_or_default();
-    if !canaries.is_empty() {
-        let enough = |a: &Answers<Ipv6Addr>| a.addresses_of(other) >= PROXY_CANARY_ANSWERS;
-        let heard = probe(interface, &canaries, &enough)?;
-        if enough(&heard) {
-            if let Some(suspects) = suspects {
-                let detail = format!(
-                    "answers Neighbor Solicitations for {ip} and for IPv6 addresses nobody holds"
-                );
-                suspects.record(pool, SuspectKind::ProxyArpResponder, other, None, &detail);
-            }
-            warn!(%pool, mac = %other, %ip, "a host answers Neighbor Solicitations for addresses nobody holds: a proxy-NDP responder, its answers make no conflict");
-            return Ok(Evidence::Proxy(other));
-        }
-    }
-    if cap {
-        let held = table
+    let held = |other: MacAddr| {
+        table
             .findings()
             .of(pool)
             .iter()
             .filter(|(at, f)| {
                 matches!(at, IpAddr::V6(v6) if *v6 != ip) && f.answered_by == Some(other)
             })
-            .count();
-        if held >= MAX_CONFLICTS_PER_HOST {
-            warn!(%pool, mac = %other, %ip, held, "a host answers for one more IPv6 address but holds {MAX_CONFLICTS_PER_HOST} in conflict already: no more");
-            return Ok(Evidence::Capped(other));
+            .count()
+    };
+    let inquiry = arp::Inquiry {
+        ip,
+        holder,
+        // A client that declined solicits again within a second: decided as soon as another
+        // host answered every solicitation.
+        end_when_taken: true,
+        known_proxy: &|_| false,
+        canaries: &canaries,
+        held: cap.then_some(&held as &dyn Fn(MacAddr) -> usize),
+    };
+    let evidence = arp::weigh(|ips, done| probe(interface, ips, done), &inquiry)?;
+    match evidence {
+        Evidence::Proxy(other) => {
+            let detail = format!(
+                "answers Neighbor Solicitations for {ip} and for IPv6 addresses nobody holds"
+            );
+            if suspects.is_none_or(|s| {
+                s.record(pool, SuspectKind::ProxyNdpResponder, other, None, &detail)
+            }) {
+                warn!(%pool, mac = %other, %ip, "a host answers Neighbor Solicitations for addresses nobody holds: a proxy-NDP responder, its answers make no conflict");
+            }
         }
+        Evidence::Capped(other) => {
+            warn!(%pool, mac = %other, %ip, "a host answers for one more IPv6 address but holds {MAX_CONFLICTS_PER_HOST} in conflict already: no more");
+        }
+        Evidence::Holder | Evidence::Taken(_) | Evidence::Nobody => {}
     }
-    Ok(Evidence::Taken(other))
+    Ok(evidence)
 }
 
 /// Up to `n` addresses of `pool`'s IPv6 subnet that nobody should answer for: not `ip`, not the
@@ -689,7 +665,7 @@ mod tests {
         assert_eq!(reported.len(), 1);
         assert_eq!(
             (reported[0].kind, reported[0].mac),
-            (SuspectKind::ProxyArpResponder, OTHER)
+            (SuspectKind::ProxyNdpResponder, OTHER)
         );
         // A host holding the cap already: no more.
         for n in 0..MAX_CONFLICTS_PER_HOST {

@@ -317,7 +317,7 @@ fn look_at(
         pool,
         SuspectKind::ForeignDhcpServer,
         seen.mac,
-        None,
+        Some(seen.source.into()),
         &seen.detail,
     ) {
         warn!(%pool, mac = %seen.mac, server = %seen.source, detail = %seen.detail, "foreign DHCPv6 server on the pool's network");

@@ -593,6 +593,7 @@ mod tests {
         for wanted in [
             line("foreign_dhcp_server", 0),
             line("proxy_arp_responder", 0),
+            line("proxy_ndp_responder", 0),
         ] {
             assert!(
                 metrics.lines().any(|l| l == wanted),
@@ -604,7 +605,7 @@ mod tests {
                 &pool_name(),
                 SuspectKind::ForeignDhcpServer,
                 MacAddr([2, 0, 0, 0, 0x0e, last]),
-                Some(std::net::Ipv4Addr::new(192, 0, 2, last)),
+                Some(std::net::Ipv4Addr::new(192, 0, 2, last).into()),
                 "offered 192.0.2.50",
             );
         }

@@ -23,7 +23,7 @@
 
 use parking_lot::Mutex;
 use std::collections::{BTreeMap, BTreeSet, HashMap};
-use std::net::{IpAddr, Ipv4Addr};
+use std::net::IpAddr;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
@@ -447,7 +447,7 @@ type Entry<'a> = (
     InterfaceState,
     &'a str,
     &'a [AddressProbe],
-    Vec<(SuspectKind, MacAddr, Option<Ipv4Addr>)>,
+    Vec<(SuspectKind, MacAddr, Option<IpAddr>)>,
 );
 
 /// A report's interface entries by the pool they name.
@@ -523,6 +523,7 @@ fn bound_fields(report: &mut AgentReport) -> Result<(), ReportError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::net::Ipv4Addr;
 
     fn report(pod: &str, at_secs: u64, state: InterfaceState) -> AgentReport {
         AgentReport {
@@ -549,7 +550,7 @@ mod tests {
                 suspects: vec![NetworkSuspect {
                     kind: SuspectKind::ForeignDhcpServer,
                     mac: "02:00:00:00:0e:0e".parse().unwrap(),
-                    ip: Some(Ipv4Addr::new(10, 0, 0, 7)),
+                    ip: Some(Ipv4Addr::new(10, 0, 0, 7).into()),
                     detail: "offered 10.0.0.50 to 02:00:00:00:01:0a".into(),
                 }],
             }],

@@ -68,13 +68,16 @@ pub enum SuspectKind {
     ForeignDhcpServer = 1,
     /// It answers ARP for many addresses that are not its own.
     ProxyArpResponder = 2,
+    /// It answers Neighbor Solicitations for many IPv6 addresses that are not its own.
+    ProxyNdpResponder = 3,
 }
 
 impl SuspectKind {
     /// Every kind, for conditions and metrics that list each.
-    pub const ALL: [SuspectKind; 2] = [
+    pub const ALL: [SuspectKind; 3] = [
         SuspectKind::ForeignDhcpServer,
         SuspectKind::ProxyArpResponder,
+        SuspectKind::ProxyNdpResponder,
     ];
 
     /// The kind numbered `n`; `None` for 0 (not a kind) or a number this controller does not
@@ -83,6 +86,7 @@ impl SuspectKind {
         match n {
             1 => Some(SuspectKind::ForeignDhcpServer),
             2 => Some(SuspectKind::ProxyArpResponder),
+            3 => Some(SuspectKind::ProxyNdpResponder),
             _ => None,
         }
     }
@@ -92,6 +96,7 @@ impl SuspectKind {
         match self {
             SuspectKind::ForeignDhcpServer => "foreign_dhcp_server",
             SuspectKind::ProxyArpResponder => "proxy_arp_responder",
+            SuspectKind::ProxyNdpResponder => "proxy_ndp_responder",
         }
     }
 }
@@ -103,15 +108,15 @@ pub struct NetworkSuspect {
     pub kind: SuspectKind,
     /// Its hardware address.
     pub mac: MacAddr,
-    /// The address it speaks for, when known.
-    pub ip: Option<Ipv4Addr>,
+    /// The address it speaks for (IPv4 or IPv6), when known.
+    pub ip: Option<IpAddr>,
     /// What was seen, for people (at most [`MAX_SUSPECT_DETAIL`] bytes).
     pub detail: String,
 }
 
 impl NetworkSuspect {
     /// Who it is, whatever it was last seen doing: what a pool's conditions name.
-    pub fn identity(&self) -> (SuspectKind, MacAddr, Option<Ipv4Addr>) {
+    pub fn identity(&self) -> (SuspectKind, MacAddr, Option<IpAddr>) {
         (self.kind, self.mac, self.ip)
     }
 }

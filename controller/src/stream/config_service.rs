@@ -11,7 +11,7 @@
 //! server can drain; HTTP/2 keepalive and heartbeats detect dead peers on both sides.
 
 use std::collections::VecDeque;
-use std::net::SocketAddr;
+use std::net::{IpAddr, SocketAddr};
 use std::pin::Pin;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
@@ -351,15 +351,29 @@ fn suspect(s: &pb::NetworkSuspect) -> Result<Option<NetworkSuspect>, Status> {
         .mac_address
         .parse()
         .map_err(|e| invalid("interfaces.suspects.mac_address", &s.mac_address, e))?;
-    let ip = match s.ip_address.as_str() {
-        "" => None,
-        text => Some(text.parse().map_err(|_| {
+    let ip = match (s.ip_address.as_str(), s.ipv6_address.as_str()) {
+        ("", "") => None,
+        (text, "") => Some(IpAddr::V4(text.parse().map_err(|_| {
             invalid(
                 "interfaces.suspects.ip_address",
                 text,
                 "is not an IPv4 address",
             )
-        })?),
+        })?)),
+        ("", text) => Some(IpAddr::V6(text.parse().map_err(|_| {
+            invalid(
+                "interfaces.suspects.ipv6_address",
+                text,
+                "is not an IPv6 address",
+            )
+        })?)),
+        (_, text) => {
+            return Err(invalid(
+                "interfaces.suspects.ipv6_address",
+                text,
+                "is set beside ip_address (at most one of the two)",
+            ));
+        }
     };
     Ok(Some(NetworkSuspect {
         kind,
@@ -643,6 +657,43 @@ mod tests {
 
     fn cfg(name: &str) -> PoolConfig {
         pool_config(&format!("ns/{name}")).with_lease_seconds(60)
+    }
+
+    #[test]
+    fn a_suspect_s_address_is_read_from_its_family_s_field_and_never_from_both() {
+        let wire = |kind: pb::SuspectKind, v4: &str, v6: &str| pb::NetworkSuspect {
+            kind: kind.into(),
+            mac_address: "02:00:00:00:0e:0e".into(),
+            ip_address: v4.into(),
+            ipv6_address: v6.into(),
+            detail: "seen".into(),
+        };
+        let ip = |s: &pb::NetworkSuspect| suspect(s).map(|s| s.and_then(|s| s.ip));
+        let foreign = pb::SuspectKind::ForeignDhcpServer;
+        assert_eq!(
+            ip(&wire(foreign, "192.0.2.7", "")).unwrap(),
+            Some(Ipv4Addr::new(192, 0, 2, 7).into())
+        );
+        assert_eq!(
+            ip(&wire(foreign, "", "fe80::66")).unwrap(),
+            Some("fe80::66".parse::<IpAddr>().unwrap())
+        );
+        assert_eq!(ip(&wire(foreign, "", "")).unwrap(), None);
+        for (v4, v6, field) in [
+            ("fe80::66", "", "interfaces.suspects.ip_address"),
+            ("", "192.0.2.7", "interfaces.suspects.ipv6_address"),
+            ("192.0.2.7", "fe80::66", "interfaces.suspects.ipv6_address"),
+        ] {
+            let err = ip(&wire(foreign, v4, v6)).unwrap_err();
+            assert_eq!(err.code(), tonic::Code::InvalidArgument);
+            assert!(err.message().starts_with(field), "{}", err.message());
+        }
+        // The IPv6 kind is read; a kind from a newer agent is skipped, not refused.
+        let ndp = suspect(&wire(pb::SuspectKind::ProxyNdpResponder, "", "")).unwrap();
+        assert_eq!(ndp.map(|s| s.kind), Some(SuspectKind::ProxyNdpResponder));
+        let mut newer = wire(foreign, "", "");
+        newer.kind = 99;
+        assert_eq!(suspect(&newer).unwrap(), None);
     }
 
     #[test]

@@ -494,7 +494,7 @@ impl Watcher<'_> {
             &self.target.pool,
             SuspectKind::ForeignDhcpServer,
             sighting.mac,
-            sighting.ip,
+            sighting.ip.map(std::net::IpAddr::V4),
             &sighting.detail,
         );
         let server = IpField(sighting.ip);

@@ -66,7 +66,7 @@ use parking_lot::Mutex;
 use tracing::{debug, info, warn};
 use vmdhcp_core::{MacAddr, NamespacedName};
 
-use crate::arp::{self, Answers, ArpError};
+use crate::arp::{self, Answers, ArpError, Evidence};
 use crate::findings::{Finding, Reason};
 use crate::lease_table::{LeaseTable, PoolSnapshot};
 use crate::suspects::{SuspectKind, Suspects};
@@ -204,53 +204,38 @@ impl Probes {
             holder,
             cap,
         } = check;
-        let holder_heard = |a: &Answers| holder.is_some_and(|h| a.answered(h, ip));
-        let answers = probe(interface, &[ip], &holder_heard)?;
-        if holder_heard(&answers) {
-            return Ok(Evidence::Holder);
-        }
-        let mut steady = answers
-            .steady(ip, arp::PROBE_NUM)
-            .filter(|m| Some(*m) != holder);
-        let Some(other) = steady.next() else {
-            return Ok(Evidence::Nobody);
+        let known_proxy = |m: MacAddr| self.remembers_proxy(pool, m);
+        let canaries = || {
+            table
+                .pool(pool)
+                .map(|snapshot| canaries(&snapshot, ip, CANARIES))
+                .unwrap_or_default()
         };
-        let other = match std::iter::once(other)
-            .chain(steady)
-            .find(|m| !self.remembers_proxy(pool, *m))
-        {
-            Some(other) => other,
-            None => {
-                self.note_proxy(pool, other, ip);
-                return Ok(Evidence::Proxy(other));
-            }
-        };
-        let canaries = table
-            .pool(pool)
-            .map(|snapshot| canaries(&snapshot, ip, CANARIES))
-            .unwrap_or_default();
-        if !canaries.is_empty() {
-            let enough = |a: &Answers| a.addresses_of(other) >= PROXY_CANARY_ANSWERS;
-            let heard = probe(interface, &canaries, &enough)?;
-            if enough(&heard) {
-                self.note_proxy(pool, other, ip);
-                warn!(pool = %pool, mac = %other, %ip, "a host answers ARP for addresses nobody holds: a proxy-ARP responder, its answers make no conflict");
-                return Ok(Evidence::Proxy(other));
-            }
-        }
-        if cap {
-            let held = table.conflicts().get(pool).map_or(0, |conflicts| {
+        let held = |other: MacAddr| {
+            table.conflicts().get(pool).map_or(0, |conflicts| {
                 conflicts
                     .iter()
                     .filter(|(held, c)| **held != ip && c.answered_by == Some(other) && c.holds())
                     .count()
-            });
-            if held >= MAX_CONFLICTS_PER_HOST {
-                warn!(pool = %pool, mac = %other, %ip, held, "a host answers ARP for one more address but holds {MAX_CONFLICTS_PER_HOST} in conflict already: no more");
-                return Ok(Evidence::Capped(other));
+            })
+        };
+        let inquiry = arp::Inquiry {
+            ip,
+            holder,
+            end_when_taken: false,
+            known_proxy: &known_proxy,
+            canaries: &canaries,
+            held: cap.then_some(&held as &dyn Fn(MacAddr) -> usize),
+        };
+        let evidence = arp::weigh(|ips, done| probe(interface, ips, done), &inquiry)?;
+        match evidence {
+            Evidence::Proxy(other) => self.note_proxy(pool, other, ip),
+            Evidence::Capped(other) => {
+                warn!(pool = %pool, mac = %other, %ip, "a host answers ARP for one more address but holds {MAX_CONFLICTS_PER_HOST} in conflict already: no more");
             }
+            Evidence::Holder | Evidence::Taken(_) | Evidence::Nobody => {}
         }
-        Ok(Evidence::Taken(other))
+        Ok(evidence)
     }
 
     fn remembers_proxy(&self, pool: &NamespacedName, mac: MacAddr) -> bool {
@@ -272,7 +257,9 @@ impl Probes {
     fn note_proxy(&self, pool: &NamespacedName, mac: MacAddr, ip: Ipv4Addr) {
         if let Some(suspects) = &self.suspects {
             let detail = format!("answers ARP for {ip} and for addresses nobody holds");
-            suspects.record(pool, SuspectKind::ProxyArpResponder, mac, None, &detail);
+            if suspects.record(pool, SuspectKind::ProxyArpResponder, mac, None, &detail) {
+                warn!(pool = %pool, %mac, %ip, "a host answers ARP for addresses nobody holds: a proxy-ARP responder, its answers make no conflict");
+            }
         }
         let mut proxies = self.proxies.lock();
         proxies.retain(|_, seen| seen.elapsed() < PROXY_MEMORY);

@@ -46,22 +46,6 @@ impl Labels for Verdict {
     }
 }
 
-/// What a check found out about who uses an address (see the module docs).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Evidence {
-    /// The address's own client answered: it uses the address.
-    Holder,
-    /// Another host answered every probe, and not for addresses nobody holds: it uses it.
-    Taken(MacAddr),
-    /// The host that answered is a proxy-ARP responder, not a user of the address.
-    Proxy(MacAddr),
-    /// The host that answered already holds [`MAX_CONFLICTS_PER_HOST`] of the pool's addresses
-    /// in conflict: its answer makes no more.
-    Capped(MacAddr),
-    /// Nobody answered every probe.
-    Nobody,
-}
-
 impl Verdict {
     /// The verdict on a DECLINE, from what its check found.
     pub fn of(evidence: &Result<Evidence, ArpError>) -> Self {

@@ -103,12 +103,12 @@ pub fn serving_probes<'a>(
 /// network, as the pool's status and signals should show it.
 #[derive(Debug, PartialEq)]
 pub struct SuspectFindings {
-    /// `ForeignDHCPServer` and `ProxyARPResponder`, as they should read.
-    pub conditions: [Wanted; 2],
+    /// `ForeignDHCPServer`, `ProxyARPResponder` and `ProxyNDPResponder`, as they should read.
+    pub conditions: [Wanted; 3],
     /// Suspects the pool's conditions do not name yet: each gets a Warning event.
     pub appeared: Vec<NetworkSuspect>,
-    /// How many suspects of each kind the serving agent reports (both kinds listed).
-    pub counts: [(SuspectKind, usize); 2],
+    /// How many suspects of each kind the serving agent reports (every kind listed).
+    pub counts: [(SuspectKind, usize); 3],
     /// The agent that reports them (`namespace/pod`), when one serves the pool.
     pub agent: Option<String>,
 }
@@ -118,6 +118,7 @@ pub(super) fn suspect_condition(kind: SuspectKind) -> &'static str {
     match kind {
         SuspectKind::ForeignDhcpServer => CONDITION_FOREIGN_DHCP_SERVER,
         SuspectKind::ProxyArpResponder => CONDITION_PROXY_ARP_RESPONDER,
+        SuspectKind::ProxyNdpResponder => CONDITION_PROXY_NDP_RESPONDER,
     }
 }
 
@@ -174,6 +175,9 @@ pub fn network_suspects(
         let what = match kind {
             SuspectKind::ForeignDhcpServer => "DHCP servers other than the pool's answer",
             SuspectKind::ProxyArpResponder => "hosts answer ARP for addresses not their own",
+            SuspectKind::ProxyNdpResponder => {
+                "hosts answer Neighbor Solicitations for IPv6 addresses not their own"
+            }
         };
         Wanted::new(type_, true).because(
             "Detected",
@@ -220,6 +224,7 @@ pub(super) fn report_suspects(
         let (reason, what) = match s.kind {
             SuspectKind::ForeignDhcpServer => ("ForeignDHCPServer", "another DHCP server"),
             SuspectKind::ProxyArpResponder => ("ProxyARPResponder", "a proxy-ARP responder"),
+            SuspectKind::ProxyNdpResponder => ("ProxyNDPResponder", "a proxy-NDP responder"),
         };
         let address =
             s.ip.map_or_else(|| "an unknown address".to_owned(), |ip| ip.to_string());

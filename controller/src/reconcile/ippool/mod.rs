@@ -23,8 +23,9 @@ use serde_json::json;
 use tracing::{info, warn};
 use vmdhcp_core::crd::{
     AddressConflict, CONDITION_AGENT_READY, CONDITION_CACHE_READY, CONDITION_FOREIGN_DHCP_SERVER,
-    CONDITION_PROXY_ARP_RESPONDER, CONDITION_REGISTERED, CONDITION_STOPPED, Condition, IPPool,
-    IPPoolStatus, LABEL_IPPOOL_NAME, LABEL_IPPOOL_NAMESPACE, find_condition,
+    CONDITION_PROXY_ARP_RESPONDER, CONDITION_PROXY_NDP_RESPONDER, CONDITION_REGISTERED,
+    CONDITION_STOPPED, Condition, IPPool, IPPoolStatus, LABEL_IPPOOL_NAME, LABEL_IPPOOL_NAMESPACE,
+    find_condition,
 };
 use vmdhcp_core::pool::{Family, MAX_CONFLICTS_PER_HOST, PoolRange, ValidPool};
 
@@ -240,7 +241,7 @@ async fn apply(pool: Arc<IPPool>, ctx: Arc<Context>) -> Result<Action, Error> {
     let agent = agent_condition(&ctx, &pool_ref, &reports, now);
     let previous = pool.status.as_ref().map_or(&[][..], |s| &s.conditions[..]);
     let suspects = network_suspects(&reports, &pool_ref, now, previous);
-    let [foreign_dhcp, proxy_arp] = suspects.conditions.clone();
+    let [foreign_dhcp, proxy_arp, proxy_ndp] = suspects.conditions.clone();
     write_status(
         &ctx,
         &pool_ref,
@@ -251,6 +252,7 @@ async fn apply(pool: Arc<IPPool>, ctx: Arc<Context>) -> Result<Action, Error> {
             agent.clone(),
             foreign_dhcp,
             proxy_arp,
+            proxy_ndp,
         ],
         true,
     )
@@ -866,7 +868,7 @@ mod tests {
         ]);
 
         let found = network_suspects(&reports, &pool, now, &[]);
-        let [dhcp, arp] = &found.conditions;
+        let [dhcp, arp, ndp] = &found.conditions;
         assert_eq!(
             (dhcp.type_, dhcp.status, dhcp.reason),
             ("ForeignDHCPServer", true, "Detected")
@@ -877,6 +879,7 @@ mod tests {
              192.0.2.7 (02:00:00:00:0e:0e)"
         );
         assert_eq!(*arp, Wanted::new("ProxyARPResponder", false));
+        assert_eq!(*ndp, Wanted::new("ProxyNDPResponder", false));
         assert_eq!(
             found.appeared,
             [foreign(rogue, Some("192.0.2.7"), "offered .50")]
@@ -885,7 +888,8 @@ mod tests {
             found.counts,
             [
                 (SuspectKind::ForeignDhcpServer, 1),
-                (SuspectKind::ProxyArpResponder, 0)
+                (SuspectKind::ProxyArpResponder, 0),
+                (SuspectKind::ProxyNdpResponder, 0)
             ]
         );
 
@@ -903,9 +907,10 @@ mod tests {
             "no write for a new deed"
         );
 
-        // A second server and a proxy-ARP responder (no address known): only they appear.
+        // A second server (a DHCPv6 one, by its IPv6 source), a proxy-ARP and a proxy-NDP
+        // responder (no address known): only they appear.
         leader.interfaces[0].suspects = vec![
-            foreign(other, None, ""),
+            foreign(other, Some("fe80::66"), ""),
             foreign(rogue, Some("192.0.2.7"), ""),
             suspect(
                 SuspectKind::ProxyArpResponder,
@@ -913,13 +918,19 @@ mod tests {
                 None,
                 "answered for 40 addresses",
             ),
+            suspect(
+                SuspectKind::ProxyNdpResponder,
+                other,
+                None,
+                "answered for 3 of 4 unused addresses",
+            ),
         ];
         reports.insert("vmdhcp/agent-0".to_owned(), leader.clone());
         let more = network_suspects(&reports, &pool, now, &conditions);
         assert!(
             more.conditions[0]
                 .message
-                .ends_with("an unknown address (02:00:00:00:0e:0f), 192.0.2.7 (02:00:00:00:0e:0e)"),
+                .ends_with("192.0.2.7 (02:00:00:00:0e:0e), fe80::66 (02:00:00:00:0e:0f)"),
             "{}",
             more.conditions[0].message
         );
@@ -927,12 +938,26 @@ mod tests {
             (more.conditions[1].status, more.conditions[1].reason),
             (true, "Detected")
         );
+        assert_eq!(
+            (
+                more.conditions[2].type_,
+                more.conditions[2].status,
+                more.conditions[2].message.as_str()
+            ),
+            (
+                "ProxyNDPResponder",
+                true,
+                "hosts answer Neighbor Solicitations for IPv6 addresses not their own on its \
+                 network (vmdhcp/agent-0): an unknown address (02:00:00:00:0e:0f)"
+            )
+        );
         let appeared: Vec<_> = more.appeared.iter().map(|s| (s.kind, s.mac)).collect();
         assert_eq!(
             appeared,
             [
                 (SuspectKind::ForeignDhcpServer, other),
-                (SuspectKind::ProxyArpResponder, rogue)
+                (SuspectKind::ProxyArpResponder, rogue),
+                (SuspectKind::ProxyNdpResponder, other)
             ]
         );
 
@@ -944,7 +969,8 @@ mod tests {
             cleared.conditions,
             [
                 Wanted::new("ForeignDHCPServer", false),
-                Wanted::new("ProxyARPResponder", false)
+                Wanted::new("ProxyARPResponder", false),
+                Wanted::new("ProxyNDPResponder", false)
             ]
         );
         reports.remove("vmdhcp/agent-0");
