@@ -74,6 +74,11 @@ struct RunArgs {
     /// address is released (a config gone while its status write was failing).
     #[arg(long, default_value_t = vmdhcp_controller::reconcile::orphans::DEFAULT_GRACE.as_secs())]
     unnamed_entry_grace_seconds: u64,
+    /// Write each VM's allocated addresses (IPv4 then IPv6 per NIC, comma separated) to its
+    /// annotation `harvesterhci.io/custom-ip`, which Harvester's UI shows in the VM list; a
+    /// value a person set there is never overwritten. Needs `patch` on virtualmachines.
+    #[arg(long, env = "VM_ADDRESS_ANNOTATION")]
+    vm_address_annotation: bool,
     /// Seconds between heartbeats on idle config streams.
     #[arg(long, default_value_t = 10)]
     heartbeat_seconds: u64,
@@ -278,6 +283,7 @@ impl RunArgs {
             agent,
             dumps: self.enable_cache_dump_api,
             orphan_grace: Duration::from_secs(self.unnamed_entry_grace_seconds),
+            vm_address_annotation: self.vm_address_annotation,
             // Beside the controllers' Lease: the namespace and name RBAC already scopes.
             reports: Some(ReportsObject::beside_lease(
                 namespace,

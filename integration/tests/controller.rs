@@ -71,6 +71,7 @@ fn controller() -> &'static Handles {
                     reports: None,
                     agent_lease: None,
                     orphan_grace: vmdhcp_controller::reconcile::orphans::DEFAULT_GRACE,
+                    vm_address_annotation: true,
                 };
                 let grpc = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
                 let http = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
@@ -936,9 +937,10 @@ async fn repeated_events_fold_into_a_series_and_the_series_kept_are_bounded() {
 }
 
 /// What the leading agent reports of hosts acting where they should not on a pool's network
-/// becomes the pool's `ForeignDHCPServer` / `ProxyARPResponder` conditions through the real API
-/// server, with a Warning event when one appears and a gauge; a standby's claims count for
-/// nothing, and an empty report clears the condition.
+/// becomes the pool's `ForeignDHCPServer` / `ProxyARPResponder` / `ProxyNDPResponder` conditions
+/// through the real API server, with a Warning event when one appears and a gauge (a DHCPv6
+/// server named by its IPv6 source); a standby's claims count for nothing, and an empty report
+/// clears the condition.
 #[tokio::test]
 async fn a_foreign_dhcp_server_the_leading_agent_reports_is_a_condition_until_it_is_gone() {
     use k8s_openapi::api::events::v1::Event;
@@ -977,18 +979,33 @@ async fn a_foreign_dhcp_server_the_leading_agent_reports_is_a_condition_until_it
         mac_address: "02:00:00:00:0e:0e".into(),
         ip_address: "10.8.0.7".into(),
         detail: "offered 10.8.0.50 in answer to the agent's probe".into(),
+        ipv6_address: String::new(),
     };
     let claimed = pb::NetworkSuspect {
         mac_address: "02:00:00:00:0e:0f".into(),
         ip_address: "10.8.0.9".into(),
         ..rogue.clone()
     };
+    let rogue6 = pb::NetworkSuspect {
+        mac_address: "02:00:00:00:0e:10".into(),
+        ip_address: String::new(),
+        ipv6_address: "fe80::66".into(),
+        detail: "ADVERTISE to the agent's SOLICIT".into(),
+        ..rogue.clone()
+    };
+    let proxy6 = pb::NetworkSuspect {
+        kind: pb::SuspectKind::ProxyNdpResponder.into(),
+        mac_address: "02:00:00:00:0e:11".into(),
+        ip_address: String::new(),
+        ipv6_address: String::new(),
+        detail: "answers Neighbor Solicitations for addresses nobody holds".into(),
+    };
 
     // A standby's claim first: believed by nobody.
     grpc.report(report("standby", false, vec![claimed]))
         .await
         .unwrap();
-    grpc.report(report("leader", true, vec![rogue]))
+    grpc.report(report("leader", true, vec![rogue.clone()]))
         .await
         .unwrap();
     let pool = wait_for(&pools, "pool-r", "ForeignDHCPServer=True", |p| {
@@ -1046,6 +1063,54 @@ async fn a_foreign_dhcp_server_the_leading_agent_reports_is_a_condition_until_it
         }
     };
     gauge_reads(1).await;
+
+    // A DHCPv6 server is named by its IPv6 source; a proxy-NDP responder has its own condition
+    // and event.
+    grpc.report(report("leader", true, vec![rogue, rogue6, proxy6]))
+        .await
+        .unwrap();
+    let pool = wait_for(&pools, "pool-r", "ProxyNDPResponder=True", |p| {
+        condition(p, "ProxyNDPResponder").is_some_and(|c| c.0 == "True")
+    })
+    .await;
+    let status = pool.status.unwrap();
+    let dhcp = find_condition(&status.conditions, "ForeignDHCPServer").unwrap();
+    assert!(
+        dhcp.message
+            .as_deref()
+            .unwrap_or_default()
+            .ends_with("10.8.0.7 (02:00:00:00:0e:0e), fe80::66 (02:00:00:00:0e:10)"),
+        "{dhcp:?}"
+    );
+    let ndp = find_condition(&status.conditions, "ProxyNDPResponder").unwrap();
+    assert!(
+        ndp.message
+            .as_deref()
+            .unwrap_or_default()
+            .ends_with("an unknown address (02:00:00:00:0e:11)"),
+        "{ndp:?}"
+    );
+    assert_eq!(
+        find_condition(&status.conditions, "ProxyARPResponder").map(|c| c.status.as_str()),
+        Some("False")
+    );
+    let deadline = Instant::now() + DEADLINE;
+    loop {
+        let listed = events.list(&Default::default()).await.unwrap().items;
+        if listed.iter().any(|e| {
+            e.reason.as_deref() == Some("ProxyNDPResponder")
+                && e.note
+                    .as_deref()
+                    .is_some_and(|n| n.contains("02:00:00:00:0e:11"))
+        }) {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "no ProxyNDPResponder event: {listed:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
 
     // The leader finds it no more: False, and the gauge follows.
     grpc.report(report("leader", true, vec![])).await.unwrap();
@@ -1596,4 +1661,263 @@ async fn a_config_refused_for_a_mac_in_use_warns_once_and_gets_it_when_the_holde
     })
     .await;
     assert_eq!(cfg_ips(&second)[0].1, cfg_ips(&held)[0].1);
+}
+
+/// A VM's `static-ip.harvesterhci.io/<nic>` annotation (upstream v1.9) pins that NIC: the
+/// generated config asks for the address and the NIC gets it; an annotation naming no NIC of the
+/// VM, or not an IPv4 address, is skipped; changing it moves the NIC (the old address is free
+/// again); removing it unpins the NIC and keeps its address. On a dual-stack pool our
+/// `static-ipv6.vmdhcp.io/<nic>` pins the IPv6 side the same way.
+#[tokio::test]
+async fn a_vm_s_static_ip_annotations_pin_move_and_unpin_its_nic() {
+    let (client, ns) = setup("pins").await;
+    create_nad(&client, &ns, "net-p").await;
+    create_pool(&client, &ns, "pool-p", "net-p", 81).await;
+    create_nad(&client, &ns, "net-q").await;
+    let dual: IPPool = serde_json::from_value(json!({
+        "apiVersion": "network.harvesterhci.io/v1alpha1", "kind": "IPPool",
+        "metadata": {"name": "pool-q", "namespace": ns},
+        "spec": {"networkName": format!("{ns}/net-q"),
+            "ipv4Config": {"serverIP": "10.82.0.2", "cidr": "10.82.0.0/24",
+                "pool": {"start": "10.82.0.10", "end": "10.82.0.20"}},
+            "ipv6Config": {"serverIP": "fd00:82::1", "cidr": "fd00:82::/112",
+                "pool": {"start": "fd00:82::10", "end": "fd00:82::20"}}}
+    }))
+    .unwrap();
+    let pools: Api<IPPool> = Api::namespaced(client.clone(), &ns);
+    pools.create(&PostParams::default(), &dual).await.unwrap();
+    wait_for(&pools, "pool-p", "ready", ready).await;
+    wait_for(&pools, "pool-q", "ready", ready).await;
+    let vms = vm_api(&client, &ns);
+    let cfgs: Api<VirtualMachineNetworkConfig> = Api::namespaced(client.clone(), &ns);
+    let mac = "02:00:00:51:00:01";
+    let mut pinned = vm(&ns, "pinned", &[(&format!("{ns}/net-p"), mac)]);
+    pinned.metadata.annotations = Some(
+        [
+            ("static-ip.harvesterhci.io/nic-0", "10.81.0.15"),
+            ("static-ip.harvesterhci.io/nic-9", "10.81.0.16"),
+            ("static-ipv6.vmdhcp.io/nic-0", "10.81.0.17"),
+        ]
+        .map(|(k, v)| (k.to_owned(), v.to_owned()))
+        .into(),
+    );
+    vms.create(&PostParams::default(), &pinned).await.unwrap();
+    let holds = |ip: &'static str| {
+        move |c: &VirtualMachineNetworkConfig| {
+            cfg_ips(c)
+                .first()
+                .is_some_and(|(m, a, _)| m == mac && a == ip)
+        }
+    };
+    let cfg = wait_for(
+        &cfgs,
+        "pinned",
+        "allocated its pin .15",
+        holds("10.81.0.15"),
+    )
+    .await;
+    let asked = &cfg.spec.network_configs[0];
+    assert_eq!(
+        (asked.ip_address.as_deref(), asked.ipv6_address.as_deref()),
+        (Some("10.81.0.15"), None),
+        "only the valid pin of a NIC the VM has"
+    );
+    wait_for(&pools, "pool-p", "recording .15", |p| {
+        allocated(p).get("10.81.0.15").map(String::as_str) == Some(mac)
+    })
+    .await;
+
+    // Changed: the NIC moves and its old address is free again.
+    let annotate = |value: Value| {
+        let vms = vms.clone();
+        async move {
+            vms.patch(
+                "pinned",
+                &PatchParams::default(),
+                &Patch::Merge(json!({"metadata": {"annotations": value}})),
+            )
+            .await
+            .unwrap();
+        }
+    };
+    annotate(json!({"static-ip.harvesterhci.io/nic-0": "10.81.0.18"})).await;
+    wait_for(&cfgs, "pinned", "moved to .18", holds("10.81.0.18")).await;
+    wait_for(&pools, "pool-p", "recording .18, .15 free", |p| {
+        let a = allocated(p);
+        a.get("10.81.0.18").map(String::as_str) == Some(mac) && !a.contains_key("10.81.0.15")
+    })
+    .await;
+
+    // Removed: unpinned, the address kept.
+    annotate(json!({"static-ip.harvesterhci.io/nic-0": null})).await;
+    let cfg = wait_for(&cfgs, "pinned", "unpinned", |c| {
+        c.spec.network_configs[0].ip_address.is_none()
+    })
+    .await;
+    assert!(holds("10.81.0.18")(&cfg), "{cfg:?}");
+    assert!(
+        cfg.annotations()
+            .get("vmdhcp.io/pinned-by-vm-annotation")
+            .is_none(),
+        "{cfg:?}"
+    );
+    let pool = pools.get("pool-p").await.unwrap();
+    assert_eq!(
+        allocated(&pool).get("10.81.0.18").map(String::as_str),
+        Some(mac)
+    );
+
+    // The IPv6 side of a dual-stack pool, by our annotation, beside an IPv4 pin.
+    let mac6 = "02:00:00:52:00:01";
+    let mut dual_vm = vm(&ns, "pinned6", &[(&format!("{ns}/net-q"), mac6)]);
+    dual_vm.metadata.annotations = Some(
+        [
+            ("static-ip.harvesterhci.io/nic-0", "10.82.0.14"),
+            ("static-ipv6.vmdhcp.io/nic-0", "fd00:82::14"),
+        ]
+        .map(|(k, v)| (k.to_owned(), v.to_owned()))
+        .into(),
+    );
+    vms.create(&PostParams::default(), &dual_vm).await.unwrap();
+    let cfg = wait_for(&cfgs, "pinned6", "allocated both pins", |c| {
+        cfg_both(c)
+            .first()
+            .is_some_and(|(m, v4, v6)| m == mac6 && v4 == "10.82.0.14" && v6 == "fd00:82::14")
+    })
+    .await;
+    assert_eq!(
+        cfg.annotations()
+            .get("vmdhcp.io/pinned-by-vm-annotation")
+            .map(String::as_str),
+        Some("02:00:00:52:00:01=10.82.0.14,02:00:00:52:00:01=fd00:82::14")
+    );
+}
+
+/// With `--vm-address-annotation`, a VM's allocated addresses are shown where Harvester's UI
+/// reads them, `harvesterhci.io/custom-ip` (IPv4 then IPv6 per NIC, in the VM's network
+/// order), and follow its NICs: a second NIC, its last NIC gone (removed). A value a person set
+/// is never overwritten: the controller drops its own record of the value and leaves theirs.
+#[tokio::test]
+async fn a_vm_s_addresses_are_shown_in_its_custom_ip_annotation_and_a_person_s_value_is_kept() {
+    const SHOWN: &str = "harvesterhci.io/custom-ip";
+    const WRITTEN: &str = "vmdhcp.io/custom-ip-written";
+    let (client, ns) = setup("customip").await;
+    create_nad(&client, &ns, "net-c").await;
+    create_pool(&client, &ns, "pool-c", "net-c", 83).await;
+    create_nad(&client, &ns, "net-d").await;
+    create_pool(&client, &ns, "pool-d", "net-d", 84).await;
+    let pools: Api<IPPool> = Api::namespaced(client.clone(), &ns);
+    wait_for(&pools, "pool-c", "ready", ready).await;
+    wait_for(&pools, "pool-d", "ready", ready).await;
+    let vms = vm_api(&client, &ns);
+    let cfgs: Api<VirtualMachineNetworkConfig> = Api::namespaced(client.clone(), &ns);
+    let (net_c, net_d) = (format!("{ns}/net-c"), format!("{ns}/net-d"));
+    let annotations_read =
+        |vm: &'static str,
+         what: String,
+         want: Box<dyn Fn(&DynamicObject) -> bool + Send + Sync>| {
+            let vms = vms.clone();
+            async move { wait_for(&vms, vm, &what, |v| want(v)).await }
+        };
+    let shows = |vm: &'static str, value: Option<String>| {
+        annotations_read(
+            vm,
+            format!("showing {value:?}"),
+            Box::new(move |v: &DynamicObject| {
+                let a = v.annotations();
+                a.get(SHOWN) == value.as_ref() && a.get(WRITTEN) == value.as_ref()
+            }),
+        )
+    };
+    let nics_of = |pairs: &[(&str, &str)]| vm(&ns, "shown", pairs).data["spec"].clone();
+
+    // Created: its address shown, and recorded as ours.
+    vms.create(
+        &PostParams::default(),
+        &vm(&ns, "shown", &[(&net_c, "02:00:00:53:00:01")]),
+    )
+    .await
+    .unwrap();
+    let one = wait_for(&cfgs, "shown", "allocated", |c| {
+        cfg_condition(c, "Allocated").is_some_and(|a| a.0 == "True")
+    })
+    .await;
+    let first = cfg_ips(&one)[0].1.clone();
+    shows("shown", Some(first.clone())).await;
+
+    // A second NIC: both, in the VM's network order.
+    let spec = nics_of(&[(&net_c, "02:00:00:53:00:01"), (&net_d, "02:00:00:54:00:01")]);
+    vms.patch(
+        "shown",
+        &PatchParams::default(),
+        &Patch::Merge(json!({ "spec": spec })),
+    )
+    .await
+    .unwrap();
+    let both = wait_for(&cfgs, "shown", "two NICs allocated", |c| {
+        let ips = cfg_ips(c);
+        ips.len() == 2 && ips.iter().all(|(_, ip, _)| !ip.is_empty())
+    })
+    .await;
+    let by_mac: std::collections::BTreeMap<String, String> = cfg_ips(&both)
+        .into_iter()
+        .map(|(m, ip, _)| (m, ip))
+        .collect();
+    let second = by_mac["02:00:00:54:00:01"].clone();
+    assert_eq!(by_mac["02:00:00:53:00:01"], first);
+    shows("shown", Some(format!("{first},{second}"))).await;
+
+    // The last NICs gone: the value we wrote goes with them.
+    let spec = nics_of(&[]);
+    vms.patch(
+        "shown",
+        &PatchParams::default(),
+        &Patch::Merge(json!({ "spec": spec })),
+    )
+    .await
+    .unwrap();
+    shows("shown", None).await;
+
+    // A person's value, set over ours: when the VM's address next changes (a new NIC), the
+    // controller sees it, drops its own record, and leaves the person's value as it is.
+    let spec = nics_of(&[(&net_c, "02:00:00:53:00:02")]);
+    vms.patch(
+        "shown",
+        &PatchParams::default(),
+        &Patch::Merge(json!({ "spec": spec })),
+    )
+    .await
+    .unwrap();
+    let again = wait_for(&cfgs, "shown", "allocated again", |c| {
+        cfg_ips(c)
+            .first()
+            .is_some_and(|(m, ip, _)| m == "02:00:00:53:00:02" && !ip.is_empty())
+    })
+    .await;
+    shows("shown", Some(cfg_ips(&again)[0].1.clone())).await;
+    vms.patch(
+        "shown",
+        &PatchParams::default(),
+        &Patch::Merge(json!({"metadata": {"annotations": {SHOWN: "192.0.2.10"}}})),
+    )
+    .await
+    .unwrap();
+    let spec = nics_of(&[(&net_c, "02:00:00:53:00:02"), (&net_d, "02:00:00:54:00:02")]);
+    vms.patch(
+        "shown",
+        &PatchParams::default(),
+        &Patch::Merge(json!({ "spec": spec })),
+    )
+    .await
+    .unwrap();
+    let v = annotations_read(
+        "shown",
+        "our record dropped".into(),
+        Box::new(|v: &DynamicObject| !v.annotations().contains_key(WRITTEN)),
+    )
+    .await;
+    assert_eq!(
+        v.annotations().get(SHOWN).map(String::as_str),
+        Some("192.0.2.10")
+    );
 }

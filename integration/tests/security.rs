@@ -1796,3 +1796,142 @@ async fn a_flood_of_forged_tokens_costs_at_most_the_review_budget_and_slows_no_a
         "allocation latency during the flood {during:?}, idle {idle:?}"
     );
 }
+
+/// A VM's `static-ip.harvesterhci.io/<nic>` pin goes through the same admission as any static
+/// request, through the real API server: a pin on an excluded address, or on one another MAC
+/// holds, is refused; the refusal is a Warning event `StaticIPRefused` on the VM with the
+/// webhook's words, and the NIC stays as it was. Once the annotation names a free address,
+/// the NIC is pinned to it.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_static_ip_annotation_the_webhook_refuses_is_said_on_the_vm_and_pins_once_free() {
+    use k8s_openapi::api::events::v1::Event;
+    use kube::api::{Patch, PatchParams};
+    let _alone = ALONE.lock().await;
+    let _shared = tokio::task::spawn_blocking(shared).await.unwrap();
+    let client = ControlPlane::shared().client().await.unwrap();
+    let ns = test_namespace(&client, "webhook-pins", true).await;
+    create_nad(&client, &ns, "net", Some("pool")).await;
+    create(
+        &dynamic::<IPPool>(&client, &ns),
+        pool(
+            &ns,
+            "pool",
+            "net",
+            with(base_ipv4(), "/serverIP", json!("10.70.0.30")),
+        ),
+    )
+    .await
+    .unwrap();
+    let vms = Api::<DynamicObject>::namespaced_with(
+        client.clone(),
+        &ns,
+        &ApiResource::from_gvk_with_plural(
+            &GroupVersionKind::gvk("kubevirt.io", "v1", "VirtualMachine"),
+            "virtualmachines",
+        ),
+    );
+    let vm = |name: &str, mac: &str, pin: &str| {
+        json!({
+            "apiVersion": "kubevirt.io/v1", "kind": "VirtualMachine",
+            "metadata": {"name": name, "namespace": ns,
+                "annotations": {"static-ip.harvesterhci.io/nic-0": pin}},
+            "spec": {"running": true, "template": {"spec": {
+                "domain": {"devices": {"interfaces": [{"name": "nic-0", "macAddress": mac, "bridge": {}}]}},
+                "networks": [{"name": "nic-0", "multus": {"networkName": format!("{ns}/net")}}]}}}
+        })
+    };
+    let configs: Api<VirtualMachineNetworkConfig> = Api::namespaced(client.clone(), &ns);
+    let allocated = |name: &'static str, ip: &'static str| {
+        let configs = configs.clone();
+        async move {
+            poll_async(&format!("{name} allocated {ip}"), || {
+                let configs = configs.clone();
+                async move {
+                    let c = configs.get_opt(name).await.unwrap()?;
+                    let nic = c.status?.network_configs.into_iter().next()?;
+                    (nic.allocated_ip_address.as_deref() == Some(ip)).then_some(())
+                }
+            })
+            .await;
+        }
+    };
+    let events: Api<Event> = Api::namespaced(client.clone(), &ns);
+    let refusal = |vm: &'static str, needle: &'static str| {
+        let events = events.clone();
+        async move {
+            poll_async(
+                &format!("a StaticIPRefused event on {vm} with {needle:?}"),
+                || {
+                    let events = events.clone();
+                    async move {
+                        events
+                            .list(&Default::default())
+                            .await
+                            .unwrap()
+                            .items
+                            .into_iter()
+                            .find(|e| {
+                                e.reason.as_deref() == Some("StaticIPRefused")
+                                    && e.regarding.as_ref().and_then(|r| r.name.as_deref())
+                                        == Some(vm)
+                                    && e.note.as_deref().is_some_and(|n| n.contains(needle))
+                            })
+                    }
+                },
+            )
+            .await
+        }
+    };
+
+    // The holder: pinned to .60.
+    create(&vms, vm("holder", "02:00:00:70:00:01", "10.70.0.60"))
+        .await
+        .unwrap();
+    allocated("holder", "10.70.0.60").await;
+
+    // An excluded address: refused, said on the VM; no config is created.
+    create(&vms, vm("asks", "02:00:00:70:00:02", "10.70.0.50"))
+        .await
+        .unwrap();
+    let event = refusal("asks", "10.70.0.50").await;
+    assert_eq!(event.type_.as_deref(), Some("Warning"));
+    assert!(
+        event
+            .note
+            .as_deref()
+            .unwrap_or_default()
+            .contains("denied the request"),
+        "{event:?}"
+    );
+    assert!(configs.get_opt("asks").await.unwrap().is_none());
+
+    // The holder's address: refused too.
+    vms.patch(
+        "asks",
+        &PatchParams::default(),
+        &Patch::Merge(
+            json!({"metadata": {"annotations": {"static-ip.harvesterhci.io/nic-0": "10.70.0.60"}}}),
+        ),
+    )
+    .await
+    .unwrap();
+    refusal("asks", "10.70.0.60").await;
+    assert!(configs.get_opt("asks").await.unwrap().is_none());
+
+    // A free one: pinned.
+    vms.patch(
+        "asks",
+        &PatchParams::default(),
+        &Patch::Merge(
+            json!({"metadata": {"annotations": {"static-ip.harvesterhci.io/nic-0": "10.70.0.61"}}}),
+        ),
+    )
+    .await
+    .unwrap();
+    allocated("asks", "10.70.0.61").await;
+    let asks = configs.get("asks").await.unwrap();
+    assert_eq!(
+        asks.spec.network_configs[0].ip_address.as_deref(),
+        Some("10.70.0.61")
+    );
+}

@@ -7,9 +7,10 @@ use kube::api::DynamicObject;
 use vmdhcp_core::crd::{LABEL_VM_NAME, VirtualMachineNetworkConfig};
 
 use crate::kinds::{MAC_ANNOTATION, VirtualMachine};
+use crate::reconcile::vm::{custom_ip, pins};
 
 /// Keeps of a cached VirtualMachine's metadata what this controller reads (identity, deletion,
-/// the MAC annotation) and drops the rest (managed fields, labels, other annotations…); the
+/// the MAC, static-IP and shown-address annotations) and drops the rest (managed fields, labels, other annotations…); the
 /// spec was already read down to the networks and interfaces ([`VirtualMachine`]).
 pub fn vm(vm: &mut VirtualMachine) {
     let meta = &mut vm.metadata;
@@ -18,22 +19,32 @@ pub fn vm(vm: &mut VirtualMachine) {
     meta.owner_references = None;
     meta.finalizers = None;
     if let Some(annotations) = meta.annotations.as_mut() {
-        annotations.retain(|k, _| k == MAC_ANNOTATION);
+        annotations.retain(|k, _| {
+            k == MAC_ANNOTATION
+                || pins::is_pin_annotation(k)
+                || custom_ip::is_custom_ip_annotation(k)
+        });
         if annotations.is_empty() {
             meta.annotations = None;
         }
     }
 }
 
-/// Keeps of a cached config's metadata what this controller reads: annotations go (nothing
-/// reads them), and the labels shrink to whether the config carries the VM-name label this
+/// Keeps of a cached config's metadata what this controller reads: of the annotations, only the
+/// record of the pins VM annotations made ([`pins::PINNED_BY_VM`], on pinned configs only),
+/// and the labels shrink to whether the config carries the VM-name label this
 /// controller applies ([`labelled_as_applied`]). A map of one label costs a whole tree node
 /// (over half a kilobyte), once per config, for one bit (docs/tuning.md). The label right: no
 /// map; otherwise a map holding at most that label, empty when it is missing, so the two can
 /// never be confused.
 pub fn config(cfg: &mut VirtualMachineNetworkConfig) {
     let meta = &mut cfg.metadata;
-    meta.annotations = None;
+    if let Some(annotations) = meta.annotations.as_mut() {
+        annotations.retain(|k, _| k == pins::PINNED_BY_VM);
+        if annotations.is_empty() {
+            meta.annotations = None;
+        }
+    }
     let name = meta.name.as_deref().unwrap_or_default();
     let labels = meta.labels.take().unwrap_or_default();
     if labels.get(LABEL_VM_NAME).map(String::as_str) != Some(name) {

@@ -54,6 +54,8 @@ pub struct Context {
     pub agents: Agents,
     /// Events, metrics and trace links.
     pub signals: Signals,
+    /// Write each VM's addresses to `harvesterhci.io/custom-ip` (`--vm-address-annotation`).
+    pub vm_address_annotation: bool,
 }
 
 /// The caches the reconcilers read: the objects as last seen, and the indexes kept from them.

@@ -5,7 +5,8 @@
 //! - [`context`]: what every reconciler shares (client, caches, IPAM, events, leadership gate);
 //! - [`events`]: the bounded event queue and its publisher, repeats folded into series;
 //! - [`ippool`]: a pool's network label, IPAM and status (`AgentReady` from agent reports);
-//! - [`vm`]: a VirtualMachine → its VirtualMachineNetworkConfig (NICs and MACs);
+//! - [`vm`]: a VirtualMachine → its VirtualMachineNetworkConfig (NICs, MACs, the static
+//!   addresses its annotations pin), and its addresses where Harvester's UI shows them;
 //! - [`vmnetcfg`]: a config's NICs → addresses, written to the pool's status first;
 //! - [`status`]: conditions and the batched IPAM → `IPPool.status` writer;
 //! - [`orphans`]: pool entries no live config names, released after a grace period;

@@ -86,6 +86,9 @@ pub struct Settings {
     /// How long a pool entry no live config names is kept before it is released
     /// ([`crate::reconcile::orphans`]).
     pub orphan_grace: Duration,
+    /// Write each VM's addresses where Harvester's UI shows them
+    /// ([`crate::reconcile::vm::custom_ip`]).
+    pub vm_address_annotation: bool,
 }
 
 /// What a running controller exposes to its embedder (tests, main).

@@ -308,8 +308,19 @@ pub(super) async fn lead(
         ),
         cfgs.clone(),
     );
-    let vm_ctrl = Controller::for_shared_stream(vm_self, vms.clone())
-        .graceful_shutdown_on(stopped(stop.clone()));
+    let vm_ctrl = Controller::for_shared_stream(vm_self, vms.clone());
+    // A VM's shown addresses follow its config's status.
+    let vm_ctrl = if settings.vm_address_annotation {
+        vm_ctrl.watches_shared_stream(
+            replay::changes_after_list(&shared_caches.configs),
+            |cfg: Arc<VirtualMachineNetworkConfig>| {
+                Some(ObjectRef::new(&cfg.name_any()).within(&cfg.namespace().unwrap_or_default()))
+            },
+        )
+    } else {
+        vm_ctrl
+    }
+    .graceful_shutdown_on(stopped(stop.clone()));
     let (pool_rebuilt, rebuilt_networks) = mpsc::channel(POOL_REBUILT_QUEUE);
     let cfg_ctrl = config_triggers(
         cfg_ctrl.graceful_shutdown_on(stopped(stop.clone())),
@@ -380,6 +391,7 @@ pub(super) async fn lead(
             metrics: shared.metrics,
             causes: shared.causes,
         },
+        vm_address_annotation: settings.vm_address_annotation,
     });
     let term = Arc::new(Term {
         ctx: ctx.clone(),

@@ -31,6 +31,7 @@ impl InProcess {
             reports: None,
             agent_lease: None,
             orphan_grace: vmdhcp_controller::reconcile::orphans::DEFAULT_GRACE,
+            vm_address_annotation: false,
         };
         let grpc = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let http = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();

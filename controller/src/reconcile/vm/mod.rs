@@ -3,8 +3,14 @@
 //!
 //! MACs come from `spec.template.spec.domain.devices.interfaces[].macAddress`, else from the
 //! `harvesterhci.io/mac-address` annotation (JSON `{nic: mac}`, Harvester ≥ 1.6); the pod network
-//! is skipped. A static `ipAddress` an operator set on the config is carried over. The config is
-//! owned by the VM; where no garbage collector runs, the config reconciler removes orphans.
+//! is skipped. Static addresses come from the VM's pin annotations ([`pins`]), else a static
+//! `ipAddress` an operator set on the config is carried over. The config is owned by the VM;
+//! where no garbage collector runs, the config reconciler removes orphans. With
+//! `--vm-address-annotation` it also shows the VM's allocated addresses where Harvester's UI
+//! reads them ([`custom_ip`]), woken by its config's changes too.
+
+pub mod custom_ip;
+pub mod pins;
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -12,6 +18,7 @@ use std::sync::Arc;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
 use kube::api::{Api, ObjectMeta, Patch, PatchParams};
 use kube::runtime::controller::Action;
+use kube::runtime::events::EventType;
 use kube::{Resource, ResourceExt};
 use tracing::{debug, warn};
 use vmdhcp_core::crd::{
@@ -46,8 +53,13 @@ pub enum Error {
     Unnamespaced,
 }
 
-/// The network configs a VM's spec asks for, in its network order (at most 4, as the CRD allows).
+/// The network configs a VM's spec asks for, in its network order (at most 4, as the CRD allows),
+/// with the addresses its annotations pin ([`pins`]).
 pub fn network_configs(vm: &VirtualMachine) -> Vec<NetworkConfig> {
+    let (pinned, skipped) = pins::pins_of(vm);
+    for s in &skipped {
+        warn!(vm = %vm.name_any(), annotation = %s.key, reason = %s.reason, "static IP annotation skipped");
+    }
     let ns = vm.namespace().unwrap_or_default();
     let Some(spec) = vm.template_spec() else {
         return Vec::new();
@@ -84,11 +96,12 @@ pub fn network_configs(vm: &VirtualMachine) -> Vec<NetworkConfig> {
             warn!(vm = %vm.name_any(), nic, mac, net, "skipping a NIC with an invalid MAC or network name");
             continue;
         };
+        let pin = pinned.get(nic);
         out.push(NetworkConfig {
             network_name: net.to_string(),
             mac_address: mac.to_string(),
-            ip_address: None,
-            ipv6_address: None,
+            ip_address: pin.and_then(|p| p.ipv4).map(|ip| ip.to_string()),
+            ipv6_address: pin.and_then(|p| p.ipv6).map(|ip| ip.to_string()),
         });
     }
     if out.len() > 4 {
@@ -107,6 +120,7 @@ pub fn desired_config(
     name: &str,
     configs: Vec<NetworkConfig>,
     paused: Option<bool>,
+    pinned: Option<String>,
 ) -> VirtualMachineNetworkConfig {
     let owner = OwnerReference {
         api_version: "kubevirt.io/v1".into(),
@@ -121,6 +135,7 @@ pub fn desired_config(
             name: Some(name.to_owned()),
             namespace: Some(ns.to_owned()),
             labels: Some([(LABEL_VM_NAME.to_owned(), name.to_owned())].into()),
+            annotations: pinned.map(|p| [(pins::PINNED_BY_VM.to_owned(), p)].into()),
             owner_references: Some(vec![owner]),
             // Created with the finalizer, so the config reconciler need not add it in a second
             // write (which races the create under a burst).
@@ -153,71 +168,146 @@ pub fn looks_unsettled(
     configs.get(&key).is_none() && !network_configs(vm).is_empty()
 }
 
-/// Reconciles one VirtualMachine.
+/// Reconciles one VirtualMachine: its config, then (with `--vm-address-annotation`) the
+/// addresses Harvester's UI shows for it.
 pub async fn reconcile(vm: Arc<VirtualMachine>, ctx: Arc<Context>) -> Result<Action, Error> {
     ctx.ensure_leader()?;
     let ns = vm.namespace().ok_or(Error::Unnamespaced)?;
+    if vm.meta().deletion_timestamp.is_some() {
+        return Ok(Action::await_change());
+    }
     let name = vm.name_any();
-    let api: Api<VirtualMachineNetworkConfig> = Api::namespaced(ctx.client.clone(), &ns);
     let existing = ctx
         .stores
         .vmnetcfgs
         .get(&kube::runtime::reflector::ObjectRef::new(&name).within(&ns));
-    let mut configs = network_configs(&vm);
-    if vm.meta().deletion_timestamp.is_some() {
-        return Ok(Action::await_change());
+    let nics = network_configs(&vm);
+    let action = apply_config(&vm, &ctx, &ns, nics.clone(), existing.as_deref()).await?;
+    if ctx.vm_address_annotation {
+        show_addresses(&vm, &ctx, &ns, &nics, existing.as_deref()).await?;
     }
+    Ok(action)
+}
+
+/// Applies the config `vm` asks for (`configs`, with the addresses its annotations pin), unless
+/// `existing` already is it.
+async fn apply_config(
+    vm: &Arc<VirtualMachine>,
+    ctx: &Context,
+    ns: &str,
+    mut configs: Vec<NetworkConfig>,
+    existing: Option<&VirtualMachineNetworkConfig>,
+) -> Result<Action, Error> {
+    let name = vm.name_any();
     // A VM without Multus NICs needs no config; one that lost its last NIC keeps its config,
     // emptied, so the config's reconcile releases the addresses (upstream kept them).
-    if configs.is_empty()
-        && existing
-            .as_ref()
-            .is_none_or(|e| e.spec.network_configs.is_empty())
+    if configs.is_empty() && existing.is_none_or(|e| e.spec.network_configs.is_empty()) {
+        return Ok(Action::await_change());
+    }
+    // The annotations' pins; else static addresses (both families) set on the config by an
+    // operator, unless an annotation since removed had set them.
+    let pinned_any = configs
+        .iter()
+        .any(|c| c.ip_address.is_some() || c.ipv6_address.is_some());
+    let pinned = pins::render(&pins::settle(&mut configs, existing));
+    if let Some(current) = existing
+        && current.spec.network_configs == configs
+        && trim::labelled_as_applied(current)
+        && current.annotations().get(pins::PINNED_BY_VM) == pinned.as_ref()
     {
         return Ok(Action::await_change());
     }
-    // Keep static addresses (both families) set on the config by an operator.
-    if let Some(current) = &existing {
-        for c in &mut configs {
-            let set = current.spec.network_configs.iter().find(|e| {
-                e.network_name == c.network_name
-                    && e.mac_address.parse::<MacAddr>().ok().map(|m| m.to_string())
-                        == Some(c.mac_address.clone())
-            });
-            c.ip_address = set.and_then(|e| e.ip_address.clone());
-            c.ipv6_address = set.and_then(|e| e.ipv6_address.clone());
-        }
-        if current.spec.network_configs == configs && trim::labelled_as_applied(current) {
-            return Ok(Action::await_change());
-        }
-    }
     let desired = desired_config(
-        &vm,
-        &ns,
+        vm,
+        ns,
         &name,
         configs,
-        existing.as_ref().and_then(|e| e.spec.paused),
+        existing.and_then(|e| e.spec.paused),
+        pinned,
     );
     ctx.ensure_leader()?;
-    if let Ok(config) = NamespacedName::new(&ns, &name) {
+    if let Ok(config) = NamespacedName::new(ns, &name) {
         // The config's reconcile continues this trace. Recorded before the write: its watch
         // event may start that reconcile before this call returns.
         ctx.signals.causes.vmnetcfgs.record_current(config);
     }
     // The typed object: its serialisation cannot fail, and it carries apiVersion and kind.
     // Answered with its metadata alone: nothing here reads the config back.
+    let api: Api<VirtualMachineNetworkConfig> = Api::namespaced(ctx.client.clone(), ns);
     let request = kube::core::Request::new(api.resource_url()).patch(
         &name,
         &PatchParams::apply(FIELD_MANAGER).force(),
         &Patch::Apply(&desired),
     );
-    versioned::send(&ctx.client, request, "patch")
-        .await
-        .map_err(|source| Error::Kube {
+    match versioned::send(&ctx.client, request, "patch").await {
+        Ok(_) => Ok(Action::await_change()),
+        // The webhook refuses a pin that is not free in its pool (outside the range, excluded,
+        // reserved, held by another MAC…): said on the VM, whose annotation is to blame, and
+        // tried again a while later (the address may be released meanwhile).
+        Err(kube::Error::Api(status)) if refused_pin(&status, pinned_any) => {
+            warn!(vm = %name, namespace = %ns, reason = %status.message, "static IP annotation refused");
+            ctx.event(
+                vm.as_ref(),
+                EventType::Warning,
+                "StaticIPRefused",
+                "Pin",
+                status.message,
+            );
+            Ok(Action::requeue(PIN_RETRY))
+        }
+        Err(source) => Err(Error::Kube {
             action: format!("applying VirtualMachineNetworkConfig {ns}/{name}"),
             source,
-        })?;
-    Ok(Action::await_change())
+        }),
+    }
+}
+
+/// Shows the addresses the config's status records for `nics` in the VM's
+/// `harvesterhci.io/custom-ip` ([`custom_ip`]): a merge patch of its annotations, conditional
+/// on the version of the VM read. A conflict is left to the newer VM's own reconcile.
+async fn show_addresses(
+    vm: &VirtualMachine,
+    ctx: &Context,
+    ns: &str,
+    nics: &[NetworkConfig],
+    config: Option<&VirtualMachineNetworkConfig>,
+) -> Result<(), Error> {
+    let want = custom_ip::addresses(nics, config);
+    let Some(annotations) = custom_ip::change(vm.annotations(), &want) else {
+        return Ok(());
+    };
+    ctx.ensure_leader()?;
+    let name = vm.name_any();
+    let api: Api<VirtualMachine> = Api::namespaced(ctx.client.clone(), ns);
+    let patch = serde_json::json!({"metadata": {
+        "resourceVersion": vm.resource_version(),
+        "annotations": annotations,
+    }});
+    let request = kube::core::Request::new(api.resource_url()).patch(
+        &name,
+        &PatchParams::default(),
+        &Patch::Merge(&patch),
+    );
+    match versioned::send(&ctx.client, request, "patch").await {
+        Ok(_) => Ok(()),
+        Err(kube::Error::Api(status)) if status.code == 409 => {
+            debug!(vm = %name, namespace = %ns, "VM changed since read: its next reconcile shows the addresses");
+            Ok(())
+        }
+        Err(source) => Err(Error::Kube {
+            action: format!("annotating VirtualMachine {ns}/{name} with its addresses"),
+            source,
+        }),
+    }
+}
+
+/// How long after a refused pin it is tried again, unless the VM changes first.
+const PIN_RETRY: std::time::Duration = std::time::Duration::from_secs(60);
+
+/// Whether an apply failed because admission refused it while the VM pins addresses: the
+/// webhook's denial, not an API or transport failure.
+fn refused_pin(status: &kube::core::Status, pinned_any: bool) -> bool {
+    pinned_any && status.message.contains("denied the request")
 }
 
 #[cfg(test)]
@@ -253,7 +343,14 @@ mod tests {
         let without = vm(json!({}), json!([]), json!([]));
         assert!(looks_unsettled(&with_nic, &store));
         assert!(!looks_unsettled(&without, &store));
-        let config = desired_config(&with_nic, "vms", "vm1", network_configs(&with_nic), None);
+        let config = desired_config(
+            &with_nic,
+            "vms",
+            "vm1",
+            network_configs(&with_nic),
+            None,
+            None,
+        );
         writer.apply_watcher_event(&kube::runtime::watcher::Event::Apply(config));
         assert!(!looks_unsettled(&with_nic, &store));
     }
@@ -290,6 +387,7 @@ mod tests {
             "vms",
             "vm1",
             Vec::new(),
+            None,
             None,
         );
         trim::config(&mut desired);
@@ -391,7 +489,8 @@ mod tests {
             mac_address: "aa:bb:cc:00:00:01".into(),
             ip_address: None,
         };
-        let body = serde_json::to_value(desired_config(&v, "vms", "vm1", vec![nic], None)).unwrap();
+        let body =
+            serde_json::to_value(desired_config(&v, "vms", "vm1", vec![nic], None, None)).unwrap();
         assert_eq!(body["apiVersion"], "network.harvesterhci.io/v1alpha1");
         assert_eq!(body["kind"], "VirtualMachineNetworkConfig");
         assert_eq!(
@@ -400,7 +499,8 @@ mod tests {
         );
         assert!(body.get("status").is_none(), "{body}");
         // The VM lost its last NIC: the apply carries no list, so the NICs this manager owned go.
-        let body = serde_json::to_value(desired_config(&v, "vms", "vm1", vec![], None)).unwrap();
+        let body =
+            serde_json::to_value(desired_config(&v, "vms", "vm1", vec![], None, None)).unwrap();
         assert!(body["spec"].get("networkConfigs").is_none(), "{body}");
         assert_eq!(body["spec"]["vmName"], "vm1");
         assert_eq!(
