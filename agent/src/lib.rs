@@ -15,7 +15,8 @@
 //! - [`findings`]: what ARP and Neighbor Solicitation probes found (conflicts, and recorded ones
 //!   found free again), for the controller.
 //! - [`suspects`]: hosts found acting where they should not on a pool's network (foreign DHCP
-//!   servers, proxy-ARP responders), kept while they keep showing, for the controller.
+//!   servers of either family, proxy-ARP and proxy-NDP responders), kept while they keep
+//!   showing, for the controller.
 //! - [`dhcp`]: the DHCPv4 server, one socket per interface, replies built by pure functions
 //!   (`dhcp::handler`: the datagram checked, the decision, the reply encoded).
 //! - [`dhcp6`]: the DHCPv6 server of dual-stack pools (stateful IA_NA), its replies built by a
@@ -24,8 +25,10 @@
 //! - [`http`]: `/healthz`, `/readyz`, `/leases` and `/metrics`.
 //! - [`netlink`]: each served interface gets exactly its server address and is up.
 //! - [`host6`]: each served interface is an IPv6 host that takes no routing from its tenants
-//!   (no RAs, redirects or proxy NDP; what the kernel learned anyway is swept).
-//! - [`arp`]: gratuitous ARP (RFC 5227 announcements) for the server addresses taken over.
+//!   (no RAs, redirects or proxy NDP: set by the chart's init container through `settle-host6`,
+//!   or by the agent where it may write `/proc/sys`; what the kernel learned anyway is swept).
+//! - [`arp`]: gratuitous ARP (RFC 5227 announcements) for the server addresses taken over, the
+//!   probes of both families, and the one rule their answers are weighed by (`arp::weigh`).
 //! - [`supervisor`]: one task per served interface, started and stopped on its own, retried
 //!   with backoff; the DHCPv4 and DHCPv6 servers both run under it.
 //! - [`capability`]: which Linux capability a refused operation lacked, named in its error.

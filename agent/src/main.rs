@@ -30,6 +30,21 @@ enum Command {
         #[arg(long, env = ENV_IPPOOL_REFS_JSON, default_value = "[]")]
         ippool_refs_json: String,
     },
+    /// Make each pool interface of this pod an IPv6 host that takes no routing from its link
+    /// (`accept_ra`, `autoconf`, `accept_redirects`, `proxy_ndp` = 0), then exit: the chart's
+    /// init container, which may write `/proc/sys` where the agent's container may not. An
+    /// interface that cannot be settled is logged, and the agent, which reads the settings
+    /// again, reports it (`vmdhcp_agent_ipv6_host_settings` 0) and removes whatever an RA
+    /// teaches: the pod starts either way.
+    SettleHost6 {
+        /// The pod's Multus network selection (the chart passes its annotation through the
+        /// Downward API): the interfaces to settle.
+        #[arg(long, env = "MULTUS_NETWORKS", default_value = "")]
+        networks: String,
+        /// Where the kernel keeps the IPv6 device settings.
+        #[arg(long, hide = true, default_value = vmdhcp_agent::host6::PROC_CONF)]
+        proc_conf: std::path::PathBuf,
+    },
     /// Run the agent: follow the controller's stream (IPPool status as fallback), elect a leader
     /// among replicas, and answer DHCP on every pool's interface while leading.
     Run(Box<RunArgs>),
@@ -183,6 +198,30 @@ async fn run_agent(args: RunArgs) -> anyhow::Result<()> {
         .context("agent failed")
 }
 
+/// `settle-host6`: each interface of the Multus selection settled, or logged as not.
+fn settle_host6(networks: &str, root: &std::path::Path) {
+    let interfaces = match vmdhcp_core::bootstrap::multus_interfaces(networks) {
+        Ok(interfaces) => interfaces,
+        Err(error) => {
+            tracing::error!(%error, "cannot read the pod's network selection: no interface settled");
+            return;
+        }
+    };
+    for interface in interfaces {
+        match vmdhcp_agent::host6::settle(root, &interface) {
+            Ok(changed) => {
+                tracing::info!(%interface, changed = ?changed, "IPv6 host settings hold");
+            }
+            Err(error) if error.missing() => {
+                tracing::warn!(%interface, %error, "no IPv6 settings for this interface: skipped");
+            }
+            Err(error) => {
+                tracing::error!(%interface, %error, "IPv6 host settings not set: the agent removes what RAs teach instead");
+            }
+        }
+    }
+}
+
 fn main() -> anyhow::Result<()> {
     let cli = Cli::parse();
     let runtime = tokio::runtime::Runtime::new().context("cannot start the async runtime")?;
@@ -204,6 +243,10 @@ fn main() -> anyhow::Result<()> {
                 println!("{}", bootstrap.render_network_configs());
             }
         }
+        Command::SettleHost6 {
+            networks,
+            proc_conf,
+        } => settle_host6(&networks, &proc_conf),
         Command::Run(args) => runtime.block_on(run_agent(*args))?,
         Command::ServeStatic {
             config,

@@ -342,6 +342,59 @@ pub fn parse_pool_refs(text: &str) -> Result<Vec<NamespacedName>, BootstrapError
     Ok(out)
 }
 
+/// The interfaces a pod's Multus network-selection annotation gives it, in order: `@ifname`
+/// (comma form) or `"interface"` (JSON form) where named, else `net1`, `net2`, … by position,
+/// as Multus names them. Each is checked as a kernel interface name; none may repeat.
+pub fn multus_interfaces(annotation: &str) -> Result<Vec<String>, BootstrapError> {
+    const VAR: &str = MULTUS_NETWORKS_ANNOTATION;
+    let text = annotation.trim();
+    let named: Vec<Option<String>> = if text.starts_with('[') {
+        parse_list(VAR, text)?
+            .iter()
+            .enumerate()
+            .map(|(index, item)| match item.get("interface") {
+                None | Some(Value::Null) => Ok(None),
+                Some(Value::String(name)) => Ok(Some(name.clone())),
+                Some(other) => Err(BootstrapError::Field {
+                    var: VAR,
+                    index,
+                    field: "interface",
+                    value: truncate(&other.to_string()),
+                    reason: "must be a string".into(),
+                }),
+            })
+            .collect::<Result<_, _>>()?
+    } else {
+        text.split(',')
+            .map(str::trim)
+            .filter(|entry| !entry.is_empty())
+            .map(|entry| entry.split_once('@').map(|(_, name)| name.to_owned()))
+            .collect()
+    };
+    let mut seen = BTreeSet::new();
+    let mut out = Vec::with_capacity(named.len());
+    for (index, name) in named.into_iter().enumerate() {
+        let name = name.unwrap_or_else(|| format!("net{}", index + 1));
+        ifname::validate(&name).map_err(|e| BootstrapError::Field {
+            var: VAR,
+            index,
+            field: "interface",
+            value: truncate(&name),
+            reason: e.to_string(),
+        })?;
+        if !seen.insert(name.clone()) {
+            return Err(BootstrapError::Duplicate {
+                var: VAR,
+                index,
+                field: "interface",
+                value: name,
+            });
+        }
+        out.push(name);
+    }
+    Ok(out)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -532,5 +585,36 @@ mod tests {
                 b.interface_name, a.interface_name
             )
         );
+    }
+
+    #[test]
+    fn multus_interfaces_are_read_from_either_form_named_or_by_position() {
+        assert_eq!(multus_interfaces("").unwrap(), Vec::<String>::new());
+        assert_eq!(
+            multus_interfaces("default/net-a@vmd0a1, vms/net-b").unwrap(),
+            ["vmd0a1", "net2"]
+        );
+        assert_eq!(
+            multus_interfaces(
+                r#"[{"name":"net-a","namespace":"default","interface":"pool0"},{"name":"net-b"}]"#
+            )
+            .unwrap(),
+            ["pool0", "net2"]
+        );
+        let err = multus_interfaces("a@x,b@x").unwrap_err();
+        assert!(
+            matches!(err, BootstrapError::Duplicate { index: 1, .. }),
+            "{err}"
+        );
+        let err = multus_interfaces("a@../etc").unwrap_err().to_string();
+        assert!(err.contains("[0].interface"), "{err}");
+        let err = multus_interfaces(r#"[{"interface":7}]"#)
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("must be a string"), "{err}");
+        assert!(matches!(
+            multus_interfaces("[not json"),
+            Err(BootstrapError::Json { .. })
+        ));
     }
 }
