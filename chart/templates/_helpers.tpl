@@ -2,9 +2,14 @@
 Names. Object names are DNS labels (Services need RFC 1035 labels), at most 63 characters.
 */}}
 
-{{/* The chart name, or nameOverride. */}}
+{{/*
+The name, or nameOverride: "vmdhcp" whatever name the chart is published under (it is also
+published as upstream's harvester-vm-dhcp-controller, so that Harvester's add-on can switch to it
+without changing the Addon's immutable spec.chart), so that no selector of ours can match one of
+upstream's pods (app.kubernetes.io/name harvester-vm-dhcp-*).
+*/}}
 {{- define "vmdhcp.name" -}}
-{{- default .Chart.Name .Values.nameOverride | trunc 63 | trimSuffix "-" -}}
+{{- default "vmdhcp" .Values.nameOverride | trunc 63 | trimSuffix "-" -}}
 {{- end -}}
 
 {{/*
@@ -16,7 +21,7 @@ keeps its name, as under upstream's chart), else "<release>-<chart>"; truncated 
 {{- if .Values.fullnameOverride -}}
 {{- .Values.fullnameOverride | trunc 63 | trimSuffix "-" -}}
 {{- else -}}
-{{- $name := default .Chart.Name .Values.nameOverride -}}
+{{- $name := include "vmdhcp.name" . -}}
 {{- if or (contains $name .Release.Name) (and (not .Values.nameOverride) (contains (include "vmdhcp.upstream.chartName" .) .Release.Name)) -}}
 {{- .Release.Name | trunc 63 | trimSuffix "-" -}}
 {{- else -}}

@@ -35,6 +35,8 @@ set -euo pipefail
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 chart="$(dirname "$here")"
 golden="$here/golden"
+root="$(dirname "$chart")"
+version="$(sed -n 's/^version: //p' "$chart/Chart.yaml")"
 release=vmdhcp
 namespace=vmdhcp-system
 
@@ -124,6 +126,29 @@ for set in "${sets[@]}"; do
     not_ok "golden ($set): rendered objects differ (UPDATE_GOLDEN=1 to accept)"; cat "$tmp/$set.diff"
   fi
 done
+
+# The chart as Harvester's add-on fetches it: packaged under upstream's name
+# (scripts/package-chart.sh), it renders the harvester-addon set's objects, names and selectors
+# included, but for the helm.sh/chart label.
+if HELM="$HELM" "$root/scripts/package-chart.sh" "$tmp/repo" >"$tmp/package.out" 2>&1 \
+   && "$HELM" template harvester-vm-dhcp-controller "$tmp/repo/harvester-vm-dhcp-controller-$version.tgz" \
+        --namespace harvester-system -f "$tmp/harvester-addon.values.yaml" >"$tmp/renamed.yaml" 2>"$tmp/renamed.err" \
+   && "$PYTHON" "$here/check_render.py" normalize "$tmp/renamed.yaml" >"$tmp/renamed.norm.yaml"; then
+  if diff -u --label "rendered (harvester-addon)" --label "packaged as harvester-vm-dhcp-controller" \
+       <(grep -v '^ *helm.sh/chart: ' "$tmp/harvester-addon.norm.yaml") \
+       <(grep -v '^ *helm.sh/chart: ' "$tmp/renamed.norm.yaml") >"$tmp/renamed.diff"; then
+    ok "packaged as harvester-vm-dhcp-controller $version, it renders the same objects (helm.sh/chart aside)"
+  else
+    not_ok "packaged as harvester-vm-dhcp-controller, it renders other objects"; cat "$tmp/renamed.diff"
+  fi
+  if grep -q "helm.sh/chart: harvester-vm-dhcp-controller-$version" "$tmp/renamed.norm.yaml"; then
+    ok "the renamed package labels its objects helm.sh/chart: harvester-vm-dhcp-controller-$version"
+  else
+    not_ok "the renamed package's helm.sh/chart label"
+  fi
+else
+  not_ok "package the chart under upstream's name and render it"; cat "$tmp/package.out" "$tmp/renamed.err" 2>/dev/null | sed 's/^/      /'
+fi
 
 # The install notes (helm install --dry-run=client: no cluster), which name the key each of
 # upstream's values became.

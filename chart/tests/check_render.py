@@ -319,6 +319,21 @@ def check(set_name, path, release, namespace):
         c.check(live.get("path") == "/healthz" and ready.get("path") == "/readyz"
                 and live.get("port") == ready.get("port") == "http",
                 f"{tag} {who} probes /healthz and /readyz on port http")
+    # The one privileged container: the agent's init container that writes the pool interfaces'
+    # IPv6 settings, running the agent image's settle-host6 over the pod's Multus selection.
+    inits = agent_d["spec"]["template"]["spec"].get("initContainers") or []
+    for init in inits:
+        sc = init.get("securityContext") or {}
+        c.check(init.get("name") == "ipv6-host-settings" and init.get("args") == ["settle-host6"]
+                and init.get("image") == agent.get("image") and sc.get("privileged") is True
+                and sc.get("readOnlyRootFilesystem") is True
+                and field_ref(init, "MULTUS_NETWORKS")
+                == "metadata.annotations['k8s.v1.cni.cncf.io/networks']"
+                and (init.get("resources") or {}).get("limits", {}).get("memory"),
+                f"{tag} agent init container {init.get('name')} only settles the pool interfaces' "
+                "IPv6 settings from the pod's Multus selection", init)
+    c.check(len(inits) <= 1, f"{tag} agent has at most the IPv6 settings init container",
+            [i.get("name") for i in inits])
     ctrl_caps = ((ctrl.get("securityContext") or {}).get("capabilities") or {})
     c.check(ctrl_caps.get("drop") == ["ALL"] and not ctrl_caps.get("add"),
             f"{tag} controller has no capabilities")
@@ -696,6 +711,36 @@ def upstream(set_name, path, release, namespace):
 
 ADDON_SPEC_FIELDS = {"enabled", "repo", "chart", "version", "valuesContent"}
 
+# Upstream's add-on as Harvester v1.9 ships it (harvester#5052's test report, v1.9.0-rc4): the
+# object a user edits to switch to this chart.
+UPSTREAM_ADDON = {
+    "apiVersion": "harvesterhci.io/v1beta1", "kind": "Addon",
+    "metadata": {"name": "harvester-vm-dhcp-controller", "namespace": "harvester-system",
+                 "labels": {"addon.harvesterhci.io/experimental": "true"}},
+    "spec": {"enabled": False, "repo": "https://charts.harvesterhci.io",
+             "chart": "harvester-vm-dhcp-controller", "version": "1.9.0",
+             "valuesContent": "image:\n  tag: v1.9.0\nagent:\n  image:\n    tag: v1.9.0\n"
+                              "webhook:\n  image:\n    tag: v1.9.0\n"},
+}
+
+
+def harvester_admits_update(old, new):
+    """Harvester's Addon webhook on an update (harvester/harvester
+    pkg/webhook/resources/addon/validator.go, validateUpdatedAddon): `spec.chart` may not change
+    ("chart field cannot be changed."). The object is the same Addon (name, namespace), and of
+    its spec only enabled, repo, version and valuesContent are the user's to change. Returns the
+    refusal, or None."""
+    om, nm = old.get("metadata") or {}, new.get("metadata") or {}
+    if (om.get("name"), om.get("namespace")) != (nm.get("name"), nm.get("namespace")):
+        return "not the same Addon"
+    os_, ns_ = old.get("spec") or {}, new.get("spec") or {}
+    if os_.get("chart") != ns_.get("chart"):
+        return "chart field cannot be changed."
+    changed = {k for k in ADDON_SPEC_FIELDS | set(os_) | set(ns_) if os_.get(k) != ns_.get(k)}
+    if not changed <= {"enabled", "repo", "version", "valuesContent"}:
+        return f"fields an edit does not change: {sorted(changed)}"
+    return None
+
 
 def addon(example, chart_yaml, values_out):
     """Harvester's Addon for the add-on harvester-vm-dhcp-controller, installing this chart."""
@@ -715,9 +760,21 @@ def addon(example, chart_yaml, values_out):
     c.check(set(spec) <= ADDON_SPEC_FIELDS and isinstance(spec.get("enabled"), bool)
             and isinstance(spec.get("repo"), str) and spec.get("repo", "").startswith(("http://", "https://")),
             "spec has only the Addon's fields, enabled a boolean, repo a URL", sorted(spec))
-    c.check((spec.get("chart"), str(spec.get("version"))) == (chart["name"], str(chart["version"])),
-            f"spec.chart/version name this chart ({chart['name']} {chart['version']})",
+    # This chart, published under upstream's name (scripts/package-chart.sh): spec.chart stays.
+    c.check((spec.get("chart"), str(spec.get("version")))
+            == ("harvester-vm-dhcp-controller", str(chart["version"])),
+            f"spec.chart/version name this chart under upstream's name "
+            f"(harvester-vm-dhcp-controller {chart['version']})",
             (spec.get("chart"), spec.get("version")))
+    # Harvester admits the example as an edit of upstream's add-on (the rule refuses what it
+    # must: a changed chart).
+    c.check(harvester_admits_update(UPSTREAM_ADDON, a) is None,
+            "Harvester's Addon webhook admits the example as an edit of upstream's add-on "
+            "(only enabled, repo, version and valuesContent change)",
+            harvester_admits_update(UPSTREAM_ADDON, a))
+    renamed = {**a, "spec": {**spec, "chart": chart["name"]}}
+    c.check(harvester_admits_update(UPSTREAM_ADDON, renamed) == "chart field cannot be changed.",
+            f"...and refuses it with spec.chart: {chart['name']} (self-test of the rule)")
     content = spec.get("valuesContent")
     values = yaml.safe_load(content) if isinstance(content, str) else None
     c.check(isinstance(values, dict) and values, "spec.valuesContent is a YAML mapping (a values file)")
@@ -725,11 +782,16 @@ def addon(example, chart_yaml, values_out):
                      "nameOverride", "fullnameOverride", "serviceAccount", "podAnnotations", "podLabels",
                      "podSecurityContext", "securityContext", "service", "ingress", "resources",
                      "autoscaling", "volumes", "volumeMounts", "nodeSelector", "tolerations", "affinity"}
-    # Upstream's chart has no monitoring: those keys are this chart's, set for Harvester's.
+    # Upstream's chart has no monitoring and no UI address: those keys are this chart's, set for
+    # Harvester's.
     monitoring_keys = {"serviceMonitor", "prometheusRule", "dashboard", "networkPolicy"}
-    c.check(isinstance(values, dict) and set(values) <= upstream_keys | monitoring_keys,
-            "valuesContent is in upstream's chart's terms, but this chart's monitoring keys",
-            sorted(set(values or {}) - upstream_keys - monitoring_keys))
+    ours = monitoring_keys | {"controller"}
+    c.check(isinstance(values, dict) and set(values) <= upstream_keys | ours,
+            "valuesContent is in upstream's chart's terms, but this chart's monitoring and UI keys",
+            sorted(set(values or {}) - upstream_keys - ours))
+    c.check(isinstance(values, dict) and values.get("controller") == {"vmAddressAnnotation": True},
+            "valuesContent shows VMs' addresses in Harvester's UI (controller.vmAddressAnnotation)",
+            (values or {}).get("controller"))
     mon = values if isinstance(values, dict) else {}
     c.check((mon.get("dashboard") or {}).get("namespace") == "cattle-dashboards"
             and ((mon.get("networkPolicy") or {}).get("metrics") or {}).get("prometheusNamespace")

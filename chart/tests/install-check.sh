@@ -64,12 +64,15 @@ etcd --data-dir "$tmp/etcd" --listen-client-urls "http://127.0.0.1:$etcd_port" \
   --initial-advertise-peer-urls "http://127.0.0.1:$peer_port" \
   --initial-cluster "default=http://127.0.0.1:$peer_port" >"$tmp/etcd.log" 2>&1 &
 pids+=($!)
+# --allow-privileged as kubeadm, RKE2 (Harvester) and k3s run it: the agent's init container is
+# privileged (agent.ipv6HostSettings.initContainer; the full values turn it off).
 kube-apiserver --etcd-servers "http://127.0.0.1:$etcd_port" --bind-address 127.0.0.1 \
   --secure-port "$api_port" --tls-cert-file "$pki/server.crt" --tls-private-key-file "$pki/server.key" \
   --token-auth-file "$tmp/tokens.csv" --authorization-mode RBAC \
   --service-account-key-file "$pki/sa.pub" --service-account-signing-key-file "$pki/sa.key" \
   --service-account-issuer https://kubernetes.default.svc --api-audiences https://kubernetes.default.svc \
-  --service-cluster-ip-range 10.96.0.0/16 --disable-admission-plugins ServiceAccount >"$tmp/apiserver.log" 2>&1 &
+  --service-cluster-ip-range 10.96.0.0/16 --disable-admission-plugins ServiceAccount \
+  --allow-privileged=true >"$tmp/apiserver.log" 2>&1 &
 pids+=($!)
 export KUBECONFIG="$tmp/kubeconfig"
 cat >"$KUBECONFIG" <<EOF

@@ -40,6 +40,7 @@ use vmdhcp_integration::dhcp6_client::{
 use vmdhcp_integration::fleet::{probe_until_leased, vm_manifest};
 use vmdhcp_integration::netns::{Lab, Netns};
 use vmdhcp_integration::node::{Node, images_dir};
+use vmdhcp_integration::process::Supervised;
 
 const RELEASE: &str = "vmdhcp";
 const SYSTEM: &str = "vmdhcp-system";
@@ -53,6 +54,8 @@ const VM2_MAC: &str = "02:77:00:00:00:02";
 const VM3_MAC: &str = "02:77:00:00:00:03";
 /// The VM of the dual-stack step.
 const VM4_MAC: &str = "02:77:00:00:00:04";
+/// vm5, created with upstream v1.9's static-IP annotation.
+const VM5_MAC: &str = "02:77:00:00:00:05";
 /// The IPv6 side net-a gains: a ULA that exists only in the lab, the server at `::2`, DNS at
 /// `::53`, addresses from `::100` to `::1ff`.
 const V6_PREFIX: &str = "fd76:6d64:6865::";
@@ -148,7 +151,7 @@ impl Cluster {
         }
     }
 
-    fn helm(&self, args: &[&str]) -> String {
+    fn helm<S: AsRef<std::ffi::OsStr> + std::fmt::Debug>(&self, args: &[S]) -> String {
         let (ok, text) = output(self.node.helm().args(args));
         assert!(ok, "helm {args:?}: {text}\n{}", self.diagnose());
         text
@@ -646,9 +649,14 @@ impl Cluster {
             .cloned()
     }
 
-    /// `ip -6 -o addr show` in the network namespace of agent pod `pod` (entered through one of
-    /// its processes).
+    /// `ip -6 -o addr show` in the network namespace of agent pod `pod`.
     fn agent_pod_ipv6(&self, pod: &str) -> String {
+        self.in_pod_netns(pod, &["ip", "-6", "-o", "addr", "show"])
+    }
+
+    /// The output of `cmd` run in the network namespace of pod `pod` of the release's namespace
+    /// (entered through one of its processes); fails unless it succeeds.
+    fn in_pod_netns(&self, pod: &str, cmd: &[&str]) -> String {
         let uid = self.json(&["get", "pod", "-n", self.system, pod])["metadata"]["uid"]
             .as_str()
             .unwrap_or_default()
@@ -656,19 +664,45 @@ impl Cluster {
         let pid = Node::pod_processes(&uid)
             .first()
             .copied()
-            .unwrap_or_else(|| panic!("no process of agent pod {pod}"));
-        let (ok, text) = output(Command::new("nsenter").args([
-            "-t",
-            &pid.to_string(),
-            "-n",
-            "ip",
-            "-6",
-            "-o",
-            "addr",
-            "show",
-        ]));
-        assert!(ok, "ip -6 addr in agent pod {pod}: {text}");
+            .unwrap_or_else(|| panic!("no process of pod {pod}"));
+        let (ok, text) = output(
+            Command::new("nsenter")
+                .args(["-t", &pid.to_string(), "-n"])
+                .args(cmd),
+        );
+        assert!(ok, "{cmd:?} in pod {pod}: {text}");
         text
+    }
+
+    /// The pool interfaces of agent pod `pod` (its Multus selection) with their IPv6 settings
+    /// `accept_ra`, `autoconf`, `accept_redirects` and `proxy_ndp`, as its network namespace
+    /// has them.
+    fn agent_pod_ipv6_settings(&self, pod: &str) -> BTreeMap<String, Vec<String>> {
+        let annotation =
+            self.json(&["get", "pod", "-n", self.system, pod])["metadata"]["annotations"]
+                [vmdhcp_core::bootstrap::MULTUS_NETWORKS_ANNOTATION]
+                .as_str()
+                .unwrap_or_default()
+                .to_owned();
+        let interfaces = vmdhcp_core::bootstrap::multus_interfaces(&annotation)
+            .unwrap_or_else(|e| panic!("agent pod {pod}'s Multus selection: {e}"));
+        interfaces
+            .into_iter()
+            .map(|interface| {
+                let files: Vec<String> = ["accept_ra", "autoconf", "accept_redirects", "proxy_ndp"]
+                    .iter()
+                    .map(|s| format!("/proc/sys/net/ipv6/conf/{interface}/{s}"))
+                    .collect();
+                let mut cmd = vec!["cat"];
+                cmd.extend(files.iter().map(String::as_str));
+                let values = self
+                    .in_pod_netns(pod, &cmd)
+                    .split_whitespace()
+                    .map(str::to_owned)
+                    .collect();
+                (interface, values)
+            })
+            .collect()
     }
 }
 
@@ -810,6 +844,40 @@ fn dual_stack_vm_gets_both_addresses(c: &Cluster, lab: &mut Lab, node_ns: &Netns
         },
     );
     println!("IPv6 addresses in the leading agent pod {leader}:\n{addresses}");
+
+    // Neither agent pod takes routing from its pool interface: the chart's init container set
+    // the IPv6 host settings there before the agent started (the kernel's defaults in a new
+    // network namespace are accept_ra, autoconf and accept_redirects 1), and the leader reports
+    // them held.
+    for pod in c.ready_pods("agent") {
+        let settings = c.agent_pod_ipv6_settings(&pod);
+        assert!(
+            !settings.is_empty(),
+            "agent pod {pod} has no pool interface"
+        );
+        for (interface, values) in &settings {
+            assert_eq!(
+                values,
+                &["0", "0", "0", "0"],
+                "agent pod {pod}, {interface}: accept_ra, autoconf, accept_redirects, proxy_ndp"
+            );
+        }
+    }
+    let held = c.wait(
+        "the leader to report its pool interface's IPv6 host settings held",
+        Duration::from_secs(30),
+        || {
+            let metrics = c.pod_metrics(&leader);
+            metrics
+                .lines()
+                .find(|l| {
+                    l.starts_with("vmdhcp_agent_ipv6_host_settings{")
+                        && l.contains(&format!("pool=\"{VMS}/net-a\""))
+                })
+                .map(str::to_owned)
+        },
+    );
+    assert!(held.ends_with(" 1"), "{held}");
     for standby in c.ready_pods("agent").iter().filter(|p| **p != leader) {
         let text = c.agent_pod_ipv6(standby);
         assert!(
@@ -859,6 +927,61 @@ fn dual_stack_vm_gets_both_addresses(c: &Cluster, lab: &mut Lab, node_ns: &Netns
         started.elapsed().as_secs_f64(),
         (rolled - started).as_secs_f64(),
         rolled.elapsed().as_secs_f64()
+    );
+}
+
+/// vm5 is created with upstream v1.9's `static-ip.harvesterhci.io/nic-0` annotation: its
+/// `dhclient` is given that address by the agent pod; the annotation changed, its next lease
+/// has the new one (the renewal of the old address is refused, and the client asks again).
+#[allow(clippy::print_stdout)]
+fn pinned_vm_gets_its_address_and_a_new_pin_at_its_next_lease(
+    c: &Cluster,
+    lab: &mut Lab,
+    node_ns: &Netns,
+    dir: &Path,
+) {
+    const PIN: &str = "10.77.0.90";
+    const NEW_PIN: &str = "10.77.0.91";
+    let mut manifest = vm_manifest(VMS, "vm5", VM5_MAC, &format!("{VMS}/net-a"));
+    manifest["metadata"]["annotations"] = json!({"static-ip.harvesterhci.io/nic-0": PIN});
+    c.apply(&manifest).unwrap();
+    c.wait("vm5 allocated its pin", Duration::from_secs(60), || {
+        (c.allocations().get(VM5_MAC).map(String::as_str) == Some(PIN)).then_some(())
+    });
+    let vm5 = plug_vm(lab, node_ns, "vm5", VM5_MAC);
+    let vm5_dir = dir.join("vm5");
+    std::fs::create_dir_all(&vm5_dir).unwrap();
+    start_dhclient(lab, &vm5, &vm5_dir);
+    let bound = wait_event(&vm5_dir, "BOUND", 0, Duration::from_secs(60));
+    assert_eq!(bound["new_ip_address"], PIN, "{bound:?}");
+
+    let before = vmdhcp_integration::dhcp_client::events(&vm5_dir).len();
+    let changed = Instant::now();
+    c.kubectl(&[
+        "annotate",
+        "--overwrite",
+        "virtualmachines.kubevirt.io",
+        "-n",
+        VMS,
+        "vm5",
+        &format!("static-ip.harvesterhci.io/nic-0={NEW_PIN}"),
+    ]);
+    c.wait("vm5 moved to its new pin", Duration::from_secs(60), || {
+        (c.allocations().get(VM5_MAC).map(String::as_str) == Some(NEW_PIN)).then_some(())
+    });
+    let (event, _) = c.wait(
+        "vm5's next lease to have its new pin",
+        Duration::from_secs(LEASE_SECONDS * 3),
+        || {
+            vmdhcp_integration::dhcp_client::events(&vm5_dir)[before..]
+                .iter()
+                .find(|(_, env)| env.get("new_ip_address").map(String::as_str) == Some(NEW_PIN))
+                .cloned()
+        },
+    );
+    println!(
+        "vm5: {event} with its new pin {NEW_PIN} {:.1} s after the annotation changed",
+        changed.elapsed().as_secs_f64()
     );
 }
 
@@ -1231,6 +1354,8 @@ fn helm_install_on_a_real_node_serves_vms_fails_over_upgrades_and_uninstalls_cle
     mark(
         "net-a dual-stack: vm4 bound both recorded addresses, renewed both after the agents rolled",
     );
+    pinned_vm_gets_its_address_and_a_new_pin_at_its_next_lease(&c, &mut lab, &node_ns, dir.path());
+    mark("vm5 pinned by its static-ip annotation: leased the pin, then the new pin");
 
     // 7. Every permission the chart grants is used, and no call is refused.
     exercise_rare_permissions(&c);
@@ -1753,8 +1878,10 @@ fn helm_upgrade_of_the_harvester_addon_release_from_upstream_to_this_chart_in_on
     let before: Vec<BTreeMap<String, String>> =
         pools.iter().map(|p| c.pool_allocations(p.pool)).collect();
 
-    // 2. The upgrade: the CRDs first (Helm never upgrades crds/), then one `helm upgrade` of the
-    // same release to this chart, with the add-on example's values (upstream's terms).
+    // 2. The upgrade: the CRDs first (Helm never upgrades crds/), then what Harvester's add-on
+    // job runs once the Addon is edited as examples/harvester-addon.yaml is (spec.chart
+    // unchanged, upstream's name): `helm upgrade --install` of that chart at spec.version from
+    // spec.repo, a chart repository here on loopback, with spec.valuesContent (upstream's terms).
     c.kubectl(&[
         "apply",
         "--server-side",
@@ -1763,20 +1890,9 @@ fn helm_upgrade_of_the_harvester_addon_release_from_upstream_to_this_chart_in_on
         repo_root().join("chart/crds").to_str().unwrap(),
     ]);
     let values = addon_values(dir.path());
-    let chart = repo_root().join("chart");
+    let repo = ChartRepo::serve(dir.path());
     let upgrade_started = Instant::now();
-    let out = c.helm(&[
-        "upgrade",
-        ADDON_RELEASE,
-        chart.to_str().unwrap(),
-        "--namespace",
-        HARVESTER,
-        "-f",
-        values.to_str().unwrap(),
-        "--wait",
-        "--timeout",
-        "5m",
-    ]);
+    let out = c.helm(&repo.addon_job(&values));
     println!(
         "helm upgrade from upstream's release → every pod Ready: {:.1} s",
         upgrade_started.elapsed().as_secs_f64()
@@ -1806,7 +1922,11 @@ fn helm_upgrade_of_the_harvester_addon_release_from_upstream_to_this_chart_in_on
             last["status"].as_str(),
             last["chart"].as_str()
         ),
-        (Some(2), Some("deployed"), Some("vmdhcp-0.1.0")),
+        (
+            Some(2),
+            Some("deployed"),
+            Some(format!("harvester-vm-dhcp-controller-{}", repo.version).as_str())
+        ),
         "{history}"
     );
     assert_eq!(c.ready_pods("controller").len(), 2, "{}", c.diagnose());
@@ -1908,4 +2028,157 @@ fn helm_upgrade_of_the_harvester_addon_release_from_upstream_to_this_chart_in_on
         .collect();
     println!("upstream's names now this chart's: {taken_over:?}");
     mark("nothing of upstream's left (the CRDs and their objects stay)");
+
+    // 6. The add-on disabled (Harvester uninstalls the release) and enabled again (its job
+    // installs it): every allocation is kept, and each VM has its address again from the new
+    // agents (renewed, or bound anew if its short lease ran out meanwhile).
+    let before: Vec<BTreeMap<String, String>> =
+        pools.iter().map(|p| c.pool_allocations(p.pool)).collect();
+    let events_before: Vec<usize> = pools
+        .iter()
+        .map(|p| vmdhcp_integration::dhcp_client::events(&dir.path().join(p.vm)).len())
+        .collect();
+    c.helm(&[
+        "uninstall",
+        ADDON_RELEASE,
+        "--namespace",
+        HARVESTER,
+        "--wait",
+        "--timeout",
+        "3m",
+    ]);
+    c.wait("the release's pods gone", Duration::from_secs(120), || {
+        (c.pods("controller").is_empty() && c.pods("agent").is_empty()).then_some(())
+    });
+    mark("add-on disabled: the release uninstalled");
+    let reenabled = Instant::now();
+    c.helm(&repo.addon_job(&values));
+    let after: Vec<BTreeMap<String, String>> =
+        pools.iter().map(|p| c.pool_allocations(p.pool)).collect();
+    assert_eq!(
+        after, before,
+        "disabling and enabling the add-on moved an allocation"
+    );
+    for (p, since) in pools.iter().zip(events_before) {
+        c.wait(
+            &format!("{} AgentReady again", p.pool),
+            Duration::from_secs(120),
+            || (c.condition("ippool", p.pool, "AgentReady")?.0 == "True").then_some(()),
+        );
+        let vm_dir = dir.path().join(p.vm);
+        let (event, _) = c.wait(
+            &format!(
+                "{} to have its address from the re-enabled add-on's agents",
+                p.vm
+            ),
+            Duration::from_secs(LEASE_SECONDS * 4),
+            || {
+                vmdhcp_integration::dhcp_client::events(&vm_dir)
+                    .into_iter()
+                    .skip(since)
+                    .filter(|(name, _)| {
+                        ["BOUND", "RENEW", "REBIND", "REBOOT"].contains(&name.as_str())
+                    })
+                    .find(|(_, env)| {
+                        env.get("new_ip_address").map(String::as_str) == Some(p.address)
+                    })
+            },
+        );
+        println!("{}: {event} {} with the re-enabled add-on", p.vm, p.address);
+    }
+    println!(
+        "add-on enabled again: every pool served and each VM had its address {:.1} s after the \
+         install started",
+        reenabled.elapsed().as_secs_f64()
+    );
+    mark("add-on enabled again: every allocation kept, each VM has its address");
+}
+
+/// The chart as a chart repository, as Harvester's add-on reads one: packaged under both names
+/// with its index (scripts/package-chart.sh), served on 127.0.0.1 by Python's http.server.
+struct ChartRepo {
+    _server: Supervised,
+    url: String,
+    /// The chart's version (chart/Chart.yaml), the Addon's spec.version.
+    version: String,
+}
+
+impl ChartRepo {
+    fn serve(dir: &Path) -> ChartRepo {
+        let root = dir.join("chart-repo");
+        let port = vmdhcp_integration::ports::free_port();
+        let url = format!("http://127.0.0.1:{port}");
+        let (ok, text) = output(
+            Command::new(repo_root().join("scripts/package-chart.sh"))
+                .arg(&root)
+                .arg(&url)
+                .env(
+                    "HELM",
+                    vmdhcp_integration::control_plane::bin_dir().join("helm"),
+                ),
+        );
+        assert!(ok, "scripts/package-chart.sh: {text}");
+        let server = Supervised::spawn(
+            Path::new("python3"),
+            &[
+                "-m".into(),
+                "http.server".into(),
+                port.to_string(),
+                "--bind".into(),
+                "127.0.0.1".into(),
+                "--directory".into(),
+                root.display().to_string(),
+            ],
+            &dir.join("chart-repo.log"),
+            None,
+        )
+        .unwrap();
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while !vmdhcp_integration::http::get(&format!("127.0.0.1:{port}"), "/index.yaml")
+            .is_ok_and(|r| r.contains("harvester-vm-dhcp-controller"))
+        {
+            assert!(
+                Instant::now() < deadline,
+                "the chart repository never answered"
+            );
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        let chart = std::fs::read_to_string(repo_root().join("chart/Chart.yaml")).unwrap();
+        let version = chart
+            .lines()
+            .find_map(|l| l.strip_prefix("version: "))
+            .unwrap()
+            .trim()
+            .to_owned();
+        ChartRepo {
+            _server: server,
+            url,
+            version,
+        }
+    }
+
+    /// What Harvester's add-on job runs for the Addon of examples/harvester-addon.yaml:
+    /// `helm upgrade --install` of spec.chart at spec.version from spec.repo with
+    /// spec.valuesContent (`values`), into the add-on's release.
+    fn addon_job(&self, values: &Path) -> Vec<String> {
+        [
+            "upgrade",
+            "--install",
+            ADDON_RELEASE,
+            "harvester-vm-dhcp-controller",
+            "--repo",
+            &self.url,
+            "--version",
+            &self.version,
+            "--namespace",
+            HARVESTER,
+            "-f",
+            values.to_str().unwrap(),
+            "--wait",
+            "--timeout",
+            "5m",
+        ]
+        .map(str::to_owned)
+        .to_vec()
+    }
 }

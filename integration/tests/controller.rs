@@ -1027,19 +1027,23 @@ async fn a_foreign_dhcp_server_the_leading_agent_reports_is_a_condition_until_it
 
     // A Warning event names it, with what it did.
     let events: Api<Event> = Api::namespaced(client.clone(), &ns);
-    let deadline = Instant::now() + DEADLINE;
-    let note = loop {
-        let listed = events.list(&Default::default()).await.unwrap().items;
-        if let Some(e) = listed
-            .iter()
-            .find(|e| e.reason.as_deref() == Some("ForeignDHCPServer"))
-        {
-            assert_eq!(e.type_.as_deref(), Some("Warning"));
-            break e.note.clone().unwrap_or_default();
+    // The note of the first Warning with `reason` whose note names `mac`.
+    let warning = async |reason: &str, mac: &str| {
+        let deadline = Instant::now() + DEADLINE;
+        loop {
+            let listed = events.list(&Default::default()).await.unwrap().items;
+            if let Some(e) = listed.iter().find(|e| {
+                e.reason.as_deref() == Some(reason)
+                    && e.note.as_deref().is_some_and(|n| n.contains(mac))
+            }) {
+                assert_eq!(e.type_.as_deref(), Some("Warning"));
+                return e.note.clone().unwrap_or_default();
+            }
+            assert!(Instant::now() < deadline, "no {reason} event: {listed:?}");
+            tokio::time::sleep(Duration::from_millis(100)).await;
         }
-        assert!(Instant::now() < deadline, "no event: {listed:?}");
-        tokio::time::sleep(Duration::from_millis(100)).await;
     };
+    let note = warning("ForeignDHCPServer", "02:00:00:00:0e:0e").await;
     for wanted in [
         "02:00:00:00:0e:0e",
         "10.8.0.7",
@@ -1094,23 +1098,7 @@ async fn a_foreign_dhcp_server_the_leading_agent_reports_is_a_condition_until_it
         find_condition(&status.conditions, "ProxyARPResponder").map(|c| c.status.as_str()),
         Some("False")
     );
-    let deadline = Instant::now() + DEADLINE;
-    loop {
-        let listed = events.list(&Default::default()).await.unwrap().items;
-        if listed.iter().any(|e| {
-            e.reason.as_deref() == Some("ProxyNDPResponder")
-                && e.note
-                    .as_deref()
-                    .is_some_and(|n| n.contains("02:00:00:00:0e:11"))
-        }) {
-            break;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "no ProxyNDPResponder event: {listed:?}"
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    warning("ProxyNDPResponder", "02:00:00:00:0e:11").await;
 
     // The leader finds it no more: False, and the gauge follows.
     grpc.report(report("leader", true, vec![])).await.unwrap();

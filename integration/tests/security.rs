@@ -1905,29 +1905,27 @@ async fn a_static_ip_annotation_the_webhook_refuses_is_said_on_the_vm_and_pins_o
     );
     assert!(configs.get_opt("asks").await.unwrap().is_none());
 
+    let pin = |ip: &'static str| {
+        let vms = vms.clone();
+        async move {
+            let annotations = json!({"static-ip.harvesterhci.io/nic-0": ip});
+            vms.patch(
+                "asks",
+                &PatchParams::default(),
+                &Patch::Merge(json!({"metadata": {"annotations": annotations}})),
+            )
+            .await
+            .unwrap();
+        }
+    };
+
     // The holder's address: refused too.
-    vms.patch(
-        "asks",
-        &PatchParams::default(),
-        &Patch::Merge(
-            json!({"metadata": {"annotations": {"static-ip.harvesterhci.io/nic-0": "10.70.0.60"}}}),
-        ),
-    )
-    .await
-    .unwrap();
+    pin("10.70.0.60").await;
     refusal("asks", "10.70.0.60").await;
     assert!(configs.get_opt("asks").await.unwrap().is_none());
 
     // A free one: pinned.
-    vms.patch(
-        "asks",
-        &PatchParams::default(),
-        &Patch::Merge(
-            json!({"metadata": {"annotations": {"static-ip.harvesterhci.io/nic-0": "10.70.0.61"}}}),
-        ),
-    )
-    .await
-    .unwrap();
+    pin("10.70.0.61").await;
     allocated("asks", "10.70.0.61").await;
     let asks = configs.get("asks").await.unwrap();
     assert_eq!(
