@@ -18,6 +18,29 @@ use vmdhcp_core::crd::IPPool;
 
 /// Annotation in which Harvester records the MAC of each NIC (`{"nic-1": "aa:bb:…"}`).
 pub const MAC_ANNOTATION: &str = "harvesterhci.io/mac-address";
+/// Upstream's VirtualMachine annotation prefix that pins a NIC's IPv4 address
+/// (`static-ip.harvesterhci.io/<nic-name>`; `reconcile::vm::pins`).
+pub const STATIC_IP_PREFIX: &str = "static-ip.harvesterhci.io/";
+/// Ours: the VirtualMachine annotation prefix that pins a NIC's IPv6 address on a dual-stack
+/// pool (`static-ipv6.vmdhcp.io/<nic-name>`).
+pub const STATIC_IPV6_PREFIX: &str = "static-ipv6.vmdhcp.io/";
+/// Harvester's VirtualMachine annotation its UI shows as the VM's address
+/// (`reconcile::vm::custom_ip`).
+pub const CUSTOM_IP_ANNOTATION: &str = "harvesterhci.io/custom-ip";
+/// Ours: the value of [`CUSTOM_IP_ANNOTATION`] this controller last wrote.
+pub const CUSTOM_IP_WRITTEN_ANNOTATION: &str = "vmdhcp.io/custom-ip-written";
+/// Ours, on a config this controller writes: the pins its NICs got from the VM's annotations.
+pub const PINNED_BY_VM_ANNOTATION: &str = "vmdhcp.io/pinned-by-vm-annotation";
+
+/// Whether a cached VirtualMachine keeps annotation `key`: the ones the reconcilers read (the
+/// MAC map, the static-IP pins, the shown addresses).
+pub fn vm_annotation_read(key: &str) -> bool {
+    key == MAC_ANNOTATION
+        || key.starts_with(STATIC_IP_PREFIX)
+        || key.starts_with(STATIC_IPV6_PREFIX)
+        || key == CUSTOM_IP_ANNOTATION
+        || key == CUSTOM_IP_WRITTEN_ANNOTATION
+}
 
 /// KubeVirt's `VirtualMachine`, as far as this controller reads it: its identity, annotations
 /// (the MAC one) and its template's networks and interfaces.
@@ -185,4 +208,30 @@ where
     K::DynamicType: Default,
 {
     ObjectRef::new(&name.name).within(&name.namespace)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_cached_vm_keeps_the_annotations_the_reconcilers_read_and_no_other() {
+        for key in [
+            MAC_ANNOTATION,
+            "static-ip.harvesterhci.io/nic-1",
+            "static-ipv6.vmdhcp.io/nic-1",
+            CUSTOM_IP_ANNOTATION,
+            CUSTOM_IP_WRITTEN_ANNOTATION,
+        ] {
+            assert!(vm_annotation_read(key), "{key}");
+        }
+        for key in [
+            "kubevirt.io/latest-observed-api-version",
+            "harvesterhci.io/vmName",
+            PINNED_BY_VM_ANNOTATION,
+            "static-ip.harvesterhci.io",
+        ] {
+            assert!(!vm_annotation_read(key), "{key}");
+        }
+    }
 }

@@ -6,8 +6,7 @@
 use kube::api::DynamicObject;
 use vmdhcp_core::crd::{LABEL_VM_NAME, VirtualMachineNetworkConfig};
 
-use crate::kinds::{MAC_ANNOTATION, VirtualMachine};
-use crate::reconcile::vm::{custom_ip, pins};
+use crate::kinds::{PINNED_BY_VM_ANNOTATION, VirtualMachine, vm_annotation_read};
 
 /// Keeps of a cached VirtualMachine's metadata what this controller reads (identity, deletion,
 /// the MAC, static-IP and shown-address annotations) and drops the rest (managed fields, labels, other annotations…); the
@@ -19,11 +18,7 @@ pub fn vm(vm: &mut VirtualMachine) {
     meta.owner_references = None;
     meta.finalizers = None;
     if let Some(annotations) = meta.annotations.as_mut() {
-        annotations.retain(|k, _| {
-            k == MAC_ANNOTATION
-                || pins::is_pin_annotation(k)
-                || custom_ip::is_custom_ip_annotation(k)
-        });
+        annotations.retain(|k, _| vm_annotation_read(k));
         if annotations.is_empty() {
             meta.annotations = None;
         }
@@ -31,7 +26,7 @@ pub fn vm(vm: &mut VirtualMachine) {
 }
 
 /// Keeps of a cached config's metadata what this controller reads: of the annotations, only the
-/// record of the pins VM annotations made ([`pins::PINNED_BY_VM`], on pinned configs only),
+/// record of the pins VM annotations made ([`PINNED_BY_VM_ANNOTATION`], on pinned configs only),
 /// and the labels shrink to whether the config carries the VM-name label this
 /// controller applies ([`labelled_as_applied`]). A map of one label costs a whole tree node
 /// (over half a kilobyte), once per config, for one bit (docs/tuning.md). The label right: no
@@ -40,7 +35,7 @@ pub fn vm(vm: &mut VirtualMachine) {
 pub fn config(cfg: &mut VirtualMachineNetworkConfig) {
     let meta = &mut cfg.metadata;
     if let Some(annotations) = meta.annotations.as_mut() {
-        annotations.retain(|k, _| k == pins::PINNED_BY_VM);
+        annotations.retain(|k, _| k == PINNED_BY_VM_ANNOTATION);
         if annotations.is_empty() {
             meta.annotations = None;
         }

@@ -15,15 +15,9 @@ use serde_json::{Value, json};
 use vmdhcp_core::MacAddr;
 use vmdhcp_core::crd::{NetworkConfig, VirtualMachineNetworkConfig};
 
-/// Harvester's annotation, shown by its UI as the VM's address.
-pub const CUSTOM_IP: &str = "harvesterhci.io/custom-ip";
-/// Ours: the value of [`CUSTOM_IP`] this controller last wrote.
-pub const WRITTEN: &str = "vmdhcp.io/custom-ip-written";
-
-/// Whether `key` is an annotation this module reads (kept in the VM cache).
-pub fn is_custom_ip_annotation(key: &str) -> bool {
-    key == CUSTOM_IP || key == WRITTEN
-}
+pub use crate::kinds::{
+    CUSTOM_IP_ANNOTATION as CUSTOM_IP, CUSTOM_IP_WRITTEN_ANNOTATION as WRITTEN,
+};
 
 /// The addresses to show for the VM whose NICs are `nics` (in its network order), as the
 /// config's status records them: each NIC's IPv4 address, then its IPv6 one; empty when none.
@@ -142,6 +136,5 @@ mod tests {
             change(&removed, want),
             Some(json!({CUSTOM_IP: want, WRITTEN: want}))
         );
-        assert!(is_custom_ip_annotation(CUSTOM_IP) && is_custom_ip_annotation(WRITTEN));
     }
 }

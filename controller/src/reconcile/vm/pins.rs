@@ -14,7 +14,8 @@
 //!   allocation stays, and the NIC is dynamic from then on.
 //!
 //! To tell a pin an annotation made from one an operator wrote on the config itself (which is
-//! kept, as before), the config records the pins it got from annotations ([`PINNED_BY_VM`]).
+//! kept, as before), the config records the pins it got from annotations ([`PINNED_BY_VM`]:
+//! `mac=address` pairs separated by commas, both families).
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
@@ -25,19 +26,9 @@ use vmdhcp_core::crd::{NetworkConfig, VirtualMachineNetworkConfig};
 
 use crate::kinds::VirtualMachine;
 
-/// Upstream's VirtualMachine annotation prefix that pins a NIC's IPv4 address.
-pub const STATIC_IP_PREFIX: &str = "static-ip.harvesterhci.io/";
-/// Ours: the VirtualMachine annotation prefix that pins a NIC's IPv6 address on a dual-stack
-/// pool.
-pub const STATIC_IPV6_PREFIX: &str = "static-ipv6.vmdhcp.io/";
-/// On a config this controller writes: the pins its NICs got from the VM's annotations, as
-/// `mac=address` pairs separated by commas (both families).
-pub const PINNED_BY_VM: &str = "vmdhcp.io/pinned-by-vm-annotation";
-
-/// Whether `key` is an annotation this module reads (kept in the VM cache).
-pub fn is_pin_annotation(key: &str) -> bool {
-    key.starts_with(STATIC_IP_PREFIX) || key.starts_with(STATIC_IPV6_PREFIX)
-}
+pub use crate::kinds::{
+    PINNED_BY_VM_ANNOTATION as PINNED_BY_VM, STATIC_IP_PREFIX, STATIC_IPV6_PREFIX,
+};
 
 /// A NIC's pins, by family.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -257,8 +248,6 @@ mod tests {
                 ),
             ]
         );
-        assert!(is_pin_annotation("static-ip.harvesterhci.io/nic-1"));
-        assert!(!is_pin_annotation("harvesterhci.io/mac-address"));
     }
 
     #[test]
