@@ -39,7 +39,7 @@ mod announce;
 mod weigh;
 
 pub use announce::*;
-pub use weigh::{Evidence, Inquiry, weigh};
+pub use weigh::{Check, Evidence, Inquiry, weigh};
 
 /// Announcements sent per takeover of an interface. RFC 5227 asks for two (ANNOUNCE_NUM); one
 /// more rides out a lost frame on a busy segment.

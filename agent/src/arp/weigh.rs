@@ -10,8 +10,8 @@
 //! are kept, which proxies are remembered) comes in through [`Inquiry`]; what the verdict leads
 //! to (withholding, reporting) stays with each server's probe module.
 
-use vmdhcp_core::MacAddr;
 use vmdhcp_core::pool::MAX_CONFLICTS_PER_HOST;
+use vmdhcp_core::{MacAddr, NamespacedName};
 
 use super::{Answers, PROBE_NUM, PROXY_CANARY_ANSWERS};
 
@@ -30,6 +30,21 @@ pub enum Evidence {
     Capped(MacAddr),
     /// Nobody answered every probe (a host answering with a new MAC each time is nobody).
     Nobody,
+}
+
+/// One address of a pool to check, and how: what each family's server asks its probe module.
+#[derive(Clone, Copy, Debug)]
+pub struct Check<'a, A> {
+    /// Where it is probed.
+    pub interface: &'a str,
+    /// Its pool.
+    pub pool: &'a NamespacedName,
+    /// The address.
+    pub ip: A,
+    /// The client it is reserved for, whose answer settles the check.
+    pub holder: Option<MacAddr>,
+    /// Whether [`MAX_CONFLICTS_PER_HOST`] applies (not when rechecking a recorded conflict).
+    pub cap: bool,
 }
 
 /// One address to judge, and what its family knows of the pool.

@@ -27,7 +27,7 @@ use tracing::{debug, info, warn};
 use vmdhcp_core::pool::MAX_CONFLICTS_PER_HOST;
 use vmdhcp_core::{MacAddr, NamespacedName};
 
-use crate::arp::{self, Answers, ArpError, CANARIES, Evidence};
+use crate::arp::{self, Answers, ArpError, CANARIES, Check, Evidence};
 use crate::findings::{Finding, RECHECK, Reason};
 use crate::lease_table::{LeaseTable, PoolSnapshot};
 use crate::suspects::{SuspectKind, Suspects};
@@ -196,18 +196,6 @@ fn ndp_probe(
     arp::probe6(interface, targets, PROBE_INTERVAL, PROBE_WAIT, enough)
 }
 
-/// One address to check.
-#[derive(Clone, Copy, Debug)]
-struct Check<'a> {
-    interface: &'a str,
-    pool: &'a NamespacedName,
-    ip: Ipv6Addr,
-    /// The client it is reserved for, whose answer settles the check.
-    holder: Option<MacAddr>,
-    /// Whether [`MAX_CONFLICTS_PER_HOST`] applies (not when rechecking a recorded conflict).
-    cap: bool,
-}
-
 /// Finds out who uses `check.ip` (see [`Evidence`]): the holder answering any of the
 /// solicitations settles it; otherwise a host must answer every one, then is asked about [`CANARIES`]
 /// addresses of the pool's IPv6 subnet nobody holds, answering [`arp::PROXY_CANARY_ANSWERS`] of
@@ -218,7 +206,7 @@ fn investigate(
     probe: &impl Prober6,
     table: &LeaseTable,
     suspects: Option<&Suspects>,
-    check: Check<'_>,
+    check: Check<'_, Ipv6Addr>,
 ) -> Result<Evidence, ArpError> {
     let Check {
         interface,
@@ -610,7 +598,7 @@ mod tests {
         }
     }
 
-    fn check(ip: Ipv6Addr, holder: Option<MacAddr>) -> Check<'static> {
+    fn check(ip: Ipv6Addr, holder: Option<MacAddr>) -> Check<'static, Ipv6Addr> {
         static POOL: std::sync::OnceLock<NamespacedName> = std::sync::OnceLock::new();
         Check {
             interface: "srv0",

@@ -66,7 +66,7 @@ use parking_lot::Mutex;
 use tracing::{debug, info, warn};
 use vmdhcp_core::{MacAddr, NamespacedName};
 
-use crate::arp::{self, Answers, ArpError, Evidence};
+use crate::arp::{self, Answers, ArpError, Check, Evidence};
 use crate::findings::{Finding, Reason};
 use crate::lease_table::{LeaseTable, PoolSnapshot};
 use crate::suspects::{SuspectKind, Suspects};
@@ -99,21 +99,6 @@ pub const MAX_PROBES: usize = 32;
 pub const MAX_CLEAN: usize = 65_536;
 /// Stack of a probe thread: it only sends and reads 60-byte frames.
 const PROBE_STACK: usize = 64 * 1024;
-
-/// One address to check, and how ([`Probes::investigate`]).
-#[derive(Clone, Copy, Debug)]
-struct Check<'a> {
-    /// Where it is probed.
-    interface: &'a str,
-    /// Its pool.
-    pool: &'a NamespacedName,
-    /// The address.
-    ip: Ipv4Addr,
-    /// The client it is reserved for, whose answer settles the check.
-    holder: Option<MacAddr>,
-    /// Whether [`MAX_CONFLICTS_PER_HOST`] applies (not when rechecking a recorded conflict).
-    cap: bool,
-}
 
 /// What became of a request for a probe.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -195,7 +180,7 @@ impl Probes {
         &self,
         probe: &impl Prober,
         table: &LeaseTable,
-        check: Check<'_>,
+        check: Check<'_, Ipv4Addr>,
     ) -> Result<Evidence, ArpError> {
         let Check {
             interface,
