@@ -139,6 +139,7 @@ impl Collector for LeaseTransitions {
 pub struct TokenCounts {
     reviews: Family<ResultLabel, Counter>,
     refused: Family<ReasonLabel, Counter>,
+    issuer_keys: Gauge,
 }
 
 impl TokenCounts {
@@ -152,8 +153,16 @@ impl TokenCounts {
             .inc();
     }
 
+    /// Says how many of the cluster's signing keys token signatures are checked against (0:
+    /// none can be read, every token goes to a TokenReview).
+    pub fn issuer_keys(&self, keys: usize) {
+        self.issuer_keys
+            .set(i64::try_from(keys).unwrap_or(i64::MAX));
+    }
+
     /// Counts one caller refused without a TokenReview, by `reason`: `missing`, `malformed`,
-    /// `audience`, `expired` or `rate_limited`.
+    /// `signature`, `audience`, `expired`, `forbidden` (another ServiceAccount's genuine token)
+    /// or `rate_limited`.
     pub fn refused(&self, reason: &str) {
         self.refused
             .get_or_create(&ReasonLabel {
@@ -276,8 +285,14 @@ impl Default for Metrics {
         registry.register(
             "vmdhcpcontroller_token_checks_refused",
             "Config stream callers refused without a TokenReview, by reason (missing, malformed, \
-             audience, expired, rate_limited)",
+             signature, audience, expired, forbidden, rate_limited)",
             tokens.refused.clone(),
+        );
+        registry.register(
+            "vmdhcpcontroller_token_issuer_keys",
+            "The cluster's ServiceAccount signing keys config stream tokens are checked against \
+             (0: none readable, every new token costs a TokenReview)",
+            tokens.issuer_keys.clone(),
         );
         let stream_clients = Gauge::default();
         registry.register(

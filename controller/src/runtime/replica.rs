@@ -21,6 +21,7 @@ use crate::security::tls::{ServingCerts, TlsSettings};
 use crate::security::webhook::{self, WebhookError};
 use crate::stream::auth::{ReviewRate, TokenAuth};
 use crate::stream::config_service::Security;
+use crate::stream::keys::IssuerKeys;
 
 /// Which callers may read the config stream.
 #[derive(Clone, Debug)]
@@ -162,16 +163,26 @@ fn stream_security(
             audience,
             service_account,
             review_rate,
-        } => Security::Tls {
-            config: certs.server_config(&[b"h2"]),
-            auth: Arc::new(TokenAuth::new(
+        } => {
+            let auth = Arc::new(TokenAuth::new(
                 client.clone(),
                 audience,
                 &service_account,
                 review_rate,
+                IssuerKeys::new(Some(client.clone())),
                 metrics.token_counts(),
-            )),
-        },
+            ));
+            // The keys are read before the first agent asks, so `/metrics` says at once
+            // whether forgeries cost a TokenReview.
+            tokio::spawn({
+                let auth = auth.clone();
+                async move { auth.load_keys().await }
+            });
+            Security::Tls {
+                config: certs.server_config(&[b"h2"]),
+                auth,
+            }
+        }
     }
 }
 

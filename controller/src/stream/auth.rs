@@ -3,21 +3,31 @@
 //! ServiceAccount is served. Anyone else learns nothing about pools, MACs or addresses.
 //!
 //! Every TokenReview is a write to the API server under the controller's own ServiceAccount, so
-//! a caller must not be able to make us send many. Three gates stand before one:
+//! a caller must not be able to make us send many. Gates stand before one:
 //! - a local look at the token ([`precheck`]): a JWT of bounded size, not `alg: none`, issued
-//!   for our audience and not expired, read without verifying the signature (the review does
-//!   that), only to refuse garbage without asking anyone;
-//! - the verdict cache, per token (by its SHA-256, never the token itself), so a reconnecting
-//!   fleet costs one TokenReview per agent per minute at most, and an API server outage does not
-//!   cut agents that were already verified. It cannot be flooded away: verified tokens live in a
-//!   cache of their own that only the agents' tokens enter, refusals in another (bounded,
-//!   short-lived), and concurrent checks of one token share one TokenReview;
-//! - a global budget of reviews ([`ReviewRate`]): past it, a new token is refused as
-//!   retryable, so tens of thousands of distinct well-formed forgeries cost at most the budget.
+//!   for our audience and not expired;
+//! - its signature, checked against the cluster's published signing keys
+//!   ([`super::keys::IssuerKeys`]): a forgery is refused here, and a genuine token of any
+//!   ServiceAccount but the agents' is refused from its own claims, so only the agents' tokens
+//!   ever reach a review (where the keys cannot be read, every token goes on, behind the
+//!   budgets below);
+//! - the verdict cache, per token (by its SHA-256, never the token itself): a verified token is
+//!   trusted until it expires (at most [`VERIFIED_TTL_MAX`]), so a fleet costs one review per
+//!   agent token, and an API server outage does not cut agents already verified. It cannot be
+//!   flooded away: verified tokens live in a cache of their own that only the agents' tokens
+//!   enter, refusals in another (bounded, short-lived), and concurrent checks of one token share
+//!   one review. A Report on the connection of a verified Watch, with its token, needs no check;
+//! - per-peer fairness ([`PEER_RATE`]) in front of a global budget of reviews ([`ReviewRate`]):
+//!   past either, a new token is refused as retryable, so one flooding address cannot take the
+//!   reviews another agent needs, and all of them together cost at most the budget.
 //!
 //! Refusals before a review are counted by reason and logged at debug only (a flood must not
 //! flood the logs); the reviews sent are counted by result.
 
+use std::collections::HashMap;
+use std::net::{IpAddr, SocketAddr};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use k8s_openapi::api::authentication::v1::{TokenReview, TokenReviewSpec};
@@ -32,10 +42,23 @@ use tonic::Status;
 use tonic::metadata::MetadataMap;
 use tracing::{debug, warn};
 
+use super::keys::{IssuerKeys, Judgement, KeysError};
 use crate::metrics::TokenCounts;
 
-/// How long a positive verdict is trusted.
-const ALLOW_TTL: Duration = Duration::from_secs(60);
+/// How long a positive verdict is trusted at most, whatever the token's expiry: a token whose
+/// pod or ServiceAccount is deleted is refused again within this.
+pub const VERIFIED_TTL_MAX: Duration = Duration::from_secs(3600);
+/// What one address may spend of the review budget: a few agent pods (each needs one review
+/// per token, once an hour or so) share a node's address at most.
+pub const PEER_RATE: ReviewRate = ReviewRate {
+    per_second: 1,
+    burst: 4,
+};
+/// Addresses whose review budgets are kept at most (an idle one is forgotten after
+/// [`PEER_IDLE`]).
+const PEERS_MAX: u64 = 16_384;
+/// How long an address's budget is kept after its last use.
+const PEER_IDLE: Duration = Duration::from_secs(600);
 /// How long a refusal is remembered (bounds the TokenReviews a hostile caller can cause).
 const DENY_TTL: Duration = Duration::from_secs(10);
 /// Verified tokens kept at most (agents' tokens only: a few per agent pod per hour).
@@ -62,6 +85,9 @@ pub enum AuthError {
     /// Not a JWT a ServiceAccount could hold; refused without a TokenReview.
     #[error("not a ServiceAccount token: {0}")]
     Malformed(String),
+    /// Not signed by the cluster; refused without a TokenReview.
+    #[error("not a token of this cluster: {0}")]
+    Signature(KeysError),
     /// A JWT issued for other audiences; refused without a TokenReview.
     #[error("token issued for audiences {found:?}, not for audience {audience:?}")]
     Audience {
@@ -91,17 +117,22 @@ pub enum AuthError {
         user: String,
         /// The user allowed.
         allowed: String,
+        /// Decided from the token's own (verified) claims, without a TokenReview.
+        locally: bool,
     },
     /// TokenReview failed; the caller may retry.
     #[error("cannot verify the token now: {0}")]
     Unavailable(String),
     /// The TokenReview budget is spent (many new tokens at once); the caller may retry.
     #[error(
-        "too many new tokens to verify (budget {per_second} TokenReviews a second), retry later"
+        "too many new tokens to verify{} (budget {per_second} TokenReviews a second), retry later",
+        if *.from_peer { " from this address" } else { "" }
     )]
     RateLimited {
         /// The budget's sustained rate.
         per_second: u32,
+        /// The caller's address's share was spent, not the budget of all.
+        from_peer: bool,
     },
 }
 
@@ -112,11 +143,13 @@ impl AuthError {
         match self {
             AuthError::Missing => Some("missing"),
             AuthError::Malformed(_) => Some("malformed"),
+            AuthError::Signature(_) => Some("signature"),
             AuthError::Audience { .. } => Some("audience"),
             AuthError::Expired { .. } => Some("expired"),
+            AuthError::Forbidden { locally: true, .. } => Some("forbidden"),
             AuthError::RateLimited { .. } => Some("rate_limited"),
             AuthError::Rejected { .. }
-            | AuthError::Forbidden { .. }
+            | AuthError::Forbidden { locally: false, .. }
             | AuthError::Unavailable(_) => None,
         }
     }
@@ -135,6 +168,7 @@ impl From<AuthError> for Status {
         match e {
             AuthError::Missing
             | AuthError::Malformed(_)
+            | AuthError::Signature(_)
             | AuthError::Audience { .. }
             | AuthError::Expired { .. }
             | AuthError::Rejected { .. } => Status::unauthenticated(e.to_string()),
@@ -220,10 +254,11 @@ impl ReviewBudget {
         })
     }
 
-    /// What a caller past the budget is told.
-    fn refusal(&self) -> AuthError {
+    /// What a caller past the budget is told (`from_peer`: the budget is one address's).
+    fn refusal(&self, from_peer: bool) -> AuthError {
         AuthError::RateLimited {
             per_second: self.rate.per_second,
+            from_peer,
         }
     }
 
@@ -248,14 +283,58 @@ impl ReviewBudget {
 #[derive(Deserialize)]
 struct Header {
     alg: String,
+    #[serde(default)]
+    kid: Option<String>,
 }
 
-/// The claims looked at (never trusted: the TokenReview verifies them).
+/// The claims looked at: trusted only once the signature is checked (or the TokenReview
+/// verified them).
 #[derive(Deserialize)]
 struct Claims {
     #[serde(default)]
     aud: Audiences,
     exp: Option<f64>,
+    #[serde(default)]
+    sub: Option<String>,
+    #[serde(default, rename = "kubernetes.io")]
+    kubernetes: Option<KubernetesClaims>,
+}
+
+/// The `kubernetes.io` claims of a ServiceAccount token: what it is bound to.
+#[derive(Deserialize)]
+struct KubernetesClaims {
+    #[serde(default)]
+    pod: Option<BoundObject>,
+}
+
+/// An object a token is bound to.
+#[derive(Deserialize)]
+struct BoundObject {
+    name: String,
+}
+
+/// A token that passed [`precheck`]: what the signature check and the verdict need of it.
+#[cfg_attr(test, derive(Debug, PartialEq))]
+pub struct Jwt<'a> {
+    alg: String,
+    kid: Option<String>,
+    /// The header and payload segments, as signed.
+    signed: &'a str,
+    signature: Vec<u8>,
+    exp: f64,
+    sub: Option<String>,
+    pod: Option<String>,
+}
+
+impl Jwt<'_> {
+    /// How long a verdict on this token may be trusted at `now`: until it expires, at most
+    /// [`VERIFIED_TTL_MAX`].
+    fn trusted_for(&self, now: SystemTime) -> Duration {
+        let now = now.duration_since(UNIX_EPOCH).unwrap_or_default();
+        Duration::try_from_secs_f64(self.exp - now.as_secs_f64())
+            .unwrap_or_default()
+            .min(VERIFIED_TTL_MAX)
+    }
 }
 
 /// `aud`: one string or a list (RFC 7519 §4.1.3).
@@ -284,8 +363,8 @@ impl Audiences {
 /// Refuses, without asking the API server, a token that cannot be a ServiceAccount token for
 /// `audience` at `now`: not three base64url segments, larger than [`TOKEN_MAX`], `alg: none`,
 /// another audience, no `exp` or one past (beyond [`EXPIRY_LEEWAY`]). The signature is not
-/// checked: this only spares the API server obvious garbage.
-pub fn precheck(token: &str, audience: &str, now: SystemTime) -> Result<(), AuthError> {
+/// checked here: this only spares the API server and the signature check obvious garbage.
+pub fn precheck<'a>(token: &'a str, audience: &str, now: SystemTime) -> Result<Jwt<'a>, AuthError> {
     if token.len() > TOKEN_MAX {
         return Err(AuthError::Malformed(format!(
             "{} bytes, more than {TOKEN_MAX}",
@@ -303,11 +382,12 @@ pub fn precheck(token: &str, audience: &str, now: SystemTime) -> Result<(), Auth
             "not a JWT (three dot-separated segments)".into(),
         ));
     };
-    if base64url(signature).is_none_or(|s| s.is_empty()) {
+    let Some(signature) = base64url(signature).filter(|s| !s.is_empty()) else {
         return Err(AuthError::Malformed(
             "the signature is empty or not base64url".into(),
         ));
-    }
+    };
+    let signed = &token[..header.len() + 1 + payload.len()];
     let header: Header = segment(header, "header")?;
     if header.alg.eq_ignore_ascii_case("none") {
         return Err(AuthError::Malformed("unsigned (alg \"none\")".into()));
@@ -330,7 +410,15 @@ pub fn precheck(token: &str, audience: &str, now: SystemTime) -> Result<(), Auth
             expired: exp as i64,
         });
     }
-    Ok(())
+    Ok(Jwt {
+        alg: header.alg,
+        kid: header.kid,
+        signed,
+        signature,
+        exp,
+        sub: claims.sub,
+        pod: claims.kubernetes.and_then(|k| k.pod).map(|p| p.name),
+    })
 }
 
 /// One JWT segment, base64url-decoded and parsed as JSON.
@@ -343,7 +431,7 @@ fn segment<T: DeserializeOwned>(segment: &str, what: &str) -> Result<T, AuthErro
 
 /// Decodes unpadded base64url (RFC 7515 §2: how JWT segments are written); `None` on any other
 /// character or an impossible length.
-fn base64url(text: &str) -> Option<Vec<u8>> {
+pub(crate) fn base64url(text: &str) -> Option<Vec<u8>> {
     if text.len() % 4 == 1 {
         return None;
     }
@@ -379,12 +467,37 @@ fn token_hash(token: &str) -> TokenHash {
     out
 }
 
+/// A positive verdict and how long it is trusted.
+#[derive(Clone)]
+struct Allowed {
+    who: Verified,
+    ttl: Duration,
+}
+
+/// Each verified token is trusted for its own time ([`Allowed::ttl`]).
+struct UntilExpiry;
+
+impl moka::Expiry<TokenHash, Allowed> for UntilExpiry {
+    // The trait's signature names moka's clock, which is std's; it is not read here.
+    #[allow(clippy::disallowed_types)]
+    fn expire_after_create(
+        &self,
+        _token: &TokenHash,
+        allowed: &Allowed,
+        _at: std::time::Instant,
+    ) -> Option<Duration> {
+        Some(allowed.ttl)
+    }
+}
+
 /// The verdict cache: verified tokens apart from refusals, one review in flight per token, and
-/// reviews only within the budget.
+/// reviews only within the caller's address's share and the global budget.
 struct Verdicts {
-    verified: Cache<TokenHash, Verified>,
+    verified: Cache<TokenHash, Allowed>,
     reviews: Cache<TokenHash, Result<Verified, AuthError>>,
     budget: ReviewBudget,
+    peer_rate: ReviewRate,
+    peers: Cache<IpAddr, Arc<ReviewBudget>>,
 }
 
 impl Verdicts {
@@ -392,39 +505,73 @@ impl Verdicts {
         Verdicts {
             verified: Cache::builder()
                 .max_capacity(VERIFIED_MAX)
-                .time_to_live(ALLOW_TTL)
+                .expire_after(UntilExpiry)
                 .build(),
             reviews: Cache::builder()
                 .max_capacity(REFUSED_MAX)
                 .time_to_live(DENY_TTL)
                 .build(),
             budget: ReviewBudget::new(rate, Instant::now()),
+            peer_rate: ReviewRate {
+                per_second: PEER_RATE.per_second.min(rate.per_second),
+                burst: PEER_RATE.burst.min(rate.burst),
+            },
+            peers: Cache::builder()
+                .max_capacity(PEERS_MAX)
+                .time_to_idle(PEER_IDLE)
+                .build(),
         }
     }
 
-    /// The verdict on `token`, from the cache or from `review` (called at most once at a time
-    /// per token, and only within the budget; `Unavailable` and `RateLimited` are not cached).
-    async fn check<F>(&self, token: &str, review: F) -> Result<Verified, AuthError>
+    /// The verdict on the token `key` from `peer`, from the cache or from `review` (called at
+    /// most once at a time per token, and only within the peer's share and the budget;
+    /// `Unavailable` and `RateLimited` are not cached); a positive one is kept for `ttl`.
+    async fn check<F>(
+        &self,
+        key: TokenHash,
+        peer: Option<IpAddr>,
+        ttl: Duration,
+        review: F,
+    ) -> Result<Verified, AuthError>
     where
         F: Future<Output = Result<Verified, AuthError>>,
     {
-        let key = token_hash(token);
-        if let Some(who) = self.verified.get(&key).await {
-            return Ok(who);
+        if let Some(allowed) = self.verified.get(&key).await {
+            return Ok(allowed.who);
         }
         // Past the budget a token without a verdict is refused before the cache's (costlier)
         // insertion machinery: a flood then costs two lookups a token.
         if let Some(verdict) = self.reviews.get(&key).await {
             return verdict;
         }
+        let share = match peer {
+            Some(ip) => Some(
+                self.peers
+                    .get_with(ip, async {
+                        Arc::new(ReviewBudget::new(self.peer_rate, Instant::now()))
+                    })
+                    .await,
+            ),
+            None => None,
+        };
+        if let Some(share) = &share
+            && !share.any_left(Instant::now())
+        {
+            return Err(share.refusal(true));
+        }
         if !self.budget.any_left(Instant::now()) {
-            return Err(self.budget.refusal());
+            return Err(self.budget.refusal(false));
         }
         let outcome = self
             .reviews
             .try_get_with(key, async {
+                if let Some(share) = &share
+                    && !share.take(Instant::now())
+                {
+                    return Err(share.refusal(true));
+                }
                 if !self.budget.take(Instant::now()) {
-                    return Err(self.budget.refusal());
+                    return Err(self.budget.refusal(false));
                 }
                 match review.await {
                     Err(e) if e.is_transient() => Err(e),
@@ -437,20 +584,51 @@ impl Verdicts {
             Err(transient) => Err(AuthError::clone(&transient)),
         };
         if let Ok(who) = &verdict {
-            self.verified.insert(key, who.clone()).await;
+            let allowed = Allowed {
+                who: who.clone(),
+                ttl,
+            };
+            self.verified.insert(key, allowed).await;
             self.reviews.invalidate(&key).await;
         }
         verdict
     }
 }
 
-/// Verifies callers' tokens through the API server.
+/// The verdicts of open Watch streams, by connection: a Report on the connection of a verified
+/// Watch, with the same token, is that agent, and needs no check. Bounded by the streams the
+/// listener admits.
+#[derive(Default)]
+struct Watching {
+    open: parking_lot::Mutex<HashMap<SocketAddr, (u64, TokenHash, Verified)>>,
+    next: AtomicU64,
+}
+
+/// Held by an open Watch stream; forgets its verdict when the stream ends.
+pub struct WatchGuard {
+    watching: Arc<Watching>,
+    peer: SocketAddr,
+    id: u64,
+}
+
+impl Drop for WatchGuard {
+    fn drop(&mut self) {
+        let mut open = self.watching.open.lock();
+        if open.get(&self.peer).is_some_and(|(id, ..)| *id == self.id) {
+            open.remove(&self.peer);
+        }
+    }
+}
+
+/// Verifies callers' tokens: their signature against the cluster's keys, then the API server.
 pub struct TokenAuth {
     client: Client,
     audience: String,
     /// `system:serviceaccount:<namespace>:<name>` of the agents.
     allowed: String,
+    keys: IssuerKeys,
     verdicts: Verdicts,
+    watching: Arc<Watching>,
     counts: TokenCounts,
 }
 
@@ -460,47 +638,114 @@ impl std::fmt::Debug for TokenAuth {
             .field("audience", &self.audience)
             .field("allowed", &self.allowed)
             .field("rate", &self.verdicts.budget.rate)
+            .field("keys", &self.keys)
             .finish_non_exhaustive()
     }
 }
 
 impl TokenAuth {
-    /// Accepts tokens of `service_account` (`namespace:name`) issued for `audience`, sending at
-    /// most `rate` TokenReviews and counting checks into `counts`.
+    /// Accepts tokens of `service_account` (`namespace:name`) issued for `audience`, checking
+    /// signatures against `keys`, sending at most `rate` TokenReviews and counting checks into
+    /// `counts`.
     pub fn new(
         client: Client,
         audience: String,
         service_account: &str,
         rate: ReviewRate,
+        keys: IssuerKeys,
         counts: TokenCounts,
     ) -> Self {
         Self {
             client,
             audience,
             allowed: format!("{SERVICE_ACCOUNT_USER}{service_account}"),
+            keys,
             verdicts: Verdicts::new(rate),
+            watching: Arc::default(),
             counts,
         }
     }
 
-    /// Checks the caller behind `metadata`; on success, says who it is.
-    pub async fn check(&self, metadata: &MetadataMap) -> Result<Verified, AuthError> {
-        let verdict = self.verdict(metadata).await;
+    /// Checks the caller behind `metadata`, connected from `peer`; on success, says who it is.
+    pub async fn check(
+        &self,
+        metadata: &MetadataMap,
+        peer: Option<SocketAddr>,
+    ) -> Result<Verified, AuthError> {
+        let verdict = self.verdict(metadata, peer).await;
+        self.counts.issuer_keys(self.keys.count());
         if let Err(e) = &verdict {
             match e.refused_before_review() {
                 Some(reason) => {
                     self.counts.refused(reason);
-                    debug!(error = %e, reason, "config stream caller refused before review");
+                    debug!(error = %e, reason, ?peer, "config stream caller refused before review");
                 }
-                None => warn!(error = %e, "config stream caller refused"),
+                None => warn!(error = %e, ?peer, "config stream caller refused"),
             }
         }
         verdict
     }
 
-    async fn verdict(&self, metadata: &MetadataMap) -> Result<Verified, AuthError> {
+    /// Reads the cluster's signing keys now (they are otherwise read when a token needs them).
+    pub async fn load_keys(&self) {
+        self.keys.refresh().await;
+        self.counts.issuer_keys(self.keys.count());
+    }
+
+    /// Remembers that `who`, behind `metadata`, watches from `peer`, for as long as the guard
+    /// lives: its Reports on that connection, with that token, need no check.
+    pub fn watching(
+        &self,
+        metadata: &MetadataMap,
+        peer: Option<SocketAddr>,
+        who: &Verified,
+    ) -> Option<WatchGuard> {
+        let (peer, token) = (peer?, bearer(metadata)?);
+        let id = self.watching.next.fetch_add(1, Ordering::Relaxed);
+        self.watching
+            .open
+            .lock()
+            .insert(peer, (id, token_hash(token), who.clone()));
+        Some(WatchGuard {
+            watching: self.watching.clone(),
+            peer,
+            id,
+        })
+    }
+
+    async fn verdict(
+        &self,
+        metadata: &MetadataMap,
+        peer: Option<SocketAddr>,
+    ) -> Result<Verified, AuthError> {
         let token = bearer(metadata).ok_or(AuthError::Missing)?;
-        precheck(token, &self.audience, SystemTime::now())?;
+        let now = SystemTime::now();
+        let jwt = precheck(token, &self.audience, now)?;
+        let key = token_hash(token);
+        if let Some(peer) = peer
+            && let Some((_, watched, who)) = self.watching.open.lock().get(&peer)
+            && *watched == key
+        {
+            return Ok(who.clone());
+        }
+        let signed = self
+            .keys
+            .judge(
+                &jwt.alg,
+                jwt.kid.as_deref(),
+                jwt.signed.as_bytes(),
+                &jwt.signature,
+            )
+            .await
+            .map_err(AuthError::Signature)?;
+        // A genuine token speaks for itself: another ServiceAccount's needs no review.
+        if signed == Judgement::Signed && jwt.sub.as_deref() != Some(self.allowed.as_str()) {
+            return Err(AuthError::Forbidden {
+                user: jwt.sub.unwrap_or_default(),
+                allowed: self.allowed.clone(),
+                locally: true,
+            });
+        }
         let review = async {
             let verdict = self.review(token).await;
             self.counts.reviewed(match &verdict {
@@ -511,9 +756,16 @@ impl TokenAuth {
             });
             verdict
         };
-        self.verdicts.check(token, review).await
+        let mut who = self
+            .verdicts
+            .check(key, peer.map(|p| p.ip()), jwt.trusted_for(now), review)
+            .await?;
+        // The pod a verified token is bound to, from its claims when the review does not say.
+        if who.pod.is_none() && signed == Judgement::Signed {
+            who.pod = jwt.pod;
+        }
+        Ok(who)
     }
-
     async fn review(&self, token: &str) -> Result<Verified, AuthError> {
         let review = TokenReview {
             spec: TokenReviewSpec {
@@ -552,6 +804,7 @@ impl TokenAuth {
             return Err(AuthError::Forbidden {
                 user: name,
                 allowed: self.allowed.clone(),
+                locally: false,
             });
         }
         let pod = user
@@ -576,7 +829,7 @@ fn bearer(metadata: &MetadataMap) -> Option<&str> {
 
 #[cfg(test)]
 #[allow(clippy::unwrap_used, clippy::expect_used)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use std::sync::Arc;
     use std::sync::atomic::{AtomicUsize, Ordering};
@@ -587,9 +840,10 @@ mod tests {
         burst: u32::MAX,
     };
     const AUDIENCE: &str = "vm-dhcp-controller";
+    const MINUTE: Duration = Duration::from_secs(60);
 
     /// Unpadded base64url, to forge tokens.
-    fn b64(bytes: &[u8]) -> String {
+    pub(crate) fn b64(bytes: &[u8]) -> String {
         const ALPHABET: &[u8; 64] =
             b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-_";
         let mut out = String::new();
@@ -659,10 +913,10 @@ mod tests {
             rs256.clone(),
             claims(serde_json::json!([AUDIENCE]), 1_000_600),
         );
-        assert_eq!(precheck(&good, AUDIENCE, now), Ok(()));
+        assert_eq!(precheck(&good, AUDIENCE, now).map(|_| ()), Ok(()));
         // One audience as a string; an expiry within the leeway.
         let single = jwt(rs256.clone(), claims(serde_json::json!(AUDIENCE), 999_990));
-        assert_eq!(precheck(&single, AUDIENCE, now), Ok(()));
+        assert_eq!(precheck(&single, AUDIENCE, now).map(|_| ()), Ok(()));
 
         let malformed = |token: &str| {
             let e = precheck(token, AUDIENCE, now).unwrap_err();
@@ -716,7 +970,7 @@ mod tests {
         assert!(e.to_string().contains(AUDIENCE), "{e}");
         let expired = jwt(rs256, claims(serde_json::json!([AUDIENCE]), 999_000));
         assert_eq!(
-            precheck(&expired, AUDIENCE, now),
+            precheck(&expired, AUDIENCE, now).map(|_| ()),
             Err(AuthError::Expired { expired: 999_000 })
         );
         for e in [
@@ -770,11 +1024,27 @@ mod tests {
         });
         let reviews = AtomicUsize::new(0);
         let review = |ok: bool| counted(&reviews, ok.then(Verified::default));
-        assert!(verdicts.check("agent", review(true)).await.is_ok());
+        assert!(
+            verdicts
+                .check(token_hash("agent"), None, MINUTE, review(true))
+                .await
+                .is_ok()
+        );
         let mut limited = 0;
         for i in 0..20_000 {
-            match verdicts.check(&format!("forged-{i}"), review(false)).await {
-                Err(AuthError::RateLimited { per_second: 2 }) => limited += 1,
+            match verdicts
+                .check(
+                    token_hash(&format!("forged-{i}")),
+                    None,
+                    MINUTE,
+                    review(false),
+                )
+                .await
+            {
+                Err(AuthError::RateLimited {
+                    per_second: 2,
+                    from_peer: false,
+                }) => limited += 1,
                 Err(AuthError::Rejected { .. }) => {}
                 other => panic!("{other:?}"),
             }
@@ -782,18 +1052,34 @@ mod tests {
         assert_eq!(reviews.load(Ordering::SeqCst), 4, "the burst, no more");
         assert_eq!(limited, 20_000 - 3);
         // The verified agent costs nothing; a refusal already known neither.
-        assert!(verdicts.check("agent", review(true)).await.is_ok());
+        assert!(
+            verdicts
+                .check(token_hash("agent"), None, MINUTE, review(true))
+                .await
+                .is_ok()
+        );
         assert!(matches!(
-            verdicts.check("forged-0", review(false)).await,
+            verdicts
+                .check(token_hash("forged-0"), None, MINUTE, review(false))
+                .await,
             Err(AuthError::Rejected { .. })
         ));
         assert_eq!(reviews.load(Ordering::SeqCst), 4);
         // A rate-limited token was not cached: once the budget refills, it is reviewed.
         tokio::time::advance(Duration::from_millis(500)).await;
-        assert!(verdicts.check("forged-19999", review(true)).await.is_ok());
+        assert!(
+            verdicts
+                .check(token_hash("forged-19999"), None, MINUTE, review(true))
+                .await
+                .is_ok()
+        );
         assert_eq!(reviews.load(Ordering::SeqCst), 5);
         assert_eq!(
-            Status::from(AuthError::RateLimited { per_second: 2 }).code(),
+            Status::from(AuthError::RateLimited {
+                per_second: 2,
+                from_peer: false
+            })
+            .code(),
             tonic::Code::Unavailable
         );
     }
@@ -841,6 +1127,7 @@ mod tests {
         let forbidden = AuthError::Forbidden {
             user: "system:serviceaccount:x:y".into(),
             allowed: "system:serviceaccount:a:b".into(),
+            locally: false,
         };
         assert_eq!(
             Status::from(forbidden).code(),
@@ -864,7 +1151,7 @@ mod tests {
         let good = "agent-token";
         assert_eq!(
             verdicts
-                .check(good, review(true))
+                .check(token_hash(good), None, MINUTE, review(true))
                 .await
                 .unwrap()
                 .pod
@@ -872,14 +1159,29 @@ mod tests {
             Some("agent-0")
         );
         // A refused token asked again within its time is answered from the cache.
-        assert!(verdicts.check("forged", review(false)).await.is_err());
-        assert!(verdicts.check("forged", review(false)).await.is_err());
+        assert!(
+            verdicts
+                .check(token_hash("forged"), None, MINUTE, review(false))
+                .await
+                .is_err()
+        );
+        assert!(
+            verdicts
+                .check(token_hash("forged"), None, MINUTE, review(false))
+                .await
+                .is_err()
+        );
         assert_eq!(reviews.load(Ordering::SeqCst), 2);
         // Far more distinct bad tokens than either cache holds.
         let flood = usize::try_from(REFUSED_MAX + VERIFIED_MAX).unwrap() + 1000;
         for i in 0..flood {
             let token = format!("forged-{i}");
-            assert!(verdicts.check(&token, review(false)).await.is_err());
+            assert!(
+                verdicts
+                    .check(token_hash(&token), None, MINUTE, review(false))
+                    .await
+                    .is_err()
+            );
         }
         verdicts.reviews.run_pending_tasks().await;
         verdicts.verified.run_pending_tasks().await;
@@ -891,9 +1193,236 @@ mod tests {
         assert!(verdicts.reviews.entry_count() <= REFUSED_MAX);
         // The agent's verdict survived: no new review for it.
         let before = reviews.load(Ordering::SeqCst);
-        let pod = verdicts.check(good, review(true)).await.unwrap().pod;
+        let pod = verdicts
+            .check(token_hash(good), None, MINUTE, review(true))
+            .await
+            .unwrap()
+            .pod;
         assert_eq!(pod.as_deref(), Some("agent-0"));
         assert_eq!(reviews.load(Ordering::SeqCst), before);
+    }
+
+    /// A P-256 key pair and its JWK Set, as a cluster publishes it.
+    fn cluster_key() -> (ring::signature::EcdsaKeyPair, super::super::keys::KeySet) {
+        use ring::signature::{ECDSA_P256_SHA256_FIXED_SIGNING, EcdsaKeyPair, KeyPair};
+        let rng = ring::rand::SystemRandom::new();
+        let pkcs8 = EcdsaKeyPair::generate_pkcs8(&ECDSA_P256_SHA256_FIXED_SIGNING, &rng).unwrap();
+        let pair = EcdsaKeyPair::from_pkcs8(&ECDSA_P256_SHA256_FIXED_SIGNING, pkcs8.as_ref(), &rng)
+            .unwrap();
+        let (x, y) = pair.public_key().as_ref()[1..].split_at(32);
+        let set = format!(
+            r#"{{"keys":[{{"use":"sig","kty":"EC","kid":"cluster","crv":"P-256","x":"{}","y":"{}"}}]}}"#,
+            b64(x),
+            b64(y)
+        );
+        (
+            pair,
+            super::super::keys::KeySet::parse(set.as_bytes()).unwrap(),
+        )
+    }
+
+    /// A token for our audience, valid for ten minutes, signed by `pair`.
+    fn signed(pair: &ring::signature::EcdsaKeyPair, sub: &str, pod: Option<&str>) -> String {
+        let exp = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .unwrap()
+            .as_secs()
+            + 600;
+        let mut claims = serde_json::json!({"aud": [AUDIENCE], "exp": exp, "sub": sub});
+        if let Some(pod) = pod {
+            claims["kubernetes.io"] = serde_json::json!({"pod": {"name": pod, "uid": "u"}});
+        }
+        let header = serde_json::json!({"alg": "ES256", "kid": "cluster"});
+        let message = format!(
+            "{}.{}",
+            b64(header.to_string().as_bytes()),
+            b64(claims.to_string().as_bytes())
+        );
+        let signature = pair
+            .sign(&ring::rand::SystemRandom::new(), message.as_bytes())
+            .unwrap();
+        format!("{message}.{}", b64(signature.as_ref()))
+    }
+
+    /// A client of an API server that is not there: every review fails as `Unavailable`.
+    fn nowhere() -> Client {
+        Client::try_from(kube::Config::new("http://127.0.0.1:9".parse().unwrap())).unwrap()
+    }
+
+    #[tokio::test]
+    async fn forgeries_and_other_accounts_tokens_are_refused_without_a_review() {
+        let (pair, keys) = cluster_key();
+        let (other, _) = cluster_key();
+        let metrics = crate::metrics::Metrics::default();
+        let auth = TokenAuth::new(
+            nowhere(),
+            AUDIENCE.into(),
+            "vmdhcp:agent",
+            UNLIMITED,
+            IssuerKeys::fixed(keys),
+            metrics.token_counts(),
+        );
+        let peer: Option<SocketAddr> = Some("10.0.0.9:4000".parse().unwrap());
+        let agent = "system:serviceaccount:vmdhcp:agent";
+        // The agent's token signed by another key, or with its signature altered: forgeries.
+        let forged = signed(&other, agent, Some("agent-0"));
+        let e = auth.check(&md(&format!("Bearer {forged}")), peer).await;
+        assert!(
+            matches!(
+                &e,
+                Err(AuthError::Signature(KeysError::BadSignature { .. }))
+            ),
+            "{e:?}"
+        );
+        let genuine = signed(&pair, agent, Some("agent-0"));
+        let (message, signature) = genuine.rsplit_once('.').unwrap();
+        let mut bytes = base64url(signature).unwrap();
+        bytes[3] ^= 1;
+        let altered = format!("{message}.{}", b64(&bytes));
+        let e = auth.check(&md(&format!("Bearer {altered}")), peer).await;
+        assert!(matches!(&e, Err(AuthError::Signature(_))), "{e:?}");
+        // Another ServiceAccount's genuine token: refused from its own claims.
+        let tenant = signed(&pair, "system:serviceaccount:tenant:default", Some("web-0"));
+        let e = auth.check(&md(&format!("Bearer {tenant}")), peer).await;
+        assert!(
+            matches!(&e, Err(AuthError::Forbidden { locally: true, user, .. }) if user.contains("tenant")),
+            "{e:?}"
+        );
+        assert_eq!(
+            Status::from(e.unwrap_err()).code(),
+            tonic::Code::PermissionDenied
+        );
+        // Only the agent's genuine token goes on to a review (which fails here: no API server).
+        let e = auth.check(&md(&format!("Bearer {genuine}")), peer).await;
+        assert!(matches!(&e, Err(AuthError::Unavailable(_))), "{e:?}");
+        let text = metrics.encode();
+        for line in [
+            r#"vmdhcpcontroller_token_checks_refused_total{reason="signature"} 2"#,
+            r#"vmdhcpcontroller_token_checks_refused_total{reason="forbidden"} 1"#,
+            r#"vmdhcpcontroller_token_reviews_total{result="failed"} 1"#,
+            "vmdhcpcontroller_token_issuer_keys 1",
+        ] {
+            assert!(text.contains(line), "{line} in {text}");
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn one_flooding_address_leaves_the_budget_to_the_others() {
+        let verdicts = Verdicts::new(ReviewRate {
+            per_second: 5,
+            burst: 20,
+        });
+        let reviews = AtomicUsize::new(0);
+        let review = |ok: bool| counted(&reviews, ok.then(Verified::default));
+        let flooder: Option<IpAddr> = Some("10.0.0.66".parse().unwrap());
+        let mut from_peer = 0;
+        for i in 0..10_000 {
+            let key = token_hash(&format!("forged-{i}"));
+            match verdicts.check(key, flooder, MINUTE, review(false)).await {
+                Err(AuthError::RateLimited {
+                    from_peer: true, ..
+                }) => from_peer += 1,
+                Err(AuthError::Rejected { .. }) => {}
+                other => panic!("{other:?}"),
+            }
+        }
+        assert_eq!(reviews.load(Ordering::SeqCst), 4, "the address's burst");
+        assert_eq!(from_peer, 10_000 - 4);
+        // Agents on other addresses are reviewed at once, from the budget left.
+        for n in 0..10 {
+            let agent: Option<IpAddr> = Some(format!("10.0.1.{n}").parse().unwrap());
+            let key = token_hash(&format!("agent-{n}"));
+            assert!(
+                verdicts
+                    .check(key, agent, MINUTE, review(true))
+                    .await
+                    .is_ok()
+            );
+        }
+        assert_eq!(reviews.load(Ordering::SeqCst), 14);
+        // A second later the flooder has one more review, no more.
+        tokio::time::advance(Duration::from_secs(1)).await;
+        let more = (0..100)
+            .filter(|i| {
+                futures_util::FutureExt::now_or_never(verdicts.check(
+                    token_hash(&format!("again-{i}")),
+                    flooder,
+                    MINUTE,
+                    review(false),
+                ))
+                .is_some_and(|v| matches!(v, Err(AuthError::Rejected { .. })))
+            })
+            .count();
+        assert_eq!(more, 1);
+    }
+
+    #[test]
+    fn a_verdict_is_trusted_until_the_token_expires_and_an_hour_at_most() {
+        let now = unix(1_000_000);
+        let token = |exp: u64| {
+            jwt(
+                serde_json::json!({"alg": "RS256"}),
+                serde_json::json!({"aud": [AUDIENCE], "exp": exp}),
+            )
+        };
+        let trusted = |exp: u64| {
+            let t = token(exp);
+            precheck(&t, AUDIENCE, now).unwrap().trusted_for(now)
+        };
+        assert_eq!(trusted(1_000_600), Duration::from_secs(600));
+        assert_eq!(trusted(1_000_000 + 365 * 86_400), VERIFIED_TTL_MAX);
+        assert_eq!(trusted(999_990), Duration::ZERO, "within the leeway");
+    }
+
+    #[tokio::test]
+    async fn a_report_on_a_watching_connection_with_its_token_needs_no_check() {
+        let auth = TokenAuth::new(
+            nowhere(),
+            AUDIENCE.into(),
+            "vmdhcp:agent",
+            UNLIMITED,
+            IssuerKeys::new(None),
+            TokenCounts::default(),
+        );
+        let exp = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .unwrap()
+            .as_secs()
+            + 600;
+        let token = jwt(
+            serde_json::json!({"alg": "RS256"}),
+            serde_json::json!({"aud": [AUDIENCE], "exp": exp}),
+        );
+        let metadata = md(&format!("Bearer {token}"));
+        let here: Option<SocketAddr> = Some("10.0.0.5:5000".parse().unwrap());
+        let elsewhere: Option<SocketAddr> = Some("10.0.0.5:5001".parse().unwrap());
+        let who = Verified {
+            pod: Some("agent-0".into()),
+            namespace: Some("vmdhcp".into()),
+        };
+        let guard = auth.watching(&metadata, here, &who).unwrap();
+        assert_eq!(auth.check(&metadata, here).await, Ok(who));
+        // Another connection, or another token on this one, is checked (and fails here: the
+        // API server is not there).
+        assert!(auth.check(&metadata, elsewhere).await.is_err());
+        let other = md(&format!("Bearer {token}x"));
+        assert!(auth.check(&other, here).await.is_err());
+        drop(guard);
+        assert!(
+            auth.check(&metadata, here).await.is_err(),
+            "the Watch ended"
+        );
+        // Expired tokens are refused even on a watching connection.
+        let old = jwt(
+            serde_json::json!({"alg": "RS256"}),
+            serde_json::json!({"aud": [AUDIENCE], "exp": 1}),
+        );
+        let old = md(&format!("Bearer {old}"));
+        let _guard = auth.watching(&old, here, &Verified::default()).unwrap();
+        assert!(matches!(
+            auth.check(&old, here).await,
+            Err(AuthError::Expired { .. })
+        ));
     }
 
     #[tokio::test]
@@ -907,7 +1436,7 @@ mod tests {
                 (verdicts.clone(), reviews.clone(), released.clone());
             checks.push(tokio::spawn(async move {
                 verdicts
-                    .check("new-token", async move {
+                    .check(token_hash("new-token"), None, MINUTE, async move {
                         reviews.fetch_add(1, Ordering::SeqCst);
                         let _ = released.wait_for(|r| *r).await;
                         Ok(Verified::default())
@@ -924,7 +1453,9 @@ mod tests {
         // The API server is down: the error reaches the caller and the next check asks again.
         let down = || async { Err(AuthError::Unavailable("connection refused".into())) };
         assert!(matches!(
-            verdicts.check("other", down()).await,
+            verdicts
+                .check(token_hash("other"), None, MINUTE, down())
+                .await,
             Err(AuthError::Unavailable(_))
         ));
         let asked = AtomicUsize::new(0);
@@ -932,7 +1463,12 @@ mod tests {
             asked.fetch_add(1, Ordering::SeqCst);
             Ok(Verified::default())
         };
-        assert!(verdicts.check("other", up).await.is_ok());
+        assert!(
+            verdicts
+                .check(token_hash("other"), None, MINUTE, up)
+                .await
+                .is_ok()
+        );
         assert_eq!(asked.load(Ordering::SeqCst), 1);
     }
 }

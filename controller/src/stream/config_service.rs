@@ -33,7 +33,7 @@ use crate::reports::{
     NetworkSuspect, OpenStream, ProbeReason, ReportError, Reports, SuspectKind, truncate_detail,
 };
 use crate::security::listener::Limits;
-use crate::stream::auth::{TokenAuth, Verified};
+use crate::stream::auth::{TokenAuth, Verified, WatchGuard};
 use vmdhcp_core::pool::PoolDelta;
 
 /// Why the server could not run.
@@ -155,10 +155,22 @@ impl ConfigServer {
 impl ConfigServer {
     /// Refuses callers without an agent token when the stream is secured; says who the caller
     /// is when its token tells (plaintext: nobody is known).
-    async fn authorize(&self, metadata: &tonic::metadata::MetadataMap) -> Result<Verified, Status> {
+    async fn authorize<T>(&self, request: &Request<T>) -> Result<Verified, Status> {
         match &self.settings.security {
             Security::Plaintext => Ok(Verified::default()),
-            Security::Tls { auth, .. } => Ok(auth.check(metadata).await?),
+            Security::Tls { auth, .. } => Ok(auth
+                .check(request.metadata(), request.remote_addr())
+                .await?),
+        }
+    }
+
+    /// Keeps a verified Watch's verdict for Reports on its connection while the guard lives.
+    fn watching<T>(&self, request: &Request<T>, who: &Verified) -> Option<WatchGuard> {
+        match &self.settings.security {
+            Security::Plaintext => None,
+            Security::Tls { auth, .. } => {
+                auth.watching(request.metadata(), request.remote_addr(), who)
+            }
         }
     }
 }
@@ -177,8 +189,9 @@ impl ConfigService for ConfigServer {
         &self,
         request: Request<pb::WatchRequest>,
     ) -> Result<Response<WatchStream>, Status> {
-        self.authorize(request.metadata()).await?;
+        let caller = self.authorize(&request).await?;
         let peer = request.remote_addr();
+        let verdict = self.watching(&request, &caller);
         let req = request.into_inner();
         let pools = req
             .pool_refs
@@ -203,6 +216,7 @@ impl ConfigService for ConfigServer {
             greet: true,
             pending: VecDeque::new(),
             _open: self.reports.stream_opened(),
+            _verdict: verdict,
         };
         info!(%agent, ?peer, epoch = %req.epoch, revision = req.revision, resume = resume.is_some(), "agent watching");
         let span = info_span!("watch", %agent);
@@ -215,7 +229,15 @@ impl ConfigService for ConfigServer {
         &self,
         request: Request<pb::ReportRequest>,
     ) -> Result<Response<pb::ReportResponse>, Status> {
-        let caller = self.authorize(request.metadata()).await?;
+        let caller = self.authorize(&request).await?;
+        // A token bound to no pod could speak as any agent pod, the Lease holder's too: a
+        // secured stream takes reports only from the kubelet's projected tokens.
+        if matches!(self.settings.security, Security::Tls { .. }) && caller.pod.is_none() {
+            return Err(Status::permission_denied(
+                "reports need a ServiceAccount token bound to the agent's pod (the projected \
+                 token the chart mounts); this token is bound to none",
+            ));
+        }
         let req = request.into_inner();
         let agent = req
             .agent
@@ -398,6 +420,8 @@ struct Session {
     pending: VecDeque<pb::WatchResponse>,
     /// Keeps this stream counted in [`Reports::open_streams`].
     _open: OpenStream,
+    /// Keeps the caller's verdict for its Reports on this connection.
+    _verdict: Option<WatchGuard>,
 }
 
 impl Session {
