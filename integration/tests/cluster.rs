@@ -1216,6 +1216,13 @@ fn helm_install_on_a_real_node_serves_vms_fails_over_upgrades_and_uninstalls_cle
         .collect();
     let leader = c.lease_holder("vm-dhcp-controllers").unwrap_or_default();
     println!("config streams per controller replica (leader {leader}): {streams:?}");
+    // Each replica reads the cluster's token signing keys under the chart's RBAC, so a forged
+    // agent token costs no TokenReview.
+    for pod in c.ready_pods("controller") {
+        let m = c.pod_metrics(&pod);
+        let keys = vmdhcp_integration::fleet::metric(&m, "vmdhcpcontroller_token_issuer_keys");
+        assert!(keys.is_some_and(|k| k >= 1.0), "{pod}: issuer keys {keys:?}");
+    }
     mark("AgentReady=True");
 
     // 4. Deleting the leading agent pod: the standby serves within 3 s, vm1 renews on its address.
