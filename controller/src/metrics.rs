@@ -84,6 +84,9 @@ pub struct EventCounts {
     pub dropped: Counter,
     /// Refused by the API server, or the request failed.
     pub failed: Counter,
+    /// Warnings not sent: the object was told the same for the same reason lately, or spent
+    /// its budget for the reason.
+    pub repeated: Counter,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -252,7 +255,8 @@ impl Default for Metrics {
         let events = Family::<ResultLabel, Counter>::default();
         registry.register(
             "vmdhcpcontroller_events",
-            "Kubernetes events by result (published, dropped: the bounded queue was full, failed)",
+            "Kubernetes events by result (published, dropped: the bounded queue was full, failed, \
+             repeated: a Warning the object was told lately, not sent again)",
             events.clone(),
         );
         registry.register(
@@ -519,6 +523,7 @@ impl Metrics {
             published: counter("published"),
             dropped: counter("dropped"),
             failed: counter("failed"),
+            repeated: counter("repeated"),
         }
     }
 

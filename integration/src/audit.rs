@@ -125,6 +125,9 @@ pub struct ObjectRef {
     /// The API group; absent for core.
     #[serde(default)]
     pub api_group: Option<String>,
+    /// The namespace; absent for cluster-scoped objects.
+    #[serde(default)]
+    pub namespace: Option<String>,
 }
 
 /// The response of an [`Event`].

@@ -1221,7 +1221,10 @@ fn helm_install_on_a_real_node_serves_vms_fails_over_upgrades_and_uninstalls_cle
     for pod in c.ready_pods("controller") {
         let m = c.pod_metrics(&pod);
         let keys = vmdhcp_integration::fleet::metric(&m, "vmdhcpcontroller_token_issuer_keys");
-        assert!(keys.is_some_and(|k| k >= 1.0), "{pod}: issuer keys {keys:?}");
+        assert!(
+            keys.is_some_and(|k| k >= 1.0),
+            "{pod}: issuer keys {keys:?}"
+        );
     }
     mark("AgentReady=True");
 

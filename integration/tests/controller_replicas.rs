@@ -1727,3 +1727,139 @@ async fn a_paused_pool_holds_no_reconcile_slot_after_a_restart() {
     }
     drop(second);
 }
+
+/// Tenant-driven amplification: 100 VMs copying one VM's MAC, created beside a burst of 200
+/// VMs on the same pool. Each of the burst's allocations writes the pool, and a write of the
+/// pool used to wake every config still waiting on its network, each repeating its `MacInUse`
+/// Warning (an API write); now a config refused for a MAC in use waits on its holder, and a
+/// Warning the config's condition already states is not sent again. Reconciles and event writes
+/// stay in proportion to the VMs (the controller's metrics, the API server's audit log), and
+/// the refused configs do not poll.
+#[tokio::test]
+async fn duplicate_macs_beside_a_burst_cost_reconciles_and_events_in_proportion_to_the_vms() {
+    const BURST: usize = 200;
+    const COPIES: usize = 100;
+    let audit = tempfile::Builder::new()
+        .prefix("vmdhcp-audit-")
+        .suffix(".log")
+        .tempfile()
+        .unwrap()
+        .into_temp_path();
+    let cp = &ControlPlane::start_with_audit(Some(audit.to_path_buf())).unwrap();
+    let client = cp.client().await.unwrap();
+    let ns = cp.namespace(&client, "copies").await.unwrap();
+    network_and_pool(&client, &ns, "net-d", 25).await;
+    let replica = start(cp, "copies-1", &ns, false);
+    let pools: Api<IPPool> = Api::namespaced(client.clone(), &ns);
+    wait_pool_ready(&pools, "net-d").await;
+    const COPIED: &str = "02:00:00:25:ff:01";
+    vm(&client, &ns, "holder", "net-d", COPIED).await;
+    poll("the holder allocated", async || {
+        allocated_configs(&client, &ns).await.get("holder").cloned()
+    })
+    .await;
+
+    let creates = (0..BURST.max(COPIES)).flat_map(|i| {
+        let burst = (i < BURST).then(|| {
+            let mac = format!("02:00:00:25:{:02x}:{:02x}", i / 256, i % 256);
+            (format!("vm-{i}"), mac)
+        });
+        let copy = (i < COPIES).then(|| (format!("copy-{i}"), COPIED.to_owned()));
+        burst.into_iter().chain(copy)
+    });
+    let creates = creates.map(|(name, mac)| {
+        let (client, ns) = (client.clone(), ns.clone());
+        async move { vm(&client, &ns, &name, "net-d", &mac).await }
+    });
+    futures_util::future::join_all(creates).await;
+    let cfgs: Api<VirtualMachineNetworkConfig> = Api::namespaced(client.clone(), &ns);
+    let refused = |c: &VirtualMachineNetworkConfig| {
+        c.status.as_ref().is_some_and(|s| {
+            find_condition(&s.conditions, "Allocated")
+                .is_some_and(|a| a.status == "False" && a.reason.as_deref() == Some("MacInUse"))
+        })
+    };
+    poll("the burst allocated and every copy refused", async || {
+        let done = allocated_configs(&client, &ns).await.len();
+        let listed = cfgs.list(&Default::default()).await.ok()?;
+        let copies = listed.items.iter().filter(|c| refused(c)).count();
+        (done == BURST + 1 && copies == COPIES).then_some(())
+    })
+    .await;
+    // Every event queued is published (or failed) before counting.
+    let queued = || {
+        replica.metric("vmdhcpcontroller_events_total{result=\"published\"}")
+            + replica.metric("vmdhcpcontroller_events_total{result=\"failed\"}")
+    };
+    let mut last = queued();
+    poll("the event queue drained", async || {
+        tokio::time::sleep(Duration::from_secs(2)).await;
+        let now = queued();
+        let quiet = now == last;
+        last = now;
+        quiet.then_some(())
+    })
+    .await;
+
+    let vms = (BURST + COPIES + 1) as f64;
+    let reconciles = "vmdhcpcontroller_reconcile_duration_seconds_count{controller=\"vmnetcfg\"}";
+    let settled = replica.metric(reconciles);
+    let events = audit_event_writes(&audit, &ns);
+    // A quiet spell: refused copies are looked at again once a minute at most, and say
+    // nothing new.
+    let started = Instant::now();
+    tokio::time::sleep(Duration::from_secs(15)).await;
+    let idle = replica.metric(reconciles) - settled;
+    let idle_events = audit_event_writes(&audit, &ns) - events;
+    let warnings = Api::<Event>::namespaced(client.clone(), &ns)
+        .list(&Default::default())
+        .await
+        .unwrap()
+        .items
+        .into_iter()
+        .filter(|e| e.reason.as_deref() == Some("MacInUse"))
+        .collect::<Vec<_>>();
+    let repeated = warnings
+        .iter()
+        .filter(|e| e.count.unwrap_or(1) > 1 || e.series.is_some())
+        .count();
+    println!(
+        "{BURST} VMs beside {COPIES} copies of one MAC: {settled} config reconciles \
+         ({:.2} a VM), {events} event writes ({:.2} a VM); in the {:.0} s after: {idle} \
+         reconciles, {idle_events} event writes; {} MacInUse Events, {repeated} repeated",
+        settled / vms,
+        events as f64 / vms,
+        started.elapsed().as_secs_f64(),
+        warnings.len()
+    );
+    assert!(
+        settled <= 6.0 * vms,
+        "{settled} reconciles for {vms} VMs: more than 6 each"
+    );
+    assert!(
+        (events as f64) <= 2.0 * vms,
+        "{events} event writes for {vms} VMs: more than 2 each"
+    );
+    assert_eq!(idle_events, 0, "events written while nothing changed");
+    assert!(
+        idle <= COPIES as f64,
+        "{idle} reconciles in 15 s while nothing changed"
+    );
+    assert_eq!(warnings.len(), COPIES, "one MacInUse Warning per copy");
+    assert_eq!(repeated, 0, "a MacInUse Warning was repeated");
+    drop(replica);
+}
+
+/// Event writes (create or patch, either API group) in namespace `ns`, from the audit log.
+fn audit_event_writes(log: &std::path::Path, ns: &str) -> usize {
+    vmdhcp_integration::audit::read_log(log)
+        .unwrap()
+        .iter()
+        .filter(|e| {
+            matches!(e.verb.as_str(), "create" | "patch" | "update")
+                && e.object_ref
+                    .as_ref()
+                    .is_some_and(|o| o.resource == "events" && o.namespace.as_deref() == Some(ns))
+        })
+        .count()
+}

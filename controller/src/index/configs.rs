@@ -556,11 +556,22 @@ impl ConfigIndex {
             .is_some_and(|r| r.iter().any(|(c, m)| c.as_ref() != me || *m != mac))
     }
 
-    /// The configs waiting (`MacInUse`) for a MAC `cfg` may just have let go: one its spec or
-    /// status names, as the change of `cfg` (its deletion too) that the caller saw shows it.
+    /// The configs waiting (`MacInUse`) for a MAC `cfg` may just have let go, as the change of
+    /// `cfg` (its deletion too) that the caller saw shows it: a MAC its status records (held,
+    /// or released: `Stale`). A config that records none (just created) or waits for the MAC
+    /// itself cannot have let it go: were its changes to wake the others, a hundred copies of
+    /// one MAC would wake one another on each of their writes.
     pub fn blocked_by(&self, cfg: &VirtualMachineNetworkConfig) -> BTreeSet<NamespacedName> {
         let me = object_ref(cfg);
-        let nics = named_nics(cfg);
+        let waits_for = Footprint::of(cfg).blocked;
+        let mut nics: Vec<Nic> = cfg
+            .recorded_nics()
+            .into_iter()
+            .map(|(network, mac, _, _)| (network, mac))
+            .filter(|nic| !waits_for.contains(nic))
+            .collect();
+        nics.sort();
+        nics.dedup();
         let inner = self.lock();
         let claims = &inner.live;
         let mut out = BTreeSet::new();
@@ -842,6 +853,20 @@ mod tests {
         assert_eq!(index.blocked_by(&holder), vm1);
         assert!(index.blocked_by(&other).is_empty());
         assert!(index.blocked_by(&dup).is_empty());
+        // Another copy of the MAC, refused too, or just created (no status yet), wakes none:
+        // only what held the MAC can have let it go.
+        let mut copy = config(4, &[(0, 1, false)], false);
+        reason(&mut copy, REASON_MAC_IN_USE);
+        index.observe(&watcher::Event::Apply(copy.clone()));
+        assert!(!index.blocked_by(&holder).is_empty());
+        assert!(index.blocked_by(&copy).is_empty(), "a copy woke the others");
+        let mut fresh = copy.clone();
+        fresh.status = None;
+        assert!(
+            index.blocked_by(&fresh).is_empty(),
+            "a new copy woke the others"
+        );
+        index.observe(&watcher::Event::Delete(copy));
         reason(&mut dup, "Error");
         index.observe(&watcher::Event::Apply(dup.clone()));
         assert_eq!(index.concerned_by_pool(&net, []), vm1);

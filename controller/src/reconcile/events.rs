@@ -1,5 +1,12 @@
-//! Kubernetes events: the bounded queue reconcilers hand them to, and the one task per term that
-//! publishes them (`events.k8s.io/v1`), folding repeats into a series.
+//! Kubernetes events: the bounded queue reconcilers hand them to, the correlation that keeps a
+//! Warning from being repeated, and the one task per term that publishes them
+//! (`events.k8s.io/v1`), folding repeats into a series.
+//!
+//! A Warning is said once per object, reason and words: a reconcile refused again on every pass
+//! (each write of a pool wakes the configs waiting on its network, and a tenant can make many of
+//! them) does not write it again, however stale the cache its `Allocated` condition was read
+//! from, and each object and reason has client-go's spam budget besides (25, then one every
+//! five minutes) for words that keep changing.
 //!
 //! kube-runtime's `Recorder` keeps every event it published for six minutes, keyed by the
 //! object's full reference (resourceVersion included, so nearly every event is a new key), and
@@ -9,6 +16,7 @@
 //! age: the cost of one event is one API call and O(1) bookkeeping, whatever the cluster's size
 //! or history.
 
+use std::collections::HashMap;
 use std::time::Duration;
 
 use k8s_openapi::api::core::v1::ObjectReference;
@@ -19,8 +27,10 @@ use kube::Client;
 use kube::api::{Api, Patch, PatchParams, PostParams};
 use kube::runtime::events::{Event, EventType, Reporter};
 use moka::future::Cache;
+use parking_lot::Mutex;
 use serde_json::json;
 use tokio::sync::mpsc;
+use tokio::time::Instant;
 use tracing::warn;
 
 use crate::metrics::EventCounts;
@@ -40,10 +50,99 @@ pub const SERIES_KEPT: u64 = 4096;
 /// minutes, so `kubectl describe` shows the same aggregation as for built-in controllers.
 pub const SERIES_TTL: Duration = Duration::from_secs(6 * 60);
 
+/// How long a Warning said of an object is not said again in the same words.
+pub const REPEAT_WINDOW: Duration = Duration::from_secs(10 * 60);
+
+/// Warnings of one object and reason sent at once, at most (client-go's spam filter burst).
+pub const WARNING_BURST: f64 = 25.0;
+
+/// How often one more Warning of an object and reason may be sent past the burst (client-go's
+/// spam filter: one every five minutes).
+pub const WARNING_REFILL: Duration = Duration::from_secs(5 * 60);
+
+/// Objects and reasons whose last Warning is remembered, at most.
+const WARNINGS_KEPT: usize = 16_384;
+
 /// A bounded queue of Kubernetes events, drained by one publisher task ([`Events::run`]).
 pub struct Events {
     tx: mpsc::Sender<(Event, ObjectReference)>,
     counts: EventCounts,
+    warnings: Mutex<Correlator>,
+}
+
+/// The object (by identity) and reason a Warning is correlated by.
+#[derive(Clone, Debug, Hash, PartialEq, Eq)]
+struct WarningKey {
+    object: (
+        Option<String>,
+        Option<String>,
+        Option<String>,
+        Option<String>,
+    ),
+    reason: String,
+}
+
+/// The last Warning of an object and reason, and what is left of its budget.
+#[derive(Debug)]
+struct LastWarning {
+    note: Option<String>,
+    sent: Instant,
+    budget: f64,
+}
+
+/// Which Warnings are news: not the words last said of the object for this reason (within
+/// [`REPEAT_WINDOW`]), and within the object's budget for the reason.
+#[derive(Debug, Default)]
+struct Correlator {
+    last: HashMap<WarningKey, LastWarning>,
+}
+
+impl Correlator {
+    /// Whether `event` about `about` is to be sent at `now` (and, if so, remembered).
+    fn admit(&mut self, event: &Event, about: &ObjectReference, now: Instant) -> bool {
+        let key = WarningKey {
+            object: (
+                about.kind.clone(),
+                about.namespace.clone(),
+                about.name.clone(),
+                about.uid.clone(),
+            ),
+            reason: event.reason.clone(),
+        };
+        if let Some(last) = self.last.get_mut(&key) {
+            let since = now.saturating_duration_since(last.sent);
+            if last.note == event.note && since < REPEAT_WINDOW {
+                return false;
+            }
+            let budget = (last.budget + since.as_secs_f64() / WARNING_REFILL.as_secs_f64())
+                .min(WARNING_BURST);
+            if budget < 1.0 {
+                return false;
+            }
+            *last = LastWarning {
+                note: event.note.clone(),
+                sent: now,
+                budget: budget - 1.0,
+            };
+            return true;
+        }
+        if self.last.len() >= WARNINGS_KEPT {
+            self.last
+                .retain(|_, w| now.saturating_duration_since(w.sent) < REPEAT_WINDOW);
+        }
+        // Still full of recent ones: sent, not remembered (a repeat then costs a series write).
+        if self.last.len() < WARNINGS_KEPT {
+            self.last.insert(
+                key,
+                LastWarning {
+                    note: event.note.clone(),
+                    sent: now,
+                    budget: WARNING_BURST - 1.0,
+                },
+            );
+        }
+        true
+    }
 }
 
 impl Events {
@@ -54,7 +153,15 @@ impl Events {
         counts: EventCounts,
     ) -> (Self, mpsc::Receiver<(Event, ObjectReference)>) {
         let (tx, rx) = mpsc::channel(capacity.max(1));
-        (Events { tx, counts }, rx)
+        let warnings = Mutex::default();
+        (
+            Events {
+                tx,
+                counts,
+                warnings,
+            },
+            rx,
+        )
     }
 
     /// Queues an event; drops it when the queue is full (the API server is slow or down). The
@@ -65,6 +172,12 @@ impl Events {
     /// half is kept for [`ADDRESS_WARNINGS`]: warnings a reconcile repeats on every pass (a MAC
     /// in use, a pool full) must not push out the one that says another host uses an address.
     pub fn send(&self, event: Event, about: ObjectReference) {
+        if matches!(event.type_, EventType::Warning)
+            && !self.warnings.lock().admit(&event, &about, Instant::now())
+        {
+            self.counts.repeated.inc();
+            return;
+        }
         let for_warnings = self.tx.max_capacity() / 4;
         let for_addresses = self.tx.max_capacity() / 8;
         let admitted = match event.type_ {
@@ -319,8 +432,8 @@ mod tests {
             action: "Allocate".into(),
             secondary: None,
         };
-        for _ in 0..3 {
-            events.send(warning(), ObjectReference::default());
+        for n in 0..3 {
+            events.send(warning(), object(n));
         }
         // One warning fits beside them; the last eighth is kept for address warnings.
         assert_eq!(counts.dropped.get(), 100 - 6 + 2);
@@ -329,9 +442,9 @@ mod tests {
             note: Some("10.0.0.9 is used by 02:00:00:00:00:09".into()),
             ..warning()
         };
-        events.send(conflict(), ObjectReference::default());
+        events.send(conflict(), object(3));
         // The queue is full now: even that one is dropped.
-        events.send(conflict(), ObjectReference::default());
+        events.send(conflict(), object(4));
         assert_eq!(counts.dropped.get(), 100 - 6 + 3);
         let mut queued = Vec::new();
         while let Ok((e, _)) = rx.try_recv() {
@@ -343,6 +456,83 @@ mod tests {
             1
         );
         assert_eq!(queued.last().map(String::as_str), Some("AddressConflict"));
+    }
+
+    /// Config `vm-<n>`.
+    fn object(n: u32) -> ObjectReference {
+        ObjectReference {
+            kind: Some("VirtualMachineNetworkConfig".into()),
+            namespace: Some("ns".into()),
+            name: Some(format!("vm-{n}")),
+            uid: Some(format!("u{n}")),
+            ..Default::default()
+        }
+    }
+
+    fn refused(note: &str) -> Event {
+        Event {
+            type_: EventType::Warning,
+            reason: "MacInUse".into(),
+            note: Some(note.into()),
+            action: "Allocate".into(),
+            secondary: None,
+        }
+    }
+
+    #[tokio::test]
+    async fn a_warning_is_said_once_per_object_reason_and_words() {
+        let counts = EventCounts::default();
+        let (events, mut rx) = Events::new(64, counts.clone());
+        for _ in 0..10 {
+            events.send(refused("02:00:00:00:00:01 is in use by vm-0"), object(1));
+        }
+        // Another object, or other words, are news; Normal events are not correlated.
+        events.send(refused("02:00:00:00:00:01 is in use by vm-0"), object(2));
+        events.send(refused("02:00:00:00:00:01 is in use by vm-9"), object(1));
+        for _ in 0..2 {
+            events.send(ev("allocated"), object(1));
+        }
+        let mut sent = Vec::new();
+        while let Ok((e, about)) = rx.try_recv() {
+            sent.push((e.reason, about.name.unwrap_or_default()));
+        }
+        assert_eq!(sent.len(), 5, "{sent:?}");
+        assert_eq!(counts.repeated.get(), 9);
+    }
+
+    #[test]
+    fn the_same_words_are_said_again_after_the_window_and_changing_words_have_a_budget() {
+        let mut c = Correlator::default();
+        let start = Instant::now();
+        let same = refused("pool full");
+        assert!(c.admit(&same, &object(1), start));
+        assert!(!c.admit(&same, &object(1), start + REPEAT_WINDOW / 2));
+        assert!(c.admit(&same, &object(1), start + REPEAT_WINDOW));
+        // Words that change every time: the burst, then one per refill.
+        let mut c = Correlator::default();
+        let sent = (0..100)
+            .filter(|i| c.admit(&refused(&format!("try {i}")), &object(1), start))
+            .count();
+        assert_eq!(sent, WARNING_BURST as usize);
+        assert!(!c.admit(&refused("again"), &object(1), start + WARNING_REFILL / 2));
+        assert!(c.admit(&refused("again"), &object(1), start + WARNING_REFILL));
+        assert!(!c.admit(&refused("more"), &object(1), start + WARNING_REFILL));
+        // The budget is per object and reason.
+        assert!(c.admit(&refused("try 0"), &object(2), start));
+    }
+
+    #[test]
+    fn the_correlator_is_bounded() {
+        let mut c = Correlator::default();
+        let start = Instant::now();
+        for n in 0..(WARNINGS_KEPT as u32 + 10) {
+            assert!(c.admit(&refused("x"), &object(n), start));
+        }
+        assert_eq!(c.last.len(), WARNINGS_KEPT);
+        // Old entries make room.
+        let later = start + REPEAT_WINDOW;
+        assert!(c.admit(&refused("x"), &object(u32::MAX), later));
+        assert_eq!(c.last.len(), 1);
     }
 
     #[test]
