@@ -1212,26 +1212,9 @@ async fn first_watch_message_once(
     scheme: &str,
 ) -> Result<pb::WatchResponse, String> {
     let mut client = stream_client(credentials, scheme).await?;
-    let mut request = tonic::Request::new(pb::WatchRequest {
-        agent: Some(pb::AgentIdentity {
-            pod_name: "probe".into(),
-            namespace: NS.into(),
-            node_name: String::new(),
-        }),
-        ..Default::default()
-    });
-    credentials
-        .authorize(&mut request)
-        .map_err(|e| e.to_string())?;
-    let mut stream = client
-        .watch(request)
+    open_watch(&mut client, credentials, "probe")
         .await
-        .map_err(|s| format!("{:?}: {}", s.code(), s.message()))?
-        .into_inner();
-    match tokio::time::timeout(Duration::from_secs(10), stream.message()).await {
-        Ok(Ok(Some(m))) => Ok(m),
-        other => Err(format!("no first message: {other:?}")),
-    }
+        .map(|(first, _)| first)
 }
 
 /// A namespace outside the webhook's with a network `net` served by the IPPool `pool`.
@@ -1725,12 +1708,12 @@ async fn agent_ready(client: &Client, ns: &str) -> Option<String> {
     vmdhcp_core::crd::find_condition(&status.conditions, "AgentReady").map(|c| c.status.clone())
 }
 
-/// Opens a Watch as `pod` on `client` and returns the stream once its first message came.
+/// Opens a Watch as `pod` on `client`: its first message and the stream, or the refusal.
 async fn open_watch(
     client: &mut ConfigServiceClient<tonic::transport::Channel>,
     credentials: &Credentials,
     pod: &str,
-) -> Result<tonic::Streaming<pb::WatchResponse>, String> {
+) -> Result<(pb::WatchResponse, tonic::Streaming<pb::WatchResponse>), String> {
     let mut request = tonic::Request::new(pb::WatchRequest {
         agent: Some(pb::AgentIdentity {
             pod_name: pod.into(),
@@ -1748,7 +1731,7 @@ async fn open_watch(
         .map_err(|s| format!("{:?}: {}", s.code(), s.message()))?
         .into_inner();
     match tokio::time::timeout(Duration::from_secs(10), stream.message()).await {
-        Ok(Ok(Some(_))) => Ok(stream),
+        Ok(Ok(Some(first))) => Ok((first, stream)),
         other => Err(format!("no first message: {other:?}")),
     }
 }
@@ -1786,7 +1769,7 @@ async fn a_flood_of_forged_tokens_costs_no_review_and_starves_no_agent() {
     // The agent: a token bound to its pod, a Watch, and Reports on the same connection.
     let agent = with_token("flood-agent-0.token", &pod_token("flood-agent-0"));
     let mut agent_client = stream_client(&agent, "https").await.unwrap();
-    let mut watch = past_the_budget(async || {
+    let (_, mut watch) = past_the_budget(async || {
         open_watch(&mut agent_client.clone(), &agent, "flood-agent-0").await
     })
     .await
