@@ -188,13 +188,17 @@ fn pools_added_paused_and_removed_without_interrupting_other_pools() {
     } else {
         &ns3
     };
-    let addrs = fleet
-        .lab
-        .exec(leader_ns, "ip", &["-4", "addr", "show", &pool_b_if])
-        .unwrap();
-    assert!(
-        !addrs.contains(POOL_B_SERVER),
-        "paused pool's address kept: {addrs}"
+    // Either agent's report may say so first; the leader's interface follows within moments.
+    wait_for(
+        "the paused pool's server address removed from the leader's interface",
+        Duration::from_secs(30),
+        || {
+            let addrs = fleet
+                .lab
+                .exec(leader_ns, "ip", &["-4", "addr", "show", &pool_b_if])
+                .unwrap();
+            (!addrs.contains(POOL_B_SERVER)).then_some(())
+        },
     );
     let out = udhcpc(&vm3, &probe_dir, &["-t", "2", "-T", "1", "-r", &ip3]);
     let said =
