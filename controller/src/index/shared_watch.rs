@@ -19,6 +19,9 @@
 //! cache without saying what disappeared; kube's own streams forget those objects silently, so a
 //! VM deleted in the gap would leave its config and address behind until the next restart. Here
 //! every object the relist dropped is announced as [`Touch::Deleted`] before [`Touch::Listed`].
+//! What a relist brings is announced only once the cache holds all of it (the reflector swaps a
+//! list in whole): a controller woken earlier would find a VM created in the gap missing from its
+//! cache, skip it as deleted, and never be woken for it again.
 //!
 //! Readiness is this module's own ([`SharedWatch::ready`]): kube's `Store::wait_until_ready`
 //! wakes only its most recent waiter, which the controllers reading the store already are.
@@ -50,14 +53,15 @@ pub type Trigger<K> = BoxStream<'static, Arc<K>>;
 /// What a subscriber is told, always after the cache has applied it.
 #[derive(Clone, Debug, PartialEq)]
 pub enum Touch<K> {
-    /// Created or changed; also each object of a (re)list. Shared with the cache and every
+    /// Created or changed; also each object of a (re)list, once the whole list is in the cache
+    /// (the reflector applies a list only when it is complete). Shared with the cache and every
     /// subscriber: the leader's pools have four subscribers, and a copy each of a pool that
     /// changes with every allocation would grow the cost per allocation with the pool.
     Applied(Arc<K>),
     /// Deleted.
     Deleted(Arc<K>),
     /// A (re)list is complete: the cache now holds exactly the listed objects (those it dropped
-    /// were announced as deleted just before).
+    /// were announced as deleted, and those it holds as applied, just before).
     Listed,
 }
 
@@ -287,8 +291,12 @@ fn lock<K>(
     subscribers.lock()
 }
 
-/// What a relist dropped from the cache: the cache as it was when the relist began, compared with
-/// the cache once it is complete.
+/// A (re)list in progress. The reflector applies a list to the cache only when it is complete
+/// (`InitDone`), so what the list brings is announced then, not as it arrives: a controller
+/// woken for an object its cache does not hold yet takes it for deleted and skips it, and nothing
+/// wakes it again (a VM created while the watch was behind would never get its config). Also
+/// what the relist dropped: the cache as it was when the relist began, compared with the cache
+/// once it is complete.
 struct Relist<K: Resource + 'static>
 where
     K::DynamicType: Hash + Eq,
@@ -296,6 +304,8 @@ where
     store: Store<K>,
     dyntype: K::DynamicType,
     before: Option<Vec<Arc<K>>>,
+    /// The objects the list has brought so far, by key (the reflector holds the objects).
+    listed: Vec<reflector::ObjectRef<K>>,
 }
 
 impl<K> Relist<K>
@@ -308,16 +318,29 @@ where
             store,
             dyntype,
             before: None,
+            listed: Vec::new(),
         }
     }
 
     /// A relist begins (`Init`: the cache still holds the old objects).
     fn begin(&mut self) {
         self.before = Some(self.store.state());
+        self.listed.clear();
     }
 
-    /// `o`, as the cache holds it when the cache has applied it (the same allocation, not a
-    /// copy; during a relist the cache still holds the old version until the list is complete).
+    /// The list brought `o` (`InitApply`: not in the cache before the list is complete).
+    fn listed(&mut self, o: &K) {
+        self.listed
+            .push(reflector::ObjectRef::from_obj_with(o, self.dyntype.clone()));
+    }
+
+    /// Once the list is complete: what it brought, as the cache holds it.
+    fn applied(&mut self) -> impl Iterator<Item = Arc<K>> + '_ {
+        self.listed.drain(..).filter_map(|key| self.store.get(&key))
+    }
+
+    /// `o`, as the cache holds it once it has applied a watch event (the same allocation, not a
+    /// copy).
     fn shared(&self, o: K) -> Arc<K> {
         let key = reflector::ObjectRef::from_obj_with(&o, self.dyntype.clone());
         self.store
@@ -360,8 +383,10 @@ async fn fan_out<K, E, S>(
     let mut source = std::pin::pin!(source);
     while let Some(event) = source.next().await {
         let touches = match event {
-            Ok(watcher::Event::Apply(o) | watcher::Event::InitApply(o)) => {
-                vec![Touch::Applied(relist.shared(o))]
+            Ok(watcher::Event::Apply(o)) => vec![Touch::Applied(relist.shared(o))],
+            Ok(watcher::Event::InitApply(o)) => {
+                relist.listed(&o);
+                continue;
             }
             Ok(watcher::Event::Delete(o)) => vec![Touch::Deleted(Arc::new(o))],
             Ok(watcher::Event::Init) => {
@@ -369,12 +394,13 @@ async fn fan_out<K, E, S>(
                 continue;
             }
             Ok(watcher::Event::InitDone) => {
-                let mut touches: Vec<Touch<K>> =
-                    relist.dropped().into_iter().map(Touch::Deleted).collect();
-                if !touches.is_empty() {
-                    warn!(%kind, dropped = touches.len(), "relisted: announcing objects deleted while the watch was behind");
+                let dropped = relist.dropped();
+                if !dropped.is_empty() {
+                    warn!(%kind, dropped = dropped.len(), "relisted: announcing objects deleted while the watch was behind");
                 }
                 ready.send_replace(true);
+                let mut touches: Vec<Touch<K>> = dropped.into_iter().map(Touch::Deleted).collect();
+                touches.extend(relist.applied().map(Touch::Applied));
                 touches.push(Touch::Listed);
                 touches
             }
@@ -461,6 +487,7 @@ pub(crate) mod fixtures {
 mod tests {
     use super::fixtures::*;
     use super::*;
+    use futures_util::FutureExt;
     use k8s_openapi::api::core::v1::ConfigMap;
     use kube::runtime::reflector::ObjectRef;
 
@@ -564,8 +591,52 @@ mod tests {
         drop(shared);
         assert_eq!(
             touches.map(|t| describe(&t)).collect::<Vec<_>>().await,
-            ["+a", "+b", "listed", "+b", "+c", "-a", "listed"]
+            ["+a", "+b", "listed", "-a", "+b", "+c", "listed"]
         );
+    }
+
+    /// A relist after the watch fell behind (the API server's "too old resource version")
+    /// brings objects created in the gap. A controller reads each object it is woken for from
+    /// the cache and skips one it does not find there, so no trigger may fire for a listed object
+    /// before the cache holds it. (The test runs on one thread: when `send` returns, the driver
+    /// has handled every event before the one sent.)
+    #[tokio::test]
+    async fn a_relist_wakes_nobody_before_the_cache_holds_what_it_brought() {
+        let (shared, events, driver) = fed();
+        let mut trigger = shared.trigger();
+        for e in [
+            watcher::Event::Init,
+            watcher::Event::InitApply(cm("a")),
+            watcher::Event::InitDone,
+            watcher::Event::Init,
+            watcher::Event::InitApply(cm("a")),
+            watcher::Event::InitApply(cm("b")),
+            watcher::Event::InitApply(cm("c")),
+        ] {
+            send(&events, e).await;
+        }
+        let uncached = |o: &Arc<ConfigMap>| {
+            shared
+                .store()
+                .get(&ObjectRef::from_obj(o.as_ref()))
+                .is_none()
+                .then(|| name(o))
+        };
+        let mut seen = Vec::new();
+        while let Some(o) = trigger.next().now_or_never() {
+            let o = o.unwrap();
+            assert_eq!(uncached(&o), None, "woken before the cache holds it");
+            seen.push(name(&o));
+        }
+        send(&events, watcher::Event::InitDone).await;
+        while seen.len() < 4 {
+            let o = trigger.next().await.unwrap();
+            assert_eq!(uncached(&o), None, "woken before the cache holds it");
+            seen.push(name(&o));
+        }
+        assert_eq!(seen, ["a", "a", "b", "c"]);
+        drop(events);
+        driver.await.unwrap();
     }
 
     /// A leadership term subscribes long after the first list: its trigger starts with what is
@@ -573,13 +644,9 @@ mod tests {
     #[tokio::test]
     async fn a_trigger_made_mid_list_gets_the_whole_list() {
         let (shared, events, driver) = fed();
-        let mut probe = shared.subscribe();
         send(&events, watcher::Event::Init).await;
         send(&events, watcher::Event::InitApply(cm("a"))).await;
-        // `a` has gone out to the subscribers before the trigger subscribes.
-        let first = probe.next().await.map(|t| describe(&t));
-        assert_eq!(first.as_deref(), Some("+a"));
-        drop(probe);
+        // On one thread: the driver has handled `Init` and is at or past `a`.
         let trigger = shared.trigger();
         send(&events, watcher::Event::InitApply(cm("b"))).await;
         send(&events, watcher::Event::InitDone).await;
