@@ -69,20 +69,37 @@ fi
 # theirs; only the two suites that run the images wait for it.
 cargo test --workspace --locked --no-run
 phase "build the tests"
-images_log="$(mktemp)"
-trap 'rm -f "$images_log"' EXIT
+images_log="$(mktemp)" beside_log="$(mktemp)"
+beside_pid=
+# The side lane runs in a process group of its own (setsid), so that a run stopped early stops
+# it and everything it started.
+trap '[ -z "$beside_pid" ] || kill -- "-$beside_pid" 2>/dev/null || true; rm -f "$images_log" "$beside_log"' EXIT
 (renice -n 19 -p "$BASHPID" >/dev/null && build_images) >"$images_log" 2>&1 &
 images_pid=$!
 
-# Every test target of the workspace but those two; always `--workspace`, the test build's one
-# feature resolution, so that no run rebuilds anything.
+# The alerts suite waits on Prometheus's rule windows (half a minute each) and uses little CPU:
+# it runs in a lane of its own beside the other suites, its output shown after theirs.
+beside=(alerts)
+setsid cargo test --workspace --locked $(printf -- '--test %s ' "${beside[@]}") >"$beside_log" 2>&1 &
+beside_pid=$!
+
+# Every other test target of the workspace but the two that run the images; always
+# `--workspace`, the test build's one feature resolution, so that no run rebuilds anything.
 after_images=(images cluster)
 targets=(--lib --bins)
 for name in $(basename -s .rs */tests/*.rs | sort -u); do
-  [[ " ${after_images[*]} " == *" $name "* ]] || targets+=(--test "$name")
+  [[ " ${after_images[*]} ${beside[*]} " == *" $name "* ]] || targets+=(--test "$name")
 done
 cargo test --workspace --locked "${targets[@]}"
 cargo test --workspace --locked --doc
+if ! wait "$beside_pid"; then
+  beside_pid=
+  cat "$beside_log"
+  echo "scripts/test.sh: the ${beside[*]} suite failed (above)" >&2
+  exit 1
+fi
+beside_pid=
+cat "$beside_log"
 phase "unit tests and suites"
 
 # The Helm chart: lint, golden renders, invariants, refused values (chart/tests/check.sh), then an
