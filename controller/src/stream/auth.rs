@@ -35,13 +35,12 @@ use kube::api::PostParams;
 use kube::{Api, Client};
 use moka::future::Cache;
 use parking_lot::Mutex;
-use serde::Deserialize;
-use serde::de::DeserializeOwned;
 use tokio::time::Instant;
 use tonic::Status;
 use tonic::metadata::MetadataMap;
 use tracing::{debug, warn};
 
+use super::jwt::Jwt;
 use super::keys::{IssuerKeys, Judgement, KeysError};
 use crate::metrics::TokenCounts;
 
@@ -67,9 +66,6 @@ const VERIFIED_MAX: u64 = 4096;
 const REFUSED_MAX: u64 = 16_384;
 /// The TokenReview extra naming the pod a bound token belongs to.
 const POD_NAME_EXTRA: &str = "authentication.kubernetes.io/pod-name";
-/// The longest token looked at: a projected ServiceAccount token is about 1 KiB, and a bigger
-/// one would only cost decoding (and the API server a larger review).
-const TOKEN_MAX: usize = 8 * 1024;
 /// How far past its `exp` a token is still sent for review: clock skew between the controller
 /// and the API server, which has the last word.
 const EXPIRY_LEEWAY: Duration = Duration::from_secs(60);
@@ -279,128 +275,29 @@ impl ReviewBudget {
     }
 }
 
-/// The JOSE header fields looked at.
-#[derive(Deserialize)]
-struct Header {
-    alg: String,
-    #[serde(default)]
-    kid: Option<String>,
-}
-
-/// The claims looked at: trusted only once the signature is checked (or the TokenReview
-/// verified them).
-#[derive(Deserialize)]
-struct Claims {
-    #[serde(default)]
-    aud: Audiences,
-    exp: Option<f64>,
-    #[serde(default)]
-    sub: Option<String>,
-    #[serde(default, rename = "kubernetes.io")]
-    kubernetes: Option<KubernetesClaims>,
-}
-
-/// The `kubernetes.io` claims of a ServiceAccount token: what it is bound to.
-#[derive(Deserialize)]
-struct KubernetesClaims {
-    #[serde(default)]
-    pod: Option<BoundObject>,
-}
-
-/// An object a token is bound to.
-#[derive(Deserialize)]
-struct BoundObject {
-    name: String,
-}
-
-/// A token that passed [`precheck`]: what the signature check and the verdict need of it.
-#[cfg_attr(test, derive(Debug, PartialEq))]
-pub struct Jwt<'a> {
-    alg: String,
-    kid: Option<String>,
-    /// The header and payload segments, as signed.
-    signed: &'a str,
-    signature: Vec<u8>,
-    exp: f64,
-    sub: Option<String>,
-    pod: Option<String>,
-}
-
-impl Jwt<'_> {
-    /// How long a verdict on this token may be trusted at `now`: until it expires, at most
-    /// [`VERIFIED_TTL_MAX`].
-    fn trusted_for(&self, now: SystemTime) -> Duration {
-        let now = now.duration_since(UNIX_EPOCH).unwrap_or_default();
-        Duration::try_from_secs_f64(self.exp - now.as_secs_f64())
-            .unwrap_or_default()
-            .min(VERIFIED_TTL_MAX)
-    }
-}
-
-/// `aud`: one string or a list (RFC 7519 §4.1.3).
-#[derive(Deserialize)]
-#[serde(untagged)]
-enum Audiences {
-    One(String),
-    Many(Vec<String>),
-}
-
-impl Default for Audiences {
-    fn default() -> Self {
-        Audiences::Many(Vec::new())
-    }
-}
-
-impl Audiences {
-    fn into_vec(self) -> Vec<String> {
-        match self {
-            Audiences::One(a) => vec![a],
-            Audiences::Many(a) => a,
-        }
-    }
+/// How long a verdict on a token expiring at `exp` may be trusted at `now`: until it expires,
+/// at most [`VERIFIED_TTL_MAX`].
+fn trusted_for(exp: f64, now: SystemTime) -> Duration {
+    let now = now.duration_since(UNIX_EPOCH).unwrap_or_default();
+    Duration::try_from_secs_f64(exp - now.as_secs_f64())
+        .unwrap_or_default()
+        .min(VERIFIED_TTL_MAX)
 }
 
 /// Refuses, without asking the API server, a token that cannot be a ServiceAccount token for
-/// `audience` at `now`: not three base64url segments, larger than [`TOKEN_MAX`], `alg: none`,
-/// another audience, no `exp` or one past (beyond [`EXPIRY_LEEWAY`]). The signature is not
-/// checked here: this only spares the API server and the signature check obvious garbage.
+/// `audience` at `now`: not a JWT ([`Jwt::read`]: three base64url segments, at most
+/// [`super::jwt::TOKEN_MAX`] bytes, not `alg: none`), another audience, no `exp` or one past
+/// (beyond [`EXPIRY_LEEWAY`]). The signature is not checked here: this only spares the API
+/// server and the signature check obvious garbage.
 pub fn precheck<'a>(token: &'a str, audience: &str, now: SystemTime) -> Result<Jwt<'a>, AuthError> {
-    if token.len() > TOKEN_MAX {
-        return Err(AuthError::Malformed(format!(
-            "{} bytes, more than {TOKEN_MAX}",
-            token.len()
-        )));
-    }
-    let mut segments = token.split('.');
-    let (Some(header), Some(payload), Some(signature), None) = (
-        segments.next(),
-        segments.next(),
-        segments.next(),
-        segments.next(),
-    ) else {
-        return Err(AuthError::Malformed(
-            "not a JWT (three dot-separated segments)".into(),
-        ));
-    };
-    let Some(signature) = base64url(signature).filter(|s| !s.is_empty()) else {
-        return Err(AuthError::Malformed(
-            "the signature is empty or not base64url".into(),
-        ));
-    };
-    let signed = &token[..header.len() + 1 + payload.len()];
-    let header: Header = segment(header, "header")?;
-    if header.alg.eq_ignore_ascii_case("none") {
-        return Err(AuthError::Malformed("unsigned (alg \"none\")".into()));
-    }
-    let claims: Claims = segment(payload, "payload")?;
-    let found = claims.aud.into_vec();
-    if !found.iter().any(|a| a == audience) {
+    let jwt = Jwt::read(token).map_err(|e| AuthError::Malformed(e.to_string()))?;
+    if !jwt.aud.iter().any(|a| a == audience) {
         return Err(AuthError::Audience {
             audience: audience.to_owned(),
-            found,
+            found: jwt.aud,
         });
     }
-    let exp = claims
+    let exp = jwt
         .exp
         .ok_or_else(|| AuthError::Malformed("no exp claim".into()))?;
     let now = now.duration_since(UNIX_EPOCH).unwrap_or_default();
@@ -410,51 +307,7 @@ pub fn precheck<'a>(token: &'a str, audience: &str, now: SystemTime) -> Result<J
             expired: exp as i64,
         });
     }
-    Ok(Jwt {
-        alg: header.alg,
-        kid: header.kid,
-        signed,
-        signature,
-        exp,
-        sub: claims.sub,
-        pod: claims.kubernetes.and_then(|k| k.pod).map(|p| p.name),
-    })
-}
-
-/// One JWT segment, base64url-decoded and parsed as JSON.
-fn segment<T: DeserializeOwned>(segment: &str, what: &str) -> Result<T, AuthError> {
-    let bytes = base64url(segment)
-        .ok_or_else(|| AuthError::Malformed(format!("the {what} is not base64url")))?;
-    serde_json::from_slice(&bytes)
-        .map_err(|e| AuthError::Malformed(format!("the {what} is not the JSON expected: {e}")))
-}
-
-/// Decodes unpadded base64url (RFC 7515 §2: how JWT segments are written); `None` on any other
-/// character or an impossible length.
-pub(crate) fn base64url(text: &str) -> Option<Vec<u8>> {
-    if text.len() % 4 == 1 {
-        return None;
-    }
-    let mut out = Vec::with_capacity(text.len() / 4 * 3 + 2);
-    let (mut acc, mut bits) = (0u32, 0u32);
-    for c in text.bytes() {
-        let sextet = match c {
-            b'A'..=b'Z' => c - b'A',
-            b'a'..=b'z' => c - b'a' + 26,
-            b'0'..=b'9' => c - b'0' + 52,
-            b'-' => 62,
-            b'_' => 63,
-            _ => return None,
-        };
-        // Only the bits not yet written are kept (fewer than 14).
-        acc = ((acc << 6) | u32::from(sextet)) & 0x3fff;
-        bits += 6;
-        if bits >= 8 {
-            bits -= 8;
-            out.push(((acc >> bits) & 0xff) as u8);
-        }
-    }
-    Some(out)
+    Ok(jwt)
 }
 
 /// SHA-256 of a token: the cache key (tokens themselves are not kept).
@@ -659,7 +512,7 @@ impl TokenAuth {
             client,
             audience,
             allowed: format!("{SERVICE_ACCOUNT_USER}{service_account}"),
-            keys,
+            keys: keys.counted(counts.clone()),
             verdicts: Verdicts::new(rate),
             watching: Arc::default(),
             counts,
@@ -673,7 +526,6 @@ impl TokenAuth {
         peer: Option<SocketAddr>,
     ) -> Result<Verified, AuthError> {
         let verdict = self.verdict(metadata, peer).await;
-        self.counts.issuer_keys(self.keys.count());
         if let Err(e) = &verdict {
             match e.refused_before_review() {
                 Some(reason) => {
@@ -689,7 +541,6 @@ impl TokenAuth {
     /// Reads the cluster's signing keys now (they are otherwise read when a token needs them).
     pub async fn load_keys(&self) {
         self.keys.refresh().await;
-        self.counts.issuer_keys(self.keys.count());
     }
 
     /// Remembers that `who`, behind `metadata`, watches from `peer`, for as long as the guard
@@ -758,7 +609,12 @@ impl TokenAuth {
         };
         let mut who = self
             .verdicts
-            .check(key, peer.map(|p| p.ip()), jwt.trusted_for(now), review)
+            .check(
+                key,
+                peer.map(|p| p.ip()),
+                trusted_for(jwt.exp.unwrap_or_default(), now),
+                review,
+            )
             .await?;
         // The pod a verified token is bound to, from its claims when the review does not say.
         if who.pod.is_none() && signed == Judgement::Signed {
@@ -829,7 +685,9 @@ fn bearer(metadata: &MetadataMap) -> Option<&str> {
 
 #[cfg(test)]
 #[allow(clippy::unwrap_used, clippy::expect_used)]
-pub(crate) mod tests {
+mod tests {
+    use super::super::jwt::{TOKEN_MAX, base64url};
+    use super::super::jwt::tests::b64;
     use super::*;
     use std::sync::Arc;
     use std::sync::atomic::{AtomicUsize, Ordering};
@@ -841,23 +699,6 @@ pub(crate) mod tests {
     };
     const AUDIENCE: &str = "vm-dhcp-controller";
     const MINUTE: Duration = Duration::from_secs(60);
-
-    /// Unpadded base64url, to forge tokens.
-    pub(crate) fn b64(bytes: &[u8]) -> String {
-        const ALPHABET: &[u8; 64] =
-            b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-_";
-        let mut out = String::new();
-        for chunk in bytes.chunks(3) {
-            let n = chunk
-                .iter()
-                .enumerate()
-                .fold(0u32, |n, (i, b)| n | (u32::from(*b) << (16 - 8 * i)));
-            for i in 0..=chunk.len() {
-                out.push(char::from(ALPHABET[((n >> (18 - 6 * i)) & 63) as usize]));
-            }
-        }
-        out
-    }
 
     fn jwt(header: serde_json::Value, claims: serde_json::Value) -> String {
         format!(
@@ -879,29 +720,6 @@ pub(crate) mod tests {
             audience: "a".into(),
             reason: "no".into(),
         })
-    }
-
-    #[test]
-    fn base64url_decodes_every_length_and_refuses_other_alphabets() {
-        for text in [
-            "",
-            "f",
-            "fo",
-            "foo",
-            "foob",
-            "fooba",
-            "foobar",
-            "\u{ff}\u{fe}?>",
-        ] {
-            assert_eq!(base64url(&b64(text.as_bytes())).unwrap(), text.as_bytes());
-        }
-        assert_eq!(
-            base64url("eyJhbGciOiJSUzI1NiJ9").unwrap(),
-            br#"{"alg":"RS256"}"#
-        );
-        assert_eq!(base64url("-_8").unwrap(), [0xfb, 0xff]);
-        assert_eq!(base64url("a+/="), None, "standard alphabet and padding");
-        assert_eq!(base64url("abcde"), None, "no length leaves one sextet over");
     }
 
     #[test]
@@ -1367,7 +1185,7 @@ pub(crate) mod tests {
         };
         let trusted = |exp: u64| {
             let t = token(exp);
-            precheck(&t, AUDIENCE, now).unwrap().trusted_for(now)
+            trusted_for(precheck(&t, AUDIENCE, now).unwrap().exp.unwrap(), now)
         };
         assert_eq!(trusted(1_000_600), Duration::from_secs(600));
         assert_eq!(trusted(1_000_000 + 365 * 86_400), VERIFIED_TTL_MAX);

@@ -25,6 +25,8 @@ use serde::Deserialize;
 use tokio::time::Instant;
 use tracing::{info, warn};
 
+use crate::metrics::TokenCounts;
+
 /// The API server's path for the issuer's public keys.
 pub const JWKS_PATH: &str = "/openid/v1/jwks";
 /// How often the keys are asked for at most (an unknown key id, or no keys yet).
@@ -177,7 +179,7 @@ impl KeySet {
             let field = |value: &Option<String>, name: &str| {
                 value
                     .as_deref()
-                    .and_then(super::auth::base64url)
+                    .and_then(super::jwt::base64url)
                     .filter(|v| !v.is_empty())
                     .ok_or_else(|| {
                         KeysError::Parse(format!(
@@ -284,6 +286,8 @@ pub struct IssuerKeys {
     client: Option<Client>,
     known: RwLock<Known>,
     asking: tokio::sync::Mutex<()>,
+    /// Where the number of keys known is shown, each time they are read.
+    counts: Option<TokenCounts>,
 }
 
 impl std::fmt::Debug for IssuerKeys {
@@ -301,6 +305,7 @@ impl IssuerKeys {
             client,
             known: RwLock::new(Known::default()),
             asking: tokio::sync::Mutex::new(()),
+            counts: None,
         }
     }
 
@@ -313,7 +318,15 @@ impl IssuerKeys {
                 asked: None,
             }),
             asking: tokio::sync::Mutex::new(()),
+            counts: None,
         }
+    }
+
+    /// Shows in `counts` how many keys are known, now and each time they are read.
+    pub fn counted(mut self, counts: TokenCounts) -> Self {
+        counts.issuer_keys(self.count());
+        self.counts = Some(counts);
+        self
     }
 
     /// How many keys are known now (0: tokens are not judged here).
@@ -381,6 +394,9 @@ impl IssuerKeys {
                         "ServiceAccount issuer keys read: forged tokens are refused without a TokenReview"
                     );
                 }
+                if let Some(counts) = &self.counts {
+                    counts.issuer_keys(keys.len());
+                }
                 known.keys = Some(keys);
                 true
             }
@@ -412,7 +428,7 @@ mod tests {
     use ring::signature::{ECDSA_P256_SHA256_FIXED_SIGNING, EcdsaKeyPair, KeyPair};
 
     fn b64(bytes: &[u8]) -> String {
-        crate::stream::auth::tests::b64(bytes)
+        crate::stream::jwt::tests::b64(bytes)
     }
 
     fn p256() -> (EcdsaKeyPair, String) {
