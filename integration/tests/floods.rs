@@ -34,6 +34,10 @@ use vmdhcp_integration::secure_controller::SecureController;
 use vmdhcp_proto::agent::v1 as pb;
 use vmdhcp_proto::agent::v1::config_service_client::ConfigServiceClient;
 
+#[path = "support/agent_watch.rs"]
+mod agent_watch;
+use agent_watch::watch_request;
+
 /// The controller's namespace (its Secret, ConfigMap and the agents' ServiceAccount).
 const NS: &str = "vmdhcp-floods";
 /// The webhook registration's name.
@@ -212,15 +216,7 @@ async fn watch_stream(
         .connect()
         .await
         .unwrap();
-    let mut request = tonic::Request::new(pb::WatchRequest {
-        agent: Some(pb::AgentIdentity {
-            pod_name: pod.into(),
-            namespace: NS.into(),
-            node_name: String::new(),
-        }),
-        ..Default::default()
-    });
-    creds.authorize(&mut request).unwrap();
+    let request = watch_request(creds, NS, pod).unwrap();
     ConfigServiceClient::new(channel)
         .watch(request)
         .await

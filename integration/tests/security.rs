@@ -27,6 +27,10 @@ use vmdhcp_integration::process::{Supervised, cpu_seconds, workspace_binary};
 use vmdhcp_proto::agent::v1 as pb;
 use vmdhcp_proto::agent::v1::config_service_client::ConfigServiceClient;
 
+#[path = "support/agent_watch.rs"]
+mod agent_watch;
+use agent_watch::watch_request;
+
 /// The controller's namespace (Secret, ConfigMap, ServiceAccounts).
 const NS: &str = "vmdhcp-system";
 const WEBHOOK: &str = "vmdhcp-test";
@@ -1714,17 +1718,7 @@ async fn open_watch(
     credentials: &Credentials,
     pod: &str,
 ) -> Result<(pb::WatchResponse, tonic::Streaming<pb::WatchResponse>), String> {
-    let mut request = tonic::Request::new(pb::WatchRequest {
-        agent: Some(pb::AgentIdentity {
-            pod_name: pod.into(),
-            namespace: NS.into(),
-            node_name: String::new(),
-        }),
-        ..Default::default()
-    });
-    credentials
-        .authorize(&mut request)
-        .map_err(|e| e.to_string())?;
+    let request = watch_request(credentials, NS, pod).map_err(|e| e.to_string())?;
     let mut stream = client
         .watch(request)
         .await
