@@ -686,8 +686,8 @@ fn bearer(metadata: &MetadataMap) -> Option<&str> {
 #[cfg(test)]
 #[allow(clippy::unwrap_used, clippy::expect_used)]
 mod tests {
-    use super::super::jwt::{TOKEN_MAX, base64url};
     use super::super::jwt::tests::b64;
+    use super::super::jwt::{TOKEN_MAX, base64url};
     use super::*;
     use std::sync::Arc;
     use std::sync::atomic::{AtomicUsize, Ordering};
