@@ -18,6 +18,14 @@ struct Cli {
     log: vmdhcp_telemetry::LogArgs,
 }
 
+/// jemalloc rather than the C library's allocator. The image links musl, whose allocator maps a
+/// fresh page for a reply's short-lived blocks and unmaps it again when they are freed: an
+/// `mmap` and a `munmap` (a TLB flush) for every packet served, which cost the image's agent a
+/// third more CPU per DORA than a glibc build (docs/benchmarks.md). The same allocator on both
+/// targets also means the host-built binaries the benchmarks run allocate as the image does.
+#[global_allocator]
+static ALLOCATOR: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
+
 #[derive(Subcommand, Debug)]
 enum Command {
     /// Validate the bootstrap env the controller wrote into the agent Deployment and print the
