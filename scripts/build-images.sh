@@ -9,12 +9,16 @@
 # commit's time, SOURCE_DATE_EPOCH).
 #
 # Usage: scripts/build-images.sh [--tag TAG] [--repository-prefix PREFIX] [--out DIR] [--rebuild]
+#                               [--binaries-only]
 #   --tag TAG                 image tag (default: the chart's appVersion, chart/Chart.yaml)
 #   --repository-prefix P     images are P/vm-dhcp-controller and P/vm-dhcp-agent
 #                             (default: ghcr.io/vmdhcp, the chart's default repositories)
 #   --out DIR                 where the archives go (default: <cargo target dir>/images)
 #   --rebuild                 recompile the workspace's own crates first, so that a second build
 #                             shows the binaries, not only the images, come out the same
+#   --binaries-only           build the two binaries as the images hold them and print their
+#                             directory, no images (the DHCP load benchmarks measure the image's
+#                             agent this way; buildah is not needed)
 # Prints one line per image (reference, manifest digest, sizes, archive) and writes the same as
 # tab-separated values to DIR/images.tsv.
 set -euo pipefail
@@ -29,13 +33,14 @@ declare -A PACKAGE=([vm-dhcp-controller]=vmdhcp-controller [vm-dhcp-agent]=vmdhc
 log() { printf '[build-images] %s\n' "$*" >&2; }
 die() { log "error: $*"; exit 1; }
 
-tag="" prefix="ghcr.io/vmdhcp" out="" rebuild=0
+tag="" prefix="ghcr.io/vmdhcp" out="" rebuild=0 binaries_only=0
 while (($#)); do
   case "$1" in
     --tag) tag="${2:?--tag needs a value}"; shift 2 ;;
     --repository-prefix) prefix="${2:?--repository-prefix needs a value}"; shift 2 ;;
     --out) out="${2:?--out needs a value}"; shift 2 ;;
     --rebuild) rebuild=1; shift ;;
+    --binaries-only) binaries_only=1; shift ;;
     -h|--help) sed -n '2,/^set -euo/p' "$0" | sed '$d; s/^# \{0,1\}//'; exit 0 ;;
     *) die "unknown argument $1 (see --help)" ;;
   esac
@@ -45,7 +50,7 @@ done
 missing=()
 command -v cargo >/dev/null 2>&1 || missing+=("cargo (Rust: https://rustup.rs, or scripts/install-deps.sh)")
 command -v musl-gcc >/dev/null 2>&1 || missing+=("musl-gcc (apt-get install musl-tools)")
-command -v buildah >/dev/null 2>&1 || missing+=("buildah (apt-get install buildah)")
+((binaries_only)) || command -v buildah >/dev/null 2>&1 || missing+=("buildah (apt-get install buildah)")
 command -v python3 >/dev/null 2>&1 || missing+=("python3 (apt-get install python3)")
 command -v git >/dev/null 2>&1 || missing+=("git (apt-get install git)")
 if command -v rustc >/dev/null 2>&1 \
@@ -103,6 +108,7 @@ cargo build "${cargo_args[@]}" >&2 \
   || die "${IMAGES[*]}: building the static binaries (cargo build ${cargo_args[*]}) failed; see above"
 bin_dir="$target_dir/$TARGET/$PROFILE"
 log "binaries ready in $((SECONDS - started)) s"
+if ((binaries_only)); then echo "$bin_dir"; exit 0; fi
 
 # --- The images, in a buildah storage of our own, removed on every exit path.
 work="$(mktemp -d "${TMPDIR:-/tmp}/vmdhcp-images.XXXXXX")"

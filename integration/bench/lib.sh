@@ -1,6 +1,7 @@
 # Shared by the DHCP load benchmarks perfdhcp.sh (DHCPv4) and perfdhcp6.sh (DHCPv6), which source
 # it; not run on its own. It owns what the two do alike:
-#   - setting up: installing the missing Debian packages, building our agent (sets AGENT);
+#   - setting up: installing the missing Debian packages, building our agent (sets AGENT: by
+#     default the image's binary);
 #   - sampling: a process's CPU ticks and RSS, a core's busy share (from /proc);
 #   - the report: medians, ranges and ratios of the rounds' figures.
 # What differs stays in each script: the servers and their configurations, perfdhcp's arguments
@@ -16,8 +17,17 @@ install_missing() { # package...
   fi
 }
 
-# Builds vm-dhcp-agent with the cargo profile $1 and sets AGENT to its binary.
-build_agent() { # profile
+# Builds vm-dhcp-agent and sets AGENT to its binary. With $1 = image (the scripts' default): the
+# binary the agent's image holds (static, musl, cargo profile `image`), built by
+# scripts/build-images.sh --binaries-only with the same flags as the images, so the figures are
+# those of what users run. Any other $1 is a cargo profile of a host build (dev for a smoke run).
+build_agent() { # image | profile
+  if [ "$1" = image ]; then
+    local dir
+    dir="$(scripts/build-images.sh --binaries-only)"
+    AGENT="$dir/vm-dhcp-agent"
+    return
+  fi
   cargo build --profile "$1" --locked -p vmdhcp-agent --bin vm-dhcp-agent >&2
   # cargo writes the dev profile's binaries under target/debug, every other profile's under its name.
   AGENT="${CARGO_TARGET_DIR:-$PWD/target}/$([ "$1" = dev ] && echo debug || echo "$1")/vm-dhcp-agent"

@@ -3,7 +3,8 @@
 # insomniacslk/dhcp, the library upstream's agent uses) and kea-dhcp4 (memfile, host reservations),
 # all with reservations for the same 10 000 MACs, on the same veth pair between two network
 # namespaces, in one run. perfdhcp (from kea-admin) acts as a relay from the generator namespace.
-# Our agent runs twice: "ours" serves a pool as upstream's IPPool describes it (router, DNS);
+# Our agent is the binary of the agent's image (static, musl; PROFILE=image, the default), the one
+# users run. It runs twice: "ours" serves a pool as upstream's IPPool describes it (router, DNS);
 # "ours+opts" serves the same pool with this project's options on — MTU (26), four classless
 # routes (121) and a host name on every lease (12) — and perfdhcp asks for all three (its default
 # parameter request list already has 12; `-o 55,…` appends 26 and 121), so every OFFER and ACK
@@ -23,6 +24,7 @@
 #   STEP_SECONDS=5 RATES="2000 10000 20000 30000" integration/bench/perfdhcp.sh
 #   ROUNDS=5 FIXED_SECONDS=10 integration/bench/perfdhcp.sh   # more rounds of the fixed-rate phase
 #   RAW_DIR=/tmp integration/bench/perfdhcp.sh   # also keeps perfdhcp's own reports (perfdhcp-raw.txt)
+#   HOST_PROFILE=release integration/bench/perfdhcp.sh   # also a host (glibc) build, side by side
 #   PROFILE=dev ROUNDS=1 FIXED_SECONDS=1 STEP_SECONDS=1 RATES=2000 integration/bench/perfdhcp.sh
 #       # a smoke run (scripts/bench-smoke.sh): our agent from the test build, which needs no
 #       # release build of its own; every phase runs to its end, its figures not comparable
@@ -39,8 +41,10 @@ STEP_SECONDS="${STEP_SECONDS:-5}"
 FIXED_SECONDS="${FIXED_SECONDS:-10}"
 ROUNDS="${ROUNDS:-3}"
 RATES="${RATES:-2000 5000 10000 15000 20000 25000 30000 40000 60000}"
-# The cargo profile our agent is built with.
-PROFILE="${PROFILE:-release}"
+# Our agent: `image` is the binary of the agent's image (static, musl), what users run; any other
+# value a host build with that cargo profile. HOST_PROFILE adds a host build as server "ours-host".
+PROFILE="${PROFILE:-image}"
+HOST_PROFILE="${HOST_PROFILE:-}"
 CLIENTS=10000
 
 if [ "$(id -u)" -ne 0 ]; then echo "needs root (network namespaces)" >&2; exit 1; fi
@@ -50,6 +54,7 @@ command -v kea-dhcp4 >/dev/null || need+=(kea-dhcp4-server)
 command -v coredhcp >/dev/null || need+=(coredhcp-server)
 command -v taskset >/dev/null || need+=(util-linux)
 install_missing "${need[@]}"
+if [ -n "$HOST_PROFILE" ]; then build_agent "$HOST_PROFILE"; HOST_AGENT="$AGENT"; fi
 build_agent "$PROFILE"
 
 work="$(mktemp -d)"
@@ -165,6 +170,7 @@ launch() {
   PERF_EXTRA=()
   case "$name" in
     ours) set -- "$AGENT" serve-static --config "$work/agent.json" ;;
+    ours-host) set -- "$HOST_AGENT" serve-static --config "$work/agent.json" ;;
     ours+opts) set -- "$AGENT" serve-static --config "$work/agent-opts.json"; PERF_EXTRA=(-o 55,1a79) ;;
     coredhcp) set -- coredhcp -c "$work/coredhcp.yml" -L warning ;;
     kea) set -- kea-dhcp4 -c "$work/kea.json" ;;
@@ -225,6 +231,7 @@ steps() { # name
 # whichever ran at that moment; the report gives each figure's median and range over the rounds,
 # and the ratios of each round's adjacent measurements. The rate steps run once, in the last round.
 SERVERS=(ours ours+opts coredhcp kea)
+[ -n "$HOST_PROFILE" ] && SERVERS+=(ours-host)
 for round in $(seq 1 "$ROUNDS"); do
   for i in "${!SERVERS[@]}"; do
     name="${SERVERS[$(( (i + round - 1) % ${#SERVERS[@]} ))]}"

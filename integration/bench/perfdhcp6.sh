@@ -49,7 +49,9 @@ FIXED_SECONDS="${FIXED_SECONDS:-10}"
 ROUNDS="${ROUNDS:-3}"
 RATE="${RATE:-2000}"
 RATES="${RATES:-2000 5000 10000 15000 20000 25000 30000 40000}"
-PROFILE="${PROFILE:-release}"
+# Our agent: `image` is the binary of the agent's image (static, musl), what users run; any other
+# value a host build with that cargo profile.
+PROFILE="${PROFILE:-image}"
 CLIENTS="${CLIENTS:-10000}"
 MODE="${MODE:-relay}"
 case "$MODE" in
@@ -63,6 +65,7 @@ if [ "$(id -u)" -ne 0 ]; then echo "needs root (network namespaces)" >&2; exit 1
 need=()
 command -v perfdhcp >/dev/null || need+=(kea-admin)
 command -v kea-dhcp6 >/dev/null || need+=(kea-dhcp6-server)
+command -v coredhcp >/dev/null || need+=(coredhcp-server)
 command -v taskset >/dev/null || need+=(util-linux)
 install_missing "${need[@]}"
 build_agent "$PROFILE"
@@ -98,9 +101,10 @@ done
 
 # The same CLIENTS reservations for both servers: MAC i -> 198.18.(1 + i/256).(i%256) and
 # fd76:6d64:6863::1:<i in hex>.
-python3 - "$work" "$CLIENTS" <<'PY'
+gen_mac="$(ip -n "$GEN" link show gen0 | awk '/link\/ether/ {print $2}')"
+python3 - "$work" "$CLIENTS" "$gen_mac" <<'PY'
 import json, sys
-work, n = sys.argv[1], int(sys.argv[2])
+work, n, gen_mac = sys.argv[1], int(sys.argv[2]), sys.argv[3]
 pairs = [("02:00:00:00:%02x:%02x" % (i >> 8, i & 255),
           "198.18.%d.%d" % (1 + (i >> 8), i & 255),
           "fd76:6d64:6863::1:%x" % i) for i in range(n)]
@@ -113,6 +117,21 @@ json.dump({"pools": [{"config": {
              "dns": ["fd76:6d64:6863::53"], "lease_seconds": 3600}},
     "leases": [{"mac": m, "ip": ip, "ipv6": ip6} for m, ip, ip6 in pairs]}]},
     open(f"{work}/agent.json", "w"))
+# coredhcp's file plugin takes a client's MAC from a relayed message's link-local peer address
+# (EUI-64) before its DUID: relayed by perfdhcp, every client is the generator's MAC and gets one
+# address (the same work per exchange: one lookup); sent directly, its DUID-LL's MAC.
+with open(f"{work}/leases6.txt", "w") as f:
+    f.writelines(f"{m} {ip6}\n" for m, _, ip6 in pairs)
+    f.write(f"{gen_mac} fd76:6d64:6863::2:0\n")
+open(f"{work}/coredhcp.yml", "w").write(f"""server6:
+  listen:
+    - "[ff02::1:2%srv0]:547"
+    - "[fd76:6d64:6863::1]:547"
+  plugins:
+    - server_id: LL 02:76:6d:64:68:01
+    - file: "{work}/leases6.txt"
+    - dns: fd76:6d64:6863::53
+""")
 json.dump({"Dhcp6": {
     "interfaces-config": {"interfaces": ["srv0"]},
     "lease-database": {"type": "memfile", "persist": False},
@@ -172,6 +191,7 @@ launch() {
   case "$name" in
     ours) set -- "$AGENT" serve-static --config "$work/agent.json" ;;
     kea) set -- kea-dhcp6 -c "$work/kea.json" ;;
+    coredhcp) set -- coredhcp -c "$work/coredhcp.yml" -L warning ;;
   esac
   ip netns exec "$SRV" taskset -c 0 "$@" >>"$work/$name.log" 2>&1 &
   server_pid=$!
@@ -231,7 +251,7 @@ steps() { # name
   done
 }
 
-SERVERS=(ours kea)
+SERVERS=(ours coredhcp kea)
 for round in $(seq 1 "$ROUNDS"); do
   for i in "${!SERVERS[@]}"; do
     name="${SERVERS[$(( (i + round - 1) % ${#SERVERS[@]} ))]}"
@@ -258,13 +278,18 @@ for s in "${SERVERS[@]}"; do
     "$(spread "${R[$s.cpufixed]}")" "${R[$s.cpu_sustained]}" "$(median "${R[$s.p50]}")" "$(spread "${R[$s.p99]}")" \
     "$(mb "${R[$s.rss_idle]}")" "$(mb "${R[$s.rss_after]}")" "$(mb "${R[$s.rss_peak]}")"
 done
-printf '| ours/kea | %s | - | %s | %s | %s | %s |\n' \
-  "$(ratio "${R[ours.rate]}" "${R[kea.rate]}")" \
-  "$(ratio "$(median "${R[ours.cpufixed]}")" "$(median "${R[kea.cpufixed]}")")" \
-  "$(ratio "${R[ours.cpu_sustained]}" "${R[kea.cpu_sustained]}")" \
-  "$(ratio "$(median "${R[ours.p99]}")" "$(median "${R[kea.p99]}")") (p99)" \
-  "$(ratio "${R[ours.rss_peak]}" "${R[kea.rss_peak]}") (peak)"
-printf '\nEach round on its own, ours/kea at %s/s: CPU/exchange %s; p99 %s\n' "$RATE" \
-  "$(per_round "${R[ours.cpufixed]}" "${R[kea.cpufixed]}")" "$(per_round "${R[ours.p99]}" "${R[kea.p99]}")"
+for other in kea coredhcp; do
+  printf '| ours/%s | %s | - | %s | %s | %s | %s |\n' "$other" \
+    "$(ratio "${R[ours.rate]}" "${R[$other.rate]}")" \
+    "$(ratio "$(median "${R[ours.cpufixed]}")" "$(median "${R[$other.cpufixed]}")")" \
+    "$(ratio "${R[ours.cpu_sustained]}" "${R[$other.cpu_sustained]}")" \
+    "$(ratio "$(median "${R[ours.p99]}")" "$(median "${R[$other.p99]}")") (p99)" \
+    "$(ratio "${R[ours.rss_peak]}" "${R[$other.rss_peak]}") (peak)"
+done
+printf '\n'
+for other in kea coredhcp; do
+  printf 'Each round on its own, ours/%s at %s/s: CPU/exchange %s; p99 %s\n' "$other" "$RATE" \
+    "$(per_round "${R[ours.cpufixed]}" "${R[$other.cpufixed]}")" "$(per_round "${R[ours.p99]}" "${R[$other.p99]}")"
+done
 printf '\nAt the first rate each server did not sustain (a core at ~100%% is saturated; receive-buffer drops name the side that could not keep up):\n'
 for s in "${SERVERS[@]}"; do printf -- '- %s: %s\n' "$s" "${R[$s.limit]}"; done
