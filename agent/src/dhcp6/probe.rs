@@ -62,8 +62,10 @@ const PROBE_INTERVAL: Duration = Duration::from_millis(50);
 /// How long a declined address that another host answered for is withheld here (the
 /// controller's record, once it arrives, withholds it for as long as the conflict lasts).
 const DECLINE_HOLD: Duration = Duration::from_secs(60);
-/// Stack of a probe thread: it only sends and reads small frames.
-const PROBE_STACK: usize = 64 * 1024;
+/// Stack of a probe thread. It only sends and reads small frames, but the allocator (jemalloc)
+/// sets up its per-thread cache on the thread's first allocation, which overflowed 64 KiB in a
+/// debug build; the pages are only mapped, not used, and the threads are bounded.
+const PROBE_STACK: usize = 256 * 1024;
 
 /// The probes of one interface running now, by address: at most [`MAX_PROBES`], one per
 /// address, so a flood of DECLINEs or a long list of recorded conflicts costs no more threads.

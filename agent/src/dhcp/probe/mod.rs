@@ -97,8 +97,10 @@ pub use vmdhcp_core::pool::MAX_CONFLICTS_PER_HOST;
 pub const MAX_PROBES: usize = 32;
 /// Most (address, MAC) pairs remembered as probed clean.
 pub const MAX_CLEAN: usize = 65_536;
-/// Stack of a probe thread: it only sends and reads 60-byte frames.
-const PROBE_STACK: usize = 64 * 1024;
+/// Stack of a probe thread. It only sends and reads small frames, but the allocator (jemalloc)
+/// sets up its per-thread cache on the thread's first allocation, which overflowed 64 KiB in a
+/// debug build; the pages are only mapped, not used, and the threads are bounded.
+const PROBE_STACK: usize = 256 * 1024;
 
 /// What became of a request for a probe.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
