@@ -5,7 +5,7 @@ use clap::{Parser, Subcommand};
 use vmdhcp_agent::dhcp::foreign::{DetectorSettings, PROBE_INTERVAL};
 use vmdhcp_agent::runtime::{ClusterSettings, LeaseSource, Settings};
 use vmdhcp_agent::sources::file::FileSettings;
-use vmdhcp_agent::suspects::FORGET_AFTER;
+use vmdhcp_agent::suspects::{FORGET_AFTER, KnownServers};
 use vmdhcp_core::bootstrap::{Bootstrap, ENV_AGENT_NETWORK_CONFIGS, ENV_IPPOOL_REFS_JSON};
 
 /// The vmdhcp agent.
@@ -92,6 +92,12 @@ struct DetectionArgs {
     /// last seen.
     #[arg(long, env = "SUSPECT_FORGET_AFTER_SECONDS", default_value_t = FORGET_AFTER.as_secs())]
     suspect_forget_after_seconds: u64,
+    /// Other DHCP servers that share the pools' networks by design (another cluster's agent on
+    /// the same VLAN, an external server with disjoint reservations), by the address they
+    /// answer from or their MAC, separated by commas: peers, counted but never reported as
+    /// foreign servers.
+    #[arg(long, env = "KNOWN_DHCP_SERVERS", default_value = "")]
+    known_dhcp_servers: KnownServers,
 }
 
 impl DetectionArgs {
@@ -200,6 +206,7 @@ async fn run_agent(args: RunArgs) -> anyhow::Result<()> {
         http: Some(args.http_listen),
         foreign_dhcp: args.detection.detector(),
         suspect_forget_after: args.detection.forget_after(),
+        known_dhcp_servers: args.detection.known_dhcp_servers,
     };
     vmdhcp_agent::runtime::run(settings, client)
         .await
@@ -279,6 +286,7 @@ fn main() -> anyhow::Result<()> {
                 http: http_listen,
                 foreign_dhcp: detection.detector(),
                 suspect_forget_after: detection.forget_after(),
+                known_dhcp_servers: detection.known_dhcp_servers,
             };
             runtime
                 .block_on(vmdhcp_agent::runtime::run(settings, None))

@@ -40,7 +40,7 @@ use crate::serving::{Serving, WantedSet, wanted_from_bootstrap, wanted_from_tabl
 use crate::sources::Sources;
 use crate::sources::file::{FileError, FileSettings, FileSource};
 use crate::stream::{Applier, ClientSettings, ConnectionStatus};
-use crate::suspects::Suspects;
+use crate::suspects::{KnownServers, Suspects};
 
 /// Why the agent cannot run.
 #[derive(Debug, thiserror::Error)]
@@ -82,6 +82,8 @@ pub struct Settings {
     /// How long a host found acting where it should not is kept after it was last seen
     /// ([`crate::suspects`]).
     pub suspect_forget_after: Duration,
+    /// Other DHCP servers on the pools' networks by design: peers, not suspects.
+    pub known_dhcp_servers: KnownServers,
 }
 
 /// Where the agent's pools and leases come from. Everything downstream of the lease table
@@ -156,7 +158,9 @@ pub async fn run(settings: Settings, client: Option<kube::Client>) -> Result<(),
     let mut view = sources.subscribe();
     let (loaded_tx, loaded) = watch::channel(view.borrow().loaded);
 
-    let suspects = Arc::new(Suspects::new(settings.suspect_forget_after));
+    let suspects = Arc::new(
+        Suspects::new(settings.suspect_forget_after).knowing(settings.known_dhcp_servers.clone()),
+    );
     let detectors = Detectors::new(Arc::clone(&suspects), settings.foreign_dhcp);
     let mut serving = new_serving(
         Arc::clone(&table),

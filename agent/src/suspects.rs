@@ -11,10 +11,15 @@
 //! most [`MAX_PER_POOL`] suspects per pool, the one seen least recently going first, details cut
 //! to [`MAX_DETAIL`] bytes, and the pools no longer served dropped with their suspects.
 //!
+//! DHCP servers the operator names as peers ([`KnownServers`]: another cluster's agent on the
+//! same VLAN, an external server with disjoint reservations) are not suspects: their answers are
+//! counted per pool and logged once, never reported as `ForeignDHCPServer`.
+//!
 //! It records and forgets; it sends nothing and decides nothing about serving.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::net::IpAddr;
+use std::str::FromStr;
 use std::time::{Duration, Instant};
 
 use parking_lot::Mutex;
@@ -29,6 +34,96 @@ pub const MAX_DETAIL: usize = 256;
 /// span several probes for foreign DHCP servers ([`crate::dhcp::foreign::PROBE_INTERVAL`]),
 /// so that one lost answer does not clear a condition that is still true.
 pub const FORGET_AFTER: Duration = Duration::from_secs(120);
+
+/// Most peer servers that may be named: each is one lookup per foreign reply, and the list
+/// comes from one environment variable.
+pub const MAX_KNOWN_SERVERS: usize = 64;
+
+/// What is wrong with a list of known DHCP servers.
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub enum KnownServersError {
+    /// An entry is neither an IP address nor a MAC.
+    #[error(
+        "known DHCP server {entry:?} is neither an IP address (192.0.2.7, fd00::7) nor a MAC \
+         (02:00:00:00:0e:0e)"
+    )]
+    Entry {
+        /// The entry as given.
+        entry: String,
+    },
+    /// More entries than [`MAX_KNOWN_SERVERS`].
+    #[error("{count} known DHCP servers named; at most {MAX_KNOWN_SERVERS}")]
+    TooMany {
+        /// How many were named.
+        count: usize,
+    },
+}
+
+/// The other DHCP servers that share the pools' networks by design (harvester#8225: two
+/// clusters on one VLAN; an external server with disjoint reservations), each named by the
+/// address it answers from (its server identifier, the DHCPv6 source) or by its MAC. An answer
+/// whose Ethernet source or server address is named here is a peer's, not a foreign server's.
+///
+/// Either the MAC or the address suffices. A name is a claim anyone on the network can make in a
+/// forged frame, so a tenant could hide a rogue server behind a peer's name: that only keeps a
+/// report quiet and never changes what this agent serves.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct KnownServers {
+    macs: BTreeSet<MacAddr>,
+    ips: BTreeSet<IpAddr>,
+}
+
+impl KnownServers {
+    /// Whether `mac` or `ip` names a known server.
+    pub fn names(&self, mac: MacAddr, ip: Option<IpAddr>) -> bool {
+        self.macs.contains(&mac) || ip.is_some_and(|ip| self.ips.contains(&ip))
+    }
+
+    /// Whether no server is named.
+    pub fn is_empty(&self) -> bool {
+        self.macs.is_empty() && self.ips.is_empty()
+    }
+}
+
+impl FromStr for KnownServers {
+    type Err = KnownServersError;
+
+    /// Entries separated by commas or white space; empty: none.
+    fn from_str(text: &str) -> Result<Self, Self::Err> {
+        let entries: Vec<&str> = text
+            .split(|c: char| c == ',' || c.is_whitespace())
+            .filter(|e| !e.is_empty())
+            .collect();
+        if entries.len() > MAX_KNOWN_SERVERS {
+            return Err(KnownServersError::TooMany {
+                count: entries.len(),
+            });
+        }
+        let mut known = KnownServers::default();
+        for entry in entries {
+            if let Ok(ip) = entry.parse::<IpAddr>() {
+                known.ips.insert(ip);
+            } else if let Ok(mac) = entry.parse::<MacAddr>() {
+                known.macs.insert(mac);
+            } else {
+                return Err(KnownServersError::Entry {
+                    entry: truncate(entry, 64).to_owned(),
+                });
+            }
+        }
+        Ok(known)
+    }
+}
+
+/// What was heard from the known servers on one pool's network.
+#[derive(Debug, Default)]
+struct PeerLog {
+    /// Answers heard.
+    replies: u64,
+    /// The names (MACs and addresses of [`KnownServers`]) heard at least once, so that each is
+    /// logged once: bounded by the list, whatever the frames claim.
+    heard: BTreeSet<(Option<MacAddr>, Option<IpAddr>)>,
+}
 
 /// What a suspect host was found doing.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
@@ -93,6 +188,8 @@ pub struct Suspects {
     forget_after: Duration,
     by_pool: Mutex<ByPool>,
     changed: watch::Sender<u64>,
+    known: KnownServers,
+    peers: Mutex<HashMap<NamespacedName, PeerLog>>,
 }
 
 impl Default for Suspects {
@@ -108,7 +205,45 @@ impl Suspects {
             forget_after,
             by_pool: Mutex::default(),
             changed: watch::Sender::new(0),
+            known: KnownServers::default(),
+            peers: Mutex::default(),
         }
+    }
+
+    /// The same registry, with `known` as the peer servers whose answers are no suspects.
+    pub fn knowing(mut self, known: KnownServers) -> Self {
+        self.known = known;
+        self
+    }
+
+    /// Whether an answering DHCP server, `mac` speaking for `ip`, is a known peer on `pool`'s
+    /// network: `None` if not (a suspect then), else whether this is the first time that peer
+    /// was heard there (to log it once). Counts the answer.
+    pub fn peer(&self, pool: &NamespacedName, mac: MacAddr, ip: Option<IpAddr>) -> Option<bool> {
+        if !self.known.names(mac, ip) {
+            return None;
+        }
+        // The key is the part of the frame the list names, so the set stays within the list.
+        let name = (
+            self.known.macs.contains(&mac).then_some(mac),
+            ip.filter(|ip| self.known.ips.contains(ip)),
+        );
+        let mut peers = self.peers.lock();
+        let log = peers.entry(pool.clone()).or_default();
+        log.replies = log.replies.saturating_add(1);
+        Some(log.heard.insert(name))
+    }
+
+    /// Answers heard from known peers, per pool, for `/metrics`.
+    pub fn peer_replies(&self) -> Vec<(NamespacedName, u64)> {
+        let mut list: Vec<_> = self
+            .peers
+            .lock()
+            .iter()
+            .map(|(pool, log)| (pool.clone(), log.replies))
+            .collect();
+        list.sort();
+        list
     }
 
     /// How long a suspect is kept after it was last seen.
@@ -260,6 +395,7 @@ impl Suspects {
             let after: usize = all.values().map(BTreeMap::len).sum();
             before != after
         };
+        self.peers.lock().retain(|pool, _| keep(pool));
         if removed {
             self.bump();
         }
@@ -394,5 +530,53 @@ mod tests {
         assert!(suspects.current(&b).is_empty());
         suspects.retain_pools(|_| false);
         assert!(suspects.counts().is_empty());
+    }
+
+    #[test]
+    fn known_servers_parse_addresses_and_macs_and_refuse_anything_else() {
+        let known: KnownServers = "192.0.2.7, fd00::7\n02:00:00:00:0e:0e,,".parse().unwrap();
+        assert!(known.names(OTHER, ip(7)));
+        assert!(known.names(OTHER, Some("fd00::7".parse().unwrap())));
+        assert!(known.names(ROGUE, None));
+        assert!(!known.names(OTHER, ip(8)));
+        assert!("".parse::<KnownServers>().unwrap().is_empty());
+        assert_eq!(
+            "192.0.2.7,dhcp.example".parse::<KnownServers>(),
+            Err(KnownServersError::Entry {
+                entry: "dhcp.example".into()
+            })
+        );
+        let many = vec!["192.0.2.1"; MAX_KNOWN_SERVERS + 1].join(",");
+        let err = many.parse::<KnownServers>().unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            "65 known DHCP servers named; at most 64",
+            "{err:?}"
+        );
+    }
+
+    #[test]
+    fn a_known_peer_is_counted_and_logged_once_never_a_suspect() {
+        let known: KnownServers = "192.0.2.7".parse().unwrap();
+        let suspects = Suspects::default().knowing(known);
+        let (a, b) = (pool("a"), pool("b"));
+        let changes = suspects.subscribe();
+        assert_eq!(suspects.peer(&a, ROGUE, ip(7)), Some(true));
+        assert_eq!(suspects.peer(&a, ROGUE, ip(7)), Some(false));
+        // Forged frames naming the peer's address from any MAC add no entries to log.
+        for n in 0..100u8 {
+            assert_eq!(
+                suspects.peer(&a, MacAddr([2, 0, 0, 1, 0, n]), ip(7)),
+                Some(false)
+            );
+        }
+        assert_eq!(suspects.peer(&b, ROGUE, ip(7)), Some(true));
+        assert_eq!(suspects.peer(&a, ROGUE, ip(8)), None);
+        assert_eq!(suspects.peers.lock()[&a].heard.len(), 1);
+        assert_eq!(suspects.peer_replies(), [(a.clone(), 102), (b.clone(), 1)]);
+        assert!(suspects.current(&a).is_empty());
+        assert!(!changes.has_changed().unwrap(), "a peer wakes no report");
+        suspects.retain_pools(|p| *p == a);
+        assert_eq!(suspects.peer_replies(), [(a, 102)]);
     }
 }

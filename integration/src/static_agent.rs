@@ -291,6 +291,33 @@ pub const ROGUE_IP: &str = "192.0.2.7";
 /// [`ROGUE_IP`], handing out a small range of pool A's subnet to anyone, at once (no ping check).
 /// Returns its pid; it logs to `dir/dnsmasq.log` and dies with the lab.
 pub fn start_rogue(b: &mut Bridged, dir: &Path) -> u32 {
+    start_dnsmasq(b, dir, &["--dhcp-range=192.0.2.100,192.0.2.109,1h"])
+}
+
+/// A peer's client on [`Bridged`]'s network, which only [`start_peer`]'s server knows.
+pub const PEER_CLIENT_MAC: &str = "02:00:00:00:0d:01";
+/// [`PEER_CLIENT_MAC`]'s reservation at the peer server.
+pub const PEER_CLIENT_IP: &str = "192.0.2.100";
+
+/// Starts dnsmasq on [`Bridged::evil`] as a peer DHCP server (another cluster's, an external
+/// one) at [`ROGUE_IP`]: it serves its one reservation ([`PEER_CLIENT_MAC`]) and ignores every
+/// other client, as two servers with disjoint reservations on one segment must. Returns its
+/// pid; it logs to `dir/dnsmasq.log`.
+pub fn start_peer(b: &mut Bridged, dir: &Path) -> u32 {
+    start_dnsmasq(
+        b,
+        dir,
+        &[
+            "--dhcp-range=192.0.2.0,static,255.255.255.0,2m",
+            &format!("--dhcp-host={PEER_CLIENT_MAC},{PEER_CLIENT_IP}"),
+            "--dhcp-ignore=tag:!known",
+        ],
+    )
+}
+
+/// dnsmasq as a DHCP server only, on [`Bridged::evil`]'s eth0 at [`ROGUE_IP`], with `dhcp`'s
+/// options; logs to `dir/dnsmasq.log`, dies with the lab. Returns its pid.
+fn start_dnsmasq(b: &mut Bridged, dir: &Path, dhcp: &[&str]) -> u32 {
     let ns = b.evil.clone();
     b.rig
         .lab
@@ -306,12 +333,12 @@ pub fn start_rogue(b: &mut Bridged, dir: &Path) -> u32 {
         "--port=0",
         "--interface=eth0",
         "--bind-interfaces",
-        "--dhcp-range=192.0.2.100,192.0.2.109,1h",
         "--no-ping",
         "--log-dhcp",
         "--log-facility=-",
         "--user=root",
     ])
+    .args(dhcp)
     .arg(format!("--dhcp-leasefile={}", dir.join("leases").display()))
     .arg(format!("--pid-file={}", dir.join("pid").display()))
     .stdin(Stdio::null())

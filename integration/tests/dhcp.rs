@@ -14,8 +14,9 @@ use vmdhcp_integration::dhcp_client::{
 };
 use vmdhcp_integration::netns::Netns;
 use vmdhcp_integration::static_agent::{
-    Bridged, EVIL_MAC, IP_1, MAC_1, MAC_1_BYTES, ROGUE_IP, Rig, SERVER_A, SERVER_B, bootrequest,
-    hex, pool, rig, send_decline, start_rogue, timed_udhcpc, with_lease,
+    Bridged, EVIL_MAC, IP_1, MAC_1, MAC_1_BYTES, PEER_CLIENT_IP, PEER_CLIENT_MAC, ROGUE_IP, Rig,
+    SERVER_A, SERVER_B, bootrequest, hex, pool, rig, send_decline, start_peer, start_rogue,
+    timed_udhcpc, with_lease,
 };
 
 const MAC_2: &str = "02:00:00:00:02:0b";
@@ -931,6 +932,81 @@ fn a_rogue_server_answering_a_vm_is_heard_without_any_probe() {
     for wanted in [EVIL_MAC, ROGUE_IP, &format!("to {NEWCOMER}")] {
         assert!(line.contains(wanted), "{wanted} not in {line}");
     }
+}
+
+const PEER_REPLIES: &str = r#"vmdhcp_agent_dhcp_peer_replies_total{pool="default/a"}"#;
+const NAKS_SENT: &str =
+    r#"vmdhcp_agent_dhcp_replies_total{interface="srv0",pool="default/a",type="nak"}"#;
+
+#[test]
+fn a_named_peer_server_is_no_suspect_and_each_server_serves_its_own_clients() {
+    // Two servers on one segment by design (harvester#8225): the agent is told the other's
+    // address, and the other serves only its own reservation.
+    let args = [
+        "--foreign-dhcp-probe-interval-seconds",
+        "1",
+        "--suspect-forget-after-seconds",
+        "4",
+        "--known-dhcp-servers",
+        ROGUE_IP,
+    ];
+    let mut b = Bridged::with_args(&[pool_a(6, "192.0.2.53")], &args);
+    let peer_dir = tempfile::tempdir().unwrap();
+    start_peer(&mut b, peer_dir.path());
+    let peer_log = || fs::read_to_string(peer_dir.path().join("dnsmasq.log")).unwrap_or_default();
+
+    // The peer's client gets the peer's address, twice (the second time asking for it), its
+    // OFFERs and ACKs broadcast (-B) so that the agent hears them.
+    let theirs = b.host("theirs", PEER_CLIENT_MAC);
+    for again in [&["-B"][..], &["-B", "-r", PEER_CLIENT_IP][..]] {
+        let dir = tempfile::tempdir().unwrap();
+        let bound = udhcpc_bound(&theirs, dir.path(), again);
+        assert_eq!(bound["ip"], PEER_CLIENT_IP, "{}", peer_log());
+        assert_eq!(bound["serverid"], ROGUE_IP);
+    }
+
+    // Our VM gets ours from us, and renews with us, with the peer answering beside.
+    let ours = tempfile::tempdir().unwrap();
+    start_dhclient(&mut b.rig.lab, &b.vm, ours.path());
+    let bound = wait_event(ours.path(), "BOUND", 0, DEADLINE);
+    assert_eq!(bound["new_ip_address"], IP_1);
+    assert_eq!(bound["new_dhcp_server_identifier"], SERVER_A);
+    let renewed = wait_event(ours.path(), "RENEW", 0, DEADLINE);
+    assert_eq!(renewed["new_ip_address"], IP_1);
+
+    // The peer's broadcast answers reached the agent: counted, logged once, never a suspect
+    // (the peer ignores the agent's probes, as it ignores every MAC it does not know); and
+    // neither server refused the other's clients.
+    let metrics = wait_for(
+        "the peer's answers counted, three probes sent",
+        DEADLINE,
+        || {
+            let m = b.metrics();
+            (metric_value(&m, PROBES_SENT) >= 3 && metric_value(&m, PEER_REPLIES) >= 4).then_some(m)
+        },
+    );
+    assert_eq!(metric_value(&metrics, FOREIGN_SERVERS), 0, "{metrics}");
+    assert_eq!(metric_value(&metrics, NAKS_SENT), 0, "{metrics}");
+    let log = b.rig.agent_log();
+    assert_eq!(
+        log.matches("known peer DHCP server on the pool's network")
+            .count(),
+        1,
+        "{log}"
+    );
+    assert!(
+        !log.contains("foreign DHCP server on the pool's network"),
+        "{log}"
+    );
+    let peer = peer_log();
+    assert!(!peer.contains("DHCPNAK"), "{peer}");
+    assert!(
+        events(ours.path())
+            .iter()
+            .all(|(e, _)| e != "EXPIRE" && e != "FAIL"),
+        "{:?}",
+        events(ours.path())
+    );
 }
 
 /// How long a test waits for what the agent should do within a few probe intervals.

@@ -313,6 +313,14 @@ fn look_at(
     let Some(seen) = foreign::judge(udp, own, duid) else {
         return;
     };
+    match suspects.peer(pool, seen.mac, Some(seen.source.into())) {
+        Some(true) => {
+            info!(%pool, mac = %seen.mac, server = %seen.source, detail = %seen.detail, "known peer DHCPv6 server on the pool's network");
+            return;
+        }
+        Some(false) => return,
+        None => {}
+    }
     if suspects.record(
         pool,
         SuspectKind::ForeignDhcpServer,

@@ -227,8 +227,9 @@ impl Collector for Dhcp6Metrics {
     }
 }
 
-/// `vmdhcp_agent_network_suspects` and `vmdhcp_agent_foreign_dhcp_probes`: what the serving
-/// agent found on the pools' networks, and how often it asked.
+/// `vmdhcp_agent_network_suspects`, `vmdhcp_agent_foreign_dhcp_probes` and
+/// `vmdhcp_agent_dhcp_peer_replies`: what the serving agent found on the pools' networks, how
+/// often it asked, and what it heard from the servers named as peers.
 #[derive(Debug)]
 pub(super) struct SuspectMetrics {
     pub(super) table: Arc<LeaseTable>,
@@ -268,7 +269,19 @@ impl Collector for SuspectMetrics {
             None,
             MetricType::Counter,
         )?;
-        encode_sent_failed(&mut family, &self.probes.read())
+        encode_sent_failed(&mut family, &self.probes.read())?;
+        let mut family = encoder.encode_descriptor(
+            "vmdhcp_agent_dhcp_peer_replies",
+            "Answers heard from the DHCP servers named as peers (KNOWN_DHCP_SERVERS) on a \
+             pool's network, of either family; peers are never reported as foreign servers.",
+            None,
+            MetricType::Counter,
+        )?;
+        for (pool, n) in self.suspects.peer_replies() {
+            let pool = pool.to_string();
+            ConstCounter::new(n).encode(family.encode_family(&[("pool", pool.as_str())])?)?;
+        }
+        Ok(())
     }
 }
 

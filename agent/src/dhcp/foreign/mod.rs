@@ -16,7 +16,8 @@
 //!
 //! An OFFER, ACK or NAK is foreign ([`judge`]) when its server identifier (option 54, else the IP
 //! source) is not the pool's server address and neither its Ethernet nor its IP source is this
-//! interface; it is recorded in [`crate::suspects`] under the frame's source MAC. A server that
+//! interface; it is recorded in [`crate::suspects`] under the frame's source MAC, unless the
+//! operator named that MAC or server address as a peer ([`crate::suspects::KnownServers`]). A server that
 //! names the pool's own address as its identifier is not reported (upstream's agent, during a
 //! migration, does exactly that); it also clashes with our address in every ARP cache.
 //!
@@ -490,6 +491,16 @@ impl Watcher<'_> {
         let Some(sighting) = judge(&reply, own, self.probe_xid) else {
             return;
         };
+        let server = IpField(sighting.ip);
+        let ip = sighting.ip.map(std::net::IpAddr::V4);
+        match self.suspects.peer(&self.target.pool, sighting.mac, ip) {
+            Some(true) => {
+                info!(mac = %sighting.mac, %server, detail = %sighting.detail, "known peer DHCP server on the pool's network");
+                return;
+            }
+            Some(false) => return,
+            None => {}
+        }
         let news = self.suspects.record(
             &self.target.pool,
             SuspectKind::ForeignDhcpServer,
@@ -497,7 +508,6 @@ impl Watcher<'_> {
             sighting.ip.map(std::net::IpAddr::V4),
             &sighting.detail,
         );
-        let server = IpField(sighting.ip);
         if news {
             warn!(mac = %sighting.mac, %server, detail = %sighting.detail, "foreign DHCP server on the pool's network");
         } else {
