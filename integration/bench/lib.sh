@@ -51,6 +51,18 @@ halt() { kill "$server_pid"; wait "$server_pid" 2>/dev/null || true; server_pid=
 # The report.
 mb() { awk -v kb="$1" 'BEGIN {print kb / 1024}'; }
 ratio() { python3 -c "a,b='$1','$2'; print('%.2f' % (float(a)/float(b)) if a not in ('-','0') and b not in ('-','0') else '-')"; }
+# The ratio cells of server $1 against server $2 in a report's table, joined by " | ": sustained
+# rate, CPU at the fixed rate (the rounds under key $3 of the script's R), CPU at the sustained
+# rate, p99 at the fixed rate, peak RSS.
+ratio_cells() { # server other cpu_key
+  local a="$1" b="$2" k="$3"
+  printf '%s | %s | %s | %s (p99) | %s (peak)' \
+    "$(ratio "${R[$a.rate]}" "${R[$b.rate]}")" \
+    "$(ratio "$(median "${R[$a.$k]}")" "$(median "${R[$b.$k]}")")" \
+    "$(ratio "${R[$a.cpu_sustained]}" "${R[$b.cpu_sustained]}")" \
+    "$(ratio "$(median "${R[$a.p99]}")" "$(median "${R[$b.p99]}")")" \
+    "$(ratio "${R[$a.rss_peak]}" "${R[$b.rss_peak]}")"
+}
 # Median of the rounds' figures ("12 15 11 " -> 12; "-" when there are none).
 median() { python3 -c "import statistics, sys; v = [float(x) for x in sys.argv[1:] if x != '-']; print(('%g' % statistics.median(v)) if v else '-')" $1; }
 # "median (min–max)" of the rounds' figures.

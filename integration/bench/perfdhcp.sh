@@ -256,19 +256,9 @@ for s in "${SERVERS[@]}"; do
     "${R[$s.cpu_sustained]}" "$(median "${R[$s.p50]}")" "$(spread "${R[$s.p99]}")" \
     "$(mb "${R[$s.rss_idle]}")" "$(mb "${R[$s.rss_after]}")" "$(mb "${R[$s.rss_peak]}")"
 done
-printf '| ours+opts/ours | %s | %s | %s | %s | %s |\n' \
-  "$(ratio "${R[ours+opts.rate]}" "${R[ours.rate]}")" \
-  "$(ratio "$(median "${R[ours+opts.cpu2000]}")" "$(median "${R[ours.cpu2000]}")")" \
-  "$(ratio "${R[ours+opts.cpu_sustained]}" "${R[ours.cpu_sustained]}")" \
-  "$(ratio "$(median "${R[ours+opts.p99]}")" "$(median "${R[ours.p99]}")") (p99)" \
-  "$(ratio "${R[ours+opts.rss_peak]}" "${R[ours.rss_peak]}") (peak)"
+printf '| ours+opts/ours | %s |\n' "$(ratio_cells ours+opts ours cpu2000)"
 for other in coredhcp kea; do
-  printf '| ours/%s | %s | %s | %s | %s | %s |\n' "$other" \
-    "$(ratio "${R[ours.rate]}" "${R[$other.rate]}")" \
-    "$(ratio "$(median "${R[ours.cpu2000]}")" "$(median "${R[$other.cpu2000]}")")" \
-    "$(ratio "${R[ours.cpu_sustained]}" "${R[$other.cpu_sustained]}")" \
-    "$(ratio "$(median "${R[ours.p99]}")" "$(median "${R[$other.p99]}")") (p99)" \
-    "$(ratio "${R[ours.rss_peak]}" "${R[$other.rss_peak]}") (peak)"
+  printf '| ours/%s | %s |\n' "$other" "$(ratio_cells ours "$other" cpu2000)"
 done
 printf '\nEach round on its own, ours/coredhcp at 2 000/s: CPU/DORA %s; p99 %s\n' \
   "$(per_round "${R[ours.cpu2000]}" "${R[coredhcp.cpu2000]}")" "$(per_round "${R[ours.p99]}" "${R[coredhcp.p99]}")"

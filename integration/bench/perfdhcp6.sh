@@ -278,13 +278,9 @@ for s in "${SERVERS[@]}"; do
     "$(spread "${R[$s.cpufixed]}")" "${R[$s.cpu_sustained]}" "$(median "${R[$s.p50]}")" "$(spread "${R[$s.p99]}")" \
     "$(mb "${R[$s.rss_idle]}")" "$(mb "${R[$s.rss_after]}")" "$(mb "${R[$s.rss_peak]}")"
 done
+# Its table has a drops column after the sustained rate, where a ratio says nothing.
 for other in kea coredhcp; do
-  printf '| ours/%s | %s | - | %s | %s | %s | %s |\n' "$other" \
-    "$(ratio "${R[ours.rate]}" "${R[$other.rate]}")" \
-    "$(ratio "$(median "${R[ours.cpufixed]}")" "$(median "${R[$other.cpufixed]}")")" \
-    "$(ratio "${R[ours.cpu_sustained]}" "${R[$other.cpu_sustained]}")" \
-    "$(ratio "$(median "${R[ours.p99]}")" "$(median "${R[$other.p99]}")") (p99)" \
-    "$(ratio "${R[ours.rss_peak]}" "${R[$other.rss_peak]}") (peak)"
+  printf '| ours/%s | %s |\n' "$other" "$(ratio_cells ours "$other" cpufixed | sed 's/ | / | - | /')"
 done
 printf '\n'
 for other in kea coredhcp; do
