@@ -24,6 +24,7 @@ use std::time::{Duration, Instant};
 
 use parking_lot::Mutex;
 use tokio::sync::watch;
+use tracing::info;
 use vmdhcp_core::{MacAddr, NamespacedName};
 
 /// Most suspects kept (and reported) per pool; the wire contract says the same.
@@ -77,11 +78,6 @@ impl KnownServers {
     /// Whether `mac` or `ip` names a known server.
     pub fn names(&self, mac: MacAddr, ip: Option<IpAddr>) -> bool {
         self.macs.contains(&mac) || ip.is_some_and(|ip| self.ips.contains(&ip))
-    }
-
-    /// Whether no server is named.
-    pub fn is_empty(&self) -> bool {
-        self.macs.is_empty() && self.ips.is_empty()
     }
 }
 
@@ -216,10 +212,16 @@ impl Suspects {
         self
     }
 
-    /// Whether an answering DHCP server, `mac` speaking for `ip`, is a known peer on `pool`'s
-    /// network: `None` if not (a suspect then), else whether this is the first time that peer
-    /// was heard there (to log it once). Counts the answer.
-    pub fn peer(&self, pool: &NamespacedName, mac: MacAddr, ip: Option<IpAddr>) -> Option<bool> {
+    /// Whether an answering DHCP server (of either family), `mac` speaking for `ip`, is a known
+    /// peer on `pool`'s network: `None` if not (a suspect then), else whether this is the first
+    /// time that peer was heard there, which is logged. Counts the answer.
+    pub fn peer(
+        &self,
+        pool: &NamespacedName,
+        mac: MacAddr,
+        ip: Option<IpAddr>,
+        detail: &str,
+    ) -> Option<bool> {
         if !self.known.names(mac, ip) {
             return None;
         }
@@ -228,10 +230,16 @@ impl Suspects {
             self.known.macs.contains(&mac).then_some(mac),
             ip.filter(|ip| self.known.ips.contains(ip)),
         );
-        let mut peers = self.peers.lock();
-        let log = peers.entry(pool.clone()).or_default();
-        log.replies = log.replies.saturating_add(1);
-        Some(log.heard.insert(name))
+        let first = {
+            let mut peers = self.peers.lock();
+            let log = peers.entry(pool.clone()).or_default();
+            log.replies = log.replies.saturating_add(1);
+            log.heard.insert(name)
+        };
+        if first {
+            info!(%pool, %mac, server = ip.map(tracing::field::display), detail, "known peer DHCP server on the pool's network");
+        }
+        Some(first)
     }
 
     /// Answers heard from known peers, per pool, for `/metrics`.
@@ -539,7 +547,7 @@ mod tests {
         assert!(known.names(OTHER, Some("fd00::7".parse().unwrap())));
         assert!(known.names(ROGUE, None));
         assert!(!known.names(OTHER, ip(8)));
-        assert!("".parse::<KnownServers>().unwrap().is_empty());
+        assert_eq!("".parse::<KnownServers>().unwrap(), KnownServers::default());
         assert_eq!(
             "192.0.2.7,dhcp.example".parse::<KnownServers>(),
             Err(KnownServersError::Entry {
@@ -561,17 +569,17 @@ mod tests {
         let suspects = Suspects::default().knowing(known);
         let (a, b) = (pool("a"), pool("b"));
         let changes = suspects.subscribe();
-        assert_eq!(suspects.peer(&a, ROGUE, ip(7)), Some(true));
-        assert_eq!(suspects.peer(&a, ROGUE, ip(7)), Some(false));
+        assert_eq!(suspects.peer(&a, ROGUE, ip(7), ""), Some(true));
+        assert_eq!(suspects.peer(&a, ROGUE, ip(7), ""), Some(false));
         // Forged frames naming the peer's address from any MAC add no entries to log.
         for n in 0..100u8 {
             assert_eq!(
-                suspects.peer(&a, MacAddr([2, 0, 0, 1, 0, n]), ip(7)),
+                suspects.peer(&a, MacAddr([2, 0, 0, 1, 0, n]), ip(7), ""),
                 Some(false)
             );
         }
-        assert_eq!(suspects.peer(&b, ROGUE, ip(7)), Some(true));
-        assert_eq!(suspects.peer(&a, ROGUE, ip(8)), None);
+        assert_eq!(suspects.peer(&b, ROGUE, ip(7), ""), Some(true));
+        assert_eq!(suspects.peer(&a, ROGUE, ip(8), ""), None);
         assert_eq!(suspects.peers.lock()[&a].heard.len(), 1);
         assert_eq!(suspects.peer_replies(), [(a.clone(), 102), (b.clone(), 1)]);
         assert!(suspects.current(&a).is_empty());

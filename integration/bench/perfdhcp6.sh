@@ -99,7 +99,7 @@ for _ in $(seq 1 100); do
   sleep 0.05
 done
 
-# The same CLIENTS reservations for both servers: MAC i -> 198.18.(1 + i/256).(i%256) and
+# The same CLIENTS reservations for every server: MAC i -> 198.18.(1 + i/256).(i%256) and
 # fd76:6d64:6863::1:<i in hex>.
 gen_mac="$(ip -n "$GEN" link show gen0 | awk '/link\/ether/ {print $2}')"
 python3 - "$work" "$CLIENTS" "$gen_mac" <<'PY'

@@ -313,13 +313,11 @@ fn look_at(
     let Some(seen) = foreign::judge(udp, own, duid) else {
         return;
     };
-    match suspects.peer(pool, seen.mac, Some(seen.source.into())) {
-        Some(true) => {
-            info!(%pool, mac = %seen.mac, server = %seen.source, detail = %seen.detail, "known peer DHCPv6 server on the pool's network");
-            return;
-        }
-        Some(false) => return,
-        None => {}
+    if suspects
+        .peer(pool, seen.mac, Some(seen.source.into()), &seen.detail)
+        .is_some()
+    {
+        return;
     }
     if suspects.record(
         pool,

@@ -491,23 +491,23 @@ impl Watcher<'_> {
         let Some(sighting) = judge(&reply, own, self.probe_xid) else {
             return;
         };
-        let server = IpField(sighting.ip);
         let ip = sighting.ip.map(std::net::IpAddr::V4);
-        match self.suspects.peer(&self.target.pool, sighting.mac, ip) {
-            Some(true) => {
-                info!(mac = %sighting.mac, %server, detail = %sighting.detail, "known peer DHCP server on the pool's network");
-                return;
-            }
-            Some(false) => return,
-            None => {}
+        let pool = &self.target.pool;
+        if self
+            .suspects
+            .peer(pool, sighting.mac, ip, &sighting.detail)
+            .is_some()
+        {
+            return;
         }
         let news = self.suspects.record(
-            &self.target.pool,
+            pool,
             SuspectKind::ForeignDhcpServer,
             sighting.mac,
-            sighting.ip.map(std::net::IpAddr::V4),
+            ip,
             &sighting.detail,
         );
+        let server = IpField(sighting.ip);
         if news {
             warn!(mac = %sighting.mac, %server, detail = %sighting.detail, "foreign DHCP server on the pool's network");
         } else {
