@@ -993,6 +993,7 @@ mod tests {
             router_advertisements: false,
             router: None,
             conflicted: vec![v6("fd00::20")],
+            boot: None,
         });
         let table = LeaseTable::new();
         table.apply_snapshot(&[PoolLeases {

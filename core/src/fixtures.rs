@@ -104,6 +104,7 @@ pub fn pool_config(key: &str) -> PoolConfig {
         mtu: None,
         routes: vec![],
         conflicted: vec![],
+        boot: None,
     }
 }
 
@@ -141,6 +142,7 @@ impl PoolConfig {
             router_advertisements: false,
             router: None,
             conflicted,
+            boot: None,
         });
         self
     }

@@ -58,6 +58,7 @@ fn dual(config: PoolConfig, octet: u8) -> PoolConfig {
             lease_seconds: 600,
             router_advertisements: false,
             router: None,
+            boot: None,
         }),
         ..config
     }

@@ -7,10 +7,12 @@
 use std::net::{Ipv4Addr, Ipv6Addr};
 
 use ipnet::{Ipv4Net, Ipv6Net};
+use vmdhcp_core::crd::{BootConfig, IPv6BootConfig};
 use vmdhcp_core::pool::spec::MIN_MTU;
 use vmdhcp_core::pool::v6::not_a_host_v6;
 use vmdhcp_core::pool::{
-    Binding, DEFAULT_LEASE_SECONDS, Lease, PoolConfig, PoolConfigV6, Route, is_host_of,
+    Binding, Boot, BootV6, DEFAULT_LEASE_SECONDS, Lease, PoolConfig, PoolConfigV6, PoolError,
+    Route, is_host_of,
 };
 use vmdhcp_core::{MacAddr, NamespacedName, ifname};
 
@@ -125,7 +127,58 @@ impl From<&PoolConfig> for pb::PoolConfig {
                 .collect(),
             conflicted: c.conflicted.iter().map(ToString::to_string).collect(),
             ipv6: c.ipv6.as_ref().map(pb::PoolConfigV6::from),
+            boot: c.boot.as_ref().map(|b| pb::Boot {
+                next_server: b.next_server.map(|s| s.to_string()).unwrap_or_default(),
+                tftp_server_name: b.tftp_server_name.clone().unwrap_or_default(),
+                bios_file: b.bios_file.clone().unwrap_or_default(),
+                uefi_file: b.uefi_file.clone().unwrap_or_default(),
+                uefi_http_url: b.uefi_http_url.clone().unwrap_or_default(),
+                ipxe_script_url: b.ipxe_script_url.clone().unwrap_or_default(),
+            }),
         }
+    }
+}
+
+/// `value`, `None` when empty (proto3's unset string).
+fn set(value: &str) -> Option<String> {
+    Some(value.to_owned()).filter(|v| !v.is_empty())
+}
+
+/// A boot block from the stream, through the same checks as the IPPool's (so no agent serves a
+/// boot file the webhook would have refused); `None` when it names no file.
+fn boot(pool: &NamespacedName, b: &pb::Boot) -> Result<Option<Boot>, ConvertError> {
+    let spec = BootConfig {
+        next_server: set(&b.next_server),
+        tftp_server_name: set(&b.tftp_server_name),
+        bios_file: set(&b.bios_file),
+        uefi_file: set(&b.uefi_file),
+        uefi_http_url: set(&b.uefi_http_url),
+        ipxe_script_url: set(&b.ipxe_script_url),
+    };
+    Boot::parse(pool, &spec).map_err(|e| boot_error("Boot", e))
+}
+
+/// [`boot`] for DHCPv6.
+fn boot_v6(pool: &NamespacedName, b: &pb::BootV6) -> Result<Option<BootV6>, ConvertError> {
+    let spec = IPv6BootConfig {
+        uefi_file_url: set(&b.uefi_file_url),
+        uefi_http_url: set(&b.uefi_http_url),
+        ipxe_script_url: set(&b.ipxe_script_url),
+        parameters: b.parameters.clone(),
+    };
+    BootV6::parse(pool, &spec).map_err(|e| boot_error("BootV6", e))
+}
+
+/// A refused boot field, named as the IPPool names it.
+fn boot_error(message: &'static str, e: PoolError) -> ConvertError {
+    match e {
+        PoolError::InvalidField {
+            field,
+            value,
+            reason,
+            ..
+        } => err(message, "boot", &value, format!("{field} {reason}")),
+        other => err(message, "boot", "", other.to_string()),
     }
 }
 
@@ -139,47 +192,59 @@ impl From<&PoolConfigV6> for pb::PoolConfigV6 {
             router_advertisements: c.router_advertisements,
             router: c.router.map(|r| r.to_string()).unwrap_or_default(),
             conflicted: c.conflicted.iter().map(ToString::to_string).collect(),
+            boot: c.boot.as_ref().map(|b| pb::BootV6 {
+                uefi_file_url: b.uefi_file_url.clone().unwrap_or_default(),
+                uefi_http_url: b.uefi_http_url.clone().unwrap_or_default(),
+                ipxe_script_url: b.ipxe_script_url.clone().unwrap_or_default(),
+                parameters: b.parameters.clone(),
+            }),
         }
     }
 }
 
-impl TryFrom<&pb::PoolConfigV6> for PoolConfigV6 {
-    type Error = ConvertError;
-
-    fn try_from(p: &pb::PoolConfigV6) -> Result<Self, Self::Error> {
-        const M: &str = "PoolConfigV6";
-        let server_ip = ipv6(M, "server_ip", &p.server_ip)?;
-        let cidr: Ipv6Net = p
-            .cidr
-            .parse()
-            .map_err(|_| err(M, "cidr", &p.cidr, "is not an IPv6 CIDR"))?;
-        let subnet = cidr.trunc();
-        if let Some(reason) = not_a_host_v6(subnet, server_ip) {
-            return Err(err(M, "server_ip", &p.server_ip, reason));
-        }
-        let dns = p
-            .dns
-            .iter()
-            .map(|d| ipv6(M, "dns", d))
-            .collect::<Result<Vec<_>, _>>()?;
-        let lease_seconds = match p.lease_time_seconds {
-            0 => DEFAULT_LEASE_SECONDS,
-            t => t,
-        };
-        Ok(PoolConfigV6 {
-            server_ip,
-            subnet,
-            dns,
-            lease_seconds,
-            router_advertisements: p.router_advertisements,
-            router: optional_ipv6(M, "router", &p.router)?,
-            conflicted: p
-                .conflicted
-                .iter()
-                .map(|c| ipv6(M, "conflicted", c))
-                .collect::<Result<Vec<_>, _>>()?,
-        })
+/// The IPv6 side of `pool`'s config from the stream.
+fn pool_config_v6(
+    pool: &NamespacedName,
+    p: &pb::PoolConfigV6,
+) -> Result<PoolConfigV6, ConvertError> {
+    const M: &str = "PoolConfigV6";
+    let server_ip = ipv6(M, "server_ip", &p.server_ip)?;
+    let cidr: Ipv6Net = p
+        .cidr
+        .parse()
+        .map_err(|_| err(M, "cidr", &p.cidr, "is not an IPv6 CIDR"))?;
+    let subnet = cidr.trunc();
+    if let Some(reason) = not_a_host_v6(subnet, server_ip) {
+        return Err(err(M, "server_ip", &p.server_ip, reason));
     }
+    let dns = p
+        .dns
+        .iter()
+        .map(|d| ipv6(M, "dns", d))
+        .collect::<Result<Vec<_>, _>>()?;
+    let lease_seconds = match p.lease_time_seconds {
+        0 => DEFAULT_LEASE_SECONDS,
+        t => t,
+    };
+    Ok(PoolConfigV6 {
+        server_ip,
+        subnet,
+        dns,
+        lease_seconds,
+        router_advertisements: p.router_advertisements,
+        router: optional_ipv6(M, "router", &p.router)?,
+        conflicted: p
+            .conflicted
+            .iter()
+            .map(|c| ipv6(M, "conflicted", c))
+            .collect::<Result<Vec<_>, _>>()?,
+        boot: p
+            .boot
+            .as_ref()
+            .map(|b| boot_v6(pool, b))
+            .transpose()?
+            .flatten(),
+    })
 }
 
 impl TryFrom<&pb::PoolConfig> for PoolConfig {
@@ -251,6 +316,17 @@ impl TryFrom<&pb::PoolConfig> for PoolConfig {
             .iter()
             .map(|c| ipv4(M, "conflicted", c))
             .collect::<Result<Vec<_>, _>>()?;
+        let boot = p
+            .boot
+            .as_ref()
+            .map(|b| boot(&pool, b))
+            .transpose()?
+            .flatten();
+        let ipv6 = p
+            .ipv6
+            .as_ref()
+            .map(|v6| pool_config_v6(&pool, v6))
+            .transpose()?;
         Ok(PoolConfig {
             pool,
             network,
@@ -266,7 +342,8 @@ impl TryFrom<&pb::PoolConfig> for PoolConfig {
             mtu,
             routes,
             conflicted,
-            ipv6: p.ipv6.as_ref().map(PoolConfigV6::try_from).transpose()?,
+            boot,
+            ipv6,
         })
     }
 }
@@ -358,6 +435,7 @@ mod tests {
                 gateway: "192.168.48.1".parse().unwrap(),
             }],
             conflicted: vec!["192.168.48.90".parse().unwrap()],
+            boot: None,
         }
     }
 
@@ -398,6 +476,7 @@ mod tests {
             lease_seconds: 600,
             router_advertisements: true,
             router: Some("fd00::1".parse().unwrap()),
+            boot: None,
         };
         let c = PoolConfig {
             ipv6: Some(v6),
@@ -474,6 +553,64 @@ mod tests {
             PoolConfig::try_from(&pb::PoolConfig::from(&bare)).unwrap(),
             bare
         );
+    }
+
+    #[test]
+    fn boot_settings_round_trip_and_pass_the_ippool_s_checks() {
+        use prost::Message;
+        let boot = Boot {
+            next_server: Some("192.168.48.5".parse().unwrap()),
+            tftp_server_name: Some("tftp.aibao.moe".into()),
+            bios_file: Some("undionly.kpxe".into()),
+            uefi_file: Some("ipxe.efi".into()),
+            uefi_http_url: Some("http://192.168.48.5/ipxe.efi".into()),
+            ipxe_script_url: Some("http://192.168.48.5/vm.ipxe".into()),
+        };
+        let mut c = config();
+        c.boot = Some(boot);
+        c.ipv6 = Some(PoolConfigV6 {
+            conflicted: vec![],
+            server_ip: "fd00::1".parse().unwrap(),
+            subnet: "fd00::/112".parse().unwrap(),
+            dns: vec![],
+            lease_seconds: 600,
+            router_advertisements: false,
+            router: None,
+            boot: Some(BootV6 {
+                uefi_file_url: Some("tftp://[fd00::5]/ipxe.efi".into()),
+                uefi_http_url: None,
+                ipxe_script_url: Some("http://[fd00::5]/vm.ipxe".into()),
+                parameters: vec!["console=ttyS0".into()],
+            }),
+        });
+        let wire = pb::PoolConfig::from(&c);
+        assert_eq!(PoolConfig::try_from(&wire).unwrap(), c);
+        // An agent that predates boot serves the pool without it.
+        let old = first_contract::PoolConfig::decode(wire.encode_to_vec().as_slice()).unwrap();
+        assert_eq!(old.server_ip, "192.168.48.77");
+        // A boot message naming no file is no boot.
+        let mut empty = wire.clone();
+        empty.boot = Some(pb::Boot {
+            next_server: "192.168.48.5".into(),
+            ..Default::default()
+        });
+        assert_eq!(PoolConfig::try_from(&empty).unwrap().boot, None);
+        // What the webhook refuses, the agent refuses too, naming the field.
+        let mut bad = wire.clone();
+        if let Some(b) = bad.boot.as_mut() {
+            b.uefi_http_url = "ftp://192.168.48.5/ipxe.efi".into();
+        }
+        let e = PoolConfig::try_from(&bad).unwrap_err().to_string();
+        assert!(
+            e.contains("Boot.boot") && e.contains("spec.ipv4Config.boot.uefiHttpUrl"),
+            "{e}"
+        );
+        let mut bad = wire;
+        if let Some(b) = bad.ipv6.as_mut().and_then(|v6| v6.boot.as_mut()) {
+            b.parameters = vec!["x".into(); 9];
+        }
+        let e = PoolConfig::try_from(&bad).unwrap_err().to_string();
+        assert!(e.contains("BootV6.boot"), "{e}");
     }
 
     #[test]

@@ -1102,6 +1102,45 @@ mod tests {
     }
 
     #[test]
+    fn boot_settings_are_admitted_and_unusable_ones_refused_by_field() {
+        let mut pool = readme_pool();
+        pool.spec.ipv4_config.boot = Some(crate::crd::BootConfig {
+            next_server: Some("192.168.48.5".into()),
+            bios_file: Some("undionly.kpxe".into()),
+            ipxe_script_url: Some("http://192.168.48.5/vm.ipxe".into()),
+            ..Default::default()
+        });
+        create(&pool).unwrap();
+        let mut bad = pool.clone();
+        if let Some(b) = bad.spec.ipv4_config.boot.as_mut() {
+            b.ipxe_script_url = Some("vm.ipxe".into());
+        }
+        let r = refused(
+            create(&bad),
+            "spec.ipv4Config.boot.ipxeScriptUrl",
+            "is not a URL starting http://, https://, tftp://",
+        );
+        assert_eq!(r.value, "vm.ipxe");
+        let mut v6 = pool;
+        v6.spec.ipv6_config = Some(crate::crd::IPv6Config {
+            boot: Some(crate::crd::IPv6BootConfig {
+                uefi_http_url: Some("http://[fd00::5]/ipxe.efi".into()),
+                ..Default::default()
+            }),
+            ..v6_config()
+        });
+        create(&v6).unwrap();
+        if let Some(b) = v6.spec.ipv6_config.as_mut().and_then(|c| c.boot.as_mut()) {
+            b.uefi_http_url = Some("tftp://[fd00::5]/ipxe.efi".into());
+        }
+        refused(
+            create(&v6),
+            "spec.ipv6Config.boot.uefiHttpUrl",
+            "is not a URL starting http://, https://",
+        );
+    }
+
+    #[test]
     fn routes_are_networks_via_a_gateway_on_the_subnet() {
         let route = |destination: &str, gateway: &str| StaticRoute {
             destination: destination.into(),

@@ -326,6 +326,7 @@ mod tests {
         ) -> crate::crd::IPv6Config {
             crate::crd::IPv6Config {
                 send_router_advertisements: None,
+                boot: None,
                 server_ip: server,
                 cidr,
                 pool: crate::crd::IPv6Pool { start, end, exclude },

@@ -148,6 +148,7 @@ impl Cluster {
 pub(super) fn v6_config() -> IPv6Config {
     IPv6Config {
         send_router_advertisements: None,
+        boot: None,
         server_ip: "fd00:48::77".into(),
         cidr: "fd00:48::/112".into(),
         pool: IPv6Pool {

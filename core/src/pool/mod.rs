@@ -20,11 +20,13 @@ use crate::crd::{
 use crate::mac::MacAddr;
 use crate::names::{NamespacedName, is_host_name};
 
+pub mod boot;
 pub mod duid;
 pub mod family;
 pub mod recorded;
 pub mod spec;
 pub mod v6;
+pub use boot::{Boot, BootV6, Firmware};
 pub use family::Family;
 pub use recorded::RecordedLeases;
 pub use spec::{PoolRange, ValidPool};
@@ -431,6 +433,9 @@ pub struct PoolConfig {
     /// not offered, and re-probed by the serving agent so a freed one can be cleared.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub conflicted: Vec<Ipv4Addr>,
+    /// Network boot, for clients that ask to boot from the network.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub boot: Option<Boot>,
     /// The IPv6 side of a dual-stack pool (experimental), served over DHCPv6.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub ipv6: Option<PoolConfigV6>,

@@ -14,6 +14,7 @@ use std::net::Ipv4Addr;
 
 use ipnet::Ipv4Net;
 
+use super::boot::Boot;
 use super::family::Family;
 use super::v6::ValidV6;
 use super::{DEFAULT_LEASE_SECONDS, PoolConfig, PoolError, Route, is_host_of, pool_ref};
@@ -206,6 +207,7 @@ pub struct ValidPool {
     mtu: Option<u16>,
     routes: Vec<Route>,
     default_route: bool,
+    boot: Option<Boot>,
     ipv6: Option<ValidV6>,
 }
 
@@ -249,6 +251,10 @@ impl ValidPool {
             mtu,
             routes: f.routes(&v4.routes)?,
             default_route: v4.default_route != Some(false),
+            boot: match &v4.boot {
+                None => None,
+                Some(boot) => Boot::parse(&pool_ref, boot)?,
+            },
             ipv6: spec
                 .ipv6_config
                 .as_ref()
@@ -308,6 +314,7 @@ impl ValidPool {
             mtu: self.mtu,
             routes: self.routes.clone(),
             conflicted: Vec::new(),
+            boot: self.boot.clone(),
             ipv6: self.ipv6.as_ref().map(ValidV6::config),
         })
     }

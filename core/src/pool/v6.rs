@@ -13,6 +13,7 @@ use std::net::Ipv6Addr;
 use ipnet::Ipv6Net;
 use serde::{Deserialize, Serialize};
 
+use super::boot::BootV6;
 use super::family::Family;
 use super::{DEFAULT_LEASE_SECONDS, PoolError, PoolRange};
 use crate::crd::IPv6Config;
@@ -112,6 +113,7 @@ pub struct ValidV6 {
     dns: Vec<Ipv6Addr>,
     lease_seconds: u32,
     router_advertisements: bool,
+    boot: Option<BootV6>,
 }
 
 impl ValidV6 {
@@ -188,6 +190,10 @@ impl ValidV6 {
             dns,
             lease_seconds,
             router_advertisements: v6.send_router_advertisements == Some(true),
+            boot: match &v6.boot {
+                None => None,
+                Some(boot) => BootV6::parse(pool, boot)?,
+            },
         })
     }
 
@@ -207,6 +213,7 @@ impl ValidV6 {
             lease_seconds: self.lease_seconds,
             router_advertisements: self.router_advertisements,
             router: self.range.router(),
+            boot: self.boot.clone(),
         }
     }
 }
@@ -234,6 +241,9 @@ pub struct PoolConfigV6 {
     /// not given, and re-probed by the serving agent so a freed one can be cleared.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub conflicted: Vec<Ipv6Addr>,
+    /// Network boot over DHCPv6, for clients that ask for a boot file.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub boot: Option<BootV6>,
 }
 
 #[cfg(test)]
@@ -254,6 +264,7 @@ mod tests {
             dns: vec![],
             lease_time: None,
             send_router_advertisements: None,
+            boot: None,
         }
     }
 

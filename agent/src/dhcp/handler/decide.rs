@@ -7,6 +7,7 @@ use dhcproto::v4::{DhcpOption, Message, MessageType, OptionCode};
 use vmdhcp_core::MacAddr;
 
 use super::reply::reply;
+use super::wire::Sanitized;
 use super::{Action, DropReason, Silence};
 use crate::lease_table::PoolSnapshot;
 
@@ -36,10 +37,11 @@ pub(super) fn reservation_key(request: &Message, chaddr: MacAddr, pool: &PoolSna
 }
 
 /// What to do with a parsed client message of type `kind` from the client reserved as `mac`.
-/// `relay_info` is the raw option 82, handed through to the reply.
+/// `wire` is what was read off the raw packet (option 82, the boot signals), handed through to
+/// the reply.
 pub(super) fn decide(
     request: &Message,
-    relay_info: &[u8],
+    wire: &Sanitized,
     kind: MessageType,
     mac: MacAddr,
     pool: &PoolSnapshot,
@@ -94,11 +96,11 @@ pub(super) fn decide(
                 Action::Silent(Silence::Ignored)
             }
         }
-        MessageType::Inform => reply(request, relay_info, MessageType::Ack, None, pool),
+        MessageType::Inform => reply(request, wire, MessageType::Ack, None, pool),
         _ if is_conflicted(&leased) => Action::Silent(Silence::Conflicted(leased)),
         MessageType::Discover => {
             let lease = Some((leased, pool.host_name_of(&mac)));
-            reply(request, relay_info, MessageType::Offer, lease, pool)
+            reply(request, wire, MessageType::Offer, lease, pool)
         }
         _ => {
             // REQUEST. SELECTING names a server (option 54); INIT-REBOOT names only an address
@@ -112,9 +114,9 @@ pub(super) fn decide(
             };
             if asked == leased {
                 let lease = Some((leased, pool.host_name_of(&mac)));
-                reply(request, relay_info, MessageType::Ack, lease, pool)
+                reply(request, wire, MessageType::Ack, lease, pool)
             } else {
-                reply(request, relay_info, MessageType::Nak, None, pool)
+                reply(request, wire, MessageType::Nak, None, pool)
             }
         }
     }

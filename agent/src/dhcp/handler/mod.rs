@@ -16,6 +16,7 @@ use vmdhcp_core::MacAddr;
 
 use crate::lease_table::PoolSnapshot;
 
+mod boot;
 mod decide;
 #[cfg(test)]
 mod fixtures;
@@ -196,14 +197,7 @@ pub fn handle_on(
             action: Action::Silent(Silence::OwnInterface),
         };
     }
-    let action = decide::decide(
-        &request,
-        &sanitized.relay_info,
-        kind,
-        mac,
-        pool,
-        is_conflicted,
-    );
+    let action = decide::decide(&request, &sanitized, kind, mac, pool, is_conflicted);
     Outcome {
         request: Some(kind),
         mac: Some(mac),

@@ -8,11 +8,14 @@ use dhcproto::{Encodable, Name};
 use ipnet::Ipv4Net;
 use vmdhcp_core::pool::{DEFAULT_LEASE_SECONDS, PoolConfig};
 
-use super::wire::MAX_PACKET;
+use super::boot;
+use super::wire::{MAX_PACKET, Sanitized};
 use super::{Action, DropReason, Reply};
 use crate::dhcp::{CLIENT_PORT, SERVER_PORT};
 use crate::lease_table::PoolSnapshot;
 
+/// The BOOTP header's `file` field: a boot file shorter than this goes there as well.
+const FILE_FIELD: usize = 128;
 /// Smallest reply sent: BOOTP relays and old clients drop shorter ones (RFC 1542 §2.1).
 pub(super) const MIN_REPLY: usize = 300;
 /// IP + UDP headers, which RFC 2132 §9.10's maximum message size includes.
@@ -22,10 +25,11 @@ const MIN_MAX_MESSAGE: usize = 576;
 
 /// Builds an OFFER, ACK or NAK (RFC 2131 table 3) and works out where it goes (§4.1).
 /// `leased` — the address and the host name it comes with, if any — is `None` for NAK and for
-/// the ACK to an INFORM, which carry no lease.
+/// the ACK to an INFORM, which carry no lease. `wire` holds the raw option 82, echoed last, and
+/// what the client said about booting from the network.
 pub(super) fn reply(
     request: &Message,
-    relay_info: &[u8],
+    wire: &Sanitized,
     kind: MessageType,
     leased: Option<(Ipv4Addr, Option<&str>)>,
     pool: &PoolSnapshot,
@@ -38,10 +42,14 @@ pub(super) fn reply(
         MessageType::Ack => request.ciaddr(),
         _ => unspecified,
     };
-    let siaddr = if kind == MessageType::Nak {
-        unspecified
-    } else {
-        config.server_ip
+    let boot = match (&config.boot, kind) {
+        (Some(boot), MessageType::Offer | MessageType::Ack) => boot::answer(boot, &wire.netboot),
+        _ => None,
+    };
+    let siaddr = match (kind, &boot) {
+        (MessageType::Nak, _) => unspecified,
+        (_, Some(b)) => b.next_server.unwrap_or(config.server_ip),
+        (_, None) => config.server_ip,
     };
     let mut msg = Message::new_with_id(
         request.xid(),
@@ -60,6 +68,12 @@ pub(super) fn reply(
         flags = flags.set_broadcast();
     }
     msg.set_flags(Flags::new(u16::from(flags)));
+    if let Some(b) = &boot
+        && b.file.len() < FILE_FIELD
+    {
+        // Firmware that reads only the header's `file` finds it there too (NUL-terminated).
+        msg.set_fname(b.file.as_bytes());
+    }
 
     let opts = msg.opts_mut();
     opts.insert(DhcpOption::MessageType(kind));
@@ -80,14 +94,31 @@ pub(super) fn reply(
         opts.insert(DhcpOption::Renewal(lease / 2));
         opts.insert(DhcpOption::Rebinding(t2(lease)));
     }
-    let optional = if kind == MessageType::Nak {
+    if boot.as_ref().is_some_and(|b| b.http) {
+        // UEFI HTTP boot takes only offers that name it (UEFI specification, HTTP Boot).
+        opts.insert(DhcpOption::ClassIdentifier(boot::HTTP_CLIENT.to_vec()));
+    }
+    let mut optional = if kind == MessageType::Nak {
         Vec::new()
     } else {
         pool_options(config, ntp, host_name, requested_codes(request).as_deref())
     };
+    if let Some(b) = &boot {
+        // Right after the addressing, whatever the client asked for: without them a booting
+        // client has nothing to load, and firmware does not always list them in option 55.
+        let mut booting = vec![DhcpOption::BootfileName(b.file.as_bytes().to_vec())];
+        if let Some(name) = b.tftp_server_name {
+            booting.push(DhcpOption::TFTPServerName(name.as_bytes().to_vec()));
+        }
+        let after = optional
+            .iter()
+            .take_while(|o| matches!(o, DhcpOption::SubnetMask(_) | DhcpOption::Router(_)))
+            .count();
+        optional.splice(after..after, booting);
+    }
 
     let budget = reply_budget(request);
-    let Some(bytes) = encode_within(msg, optional, relay_info, budget) else {
+    let Some(bytes) = encode_within(msg, optional, &wire.relay_info, budget) else {
         // Only what the request brought (an echoed option) can make encoding fail.
         return Action::Drop(DropReason::BadOptions);
     };
@@ -694,5 +725,127 @@ mod tests {
             offer.opts().get(OptionCode::AddressLeaseTime),
             Some(&DhcpOption::AddressLeaseTime(DEFAULT_LEASE_SECONDS))
         );
+    }
+
+    /// The fixture pool with every boot setting; the next server is 192.0.2.5.
+    fn booting() -> Arc<PoolSnapshot> {
+        let mut config = config();
+        config.boot = Some(vmdhcp_core::pool::Boot {
+            next_server: Some(Ipv4Addr::new(192, 0, 2, 5)),
+            tftp_server_name: Some("tftp.example.test".into()),
+            bios_file: Some("undionly.kpxe".into()),
+            uefi_file: Some("ipxe.efi".into()),
+            uefi_http_url: Some(format!("http://192.0.2.5/{}", "x".repeat(200))),
+            ipxe_script_url: Some("http://192.0.2.5/vm.ipxe".into()),
+        });
+        pool_with(config)
+    }
+
+    fn firmware(kind: MessageType, extra: Vec<DhcpOption>) -> Message {
+        let mut req = request(kind, KNOWN);
+        if kind == MessageType::Request {
+            req.opts_mut()
+                .insert(DhcpOption::RequestedIpAddress(LEASED));
+        }
+        // Firmware asks for the boot options, but not always: these do not.
+        req.opts_mut().insert(DhcpOption::ParameterRequestList(vec![
+            OptionCode::SubnetMask,
+        ]));
+        for o in extra {
+            req.opts_mut().insert(o);
+        }
+        req
+    }
+
+    fn file_field(m: &Message) -> String {
+        let raw = m.fname().unwrap_or_default();
+        String::from_utf8_lossy(raw)
+            .trim_end_matches('\0')
+            .to_owned()
+    }
+
+    #[test]
+    fn pxe_firmware_gets_its_file_the_next_server_and_the_tftp_server() {
+        let bios = vec![DhcpOption::ClassIdentifier(
+            b"PXEClient:Arch:00000:UNDI:002001".to_vec(),
+        )];
+        for kind in [MessageType::Discover, MessageType::Request] {
+            let got = reply_from(&booting(), &firmware(kind, bios.clone()));
+            assert_eq!(got.siaddr(), Ipv4Addr::new(192, 0, 2, 5));
+            assert_eq!(file_field(&got), "undionly.kpxe");
+            let o = got.opts();
+            assert_eq!(
+                o.get(OptionCode::BootfileName),
+                Some(&DhcpOption::BootfileName(b"undionly.kpxe".to_vec()))
+            );
+            assert_eq!(
+                o.get(OptionCode::TFTPServerName),
+                Some(&DhcpOption::TFTPServerName(b"tftp.example.test".to_vec()))
+            );
+            // The address still comes with it, and no vendor class: this is no HTTP boot.
+            assert_eq!(got.yiaddr(), LEASED);
+            assert!(o.get(OptionCode::SubnetMask).is_some());
+            assert!(o.get(OptionCode::ClassIdentifier).is_none());
+        }
+        let uefi = vec![DhcpOption::ClientSystemArchitecture(
+            dhcproto::v4::Architecture::from(7),
+        )];
+        let got = reply_from(&booting(), &firmware(MessageType::Discover, uefi));
+        assert_eq!(file_field(&got), "ipxe.efi");
+        // iPXE gets its script, not iPXE again.
+        let ipxe = vec![
+            DhcpOption::ClientSystemArchitecture(dhcproto::v4::Architecture::from(0)),
+            DhcpOption::UserClass(b"iPXE".to_vec()),
+        ];
+        let got = reply_from(&booting(), &firmware(MessageType::Discover, ipxe));
+        assert_eq!(file_field(&got), "http://192.0.2.5/vm.ipxe");
+    }
+
+    #[test]
+    fn uefi_http_boot_gets_its_url_in_option_67_and_the_vendor_class_echoed() {
+        let http = vec![
+            DhcpOption::ClassIdentifier(b"HTTPClient:Arch:00016:UNDI:003001".to_vec()),
+            DhcpOption::ClientSystemArchitecture(dhcproto::v4::Architecture::from(16)),
+        ];
+        let got = reply_from(&booting(), &firmware(MessageType::Discover, http));
+        let o = got.opts();
+        assert_eq!(
+            o.get(OptionCode::ClassIdentifier),
+            Some(&DhcpOption::ClassIdentifier(b"HTTPClient".to_vec()))
+        );
+        let url = format!("http://192.0.2.5/{}", "x".repeat(200));
+        assert_eq!(
+            o.get(OptionCode::BootfileName),
+            Some(&DhcpOption::BootfileName(url.into_bytes()))
+        );
+        // Too long for the header's 128 bytes: only the option carries it.
+        assert_eq!(file_field(&got), "");
+    }
+
+    #[test]
+    fn clients_that_do_not_boot_and_naks_get_no_boot_options() {
+        let plain = reply_from(&booting(), &firmware(MessageType::Discover, vec![]));
+        assert_eq!(plain.siaddr(), SERVER);
+        assert_eq!(file_field(&plain), "");
+        assert!(plain.opts().get(OptionCode::BootfileName).is_none());
+        assert!(plain.opts().get(OptionCode::TFTPServerName).is_none());
+        let mut wrong = firmware(
+            MessageType::Request,
+            vec![DhcpOption::ClassIdentifier(b"PXEClient".to_vec())],
+        );
+        wrong
+            .opts_mut()
+            .insert(DhcpOption::RequestedIpAddress(Ipv4Addr::new(192, 0, 2, 99)));
+        let nak = reply_from(&booting(), &wrong);
+        assert_eq!(nak.opts().msg_type(), Some(MessageType::Nak));
+        assert_eq!(
+            (nak.siaddr(), file_field(&nak)),
+            (Ipv4Addr::UNSPECIFIED, String::new())
+        );
+        // A pool without boot settings sends nothing new to firmware.
+        let bios = vec![DhcpOption::ClassIdentifier(b"PXEClient".to_vec())];
+        let got = reply_from(&pool(), &firmware(MessageType::Discover, bios));
+        assert_eq!((got.siaddr(), file_field(&got)), (SERVER, String::new()));
+        assert!(got.opts().get(OptionCode::BootfileName).is_none());
     }
 }

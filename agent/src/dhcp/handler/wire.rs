@@ -4,6 +4,7 @@
 use vmdhcp_core::MacAddr;
 
 use super::DropReason;
+use super::boot::Netboot;
 
 /// Largest datagram accepted: an Ethernet MTU's worth. Larger ones are dropped as oversized.
 pub const MAX_PACKET: usize = 1500;
@@ -22,6 +23,8 @@ pub(super) struct Sanitized {
     pub relay_info: Vec<u8>,
     /// The client hardware address: Ethernet, as the header check guarantees.
     pub chaddr: MacAddr,
+    /// What the client says about booting from the network.
+    pub netboot: Netboot,
 }
 
 /// Checks what `dhcproto` is lenient about (header fields, the cookie, option framing, the
@@ -50,6 +53,7 @@ pub(super) fn sanitize(packet: &[u8]) -> Result<Sanitized, DropReason> {
     kept.extend_from_slice(&packet[..OPTIONS_START]);
     // Option 82 (relay agent information) is echoed verbatim, never interpreted (RFC 3046 §2.2).
     let mut relay_info = Vec::new();
+    let mut netboot = Netboot::default();
     let mut at = OPTIONS_START;
     while at < packet.len() {
         let code = packet[at];
@@ -76,7 +80,7 @@ pub(super) fn sanitize(packet: &[u8]) -> Result<Sanitized, DropReason> {
                     Some(true) => kept.extend_from_slice(&packet[at..end]),
                     Some(false) => return Err(DropReason::BadOptions),
                     None if code == 82 => relay_info.extend_from_slice(&packet[at..end]),
-                    None => {}
+                    None => netboot.read(code, &packet[at + 2..end]),
                 }
                 at = end;
             }
@@ -87,6 +91,7 @@ pub(super) fn sanitize(packet: &[u8]) -> Result<Sanitized, DropReason> {
         packet: kept,
         relay_info,
         chaddr: MacAddr(chaddr),
+        netboot,
     })
 }
 

@@ -24,6 +24,7 @@ use vmdhcp_core::pool::PoolConfigV6;
 
 use crate::lease_table::PoolSnapshot;
 
+mod boot;
 mod relay;
 
 use relay::*;
@@ -339,7 +340,7 @@ fn decide(
     match kind {
         T::InformationRequest => {
             let mut reply = answer(msg, server, T::Reply);
-            add_info(&mut reply, config, pool);
+            add_info(&mut reply, opts, config, pool);
             Decision::Reply(reply, None, holder.map(|(m, _)| m))
         }
         T::Solicit => {
@@ -358,7 +359,7 @@ fn decide(
                 lifetimes,
                 Status::NoAddrsAvail,
             );
-            add_info(&mut reply, config, pool);
+            add_info(&mut reply, opts, config, pool);
             Decision::Reply(reply, None, Some(mac))
         }
         T::Request => {
@@ -370,7 +371,7 @@ fn decide(
                 lifetimes,
                 Status::NoAddrsAvail,
             );
-            add_info(&mut reply, config, pool);
+            add_info(&mut reply, opts, config, pool);
             Decision::Reply(reply, None, holder.map(|(m, _)| m))
         }
         T::Renew => {
@@ -382,7 +383,7 @@ fn decide(
                 lifetimes,
                 Status::NoBinding,
             );
-            add_info(&mut reply, config, pool);
+            add_info(&mut reply, opts, config, pool);
             Decision::Reply(reply, None, holder.map(|(m, _)| m))
         }
         T::Rebind => {
@@ -398,7 +399,7 @@ fn decide(
                 lifetimes,
                 Status::NoBinding,
             );
-            add_info(&mut reply, config, pool);
+            add_info(&mut reply, opts, config, pool);
             Decision::Reply(reply, None, holder.map(|(m, _)| m))
         }
         T::Confirm => {
@@ -505,11 +506,20 @@ fn status(status: Status, msg: &str) -> DhcpOption {
     })
 }
 
-/// The pool's DNS servers (option 23), and what the pool's IPv4 side sets that holds for both
+/// The pool's boot file URL to a booting client (see [`boot`]), its DNS servers (option 23),
+/// and what the pool's IPv4 side sets that holds for both
 /// families: its domain search list (option 24) and the host names among its NTP servers
 /// (option 56, FQDN suboptions; its IPv4 addresses have no place in DHCPv6).
-fn add_info(reply: &mut Message, config: &PoolConfigV6, pool: &PoolSnapshot) {
+fn add_info(
+    reply: &mut Message,
+    request: &DhcpOptions,
+    config: &PoolConfigV6,
+    pool: &PoolSnapshot,
+) {
     let opts = reply.opts_mut();
+    if let Some(b) = &config.boot {
+        boot::add_boot(opts, request, b);
+    }
     if !config.dns.is_empty() {
         opts.insert(DhcpOption::DomainNameServers(config.dns.clone()));
     }
@@ -712,6 +722,7 @@ mod tests {
                 lease_seconds: 1000,
                 router_advertisements: false,
                 router: None,
+                boot: None,
             }),
             ..pool_config("ns/p")
         }
@@ -848,6 +859,35 @@ mod tests {
             Some(DhcpOption::StatusCode(s)) => Some(s.status),
             _ => None,
         }
+    }
+
+    #[test]
+    fn a_booting_client_gets_the_pool_s_boot_file_url_and_others_do_not() {
+        let mut config = config();
+        if let Some(v6) = config.ipv6.as_mut() {
+            v6.boot = Some(vmdhcp_core::pool::BootV6 {
+                uefi_file_url: Some("tftp://[fd00::2]/ipxe.efi".into()),
+                ..Default::default()
+            });
+        }
+        let pool = snapshot_of(config);
+        let arch = DhcpOption::Unknown(dhcproto::v6::UnknownOption::new(
+            OptionCode::ClientArchType,
+            vec![0, 7],
+        ));
+        let url = |with: Vec<DhcpOption>| {
+            let mut opts = vec![DhcpOption::ClientId(client_duid()), ia(None)];
+            opts.extend(with);
+            let solicit = message(MessageType::Solicit, opts);
+            let adv = reply(&run_on(&pool, &solicit, CLIENT, true, &|_| false));
+            assert_eq!(granted(&adv), Ok((ip6("fd00::10"), 1000, 500, 800)));
+            match adv.opts().get(OptionCode::OptBootfileUrl) {
+                Some(DhcpOption::Unknown(u)) => Some(u.data().to_vec()),
+                _ => None,
+            }
+        };
+        assert_eq!(url(vec![arch]), Some(b"tftp://[fd00::2]/ipxe.efi".to_vec()));
+        assert_eq!(url(vec![]), None);
     }
 
     #[test]
