@@ -309,6 +309,9 @@ pub struct Options6 {
     /// kernel deletes the address, or flags it `dadfailed`) it exits 3, which makes dhclient
     /// DECLINE the address. Its event then has `dad_result=failed`.
     pub dad_wait_seconds: Option<u32>,
+    /// dhclient only: lines appended to its config (a later `request` replaces the default
+    /// one).
+    pub dhclient_conf: String,
 }
 
 /// A real DHCPv6 client on one interface of a namespace; stopped (SIGTERM, then killed) when
@@ -365,6 +368,7 @@ impl Client6 {
                 if o.rapid_commit {
                     conf.push_str("send dhcp6.rapid-commit;\n");
                 }
+                conf.push_str(&o.dhclient_conf);
                 fs::write(self.path("dhclient.conf"), conf).unwrap();
             }
             Kind::Dhcpcd => {

@@ -367,6 +367,70 @@ fn udhcpc_gets_its_reservation_with_exact_options_and_renews() {
     assert_eq!(renewed["lease"], "600");
 }
 
+/// Pool A with every boot setting: the next server is 192.0.2.5.
+fn pool_a_booting() -> Value {
+    let mut p = pool_a(600, "192.0.2.53");
+    p["config"]["boot"] = json!({
+        "next_server": "192.0.2.5",
+        "tftp_server_name": "tftp.example.test",
+        "bios_file": "undionly.kpxe",
+        "uefi_file": "ipxe.efi",
+        "uefi_http_url": "http://192.0.2.5/ipxe.efi",
+        "ipxe_script_url": "http://192.0.2.5/vm.ipxe",
+    });
+    p
+}
+
+#[test]
+fn booting_clients_get_the_boot_file_of_their_kind_and_other_clients_nothing_new() {
+    let (_rig, vm) = serving(&[pool_a_booting()]);
+    // udhcpc sends what firmware sends (-V: option 60, -x: options 93 and 77) and reports the
+    // header's next server and file, and options 66, 67 and 60 (as `vendor`).
+    let ask = ["-O", "tftp", "-O", "bootfile", "-O", "vendor"];
+    let boot = |extra: &[&str]| {
+        let dir = tempfile::tempdir().unwrap();
+        let args: Vec<&str> = ask.iter().chain(extra).copied().collect();
+        let bound = udhcpc_bound(&vm, dir.path(), &args);
+        assert_eq!(bound["ip"], IP_1, "{extra:?}: {bound:?}");
+        assert_eq!(bound["router"], "192.0.2.254", "{extra:?}: {bound:?}");
+        bound
+    };
+    let get = |bound: &std::collections::BTreeMap<String, String>, key: &str| {
+        bound.get(key).cloned().unwrap_or_default()
+    };
+
+    let bios = boot(&["-V", "PXEClient:Arch:00000:UNDI:002001", "-x", "0x5d:0000"]);
+    assert_eq!(get(&bios, "siaddr"), "192.0.2.5");
+    assert_eq!(get(&bios, "boot_file"), "undionly.kpxe");
+    assert_eq!(get(&bios, "bootfile"), "undionly.kpxe");
+    assert_eq!(get(&bios, "tftp"), "tftp.example.test");
+    assert_eq!(get(&bios, "vendor"), "");
+
+    let uefi = boot(&["-V", "PXEClient:Arch:00007:UNDI:003016", "-x", "0x5d:0007"]);
+    assert_eq!(get(&uefi, "boot_file"), "ipxe.efi");
+
+    // iPXE (user class 77 = "iPXE") gets its script, not iPXE again.
+    let ipxe = boot(&[
+        "-V",
+        "PXEClient:Arch:00000:UNDI:002001",
+        "-x",
+        "0x4d:69505845",
+    ]);
+    assert_eq!(get(&ipxe, "boot_file"), "http://192.0.2.5/vm.ipxe");
+
+    // UEFI HTTP boot gets its URL and the vendor class HTTPClient back.
+    let http = boot(&["-V", "HTTPClient:Arch:00016:UNDI:003001", "-x", "0x5d:0010"]);
+    assert_eq!(get(&http, "bootfile"), "http://192.0.2.5/ipxe.efi");
+    assert_eq!(get(&http, "vendor"), "HTTPClient");
+
+    // An operating system's client (udhcpc's own vendor class) gets nothing new.
+    let os = boot(&[]);
+    assert_eq!(get(&os, "siaddr"), SERVER_A, "{os:?}");
+    for key in ["boot_file", "bootfile", "tftp", "vendor"] {
+        assert_eq!(get(&os, key), "", "{key}: {os:?}");
+    }
+}
+
 #[test]
 fn an_unknown_mac_gets_nothing() {
     let mut rig = rig();

@@ -183,6 +183,47 @@ fn rapid_commit_binds_in_two_messages_and_information_requests_get_the_options()
 }
 
 #[test]
+fn a_booting_client_gets_the_pool_s_boot_file_url_and_parameters() {
+    let mut pool = dual("p6", SUBNET, false);
+    pool["config"]["ipv6"]["boot"] = json!({
+        "uefi_file_url": "tftp://[fd76:6d64:6863::5]/ipxe.efi",
+        "parameters": ["console=ttyS0"],
+    });
+    let (rig, vm) = lab(MAC, &[pool]);
+    let request = "request dhcp6.name-servers, dhcp6.bootfile-url, dhcp6.bootfile-param;\n";
+    let booting = Options6 {
+        // UEFI x64 PXE (RFC 5970's option 61), as firmware says it.
+        dhclient_conf: format!("send dhcp6.client-arch-type 7;\n{request}"),
+        ..Options6::default()
+    };
+    let env = showing_agent_log(&rig, || {
+        let c = Client6::dhclient(&vm, "eth0", booting);
+        assert_eq!(c.wait_lease("BOUND6", 0, BIND).address, reserved());
+        c.wait_event("BOUND6", 0, BIND)
+    });
+    let get = |key: &str| env.get(key).cloned().unwrap_or_default();
+    assert_eq!(
+        get("new_dhcp6_bootfile_url"),
+        "tftp://[fd76:6d64:6863::5]/ipxe.efi",
+        "{env:?}"
+    );
+    // RFC 5970's layout, as dhclient prints bytes: a 16-bit length, then the parameter.
+    let param = b"\x00\x0dconsole=ttyS0".iter().map(|b| format!("{b:x}"));
+    assert_eq!(
+        get("new_dhcp6_bootfile_param"),
+        param.collect::<Vec<_>>().join(":")
+    );
+    // A client that says no architecture is an operating system's: no boot file.
+    let os = Options6 {
+        dhclient_conf: request.to_owned(),
+        ..Options6::default()
+    };
+    let c = Client6::dhclient(&vm, "eth0", os);
+    let env = c.wait_event("BOUND6", 0, BIND);
+    assert!(!env.contains_key("new_dhcp6_bootfile_url"), "{env:?}");
+}
+
+#[test]
 fn an_unknown_client_gets_no_address() {
     let (rig, vm) = lab(STRANGER, &[dual("p6", SUBNET, false)]);
     let c = Client6::dhclient(&vm, "eth0", Options6::default());
