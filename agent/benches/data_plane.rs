@@ -109,6 +109,7 @@ fn main() {
         let start = Instant::now();
         let delta = PoolDelta {
             upserted_leases: vec![Lease {
+                options: None,
                 ipv6: None,
                 pool: name(),
                 mac: mac(LEASES + 1),
@@ -128,6 +129,7 @@ fn main() {
         let delta = PoolDelta {
             upserted_leases: (0..1000)
                 .map(|i| Lease {
+                    options: None,
                     ipv6: None,
                     pool: name(),
                     mac: mac(LEASES + 10 + i),

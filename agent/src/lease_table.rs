@@ -18,7 +18,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use arc_swap::ArcSwap;
-use vmdhcp_core::pool::{Binding, PoolConfig, is_host_of};
+use vmdhcp_core::pool::{Binding, NicOptions, PoolConfig, is_host_of};
 use vmdhcp_core::{MacAddr, NamespacedName};
 
 use crate::findings::Findings;
@@ -89,6 +89,8 @@ pub struct PoolSnapshot {
     by_ip: HashMap<Ipv4Addr, MacAddr>,
     /// Host names (option 12) of the MACs that have one; most pools send none.
     host_names: HashMap<MacAddr, Arc<str>>,
+    /// The NICs' own DHCP options (their VMs' `dhcpOptions`), for the MACs that have any.
+    nic_options: HashMap<MacAddr, Arc<NicOptions>>,
     /// IPv6 addresses of a dual-stack pool's MACs (only MACs with an IPv4 lease have one).
     v6_by_mac: HashMap<MacAddr, Ipv6Addr>,
     /// The MAC each IPv6 address is reserved for.
@@ -108,6 +110,7 @@ impl PoolSnapshot {
             by_mac: HashMap::new(),
             by_ip: HashMap::new(),
             host_names: HashMap::new(),
+            nic_options: HashMap::new(),
             v6_by_mac: HashMap::new(),
             v6_by_ip: HashMap::new(),
         }
@@ -150,6 +153,11 @@ impl PoolSnapshot {
     /// The host name `mac` is given (option 12), if its pool sends one.
     pub fn host_name_of(&self, mac: &MacAddr) -> Option<&str> {
         self.host_names.get(mac).map(|n| &**n)
+    }
+
+    /// The DHCP options of `mac`'s own NIC, if it has any.
+    pub fn options_of(&self, mac: &MacAddr) -> Option<&NicOptions> {
+        self.nic_options.get(mac).map(|o| &**o)
     }
 
     /// The MAC an address is reserved for.
@@ -201,7 +209,17 @@ impl PoolSnapshot {
         {
             self.by_mac.remove(&old_mac);
             self.host_names.remove(&old_mac);
+            self.nic_options.remove(&old_mac);
             displaced = Some(old_mac);
+        }
+        match binding.options.as_deref() {
+            Some(o) if self.options_of(&mac) != Some(o) => {
+                self.nic_options.insert(mac, Arc::new(o.clone()));
+            }
+            Some(_) => {}
+            None => {
+                self.nic_options.remove(&mac);
+            }
         }
         match host_name {
             Some(name) if self.host_name_of(&mac) != Some(name) => {
@@ -259,6 +277,7 @@ impl PoolSnapshot {
             self.by_ip.remove(&ip);
         }
         self.host_names.remove(mac);
+        self.nic_options.remove(mac);
         self.remove_v6(mac);
     }
 }
@@ -420,6 +439,7 @@ impl LeaseTable {
                         snap.by_ip.retain(|ip, _| is_host_of(subnet, *ip));
                         let kept = &snap.by_mac;
                         snap.host_names.retain(|mac, _| kept.contains_key(mac));
+                        snap.nic_options.retain(|mac, _| kept.contains_key(mac));
                     }
                     // IPv6 addresses outside the (new, or no) IPv6 subnet go.
                     let subnet6 = snap.config.ipv6.as_ref().map(|v6| v6.subnet);
@@ -660,6 +680,7 @@ mod tests {
 
     fn lease(pool: &str, m: u8, ip: &str) -> Lease {
         Lease {
+            options: None,
             ipv6: None,
             pool: NamespacedName::new("default", pool).unwrap(),
             mac: mac(m),
@@ -971,6 +992,7 @@ mod tests {
         for i in 0..200u32 {
             let last = u8::try_from(i % 200).unwrap() + 10;
             table.apply(&upserts([Lease {
+                options: None,
                 ipv6: None,
                 pool: name("a"),
                 mac: mac(u8::try_from(i % 3).unwrap()),

@@ -553,6 +553,7 @@ mod tests {
         let name = |pool: &str| NamespacedName::new("default", pool).unwrap();
         let mac = |last: u8| MacAddr([0x02, 0, 0, 0, 0, last]);
         let lease = |pool: &str, m: u8, ip: &str| vmdhcp_core::pool::Lease {
+            options: None,
             ipv6: None,
             pool: name(pool),
             mac: mac(m),

@@ -214,6 +214,7 @@ fn main() {
     let lease = |k: usize| {
         let (pool, ip) = placement(k);
         Op::UpsertLease(vmdhcp_core::pool::Lease {
+            options: None,
             ipv6: None,
             pool: format!("{NS}/pool-{pool}").parse().unwrap(),
             mac: mac(k),

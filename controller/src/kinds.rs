@@ -130,6 +130,9 @@ pub struct VmInterface {
     /// The MAC KubeVirt or the user set, if any.
     #[serde(default, rename = "macAddress")]
     pub mac_address: Option<String>,
+    /// KubeVirt's per-interface DHCP options, carried into the NIC's config.
+    #[serde(default, rename = "dhcpOptions")]
+    pub dhcp_options: Option<vmdhcp_core::crd::DhcpOptions>,
 }
 
 impl VirtualMachine {

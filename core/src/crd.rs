@@ -106,6 +106,10 @@ fn ipv4_list_max3(_: &mut SchemaGenerator) -> Schema {
     json_schema!({ "type": "array", "maxItems": 3, "items": { "type": "string", "format": "ipv4" } })
 }
 
+fn ipv4_list_max4(_: &mut SchemaGenerator) -> Schema {
+    json_schema!({ "type": "array", "maxItems": 4, "items": { "type": "string", "format": "ipv4" } })
+}
+
 fn ipv4_list(_: &mut SchemaGenerator) -> Schema {
     json_schema!({ "type": "array", "items": { "type": "string", "format": "ipv4" } })
 }
@@ -445,6 +449,12 @@ pub struct IPv4Status {
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     #[schemars(extend("x-kubernetes-map-type" = "atomic"))]
     pub host_names: BTreeMap<String, String>,
+    /// Address → the DHCP options of the NIC holding it (its VirtualMachine's
+    /// `interfaces[].dhcpOptions`), for NICs that have any, so an agent without its stream
+    /// reads them here. A vmdhcp addition: upstream's clients ignore it.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    #[schemars(extend("x-kubernetes-map-type" = "atomic"))]
+    pub dhcp_options: BTreeMap<String, DhcpOptions>,
 }
 
 /// IPv6 address accounting of a dual-stack pool: the shape of [`IPv4Status`]'s first three
@@ -555,6 +565,48 @@ pub struct NetworkConfig {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(schema_with = "optional_ipv6")]
     pub ipv6_address: Option<String>,
+    /// The DHCP options KubeVirt's VirtualMachine sets on this NIC's interface
+    /// (`interfaces[].dhcpOptions`), carried over by the VM reconciler and served to this MAC
+    /// over the pool's. Not upstream's.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub dhcp_options: Option<DhcpOptions>,
+}
+
+/// Per-interface DHCPv4 options, in the shape of KubeVirt's `DHCPOptions`: the same field names
+/// and the same rules (private option codes 224 to 254, each once; NTP servers IPv4 addresses).
+/// Bounded here: each value at most 255 bytes (one option), at most 4 NTP servers, and at most
+/// 1024 bytes in all, since the pool's status records them for every NIC that has them.
+#[derive(Deserialize, Serialize, Clone, Debug, Default, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct DhcpOptions {
+    /// Option 67, the boot file.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 255))]
+    pub boot_file_name: Option<String>,
+    /// Option 66, the TFTP server's name or address.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 255))]
+    pub tftp_server_name: Option<String>,
+    /// Option 42, IPv4 addresses; replaces the pool's NTP servers for this NIC.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(schema_with = "ipv4_list_max4")]
+    pub ntp_servers: Vec<String>,
+    /// Options for private use (codes 224 to 254), each sent as the bytes of its value.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 31))]
+    pub private_options: Vec<DhcpPrivateOption>,
+}
+
+/// One private-use DHCP option, as KubeVirt's `DHCPPrivateOptions`.
+#[derive(Deserialize, Serialize, Clone, Debug, Default, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct DhcpPrivateOption {
+    /// The code, 224 to 254.
+    #[schemars(range(min = 224, max = 254))]
+    pub option: i64,
+    /// The value, sent as its bytes.
+    #[schemars(length(max = 255))]
+    pub value: String,
 }
 
 /// What the controller allocated for each NIC.

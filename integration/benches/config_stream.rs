@@ -63,6 +63,7 @@ fn pool(i: u32) -> PoolConfig {
 fn lease(p: &PoolConfig, i: u32, host: u32) -> Lease {
     let b = i.to_be_bytes();
     Lease {
+        options: None,
         ipv6: None,
         pool: p.pool.clone(),
         mac: MacAddr([2, b[0], b[1], b[2], b[3], host as u8]),

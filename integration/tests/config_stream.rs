@@ -79,6 +79,7 @@ fn with_v6(lease: Lease, octet: u8, host: u32) -> Lease {
 fn lease(name: &str, octet: u8, i: u32, host: u32) -> Lease {
     let b = i.to_be_bytes();
     Lease {
+        options: None,
         ipv6: None,
         pool: format!("ns/{name}").parse().unwrap(),
         mac: MacAddr([0x02, octet, b[0], b[1], b[2], b[3]]),
@@ -478,6 +479,7 @@ fn first_snapshot() -> pb::WatchResponse {
             pools: vec![pb::PoolSnapshot {
                 config: Some(pb::PoolConfig::from(&pool("a", 1))),
                 leases: vec![pb::LeaseEntry {
+                    options: None,
                     ipv6_address: String::new(),
                     mac_address: "02:01:00:00:00:01".into(),
                     ip_address: "10.1.0.10".into(),
@@ -534,6 +536,7 @@ async fn invalid_messages_are_rejected_not_applied_and_a_snapshot_is_requested()
         event: Some(pb::watch_response::Event::Delta(pb::Delta {
             base_revision: base,
             upserted_leases: vec![pb::Lease {
+                options: None,
                 ipv6_address: String::new(),
                 pool_ref: "ns/a".into(),
                 mac_address: "02:01:00:00:00:02".into(),
@@ -707,6 +710,7 @@ async fn garbage_frames_are_rejected_not_applied_and_a_snapshot_is_requested() {
         event: Some(pb::watch_response::Event::Delta(pb::Delta {
             base_revision: 1,
             upserted_leases: vec![pb::Lease {
+                options: None,
                 ipv6_address: String::new(),
                 pool_ref: "ns/a".into(),
                 mac_address: "02:01:00:00:00:02".into(),

@@ -7,12 +7,12 @@
 use std::net::{Ipv4Addr, Ipv6Addr};
 
 use ipnet::{Ipv4Net, Ipv6Net};
-use vmdhcp_core::crd::{BootConfig, IPv6BootConfig};
+use vmdhcp_core::crd::{BootConfig, DhcpOptions, DhcpPrivateOption, IPv6BootConfig};
 use vmdhcp_core::pool::spec::MIN_MTU;
 use vmdhcp_core::pool::v6::not_a_host_v6;
 use vmdhcp_core::pool::{
-    Binding, Boot, BootV6, DEFAULT_LEASE_SECONDS, Lease, PoolConfig, PoolConfigV6, PoolError,
-    Route, is_host_of,
+    Binding, Boot, BootV6, DEFAULT_LEASE_SECONDS, Lease, NicOptions, PoolConfig, PoolConfigV6,
+    PoolError, Route, is_host_of,
 };
 use vmdhcp_core::{MacAddr, NamespacedName, ifname};
 
@@ -356,7 +356,59 @@ impl From<&Lease> for pb::Lease {
             ip_address: l.ip.to_string(),
             host_name: l.host_name.clone().unwrap_or_default(),
             ipv6_address: l.ipv6.map(|a| a.to_string()).unwrap_or_default(),
+            options: l.options.as_deref().map(pb::NicOptions::from),
         }
+    }
+}
+
+impl From<&NicOptions> for pb::NicOptions {
+    fn from(o: &NicOptions) -> Self {
+        pb::NicOptions {
+            boot_file_name: o.boot_file_name.clone().unwrap_or_default(),
+            tftp_server_name: o.tftp_server_name.clone().unwrap_or_default(),
+            ntp_servers: o.ntp_servers.iter().map(ToString::to_string).collect(),
+            private_options: o
+                .private
+                .iter()
+                .map(|(option, value)| pb::PrivateOption {
+                    option: u32::from(*option),
+                    value: value.clone(),
+                })
+                .collect(),
+        }
+    }
+}
+
+/// A NIC's options from the stream, through the rules the config webhook applies (so no agent
+/// serves an option KubeVirt would refuse); `None` when they set nothing.
+fn nic_options(
+    message: &'static str,
+    o: Option<&pb::NicOptions>,
+) -> Result<Option<Box<NicOptions>>, ConvertError> {
+    let Some(o) = o else {
+        return Ok(None);
+    };
+    let spec = DhcpOptions {
+        boot_file_name: set(&o.boot_file_name),
+        tftp_server_name: set(&o.tftp_server_name),
+        ntp_servers: o.ntp_servers.clone(),
+        private_options: o
+            .private_options
+            .iter()
+            .map(|p| DhcpPrivateOption {
+                option: i64::from(p.option),
+                value: p.value.clone(),
+            })
+            .collect(),
+    };
+    match NicOptions::parse(&spec) {
+        Ok(parsed) => Ok(parsed.map(Box::new)),
+        Err(e) => Err(err(
+            message,
+            "options",
+            e.value(),
+            format!("{} {e}", e.path("dhcpOptions")),
+        )),
     }
 }
 
@@ -367,6 +419,7 @@ pub fn lease_entry(mac: &MacAddr, binding: &Binding) -> pb::LeaseEntry {
         ip_address: binding.ip.to_string(),
         host_name: binding.host_name.clone().unwrap_or_default(),
         ipv6_address: binding.ipv6.map(|a| a.to_string()).unwrap_or_default(),
+        options: binding.options.as_deref().map(pb::NicOptions::from),
     }
 }
 
@@ -376,6 +429,7 @@ impl TryFrom<&pb::Lease> for Lease {
     fn try_from(l: &pb::Lease) -> Result<Self, Self::Error> {
         const M: &str = "Lease";
         Ok(Lease {
+            options: nic_options(M, l.options.as_ref())?,
             pool: reference(M, "pool_ref", &l.pool_ref)?,
             mac: mac(M, "mac_address", &l.mac_address)?,
             ip: ipv4(M, "ip_address", &l.ip_address)?,
@@ -389,6 +443,7 @@ impl TryFrom<&pb::Lease> for Lease {
 pub fn lease_from_entry(pool: &NamespacedName, e: &pb::LeaseEntry) -> Result<Lease, ConvertError> {
     const M: &str = "LeaseEntry";
     Ok(Lease {
+        options: nic_options(M, e.options.as_ref())?,
         pool: pool.clone(),
         mac: mac(M, "mac_address", &e.mac_address)?,
         ip: ipv4(M, "ip_address", &e.ip_address)?,
@@ -614,6 +669,40 @@ mod tests {
     }
 
     #[test]
+    fn a_nic_s_options_round_trip_and_kubevirt_s_rules_hold_on_the_stream() {
+        use prost::Message;
+        let options = NicOptions {
+            boot_file_name: Some("pxelinux.0".into()),
+            tftp_server_name: Some("192.168.48.5".into()),
+            ntp_servers: vec!["192.168.48.123".parse().unwrap()],
+            private: vec![(240, "x".into())],
+        };
+        let binding = Binding {
+            options: Some(Box::new(options)),
+            ..Binding::ip("192.168.48.83".parse().unwrap())
+        };
+        let mac: MacAddr = "02:00:00:00:00:01".parse().unwrap();
+        let pool: NamespacedName = "default/net-48".parse().unwrap();
+        let entry = lease_entry(&mac, &binding);
+        assert_eq!(lease_from_entry(&pool, &entry).unwrap().binding(), binding);
+        let lease = binding.lease(pool.clone(), mac);
+        assert_eq!(Lease::try_from(&pb::Lease::from(&lease)).unwrap(), lease);
+        // An agent that predates the field reads the address.
+        let old = first_contract::LeaseEntry::decode(entry.encode_to_vec().as_slice()).unwrap();
+        assert_eq!(old.ip_address, "192.168.48.83");
+        // A code KubeVirt refuses is refused here too, naming the field.
+        let mut bad = entry;
+        if let Some(o) = bad.options.as_mut() {
+            o.private_options[0].option = 300;
+        }
+        let e = lease_from_entry(&pool, &bad).unwrap_err().to_string();
+        assert!(
+            e.contains("LeaseEntry.options") && e.contains("privateOptions[0].option"),
+            "{e}"
+        );
+    }
+
+    #[test]
     fn invalid_values_are_named() {
         type Mutation = fn(&mut pb::PoolConfig);
         let cases: [(Mutation, &str); 12] = [
@@ -658,6 +747,7 @@ mod tests {
             assert!(e.contains(want), "{e}");
         }
         let bad = pb::Lease {
+            options: None,
             ipv6_address: String::new(),
             pool_ref: "a/b".into(),
             mac_address: "zz".into(),
@@ -675,6 +765,7 @@ mod tests {
     #[test]
     fn host_names_round_trip_and_bad_ones_are_refused_by_field() {
         let lease = Lease {
+            options: None,
             ipv6: None,
             pool: "a/b".parse().unwrap(),
             mac: "02:00:00:00:00:01".parse().unwrap(),

@@ -138,6 +138,7 @@ pub fn load(path: &Path) -> Result<Vec<PoolLeases>, FileError> {
                 .into_iter()
                 .map(|l| {
                     let binding = Binding {
+                        options: None,
                         ip: l.ip,
                         host_name: l.host_name,
                         ipv6: l.ipv6,

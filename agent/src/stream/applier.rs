@@ -298,6 +298,7 @@ mod tests {
                 leases: l
                     .into_iter()
                     .map(|(m, i)| pb::LeaseEntry {
+                        options: None,
                         ipv6_address: String::new(),
                         mac_address: m.into(),
                         ip_address: i.into(),
@@ -322,6 +323,7 @@ mod tests {
         let upserted_leases = leases
             .into_iter()
             .map(|(p, m, i)| pb::Lease {
+                options: None,
                 ipv6_address: String::new(),
                 pool_ref: p.into(),
                 mac_address: m.into(),

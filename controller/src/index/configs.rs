@@ -677,6 +677,7 @@ mod tests {
             network_configs: entries
                 .iter()
                 .map(|(net, m, _)| NetworkConfig {
+                    dhcp_options: None,
                     ipv6_address: None,
                     network_name: NETWORKS[*net % NETWORKS.len()].into(),
                     mac_address: mac(*m).to_string(),

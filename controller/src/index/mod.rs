@@ -420,6 +420,7 @@ mod tests {
 
     fn lease(p: &str, m: u8, ip: u8) -> Lease {
         Lease {
+            options: None,
             ipv6: None,
             pool: format!("ns/{p}").parse().unwrap(),
             mac: MacAddr([2, 0, 0, 0, 0, m]),

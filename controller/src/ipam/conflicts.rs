@@ -1,5 +1,6 @@
-//! What the books hold besides holders: the host name of each address, and the addresses
-//! another host was found using (conflicts), bounded, blocked until a probe clears them.
+//! What the books hold besides holders: the host name and the NIC's own DHCP options of each
+//! address, and the addresses another host was found using (conflicts), bounded, blocked until
+//! a probe clears them.
 
 use super::*;
 
@@ -32,6 +33,42 @@ impl<A: Family> PoolAllocator<A> {
                 self.set_host_name(ip, Some(name));
             }
         }
+    }
+
+    /// Sets the DHCP options of the NIC holding `ip` (`None`: none); returns whether that
+    /// changed. As a host name, only an address held by a MAC carries them, until released.
+    pub fn set_nic_options(&mut self, ip: A, options: Option<&NicOptions>) -> bool {
+        let n = ip.to_int();
+        if !matches!(self.taken.get(&n), Some(Slot::Held(Holder::Mac(_)))) {
+            return false;
+        }
+        match options {
+            Some(o) if self.nic_options.get(&n) != Some(o) => {
+                self.nic_options.insert(n, o.clone());
+                true
+            }
+            Some(_) => false,
+            None => self.nic_options.remove(&n).is_some(),
+        }
+    }
+
+    /// Restores the options recorded in `status.ipv4.dhcpOptions` for addresses held by a MAC
+    /// (a rebuild from status); entries for other addresses or that break the rules are
+    /// dropped and will not be written back (the config's reconcile records them again).
+    pub fn restore_nic_options(&mut self, recorded: &BTreeMap<String, DhcpOptions>) {
+        for (ip, options) in recorded {
+            if let (Ok(ip), Ok(Some(options))) = (ip.parse::<A>(), NicOptions::parse(options)) {
+                self.set_nic_options(ip, Some(&options));
+            }
+        }
+    }
+
+    /// The pool's `status.ipv4.dhcpOptions` map.
+    pub fn status_nic_options(&self) -> BTreeMap<String, DhcpOptions> {
+        self.nic_options
+            .iter()
+            .map(|(n, o)| (A::from_int(*n).to_string(), o.to_crd()))
+            .collect()
     }
 
     /// The pool's `status.ipv4.hostNames` map.

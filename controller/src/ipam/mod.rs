@@ -30,8 +30,8 @@ use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 use std::sync::Arc;
 
 use ipnet::IpNet;
-use vmdhcp_core::crd::AddressConflict;
-use vmdhcp_core::pool::{Family, Holder, PoolRange, parse_allocated};
+use vmdhcp_core::crd::{AddressConflict, DhcpOptions};
+use vmdhcp_core::pool::{Family, Holder, NicOptions, PoolRange, parse_allocated};
 use vmdhcp_core::{MacAddr, NamespacedName};
 
 /// Why an IPAM operation was refused. Every variant names the pool and the address concerned.
@@ -172,6 +172,9 @@ pub struct PoolAllocator<A: Family = Ipv4Addr> {
     conflicts: BTreeMap<A::Int, AddressConflict>,
     /// The host name of the VM holding an address, for addresses held by a MAC only.
     host_names: HashMap<A::Int, String>,
+    /// The DHCP options of the NIC holding an address (its VM's `dhcpOptions`), for addresses
+    /// held by a MAC whose NIC has any.
+    nic_options: HashMap<A::Int, NicOptions>,
     /// Recorded entries this allocator cannot hold as addresses (a key outside the range or not
     /// an address, written by another writer): kept and written back as they are.
     verbatim: BTreeMap<String, String>,
@@ -215,6 +218,7 @@ impl<A: Family> PartialEq for PoolAllocator<A> {
             && self.used == other.used
             && self.conflicts == other.conflicts
             && self.host_names == other.host_names
+            && self.nic_options == other.nic_options
             && self.verbatim == other.verbatim
     }
 }
@@ -239,6 +243,7 @@ impl<A: Family> PoolAllocator<A> {
             used: 0,
             conflicts: BTreeMap::new(),
             host_names: HashMap::new(),
+            nic_options: HashMap::new(),
             verbatim: BTreeMap::new(),
             unrecorded: Unrecorded::default(),
         };
@@ -506,6 +511,7 @@ impl<A: Family> PoolAllocator<A> {
             Some(Slot::Held(Holder::Mac(mac))) => {
                 self.by_mac.remove(&mac);
                 self.host_names.remove(&n);
+                self.nic_options.remove(&n);
                 self.used -= 1;
             }
             Some(Slot::Unreadable(_)) => self.used -= 1,
@@ -1061,6 +1067,42 @@ mod tests {
         );
         assert!(b.set_host_name(two, None));
         assert!(b.status_host_names().is_empty());
+    }
+
+    #[test]
+    fn a_nic_s_options_follow_the_holder_and_survive_a_rebuild() {
+        let mut a = PoolAllocator::new(readme_range());
+        let one = a.allocate(mac(1)).unwrap();
+        let options = NicOptions {
+            boot_file_name: Some("pxelinux.0".into()),
+            private: vec![(240, "x".into())],
+            ..NicOptions::default()
+        };
+        assert!(a.set_nic_options(one, Some(&options)));
+        assert!(!a.set_nic_options(one, Some(&options)), "unchanged");
+        assert!(
+            !a.set_nic_options(ip("192.168.48.77"), Some(&options)),
+            "markers carry none"
+        );
+        let recorded = a.status_nic_options();
+        assert_eq!(recorded.len(), 1);
+        let (mut b, _) = PoolAllocator::rebuild(readme_range(), &a.status_allocated());
+        let mut tampered = recorded.clone();
+        tampered.insert("192.168.48.90".into(), options.to_crd());
+        let mut refused = options.to_crd();
+        refused.private_options[0].option = 1;
+        tampered.insert(one.to_string(), refused);
+        b.restore_nic_options(&tampered);
+        assert!(
+            b.status_nic_options().is_empty(),
+            "neither a free address nor a bad entry"
+        );
+        b.restore_nic_options(&recorded);
+        assert_eq!(b.status_nic_options(), recorded);
+        assert_eq!(a, b, "a rebuild equals the books that wrote the status");
+        // Released, the options go with the address.
+        b.release_mac(&mac(1));
+        assert!(b.status_nic_options().is_empty());
     }
 
     #[test]

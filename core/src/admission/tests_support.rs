@@ -94,6 +94,7 @@ pub(super) fn cfg(key: &str, nics: &[(&str, &str, Option<&str>)]) -> VirtualMach
                 .iter()
                 .map(|(net, mac, ip)| NetworkConfig {
                     ipv6_address: None,
+                    dhcp_options: None,
                     network_name: (*net).to_owned(),
                     mac_address: (*mac).to_owned(),
                     ip_address: ip.map(str::to_owned),

@@ -19,7 +19,7 @@ use crate::crd::{
 };
 use crate::mac::MacAddr;
 use crate::names::NamespacedName;
-use crate::pool::{Holder, PoolError, ValidPool};
+use crate::pool::{Holder, NicOptions, PoolError, ValidPool};
 
 /// Most network configs one VirtualMachineNetworkConfig may hold (upstream's CRD `maxItems`).
 pub const MAX_NETWORK_CONFIGS: usize = 4;
@@ -108,6 +108,12 @@ fn check_vmnetcfg(
             None => None,
             Some(s) => Some(parse_ip::<Ipv6Addr>(&field("ipv6Address"), s)?),
         };
+        if let Some(options) = &raw.dhcp_options {
+            // KubeVirt's rules for `interfaces[].dhcpOptions`, with its messages, and our bounds.
+            NicOptions::parse(options).map_err(|e| {
+                Rejection::new(e.path(&field("dhcpOptions")), e.value(), e.to_string())
+            })?;
+        }
         for earlier in &parsed {
             let dup = |name: &str, value: &str| {
                 Rejection::new(
@@ -427,6 +433,61 @@ mod tests {
                 ],
             ))
             .unwrap();
+    }
+
+    #[test]
+    fn kubevirt_s_dhcp_options_follow_its_rules() {
+        let cluster = Cluster::new();
+        let with = |options: crate::crd::DhcpOptions| {
+            let mut c = cfg("default/vm", &[("default/net-48", MAC_A, None)]);
+            c.spec.network_configs[0].dhcp_options = Some(options);
+            c
+        };
+        let private = |option: i64, value: &str| crate::crd::DhcpPrivateOption {
+            option,
+            value: value.into(),
+        };
+        cluster
+            .create(&with(crate::crd::DhcpOptions {
+                boot_file_name: Some("pxelinux.0".into()),
+                ntp_servers: vec!["192.168.48.123".into()],
+                private_options: vec![private(240, "x")],
+                ..Default::default()
+            }))
+            .unwrap();
+        let r = refused(
+            cluster.create(&with(crate::crd::DhcpOptions {
+                private_options: vec![private(223, "x")],
+                ..Default::default()
+            })),
+            "spec.networkConfigs[0].dhcpOptions.privateOptions[0].option",
+            "provided DHCPPrivateOptions are out of range, must be in range 224 to 254",
+        );
+        assert_eq!(r.value, "223");
+        refused(
+            cluster.create(&with(crate::crd::DhcpOptions {
+                private_options: vec![private(240, "a"), private(240, "b")],
+                ..Default::default()
+            })),
+            "spec.networkConfigs[0].dhcpOptions.privateOptions[1].option",
+            "Found Duplicates: you have provided duplicate DHCPPrivateOptions",
+        );
+        refused(
+            cluster.create(&with(crate::crd::DhcpOptions {
+                ntp_servers: vec!["ntp.example".into()],
+                ..Default::default()
+            })),
+            "spec.networkConfigs[0].dhcpOptions.ntpServers[0]",
+            "NTP servers must be a list of valid IPv4 addresses.",
+        );
+        refused(
+            cluster.create(&with(crate::crd::DhcpOptions {
+                boot_file_name: Some("x".repeat(256)),
+                ..Default::default()
+            })),
+            "spec.networkConfigs[0].dhcpOptions.bootFileName",
+            "is longer than 255 bytes",
+        );
     }
 
     #[test]
@@ -922,6 +983,7 @@ mod tests {
         // A NIC added on a good network beside an unchanged one on a gone network: admitted.
         new.spec.network_configs.push(NetworkConfig {
             ipv6_address: None,
+            dhcp_options: None,
             network_name: "default/net-49".into(),
             mac_address: MAC_B.into(),
             ip_address: None,

@@ -23,11 +23,13 @@ use crate::names::{NamespacedName, is_host_name};
 pub mod boot;
 pub mod duid;
 pub mod family;
+pub mod nic_options;
 pub mod recorded;
 pub mod spec;
 pub mod v6;
 pub use boot::{Boot, BootV6, Firmware};
 pub use family::Family;
+pub use nic_options::NicOptions;
 pub use recorded::RecordedLeases;
 pub use spec::{PoolRange, ValidPool};
 pub use v6::{PoolConfigV6, ValidV6};
@@ -96,6 +98,19 @@ pub enum PoolError {
         ip: String,
         /// The entry's value.
         value: String,
+    },
+    /// A `status.ipv4.dhcpOptions` entry that breaks the rules of a NIC's `dhcpOptions`; the
+    /// NIC is served without them.
+    #[error("IPPool {pool}: status.ipv4.dhcpOptions[{ip}].{field}: {reason}")]
+    InvalidDhcpOptions {
+        /// The pool, `namespace/name`.
+        pool: String,
+        /// The entry's key.
+        ip: String,
+        /// The field of the entry.
+        field: String,
+        /// What is wrong with it.
+        reason: String,
     },
 }
 
@@ -190,6 +205,9 @@ pub struct Lease {
     /// has one).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub ipv6: Option<Ipv6Addr>,
+    /// The NIC's own DHCP options, served over the pool's.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub options: Option<Box<NicOptions>>,
 }
 
 impl Lease {
@@ -199,6 +217,7 @@ impl Lease {
             ip: self.ip,
             host_name: self.host_name.clone(),
             ipv6: self.ipv6,
+            options: self.options.clone(),
         }
     }
 }
@@ -215,6 +234,10 @@ pub struct Binding {
     /// The IPv6 address, on a dual-stack pool.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub ipv6: Option<Ipv6Addr>,
+    /// The NIC's own DHCP options (its VM's `dhcpOptions`), served over the pool's. Boxed: most
+    /// NICs have none, and a binding is kept per NIC.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub options: Option<Box<NicOptions>>,
 }
 
 impl Binding {
@@ -224,6 +247,7 @@ impl Binding {
             ip,
             host_name: None,
             ipv6: None,
+            options: None,
         }
     }
 
@@ -235,6 +259,7 @@ impl Binding {
             ip: self.ip,
             host_name: self.host_name.clone(),
             ipv6: self.ipv6,
+            options: self.options.clone(),
         }
     }
 }
@@ -304,6 +329,7 @@ pub fn leases_from_status(pool: &IPPool) -> Result<(Vec<Lease>, Vec<PoolError>),
                 ip,
                 host_name: recorded_host_name(&pool_ref, v4, names, ip, &mut errors),
                 ipv6: v6.get(&mac).copied(),
+                options: recorded_options(&pool_ref, v4, ip, &mut errors),
             }),
             Holder::Reserved | Holder::Excluded => None,
         })
@@ -363,6 +389,32 @@ pub fn in_ipv6_status(e: PoolError) -> PoolError {
             reason,
         },
         other => other,
+    }
+}
+
+/// The DHCP options `v4` records for the NIC holding `ip`, if any and valid (else an error,
+/// and none: the NIC is still served, with the pool's options).
+fn recorded_options(
+    pool: &NamespacedName,
+    v4: &IPv4Status,
+    ip: Ipv4Addr,
+    errors: &mut Vec<PoolError>,
+) -> Option<Box<NicOptions>> {
+    if v4.dhcp_options.is_empty() {
+        return None;
+    }
+    let key = ip.to_string();
+    match NicOptions::parse(v4.dhcp_options.get(&key)?) {
+        Ok(options) => options.map(Box::new),
+        Err(e) => {
+            errors.push(PoolError::InvalidDhcpOptions {
+                pool: pool.to_string(),
+                ip: key,
+                field: e.field().to_owned(),
+                reason: e.to_string(),
+            });
+            None
+        }
     }
 }
 

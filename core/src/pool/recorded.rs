@@ -16,7 +16,7 @@ use crate::names::NamespacedName;
 
 use super::{
     Binding, Holder, Lease, PoolError, in_ipv6_status, leases_from_status, parse_allocated_v6,
-    parse_entry, pool_ref, recorded_host_name,
+    parse_entry, pool_ref, recorded_host_name, recorded_options,
 };
 
 /// A lease to publish: the MAC's binding now, or `None` when it holds nothing any more.
@@ -104,6 +104,11 @@ impl RecordedLeases {
                 Some(Ok(_)) | None => {}
             }
         }
+        for key in differing(&old.dhcp_options, &new.dhcp_options) {
+            if let Some((_, mac)) = holder(&pool, key, new) {
+                touched.insert(mac);
+            }
+        }
         if names {
             for key in differing(&old.host_names, &new.host_names) {
                 if let Some((_, mac)) = holder(&pool, key, new) {
@@ -128,6 +133,7 @@ impl RecordedLeases {
                     ip,
                     host_name: recorded_host_name(&pool, new, names, ip, &mut errors),
                     ipv6,
+                    options: recorded_options(&pool, new, ip, &mut errors),
                 });
                 (mac, binding)
             })

@@ -80,6 +80,7 @@ pub(super) fn decide(
     let Some(leased) = pool.address_of(&mac) else {
         return Action::Silent(Silence::UnknownMac);
     };
+    let nic = pool.options_of(&mac);
     let ours = |id: Option<Ipv4Addr>| id.is_none_or(|id| id == config.server_ip);
     match kind {
         MessageType::Release => {
@@ -96,11 +97,11 @@ pub(super) fn decide(
                 Action::Silent(Silence::Ignored)
             }
         }
-        MessageType::Inform => reply(request, wire, MessageType::Ack, None, pool),
+        MessageType::Inform => reply(request, wire, MessageType::Ack, None, nic, pool),
         _ if is_conflicted(&leased) => Action::Silent(Silence::Conflicted(leased)),
         MessageType::Discover => {
             let lease = Some((leased, pool.host_name_of(&mac)));
-            reply(request, wire, MessageType::Offer, lease, pool)
+            reply(request, wire, MessageType::Offer, lease, nic, pool)
         }
         _ => {
             // REQUEST. SELECTING names a server (option 54); INIT-REBOOT names only an address
@@ -114,9 +115,9 @@ pub(super) fn decide(
             };
             if asked == leased {
                 let lease = Some((leased, pool.host_name_of(&mac)));
-                reply(request, wire, MessageType::Ack, lease, pool)
+                reply(request, wire, MessageType::Ack, lease, nic, pool)
             } else {
-                reply(request, wire, MessageType::Nak, None, pool)
+                reply(request, wire, MessageType::Nak, None, None, pool)
             }
         }
     }

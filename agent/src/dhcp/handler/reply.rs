@@ -6,7 +6,7 @@ use std::net::{Ipv4Addr, SocketAddrV4};
 use dhcproto::v4::{DhcpOption, Flags, Message, MessageType, Opcode, OptionCode, UnknownOption};
 use dhcproto::{Encodable, Name};
 use ipnet::Ipv4Net;
-use vmdhcp_core::pool::{DEFAULT_LEASE_SECONDS, PoolConfig};
+use vmdhcp_core::pool::{DEFAULT_LEASE_SECONDS, NicOptions, PoolConfig};
 
 use super::boot;
 use super::wire::{MAX_PACKET, Sanitized};
@@ -32,6 +32,7 @@ pub(super) fn reply(
     wire: &Sanitized,
     kind: MessageType,
     leased: Option<(Ipv4Addr, Option<&str>)>,
+    nic: Option<&NicOptions>,
     pool: &PoolSnapshot,
 ) -> Action {
     let (host_name, leased) = (leased.and_then(|(_, n)| n), leased.map(|(ip, _)| ip));
@@ -45,7 +46,15 @@ pub(super) fn reply(
     let boot = match (&config.boot, kind) {
         (Some(boot), MessageType::Offer | MessageType::Ack) => boot::answer(boot, &wire.netboot),
         _ => None,
-    };
+    }
+    .map(|mut answer| {
+        // The NIC's own boot file and TFTP server (its VM's `dhcpOptions`) win over the pool's.
+        if let Some(n) = nic {
+            answer.file = n.boot_file_name.as_deref().unwrap_or(answer.file);
+            answer.tftp_server_name = n.tftp_server_name.as_deref().or(answer.tftp_server_name);
+        }
+        answer
+    });
     let siaddr = match (kind, &boot) {
         (MessageType::Nak, _) => unspecified,
         (_, Some(b)) => b.next_server.unwrap_or(config.server_ip),
@@ -101,7 +110,17 @@ pub(super) fn reply(
     let mut optional = if kind == MessageType::Nak {
         Vec::new()
     } else {
-        pool_options(config, ntp, host_name, requested_codes(request).as_deref())
+        let nic = nic.map(|options| Nic {
+            options,
+            boot_answered: boot.is_some(),
+        });
+        pool_options(
+            config,
+            ntp,
+            host_name,
+            nic,
+            requested_codes(request).as_deref(),
+        )
     };
     if let Some(b) = &boot {
         // Right after the addressing, whatever the client asked for: without them a booting
@@ -173,14 +192,28 @@ fn reply_budget(request: &Message) -> usize {
     max.clamp(MIN_MAX_MESSAGE, MAX_PACKET) - IP_UDP_HEADERS
 }
 
-/// The pool's options, in the order they are given up when a reply is too big for the client:
-/// the most important first. With a parameter request list, only what it asks for.
+/// A NIC's own options, and whether a boot answer already carries its boot file.
+#[derive(Clone, Copy)]
+struct Nic<'a> {
+    options: &'a NicOptions,
+    boot_answered: bool,
+}
+
+/// The pool's options, with the NIC's own over them, in the order they are given up when a
+/// reply is too big for the client: the most important first. With a parameter request list,
+/// only what it asks for (as KubeVirt's own DHCP server sends an interface's options).
 fn pool_options(
     config: &PoolConfig,
     ntp: &[Ipv4Addr],
     host_name: Option<&str>,
+    nic: Option<Nic<'_>>,
     requested: Option<&[u8]>,
 ) -> Vec<DhcpOption> {
+    // The NIC's NTP servers replace the pool's.
+    let ntp = match nic {
+        Some(n) if !n.options.ntp_servers.is_empty() => &n.options.ntp_servers[..],
+        _ => ntp,
+    };
     let mut all = vec![DhcpOption::SubnetMask(config.subnet.netmask())];
     if let Some(router) = config.router {
         all.push(DhcpOption::Router(vec![router]));
@@ -220,6 +253,23 @@ fn pool_options(
             OptionCode::from(MS_CLASSLESS_ROUTES),
             rfc3442(&routes),
         )));
+    }
+    if let Some(n) = nic {
+        let o = n.options;
+        if !n.boot_answered {
+            if let Some(file) = &o.boot_file_name {
+                all.push(DhcpOption::BootfileName(file.as_bytes().to_vec()));
+            }
+            if let Some(tftp) = &o.tftp_server_name {
+                all.push(DhcpOption::TFTPServerName(tftp.as_bytes().to_vec()));
+            }
+        }
+        for (code, value) in &o.private {
+            all.push(DhcpOption::Unknown(UnknownOption::new(
+                OptionCode::from(*code),
+                value.as_bytes().to_vec(),
+            )));
+        }
     }
     match requested {
         None => all,
@@ -571,6 +621,7 @@ mod tests {
         let cfg = config();
         let name = cfg.pool.clone();
         let binding = Binding {
+            options: None,
             ipv6: None,
             ip: LEASED,
             host_name: Some("vm-1".into()),
@@ -847,5 +898,78 @@ mod tests {
         let got = reply_from(&pool(), &firmware(MessageType::Discover, bios));
         assert_eq!((got.siaddr(), file_field(&got)), (SERVER, String::new()));
         assert!(got.opts().get(OptionCode::BootfileName).is_none());
+    }
+
+    /// `config` with KNOWN holding LEASED and its NIC's own options: boot file `nic.efi`,
+    /// NTP 192.0.2.99, private options 240 and 252.
+    fn with_nic_options(config: PoolConfig) -> Arc<PoolSnapshot> {
+        let table = LeaseTable::new();
+        let name = config.pool.clone();
+        let options = vmdhcp_core::pool::NicOptions {
+            boot_file_name: Some("nic.efi".into()),
+            tftp_server_name: None,
+            ntp_servers: vec![Ipv4Addr::new(192, 0, 2, 99)],
+            private: vec![(240, "hello".into()), (252, "http://wpad/wpad.dat".into())],
+        };
+        let binding = Binding {
+            options: Some(Box::new(options)),
+            ..Binding::ip(LEASED)
+        };
+        table.apply_snapshot(&[PoolLeases {
+            config,
+            leases: [(MacAddr(KNOWN), binding)].into(),
+        }]);
+        table.pool(&name).unwrap()
+    }
+
+    #[test]
+    fn a_nic_s_own_options_are_served_over_the_pool_s_as_asked_for() {
+        let pool = with_nic_options(config());
+        let got = reply_from(&pool, &ask(&[1, 42, 67, 240]));
+        let o = got.opts();
+        assert_eq!(
+            o.get(OptionCode::NtpServers),
+            Some(&DhcpOption::NtpServers(vec![Ipv4Addr::new(192, 0, 2, 99)]))
+        );
+        assert_eq!(
+            o.get(OptionCode::BootfileName),
+            Some(&DhcpOption::BootfileName(b"nic.efi".to_vec()))
+        );
+        let Some(DhcpOption::Unknown(private)) = o.get(OptionCode::from(240)) else {
+            panic!("no option 240: {o:?}");
+        };
+        assert_eq!(private.data(), b"hello");
+        // Not asked for: not sent.
+        assert!(o.get(OptionCode::from(252)).is_none());
+        // Without a request list, everything.
+        let all = reply_from(&pool, &request(MessageType::Discover, KNOWN));
+        assert!(all.opts().get(OptionCode::from(252)).is_some());
+        // Another MAC of the pool gets the pool's NTP server and nothing of this NIC's.
+        let other = reply_from(&pool_with(config()), &ask(&[42, 67, 240]));
+        assert_eq!(
+            other.opts().get(OptionCode::NtpServers),
+            Some(&DhcpOption::NtpServers(vec![Ipv4Addr::new(192, 0, 2, 123)]))
+        );
+        assert!(other.opts().get(OptionCode::BootfileName).is_none());
+    }
+
+    #[test]
+    fn a_booting_nic_with_its_own_boot_file_gets_it_over_the_pool_s() {
+        let mut config = config();
+        config.boot = Some(vmdhcp_core::pool::Boot {
+            next_server: Some(Ipv4Addr::new(192, 0, 2, 5)),
+            bios_file: Some("undionly.kpxe".into()),
+            tftp_server_name: Some("tftp.example.test".into()),
+            ..Default::default()
+        });
+        let pool = with_nic_options(config);
+        let bios = vec![DhcpOption::ClassIdentifier(b"PXEClient".to_vec())];
+        let got = reply_from(&pool, &firmware(MessageType::Discover, bios));
+        assert_eq!(file_field(&got), "nic.efi");
+        assert_eq!(got.siaddr(), Ipv4Addr::new(192, 0, 2, 5));
+        assert_eq!(
+            got.opts().get(OptionCode::TFTPServerName),
+            Some(&DhcpOption::TFTPServerName(b"tftp.example.test".to_vec()))
+        );
     }
 }

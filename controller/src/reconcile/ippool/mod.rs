@@ -347,6 +347,7 @@ fn allocator_from_status(pool: &IPPool, valid: &ValidPool) -> (PoolBooks, Vec<Ip
     if let Some(v4) = recorded {
         problems.extend(allocator.restore_conflicts(&v4.conflicts));
         allocator.restore_host_names(&v4.host_names);
+        allocator.restore_nic_options(&v4.dhcp_options);
     }
     let v6 = valid.ipv6().map(|v6| {
         let allocated = status

@@ -472,6 +472,7 @@ mod tests {
             ipv6: None,
             last_update: Some(now()),
             ipv4: Some(IPv4Status {
+                dhcp_options: Default::default(),
                 allocated: [("10.0.0.2".to_owned(), "02:00:00:00:00:01".to_owned())].into(),
                 used: 1,
                 available: 250,

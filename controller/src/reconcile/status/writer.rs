@@ -38,6 +38,7 @@ pub fn fill_books(
             } else {
                 BTreeMap::new()
             },
+            dhcp_options: books.v4.status_nic_options(),
         };
         let (v6, v6_status) = match &books.v6 {
             None => (None, None),

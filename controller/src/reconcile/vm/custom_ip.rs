@@ -74,6 +74,7 @@ mod tests {
     #[test]
     fn addresses_follow_the_nics_order_ipv4_before_ipv6() {
         let nic = |net: &str, mac: &str| NetworkConfig {
+            dhcp_options: None,
             network_name: net.into(),
             mac_address: mac.into(),
             ip_address: None,

@@ -22,12 +22,14 @@ use kube::runtime::events::EventType;
 use kube::{Resource, ResourceExt};
 use tracing::{debug, warn};
 use vmdhcp_core::crd::{
-    LABEL_VM_NAME, NetworkConfig, VirtualMachineNetworkConfig, VirtualMachineNetworkConfigSpec,
+    DhcpOptions, LABEL_VM_NAME, NetworkConfig, VirtualMachineNetworkConfig,
+    VirtualMachineNetworkConfigSpec,
 };
+use vmdhcp_core::pool::NicOptions;
 use vmdhcp_core::{MacAddr, NamespacedName};
 
 use crate::index::trim;
-use crate::kinds::{MAC_ANNOTATION, VirtualMachine};
+use crate::kinds::{MAC_ANNOTATION, VirtualMachine, VmInterface};
 use crate::reconcile::context::{Context, NotLeader};
 use crate::reconcile::versioned;
 
@@ -51,6 +53,22 @@ pub enum Error {
     /// The object has no namespace.
     #[error("VirtualMachine without namespace")]
     Unnamespaced,
+}
+
+/// The interface's `dhcpOptions`, as its config carries them: those that break KubeVirt's
+/// rules or our bounds are left out, with a warning (KubeVirt's webhook refuses most of them
+/// first), so the config is still written and the NIC served with the pool's options.
+fn dhcp_options_of(vm: &VirtualMachine, nic: &str, interface: &VmInterface) -> Option<DhcpOptions> {
+    let options = interface.dhcp_options.as_ref()?;
+    match NicOptions::parse(options) {
+        Ok(Some(parsed)) => Some(parsed.to_crd()),
+        Ok(None) => None,
+        Err(e) => {
+            let field = e.path("dhcpOptions");
+            warn!(vm = %vm.name_any(), nic, field, error = %e, "DHCP options of the interface left out");
+            None
+        }
+    }
 }
 
 /// The network configs a VM's spec asks for, in its network order (at most 4, as the CRD allows),
@@ -80,13 +98,13 @@ pub fn network_configs(vm: &VirtualMachine) -> Vec<NetworkConfig> {
         ) else {
             continue;
         };
-        let from_spec = spec
+        let interface = spec
             .domain
             .devices
             .interfaces
             .iter()
-            .find(|i| i.name.as_deref() == Some(nic))
-            .and_then(|i| i.mac_address.as_deref());
+            .find(|i| i.name.as_deref() == Some(nic));
+        let from_spec = interface.and_then(|i| i.mac_address.as_deref());
         let Some(mac) = from_spec.or(annotated.get(nic).map(String::as_str)) else {
             debug!(vm = %vm.name_any(), nic, "no MAC yet; waiting for KubeVirt or Harvester to assign one");
             continue;
@@ -102,6 +120,7 @@ pub fn network_configs(vm: &VirtualMachine) -> Vec<NetworkConfig> {
             mac_address: mac.to_string(),
             ip_address: pin.and_then(|p| p.ipv4).map(|ip| ip.to_string()),
             ipv6_address: pin.and_then(|p| p.ipv6).map(|ip| ip.to_string()),
+            dhcp_options: interface.and_then(|i| dhcp_options_of(vm, nic, i)),
         });
     }
     if out.len() > 4 {
@@ -484,6 +503,7 @@ mod tests {
     fn the_applied_config_is_typed_and_an_empty_nic_list_is_left_out() {
         let v = vm(json!({}), json!([]), json!([]));
         let nic = NetworkConfig {
+            dhcp_options: None,
             ipv6_address: None,
             network_name: "vms/net-a".into(),
             mac_address: "aa:bb:cc:00:00:01".into(),

@@ -184,6 +184,7 @@ mod tests {
 
     fn nic(mac: &str, ip: Option<&str>, ipv6: Option<&str>) -> NetworkConfig {
         NetworkConfig {
+            dhcp_options: None,
             network_name: "vms/net-a".into(),
             mac_address: mac.into(),
             ip_address: ip.map(str::to_owned),

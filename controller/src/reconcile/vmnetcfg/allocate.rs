@@ -107,6 +107,8 @@ pub(super) struct Decision {
     pub(super) result: Result<Ipv4Addr, IpamError>,
     /// Whether the address's host name changed.
     pub(super) renamed: bool,
+    /// Whether the NIC's own DHCP options changed.
+    pub(super) reoptioned: bool,
     /// The address it moved away from, and why that one was in conflict.
     pub(super) moved_from: Option<(Ipv4Addr, String)>,
     /// Why the address it holds now is in conflict (only a static one can be).
@@ -117,22 +119,31 @@ pub(super) struct Decision {
     pub(super) unrecorded: bool,
 }
 
-/// Decides one NIC's address on its pool's allocator: [`allocate_nic`], then the host name and
-/// the conflicts read from the same state.
+/// What goes with a NIC's address besides its holder: the VM's name and the NIC's own DHCP
+/// options.
+#[derive(Clone, Copy, Debug, Default)]
+pub(super) struct Extras<'a> {
+    pub(super) host_name: Option<&'a str>,
+    pub(super) options: Option<&'a NicOptions>,
+}
+
+/// Decides one NIC's address on its pool's allocator: [`allocate_nic`], then the host name, the
+/// NIC's options and the conflicts read from the same state.
 pub(super) fn decide(
     alloc: &mut PoolAllocator,
     mac: MacAddr,
     requested: Option<Ipv4Addr>,
     previous: Option<Ipv4Addr>,
-    host_name: Option<&str>,
+    extras: Extras<'_>,
     avoid: &dyn Fn(IpAddr) -> bool,
 ) -> Decision {
     let held_before = alloc.lookup(&mac);
     let result = allocate_nic(alloc, mac, requested, previous, avoid);
     let unrecorded = alloc.lookup(&mac).is_some_and(|ip| alloc.is_unrecorded(ip));
-    let (mut renamed, mut moved_from, mut conflict) = (false, None, None);
+    let (mut renamed, mut reoptioned, mut moved_from, mut conflict) = (false, false, None, None);
     if let Ok(ip) = result {
-        renamed = alloc.set_host_name(ip, host_name);
+        renamed = alloc.set_host_name(ip, extras.host_name);
+        reoptioned = alloc.set_nic_options(ip, extras.options);
         moved_from = held_before
             .filter(|old| *old != ip)
             .and_then(|old| Some((old, alloc.conflict_reason(old)?)));
@@ -142,6 +153,7 @@ pub(super) fn decide(
         held_before,
         result,
         renamed,
+        reoptioned,
         moved_from,
         conflict,
         unrecorded,
@@ -168,11 +180,11 @@ pub(super) fn decide_books(
     books: &mut PoolBooks,
     mac: MacAddr,
     (requested, previous): (Option<Ipv4Addr>, Option<Ipv4Addr>),
-    host_name: Option<&str>,
+    extras: Extras<'_>,
     want6: V6Want,
     avoid: &dyn Fn(IpAddr) -> bool,
 ) -> (Decision, Option<DecisionV6>) {
-    let v4 = decide(&mut books.v4, mac, requested, previous, host_name, avoid);
+    let v4 = decide(&mut books.v4, mac, requested, previous, extras, avoid);
     let v6 = match (&mut books.v6, &v4.result) {
         (Some(a6), Ok(_)) => {
             let held_before = a6.lookup(&mac);
@@ -237,6 +249,8 @@ pub(super) fn allocate(
         .filter(|n| !n.is_empty())
         .map_or_else(|| cfg.name_any(), str::to_owned);
     let host_name = host_name_of(&vm_name);
+    // The NIC's own DHCP options, recorded with its address like its host name.
+    let options = nic_options(cfg, network, mac);
     // Addresses other NICs on the network ask for as their static one, or hold by their
     // config's record (the books may have lost one: a status written without `ipv6`).
     let index = &ctx.stores.config_index;
@@ -246,14 +260,11 @@ pub(super) fn allocate(
     };
     let decision = span.in_scope(|| {
         ctx.books.ipam.with_books(pool, |b| {
-            decide_books(
-                b,
-                mac,
-                (requested, prev_ip),
-                host_name.as_deref(),
-                want6,
-                &avoid,
-            )
+            let extras = Extras {
+                host_name: host_name.as_deref(),
+                options: options.as_ref(),
+            };
+            decide_books(b, mac, (requested, prev_ip), extras, want6, &avoid)
         })
     });
     let (decision, v6) = decision.unwrap_or_else(|e| {
@@ -261,6 +272,7 @@ pub(super) fn allocate(
             held_before: None,
             result: Err(e),
             renamed: false,
+            reoptioned: false,
             moved_from: None,
             conflict: None,
             unrecorded: false,
@@ -282,7 +294,7 @@ pub(super) fn allocate(
                 .pools
                 .get(&store_key(pool))
                 .is_none_or(|p| p.spec.ipv4_config.send_host_name == Some(true));
-            if decision.renamed && names_written {
+            if (decision.renamed && names_written) || decision.reoptioned {
                 out.touched.insert(pool.clone());
             }
             if let Some((old, why)) = &decision.moved_from {
@@ -437,6 +449,32 @@ pub(super) fn v6_outcome(
             warn_refused(ctx, cfg, "AllocationRefused", msg.clone());
             out.problems.push(msg);
             (V6State::Refused(v6.held_before), None)
+        }
+    }
+}
+
+/// The DHCP options `cfg`'s spec gives the NIC `mac` on `network` (its VM's `dhcpOptions`),
+/// if any. Options that break the rules (admission refuses them; an older object may hold
+/// them) are left out with a warning: the NIC is served with the pool's.
+fn nic_options(
+    cfg: &VirtualMachineNetworkConfig,
+    network: &NamespacedName,
+    mac: MacAddr,
+) -> Option<NicOptions> {
+    let namespace = cfg.namespace().unwrap_or_default();
+    let nc = cfg.spec.network_configs.iter().find(|nc| {
+        nc.mac_address.parse::<MacAddr>().ok() == Some(mac)
+            && NamespacedName::parse_in(&nc.network_name, &namespace)
+                .ok()
+                .as_ref()
+                == Some(network)
+    })?;
+    match NicOptions::parse(nc.dhcp_options.as_ref()?) {
+        Ok(options) => options,
+        Err(e) => {
+            let field = e.path("dhcpOptions");
+            warn!(config = %cfg.name_any(), %network, %mac, field, error = %e, "DHCP options left out");
+            None
         }
     }
 }

@@ -20,14 +20,14 @@ use kube::runtime::controller::Action;
 use kube::runtime::events::EventType;
 use kube::runtime::finalizer::{Event as Finalizer, finalizer};
 use serde_json::json;
-use tracing::{debug, field, info, info_span};
+use tracing::{debug, field, info, info_span, warn};
 use vmdhcp_core::crd::{
     CONDITION_ALLOCATED, CONDITION_CACHE_READY, CONDITION_DISABLED, CONDITION_IN_SYNCED, IPPool,
     NetworkConfig, NetworkConfigState, NetworkConfigStatus, REASON_MAC_IN_USE,
     VirtualMachineNetworkConfig, find_condition,
 };
 use vmdhcp_core::names::host_name_of;
-use vmdhcp_core::pool::Family;
+use vmdhcp_core::pool::{Family, NicOptions};
 use vmdhcp_core::{MacAddr, NamespacedName};
 
 use crate::ipam::{IpamError, PoolAllocator, PoolBooks};
@@ -735,12 +735,12 @@ mod tests {
     fn a_conflict_on_a_nic_s_ipv6_address_moves_it_and_says_why() {
         let mut b = dual_books();
         let none = V6Want::default();
-        let (v4, v6) = decide_books(&mut b, A, (None, None), None, none, &nothing);
+        let (v4, v6) = decide_books(&mut b, A, (None, None), Extras::default(), none, &nothing);
         let held = v6.unwrap().result.unwrap();
         if let Some(a6) = b.v6.as_mut() {
             a6.record_conflict(held, squatted()).unwrap();
         }
-        let (again, v6) = decide_books(&mut b, A, (None, None), None, none, &nothing);
+        let (again, v6) = decide_books(&mut b, A, (None, None), Extras::default(), none, &nothing);
         assert_eq!(again.result, v4.result, "the IPv4 address stays");
         let v6 = v6.unwrap();
         assert_eq!(v6.held_before, Some(held));
@@ -756,19 +756,19 @@ mod tests {
     fn a_dual_stack_nic_gets_ipv4_first_then_ipv6_and_keeps_both() {
         let mut b = dual_books();
         let none = V6Want::default();
-        let (v4, v6) = decide_books(&mut b, A, (None, None), None, none, &nothing);
+        let (v4, v6) = decide_books(&mut b, A, (None, None), Extras::default(), none, &nothing);
         assert_eq!(v4.result, Ok(ip("192.0.2.10")));
         let v6 = v6.unwrap();
         assert_eq!((v6.held_before, v6.result), (None, Ok(ip6("fd00::10"))));
         // Again: both kept.
-        let (_, v6) = decide_books(&mut b, A, (None, None), None, none, &nothing);
+        let (_, v6) = decide_books(&mut b, A, (None, None), Extras::default(), none, &nothing);
         assert_eq!(v6.unwrap().held_before, Some(ip6("fd00::10")));
         // A static IPv6 address is honoured; a recorded one restored when free.
         let want = V6Want {
             requested: Some(ip6("fd00::12")),
             previous: None,
         };
-        let (_, v6) = decide_books(&mut b, B, (None, None), None, want, &nothing);
+        let (_, v6) = decide_books(&mut b, B, (None, None), Extras::default(), want, &nothing);
         assert_eq!(v6.unwrap().result, Ok(ip6("fd00::12")));
         b.v4.release_mac(&B);
         b.v6.as_mut().unwrap().release_mac(&B);
@@ -776,7 +776,7 @@ mod tests {
             requested: None,
             previous: Some(ip6("fd00::12")),
         };
-        let (_, v6) = decide_books(&mut b, B, (None, None), None, back, &nothing);
+        let (_, v6) = decide_books(&mut b, B, (None, None), Extras::default(), back, &nothing);
         assert_eq!(v6.unwrap().result, Ok(ip6("fd00::12")));
     }
 
@@ -788,7 +788,7 @@ mod tests {
             &mut b,
             A,
             (Some(ip("198.51.100.1")), None),
-            None,
+            Extras::default(),
             V6Want::default(),
             &nothing,
         );
@@ -797,11 +797,25 @@ mod tests {
         assert_eq!(b.v6.as_ref().unwrap().lookup(&A), None);
         // IPv6 exhausted: IPv4 given, IPv6 refused with the pool's words.
         for (i, m) in [A, B, MacAddr([2, 0, 0, 0, 0, 3])].into_iter().enumerate() {
-            let (_, v6) = decide_books(&mut b, m, (None, None), None, V6Want::default(), &nothing);
+            let (_, v6) = decide_books(
+                &mut b,
+                m,
+                (None, None),
+                Extras::default(),
+                V6Want::default(),
+                &nothing,
+            );
             assert!(v6.unwrap().result.is_ok(), "NIC {i}");
         }
         let d = MacAddr([2, 0, 0, 0, 0, 4]);
-        let (v4, v6) = decide_books(&mut b, d, (None, None), None, V6Want::default(), &nothing);
+        let (v4, v6) = decide_books(
+            &mut b,
+            d,
+            (None, None),
+            Extras::default(),
+            V6Want::default(),
+            &nothing,
+        );
         assert!(v4.result.is_ok());
         let err = v6.unwrap().result.unwrap_err().to_string();
         assert!(
@@ -814,7 +828,7 @@ mod tests {
             &mut v4_only,
             A,
             (None, None),
-            None,
+            Extras::default(),
             V6Want::default(),
             &nothing,
         );
@@ -824,18 +838,48 @@ mod tests {
     #[test]
     fn one_decision_reads_the_move_the_name_and_the_conflict_from_the_same_state() {
         let mut a = alloc();
-        let first = decide(&mut a, A, None, None, Some("vm1"), &nothing);
+        let first = decide(
+            &mut a,
+            A,
+            None,
+            None,
+            Extras {
+                host_name: Some("vm1"),
+                options: None,
+            },
+            &nothing,
+        );
         assert_eq!(first.held_before, None);
         assert_eq!(first.result, Ok(ip("192.0.2.10")));
         assert!(first.renamed, "a new address takes the VM's name");
         assert_eq!((first.moved_from, first.conflict), (None, None));
-        let again = decide(&mut a, A, None, None, Some("vm1"), &nothing);
+        let again = decide(
+            &mut a,
+            A,
+            None,
+            None,
+            Extras {
+                host_name: Some("vm1"),
+                options: None,
+            },
+            &nothing,
+        );
         assert_eq!(again.held_before, Some(ip("192.0.2.10")));
         assert!(!again.renamed, "the same name is no change");
 
         // Another host answers for the address: a dynamic NIC moves, and says from where.
         a.record_conflict(ip("192.0.2.10"), squatted()).unwrap();
-        let moved = decide(&mut a, A, None, None, Some("vm1"), &nothing);
+        let moved = decide(
+            &mut a,
+            A,
+            None,
+            None,
+            Extras {
+                host_name: Some("vm1"),
+                options: None,
+            },
+            &nothing,
+        );
         assert_eq!(moved.result, Ok(ip("192.0.2.11")));
         let (from, why) = moved.moved_from.unwrap();
         assert_eq!(from, ip("192.0.2.10"));
@@ -843,14 +887,35 @@ mod tests {
         assert_eq!(moved.conflict, None);
 
         // A static NIC keeps its conflicted address, and the decision says it is in conflict.
-        let stays = decide(&mut a, B, Some(ip("192.0.2.12")), None, None, &nothing);
+        let stays = decide(
+            &mut a,
+            B,
+            Some(ip("192.0.2.12")),
+            None,
+            Extras::default(),
+            &nothing,
+        );
         a.record_conflict(ip("192.0.2.12"), squatted()).unwrap();
-        let stays_again = decide(&mut a, B, Some(ip("192.0.2.12")), None, None, &nothing);
+        let stays_again = decide(
+            &mut a,
+            B,
+            Some(ip("192.0.2.12")),
+            None,
+            Extras::default(),
+            &nothing,
+        );
         assert_eq!(stays.result, stays_again.result);
         assert!(stays_again.conflict.is_some());
 
         // Refused: nothing else is read.
-        let refused = decide(&mut a, B, Some(ip("198.51.100.1")), None, None, &nothing);
+        let refused = decide(
+            &mut a,
+            B,
+            Some(ip("198.51.100.1")),
+            None,
+            Extras::default(),
+            &nothing,
+        );
         assert!(refused.result.is_err());
         assert_eq!(refused.held_before, Some(ip("192.0.2.12")));
         assert!(!refused.renamed && refused.moved_from.is_none() && refused.conflict.is_none());
@@ -863,21 +928,28 @@ mod tests {
     fn a_held_address_no_write_recorded_is_recorded_before_it_is_told() {
         let mut b = dual_books();
         let none = V6Want::default();
-        let (first, v6) = decide_books(&mut b, A, (None, None), None, none, &nothing);
+        let (first, v6) = decide_books(&mut b, A, (None, None), Extras::default(), none, &nothing);
         assert!(first.unrecorded && v6.unwrap().unrecorded, "new addresses");
         // The write failed: the retry finds the NIC holding both, still unrecorded.
-        let (again, v6) = decide_books(&mut b, A, (None, None), None, none, &nothing);
+        let (again, v6) = decide_books(&mut b, A, (None, None), Extras::default(), none, &nothing);
         assert_eq!(again.held_before, Some(ip("192.0.2.10")));
         assert!(again.unrecorded && v6.unwrap().unrecorded);
         // A refused static request keeps the held address, which still needs its record.
-        let refused = decide(&mut b.v4, A, Some(ip("198.51.100.1")), None, None, &nothing);
+        let refused = decide(
+            &mut b.v4,
+            A,
+            Some(ip("198.51.100.1")),
+            None,
+            Extras::default(),
+            &nothing,
+        );
         assert!(refused.result.is_err() && refused.unrecorded);
         // Recorded (a write covered every change): kept is nothing to record.
         let upto = b.v4.changes();
         b.v4.settle(&[], upto);
         let upto6 = b.v6.as_ref().unwrap().changes();
         b.v6.as_mut().unwrap().settle(&[], upto6);
-        let (kept, v6) = decide_books(&mut b, A, (None, None), None, none, &nothing);
+        let (kept, v6) = decide_books(&mut b, A, (None, None), Extras::default(), none, &nothing);
         assert_eq!(kept.result, Ok(ip("192.0.2.10")));
         assert!(!kept.unrecorded && !v6.unwrap().unrecorded);
     }
@@ -921,6 +993,7 @@ mod tests {
 
     fn nic(network: &str, mac: &str, ip: Option<&str>) -> NetworkConfig {
         NetworkConfig {
+            dhcp_options: None,
             ipv6_address: None,
             network_name: network.into(),
             mac_address: mac.into(),
