@@ -1909,3 +1909,95 @@ async fn a_vm_s_addresses_are_shown_in_its_custom_ip_annotation_and_a_person_s_v
         Some("192.0.2.10")
     );
 }
+
+/// `status.ipv4.dhcpOptions` of `pool` for the address `mac` holds, if it holds one.
+fn recorded_options(pool: &IPPool, mac: &str) -> Option<vmdhcp_core::crd::DhcpOptions> {
+    let v4 = pool.status.as_ref()?.ipv4.as_ref()?;
+    let (ip, _) = v4.allocated.iter().find(|(_, m)| m.as_str() == mac)?;
+    v4.dhcp_options.get(ip).cloned()
+}
+
+#[tokio::test]
+async fn a_vm_s_dhcp_options_reach_its_config_and_its_pool_and_follow_its_changes() {
+    let (client, ns) = setup("nicopts").await;
+    create_nad(&client, &ns, "net-o").await;
+    create_pool(&client, &ns, "pool-o", "net-o", 83).await;
+    let pools: Api<IPPool> = Api::namespaced(client.clone(), &ns);
+    wait_for(&pools, "pool-o", "ready", ready).await;
+    let vms = vm_api(&client, &ns);
+    let cfgs: Api<VirtualMachineNetworkConfig> = Api::namespaced(client.clone(), &ns);
+    let mac = "02:00:00:53:00:01";
+    let net = format!("{ns}/net-o");
+    // KubeVirt's own field, as a VM manifest sets it.
+    let interface = |options: Value| {
+        json!({"spec": {"template": {"spec": {"domain": {"devices": {"interfaces": [
+            {"name": "nic-0", "macAddress": mac, "bridge": {}, "dhcpOptions": options}
+        ]}}}}}})
+    };
+    let mut booted = vm(&ns, "booted", &[(&net, mac)]);
+    booted.data["spec"]["template"]["spec"]["domain"]["devices"]["interfaces"][0]["dhcpOptions"] = json!({
+        "bootFileName": "pxelinux.0", "ntpServers": ["10.83.0.123"],
+        "privateOptions": [{"option": 240, "value": "x"}]
+    });
+    vms.create(&PostParams::default(), &booted).await.unwrap();
+
+    let boot_file = |o: &Option<vmdhcp_core::crd::DhcpOptions>| {
+        o.as_ref().and_then(|o| o.boot_file_name.clone())
+    };
+    let cfg = wait_for(&cfgs, "booted", "carrying the NIC's options", |c| {
+        c.spec
+            .network_configs
+            .first()
+            .is_some_and(|n| boot_file(&n.dhcp_options).as_deref() == Some("pxelinux.0"))
+    })
+    .await;
+    let carried = cfg.spec.network_configs[0].dhcp_options.clone().unwrap();
+    assert_eq!(carried.ntp_servers, ["10.83.0.123"]);
+    assert_eq!(carried.private_options[0].option, 240);
+    // Recorded with the NIC's address, in the pool's status, before any agent serves them.
+    let pool = wait_for(&pools, "pool-o", "recording the NIC's options", |p| {
+        boot_file(&recorded_options(p, mac)).as_deref() == Some("pxelinux.0")
+    })
+    .await;
+    assert_eq!(recorded_options(&pool, mac).unwrap(), carried);
+
+    // The VM's options change: the record follows.
+    let patch = Patch::Merge(interface(json!({"bootFileName": "ipxe.efi"})));
+    vms.patch("booted", &PatchParams::default(), &patch)
+        .await
+        .unwrap();
+    wait_for(&pools, "pool-o", "recording the new options", |p| {
+        recorded_options(p, mac).is_some_and(|o| {
+            o.boot_file_name.as_deref() == Some("ipxe.efi") && o.ntp_servers.is_empty()
+        })
+    })
+    .await;
+
+    // Options KubeVirt's rules refuse are left out (the NIC keeps its address, with the pool's).
+    let refused = Patch::Merge(interface(
+        json!({"privateOptions": [{"option": 223, "value": "x"}]}),
+    ));
+    vms.patch("booted", &PatchParams::default(), &refused)
+        .await
+        .unwrap();
+    let pool = wait_for(&pools, "pool-o", "dropping the options", |p| {
+        recorded_options(p, mac).is_none()
+    })
+    .await;
+    assert!(held_by_vms(&pool).iter().any(|(_, m)| m == mac), "{pool:?}");
+    let cfg = cfgs.get("booted").await.unwrap();
+    assert_eq!(cfg.spec.network_configs[0].dhcp_options, None);
+
+    // Deleting the VM releases the address and its options with it.
+    vms.delete("booted", &DeleteParams::default())
+        .await
+        .unwrap();
+    wait_for(&pools, "pool-o", "released", |p| {
+        !held_by_vms(p).iter().any(|(_, m)| m == mac)
+            && p.status
+                .as_ref()
+                .and_then(|s| s.ipv4.as_ref())
+                .is_some_and(|v4| v4.dhcp_options.is_empty())
+    })
+    .await;
+}

@@ -432,6 +432,34 @@ fn booting_clients_get_the_boot_file_of_their_kind_and_other_clients_nothing_new
 }
 
 #[test]
+fn a_nic_s_own_dhcp_options_are_served_to_it_over_the_pool_s() {
+    let mut p = pool_a(600, "192.0.2.53");
+    // KubeVirt's `dhcpOptions`, as the controller streams them for the NIC.
+    p["leases"][0]["dhcp_options"] = json!({
+        "bootFileName": "nic.efi", "tftpServerName": "192.0.2.5", "ntpServers": ["192.0.2.99"],
+        "privateOptions": [{"option": 240, "value": "hello"}, {"option": 252, "value": "http://wpad/wpad.dat"}],
+    });
+    let (_rig, vm) = serving(&[p]);
+    let dir = tempfile::tempdir().unwrap();
+    let bound = udhcpc_bound(
+        &vm,
+        dir.path(),
+        &["-O", "bootfile", "-O", "tftp", "-O", "240", "-O", "252"],
+    );
+    assert_eq!(bound["ip"], IP_1);
+    assert_eq!(bound["bootfile"], "nic.efi", "{bound:?}");
+    assert_eq!(bound["tftp"], "192.0.2.5");
+    // The NIC's NTP server replaces the pool's 192.0.2.123.
+    assert_eq!(bound["ntpsrv"], "192.0.2.99");
+    assert_eq!(bound["opt240"], hex(b"hello"));
+    // 252 is a private code udhcpc knows by name (WPAD).
+    assert_eq!(bound["wpad"], "http://wpad/wpad.dat");
+    // The pool's own options still come with them.
+    assert_eq!(bound["router"], "192.0.2.254");
+    assert_eq!(bound["domain"], "example.test");
+}
+
+#[test]
 fn an_unknown_mac_gets_nothing() {
     let mut rig = rig();
     let vm = rig.vm("vm", "srv0", STRANGER);

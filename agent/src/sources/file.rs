@@ -23,7 +23,8 @@ use tokio::signal::unix::{Signal, SignalKind, signal};
 use tokio::sync::watch;
 use tracing::{info, warn};
 use vmdhcp_core::MacAddr;
-use vmdhcp_core::pool::{Binding, PoolConfig};
+use vmdhcp_core::crd::DhcpOptions;
+use vmdhcp_core::pool::{Binding, NicOptions, PoolConfig};
 
 use super::Sources;
 use crate::dhcp::server::InterfaceStatus;
@@ -96,6 +97,30 @@ pub struct StaticLease {
     /// Its IPv6 address, on a dual-stack pool.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub ipv6: Option<Ipv6Addr>,
+    /// Its NIC's own DHCP options, in the shape of KubeVirt's `dhcpOptions` and under its
+    /// rules (refused, naming the field, otherwise).
+    #[serde(
+        default,
+        skip_serializing_if = "Option::is_none",
+        deserialize_with = "dhcp_options"
+    )]
+    pub dhcp_options: Option<DhcpOptions>,
+}
+
+/// A lease's `dhcp_options`: refused, naming the field, unless KubeVirt's rules and our bounds
+/// admit them.
+fn dhcp_options<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<DhcpOptions>, D::Error> {
+    let options = Option::<DhcpOptions>::deserialize(d)?;
+    if let Some(o) = &options
+        && let Err(e) = NicOptions::parse(o)
+    {
+        let field = e.path("dhcp_options");
+        return Err(serde::de::Error::custom(format!(
+            "{field} {:?}: {e}",
+            e.value()
+        )));
+    }
+    Ok(options)
 }
 
 /// A lease's `host_name`: refused, naming the value, unless it is one we would hand out.
@@ -137,8 +162,10 @@ pub fn load(path: &Path) -> Result<Vec<PoolLeases>, FileError> {
                 .leases
                 .into_iter()
                 .map(|l| {
+                    // Checked as the file was read.
+                    let options = l.dhcp_options.as_ref().map(NicOptions::parse);
                     let binding = Binding {
-                        options: None,
+                        options: options.and_then(Result::ok).flatten().map(Box::new),
                         ip: l.ip,
                         host_name: l.host_name,
                         ipv6: l.ipv6,
@@ -305,6 +332,23 @@ mod tests {
         let e = load(&path).unwrap_err().to_string();
         assert!(
             e.contains("host_name \"not a name\" is not a host name"),
+            "{e}"
+        );
+
+        let mut options = config.clone();
+        options["pools"][0]["leases"][0]["dhcp_options"] = serde_json::json!({"bootFileName": "nic.efi", "privateOptions": [{"option": 240, "value": "x"}]});
+        std::fs::write(&path, options.to_string()).unwrap();
+        let read = load(&path).unwrap()[0].leases[&mac]
+            .options
+            .clone()
+            .unwrap();
+        assert_eq!(read.boot_file_name.as_deref(), Some("nic.efi"));
+        assert_eq!(read.private, [(240, "x".to_owned())]);
+        options["pools"][0]["leases"][0]["dhcp_options"]["privateOptions"][0]["option"] = 7.into();
+        std::fs::write(&path, options.to_string()).unwrap();
+        let e = load(&path).unwrap_err().to_string();
+        assert!(
+            e.contains("dhcp_options.privateOptions[0].option \"7\": provided DHCPPrivateOptions are out of range"),
             "{e}"
         );
 
