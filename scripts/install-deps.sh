@@ -60,6 +60,15 @@ if ! command -v prometheus >/dev/null 2>&1 || ! command -v promtool >/dev/null 2
   apt-get install -y -qq --no-install-recommends prometheus >&2
 fi
 
+# QEMU and Debian's iPXE ROMs (a dependency of qemu-system-x86) for the firmware suite, which
+# boots a guest with TCG: no KVM needed. Without recommends (no GUI, no extra firmware).
+if ! command -v qemu-system-x86_64 >/dev/null 2>&1 || [ ! -f /usr/lib/ipxe/qemu/pxe-virtio.rom ]; then
+  log "apt-get install qemu-system-x86"
+  export DEBIAN_FRONTEND=noninteractive
+  apt-get update -qq >&2
+  apt-get install -y -qq --no-install-recommends qemu-system-x86 >&2
+fi
+
 # The target of the images' static binaries (scripts/build-images.sh).
 MUSL_TARGET=x86_64-unknown-linux-musl
 if command -v rustup >/dev/null 2>&1; then

@@ -92,7 +92,15 @@ pub(super) struct BootAnswer<'a> {
     pub tftp_server_name: Option<&'a str>,
     /// UEFI HTTP boot: the reply carries option 60 `HTTPClient`.
     pub http: bool,
+    /// iPXE, handed its script: the reply tells it not to wait for a ProxyDHCP offer.
+    pub ipxe: bool,
 }
+
+/// iPXE's encapsulated options (175) with `no-pxedhcp` (176) = 1: without it iPXE waits
+/// seconds for ProxyDHCP offers that never come before it asks for the address it was offered.
+pub(super) const IPXE_NO_PXEDHCP: [u8; 3] = [176, 1, 1];
+/// The code of iPXE's encapsulated options.
+pub(super) const IPXE_ENCAPSULATED: u8 = 175;
 
 /// The pool's answer to a client that said `netboot`, if it boots and the pool has its file.
 pub(super) fn answer<'a>(boot: &'a Boot, netboot: &Netboot) -> Option<BootAnswer<'a>> {
@@ -102,6 +110,7 @@ pub(super) fn answer<'a>(boot: &'a Boot, netboot: &Netboot) -> Option<BootAnswer
         file: boot.file_for(firmware)?,
         tftp_server_name: boot.tftp_server_name.as_deref(),
         http: firmware == Firmware::UefiHttp,
+        ipxe: firmware == Firmware::Ipxe,
     })
 }
 

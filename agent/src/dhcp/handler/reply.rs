@@ -129,6 +129,12 @@ pub(super) fn reply(
         if let Some(name) = b.tftp_server_name {
             booting.push(DhcpOption::TFTPServerName(name.as_bytes().to_vec()));
         }
+        if b.ipxe {
+            booting.push(DhcpOption::Unknown(UnknownOption::new(
+                OptionCode::from(boot::IPXE_ENCAPSULATED),
+                boot::IPXE_NO_PXEDHCP.to_vec(),
+            )));
+        }
         let after = optional
             .iter()
             .take_while(|o| matches!(o, DhcpOption::SubnetMask(_) | DhcpOption::Router(_)))
@@ -850,6 +856,16 @@ mod tests {
         ];
         let got = reply_from(&booting(), &firmware(MessageType::Discover, ipxe));
         assert_eq!(file_field(&got), "http://192.0.2.5/vm.ipxe");
+        // Told not to wait for ProxyDHCP offers (iPXE's no-pxedhcp); firmware is not.
+        let Some(DhcpOption::Unknown(encapsulated)) = got.opts().get(OptionCode::from(175)) else {
+            panic!("no option 175");
+        };
+        assert_eq!(encapsulated.data(), [176, 1, 1]);
+        let uefi = vec![DhcpOption::ClientSystemArchitecture(
+            dhcproto::v4::Architecture::from(7),
+        )];
+        let got = reply_from(&booting(), &firmware(MessageType::Discover, uefi));
+        assert!(got.opts().get(OptionCode::from(175)).is_none());
     }
 
     #[test]
