@@ -157,6 +157,10 @@ impl PoolSnapshot {
 
     /// The DHCP options of `mac`'s own NIC, if it has any.
     pub fn options_of(&self, mac: &MacAddr) -> Option<&NicOptions> {
+        // Most pools have none: no hashing on the packet path for them.
+        if self.nic_options.is_empty() {
+            return None;
+        }
         self.nic_options.get(mac).map(|o| &**o)
     }
 
