@@ -98,19 +98,22 @@ pub struct StaticLease {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub ipv6: Option<Ipv6Addr>,
     /// Its NIC's own DHCP options, in the shape of KubeVirt's `dhcpOptions` and under its
-    /// rules (refused, naming the field, otherwise).
+    /// rules (refused, naming the field, otherwise). Boxed: a file lists every lease, and most
+    /// have none.
     #[serde(
         default,
         skip_serializing_if = "Option::is_none",
         deserialize_with = "dhcp_options"
     )]
-    pub dhcp_options: Option<DhcpOptions>,
+    pub dhcp_options: Option<Box<DhcpOptions>>,
 }
 
 /// A lease's `dhcp_options`: refused, naming the field, unless KubeVirt's rules and our bounds
 /// admit them.
-fn dhcp_options<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<DhcpOptions>, D::Error> {
-    let options = Option::<DhcpOptions>::deserialize(d)?;
+fn dhcp_options<'de, D: serde::Deserializer<'de>>(
+    d: D,
+) -> Result<Option<Box<DhcpOptions>>, D::Error> {
+    let options = Option::<Box<DhcpOptions>>::deserialize(d)?;
     if let Some(o) = &options
         && let Err(e) = NicOptions::parse(o)
     {
@@ -163,7 +166,7 @@ pub fn load(path: &Path) -> Result<Vec<PoolLeases>, FileError> {
                 .into_iter()
                 .map(|l| {
                     // Checked as the file was read.
-                    let options = l.dhcp_options.as_ref().map(NicOptions::parse);
+                    let options = l.dhcp_options.as_deref().map(NicOptions::parse);
                     let binding = Binding {
                         options: options.and_then(Result::ok).flatten().map(Box::new),
                         ip: l.ip,
