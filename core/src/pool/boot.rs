@@ -25,6 +25,21 @@ pub const MAX_BOOT_PARAMETERS: usize = 8;
 const HTTP: &[&str] = &["http", "https"];
 const FETCHABLE: &[&str] = &["http", "https", "tftp"];
 
+/// The vendor class (DHCPv4 option 60, DHCPv6 option 16) of UEFI HTTP boot; the offer it takes
+/// must carry it back.
+pub const HTTP_CLIENT: &[u8] = b"HTTPClient";
+/// The vendor class of PXE firmware.
+pub const PXE_CLIENT: &[u8] = b"PXEClient";
+/// iPXE's user class (DHCPv4 option 77, bare or RFC 3004; DHCPv6 option 15).
+pub const IPXE_USER_CLASS: &[u8] = b"iPXE";
+
+/// The architecture a PXE or HTTP boot vendor class spells, `PXEClient:Arch:00007:UNDI:003016`.
+pub fn vendor_class_arch(value: &[u8]) -> Option<u16> {
+    let at = value.windows(6).position(|w| w == b":Arch:")? + 6;
+    let digits = value.get(at..at + 5)?;
+    std::str::from_utf8(digits).ok()?.parse().ok()
+}
+
 /// What kind of network boot a client asked for, which picks the file it is handed.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Firmware {
@@ -256,6 +271,17 @@ mod tests {
             Err(PoolError::InvalidField { field, reason, .. }) => (field, reason),
             other => panic!("not refused: {other:?}"),
         }
+    }
+
+    #[test]
+    fn a_vendor_class_spells_its_architecture_in_five_digits() {
+        assert_eq!(
+            vendor_class_arch(b"PXEClient:Arch:00007:UNDI:003016"),
+            Some(7)
+        );
+        assert_eq!(vendor_class_arch(b"HTTPClient:Arch:00016"), Some(16));
+        assert_eq!(vendor_class_arch(b"PXEClient:Arch:0"), None);
+        assert_eq!(vendor_class_arch(b"PXEClient"), None);
     }
 
     #[test]

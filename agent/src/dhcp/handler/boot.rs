@@ -4,13 +4,8 @@
 
 use std::net::Ipv4Addr;
 
+use vmdhcp_core::pool::boot::{HTTP_CLIENT, IPXE_USER_CLASS, PXE_CLIENT, vendor_class_arch};
 use vmdhcp_core::pool::{Boot, Firmware};
-
-/// The vendor class UEFI HTTP boot sends and must find echoed in the offer it takes.
-pub(super) const HTTP_CLIENT: &[u8] = b"HTTPClient";
-const PXE_CLIENT: &[u8] = b"PXEClient";
-/// iPXE's user class, sent bare or as an RFC 3004 list.
-const IPXE: &[u8] = b"iPXE";
 
 /// What a request says about booting from the network; all unset for an operating system's
 /// client, which then gets no boot options.
@@ -37,10 +32,13 @@ impl Netboot {
             60 => {
                 let http = value.starts_with(HTTP_CLIENT);
                 if http || value.starts_with(PXE_CLIENT) {
-                    self.vendor = Some((http, arch_in_vendor_class(value)));
+                    self.vendor = Some((http, vendor_class_arch(value)));
                 }
             }
-            77 => self.ipxe = value == IPXE || rfc3004_classes(value).any(|c| c == IPXE),
+            77 => {
+                self.ipxe = value == IPXE_USER_CLASS
+                    || rfc3004_classes(value).any(|c| c == IPXE_USER_CLASS);
+            }
             _ => {}
         }
     }
@@ -62,13 +60,6 @@ impl Netboot {
         };
         Firmware::of_architecture(arch)
     }
-}
-
-/// The architecture in a PXE vendor class, `PXEClient:Arch:00007:UNDI:003016`.
-fn arch_in_vendor_class(value: &[u8]) -> Option<u16> {
-    let at = value.windows(6).position(|w| w == b":Arch:")? + 6;
-    let digits = value.get(at..at + 5)?;
-    std::str::from_utf8(digits).ok()?.parse().ok()
 }
 
 /// The classes of an RFC 3004 user class option: each a length byte and that many bytes.

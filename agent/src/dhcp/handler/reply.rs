@@ -105,7 +105,9 @@ pub(super) fn reply(
     }
     if boot.as_ref().is_some_and(|b| b.http) {
         // UEFI HTTP boot takes only offers that name it (UEFI specification, HTTP Boot).
-        opts.insert(DhcpOption::ClassIdentifier(boot::HTTP_CLIENT.to_vec()));
+        opts.insert(DhcpOption::ClassIdentifier(
+            vmdhcp_core::pool::boot::HTTP_CLIENT.to_vec(),
+        ));
     }
     let mut optional = if kind == MessageType::Nak {
         Vec::new()

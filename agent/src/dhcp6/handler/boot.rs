@@ -3,11 +3,8 @@
 //! and the options the pool's boot settings give it.
 
 use dhcproto::v6::{DhcpOption, DhcpOptions, OptionCode, UnknownOption, VendorClass};
+use vmdhcp_core::pool::boot::{HTTP_CLIENT, IPXE_USER_CLASS, PXE_CLIENT, vendor_class_arch};
 use vmdhcp_core::pool::{BootV6, Firmware};
-
-const HTTP_CLIENT: &[u8] = b"HTTPClient";
-const PXE_CLIENT: &[u8] = b"PXEClient";
-const IPXE: &[u8] = b"iPXE";
 /// The enterprise number UEFI firmware puts in its vendor class, echoed when the client's is
 /// unreadable.
 const UEFI_ENTERPRISE: u32 = 343;
@@ -56,7 +53,7 @@ pub(super) fn add_boot(reply: &mut DhcpOptions, request: &DhcpOptions, boot: &Bo
 /// that does not boot from the network.
 fn firmware(request: &DhcpOptions, boot: &BootV6) -> Option<Firmware> {
     let ipxe = match request.get(OptionCode::UserClass) {
-        Some(DhcpOption::UserClass(u)) => u.data.iter().any(|c| c == IPXE),
+        Some(DhcpOption::UserClass(u)) => u.data.iter().any(|c| c == IPXE_USER_CLASS),
         _ => false,
     };
     if ipxe && boot.ipxe_script_url.is_some() {
@@ -72,7 +69,7 @@ fn firmware(request: &DhcpOptions, boot: &BootV6) -> Option<Firmware> {
     let vendor = match request.get(OptionCode::VendorClass) {
         Some(DhcpOption::VendorClass(v)) => v.data.iter().find_map(|c| {
             let http = c.starts_with(HTTP_CLIENT);
-            (http || c.starts_with(PXE_CLIENT)).then(|| (http, arch_in_vendor_class(c)))
+            (http || c.starts_with(PXE_CLIENT)).then(|| (http, vendor_class_arch(c)))
         }),
         _ => None,
     };
@@ -83,13 +80,6 @@ fn firmware(request: &DhcpOptions, boot: &BootV6) -> Option<Firmware> {
         _ => return None,
     };
     Firmware::of_architecture(arch)
-}
-
-/// The architecture in a vendor class, `HTTPClient:Arch:00016:UNDI:003001`.
-fn arch_in_vendor_class(value: &[u8]) -> Option<u16> {
-    let at = value.windows(6).position(|w| w == b":Arch:")? + 6;
-    let digits = value.get(at..at + 5)?;
-    std::str::from_utf8(digits).ok()?.parse().ok()
 }
 
 #[cfg(test)]
