@@ -180,10 +180,14 @@ impl Node {
             return Ok(());
         };
         let rest = &said[start + "FAILED ".len()..];
-        let (component, detail) = rest.split_once('\n').unwrap_or((rest, ""));
+        // The reader thread takes the script's report a line at a time: until its `END` line is
+        // in, the detail is still arriving, and the next check will see all of it.
+        let Some((component, detail)) = complete_report(rest) else {
+            return Ok(());
+        };
         Err(NodeError::Component {
             component: component.to_owned(),
-            detail: detail.split("\nEND").next().unwrap_or(detail).to_owned(),
+            detail: detail.to_owned(),
         })
     }
 
@@ -277,5 +281,33 @@ impl Drop for Node {
     fn drop(&mut self) {
         drop(self.stdin.take());
         let _ = self.script.wait();
+    }
+}
+
+/// `<component>\n<detail>\nEND\n` (what follows `FAILED `) split in two, once the whole report
+/// has been read.
+fn complete_report(rest: &str) -> Option<(&str, &str)> {
+    let (component, tail) = rest.split_once('\n')?;
+    if tail.starts_with("END\n") {
+        return Some((component, ""));
+    }
+    let end = tail.find("\nEND\n")?;
+    Some((component, &tail[..end]))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::complete_report;
+
+    #[test]
+    fn a_report_counts_only_once_its_end_line_is_read() {
+        assert_eq!(complete_report("kube-proxy\n"), None);
+        assert_eq!(complete_report("kube-proxy\nexited: I1129 start\n"), None);
+        assert_eq!(complete_report("kube-proxy\nexited: a\nEN"), None);
+        assert_eq!(
+            complete_report("kube-proxy\nexited: a\nb\nEND\n"),
+            Some(("kube-proxy", "exited: a\nb"))
+        );
+        assert_eq!(complete_report("kubelet\nEND\n"), Some(("kubelet", "")));
     }
 }
