@@ -181,11 +181,11 @@ pub fn start_dhclient_configuring(lab: &mut Lab, vm: &Netns, dir: &Path) {
     spawn_dhclient(lab, vm, dir, DHCLIENT_ROUTES_CONF, None);
 }
 
-/// What [`start_dhcpcd`] asks for beyond dhcpcd's defaults: the MTU and the classless static
-/// routes; IPv4 only, no link-local fallback, no hook scripts (they would write the host's
-/// resolv.conf and hostname).
+/// What [`start_dhcpcd`] asks for beyond dhcpcd's defaults: the MTU, the classless static
+/// routes and the DNS servers (as Debian's own dhcpcd.conf does); IPv4 only, no link-local
+/// fallback, no system hook scripts (they would write the host's resolv.conf and hostname).
 pub const DHCPCD_CONF: &str = "ipv4only\nnoipv4ll\nnoarp\noption interface_mtu\n\
-     option classless_static_routes\n";
+     option classless_static_routes\noption domain_name_servers\n";
 
 /// Starts `dhcpcd` in the foreground on `vm`'s eth0 (killed when `lab` drops), with
 /// [`DHCPCD_CONF`] and no hook script: dhcpcd itself applies the address, the MTU and the
@@ -193,12 +193,24 @@ pub const DHCPCD_CONF: &str = "ipv4only\nnoipv4ll\nnoarp\noption interface_mtu\n
 /// only by it (`ip netns exec` gives each command a mount namespace of its own), so no lease of
 /// an earlier run is reused and nothing is left on the host.
 pub fn start_dhcpcd(lab: &mut Lab, vm: &Netns, dir: &Path) {
+    spawn_dhcpcd(lab, vm, dir, Path::new("/bin/true"));
+}
+
+/// [`start_dhcpcd`] with the recording hook ([`hook_script`]): each event's environment
+/// (`reason`, `new_domain_name_servers`, …) is kept for [`events`].
+pub fn start_dhcpcd_recording(lab: &mut Lab, vm: &Netns, dir: &Path) {
+    let hook = hook_script(dir);
+    spawn_dhcpcd(lab, vm, dir, &hook);
+}
+
+fn spawn_dhcpcd(lab: &mut Lab, vm: &Netns, dir: &Path, hook: &Path) {
     fs::write(dir.join("dhcpcd.conf"), DHCPCD_CONF).unwrap();
     let log = fs::File::create(dir.join("dhcpcd.log")).unwrap();
     let script = format!(
         "mount -t tmpfs dhcpcd-db /var/lib/dhcpcd && mount -t tmpfs dhcpcd-run /run && \
-         mkdir /run/dhcpcd && exec dhcpcd -4 -B -d -f {} -c /bin/true eth0",
-        dir.join("dhcpcd.conf").display()
+         mkdir /run/dhcpcd && exec dhcpcd -4 -B -d -f {} -c {} eth0",
+        dir.join("dhcpcd.conf").display(),
+        hook.display()
     );
     let mut cmd = vm.command("sh");
     cmd.args(["-c", &script])

@@ -10,7 +10,8 @@ use std::time::Duration;
 use serde_json::{Value, json};
 use vmdhcp_integration::dhcp_client::{
     dhclient_lease, events, hook_script, http_get, start_dhclient, start_dhclient_configuring,
-    start_dhcpcd, udhcpc, udhcpc_bound, wait_event, wait_for, wait_renewal_with,
+    start_dhcpcd, start_dhcpcd_recording, udhcpc, udhcpc_bound, wait_event, wait_for,
+    wait_renewal_with,
 };
 use vmdhcp_integration::netns::Netns;
 use vmdhcp_integration::static_agent::{
@@ -112,6 +113,44 @@ fn dhclient_gets_its_reservation_with_exact_options_renews_and_sees_option_chang
     assert_eq!(changed["new_ip_address"], IP_1);
     let log = rig.agent_log();
     assert!(!log.contains("panicked"), "{log}");
+}
+
+#[test]
+fn dhcpcd_holding_a_reconfigure_key_is_sent_a_changed_dns_server_at_once() {
+    // An hour's lease: the client's own renewal is half an hour away, so only a FORCERENEW
+    // brings the change within the wait below.
+    let (mut rig, vm) = serving(&[pool_a(3600, "192.0.2.53")]);
+    let dir = tempfile::tempdir().unwrap();
+    start_dhcpcd_recording(&mut rig.lab, &vm, dir.path());
+    let bound = wait_event(dir.path(), "BOUND", 0, Duration::from_secs(20));
+    assert_eq!(bound["new_ip_address"], IP_1);
+    assert_eq!(bound["new_domain_name_servers"], "192.0.2.53 192.0.2.54");
+    let log = || std::fs::read_to_string(dir.path().join("dhcpcd.log")).unwrap_or_default();
+    assert!(
+        log().contains("accepted reconfigure key"),
+        "dhcpcd offered option 145 and took the key from its ACK:\n{}",
+        log()
+    );
+
+    rig.reload(&[pool_a(3600, "192.0.2.99")]);
+    let seen_before = events(dir.path()).len();
+    let changed = wait_renewal_with(
+        dir.path(),
+        seen_before,
+        "new_domain_name_servers",
+        "192.0.2.99 192.0.2.54",
+        Duration::from_secs(20),
+    );
+    assert_eq!(changed["new_ip_address"], IP_1);
+    // dhcpcd checked the FORCERENEW's HMAC with its key: an unsigned one it would log as
+    // "unauthenticated Force Renew".
+    let log = log();
+    assert!(log.contains("Force Renew from"), "{log}");
+    assert!(!log.contains("unauthenticated"), "{log}");
+    assert!(!log.contains("authentication failed"), "{log}");
+    let agent = rig.agent_log();
+    assert!(agent.contains("FORCERENEW sent"), "{agent}");
+    assert!(!agent.contains("panicked"), "{agent}");
 }
 
 /// [`pool_a`] whose lease is named `host_name` (what `sendHostName` makes of the VM's name).

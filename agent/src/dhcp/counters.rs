@@ -38,6 +38,7 @@ pub struct Counters {
     silences: [AtomicU64; SILENCES.len()],
     drops: [AtomicU64; DropReason::ALL.len()],
     send_errors: AtomicU64,
+    forcerenews: AtomicU64,
     no_pool: AtomicU64,
     latency_buckets: [AtomicU64; LATENCY_BUCKETS_US.len()],
     latency_count: AtomicU64,
@@ -59,6 +60,8 @@ pub struct Reading {
     pub dropped: Vec<(&'static str, u64)>,
     /// Replies the socket refused.
     pub send_errors: u64,
+    /// FORCERENEWs sent to keyed clients whose answer changed.
+    pub forcerenews: u64,
     /// Latency buckets, not cumulative: (upper bound in seconds, replies in that bucket); the
     /// last bound is `f64::MAX`, standing for +Inf, as `prometheus-client` encodes it.
     pub latency_buckets: Vec<(f64, u64)>,
@@ -168,6 +171,7 @@ impl Counters {
                 .zip(self.drops.iter().map(load))
                 .collect(),
             send_errors: load(&self.send_errors),
+            forcerenews: load(&self.forcerenews),
             declines: self.declines.read(),
             offer_probes: self.offer_probes.read(),
             latency_buckets: LATENCY_BUCKETS_US
@@ -189,6 +193,11 @@ impl Counters {
     /// Counts a reply the socket refused to send.
     pub fn record_send_error(&self) {
         self.send_errors.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Counts a FORCERENEW sent.
+    pub fn record_forcerenew(&self) {
+        self.forcerenews.fetch_add(1, Ordering::Relaxed);
     }
 
     /// Replies of one kind sent so far.

@@ -2,13 +2,16 @@
 //! RFC 2131 decision, the reply encoded), how
 //! packets are counted ([`counters`]), NTP host names resolved off the packet path ([`ntp`]),
 //! and the sockets, one per interface ([`server`]); and other DHCP servers on a pool's network,
-//! found by listening and by probing ([`foreign`]), which the server never answers.
+//! found by listening and by probing ([`foreign`]), which the server never answers; and
+//! FORCERENEW, which brings a changed pool to the clients that took a reconfigure key
+//! ([`forcerenew`]).
 //!
 //! It reads the [`crate::lease_table::LeaseTable`] and writes to it only to withhold declined
 //! addresses, once [`probe`] has checked them with an ARP probe; it never configures
 //! interfaces' addresses.
 
 pub mod counters;
+pub mod forcerenew;
 pub mod foreign;
 pub mod handler;
 pub mod ntp;

@@ -20,6 +20,7 @@ use vmdhcp_telemetry::trace;
 
 use super::SERVER_PORT;
 use super::counters::Counters;
+use super::forcerenew::{Authority, Keyed};
 use super::handler::{Action, MAX_PACKET, Outcome, Reply, Silence, handle_on};
 use super::probe::{Declined, PendingOffer, Probes};
 use crate::capability::{Capability, Missing};
@@ -214,6 +215,8 @@ impl Served for Interface {
 pub struct Servers {
     table: Arc<LeaseTable>,
     probes: Arc<Probes>,
+    /// Reconfigure keys and the replay counter, shared by every interface.
+    authority: Arc<Authority>,
     status_tx: Arc<watch::Sender<BTreeMap<String, InterfaceStatus>>>,
     statuses: watch::Receiver<BTreeMap<String, InterfaceStatus>>,
     supervisor: Supervisor<Interface, Counters>,
@@ -226,6 +229,7 @@ impl Servers {
         Servers {
             table,
             probes: Arc::default(),
+            authority: Arc::default(),
             status_tx: Arc::new(status_tx),
             statuses,
             supervisor: Supervisor::default(),
@@ -252,6 +256,7 @@ impl Servers {
             Arc::clone(&self.probes),
             Arc::clone(&self.status_tx),
         );
+        let authority = Arc::clone(&self.authority);
         let failed_status = Arc::clone(&self.status_tx);
         let served = interface.clone();
         self.supervisor.start(
@@ -264,7 +269,12 @@ impl Servers {
                     Arc::clone(&probes),
                     Arc::clone(&status),
                 );
-                serve_interface(interface, table, probes, status, attempt)
+                let shared = Shared {
+                    table,
+                    probes,
+                    authority: Arc::clone(&authority),
+                };
+                serve_interface(interface, shared, status, attempt)
             },
             move |name, error| set_status(&failed_status, name, InterfaceStatus::Failed { error }),
         );
@@ -327,12 +337,18 @@ fn set_status(
     });
 }
 
+/// What every interface's server shares.
+struct Shared {
+    table: Arc<LeaseTable>,
+    probes: Arc<Probes>,
+    authority: Arc<Authority>,
+}
+
 /// One attempt to serve `interface`: bind its socket, then read it on a thread of its own until
 /// stopped or failed ([`Supervisor`] retries).
 async fn serve_interface(
     interface: Interface,
-    table: Arc<LeaseTable>,
-    probes: Arc<Probes>,
+    shared: Shared,
     status: Arc<watch::Sender<BTreeMap<String, InterfaceStatus>>>,
     attempt: Attempt<Counters>,
 ) -> Result<(), ServerError> {
@@ -357,9 +373,8 @@ async fn serve_interface(
                 &interface,
                 index,
                 socket,
-                &table,
+                &shared,
                 &attempt.counters,
-                &probes,
                 &attempt.stop,
             )
         })
@@ -385,6 +400,25 @@ fn send_reply(
         warn!(to = %reply.to, %error, "reply not sent");
     } else {
         counters.record_latency(received_at.elapsed());
+    }
+}
+
+/// Sends a FORCERENEW to its client's address (port 68), counting it or the error.
+fn send_forcerenew(
+    socket: &std::net::UdpSocket,
+    due: &super::forcerenew::Forcerenew,
+    counters: &Counters,
+) {
+    let to = SocketAddrV4::new(due.ip, super::CLIENT_PORT);
+    match socket.send_to(&due.bytes, to) {
+        Ok(_) => {
+            counters.record_forcerenew();
+            info!(mac = %due.mac, ip = %due.ip, "FORCERENEW sent: the pool's answer to it changed");
+        }
+        Err(error) => {
+            counters.record_send_error();
+            warn!(mac = %due.mac, %to, %error, "FORCERENEW not sent");
+        }
     }
 }
 
@@ -443,11 +477,11 @@ fn serve(
     interface: &Interface,
     index: u32,
     socket: std::net::UdpSocket,
-    table: &Arc<LeaseTable>,
+    shared: &Shared,
     counters: &Arc<Counters>,
-    probes: &Arc<Probes>,
     shutdown: &watch::Receiver<bool>,
 ) -> Result<(), ServerError> {
+    let (table, probes) = (&shared.table, &shared.probes);
     let setup = |step: &'static str| {
         move |source| ServerError::Socket {
             interface: interface.name.clone(),
@@ -474,6 +508,7 @@ fn serve(
     // learns at once which are free), then every RECHECK.
     let mut next_recheck = Instant::now();
     let mut pins = Pins::default();
+    let mut keyed = Keyed::default();
     loop {
         if *shutdown.borrow() {
             info!("stopping");
@@ -516,17 +551,33 @@ fn serve(
             }
             next_recheck = received_at + crate::findings::RECHECK;
         }
+        let pool = table.pool(&interface.pool);
+        if let Some(pool) = &pool {
+            keyed.look(pool);
+            let server = pool.config().server_ip;
+            for due in keyed.due(&shared.authority, server, received_at) {
+                pins.pin(index, due.ip, due.mac);
+                send_forcerenew(&socket, &due, counters);
+            }
+        }
         let Some((len, peer)) = received else {
             continue;
         };
-        let Some(pool) = table.pool(&interface.pool) else {
+        let Some(pool) = pool else {
             counters.record_no_pool();
             debug!(%peer, "no config for this pool yet; packet ignored");
             continue;
         };
         let span = transaction_span(interface);
         let _in = span.enter();
-        let outcome = handle_on(own, &buf[..len], &pool, |ip| table.withholds(&pool, ip));
+        let mut outcome = handle_on(own, &buf[..len], &pool, |ip| table.withholds(&pool, ip));
+        if let (Action::Reply(reply), Some(mac)) = (&mut outcome.action, outcome.mac)
+            && let Some(slot) = reply.key_slot
+            && let Err(error) = keyed.acked(&shared.authority, mac, slot, &mut reply.bytes, &pool)
+        {
+            // The ACK still goes: the client learns a change at T1 instead.
+            warn!(%mac, %error, "ACK sent without a reconfigure key");
+        }
         counters.record(&outcome);
         record_outcome(&span, &outcome);
         if let Action::Reply(super::handler::Reply {

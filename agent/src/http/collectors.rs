@@ -400,6 +400,16 @@ impl Collector for DataPlaneMetrics {
             ConstCounter::new(reading.send_errors).encode(family.encode_family(&labels)?)?;
         }
         let mut family = encoder.encode_descriptor(
+            "vmdhcp_agent_dhcp_forcerenews",
+            "FORCERENEWs sent to clients holding a reconfigure key whose answer changed.",
+            None,
+            MetricType::Counter,
+        )?;
+        for (interface, pool, reading) in &readings {
+            let labels = [("interface", *interface), ("pool", pool.as_str())];
+            ConstCounter::new(reading.forcerenews).encode(family.encode_family(&labels)?)?;
+        }
+        let mut family = encoder.encode_descriptor(
             "vmdhcp_agent_dhcp_reply_latency_seconds",
             "Time from a request's arrival to its reply being handed to the kernel.",
             None,

@@ -126,6 +126,21 @@ pub struct Reply {
     /// The client's MAC when the reply is unicast to its address on this link (a renewal):
     /// the address must reach that MAC, not whatever ARP says (see `netlink::pin_neighbour`).
     pub unicast_to: Option<vmdhcp_core::MacAddr>,
+    /// In an ACK to a client that takes a reconfigure key: where the server writes it.
+    pub key_slot: Option<KeySlot>,
+}
+
+/// The room an ACK keeps for the client's reconfigure key (RFC 6704 §3.1.1): option 90 laid out
+/// with a zero replay counter and key, which the server fills in ([`crate::dhcp::forcerenew`])
+/// as the key is the server's secret, not a function of the packet.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct KeySlot {
+    /// Where option 90's data starts in the reply's bytes.
+    pub at: usize,
+    /// The transaction the ACK answers: a FORCERENEW must carry it (the client drops others).
+    pub xid: u32,
+    /// The address leased.
+    pub ip: Ipv4Addr,
 }
 
 /// What to do with one datagram.

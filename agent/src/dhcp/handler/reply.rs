@@ -10,8 +10,8 @@ use vmdhcp_core::pool::{DEFAULT_LEASE_SECONDS, NicOptions, PoolConfig};
 
 use super::boot;
 use super::wire::{MAX_PACKET, Sanitized};
-use super::{Action, DropReason, Reply};
-use crate::dhcp::{CLIENT_PORT, SERVER_PORT};
+use super::{Action, DropReason, KeySlot, Reply};
+use crate::dhcp::{CLIENT_PORT, SERVER_PORT, forcerenew};
 use crate::lease_table::PoolSnapshot;
 
 /// The BOOTP header's `file` field: a boot file shorter than this goes there as well.
@@ -145,7 +145,9 @@ pub(super) fn reply(
     }
 
     let budget = reply_budget(request);
-    let Some(bytes) = encode_within(msg, optional, &wire.relay_info, budget) else {
+    let keyed = wire.forcerenew_nonce && kind == MessageType::Ack && leased.is_some();
+    let Some((bytes, key_at)) = encode_within(msg, keyed, optional, &wire.relay_info, budget)
+    else {
         // Only what the request brought (an echoed option) can make encoding fail.
         return Action::Drop(DropReason::BadOptions);
     };
@@ -167,11 +169,17 @@ pub(super) fn reply(
         // cache, so replies to clients without ciaddr are broadcast, with or without the flag.
         SocketAddrV4::new(Ipv4Addr::BROADCAST, CLIENT_PORT)
     };
+    let key_slot = key_at.zip(leased).map(|(at, ip)| KeySlot {
+        at,
+        xid: request.xid(),
+        ip,
+    });
     Action::Reply(Reply {
         kind,
         to,
         bytes,
         unicast_to,
+        key_slot,
     })
 }
 
@@ -326,17 +334,22 @@ fn rfc3442(routes: &[(Ipv4Net, Ipv4Addr)]) -> Vec<u8> {
 /// reply still fits, rather than inserted into the message's option map and the whole message
 /// encoded again per attempt: those inserts and re-encodings were a third of the CPU the agent
 /// spends in user space per DORA (docs/benchmarks.md).
+///
+/// With `keyed`, option 90 follows the mandatory options, its replay counter and key zero, and
+/// where its data starts comes back with the bytes.
 fn encode_within(
     msg: Message,
+    keyed: bool,
     optional: Vec<DhcpOption>,
     relay_info: &[u8],
     budget: usize,
-) -> Option<Vec<u8>> {
+) -> Option<(Vec<u8>, Option<usize>)> {
     let mut bytes = msg.to_vec().ok()?;
     // dhcproto ends the options with End (255); what follows goes in before it.
     if bytes.pop() != Some(u8::from(OptionCode::End)) {
         return None;
     }
+    let key_at = keyed.then(|| forcerenew::key_option(&mut bytes));
     let room = budget.saturating_sub(relay_info.len() + 1);
     for opt in &optional {
         // An option that cannot be encoded, or does not fit, ends the list: what comes after it
@@ -348,7 +361,7 @@ fn encode_within(
     }
     bytes.extend_from_slice(relay_info);
     bytes.push(u8::from(OptionCode::End));
-    Some(pad(bytes))
+    Some((pad(bytes), key_at))
 }
 
 fn pad(mut bytes: Vec<u8>) -> Vec<u8> {

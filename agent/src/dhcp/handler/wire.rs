@@ -11,6 +11,10 @@ pub const MAX_PACKET: usize = 1500;
 /// Fixed BOOTP header plus the magic cookie; options start here.
 pub(super) const OPTIONS_START: usize = 240;
 const MAGIC_COOKIE: [u8; 4] = [99, 130, 83, 99];
+/// Option 145, Forcerenew Nonce Capable (RFC 6704 §4): the algorithms the client takes.
+const FORCERENEW_NONCE_CAPABLE: u8 = 145;
+/// Algorithm 1 of RFC 3118's registry, HMAC-MD5: the one RFC 6704 defines.
+const HMAC_MD5: u8 = 1;
 /// Where `chaddr`, the client hardware address, sits in the BOOTP header (RFC 2131 §2).
 const CHADDR: std::ops::Range<usize> = 28..34;
 
@@ -25,6 +29,9 @@ pub(super) struct Sanitized {
     pub chaddr: MacAddr,
     /// What the client says about booting from the network.
     pub netboot: Netboot,
+    /// The client takes a reconfigure key for HMAC-MD5 FORCERENEW (option 145 lists algorithm 1,
+    /// RFC 6704 §4): its ACK carries one.
+    pub forcerenew_nonce: bool,
 }
 
 /// Checks what `dhcproto` is lenient about (header fields, the cookie, option framing, the
@@ -54,6 +61,7 @@ pub(super) fn sanitize(packet: &[u8]) -> Result<Sanitized, DropReason> {
     // Option 82 (relay agent information) is echoed verbatim, never interpreted (RFC 3046 §2.2).
     let mut relay_info = Vec::new();
     let mut netboot = Netboot::default();
+    let mut forcerenew_nonce = false;
     let mut at = OPTIONS_START;
     while at < packet.len() {
         let code = packet[at];
@@ -80,6 +88,9 @@ pub(super) fn sanitize(packet: &[u8]) -> Result<Sanitized, DropReason> {
                     Some(true) => kept.extend_from_slice(&packet[at..end]),
                     Some(false) => return Err(DropReason::BadOptions),
                     None if code == 82 => relay_info.extend_from_slice(&packet[at..end]),
+                    None if code == FORCERENEW_NONCE_CAPABLE => {
+                        forcerenew_nonce |= packet[at + 2..end].contains(&HMAC_MD5);
+                    }
                     None => netboot.read(code, &packet[at + 2..end]),
                 }
                 at = end;
@@ -92,6 +103,7 @@ pub(super) fn sanitize(packet: &[u8]) -> Result<Sanitized, DropReason> {
         relay_info,
         chaddr: MacAddr(chaddr),
         netboot,
+        forcerenew_nonce,
     })
 }
 
@@ -150,6 +162,20 @@ mod tests {
         check(&b, DropReason::NoMessageType);
         let offer = request(MessageType::Offer, KNOWN).to_vec().unwrap();
         check(&offer, DropReason::NotClientMessage);
+        // A tenant's FORCERENEW, signed or not, moves nothing here: servers send it, never heed it.
+        let mut forcerenew = request(MessageType::ForceRenew, KNOWN);
+        forcerenew
+            .opts_mut()
+            .insert(DhcpOption::Unknown(dhcproto::v4::UnknownOption::new(
+                OptionCode::from(90),
+                vec![
+                    3, 1, 0, 0, 0, 0, 0, 0, 0, 0, 9, 2, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0,
+                    0, 0,
+                ],
+            )));
+        check(&forcerenew.to_vec().unwrap(), DropReason::NotClientMessage);
+        forcerenew.set_opcode(Opcode::BootReply);
+        check(&forcerenew.to_vec().unwrap(), DropReason::NotBootRequest);
     }
 
     #[test]
