@@ -27,6 +27,8 @@
 //! - [`host6`]: each served interface is an IPv6 host that takes no routing from its tenants
 //!   (no RAs, redirects or proxy NDP: set by the chart's init container through `settle-host6`,
 //!   or by the agent where it may write `/proc/sys`; what the kernel learned anyway is swept).
+//! - [`reconfigure`]: the reconfigure keys clients of either family hold, and which of them are
+//!   owed a FORCERENEW or RECONFIGURE because their answer changed.
 //! - [`arp`]: gratuitous ARP (RFC 5227 announcements) for the server addresses taken over, the
 //!   probes of both families, and the one rule their answers are weighed by (`arp::weigh`).
 //! - [`supervisor`]: one task per served interface, started and stopped on its own, retried
@@ -48,7 +50,7 @@
 //! 2. `report`
 //! 3. `serving`, `sources`, `http`
 //! 4. `dhcp`, `dhcp6`, `host6`, `ra`, `stream`
-//! 5. `arp`, `netlink`, `lease_table`
+//! 5. `arp`, `netlink`, `lease_table`, `reconfigure`
 //! 6. `capability`, `credentials`, `findings`, `pools`, `supervisor`, `suspects`
 //!
 //! `unsafe` is denied everywhere (workspace lint); the one exception, allowed on that function
@@ -67,6 +69,7 @@ pub mod lease_table;
 pub mod netlink;
 pub mod pools;
 pub mod ra;
+pub mod reconfigure;
 pub mod report;
 pub mod runtime;
 pub mod serving;

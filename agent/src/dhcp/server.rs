@@ -20,11 +20,12 @@ use vmdhcp_telemetry::trace;
 
 use super::SERVER_PORT;
 use super::counters::Counters;
-use super::forcerenew::{Authority, Keyed};
+use super::forcerenew::{self, Keyed};
 use super::handler::{Action, MAX_PACKET, Outcome, Reply, Silence, handle_on};
 use super::probe::{Declined, PendingOffer, Probes};
 use crate::capability::{Capability, Missing};
 use crate::lease_table::{LeaseTable, PoolSnapshot};
+use crate::reconfigure::{Authority, Due};
 use crate::supervisor::{Attempt, Served, Supervisor};
 use crate::suspects::Suspects;
 
@@ -403,21 +404,29 @@ fn send_reply(
     }
 }
 
-/// Sends a FORCERENEW to its client's address (port 68), counting it or the error.
+/// Sends a FORCERENEW from `server` to its client's address (port 68), counting it or the
+/// error.
 fn send_forcerenew(
     socket: &std::net::UdpSocket,
-    due: &super::forcerenew::Forcerenew,
+    server: Ipv4Addr,
+    due: &Due<forcerenew::Target>,
     counters: &Counters,
 ) {
-    let to = SocketAddrV4::new(due.ip, super::CLIENT_PORT);
-    match socket.send_to(&due.bytes, to) {
+    let (mac, to) = (
+        due.mac,
+        SocketAddrV4::new(due.target.ip, super::CLIENT_PORT),
+    );
+    let sent = forcerenew::message(server, due)
+        .map_err(io::Error::other)
+        .and_then(|bytes| socket.send_to(&bytes, to));
+    match sent {
         Ok(_) => {
             counters.record_forcerenew();
-            info!(mac = %due.mac, ip = %due.ip, "FORCERENEW sent: the pool's answer to it changed");
+            info!(%mac, %to, "FORCERENEW sent: the pool's answer to it changed");
         }
         Err(error) => {
             counters.record_send_error();
-            warn!(mac = %due.mac, %to, %error, "FORCERENEW not sent");
+            warn!(%mac, %to, %error, "FORCERENEW not sent");
         }
     }
 }
@@ -554,10 +563,9 @@ fn serve(
         let pool = table.pool(&interface.pool);
         if let Some(pool) = &pool {
             keyed.look(pool);
-            let server = pool.config().server_ip;
-            for due in keyed.due(&shared.authority, server, received_at) {
-                pins.pin(index, due.ip, due.mac);
-                send_forcerenew(&socket, &due, counters);
+            for due in keyed.due(&shared.authority, received_at) {
+                pins.pin(index, due.target.ip, due.mac);
+                send_forcerenew(&socket, pool.config().server_ip, &due, counters);
             }
         }
         let Some((len, peer)) = received else {
@@ -573,7 +581,13 @@ fn serve(
         let mut outcome = handle_on(own, &buf[..len], &pool, |ip| table.withholds(&pool, ip));
         if let (Action::Reply(reply), Some(mac)) = (&mut outcome.action, outcome.mac)
             && let Some(slot) = reply.key_slot
-            && let Err(error) = keyed.acked(&shared.authority, mac, slot, &mut reply.bytes, &pool)
+            && let Err(error) = keyed.acked(
+                &shared.authority,
+                mac,
+                (slot.at, slot.target),
+                &mut reply.bytes,
+                &pool,
+            )
         {
             // The ACK still goes: the client learns a change at T1 instead.
             warn!(%mac, %error, "ACK sent without a reconfigure key");

@@ -131,16 +131,14 @@ pub struct Reply {
 }
 
 /// The room an ACK keeps for the client's reconfigure key (RFC 6704 §3.1.1): option 90 laid out
-/// with a zero replay counter and key, which the server fills in ([`crate::dhcp::forcerenew`])
-/// as the key is the server's secret, not a function of the packet.
+/// with a zero replay counter and key, which the server fills in ([`crate::reconfigure`]) as
+/// the key is the server's secret, not a function of the packet.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct KeySlot {
     /// Where option 90's data starts in the reply's bytes.
     pub at: usize,
-    /// The transaction the ACK answers: a FORCERENEW must carry it (the client drops others).
-    pub xid: u32,
-    /// The address leased.
-    pub ip: Ipv4Addr,
+    /// Where the client's FORCERENEW goes: the ACK's transaction and address.
+    pub target: super::forcerenew::Target,
 }
 
 /// What to do with one datagram.

@@ -171,8 +171,10 @@ pub(super) fn reply(
     };
     let key_slot = key_at.zip(leased).map(|(at, ip)| KeySlot {
         at,
-        xid: request.xid(),
-        ip,
+        target: forcerenew::Target {
+            xid: request.xid(),
+            ip,
+        },
     });
     Action::Reply(Reply {
         kind,
