@@ -109,7 +109,7 @@ pub fn hmac_md5(key: &[u8], message: &[u8]) -> [u8; KEY_LEN] {
     mac.finalize().into_bytes().into()
 }
 
-/// What every interface of both families shares: the source of keys and the replay counter.
+/// The source of keys and the replay counter, shared by the interfaces that use it.
 #[derive(Debug)]
 pub struct Authority {
     random: SystemRandom,

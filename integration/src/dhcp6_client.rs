@@ -309,6 +309,9 @@ pub struct Options6 {
     /// kernel deletes the address, or flags it `dadfailed`) it exits 3, which makes dhclient
     /// DECLINE the address. Its event then has `dad_result=failed`.
     pub dad_wait_seconds: Option<u32>,
+    /// dhcpcd only: sends Reconfigure Accept (`option dhcp6_reconfigure_accept`), so a server
+    /// that supports it hands over a reconfigure key and may send RECONFIGURE.
+    pub reconfigure_accept: bool,
     /// dhclient only: lines appended to its config (a later `request` replaces the default
     /// one).
     pub dhclient_conf: String,
@@ -377,6 +380,9 @@ impl Client6 {
                 );
                 if o.rapid_commit {
                     conf.push_str("option dhcp6_rapid_commit\n");
+                }
+                if o.reconfigure_accept {
+                    conf.push_str("option dhcp6_reconfigure_accept\n");
                 }
                 if !o.wait_for_ra && !o.information_only {
                     conf.push_str("noipv6rs\n");

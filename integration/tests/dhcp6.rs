@@ -153,6 +153,47 @@ fn both_clients_get_the_reservation_with_its_lifetimes_renew_and_release() {
 }
 
 #[test]
+fn dhcpcd_holding_a_reconfigure_key_is_sent_a_changed_dns_server_at_once() {
+    // An hour's lease: T1 is half an hour away, so only a RECONFIGURE brings the change within
+    // the wait below.
+    let (rig, vm) = lab(MAC, &[dual_leasing("p6", SUBNET, false, 3600)]);
+    showing_agent_log(&rig, || {
+        let accepting = Options6 {
+            reconfigure_accept: true,
+            ..Options6::default()
+        };
+        let c = Client6::dhcpcd(&vm, "eth0", accepting);
+        let bound = c.wait_lease("BOUND6", 0, BIND);
+        assert_eq!(bound.address, reserved());
+        assert_eq!(
+            bound.dns,
+            ["fd76:6d64:6863::53".parse::<Ipv6Addr>().unwrap()]
+        );
+        assert!(
+            c.log().contains("accepted reconfigure key"),
+            "dhcpcd sent Reconfigure Accept and took the key from its REPLY:\n{}",
+            c.log()
+        );
+
+        let mut changed = dual_leasing("p6", SUBNET, false, 3600);
+        changed["config"]["ipv6"]["dns"] = json!(["fd76:6d64:6863::99"]);
+        rig.reload(&[changed]);
+        let renewed = c.wait_lease("RENEW6", 0, Duration::from_secs(20));
+        assert_eq!(renewed.address, reserved());
+        assert_eq!(
+            renewed.dns,
+            ["fd76:6d64:6863::99".parse::<Ipv6Addr>().unwrap()]
+        );
+        // dhcpcd checked the RECONFIGURE's HMAC with its key before renewing.
+        let log = c.log();
+        assert!(log.contains("RECONFIGURE6 from"), "{log}");
+        assert!(!log.contains("unauthenticated"), "{log}");
+        assert!(!log.contains("authentication failed"), "{log}");
+        assert!(rig.agent_log().contains("RECONFIGURE sent"));
+    });
+}
+
+#[test]
 fn rapid_commit_binds_in_two_messages_and_information_requests_get_the_options() {
     let (_rig, vm) = lab(MAC, &[dual("p6", SUBNET, false)]);
     let rapid = Options6 {

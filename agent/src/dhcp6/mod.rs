@@ -1,7 +1,8 @@
 //! The DHCPv6 server (RFC 8415, stateful IA_NA) of a dual-stack pool: what to answer
 //! ([`handler`], a pure function of the datagram, who sent it and the pool's leases), the frames
-//! it reads and sends ([`frame`]), other DHCPv6 servers on the network ([`foreign`]) and the
-//! sockets, one set per interface ([`server`]).
+//! it reads and sends ([`frame`]), other DHCPv6 servers on the network ([`foreign`]), the
+//! RECONFIGURE that brings a changed pool to the clients that took a reconfigure key
+//! ([`reconfigure`]) and the sockets, one set per interface ([`server`]).
 //!
 //! It reads the [`crate::lease_table::LeaseTable`] (each MAC's IPv6 reservation, and the
 //! addresses withheld) and writes only what its Neighbor Solicitation probes find: an address
@@ -13,6 +14,7 @@ pub mod foreign;
 pub mod frame;
 pub mod handler;
 pub mod probe;
+pub mod reconfigure;
 pub mod server;
 
 /// Port servers and relays listen on (RFC 8415 §7.2).

@@ -35,10 +35,12 @@ use super::foreign;
 use super::frame::{self, Addressing, ETH_P_IPV6, ETHERNET, IPV6, Sources, UDP};
 use super::handler::{DropReason, MAX_PACKET, Outcome, Received, Server, Silence, handle};
 use super::probe::{Context, Declines, InFlight, Rechecks, recheck, verify_decline};
+use super::reconfigure::{self, Keyed};
 use super::{ALL_SERVERS, CLIENT_PORT, SERVER_PORT};
 use crate::arp;
 use crate::capability::{Capability, Missing};
 use crate::lease_table::LeaseTable;
+use crate::reconfigure::{Authority, Due};
 use crate::supervisor::{Attempt, Served, Supervisor};
 use crate::suspects::{SuspectKind, Suspects};
 
@@ -92,6 +94,8 @@ pub struct Counters6 {
     pub replied: AtomicU64,
     /// Replies the kernel refused to send.
     pub send_failed: AtomicU64,
+    /// RECONFIGUREs sent to clients holding a reconfigure key whose answer changed.
+    pub reconfigures: AtomicU64,
     /// Datagrams dropped, by [`DropReason`] (in [`DropReason::ALL`]'s order).
     pub dropped: [AtomicU64; DropReason::ALL.len()],
     /// Messages not answered on purpose (unknown clients, other servers' renewals, …).
@@ -363,6 +367,7 @@ fn serve(
     let mut reply = Vec::with_capacity(FRAME_BUFFER);
     let mut sources = Sources::new(index);
     let mut next_probe = Instant::now();
+    let (authority, mut keyed) = (Authority::default(), Keyed::default());
     while !*stop.borrow() {
         // Before the receive, which returns every RECEIVE_TIMEOUT when nothing arrives.
         if let Some(every) = watchers.foreign.probe_every()
@@ -372,6 +377,34 @@ fn serve(
             // Until the interface has a usable link-local address, tried again each turn.
             if probe_servers(&sockets.packet, own, &sources) {
                 next_probe = Instant::now() + every;
+            }
+        }
+        if !keyed.is_empty()
+            && let Some(snapshot) = table.pool(pool)
+        {
+            keyed.look(&snapshot);
+            let server_ip = snapshot.config().ipv6.as_ref().map(|v6| v6.server_ip);
+            for due in keyed.due(&authority, Instant::now()) {
+                sources.refresh(Instant::now());
+                let sent = send_reconfigure(
+                    &sockets.packet,
+                    own,
+                    &sources,
+                    server_ip,
+                    &duid,
+                    &due,
+                    &mut reply,
+                );
+                match sent {
+                    Ok(()) => {
+                        counters.reconfigures.fetch_add(1, Ordering::Relaxed);
+                        info!(mac = %due.mac, to = %due.target.address, "RECONFIGURE sent: the pool's answer to it changed");
+                    }
+                    Err(error) => {
+                        counters.send_failed.fetch_add(1, Ordering::Relaxed);
+                        warn!(mac = %due.mac, to = %due.target.address, %error, "RECONFIGURE not sent");
+                    }
+                }
             }
         }
         rechecks.start_round(Instant::now(), || table.pool(pool));
@@ -430,12 +463,25 @@ fn serve(
         );
         match outcome {
             Outcome::Answer {
-                bytes,
+                mut bytes,
                 kind,
                 to_relay,
                 also,
                 mac,
+                key_slot,
             } => {
+                if let (Some(slot), Some(mac)) = (key_slot, mac)
+                    && let Err(error) = keyed.acked(
+                        &authority,
+                        mac,
+                        (slot.at, slot.target),
+                        &mut bytes,
+                        &snapshot,
+                    )
+                {
+                    // The REPLY still goes: the client learns a change at T1 instead.
+                    warn!(%mac, %error, "REPLY sent without a reconfigure key");
+                }
                 sources.refresh(Instant::now());
                 let server_ip = snapshot.config().ipv6.as_ref().map(|v6| v6.server_ip);
                 let sent = sources
@@ -491,6 +537,38 @@ fn serve(
     Ok(())
 }
 
+/// Sends the RECONFIGURE `due` from this interface's link-local address to its client's, as a
+/// whole frame to the client's MAC, like every answer.
+fn send_reconfigure(
+    packet: &Socket,
+    own: MacAddr,
+    sources: &Sources,
+    server_ip: Option<std::net::Ipv6Addr>,
+    duid: &[u8],
+    due: &Due<super::handler::Target>,
+    frame_buffer: &mut Vec<u8>,
+) -> Result<(), SendError> {
+    let message =
+        reconfigure::message(duid, due).map_err(|e| SendError::Io(io::Error::other(e)))?;
+    let target = &due.target;
+    let from = sources
+        .source_for(&target.address, server_ip)
+        .ok_or(SendError::NoSource)?;
+    let addressing = Addressing {
+        from_mac: own,
+        to_mac: target.link,
+        from,
+        to: target.address,
+        from_port: SERVER_PORT,
+        to_port: CLIENT_PORT,
+    };
+    frame::build(&addressing, &message, frame_buffer).ok_or(SendError::TooLarge)?;
+    packet
+        .send_with_flags(frame_buffer, libc::MSG_DONTWAIT)
+        .map(|_| ())
+        .map_err(SendError::Io)
+}
+
 /// One span per DHCPv6 exchange, only while traces are exported (the packet path pays nothing
 /// otherwise), as the DHCPv4 server's `dhcp.transaction`: a root of its own.
 fn transaction_span(interface: &str, pool: &NamespacedName) -> tracing::Span {
@@ -542,6 +620,9 @@ enum SendError {
     /// The packet socket refused it.
     #[error(transparent)]
     Io(io::Error),
+    /// A RECONFIGURE could not be signed.
+    #[error(transparent)]
+    Sign(#[from] crate::reconfigure::ReconfigureError),
 }
 
 impl Sockets {

@@ -151,7 +151,7 @@ impl Collector for Dhcp6Metrics {
         use std::sync::atomic::Ordering::Relaxed;
         let all = self.0.borrow().clone();
         type Read = fn(&Counters6) -> Vec<(&'static str, u64)>;
-        let series: [(&str, &str, &str, Read); 6] = [
+        let series: [(&str, &str, &str, Read); 7] = [
             (
                 "vmdhcp_agent_dhcp6_requests",
                 "DHCPv6 datagrams received on port 547.",
@@ -199,6 +199,12 @@ impl Collector for Dhcp6Metrics {
                         ("not_probed", c.declines.not_probed.load(Relaxed)),
                     ]
                 },
+            ),
+            (
+                "vmdhcp_agent_dhcp6_reconfigures",
+                "RECONFIGUREs sent to clients holding a reconfigure key whose answer changed.",
+                "",
+                |c| vec![("", c.reconfigures.load(Relaxed))],
             ),
             (
                 "vmdhcp_agent_dhcp6_send_errors",

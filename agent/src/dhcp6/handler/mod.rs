@@ -23,6 +23,7 @@ use vmdhcp_core::MacAddr;
 use vmdhcp_core::pool::PoolConfigV6;
 
 use crate::lease_table::PoolSnapshot;
+use crate::reconfigure;
 
 mod boot;
 mod relay;
@@ -176,6 +177,30 @@ impl std::fmt::Debug for Server<'_> {
 /// The message type of an answer, for metrics.
 pub type Answered = MessageType;
 
+/// The room a REPLY keeps for the client's reconfigure key (RFC 8415 §20.4): an Authentication
+/// option with a zero replay counter and key, which the server fills in
+/// ([`crate::reconfigure`]), as the key is the server's secret, not a function of the packet.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct KeySlot {
+    /// Where the option's data starts in the reply's bytes.
+    pub at: usize,
+    /// Where the client's RECONFIGURE goes.
+    pub target: Target,
+}
+
+/// Where a DHCPv6 client's RECONFIGURE goes, as its last REPLY left it: the link-local address
+/// and MAC its message came from (clients take a RECONFIGURE only from a link-local address,
+/// and only naming their own DUID).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Target {
+    /// The client's DUID (its Client Identifier).
+    pub duid: Vec<u8>,
+    /// Its link-local address.
+    pub address: Ipv6Addr,
+    /// The MAC of its frames.
+    pub link: MacAddr,
+}
+
 /// What to do with a datagram.
 #[derive(Debug, PartialEq, Eq)]
 pub enum Outcome {
@@ -192,6 +217,8 @@ pub enum Outcome {
         also: Option<Silence>,
         /// The MAC it was answered for, when one was found.
         mac: Option<MacAddr>,
+        /// In a REPLY to a client that sent Reconfigure Accept: where the server writes its key.
+        key_slot: Option<KeySlot>,
     },
     /// No answer, on purpose.
     Silent(Silence),
@@ -233,19 +260,71 @@ pub fn handle(received: Received<'_>, server: Server<'_>, pool: &PoolSnapshot) -
     };
     match decide(&msg, received.multicast, who, server, pool, config) {
         Decision::Reply(reply, also, mac) => match encode(&reply) {
-            Some(bytes) => Outcome::Answer {
-                bytes,
-                kind: reply.msg_type(),
-                to_relay: false,
-                also,
-                mac,
-            },
+            Some(mut bytes) => {
+                let key_slot = keyed(&msg, &reply, mac, received, pool).map(|target| KeySlot {
+                    at: add_key_options(&mut bytes),
+                    target,
+                });
+                Outcome::Answer {
+                    bytes,
+                    kind: reply.msg_type(),
+                    to_relay: false,
+                    also,
+                    mac,
+                    key_slot,
+                }
+            }
             None => Outcome::Dropped(DropReason::Malformed),
         },
         Decision::Silent(s) => Outcome::Silent(s),
         Decision::Drop(r) => Outcome::Dropped(r),
     }
 }
+
+/// Where `reply`'s RECONFIGURE would go, if it takes a key: a REPLY giving `mac` its address,
+/// to a REQUEST, RENEW, REBIND or rapid-commit SOLICIT that sent Reconfigure Accept, from a
+/// link-local address and a known MAC (never a relayed one: a RECONFIGURE goes on this link).
+fn keyed(
+    request: &Message,
+    reply: &Message,
+    mac: Option<MacAddr>,
+    received: Received<'_>,
+    pool: &PoolSnapshot,
+) -> Option<Target> {
+    use MessageType as T;
+    let opts = request.opts();
+    let asks = matches!(
+        request.msg_type(),
+        T::Request | T::Renew | T::Rebind | T::Solicit
+    );
+    if !asks || reply.msg_type() != T::Reply || opts.get(OptionCode::ReconfAccept).is_none() {
+        return None;
+    }
+    pool.ipv6_of(&mac?)?;
+    let Some(DhcpOption::ClientId(duid)) = opts.get(OptionCode::ClientId) else {
+        return None;
+    };
+    Some(Target {
+        duid: duid.clone(),
+        address: received.source,
+        link: received.link_source?,
+    })
+}
+
+/// Appends Reconfigure Accept (20) and an Authentication option (11) as a REPLY carries a
+/// reconfigure key, its replay counter and key zero; returns where the latter's data starts.
+fn add_key_options(bytes: &mut Vec<u8>) -> usize {
+    bytes.extend_from_slice(&[0, RECONFIGURE_ACCEPT, 0, 0]);
+    bytes.extend_from_slice(&[0, AUTHENTICATION, 0, reconfigure::AUTH_LEN as u8]);
+    let at = bytes.len();
+    bytes.extend_from_slice(&reconfigure::key_data());
+    at
+}
+
+/// Option 20, Reconfigure Accept (RFC 8415 §21.20).
+pub const RECONFIGURE_ACCEPT: u8 = 20;
+/// Option 11, Authentication (RFC 8415 §21.11).
+pub const AUTHENTICATION: u8 = 11;
 
 /// Whether `ip` can be one host's address: not multicast, unspecified or loopback.
 fn is_unicast(ip: &Ipv6Addr) -> bool {
@@ -888,6 +967,89 @@ mod tests {
         };
         assert_eq!(url(vec![arch]), Some(b"tftp://[fd00::2]/ipxe.efi".to_vec()));
         assert_eq!(url(vec![]), None);
+    }
+
+    #[test]
+    fn a_reply_to_a_client_accepting_reconfigure_keeps_room_for_its_key_and_others_do_not() {
+        let request = |accept: bool| {
+            let mut opts = vec![
+                DhcpOption::ClientId(client_duid()),
+                DhcpOption::ServerId(duid()),
+                ia(Some("fd00::10")),
+            ];
+            if accept {
+                opts.push(DhcpOption::ReconfAccept);
+            }
+            message(MessageType::Request, opts)
+        };
+        let Outcome::Answer {
+            bytes, key_slot, ..
+        } = run(&request(true), CLIENT, true)
+        else {
+            panic!("no answer");
+        };
+        let slot = key_slot.unwrap();
+        assert_eq!(
+            slot.target,
+            Target {
+                duid: client_duid(),
+                address: ip6("fe80::1"),
+                link: CLIENT,
+            }
+        );
+        let msg = Message::decode(&mut Decoder::new(&bytes)).unwrap();
+        assert_eq!(granted(&msg).map(|g| g.0), Ok(ip6("fd00::10")));
+        assert!(msg.opts().get(OptionCode::ReconfAccept).is_some());
+        assert!(msg.opts().get(OptionCode::Authentication).is_some());
+        assert_eq!(&bytes[slot.at..], &reconfigure::key_data());
+        assert_eq!(&bytes[slot.at - 4..slot.at], &[0, 11, 0, 28]);
+
+        // Without Reconfigure Accept, or without a reservation: no key.
+        let Outcome::Answer { key_slot, .. } = run(&request(false), CLIENT, true) else {
+            panic!("no answer");
+        };
+        assert_eq!(key_slot, None);
+        let Outcome::Answer { key_slot, .. } = run(&request(true), STRANGER, true) else {
+            panic!("no answer");
+        };
+        assert_eq!(key_slot, None);
+    }
+
+    #[test]
+    fn a_reconfigure_names_both_duids_asks_for_a_renew_and_is_signed_with_the_key() {
+        let due = reconfigure::Due {
+            mac: CLIENT,
+            target: Target {
+                duid: client_duid(),
+                address: ip6("fe80::1"),
+                link: CLIENT,
+            },
+            key: [7; reconfigure::KEY_LEN],
+            replay: 42,
+        };
+        let bytes = super::super::reconfigure::message(&duid(), &due).unwrap();
+        let msg = Message::decode(&mut Decoder::new(&bytes)).unwrap();
+        assert_eq!(msg.msg_type(), MessageType::Reconfigure);
+        assert_eq!(msg.xid(), [0, 0, 0]);
+        assert_eq!(
+            msg.opts().get(OptionCode::ServerId),
+            Some(&DhcpOption::ServerId(duid()))
+        );
+        assert_eq!(
+            msg.opts().get(OptionCode::ClientId),
+            Some(&DhcpOption::ClientId(client_duid()))
+        );
+        assert_eq!(
+            msg.opts().get(OptionCode::ReconfMsg),
+            Some(&DhcpOption::ReconfMsg(MessageType::Renew))
+        );
+        // What a client checks: the HMAC over the message with the HMAC zero.
+        let at = bytes.len() - reconfigure::KEY_LEN;
+        let mut zeroed = bytes.clone();
+        zeroed[at..].fill(0);
+        assert_eq!(&bytes[at..], &reconfigure::hmac_md5(&[7; 16], &zeroed));
+        assert_eq!(&bytes[at - 12..at - 1], &[3, 1, 0, 0, 0, 0, 0, 0, 0, 0, 42]);
+        assert_eq!(bytes[at - 1], 2);
     }
 
     #[test]

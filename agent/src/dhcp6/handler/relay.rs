@@ -58,6 +58,7 @@ pub(super) fn relayed(
         to_relay: true,
         also,
         mac,
+        key_slot: None,
     }
 }
 
