@@ -238,6 +238,24 @@ pub fn dhclient_lease(path: &Path) -> BTreeMap<String, String> {
     out
 }
 
+/// Starts busybox `udhcpc` as cirros and appliances run it: in the foreground on `vm`'s eth0
+/// (killed when `lab` drops), renewing at T1, asking beyond its defaults for the MTU, the
+/// classless routes and the search list, its events (`bound`, `renew`, …) recorded by
+/// [`hook_script`].
+pub fn start_udhcpc(lab: &mut Lab, vm: &Netns, dir: &Path) {
+    let script = hook_script(dir);
+    let log = fs::File::create(dir.join("udhcpc.log")).unwrap();
+    let mut cmd = vm.command("udhcpc");
+    cmd.args(["-i", "eth0", "-f", "-t", "10", "-T", "1", "-A", "1"])
+        .args(["-O", "mtu", "-O", "staticroutes", "-O", "search"])
+        .arg("-s")
+        .arg(&script)
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(log);
+    lab.spawn(cmd).unwrap();
+}
+
 /// Runs busybox `udhcpc` once on `vm`'s eth0 (quit after lease, up to 4 discovers 1 s apart),
 /// with the recording hook; `extra` adds arguments (e.g. `-r` to ask for an address).
 pub fn udhcpc(vm: &Netns, dir: &Path, extra: &[&str]) -> std::process::Output {

@@ -12,6 +12,7 @@
 //! - [`hostile`]: hostile hosts on a VM network (forged DECLINEs with ARP floods, a host
 //!   answering every ARP request) and what an attack cost a real client.
 //! - [`http`]: plain GETs of local endpoints.
+//! - [`image_clients`]: the DHCP clients cloud images run (systemd-networkd), in VM namespaces.
 //! - [`node`]: a real single-node Kubernetes cluster (kubelet, containerd, kube-proxy, …) that
 //!   runs the Helm chart's pods, with a Multus stand-in (`src/bin/vmdhcp-multus-standin.rs`).
 //! - [`netns`]: network namespaces, veth pairs and bridges, cleaned up on every exit path.
@@ -40,6 +41,7 @@ pub mod fleet;
 pub mod hostile;
 pub mod hostile6;
 pub mod http;
+pub mod image_clients;
 pub mod netns;
 pub mod node;
 pub mod otlp;

@@ -9,7 +9,7 @@ use std::process::Stdio;
 use std::time::{Duration, Instant};
 
 use vmdhcp_core::pool::duid::server_duid;
-use vmdhcp_integration::dhcp_client::{start_dhclient, wait_event, wait_for};
+use vmdhcp_integration::dhcp_client::{start_dhclient, start_udhcpc, wait_event, wait_for};
 use vmdhcp_integration::dhcp6_client::{
     Client6, Lease6, Options6, global_addresses, wait_link_local,
 };
@@ -21,6 +21,7 @@ use vmdhcp_integration::fleet::{
 use vmdhcp_integration::hostile::{
     Forgery, capture_dhcp, forge, leased_after, mac_bytes, now_unix, settled_cost, transcript,
 };
+use vmdhcp_integration::image_clients::Networkd;
 
 #[test]
 fn kubectl_apply_to_lease_then_failover_fallback_and_resume() {
@@ -1076,4 +1077,180 @@ fn events(fleet: &vmdhcp_integration::fleet::Fleet, reason: &str) -> Vec<(String
             (text(&e["involvedObject"]["kind"]), text(&e["message"]))
         })
         .collect()
+}
+
+/// What the image clients of [`image_clients_get_the_pool_s_options_and_renew_across_a_crash_and_a_graceful_failover`]
+/// had done at one instant: systemd-networkd's ACKs and DISCOVERs, udhcpc's events.
+struct Seen {
+    networkd_acks: usize,
+    networkd_discovers: usize,
+    udhcpc_events: usize,
+}
+
+fn seen(networkd: &Networkd, udhcpc: &Path) -> Seen {
+    Seen {
+        networkd_acks: networkd.acks(),
+        networkd_discovers: networkd.log().matches("DHCPv4 client: DISCOVER").count(),
+        udhcpc_events: vmdhcp_integration::dhcp_client::events(udhcpc).len(),
+    }
+}
+
+/// Waits until both clients renewed after `since` (networkd took another ACK, udhcpc ran its
+/// `renew` event) and checks that neither started over (no DISCOVER, no `deconfig`) and each
+/// kept its address.
+fn both_renewed_keeping_their_addresses(
+    networkd: &Networkd,
+    udhcpc: &Path,
+    since: &Seen,
+    (ip1, ip2): (&str, &str),
+    what: &str,
+) {
+    wait_for(
+        &format!("systemd-networkd's renewal {what}"),
+        Duration::from_secs(40),
+        || (networkd.acks() > since.networkd_acks).then_some(()),
+    );
+    let now = seen(networkd, udhcpc);
+    assert_eq!(
+        now.networkd_discovers,
+        since.networkd_discovers,
+        "systemd-networkd started over {what}:\n{}",
+        networkd.log()
+    );
+    assert_eq!(networkd.lease()["ADDRESS"], ip1, "{what}");
+    let (event, env) = wait_for(
+        &format!("udhcpc's renewal {what}"),
+        Duration::from_secs(40),
+        || {
+            vmdhcp_integration::dhcp_client::events(udhcpc)
+                .into_iter()
+                .skip(since.udhcpc_events)
+                .find(|(e, _)| e == "renew" || e == "deconfig" || e == "bound")
+        },
+    );
+    assert_eq!(event, "renew", "udhcpc {what}: {env:?}");
+    assert_eq!(env["ip"], ip2, "{what}");
+}
+
+/// Issue #52 point 5: the clients cloud images run, beside dhclient and dhcpcd, through the
+/// controller and two agents: systemd-networkd (vm1, Debian's 252) and busybox udhcpc (vm2, as
+/// cirros runs it) each get their reservation with the pool's router, DNS, domain, MTU,
+/// classless route and host name, and keep renewing it across a crash (kill -9) and a graceful
+/// (SIGTERM) failover of the leading agent, without starting over.
+#[test]
+fn image_clients_get_the_pool_s_options_and_renew_across_a_crash_and_a_graceful_failover() {
+    let mut fleet = setup();
+    let mut pool = vmdhcp_integration::fleet::pool_a(None);
+    let v4 = &mut pool["spec"]["ipv4Config"];
+    v4["mtu"] = 1400.into();
+    v4["routes"] = serde_json::json!([{"destination": "10.96.0.0/12", "gateway": "10.123.45.1"}]);
+    v4["sendHostName"] = true.into();
+    fleet.apply(&pool);
+    let allocated = fleet.allocated();
+    let (ip1, ip2) = (allocated[VM1_MAC].clone(), allocated[VM2_MAC].clone());
+    let ns0 = fleet.agent_netns(0);
+    let ns1 = fleet.agent_netns(1);
+    let a0 = fleet.start_agent(&ns0, "agent-0");
+    let a1 = fleet.start_agent(&ns1, "agent-1");
+    let leader = fleet.leader(&[&a0, &a1]).identity.clone();
+    let (first, second) = if leader == a0.identity {
+        (a0, a1)
+    } else {
+        (a1, a0)
+    };
+
+    let vm1 = fleet.vm("vm1", VM1_MAC);
+    let dir1 = fleet.dir.path().join("vm1-networkd");
+    fs::create_dir_all(&dir1).unwrap();
+    let networkd = Networkd::start(&mut fleet.lab, &vm1, &dir1);
+    let vm2 = fleet.vm("vm2", VM2_MAC);
+    let dir2 = fleet.dir.path().join("vm2-udhcpc");
+    fs::create_dir_all(&dir2).unwrap();
+    start_udhcpc(&mut fleet.lab, &vm2, &dir2);
+
+    // systemd-networkd: the lease it saved, and what it applied to the link.
+    let lease = wait_for("systemd-networkd's lease", Duration::from_secs(30), || {
+        let l = networkd.lease();
+        l.contains_key("ADDRESS").then_some(l)
+    });
+    assert_eq!(lease["ADDRESS"], ip1, "{lease:?}");
+    assert_eq!(lease["NETMASK"], "255.255.255.0", "{lease:?}");
+    assert_eq!(lease["ROUTER"], "10.123.45.1", "{lease:?}");
+    assert_eq!(lease["DNS"], "10.123.45.53", "{lease:?}");
+    assert_eq!(lease["DOMAINNAME"], "fleet.test", "{lease:?}");
+    assert_eq!(lease["HOSTNAME"], "vm1", "{lease:?}");
+    assert_eq!(lease["MTU"], "1400", "{lease:?}");
+    assert_eq!(lease["SERVER_ADDRESS"], SERVER_IP, "{lease:?}");
+    let ip = |args: &[&str]| fleet.lab.exec(&vm1, "ip", args).unwrap_or_default();
+    let routes = wait_for(
+        "the classless route applied",
+        Duration::from_secs(10),
+        || {
+            let r = ip(&["-4", "route", "show", "dev", "eth0"]);
+            r.contains("10.96.0.0/12 via 10.123.45.1").then_some(r)
+        },
+    );
+    assert!(routes.contains("default via 10.123.45.1"), "{routes}");
+    assert!(ip(&["-4", "addr", "show", "eth0"]).contains(&format!("{ip1}/24")));
+    assert!(ip(&["link", "show", "eth0"]).contains("mtu 1400 "));
+
+    // udhcpc: what it hands its script (cirros' applies each).
+    let bound = wait_event(&dir2, "bound", 0, Duration::from_secs(30));
+    assert_eq!(bound["ip"], ip2, "{bound:?}");
+    assert_eq!(bound["subnet"], "255.255.255.0", "{bound:?}");
+    assert_eq!(bound["router"].trim(), "10.123.45.1", "{bound:?}");
+    assert_eq!(bound["dns"].trim(), "10.123.45.53", "{bound:?}");
+    assert_eq!(bound["domain"], "fleet.test", "{bound:?}");
+    assert_eq!(bound["hostname"], "vm2", "{bound:?}");
+    assert_eq!(bound["mtu"], "1400", "{bound:?}");
+    assert_eq!(
+        bound["staticroutes"], "0.0.0.0/0 10.123.45.1 10.96.0.0/12 10.123.45.1",
+        "{bound:?}"
+    );
+    assert_eq!(bound["serverid"], SERVER_IP, "{bound:?}");
+
+    // Both renew with the leader, then it is killed: both renew with the standby that takes
+    // over, without starting over.
+    let before = seen(&networkd, &dir2);
+    both_renewed_keeping_their_addresses(
+        &networkd,
+        &dir2,
+        &before,
+        (&ip1, &ip2),
+        "with the first leader",
+    );
+    let before = seen(&networkd, &dir2);
+    assert!(first.process.signal("KILL"));
+    assert_eq!(fleet.leader(&[&second]).identity, second.identity);
+    both_renewed_keeping_their_addresses(
+        &networkd,
+        &dir2,
+        &before,
+        (&ip1, &ip2),
+        "after kill -9 of the leader",
+    );
+
+    // The killed replica comes back as a standby; the leader is stopped gracefully.
+    let restarted = fleet.start_agent(&first.ns.clone(), &first.identity.clone());
+    drop(first);
+    wait_for(
+        "the restarted agent to be a ready standby",
+        Duration::from_secs(30),
+        || {
+            let v = fleet.readyz(&restarted)?;
+            (v["ready"] == true && v["agent"]["leader"] == false).then_some(())
+        },
+    );
+    let before = seen(&networkd, &dir2);
+    assert!(second.process.signal("TERM"));
+    assert_eq!(fleet.leader(&[&restarted]).identity, restarted.identity);
+    both_renewed_keeping_their_addresses(
+        &networkd,
+        &dir2,
+        &before,
+        (&ip1, &ip2),
+        "after SIGTERM to the leader",
+    );
+    assert_eq!(fleet.allocated()[VM1_MAC], ip1);
+    assert_eq!(fleet.allocated()[VM2_MAC], ip2);
 }
