@@ -69,6 +69,26 @@ if ! command -v qemu-system-x86_64 >/dev/null 2>&1 || [ ! -f /usr/lib/ipxe/qemu/
   apt-get install -y -qq --no-install-recommends qemu-system-x86 >&2
 fi
 
+# NetworkManager (its internal DHCP client, as RHEL, Fedora and SUSE images run it) and D-Bus for
+# the fleet suite's image clients: each test runs its own instance in a VM namespace on a private
+# bus. systemd-networkd comes with Debian's systemd. Without recommends (no ModemManager or
+# wpa_supplicant). The packaged service must not start and take over the host's links: where
+# systemd runs, a policy-rc.d refuses every start for the length of the install.
+if ! command -v NetworkManager >/dev/null 2>&1 || ! command -v dbus-daemon >/dev/null 2>&1; then
+  log "apt-get install network-manager dbus"
+  export DEBIAN_FRONTEND=noninteractive
+  policy=""
+  if [ ! -e /usr/sbin/policy-rc.d ]; then
+    policy=/usr/sbin/policy-rc.d
+    printf '#!/bin/sh\nexit 101\n' >"$policy"; chmod +x "$policy"
+    trap 'rm -f "$policy"' EXIT
+  fi
+  apt-get update -qq >&2
+  apt-get install -y -qq --no-install-recommends network-manager dbus >&2
+  [ -n "$policy" ] && rm -f "$policy"
+  trap - EXIT
+fi
+
 # The target of the images' static binaries (scripts/build-images.sh).
 MUSL_TARGET=x86_64-unknown-linux-musl
 if command -v rustup >/dev/null 2>&1; then

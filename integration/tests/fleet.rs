@@ -21,7 +21,7 @@ use vmdhcp_integration::fleet::{
 use vmdhcp_integration::hostile::{
     Forgery, capture_dhcp, forge, leased_after, mac_bytes, now_unix, settled_cost, transcript,
 };
-use vmdhcp_integration::image_clients::Networkd;
+use vmdhcp_integration::image_clients::{NetworkManager, Networkd};
 
 #[test]
 fn kubectl_apply_to_lease_then_failover_fallback_and_resume() {
@@ -1079,64 +1079,85 @@ fn events(fleet: &vmdhcp_integration::fleet::Fleet, reason: &str) -> Vec<(String
         .collect()
 }
 
-/// What the image clients of [`image_clients_get_the_pool_s_options_and_renew_across_a_crash_and_a_graceful_failover`]
-/// had done at one instant: systemd-networkd's ACKs and DISCOVERs, udhcpc's events.
+/// The third VM of [`image_clients_get_the_pool_s_options_and_renew_across_a_crash_and_a_graceful_failover`].
+const VM3_MAC: &str = "02:12:34:00:00:03";
+
+/// The image clients of [`image_clients_get_the_pool_s_options_and_renew_across_a_crash_and_a_graceful_failover`]
+/// and their addresses: systemd-networkd on vm1, udhcpc on vm2 (its events' directory),
+/// NetworkManager on vm3.
+struct ImageClients {
+    networkd: Networkd,
+    udhcpc: std::path::PathBuf,
+    nm: NetworkManager,
+    ips: [String; 3],
+}
+
+/// What the image clients had done at one instant: ACKs taken and DISCOVERs sent by networkd and
+/// NetworkManager, udhcpc's events.
 struct Seen {
-    networkd_acks: usize,
-    networkd_discovers: usize,
+    acks: [usize; 2],
+    discovers: [usize; 2],
     udhcpc_events: usize,
 }
 
-fn seen(networkd: &Networkd, udhcpc: &Path) -> Seen {
-    Seen {
-        networkd_acks: networkd.acks(),
-        networkd_discovers: networkd.log().matches("DHCPv4 client: DISCOVER").count(),
-        udhcpc_events: vmdhcp_integration::dhcp_client::events(udhcpc).len(),
+impl ImageClients {
+    fn seen(&self) -> Seen {
+        let networkd_discovers = self
+            .networkd
+            .log()
+            .matches("DHCPv4 client: DISCOVER")
+            .count();
+        Seen {
+            acks: [self.networkd.acks(), self.nm.acks()],
+            discovers: [networkd_discovers, self.nm.discovers()],
+            udhcpc_events: vmdhcp_integration::dhcp_client::events(&self.udhcpc).len(),
+        }
+    }
+
+    /// Waits until each client renewed after `since` (networkd and NetworkManager took another
+    /// ACK, udhcpc ran its `renew` event) and checks that none started over (no DISCOVER, no
+    /// `deconfig`) and each kept its address.
+    fn renewed_keeping_their_addresses(&self, since: &Seen, what: &str) {
+        let [ip1, ip2, ip3] = &self.ips;
+        wait_for(
+            &format!("systemd-networkd's and NetworkManager's renewals {what}"),
+            Duration::from_secs(40),
+            || {
+                let now = self.seen();
+                (now.acks[0] > since.acks[0] && now.acks[1] > since.acks[1]).then_some(())
+            },
+        );
+        let now = self.seen();
+        assert_eq!(
+            now.discovers,
+            since.discovers,
+            "systemd-networkd or NetworkManager started over {what}:\n{}\n{}",
+            self.networkd.log(),
+            self.nm.log()
+        );
+        assert_eq!(&self.networkd.lease()["ADDRESS"], ip1, "{what}");
+        assert_eq!(&self.nm.lease()["ip_address"], ip3, "{what}");
+        let (event, env) = wait_for(
+            &format!("udhcpc's renewal {what}"),
+            Duration::from_secs(40),
+            || {
+                vmdhcp_integration::dhcp_client::events(&self.udhcpc)
+                    .into_iter()
+                    .skip(since.udhcpc_events)
+                    .find(|(e, _)| e == "renew" || e == "deconfig" || e == "bound")
+            },
+        );
+        assert_eq!(event, "renew", "udhcpc {what}: {env:?}");
+        assert_eq!(&env["ip"], ip2, "{what}");
     }
 }
 
-/// Waits until both clients renewed after `since` (networkd took another ACK, udhcpc ran its
-/// `renew` event) and checks that neither started over (no DISCOVER, no `deconfig`) and each
-/// kept its address.
-fn both_renewed_keeping_their_addresses(
-    networkd: &Networkd,
-    udhcpc: &Path,
-    since: &Seen,
-    (ip1, ip2): (&str, &str),
-    what: &str,
-) {
-    wait_for(
-        &format!("systemd-networkd's renewal {what}"),
-        Duration::from_secs(40),
-        || (networkd.acks() > since.networkd_acks).then_some(()),
-    );
-    let now = seen(networkd, udhcpc);
-    assert_eq!(
-        now.networkd_discovers,
-        since.networkd_discovers,
-        "systemd-networkd started over {what}:\n{}",
-        networkd.log()
-    );
-    assert_eq!(networkd.lease()["ADDRESS"], ip1, "{what}");
-    let (event, env) = wait_for(
-        &format!("udhcpc's renewal {what}"),
-        Duration::from_secs(40),
-        || {
-            vmdhcp_integration::dhcp_client::events(udhcpc)
-                .into_iter()
-                .skip(since.udhcpc_events)
-                .find(|(e, _)| e == "renew" || e == "deconfig" || e == "bound")
-        },
-    );
-    assert_eq!(event, "renew", "udhcpc {what}: {env:?}");
-    assert_eq!(env["ip"], ip2, "{what}");
-}
-
 /// Issue #52 point 5: the clients cloud images run, beside dhclient and dhcpcd, through the
-/// controller and two agents: systemd-networkd (vm1, Debian's 252) and busybox udhcpc (vm2, as
-/// cirros runs it) each get their reservation with the pool's router, DNS, domain, MTU,
-/// classless route and host name, and keep renewing it across a crash (kill -9) and a graceful
-/// (SIGTERM) failover of the leading agent, without starting over.
+/// controller and two agents: systemd-networkd (vm1, Debian's 252), busybox udhcpc (vm2, as
+/// cirros runs it) and NetworkManager's internal client (vm3, Debian's 1.42) each get their
+/// reservation with the pool's router, DNS, domain, MTU, classless route and host name, and keep
+/// renewing it across a crash (kill -9) and a graceful (SIGTERM) failover of the leading agent,
+/// without starting over.
 #[test]
 fn image_clients_get_the_pool_s_options_and_renew_across_a_crash_and_a_graceful_failover() {
     let mut fleet = setup();
@@ -1146,8 +1167,12 @@ fn image_clients_get_the_pool_s_options_and_renew_across_a_crash_and_a_graceful_
     v4["routes"] = serde_json::json!([{"destination": "10.96.0.0/12", "gateway": "10.123.45.1"}]);
     v4["sendHostName"] = true.into();
     fleet.apply(&pool);
-    let allocated = fleet.allocated();
-    let (ip1, ip2) = (allocated[VM1_MAC].clone(), allocated[VM2_MAC].clone());
+    fleet.apply_vm("vm3", VM3_MAC, "net-a");
+    let allocated = wait_for("vm3 allocated", Duration::from_secs(30), || {
+        let a = fleet.allocated();
+        a.contains_key(VM3_MAC).then_some(a)
+    });
+    let ips = [VM1_MAC, VM2_MAC, VM3_MAC].map(|m| allocated[m].clone());
     let ns0 = fleet.agent_netns(0);
     let ns1 = fleet.agent_netns(1);
     let a0 = fleet.start_agent(&ns0, "agent-0");
@@ -1159,21 +1184,49 @@ fn image_clients_get_the_pool_s_options_and_renew_across_a_crash_and_a_graceful_
         (a1, a0)
     };
 
+    let dir = |name: &str| {
+        let d = fleet.dir.path().join(name);
+        fs::create_dir_all(&d).unwrap();
+        d
+    };
+    let (dir1, dir2, dir3) = (dir("vm1-networkd"), dir("vm2-udhcpc"), dir("vm3-nm"));
     let vm1 = fleet.vm("vm1", VM1_MAC);
-    let dir1 = fleet.dir.path().join("vm1-networkd");
-    fs::create_dir_all(&dir1).unwrap();
     let networkd = Networkd::start(&mut fleet.lab, &vm1, &dir1);
     let vm2 = fleet.vm("vm2", VM2_MAC);
-    let dir2 = fleet.dir.path().join("vm2-udhcpc");
-    fs::create_dir_all(&dir2).unwrap();
     start_udhcpc(&mut fleet.lab, &vm2, &dir2);
+    let vm3 = fleet.vm("vm3", VM3_MAC);
+    let nm = NetworkManager::start(&mut fleet.lab, &vm3, &dir3);
+    let clients = ImageClients {
+        networkd,
+        udhcpc: dir2.clone(),
+        nm,
+        ips: ips.clone(),
+    };
+    let [ip1, ip2, ip3] = &ips;
 
-    // systemd-networkd: the lease it saved, and what it applied to the link.
-    let lease = wait_for("systemd-networkd's lease", Duration::from_secs(30), || {
-        let l = networkd.lease();
-        l.contains_key("ADDRESS").then_some(l)
-    });
-    assert_eq!(lease["ADDRESS"], ip1, "{lease:?}");
+    // What each applied to its link: address, default route, classless route, MTU.
+    for (vm, ip) in [(&vm1, ip1), (&vm3, ip3)] {
+        let run = |args: &[&str]| fleet.lab.exec(vm, "ip", args).unwrap_or_default();
+        let routes = wait_for(
+            "the classless route applied",
+            Duration::from_secs(30),
+            || {
+                let r = run(&["-4", "route", "show", "dev", "eth0"]);
+                r.contains("10.96.0.0/12 via 10.123.45.1").then_some(r)
+            },
+        );
+        assert!(routes.contains("default via 10.123.45.1"), "{routes}");
+        assert!(run(&["-4", "addr", "show", "eth0"]).contains(&format!("{ip}/24")));
+        let link = wait_for("MTU 1400", Duration::from_secs(10), || {
+            let l = run(&["link", "show", "eth0"]);
+            l.contains("mtu 1400 ").then_some(l)
+        });
+        assert!(link.contains("mtu 1400 "));
+    }
+
+    // systemd-networkd: the lease it saved.
+    let lease = clients.networkd.lease();
+    assert_eq!(&lease["ADDRESS"], ip1, "{lease:?}");
     assert_eq!(lease["NETMASK"], "255.255.255.0", "{lease:?}");
     assert_eq!(lease["ROUTER"], "10.123.45.1", "{lease:?}");
     assert_eq!(lease["DNS"], "10.123.45.53", "{lease:?}");
@@ -1181,22 +1234,10 @@ fn image_clients_get_the_pool_s_options_and_renew_across_a_crash_and_a_graceful_
     assert_eq!(lease["HOSTNAME"], "vm1", "{lease:?}");
     assert_eq!(lease["MTU"], "1400", "{lease:?}");
     assert_eq!(lease["SERVER_ADDRESS"], SERVER_IP, "{lease:?}");
-    let ip = |args: &[&str]| fleet.lab.exec(&vm1, "ip", args).unwrap_or_default();
-    let routes = wait_for(
-        "the classless route applied",
-        Duration::from_secs(10),
-        || {
-            let r = ip(&["-4", "route", "show", "dev", "eth0"]);
-            r.contains("10.96.0.0/12 via 10.123.45.1").then_some(r)
-        },
-    );
-    assert!(routes.contains("default via 10.123.45.1"), "{routes}");
-    assert!(ip(&["-4", "addr", "show", "eth0"]).contains(&format!("{ip1}/24")));
-    assert!(ip(&["link", "show", "eth0"]).contains("mtu 1400 "));
 
     // udhcpc: what it hands its script (cirros' applies each).
     let bound = wait_event(&dir2, "bound", 0, Duration::from_secs(30));
-    assert_eq!(bound["ip"], ip2, "{bound:?}");
+    assert_eq!(&bound["ip"], ip2, "{bound:?}");
     assert_eq!(bound["subnet"], "255.255.255.0", "{bound:?}");
     assert_eq!(bound["router"].trim(), "10.123.45.1", "{bound:?}");
     assert_eq!(bound["dns"].trim(), "10.123.45.53", "{bound:?}");
@@ -1209,26 +1250,31 @@ fn image_clients_get_the_pool_s_options_and_renew_across_a_crash_and_a_graceful_
     );
     assert_eq!(bound["serverid"], SERVER_IP, "{bound:?}");
 
-    // Both renew with the leader, then it is killed: both renew with the standby that takes
-    // over, without starting over.
-    let before = seen(&networkd, &dir2);
-    both_renewed_keeping_their_addresses(
-        &networkd,
-        &dir2,
-        &before,
-        (&ip1, &ip2),
-        "with the first leader",
+    // NetworkManager: the lease it took, and the host name it set from it.
+    let lease = clients.nm.lease();
+    assert_eq!(&lease["ip_address"], ip3, "{lease:?}");
+    assert_eq!(lease["routers"], "10.123.45.1", "{lease:?}");
+    assert_eq!(lease["domain_name_servers"], "10.123.45.53", "{lease:?}");
+    assert_eq!(lease["domain_name"], "fleet.test", "{lease:?}");
+    assert_eq!(lease["host_name"], "vm3", "{lease:?}");
+    assert_eq!(lease["interface_mtu"], "1400", "{lease:?}");
+    assert_eq!(
+        lease["rfc3442_classless_static_routes"], "0.0.0.0/0 10.123.45.1 10.96.0.0/12 10.123.45.1",
+        "{lease:?}"
     );
-    let before = seen(&networkd, &dir2);
+    wait_for(
+        "NetworkManager's host name from the lease",
+        Duration::from_secs(10),
+        || (clients.nm.host_name().as_deref() == Some("vm3")).then_some(()),
+    );
+
+    // All renew with the leader, then it is killed: all renew with the standby that takes over,
+    // without starting over.
+    clients.renewed_keeping_their_addresses(&clients.seen(), "with the first leader");
+    let before = clients.seen();
     assert!(first.process.signal("KILL"));
     assert_eq!(fleet.leader(&[&second]).identity, second.identity);
-    both_renewed_keeping_their_addresses(
-        &networkd,
-        &dir2,
-        &before,
-        (&ip1, &ip2),
-        "after kill -9 of the leader",
-    );
+    clients.renewed_keeping_their_addresses(&before, "after kill -9 of the leader");
 
     // The killed replica comes back as a standby; the leader is stopped gracefully.
     let restarted = fleet.start_agent(&first.ns.clone(), &first.identity.clone());
@@ -1241,16 +1287,13 @@ fn image_clients_get_the_pool_s_options_and_renew_across_a_crash_and_a_graceful_
             (v["ready"] == true && v["agent"]["leader"] == false).then_some(())
         },
     );
-    let before = seen(&networkd, &dir2);
+    let before = clients.seen();
     assert!(second.process.signal("TERM"));
     assert_eq!(fleet.leader(&[&restarted]).identity, restarted.identity);
-    both_renewed_keeping_their_addresses(
-        &networkd,
-        &dir2,
-        &before,
-        (&ip1, &ip2),
-        "after SIGTERM to the leader",
+    clients.renewed_keeping_their_addresses(&before, "after SIGTERM to the leader");
+    let allocated = fleet.allocated();
+    assert_eq!(
+        [VM1_MAC, VM2_MAC, VM3_MAC].map(|m| allocated[m].clone()),
+        ips
     );
-    assert_eq!(fleet.allocated()[VM1_MAC], ip1);
-    assert_eq!(fleet.allocated()[VM2_MAC], ip2);
 }
