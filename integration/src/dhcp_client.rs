@@ -205,19 +205,14 @@ pub fn start_dhcpcd_recording(lab: &mut Lab, vm: &Netns, dir: &Path) {
 
 fn spawn_dhcpcd(lab: &mut Lab, vm: &Netns, dir: &Path, hook: &Path) {
     fs::write(dir.join("dhcpcd.conf"), DHCPCD_CONF).unwrap();
-    let log = fs::File::create(dir.join("dhcpcd.log")).unwrap();
     let script = format!(
         "mount -t tmpfs dhcpcd-db /var/lib/dhcpcd && mount -t tmpfs dhcpcd-run /run && \
          mkdir /run/dhcpcd && exec dhcpcd -4 -B -d -f {} -c {} eth0",
         dir.join("dhcpcd.conf").display(),
         hook.display()
     );
-    let mut cmd = vm.command("sh");
-    cmd.args(["-c", &script])
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(log);
-    lab.spawn(cmd).unwrap();
+    lab.spawn_logged(vm, &["sh", "-c", &script], &dir.join("dhcpcd.log"))
+        .unwrap();
 }
 
 /// The last lease block of a dhclient lease file: `fixed-address` and each `option`, by name.
@@ -244,16 +239,29 @@ pub fn dhclient_lease(path: &Path) -> BTreeMap<String, String> {
 /// [`hook_script`].
 pub fn start_udhcpc(lab: &mut Lab, vm: &Netns, dir: &Path) {
     let script = hook_script(dir);
-    let log = fs::File::create(dir.join("udhcpc.log")).unwrap();
-    let mut cmd = vm.command("udhcpc");
-    cmd.args(["-i", "eth0", "-f", "-t", "10", "-T", "1", "-A", "1"])
-        .args(["-O", "mtu", "-O", "staticroutes", "-O", "search"])
-        .arg("-s")
-        .arg(&script)
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(log);
-    lab.spawn(cmd).unwrap();
+    let argv = [
+        "udhcpc",
+        "-i",
+        "eth0",
+        "-f",
+        "-t",
+        "10",
+        "-T",
+        "1",
+        "-A",
+        "1",
+        "-O",
+        "mtu",
+        "-O",
+        "staticroutes",
+        "-O",
+        "search",
+        "-s",
+    ];
+    let script = script.display().to_string();
+    let argv: Vec<&str> = argv.into_iter().chain([script.as_str()]).collect();
+    lab.spawn_logged(vm, &argv, &dir.join("udhcpc.log"))
+        .unwrap();
 }
 
 /// Runs busybox `udhcpc` once on `vm`'s eth0 (quit after lease, up to 4 discovers 1 s apart),

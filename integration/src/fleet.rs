@@ -317,6 +317,22 @@ impl Fleet {
         }
     }
 
+    /// Starts `agent`'s replica again (the process it replaces has been killed or has exited),
+    /// in the same pod network under the same identity, and waits until it is a ready standby.
+    pub fn restart_as_standby(&mut self, agent: Agent) -> Agent {
+        let restarted = self.start_agent(&agent.ns.clone(), &agent.identity.clone());
+        drop(agent);
+        crate::dhcp_client::wait_for(
+            "the restarted agent to be a ready standby",
+            std::time::Duration::from_secs(30),
+            || {
+                let v = self.readyz(&restarted)?;
+                (v["ready"] == true && v["agent"]["leader"] == false).then_some(())
+            },
+        );
+        restarted
+    }
+
     /// The agent's `/readyz` body, read inside its namespace.
     pub fn readyz(&self, agent: &Agent) -> Option<Value> {
         let (_, body) = try_http_get(&self.lab, &agent.ns, &format!("{AGENT_HTTP}/readyz"))?;

@@ -23,7 +23,6 @@ use std::collections::BTreeMap;
 use std::fs;
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
-use std::process::Stdio;
 
 use crate::netns::{Lab, Netns};
 
@@ -46,18 +45,13 @@ impl Networkd {
         fs::create_dir_all(run.join("systemd/network")).unwrap();
         fs::create_dir_all(run.join("systemd/netif")).unwrap();
         fs::write(run.join("systemd/network/10-eth0.network"), NETWORK).unwrap();
-        let log = fs::File::create(dir.join("networkd.log")).unwrap();
         let script = format!(
             "mount --bind {run} /run && chown -R systemd-network:systemd-network /run/systemd/netif \
              && mount -o remount,bind,ro /sys && SYSTEMD_LOG_LEVEL=debug exec /lib/systemd/systemd-networkd",
             run = run.display()
         );
-        let mut cmd = vm.command("sh");
-        cmd.args(["-c", &script])
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(log);
-        lab.spawn(cmd).unwrap();
+        lab.spawn_logged(vm, &["sh", "-c", &script], &dir.join("networkd.log"))
+            .unwrap();
         Networkd {
             dir: dir.to_owned(),
         }
@@ -151,13 +145,8 @@ impl NetworkManager {
             dbus_log = p("dbus.log"),
             sock = p("dbus.sock"),
         );
-        let log = fs::File::create(dir.join("nm.log")).unwrap();
-        let mut cmd = vm.command("unshare");
-        cmd.args(["--uts", "--", "sh", "-c", &script])
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(log);
-        lab.spawn(cmd).unwrap();
+        let argv = ["unshare", "--uts", "--", "sh", "-c", &script];
+        lab.spawn_logged(vm, &argv, &dir.join("nm.log")).unwrap();
         NetworkManager {
             dir: dir.to_owned(),
         }

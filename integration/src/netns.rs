@@ -201,6 +201,27 @@ impl Lab {
         Ok(&mut self.children[last])
     }
 
+    /// Starts `argv` inside `ns` as a daemon a guest runs: no stdin, no stdout, stderr (where
+    /// such clients log) to the file `log`; it is killed when the lab drops.
+    pub fn spawn_logged(
+        &mut self,
+        ns: &Netns,
+        argv: &[&str],
+        log: &std::path::Path,
+    ) -> Result<&mut Child, NetnsError> {
+        let (program, args) = argv.split_first().unwrap_or((&"true", &[]));
+        let file = std::fs::File::create(log).map_err(|source| NetnsError::Spawn {
+            command: format!("{argv:?} (its log {})", log.display()),
+            source,
+        })?;
+        let mut cmd = ns.command(program);
+        cmd.args(args)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(file);
+        self.spawn(cmd)
+    }
+
     /// Names of the namespaces this lab holds.
     pub fn namespaces(&self) -> Vec<String> {
         self.namespaces.iter().map(|n| n.name.clone()).collect()

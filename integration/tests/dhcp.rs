@@ -3,6 +3,7 @@
 //! joined to it by veth pairs. Addresses are TEST-NET ranges that exist only inside the lab.
 #![allow(clippy::unwrap_used)]
 
+use std::collections::BTreeMap;
 use std::fs;
 use std::process::{Command, Stdio};
 use std::time::Duration;
@@ -101,18 +102,29 @@ fn dhclient_gets_its_reservation_with_exact_options_renews_and_sees_option_chang
     assert_eq!(renew["new_ip_address"], IP_1);
 
     // An option change reaches the next renewal without restarting anything.
-    rig.reload(&[pool_a(6, "192.0.2.99")]);
-    let seen_before = events(dir.path()).len();
-    let changed = wait_renewal_with(
-        dir.path(),
+    let changed = a_dns_change_reaches(&rig, dir.path(), 6);
+    assert_eq!(changed["new_ip_address"], IP_1);
+    let log = rig.agent_log();
+    assert!(!log.contains("panicked"), "{log}");
+}
+
+/// Serves [`pool_a`] again with `lease_seconds` and DNS 192.0.2.99, and waits (20 s) for the
+/// client recording its events in `dir` to renew with it; returns that renewal's environment.
+fn a_dns_change_reaches(
+    rig: &Rig,
+    dir: &std::path::Path,
+    lease_seconds: u32,
+) -> BTreeMap<String, String> {
+    // Counted first: a FORCERENEW's renewal can follow the reload within milliseconds.
+    let seen_before = events(dir).len();
+    rig.reload(&[pool_a(lease_seconds, "192.0.2.99")]);
+    wait_renewal_with(
+        dir,
         seen_before,
         "new_domain_name_servers",
         "192.0.2.99 192.0.2.54",
         Duration::from_secs(20),
-    );
-    assert_eq!(changed["new_ip_address"], IP_1);
-    let log = rig.agent_log();
-    assert!(!log.contains("panicked"), "{log}");
+    )
 }
 
 #[test]
@@ -132,15 +144,7 @@ fn dhcpcd_holding_a_reconfigure_key_is_sent_a_changed_dns_server_at_once() {
         log()
     );
 
-    rig.reload(&[pool_a(3600, "192.0.2.99")]);
-    let seen_before = events(dir.path()).len();
-    let changed = wait_renewal_with(
-        dir.path(),
-        seen_before,
-        "new_domain_name_servers",
-        "192.0.2.99 192.0.2.54",
-        Duration::from_secs(20),
-    );
+    let changed = a_dns_change_reaches(&rig, dir.path(), 3600);
     assert_eq!(changed["new_ip_address"], IP_1);
     // dhcpcd checked the FORCERENEW's HMAC with its key: an unsigned one it would log as
     // "unauthenticated Force Renew".

@@ -203,15 +203,7 @@ fn kubectl_apply_to_lease_then_failover_fallback_and_resume() {
     // The killed replica comes back in the same pod network: a standby, with the address it
     // left behind removed.
     timeline.push(("restart killed", now()));
-    killed = fleet.start_agent(&killed.ns.clone(), &killed.identity.clone());
-    wait_for(
-        "the restarted agent to be a ready standby",
-        Duration::from_secs(30),
-        || {
-            let v = fleet.readyz(&killed)?;
-            (v["ready"] == true && v["agent"]["leader"] == false).then_some(())
-        },
-    );
+    killed = fleet.restart_as_standby(killed);
     let addrs = fleet
         .lab
         .exec(&killed.ns, "ip", &["-4", "addr", "show", &fleet.interface])
@@ -567,16 +559,7 @@ fn dual_stack_clients_renew_ipv6_with_the_new_leader_after_a_crash_and_a_gracefu
 
     // The killed replica comes back in the same pod network: a standby, the server addresses
     // it left behind removed.
-    let restarted = fleet.start_agent(&first.ns.clone(), &first.identity.clone());
-    drop(first);
-    wait_for(
-        "the restarted agent to be a ready standby",
-        Duration::from_secs(30),
-        || {
-            let v = fleet.readyz(&restarted)?;
-            (v["ready"] == true && v["agent"]["leader"] == false).then_some(())
-        },
-    );
+    let restarted = fleet.restart_as_standby(first);
     let leftover = wait_for_or_last(Duration::from_secs(5), || {
         let v4 = fleet
             .lab
@@ -1277,16 +1260,7 @@ fn image_clients_get_the_pool_s_options_and_renew_across_a_crash_and_a_graceful_
     clients.renewed_keeping_their_addresses(&before, "after kill -9 of the leader");
 
     // The killed replica comes back as a standby; the leader is stopped gracefully.
-    let restarted = fleet.start_agent(&first.ns.clone(), &first.identity.clone());
-    drop(first);
-    wait_for(
-        "the restarted agent to be a ready standby",
-        Duration::from_secs(30),
-        || {
-            let v = fleet.readyz(&restarted)?;
-            (v["ready"] == true && v["agent"]["leader"] == false).then_some(())
-        },
-    );
+    let restarted = fleet.restart_as_standby(first);
     let before = clients.seen();
     assert!(second.process.signal("TERM"));
     assert_eq!(fleet.leader(&[&restarted]).identity, restarted.identity);
