@@ -97,6 +97,25 @@ pub struct PoolSnapshot {
     v6_by_ip: HashMap<Ipv6Addr, MacAddr>,
 }
 
+/// Keeps `value` as `mac`'s entry in `map` (`None`: none), replacing the entry only when it
+/// differs, so that a name or option set that did not change keeps its one shared copy.
+fn keep<T: ?Sized + PartialEq>(
+    map: &mut HashMap<MacAddr, Arc<T>>,
+    mac: MacAddr,
+    value: Option<&T>,
+    share: impl FnOnce(&T) -> Arc<T>,
+) {
+    match value {
+        Some(v) if map.get(&mac).map(|held| &**held) != Some(v) => {
+            map.insert(mac, share(v));
+        }
+        Some(_) => {}
+        None => {
+            map.remove(&mac);
+        }
+    }
+}
+
 /// The NTP entries of a config that are addresses already; host names wait for a resolver.
 fn literal_ntp(config: &PoolConfig) -> Arc<[Ipv4Addr]> {
     config.ntp.iter().filter_map(|s| s.parse().ok()).collect()
@@ -216,24 +235,13 @@ impl PoolSnapshot {
             self.nic_options.remove(&old_mac);
             displaced = Some(old_mac);
         }
-        match binding.options.as_deref() {
-            Some(o) if self.options_of(&mac) != Some(o) => {
-                self.nic_options.insert(mac, Arc::new(o.clone()));
-            }
-            Some(_) => {}
-            None => {
-                self.nic_options.remove(&mac);
-            }
-        }
-        match host_name {
-            Some(name) if self.host_name_of(&mac) != Some(name) => {
-                self.host_names.insert(mac, name.into());
-            }
-            Some(_) => {}
-            None => {
-                self.host_names.remove(&mac);
-            }
-        }
+        keep(
+            &mut self.nic_options,
+            mac,
+            binding.options.as_deref(),
+            |o| Arc::new(o.clone()),
+        );
+        keep(&mut self.host_names, mac, host_name, |name| Arc::from(name));
         if let Some(old) = displaced {
             self.remove_v6(&old);
         }

@@ -8,18 +8,8 @@ impl<A: Family> PoolAllocator<A> {
     /// Names the VM holding `ip` (`None`: no name); returns whether that changed. Only an
     /// address held by a MAC carries a name; it goes when the address is released.
     pub fn set_host_name(&mut self, ip: A, name: Option<&str>) -> bool {
-        let n = ip.to_int();
-        if !matches!(self.taken.get(&n), Some(Slot::Held(Holder::Mac(_)))) {
-            return false;
-        }
-        match name {
-            Some(name) if self.host_names.get(&n).map(String::as_str) != Some(name) => {
-                self.host_names.insert(n, name.to_owned());
-                true
-            }
-            Some(_) => false,
-            None => self.host_names.remove(&n).is_some(),
-        }
+        let name = name.map(str::to_owned);
+        set_beside_holder(&self.taken, &mut self.host_names, ip.to_int(), name)
     }
 
     /// Restores the names recorded in `status.ipv4.hostNames` for addresses held by a MAC (a
@@ -38,18 +28,8 @@ impl<A: Family> PoolAllocator<A> {
     /// Sets the DHCP options of the NIC holding `ip` (`None`: none); returns whether that
     /// changed. As a host name, only an address held by a MAC carries them, until released.
     pub fn set_nic_options(&mut self, ip: A, options: Option<&NicOptions>) -> bool {
-        let n = ip.to_int();
-        if !matches!(self.taken.get(&n), Some(Slot::Held(Holder::Mac(_)))) {
-            return false;
-        }
-        match options {
-            Some(o) if self.nic_options.get(&n) != Some(o) => {
-                self.nic_options.insert(n, o.clone());
-                true
-            }
-            Some(_) => false,
-            None => self.nic_options.remove(&n).is_some(),
-        }
+        let options = options.cloned();
+        set_beside_holder(&self.taken, &mut self.nic_options, ip.to_int(), options)
     }
 
     /// Restores the options recorded in `status.ipv4.dhcpOptions` for addresses held by a MAC
@@ -187,5 +167,27 @@ impl<A: Family> PoolAllocator<A> {
                 A::RESOLUTION
             )
         })
+    }
+}
+
+/// Records `value` for the address `n` in `beside` (`None`: forgets it) when a MAC holds that
+/// address; returns whether that changed. What the books keep beside a NIC's address, its host
+/// name and its own DHCP options, is kept this one way.
+fn set_beside_holder<K: Ord + std::hash::Hash + Copy, V: PartialEq>(
+    taken: &BTreeMap<K, Slot>,
+    beside: &mut HashMap<K, V>,
+    n: K,
+    value: Option<V>,
+) -> bool {
+    if !matches!(taken.get(&n), Some(Slot::Held(Holder::Mac(_)))) {
+        return false;
+    }
+    match value {
+        Some(v) if beside.get(&n) != Some(&v) => {
+            beside.insert(n, v);
+            true
+        }
+        Some(_) => false,
+        None => beside.remove(&n).is_some(),
     }
 }

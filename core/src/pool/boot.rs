@@ -40,6 +40,49 @@ pub fn vendor_class_arch(value: &[u8]) -> Option<u16> {
     std::str::from_utf8(digits).ok()?.parse().ok()
 }
 
+/// What a request says about booting from the network, in either family; all unset for an
+/// operating system's client, which then gets no boot options.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct BootRequest {
+    /// The client architecture type (DHCPv4 option 93, DHCPv6 option 61), its first.
+    pub arch: Option<u16>,
+    /// The vendor class names PXE (`PXEClient…`) or UEFI HTTP boot (`HTTPClient…`): whether
+    /// HTTP, and the architecture in its `:Arch:NNNNN` part.
+    pub vendor: Option<(bool, Option<u16>)>,
+    /// The user class says iPXE.
+    pub ipxe: bool,
+}
+
+impl BootRequest {
+    /// Notes a vendor class, if it is PXE's or UEFI HTTP boot's.
+    pub fn vendor_class(&mut self, class: &[u8]) {
+        let http = class.starts_with(HTTP_CLIENT);
+        if http || class.starts_with(PXE_CLIENT) {
+            self.vendor = Some((http, vendor_class_arch(class)));
+        }
+    }
+
+    /// The firmware the client boots as, given whether the pool has an iPXE script: iPXE gets
+    /// the script when there is one (otherwise it is firmware like any other); then the
+    /// architecture decides, said outright or in the vendor class (PXE without one is BIOS,
+    /// HTTP boot without one x64 UEFI HTTP). `None` for a client that does not boot from the
+    /// network or whose architecture no field serves.
+    pub fn firmware(&self, ipxe_script: bool) -> Option<Firmware> {
+        if self.ipxe && ipxe_script {
+            return Some(Firmware::Ipxe);
+        }
+        let arch = match (self.arch, self.vendor) {
+            (Some(arch), _) => arch,
+            (None, Some((_, Some(arch)))) => arch,
+            (None, Some((true, None))) => 16,
+            (None, Some((false, None))) => 0,
+            (None, None) if self.ipxe => 0,
+            (None, None) => return None,
+        };
+        Firmware::of_architecture(arch)
+    }
+}
+
 /// What kind of network boot a client asked for, which picks the file it is handed.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Firmware {
@@ -260,6 +303,50 @@ impl Check<'_> {
 
 #[cfg(test)]
 mod tests {
+
+    #[test]
+    fn the_firmware_is_ipxe_s_with_a_script_then_the_architecture_s() {
+        let said = |arch: Option<u16>, vendor: Option<(bool, Option<u16>)>, ipxe: bool| {
+            BootRequest { arch, vendor, ipxe }
+        };
+        // iPXE gets the script when there is one; without, it is firmware like any other.
+        assert_eq!(
+            said(Some(7), None, true).firmware(true),
+            Some(Firmware::Ipxe)
+        );
+        assert_eq!(
+            said(Some(7), None, true).firmware(false),
+            Some(Firmware::Uefi)
+        );
+        assert_eq!(said(None, None, true).firmware(false), Some(Firmware::Bios));
+        // The architecture said outright wins over the vendor class's.
+        assert_eq!(
+            said(Some(0), Some((true, Some(16))), false).firmware(true),
+            Some(Firmware::Bios)
+        );
+        assert_eq!(
+            said(None, Some((false, Some(9))), false).firmware(true),
+            Some(Firmware::Uefi)
+        );
+        // A vendor class without an architecture: PXE is BIOS, HTTP boot x64 UEFI HTTP.
+        assert_eq!(
+            said(None, Some((false, None)), false).firmware(true),
+            Some(Firmware::Bios)
+        );
+        assert_eq!(
+            said(None, Some((true, None)), false).firmware(true),
+            Some(Firmware::UefiHttp)
+        );
+        // An operating system's client, and an architecture no field serves (ARM64 UEFI).
+        assert_eq!(BootRequest::default().firmware(true), None);
+        assert_eq!(said(Some(11), None, false).firmware(true), None);
+        // Only PXE's and HTTP boot's vendor classes count.
+        let mut r = BootRequest::default();
+        r.vendor_class(b"MSFT 5.0");
+        assert_eq!(r, BootRequest::default());
+        r.vendor_class(b"HTTPClient:Arch:00016");
+        assert_eq!(r.vendor, Some((true, Some(16))));
+    }
     use super::*;
 
     fn pool() -> NamespacedName {

@@ -4,21 +4,12 @@
 
 use std::net::Ipv4Addr;
 
-use vmdhcp_core::pool::boot::{HTTP_CLIENT, IPXE_USER_CLASS, PXE_CLIENT, vendor_class_arch};
+use vmdhcp_core::pool::boot::{BootRequest, IPXE_USER_CLASS};
 use vmdhcp_core::pool::{Boot, Firmware};
 
-/// What a request says about booting from the network; all unset for an operating system's
-/// client, which then gets no boot options.
+/// What a request says about booting from the network, read off options 60, 77 and 93.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub(super) struct Netboot {
-    /// Option 93's first architecture type.
-    arch: Option<u16>,
-    /// Option 60 names PXE (`PXEClient…`) or UEFI HTTP boot (`HTTPClient…`): whether HTTP,
-    /// and the architecture in its `:Arch:NNNNN` part.
-    vendor: Option<(bool, Option<u16>)>,
-    /// Option 77 says iPXE.
-    ipxe: bool,
-}
+pub(super) struct Netboot(BootRequest);
 
 impl Netboot {
     /// Notes option `code` with `value`, if it is one of the three this reads.
@@ -26,39 +17,21 @@ impl Netboot {
         match code {
             93 => {
                 if let [hi, lo, ..] = value {
-                    self.arch = Some(u16::from_be_bytes([*hi, *lo]));
+                    self.0.arch = Some(u16::from_be_bytes([*hi, *lo]));
                 }
             }
-            60 => {
-                let http = value.starts_with(HTTP_CLIENT);
-                if http || value.starts_with(PXE_CLIENT) {
-                    self.vendor = Some((http, vendor_class_arch(value)));
-                }
-            }
+            60 => self.0.vendor_class(value),
             77 => {
-                self.ipxe = value == IPXE_USER_CLASS
+                self.0.ipxe = value == IPXE_USER_CLASS
                     || rfc3004_classes(value).any(|c| c == IPXE_USER_CLASS);
             }
             _ => {}
         }
     }
 
-    /// The firmware the client boots as, given the pool's settings: iPXE gets its script when
-    /// the pool has one (otherwise it is firmware like any other); `None` for a client that does
-    /// not boot from the network or whose architecture no field serves.
+    /// The firmware the client boots as, given the pool's settings ([`BootRequest::firmware`]).
     fn firmware(&self, boot: &Boot) -> Option<Firmware> {
-        if self.ipxe && boot.ipxe_script_url.is_some() {
-            return Some(Firmware::Ipxe);
-        }
-        let arch = match (self.arch, self.vendor) {
-            (Some(arch), _) => arch,
-            (None, Some((_, Some(arch)))) => arch,
-            (None, Some((true, None))) => 16,
-            (None, Some((false, None))) => 0,
-            (None, None) if self.ipxe => 0,
-            (None, None) => return None,
-        };
-        Firmware::of_architecture(arch)
+        self.0.firmware(boot.ipxe_script_url.is_some())
     }
 }
 

@@ -3,7 +3,7 @@
 //! and the options the pool's boot settings give it.
 
 use dhcproto::v6::{DhcpOption, DhcpOptions, OptionCode, UnknownOption, VendorClass};
-use vmdhcp_core::pool::boot::{HTTP_CLIENT, IPXE_USER_CLASS, PXE_CLIENT, vendor_class_arch};
+use vmdhcp_core::pool::boot::{BootRequest, HTTP_CLIENT, IPXE_USER_CLASS, PXE_CLIENT};
 use vmdhcp_core::pool::{BootV6, Firmware};
 /// The enterprise number UEFI firmware puts in its vendor class, echoed when the client's is
 /// unreadable.
@@ -48,38 +48,27 @@ pub(super) fn add_boot(reply: &mut DhcpOptions, request: &DhcpOptions, boot: &Bo
     }
 }
 
-/// The firmware `request` boots as: iPXE gets its script when the pool has one; otherwise the
-/// architecture (option 61, or the vendor class's `:Arch:NNNNN`) decides. `None` for a client
-/// that does not boot from the network.
+/// The firmware `request` boots as ([`BootRequest::firmware`]): its user class (15), client
+/// architecture (61) and vendor class (16).
 fn firmware(request: &DhcpOptions, boot: &BootV6) -> Option<Firmware> {
-    let ipxe = match request.get(OptionCode::UserClass) {
-        Some(DhcpOption::UserClass(u)) => u.data.iter().any(|c| c == IPXE_USER_CLASS),
-        _ => false,
-    };
-    if ipxe && boot.ipxe_script_url.is_some() {
-        return Some(Firmware::Ipxe);
+    let mut said = BootRequest::default();
+    if let Some(DhcpOption::UserClass(u)) = request.get(OptionCode::UserClass) {
+        said.ipxe = u.data.iter().any(|c| c == IPXE_USER_CLASS);
     }
-    let arch = match request.get(OptionCode::ClientArchType) {
-        Some(DhcpOption::Unknown(u)) => match u.data() {
-            [hi, lo, ..] => Some(u16::from_be_bytes([*hi, *lo])),
-            _ => None,
-        },
-        _ => None,
-    };
-    let vendor = match request.get(OptionCode::VendorClass) {
-        Some(DhcpOption::VendorClass(v)) => v.data.iter().find_map(|c| {
-            let http = c.starts_with(HTTP_CLIENT);
-            (http || c.starts_with(PXE_CLIENT)).then(|| (http, vendor_class_arch(c)))
-        }),
-        _ => None,
-    };
-    let arch = match (arch, vendor) {
-        (Some(arch), _) => arch,
-        (None, Some((_, Some(arch)))) => arch,
-        (None, Some((true, None))) => 16,
-        _ => return None,
-    };
-    Firmware::of_architecture(arch)
+    if let Some(DhcpOption::Unknown(u)) = request.get(OptionCode::ClientArchType)
+        && let [hi, lo, ..] = u.data()
+    {
+        said.arch = Some(u16::from_be_bytes([*hi, *lo]));
+    }
+    if let Some(DhcpOption::VendorClass(v)) = request.get(OptionCode::VendorClass)
+        && let Some(class) = v
+            .data
+            .iter()
+            .find(|c| c.starts_with(HTTP_CLIENT) || c.starts_with(PXE_CLIENT))
+    {
+        said.vendor_class(class);
+    }
+    said.firmware(boot.ipxe_script_url.is_some())
 }
 
 #[cfg(test)]
