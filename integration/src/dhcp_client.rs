@@ -238,7 +238,7 @@ pub fn dhclient_lease(path: &Path) -> BTreeMap<String, String> {
 /// classless routes and the search list, its events (`bound`, `renew`, …) recorded by
 /// [`hook_script`].
 pub fn start_udhcpc(lab: &mut Lab, vm: &Netns, dir: &Path) {
-    let script = hook_script(dir);
+    let script = hook_script(dir).display().to_string();
     let argv = [
         "udhcpc",
         "-i",
@@ -257,9 +257,8 @@ pub fn start_udhcpc(lab: &mut Lab, vm: &Netns, dir: &Path) {
         "-O",
         "search",
         "-s",
+        &script,
     ];
-    let script = script.display().to_string();
-    let argv: Vec<&str> = argv.into_iter().chain([script.as_str()]).collect();
     lab.spawn_logged(vm, &argv, &dir.join("udhcpc.log"))
         .unwrap();
 }
