@@ -109,9 +109,9 @@ pub fn hmac_md5(key: &[u8], message: &[u8]) -> [u8; KEY_LEN] {
     mac.finalize().into_bytes().into()
 }
 
-/// The source of keys and the replay counter, shared by the interfaces that use it.
+/// The source of keys and the replay counter of one interface's [`Keyed`].
 #[derive(Debug)]
-pub struct Authority {
+struct Authority {
     random: SystemRandom,
     replay: AtomicU64,
 }
@@ -128,7 +128,7 @@ impl Default for Authority {
 impl Authority {
     /// The next replay counter: nanoseconds since the epoch, so that a restarted or new leader
     /// starts above what its predecessor sent, and strictly above the last one handed out.
-    pub fn next_replay(&self) -> u64 {
+    fn next_replay(&self) -> u64 {
         let now = SystemTime::now()
             .duration_since(UNIX_EPOCH)
             .map(|d| u64::try_from(d.as_nanos()).unwrap_or(u64::MAX))
@@ -196,6 +196,7 @@ pub struct Keyed<F: Family> {
     seen: Option<(Arc<F::Pool>, u64)>,
     tokens: u32,
     refilled: Instant,
+    authority: Authority,
 }
 
 impl<F: Family> Default for Keyed<F> {
@@ -207,6 +208,7 @@ impl<F: Family> Default for Keyed<F> {
             seen: None,
             tokens: PER_SECOND,
             refilled: Instant::now(),
+            authority: Authority::default(),
         }
     }
 }
@@ -217,7 +219,6 @@ impl<F: Family> Keyed<F> {
     /// records the client with `target` and what it was told, from `pool`.
     pub fn acked(
         &mut self,
-        authority: &Authority,
         mac: MacAddr,
         (at, target): (usize, F::Target),
         bytes: &mut [u8],
@@ -228,9 +229,9 @@ impl<F: Family> Keyed<F> {
             .ok_or(ReconfigureError::NoSlot { at })?;
         let key = match self.clients.get(&mac) {
             Some(client) => client.key,
-            None => authority.new_key()?,
+            None => self.authority.new_key()?,
         };
-        data[REPLAY_AT..TYPE_AT].copy_from_slice(&authority.next_replay().to_be_bytes());
+        data[REPLAY_AT..TYPE_AT].copy_from_slice(&self.authority.next_replay().to_be_bytes());
         data[VALUE_AT..].copy_from_slice(&key);
         if self.clients.len() >= MAX_KEYED && !self.clients.contains_key(&mac) {
             return Ok(());
@@ -263,7 +264,7 @@ impl<F: Family> Keyed<F> {
 
     /// The messages due now, within [`PER_SECOND`]; a client sent one is taken as told (its
     /// renewal keys it again).
-    pub fn due(&mut self, authority: &Authority, now: Instant) -> Vec<Due<F::Target>> {
+    pub fn due(&mut self, now: Instant) -> Vec<Due<F::Target>> {
         if self.queue.is_empty() {
             return Vec::new();
         }
@@ -294,7 +295,7 @@ impl<F: Family> Keyed<F> {
                 mac,
                 target: client.target.clone(),
                 key: client.key,
-                replay: authority.next_replay(),
+                replay: self.authority.next_replay(),
             });
         }
         out

@@ -117,7 +117,7 @@ mod tests {
     use crate::dhcp::handler::{Action, Reply, handle};
     use crate::lease_table::LeaseTable;
     use crate::pools::PoolLeases;
-    use crate::reconfigure::{Authority, KEY_LEN, PER_SECOND, hmac_md5};
+    use crate::reconfigure::{KEY_LEN, PER_SECOND, hmac_md5};
 
     const SERVER: Ipv4Addr = Ipv4Addr::new(192, 0, 2, 1);
     /// Where the replay counter, the type and the key or HMAC sit in option 90's data.
@@ -177,23 +177,11 @@ mod tests {
     }
 
     /// Client `n` renews with option 145 and is keyed: returns its key.
-    fn key(
-        keyed: &mut Keyed,
-        authority: &Authority,
-        pool: &Arc<PoolSnapshot>,
-        n: u8,
-        xid: u32,
-    ) -> Vec<u8> {
+    fn key(keyed: &mut Keyed, pool: &Arc<PoolSnapshot>, n: u8, xid: u32) -> Vec<u8> {
         let mut r = ack(pool, &renewal(n, xid, true));
         let slot = r.key_slot.unwrap();
         keyed
-            .acked(
-                authority,
-                mac(n),
-                (slot.at, slot.target),
-                &mut r.bytes,
-                pool,
-            )
+            .acked(mac(n), (slot.at, slot.target), &mut r.bytes, pool)
             .unwrap();
         auth_of(&r.bytes)[VALUE].to_vec()
     }
@@ -224,7 +212,6 @@ mod tests {
     fn a_capable_client_s_ack_carries_its_own_key_and_others_none() {
         let table = LeaseTable::new();
         let pool = serve(&table, config(ip(53)), &[10, 11]);
-        let authority = Authority::default();
         let mut keyed = Keyed::default();
 
         let plain = ack(&pool, &renewal(11, 7, false));
@@ -241,13 +228,7 @@ mod tests {
         let slot = first.key_slot.unwrap();
         assert_eq!(slot.target, Target { xid: 7, ip: ip(10) });
         keyed
-            .acked(
-                &authority,
-                mac(10),
-                (slot.at, slot.target),
-                &mut first.bytes,
-                &pool,
-            )
+            .acked(mac(10), (slot.at, slot.target), &mut first.bytes, &pool)
             .unwrap();
         let auth = auth_of(&first.bytes);
         assert_eq!(auth.len(), AUTH_LEN);
@@ -261,13 +242,7 @@ mod tests {
         let mut second = ack(&pool, &renewal(10, 8, true));
         let slot = second.key_slot.unwrap();
         keyed
-            .acked(
-                &authority,
-                mac(10),
-                (slot.at, slot.target),
-                &mut second.bytes,
-                &pool,
-            )
+            .acked(mac(10), (slot.at, slot.target), &mut second.bytes, &pool)
             .unwrap();
         assert_eq!(&auth_of(&second.bytes)[VALUE], key.as_slice());
         assert!(replay_of(&second.bytes) > replay);
@@ -282,30 +257,24 @@ mod tests {
     fn a_changed_option_sends_each_keyed_client_a_signed_forcerenew_once() {
         let table = LeaseTable::new();
         let pool = serve(&table, config(ip(53)), &[10, 11, 12]);
-        let authority = Authority::default();
         let mut keyed = Keyed::default();
         let keys: HashMap<MacAddr, Vec<u8>> = [10, 11]
             .into_iter()
-            .map(|n| {
-                (
-                    mac(n),
-                    key(&mut keyed, &authority, &pool, n, 100 + u32::from(n)),
-                )
-            })
+            .map(|n| (mac(n), key(&mut keyed, &pool, n, 100 + u32::from(n))))
             .collect();
         let now = Instant::now();
         keyed.look(&pool);
-        assert!(keyed.due(&authority, now).is_empty(), "nothing changed");
+        assert!(keyed.due(now).is_empty(), "nothing changed");
 
         // The same options in a new snapshot (a lease of another client came): still nothing.
         let same = serve(&table, config(ip(53)), &[10, 11, 12, 13]);
         keyed.look(&same);
-        assert!(keyed.due(&authority, now).is_empty());
+        assert!(keyed.due(now).is_empty());
 
         // The DNS server changed: both keyed clients, none other, each signed with its key.
         let changed = serve(&table, config(ip(99)), &[10, 11, 12, 13]);
         keyed.look(&changed);
-        let due = keyed.due(&authority, now);
+        let due = keyed.due(now);
         let mut to: Vec<_> = due.iter().map(|d| (d.mac, d.target.ip)).collect();
         to.sort();
         assert_eq!(to, vec![(mac(10), ip(10)), (mac(11), ip(11))]);
@@ -331,22 +300,21 @@ mod tests {
         assert!(replays[1] > replays[0]);
         // Told once: looking again at the same change sends nothing more.
         keyed.look(&changed);
-        assert!(keyed.due(&authority, now).is_empty());
+        assert!(keyed.due(now).is_empty());
     }
 
     #[test]
     fn a_client_whose_lease_went_is_forgotten_and_one_whose_name_changed_is_told() {
         let table = LeaseTable::new();
         let pool = serve(&table, config(ip(53)), &[10, 11]);
-        let authority = Authority::default();
         let mut keyed = Keyed::default();
         for n in [10, 11] {
-            key(&mut keyed, &authority, &pool, n, 1);
+            key(&mut keyed, &pool, n, 1);
         }
         // 11's lease went and the DNS server changed: only 10 is told, 11 forgotten.
         let changed = serve(&table, config(ip(99)), &[10]);
         keyed.look(&changed);
-        let due = keyed.due(&authority, Instant::now());
+        let due = keyed.due(Instant::now());
         assert_eq!(due.iter().map(|d| d.mac).collect::<Vec<_>>(), vec![mac(10)]);
         assert_eq!(keyed.len(), 1);
 
@@ -361,7 +329,7 @@ mod tests {
         }]);
         let renamed = table.pool(&changed.config().pool).unwrap();
         keyed.look(&renamed);
-        assert_eq!(keyed.due(&authority, Instant::now()).len(), 1);
+        assert_eq!(keyed.due(Instant::now()).len(), 1);
     }
 
     #[test]
@@ -369,21 +337,18 @@ mod tests {
         let table = LeaseTable::new();
         let clients: Vec<u8> = (2..=251).collect();
         let pool = serve(&table, config(ip(53)), &clients);
-        let authority = Authority::default();
         let mut keyed = Keyed::default();
         for &n in &clients {
-            key(&mut keyed, &authority, &pool, n, 1);
+            key(&mut keyed, &pool, n, 1);
         }
         keyed.look(&serve(&table, config(ip(99)), &clients));
         let start = Instant::now();
-        let first = keyed.due(&authority, start).len();
+        let first = keyed.due(start).len();
         assert_eq!(first, PER_SECOND as usize);
-        assert!(keyed.due(&authority, start).is_empty());
-        let half = keyed
-            .due(&authority, start + Duration::from_millis(500))
-            .len();
+        assert!(keyed.due(start).is_empty());
+        let half = keyed.due(start + Duration::from_millis(500)).len();
         assert_eq!(half, PER_SECOND as usize / 2);
-        let rest = keyed.due(&authority, start + Duration::from_secs(10)).len();
+        let rest = keyed.due(start + Duration::from_secs(10)).len();
         assert_eq!(first + half + rest, clients.len());
     }
 
@@ -393,13 +358,7 @@ mod tests {
         let pool = serve(&table, config(ip(53)), &[10]);
         let target = Target { xid: 1, ip: ip(10) };
         let err = Keyed::default()
-            .acked(
-                &Authority::default(),
-                mac(10),
-                (290, target),
-                &mut [0u8; 300],
-                &pool,
-            )
+            .acked(mac(10), (290, target), &mut [0u8; 300], &pool)
             .unwrap_err();
         assert!(matches!(err, ReconfigureError::NoSlot { at: 290 }), "{err}");
     }

@@ -1,7 +1,8 @@
 //! The DHCPv4 server: what to answer ([`handler`], pure functions: the datagram checked, the
 //! RFC 2131 decision, the reply encoded), how
 //! packets are counted ([`counters`]), NTP host names resolved off the packet path ([`ntp`]),
-//! and the sockets, one per interface ([`server`]); and other DHCP servers on a pool's network,
+//! and the sockets, one per interface ([`server`]), with the neighbour entries they pin
+//! (`pins`); and other DHCP servers on a pool's network,
 //! found by listening and by probing ([`foreign`]), which the server never answers; and
 //! FORCERENEW, which brings a changed pool to the clients that took a reconfigure key
 //! ([`forcerenew`]).
@@ -15,6 +16,7 @@ pub mod forcerenew;
 pub mod foreign;
 pub mod handler;
 pub mod ntp;
+mod pins;
 pub mod probe;
 pub mod server;
 

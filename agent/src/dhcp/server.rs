@@ -4,7 +4,7 @@
 //!
 //! This is the only part of the server that does I/O; what to answer is [`super::handler`]'s.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::BTreeMap;
 use std::io;
 use std::net::{Ipv4Addr, SocketAddr, SocketAddrV4};
 use std::sync::Arc;
@@ -22,10 +22,11 @@ use super::SERVER_PORT;
 use super::counters::Counters;
 use super::forcerenew::{self, Keyed};
 use super::handler::{Action, MAX_PACKET, Outcome, Reply, Silence, handle_on};
+use super::pins::Pins;
 use super::probe::{Declined, PendingOffer, Probes};
 use crate::capability::{Capability, Missing};
 use crate::lease_table::{LeaseTable, PoolSnapshot};
-use crate::reconfigure::{Authority, Due};
+use crate::reconfigure::Due;
 use crate::supervisor::{Attempt, Served, Supervisor};
 use crate::suspects::Suspects;
 
@@ -216,8 +217,6 @@ impl Served for Interface {
 pub struct Servers {
     table: Arc<LeaseTable>,
     probes: Arc<Probes>,
-    /// Reconfigure keys and the replay counter, shared by every interface.
-    authority: Arc<Authority>,
     status_tx: Arc<watch::Sender<BTreeMap<String, InterfaceStatus>>>,
     statuses: watch::Receiver<BTreeMap<String, InterfaceStatus>>,
     supervisor: Supervisor<Interface, Counters>,
@@ -230,7 +229,6 @@ impl Servers {
         Servers {
             table,
             probes: Arc::default(),
-            authority: Arc::default(),
             status_tx: Arc::new(status_tx),
             statuses,
             supervisor: Supervisor::default(),
@@ -257,7 +255,6 @@ impl Servers {
             Arc::clone(&self.probes),
             Arc::clone(&self.status_tx),
         );
-        let authority = Arc::clone(&self.authority);
         let failed_status = Arc::clone(&self.status_tx);
         let served = interface.clone();
         self.supervisor.start(
@@ -270,12 +267,7 @@ impl Servers {
                     Arc::clone(&probes),
                     Arc::clone(&status),
                 );
-                let shared = Shared {
-                    table,
-                    probes,
-                    authority: Arc::clone(&authority),
-                };
-                serve_interface(interface, shared, status, attempt)
+                serve_interface(interface, table, probes, status, attempt)
             },
             move |name, error| set_status(&failed_status, name, InterfaceStatus::Failed { error }),
         );
@@ -338,18 +330,12 @@ fn set_status(
     });
 }
 
-/// What every interface's server shares.
-struct Shared {
-    table: Arc<LeaseTable>,
-    probes: Arc<Probes>,
-    authority: Arc<Authority>,
-}
-
 /// One attempt to serve `interface`: bind its socket, then read it on a thread of its own until
 /// stopped or failed ([`Supervisor`] retries).
 async fn serve_interface(
     interface: Interface,
-    shared: Shared,
+    table: Arc<LeaseTable>,
+    probes: Arc<Probes>,
     status: Arc<watch::Sender<BTreeMap<String, InterfaceStatus>>>,
     attempt: Attempt<Counters>,
 ) -> Result<(), ServerError> {
@@ -374,8 +360,9 @@ async fn serve_interface(
                 &interface,
                 index,
                 socket,
-                &shared,
+                &table,
                 &attempt.counters,
+                &probes,
                 &attempt.stop,
             )
         })
@@ -443,40 +430,6 @@ impl std::fmt::Display for MacField {
     }
 }
 
-/// Most addresses one interface's server remembers as pinned to their client's MAC; past it the
-/// record starts over (which costs one netlink request per renewing client, once).
-const MAX_PINNED: usize = 65_536;
-
-/// The neighbour entries this interface's server has pinned (address → the client's MAC), so
-/// that a unicast reply reaches the client and not whoever forged ARP for its address last
-/// ([`crate::netlink::pin_neighbour`]). Each address is pinned once per MAC while the socket
-/// serves; without the capability to pin, the replies follow ARP as before and no more is tried.
-#[derive(Default)]
-struct Pins {
-    pinned: HashMap<Ipv4Addr, vmdhcp_core::MacAddr>,
-    refused: bool,
-}
-
-impl Pins {
-    fn pin(&mut self, index: u32, ip: Ipv4Addr, mac: vmdhcp_core::MacAddr) {
-        if self.refused || self.pinned.get(&ip) == Some(&mac) {
-            return;
-        }
-        match crate::netlink::pin_neighbour(index, ip, mac) {
-            Ok(()) => {
-                if self.pinned.len() >= MAX_PINNED {
-                    self.pinned.clear();
-                }
-                self.pinned.insert(ip, mac);
-            }
-            Err(error) => {
-                self.refused = error.kind() == io::ErrorKind::PermissionDenied;
-                warn!(%ip, %mac, %error, "neighbour entry not pinned: unicast replies follow ARP");
-            }
-        }
-    }
-}
-
 /// How often a serving socket checks that its interface is still the one it bound to.
 const LINK_CHECK: Duration = Duration::from_secs(2);
 /// How long a receive blocks before the loop looks at shutdown and the link again.
@@ -486,11 +439,11 @@ fn serve(
     interface: &Interface,
     index: u32,
     socket: std::net::UdpSocket,
-    shared: &Shared,
+    table: &Arc<LeaseTable>,
     counters: &Arc<Counters>,
+    probes: &Arc<Probes>,
     shutdown: &watch::Receiver<bool>,
 ) -> Result<(), ServerError> {
-    let (table, probes) = (&shared.table, &shared.probes);
     let setup = |step: &'static str| {
         move |source| ServerError::Socket {
             interface: interface.name.clone(),
@@ -563,7 +516,7 @@ fn serve(
         let pool = table.pool(&interface.pool);
         if let Some(pool) = &pool {
             keyed.look(pool);
-            for due in keyed.due(&shared.authority, received_at) {
+            for due in keyed.due(received_at) {
                 pins.pin(index, due.target.ip, due.mac);
                 send_forcerenew(&socket, pool.config().server_ip, &due, counters);
             }
@@ -581,13 +534,7 @@ fn serve(
         let mut outcome = handle_on(own, &buf[..len], &pool, |ip| table.withholds(&pool, ip));
         if let (Action::Reply(reply), Some(mac)) = (&mut outcome.action, outcome.mac)
             && let Some(slot) = reply.key_slot
-            && let Err(error) = keyed.acked(
-                &shared.authority,
-                mac,
-                (slot.at, slot.target),
-                &mut reply.bytes,
-                &pool,
-            )
+            && let Err(error) = keyed.acked(mac, (slot.at, slot.target), &mut reply.bytes, &pool)
         {
             // The ACK still goes: the client learns a change at T1 instead.
             warn!(%mac, %error, "ACK sent without a reconfigure key");

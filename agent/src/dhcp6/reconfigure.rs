@@ -2,15 +2,18 @@
 //! DHCPv6 client's answer is made of, for [`crate::reconfigure`] to tell when it changed, and
 //! the signed RECONFIGURE that sends the client back to renew.
 //!
-//! The key goes in the REPLY to a client that sent Reconfigure Accept
-//! ([`super::handler::KeySlot`]); the RECONFIGURE names the client's DUID and ours, asks for a
-//! RENEW, and goes from our link-local address to the client's (clients take it from no other).
+//! The key goes in the REPLY to a client that sent Reconfigure Accept, in the room
+//! [`add_key_options`] keeps ([`super::handler::KeySlot`]); the RECONFIGURE names the client's
+//! DUID and ours, asks for a RENEW, and goes from our link-local address to the client's
+//! (clients take it from no other).
 
 use std::hash::{DefaultHasher, Hash, Hasher};
+use std::net::Ipv6Addr;
 
+use dhcproto::v6::{DhcpOption, Message, MessageType, OptionCode};
 use vmdhcp_core::MacAddr;
 
-use super::handler::{AUTHENTICATION, Target};
+use super::handler::Received;
 use crate::lease_table::PoolSnapshot;
 use crate::reconfigure::{self, AUTH_LEN, Due, Family, ReconfigureError};
 
@@ -21,6 +24,63 @@ const RENEW: u8 = 5;
 const CLIENT_ID: u8 = 1;
 const SERVER_ID: u8 = 2;
 const RECONFIGURE_MESSAGE: u8 = 19;
+/// Option 20, Reconfigure Accept (RFC 8415 §21.20).
+const RECONFIGURE_ACCEPT: u8 = 20;
+/// Option 11, Authentication (RFC 8415 §21.11).
+const AUTHENTICATION: u8 = 11;
+
+/// Where a DHCPv6 client's RECONFIGURE goes, as its last REPLY left it: the link-local address
+/// and MAC its message came from (clients take a RECONFIGURE only from a link-local address,
+/// and only naming their own DUID).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Target {
+    /// The client's DUID (its Client Identifier).
+    pub duid: Vec<u8>,
+    /// Its link-local address.
+    pub address: Ipv6Addr,
+    /// The MAC of its frames.
+    pub link: MacAddr,
+}
+
+/// Where `reply`'s RECONFIGURE would go, if it takes a key: a REPLY giving `mac` its address,
+/// to a REQUEST, RENEW, REBIND or rapid-commit SOLICIT that sent Reconfigure Accept, from a
+/// link-local address and a known MAC (never a relayed one: a RECONFIGURE goes on this link).
+pub(super) fn target_of(
+    request: &Message,
+    reply: &Message,
+    mac: Option<MacAddr>,
+    received: Received<'_>,
+    pool: &PoolSnapshot,
+) -> Option<Target> {
+    use MessageType as T;
+    let opts = request.opts();
+    let asks = matches!(
+        request.msg_type(),
+        T::Request | T::Renew | T::Rebind | T::Solicit
+    );
+    if !asks || reply.msg_type() != T::Reply || opts.get(OptionCode::ReconfAccept).is_none() {
+        return None;
+    }
+    pool.ipv6_of(&mac?)?;
+    let Some(DhcpOption::ClientId(duid)) = opts.get(OptionCode::ClientId) else {
+        return None;
+    };
+    Some(Target {
+        duid: duid.clone(),
+        address: received.source,
+        link: received.link_source?,
+    })
+}
+
+/// Appends Reconfigure Accept (20) and an Authentication option (11) as a REPLY carries a
+/// reconfigure key, its replay counter and key zero; returns where the latter's data starts.
+pub(super) fn add_key_options(bytes: &mut Vec<u8>) -> usize {
+    bytes.extend_from_slice(&[0, RECONFIGURE_ACCEPT, 0, 0]);
+    bytes.extend_from_slice(&[0, AUTHENTICATION, 0, AUTH_LEN as u8]);
+    let at = bytes.len();
+    bytes.extend_from_slice(&reconfigure::key_data());
+    at
+}
 
 /// The DHCPv6 side of [`reconfigure::Keyed`].
 pub struct V6;

@@ -40,7 +40,7 @@ use super::{ALL_SERVERS, CLIENT_PORT, SERVER_PORT};
 use crate::arp;
 use crate::capability::{Capability, Missing};
 use crate::lease_table::LeaseTable;
-use crate::reconfigure::{Authority, Due};
+use crate::reconfigure::Due;
 use crate::supervisor::{Attempt, Served, Supervisor};
 use crate::suspects::{SuspectKind, Suspects};
 
@@ -367,7 +367,7 @@ fn serve(
     let mut reply = Vec::with_capacity(FRAME_BUFFER);
     let mut sources = Sources::new(index);
     let mut next_probe = Instant::now();
-    let (authority, mut keyed) = (Authority::default(), Keyed::default());
+    let mut keyed = Keyed::default();
     while !*stop.borrow() {
         // Before the receive, which returns every RECEIVE_TIMEOUT when nothing arrives.
         if let Some(every) = watchers.foreign.probe_every()
@@ -383,27 +383,20 @@ fn serve(
             && let Some(snapshot) = table.pool(pool)
         {
             keyed.look(&snapshot);
-            let server_ip = snapshot.config().ipv6.as_ref().map(|v6| v6.server_ip);
-            for due in keyed.due(&authority, Instant::now()) {
+            let due = keyed.due(Instant::now());
+            if !due.is_empty() {
                 sources.refresh(Instant::now());
-                let sent = send_reconfigure(
-                    &sockets.packet,
+                let server_ip = snapshot.config().ipv6.as_ref().map(|v6| v6.server_ip);
+                let sender = Reconfigurer {
+                    packet: &sockets.packet,
                     own,
-                    &sources,
+                    sources: &sources,
                     server_ip,
-                    &duid,
-                    &due,
-                    &mut reply,
-                );
-                match sent {
-                    Ok(()) => {
-                        counters.reconfigures.fetch_add(1, Ordering::Relaxed);
-                        info!(mac = %due.mac, to = %due.target.address, "RECONFIGURE sent: the pool's answer to it changed");
-                    }
-                    Err(error) => {
-                        counters.send_failed.fetch_add(1, Ordering::Relaxed);
-                        warn!(mac = %due.mac, to = %due.target.address, %error, "RECONFIGURE not sent");
-                    }
+                    duid: &duid,
+                    counters,
+                };
+                for due in &due {
+                    sender.send(due, &mut reply);
                 }
             }
         }
@@ -471,13 +464,8 @@ fn serve(
                 key_slot,
             } => {
                 if let (Some(slot), Some(mac)) = (key_slot, mac)
-                    && let Err(error) = keyed.acked(
-                        &authority,
-                        mac,
-                        (slot.at, slot.target),
-                        &mut bytes,
-                        &snapshot,
-                    )
+                    && let Err(error) =
+                        keyed.acked(mac, (slot.at, slot.target), &mut bytes, &snapshot)
                 {
                     // The REPLY still goes: the client learns a change at T1 instead.
                     warn!(%mac, %error, "REPLY sent without a reconfigure key");
@@ -537,36 +525,59 @@ fn serve(
     Ok(())
 }
 
-/// Sends the RECONFIGURE `due` from this interface's link-local address to its client's, as a
-/// whole frame to the client's MAC, like every answer.
-fn send_reconfigure(
-    packet: &Socket,
+/// What sending a RECONFIGURE takes: this interface's packet socket, MAC and source addresses,
+/// the pool's server address and DUID, and the counters.
+struct Reconfigurer<'a> {
+    packet: &'a Socket,
     own: MacAddr,
-    sources: &Sources,
+    sources: &'a Sources,
     server_ip: Option<std::net::Ipv6Addr>,
-    duid: &[u8],
-    due: &Due<super::handler::Target>,
-    frame_buffer: &mut Vec<u8>,
-) -> Result<(), SendError> {
-    let message =
-        reconfigure::message(duid, due).map_err(|e| SendError::Io(io::Error::other(e)))?;
-    let target = &due.target;
-    let from = sources
-        .source_for(&target.address, server_ip)
-        .ok_or(SendError::NoSource)?;
-    let addressing = Addressing {
-        from_mac: own,
-        to_mac: target.link,
-        from,
-        to: target.address,
-        from_port: SERVER_PORT,
-        to_port: CLIENT_PORT,
-    };
-    frame::build(&addressing, &message, frame_buffer).ok_or(SendError::TooLarge)?;
-    packet
-        .send_with_flags(frame_buffer, libc::MSG_DONTWAIT)
-        .map(|_| ())
-        .map_err(SendError::Io)
+    duid: &'a [u8],
+    counters: &'a Counters6,
+}
+
+impl Reconfigurer<'_> {
+    /// Sends the RECONFIGURE `due` from this interface's link-local address to its client's, as
+    /// a whole frame to the client's MAC like every answer, counting it or the error.
+    fn send(&self, due: &Due<reconfigure::Target>, frame_buffer: &mut Vec<u8>) {
+        let target = &due.target;
+        match self.frame(due, frame_buffer) {
+            Ok(()) => {
+                self.counters.reconfigures.fetch_add(1, Ordering::Relaxed);
+                info!(mac = %due.mac, to = %target.address, "RECONFIGURE sent: the pool's answer to it changed");
+            }
+            Err(error) => {
+                self.counters.send_failed.fetch_add(1, Ordering::Relaxed);
+                warn!(mac = %due.mac, to = %target.address, %error, "RECONFIGURE not sent");
+            }
+        }
+    }
+
+    fn frame(
+        &self,
+        due: &Due<reconfigure::Target>,
+        frame_buffer: &mut Vec<u8>,
+    ) -> Result<(), SendError> {
+        let message = reconfigure::message(self.duid, due)?;
+        let target = &due.target;
+        let from = self
+            .sources
+            .source_for(&target.address, self.server_ip)
+            .ok_or(SendError::NoSource)?;
+        let addressing = Addressing {
+            from_mac: self.own,
+            to_mac: target.link,
+            from,
+            to: target.address,
+            from_port: SERVER_PORT,
+            to_port: CLIENT_PORT,
+        };
+        frame::build(&addressing, &message, frame_buffer).ok_or(SendError::TooLarge)?;
+        self.packet
+            .send_with_flags(frame_buffer, libc::MSG_DONTWAIT)
+            .map(|_| ())
+            .map_err(SendError::Io)
+    }
 }
 
 /// One span per DHCPv6 exchange, only while traces are exported (the packet path pays nothing

@@ -22,8 +22,8 @@ use dhcproto::{Decodable, Decoder, Encodable, Encoder, Name};
 use vmdhcp_core::MacAddr;
 use vmdhcp_core::pool::PoolConfigV6;
 
+use super::reconfigure::{Target, add_key_options, target_of};
 use crate::lease_table::PoolSnapshot;
-use crate::reconfigure;
 
 mod boot;
 mod relay;
@@ -188,19 +188,6 @@ pub struct KeySlot {
     pub target: Target,
 }
 
-/// Where a DHCPv6 client's RECONFIGURE goes, as its last REPLY left it: the link-local address
-/// and MAC its message came from (clients take a RECONFIGURE only from a link-local address,
-/// and only naming their own DUID).
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Target {
-    /// The client's DUID (its Client Identifier).
-    pub duid: Vec<u8>,
-    /// Its link-local address.
-    pub address: Ipv6Addr,
-    /// The MAC of its frames.
-    pub link: MacAddr,
-}
-
 /// What to do with a datagram.
 #[derive(Debug, PartialEq, Eq)]
 pub enum Outcome {
@@ -261,7 +248,7 @@ pub fn handle(received: Received<'_>, server: Server<'_>, pool: &PoolSnapshot) -
     match decide(&msg, received.multicast, who, server, pool, config) {
         Decision::Reply(reply, also, mac) => match encode(&reply) {
             Some(mut bytes) => {
-                let key_slot = keyed(&msg, &reply, mac, received, pool).map(|target| KeySlot {
+                let key_slot = target_of(&msg, &reply, mac, received, pool).map(|target| KeySlot {
                     at: add_key_options(&mut bytes),
                     target,
                 });
@@ -280,51 +267,6 @@ pub fn handle(received: Received<'_>, server: Server<'_>, pool: &PoolSnapshot) -
         Decision::Drop(r) => Outcome::Dropped(r),
     }
 }
-
-/// Where `reply`'s RECONFIGURE would go, if it takes a key: a REPLY giving `mac` its address,
-/// to a REQUEST, RENEW, REBIND or rapid-commit SOLICIT that sent Reconfigure Accept, from a
-/// link-local address and a known MAC (never a relayed one: a RECONFIGURE goes on this link).
-fn keyed(
-    request: &Message,
-    reply: &Message,
-    mac: Option<MacAddr>,
-    received: Received<'_>,
-    pool: &PoolSnapshot,
-) -> Option<Target> {
-    use MessageType as T;
-    let opts = request.opts();
-    let asks = matches!(
-        request.msg_type(),
-        T::Request | T::Renew | T::Rebind | T::Solicit
-    );
-    if !asks || reply.msg_type() != T::Reply || opts.get(OptionCode::ReconfAccept).is_none() {
-        return None;
-    }
-    pool.ipv6_of(&mac?)?;
-    let Some(DhcpOption::ClientId(duid)) = opts.get(OptionCode::ClientId) else {
-        return None;
-    };
-    Some(Target {
-        duid: duid.clone(),
-        address: received.source,
-        link: received.link_source?,
-    })
-}
-
-/// Appends Reconfigure Accept (20) and an Authentication option (11) as a REPLY carries a
-/// reconfigure key, its replay counter and key zero; returns where the latter's data starts.
-fn add_key_options(bytes: &mut Vec<u8>) -> usize {
-    bytes.extend_from_slice(&[0, RECONFIGURE_ACCEPT, 0, 0]);
-    bytes.extend_from_slice(&[0, AUTHENTICATION, 0, reconfigure::AUTH_LEN as u8]);
-    let at = bytes.len();
-    bytes.extend_from_slice(&reconfigure::key_data());
-    at
-}
-
-/// Option 20, Reconfigure Accept (RFC 8415 §21.20).
-pub const RECONFIGURE_ACCEPT: u8 = 20;
-/// Option 11, Authentication (RFC 8415 §21.11).
-pub const AUTHENTICATION: u8 = 11;
 
 /// Whether `ip` can be one host's address: not multicast, unspecified or loopback.
 fn is_unicast(ip: &Ipv6Addr) -> bool {
@@ -774,8 +716,10 @@ fn encode(msg: &Message) -> Option<Vec<u8>> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::dhcp6::reconfigure::message as reconfigure_message;
     use crate::lease_table::LeaseTable;
     use crate::pools::PoolLeases;
+    use crate::reconfigure;
     use proptest::prelude::*;
     use std::sync::Arc;
     use vmdhcp_core::fixtures::pool_config;
@@ -1027,7 +971,7 @@ mod tests {
             key: [7; reconfigure::KEY_LEN],
             replay: 42,
         };
-        let bytes = super::super::reconfigure::message(&duid(), &due).unwrap();
+        let bytes = reconfigure_message(&duid(), &due).unwrap();
         let msg = Message::decode(&mut Decoder::new(&bytes)).unwrap();
         assert_eq!(msg.msg_type(), MessageType::Reconfigure);
         assert_eq!(msg.xid(), [0, 0, 0]);
