@@ -484,13 +484,18 @@ async fn a_pool_created_again_gets_back_the_addresses_its_vms_hold() {
         held_by_vms(p) == held
     })
     .await;
+    // The pool is written before the config (recorded before served), so each config's
+    // condition, False while its pool was gone, turns True after the pool shows the address.
+    let mut again = BTreeSet::new();
     for name in ["vm1", "vm2"] {
-        let cfg = cfgs.get(name).await.unwrap();
-        assert_eq!(
-            cfg_condition(&cfg, "Allocated").map(|a| a.0).as_deref(),
-            Some("True")
-        );
+        let cfg = wait_for(&cfgs, name, "allocated again", |c| {
+            cfg_condition(c, "Allocated").is_some_and(|a| a.0 == "True")
+        })
+        .await;
+        let (mac, ip, _) = cfg_ips(&cfg).remove(0);
+        again.insert((ip, mac));
     }
+    assert_eq!(again, held, "each config shows the address it held before");
 }
 
 #[tokio::test]
