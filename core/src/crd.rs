@@ -13,7 +13,12 @@ use kube::{CustomResource, CustomResourceExt};
 use schemars::{JsonSchema, Schema, SchemaGenerator, json_schema};
 use serde::{Deserialize, Serialize};
 
+mod claim;
 mod options;
+pub use claim::{
+    AddressClaim, AddressClaimSpec, AddressClaimStatus, CLAIM_GROUP, CONDITION_BOUND,
+    CONDITION_RESERVED, ClaimPhase, ClaimQuota, ClaimsPolicy, ReclaimPolicy,
+};
 pub use options::{BootConfig, DhcpOptions, DhcpPrivateOption, IPv6BootConfig};
 
 /// The API group of both resources.
@@ -195,6 +200,10 @@ pub struct IPPoolSpec {
     /// A paused pool keeps its allocations in status but is not served.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub paused: Option<bool>,
+    /// Which namespaces may claim addresses of this pool with an AddressClaim
+    /// (`ipam.vmdhcp.io`), and how many each may hold. Absent: none. Not upstream's.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub claims: Option<ClaimsPolicy>,
 }
 
 /// The IPv4 part of a pool: subnet, range and the options handed to clients.
@@ -633,7 +642,11 @@ impl VirtualMachineNetworkConfig {
 
 /// The CRD manifests of both resources as `(file name, YAML)`, in the form `chart/crds/` holds.
 pub fn crd_manifests() -> Result<Vec<(String, String)>, CrdError> {
-    [IPPool::crd(), VirtualMachineNetworkConfig::crd()]
+    [
+        IPPool::crd(),
+        VirtualMachineNetworkConfig::crd(),
+        AddressClaim::crd(),
+    ]
         .into_iter()
         .map(|crd| {
             let name = crd.metadata.name.clone().unwrap_or_default();

@@ -2,6 +2,8 @@
 //!
 //! - [`crd`]: the `IPPool` and `VirtualMachineNetworkConfig` custom resources (upstream's API),
 //!   and the generator of their CRD manifests.
+//! - [`claims`]: the rules of address claims (target, placeholder MAC, a pool's admission and
+//!   quota), shared by the webhook and the claim reconciler.
 //! - [`names`] and [`mac`]: the validated identifiers everything is keyed by.
 //! - [`pool`]: the one parse of an IPPool spec ([`pool::ValidPool`], whose [`pool::PoolRange`]
 //!   the IPAM allocates from and whose [`pool::PoolConfig`] an agent serves), the admission
@@ -21,6 +23,7 @@
 
 pub mod admission;
 pub mod bootstrap;
+pub mod claims;
 pub mod crd;
 #[cfg(any(test, feature = "test-support"))]
 pub mod fixtures;
