@@ -18,6 +18,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use arc_swap::ArcSwap;
+use vmdhcp_core::claims::is_placeholder;
 use vmdhcp_core::pool::{Binding, NicOptions, PoolConfig, is_host_of};
 use vmdhcp_core::{MacAddr, NamespacedName};
 
@@ -154,13 +155,22 @@ impl PoolSnapshot {
         &self.config
     }
 
-    /// The address reserved for `mac` on this pool.
+    /// The address reserved for `mac` on this pool. Never for an AddressClaim's placeholder:
+    /// an unbound claim's address (a VIP) is held in the pool and served to nobody, whoever
+    /// forges that MAC.
     pub fn address_of(&self, mac: &MacAddr) -> Option<Ipv4Addr> {
+        if is_placeholder(mac) {
+            return None;
+        }
         self.by_mac.get(mac).copied()
     }
 
-    /// The IPv6 address reserved for `mac` on this dual-stack pool.
+    /// The IPv6 address reserved for `mac` on this dual-stack pool (never for a placeholder,
+    /// as [`Self::address_of`]).
     pub fn ipv6_of(&self, mac: &MacAddr) -> Option<Ipv6Addr> {
+        if is_placeholder(mac) {
+            return None;
+        }
         self.v6_by_mac.get(mac).copied()
     }
 
@@ -750,6 +760,21 @@ mod tests {
         assert_eq!(a.holder_of(&"192.0.2.11".parse().unwrap()), Some(mac(2)));
         assert_eq!(a.address_of(&mac(3)), None);
         assert!(table.pool(&name("b")).is_none());
+    }
+
+    #[test]
+    fn a_claim_s_placeholder_holds_its_address_and_is_served_nothing() {
+        let table = LeaseTable::new();
+        let vip = vmdhcp_core::claims::placeholder_mac("claim-uid");
+        let mut pool = pool_with(config("a", "192.0.2.0/24", "192.0.2.1"), &[]);
+        pool.leases
+            .insert(vip, Binding::ip("192.0.2.20".parse().unwrap()));
+        assert!(table.apply_snapshot(&[pool]).is_empty());
+        let a = table.pool(&name("a")).unwrap();
+        // Held (no one else is given it, probes pass it over) but never answered for.
+        assert_eq!(a.holder_of(&"192.0.2.20".parse().unwrap()), Some(vip));
+        assert_eq!(a.address_of(&vip), None);
+        assert_eq!(a.ipv6_of(&vip), None);
     }
 
     #[test]

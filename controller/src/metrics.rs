@@ -20,6 +20,30 @@ use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::{ConstGauge, Gauge};
 use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::Registry;
+use vmdhcp_core::NamespacedName;
+use vmdhcp_core::crd::ClaimQuota;
+
+/// Labels of the address-claim gauges.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, PartialOrd, Ord, EncodeLabelSet)]
+pub struct ClaimLabels {
+    /// The pool, `namespace/name` (empty while no pool serves the claim's network).
+    pub ippool: String,
+    /// The claim's namespace.
+    pub namespace: String,
+    /// `Reserved`, `Bound` or `Refused`.
+    pub phase: String,
+}
+
+/// Labels of the claim quota gauge.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, PartialOrd, Ord, EncodeLabelSet)]
+pub struct QuotaLabels {
+    /// The pool, `namespace/name`.
+    pub ippool: String,
+    /// The namespace the quota applies to.
+    pub namespace: String,
+    /// `ipv4` or `ipv6`.
+    pub family: String,
+}
 
 /// Labels of the pool gauges (upstream: `ippool` is `ns/name`).
 #[derive(Clone, Debug, Hash, PartialEq, Eq, PartialOrd, Ord, EncodeLabelSet)]
@@ -199,6 +223,9 @@ pub struct Metrics {
     pool_series: Mutex<HashMap<String, PoolLabels>>,
     vmnetcfg_series: Mutex<HashMap<String, Box<[VmnetcfgLabels]>>>,
     suspect_series: Mutex<BTreeSet<SuspectLabels>>,
+    claims: Family<ClaimLabels, Gauge>,
+    claim_quota: Family<QuotaLabels, Gauge>,
+    claim_series: Mutex<HashMap<String, ClaimLabels>>,
 }
 
 impl Default for Metrics {
@@ -208,6 +235,19 @@ impl Default for Metrics {
         let ippool_available = Family::<PoolLabels, Gauge>::default();
         let vmnetcfg_status = Family::<VmnetcfgLabels, Gauge>::default();
         let network_suspects = Family::<SuspectLabels, Gauge>::default();
+        let claims = Family::<ClaimLabels, Gauge>::default();
+        let claim_quota = Family::<QuotaLabels, Gauge>::default();
+        registry.register(
+            "vmdhcpcontroller_address_claims",
+            "AddressClaims by IPPool, namespace and phase (Reserved, Bound, Refused)",
+            claims.clone(),
+        );
+        registry.register(
+            "vmdhcpcontroller_address_claim_quota",
+            "Addresses of a family one namespace may claim from an IPPool \
+             (spec.claims.perNamespace), for the namespaces that claim there",
+            claim_quota.clone(),
+        );
         registry.register(
             "vmdhcpcontroller_network_suspects",
             "Hosts the serving agent reports acting where they should not on an IPPool's network, \
@@ -362,6 +402,9 @@ impl Default for Metrics {
             pool_series: Mutex::default(),
             vmnetcfg_series: Mutex::default(),
             suspect_series: Mutex::default(),
+            claims,
+            claim_quota,
+            claim_series: Mutex::default(),
         }
     }
 }
@@ -449,6 +492,53 @@ impl Metrics {
         self.vmnetcfg_series.lock().remove(vmnetcfg);
     }
 
+    /// Counts claim `claim` (`namespace/name`) under its pool, namespace and phase (moving it
+    /// from where it was counted before), and shows the pool's quota for its namespace.
+    pub fn set_claim(
+        &self,
+        claim: &NamespacedName,
+        ippool: Option<&NamespacedName>,
+        phase: &str,
+        quota: ClaimQuota,
+    ) {
+        let ippool = ippool.map(ToString::to_string).unwrap_or_default();
+        let labels = ClaimLabels {
+            ippool: ippool.clone(),
+            namespace: claim.namespace.clone(),
+            phase: phase.to_owned(),
+        };
+        let mut series = self.claim_series.lock();
+        if let Some(old) = series.insert(claim.to_string(), labels.clone()) {
+            self.claims.get_or_create(&old).dec();
+        }
+        self.claims.get_or_create(&labels).inc();
+        if ippool.is_empty() {
+            return;
+        }
+        for (family, q) in [("ipv4", quota.ipv4), ("ipv6", quota.ipv6)] {
+            let labels = QuotaLabels {
+                ippool: ippool.clone(),
+                namespace: claim.namespace.clone(),
+                family: family.to_owned(),
+            };
+            match q {
+                Some(q) => {
+                    self.claim_quota.get_or_create(&labels).set(i64::from(q));
+                }
+                None => {
+                    self.claim_quota.remove(&labels);
+                }
+            }
+        }
+    }
+
+    /// Stops counting claim `claim` (deleted).
+    pub fn forget_claim(&self, claim: &NamespacedName) {
+        if let Some(old) = self.claim_series.lock().remove(&claim.to_string()) {
+            self.claims.get_or_create(&old).dec();
+        }
+    }
+
     /// Removes every per-object series (pools and configs): called when a leadership term ends,
     /// so that only the leader exports them and sums across replicas do not double-count.
     pub fn clear_objects(&self) {
@@ -461,6 +551,9 @@ impl Metrics {
         for labels in configs.values().flatten() {
             self.vmnetcfg_status.remove(labels);
         }
+        self.claim_series.lock().clear();
+        self.claims.clear();
+        self.claim_quota.clear();
         let suspects = std::mem::take(&mut *self.suspect_series.lock());
         for labels in &suspects {
             self.network_suspects.remove(labels);

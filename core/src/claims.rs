@@ -61,7 +61,7 @@ pub enum ClaimError {
         family: &'static str,
         /// `ipv4` or `ipv6`.
         field: &'static str,
-        /// Claims of the namespace before this one.
+        /// Claims of the namespace holding addresses of the pool.
         held: usize,
         /// The quota.
         quota: u32,
@@ -227,23 +227,23 @@ pub fn selects(selector: &LabelSelector, labels: &BTreeMap<String, String>) -> b
     pairs && expressions
 }
 
-/// Whether a claim that is the `position`-th (from 0) of its namespace's claims on the pool
-/// asking for this family fits `quota` (`None`: no bound). Claims are ranked by creation, then
-/// name, so the ones past the quota are always the newest, whoever reconciles first.
+/// Whether one more claim fits `quota` (`None`: no bound) of this family while `held` claims of
+/// its namespace hold addresses of the pool. A claim already holding its addresses is not asked:
+/// a quota lowered under what is held refuses new claims and takes nothing away.
 pub fn within_quota(
     pool: &NamespacedName,
     namespace: &str,
-    position: usize,
+    held: usize,
     quota: Option<u32>,
     v6: bool,
 ) -> Result<(), ClaimError> {
     match quota {
-        Some(q) if position >= q as usize => Err(ClaimError::Quota {
+        Some(q) if held >= q as usize => Err(ClaimError::Quota {
             pool: pool.clone(),
             namespace: namespace.to_owned(),
             family: if v6 { "IPv6" } else { "IPv4" },
             field: if v6 { "ipv6" } else { "ipv4" },
-            held: position,
+            held,
             quota: q,
         }),
         _ => Ok(()),

@@ -56,6 +56,8 @@ const VM3_MAC: &str = "02:77:00:00:00:03";
 const VM4_MAC: &str = "02:77:00:00:00:04";
 /// vm5, created with upstream v1.9's static-IP annotation.
 const VM5_MAC: &str = "02:77:00:00:00:05";
+/// vm6, whose NIC a namespace editor's AddressClaim binds.
+const VM6_MAC: &str = "02:77:00:00:00:06";
 /// The IPv6 side net-a gains: a ULA that exists only in the lab, the server at `::2`, DNS at
 /// `::53`, addresses from `::100` to `::1ff`.
 const V6_PREFIX: &str = "fd76:6d64:6865::";
@@ -985,6 +987,140 @@ fn pinned_vm_gets_its_address_and_a_new_pin_at_its_next_lease(
     );
 }
 
+/// A namespace's editor (a user bound to the built-in `edit` role, impersonated) claims an
+/// address for a VM's NIC: the chart's aggregated role lets them, and nothing lets them edit the
+/// IPPool. The pool admits the namespace by label (the controller reads the namespace's labels);
+/// the claim holds an address before the VM exists; the VM's dhclient then gets exactly it from
+/// the agent pod.
+#[allow(clippy::print_stdout)]
+fn an_editor_s_claim_holds_an_address_its_vm_then_leases(
+    c: &Cluster,
+    lab: &mut Lab,
+    node_ns: &Netns,
+    dir: &Path,
+) {
+    c.kubectl(&[
+        "label",
+        "--overwrite",
+        "namespace",
+        VMS,
+        "vmdhcp.io/claims=allowed",
+    ]);
+    let rule = json!({"spec": {"claims": {
+        "namespaceSelector": {"matchLabels": {"vmdhcp.io/claims": "allowed"}},
+        "perNamespace": {"ipv4": 4, "ipv6": 4}}}});
+    c.kubectl(&[
+        "patch",
+        "ippool",
+        "-n",
+        VMS,
+        "net-a",
+        "--type",
+        "merge",
+        "-p",
+        &rule.to_string(),
+    ]);
+    c.kubectl(&[
+        "create",
+        "rolebinding",
+        "tenant-edit",
+        "-n",
+        VMS,
+        "--clusterrole",
+        "edit",
+        "--user",
+        "tenant",
+    ]);
+    let claim = json!({
+        "apiVersion": "ipam.vmdhcp.io/v1alpha1", "kind": "AddressClaim",
+        "metadata": {"name": "vm6-nic", "namespace": VMS},
+        "spec": {"network": format!("{VMS}/net-a"), "vm": "vm6", "nic": "nic-0"}
+    });
+    // The aggregation controller adds the chart's rules to `edit` shortly after install.
+    c.wait(
+        "a namespace editor allowed to claim",
+        Duration::from_secs(60),
+        || {
+            let (ok, _) = output(
+                c.node
+                    .kubectl()
+                    .args(["auth", "can-i", "create", "addressclaims.ipam.vmdhcp.io"])
+                    .args(["-n", VMS, "--as", "tenant"]),
+            );
+            ok.then_some(())
+        },
+    );
+    let manifest = claim.to_string();
+    let mut create = c.node.kubectl();
+    create
+        .args(["create", "--as", "tenant", "-f", "-"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    let mut child = create.spawn().unwrap();
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(manifest.as_bytes())
+        .unwrap();
+    let done = child.wait_with_output().unwrap();
+    assert!(
+        done.status.success(),
+        "the editor's claim: {}",
+        String::from_utf8_lossy(&done.stderr)
+    );
+    let (edited, said) = output(c.node.kubectl().args([
+        "patch",
+        "ippool",
+        "-n",
+        VMS,
+        "net-a",
+        "--as",
+        "tenant",
+        "--type",
+        "merge",
+        "-p",
+        r#"{"spec":{"paused":true}}"#,
+    ]));
+    assert!(
+        !edited && said.contains("forbidden"),
+        "an editor edited the pool: {said}"
+    );
+
+    let held = c.wait("the claim Reserved", Duration::from_secs(60), || {
+        let claim = c.try_json(&["get", "addressclaims.ipam.vmdhcp.io", "-n", VMS, "vm6-nic"])?;
+        let status = &claim["status"];
+        (status["phase"] == "Reserved").then(|| {
+            (
+                status["ipAddress"].as_str().unwrap_or_default().to_owned(),
+                status["ipv6Address"]
+                    .as_str()
+                    .unwrap_or_default()
+                    .to_owned(),
+            )
+        })
+    });
+    assert!(!held.0.is_empty() && !held.1.is_empty(), "{held:?}");
+    c.apply(&vm_manifest(VMS, "vm6", VM6_MAC, &format!("{VMS}/net-a")))
+        .unwrap();
+    c.wait(
+        "vm6's NIC bound to the claim",
+        Duration::from_secs(60),
+        || (c.allocations().get(VM6_MAC) == Some(&held.0)).then_some(()),
+    );
+    let vm6 = plug_vm(lab, node_ns, "vm6", VM6_MAC);
+    let vm6_dir = dir.join("vm6");
+    std::fs::create_dir_all(&vm6_dir).unwrap();
+    start_dhclient(lab, &vm6, &vm6_dir);
+    let bound = wait_event(&vm6_dir, "BOUND", 0, Duration::from_secs(60));
+    assert_eq!(bound["new_ip_address"], held.0, "{bound:?}");
+    println!(
+        "vm6: leased {} (IPv6 {}), the address its namespace's editor claimed",
+        held.0, held.1
+    );
+}
+
 /// Compares, for the controller's and the agent's ServiceAccounts, the (verb, resource) pairs
 /// their RBAC rules grant (read from the cluster) with what the audit log shows them using and
 /// being refused; fails naming each mismatch.
@@ -1366,6 +1502,8 @@ fn helm_install_on_a_real_node_serves_vms_fails_over_upgrades_and_uninstalls_cle
     );
     pinned_vm_gets_its_address_and_a_new_pin_at_its_next_lease(&c, &mut lab, &node_ns, dir.path());
     mark("vm5 pinned by its static-ip annotation: leased the pin, then the new pin");
+    an_editor_s_claim_holds_an_address_its_vm_then_leases(&c, &mut lab, &node_ns, dir.path());
+    mark("vm6: a namespace editor's AddressClaim held its address; its dhclient leased it");
 
     // 7. Every permission the chart grants is used, and no call is refused.
     exercise_rare_permissions(&c);

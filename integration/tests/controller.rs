@@ -16,8 +16,10 @@ use serde_json::{Value, json};
 use tokio::sync::watch;
 use vmdhcp_controller::reconcile::context::AgentDeployment;
 use vmdhcp_controller::runtime::{Handles, Settings, run};
+use vmdhcp_core::claims::placeholder_mac;
 use vmdhcp_core::crd::{
-    ALLOCATED_EXCLUDED, ALLOCATED_RESERVED, IPPool, VirtualMachineNetworkConfig, find_condition,
+    ALLOCATED_EXCLUDED, ALLOCATED_RESERVED, AddressClaim, ClaimPhase, IPPool,
+    VirtualMachineNetworkConfig, find_condition,
 };
 use vmdhcp_integration::control_plane::ControlPlane;
 
@@ -2005,4 +2007,222 @@ async fn a_vm_s_dhcp_options_reach_its_config_and_its_pool_and_follow_its_change
                 .is_some_and(|v4| v4.dhcp_options.is_empty())
     })
     .await;
+}
+
+fn claim_api(client: &Client, ns: &str) -> Api<AddressClaim> {
+    Api::namespaced(client.clone(), ns)
+}
+
+async fn create_claim(client: &Client, ns: &str, name: &str, spec: Value) {
+    let claim: AddressClaim = serde_json::from_value(json!({
+        "apiVersion": "ipam.vmdhcp.io/v1alpha1", "kind": "AddressClaim",
+        "metadata": {"name": name, "namespace": ns},
+        "spec": spec,
+    }))
+    .unwrap();
+    claim_api(client, ns)
+        .create(&PostParams::default(), &claim)
+        .await
+        .unwrap();
+}
+
+fn claim_phase(c: &AddressClaim) -> Option<ClaimPhase> {
+    c.status.as_ref().and_then(|s| s.phase)
+}
+
+/// The MAC the pool records for `ip`, if any.
+fn recorded_for(pool: &IPPool, ip: &str) -> Option<String> {
+    allocated(pool)
+        .into_iter()
+        .find(|(a, _)| a == ip)
+        .map(|(_, m)| m)
+}
+
+/// Address claims through the real API server: a VIP held in the pool and given to no NIC; a
+/// claim bound to a VM's NIC that outlives the VM and follows the NIC to a new MAC; the pool's
+/// rule (namespaces, quota) refusing with messages naming it; a freed address on deletion.
+#[tokio::test]
+async fn address_claims_hold_outlive_their_vm_follow_its_nic_and_keep_to_the_pool_s_rule() {
+    let (client, ns) = setup("claims").await;
+    create_nad(&client, &ns, "net-c").await;
+    create_pool(&client, &ns, "pool-c", "net-c", 9).await;
+    let pools: Api<IPPool> = Api::namespaced(client.clone(), &ns);
+    wait_for(&pools, "pool-c", "ready", ready).await;
+    let claims = claim_api(&client, &ns);
+    let network = format!("{ns}/net-c");
+
+    // Without spec.claims the pool admits no claim.
+    create_claim(&client, &ns, "early", json!({"network": network})).await;
+    let early = wait_for(&claims, "early", "refused", |c| {
+        claim_phase(c) == Some(ClaimPhase::Refused)
+    })
+    .await;
+    let reserved = find_condition(&early.status.as_ref().unwrap().conditions, "Reserved").unwrap();
+    assert_eq!(reserved.reason.as_deref(), Some("NotAdmitted"));
+    assert!(
+        reserved
+            .message
+            .as_deref()
+            .unwrap()
+            .contains("has no spec.claims"),
+        "{reserved:?}"
+    );
+    claims
+        .delete("early", &DeleteParams::default())
+        .await
+        .unwrap();
+
+    // The pool admits this namespace, two IPv4 addresses at most.
+    let rule = json!({"spec": {"claims": {"namespaces": [ns], "perNamespace": {"ipv4": 2}}}});
+    pools
+        .patch("pool-c", &PatchParams::default(), &Patch::Merge(&rule))
+        .await
+        .unwrap();
+
+    // A VIP: the lowest free address, recorded under the claim's placeholder.
+    create_claim(&client, &ns, "vip", json!({"network": network})).await;
+    let vip = wait_for(&claims, "vip", "reserved", |c| {
+        claim_phase(c) == Some(ClaimPhase::Reserved)
+    })
+    .await;
+    let vip_status = vip.status.clone().unwrap();
+    let vip_ip = vip_status.ip_address.clone().unwrap();
+    let placeholder = placeholder_mac(vip.metadata.uid.as_deref().unwrap()).to_string();
+    assert_eq!(
+        vip_status.mac_address.as_deref(),
+        Some(placeholder.as_str())
+    );
+    wait_for(&pools, "pool-c", "recording the VIP", |p| {
+        recorded_for(p, &vip_ip).as_deref() == Some(placeholder.as_str())
+    })
+    .await;
+
+    // A claim for nic-0 of VM web, created before the VM: held for nobody until it comes.
+    create_claim(
+        &client,
+        &ns,
+        "web",
+        json!({"network": network, "vm": "web", "nic": "nic-0"}),
+    )
+    .await;
+    let web = wait_for(&claims, "web", "reserved", |c| {
+        claim_phase(c) == Some(ClaimPhase::Reserved)
+    })
+    .await;
+    let web_ip = web.status.clone().unwrap().ip_address.unwrap();
+    assert_ne!(web_ip, vip_ip);
+
+    // Over the quota: the third claim is refused, naming the quota.
+    create_claim(&client, &ns, "third", json!({"network": network})).await;
+    let third = wait_for(&claims, "third", "refused", |c| {
+        claim_phase(c) == Some(ClaimPhase::Refused)
+    })
+    .await;
+    let why = find_condition(&third.status.as_ref().unwrap().conditions, "Reserved").unwrap();
+    assert_eq!(why.reason.as_deref(), Some("QuotaExceeded"));
+    assert!(
+        why.message
+            .as_deref()
+            .unwrap()
+            .contains("spec.claims.perNamespace.ipv4) is 2"),
+        "{why:?}"
+    );
+
+    let cfgs: Api<VirtualMachineNetworkConfig> = Api::namespaced(client.clone(), &ns);
+    let vms = vm_api(&client, &ns);
+    let allocated_ip = |c: &VirtualMachineNetworkConfig| {
+        cfg_condition(c, "Allocated").is_some_and(|a| a.0 == "True")
+    };
+    // A VM without a claim gets neither claimed address.
+    vms.create(
+        &PostParams::default(),
+        &vm(&ns, "other", &[(&network, "02:00:00:00:09:09")]),
+    )
+    .await
+    .unwrap();
+    let other = wait_for(&cfgs, "other", "allocated", allocated_ip).await;
+    let (_, other_ip, _) = cfg_ips(&other).remove(0);
+    assert!(other_ip != vip_ip && other_ip != web_ip);
+
+    // The VM comes: its NIC gets the claim's address, recorded for its MAC.
+    vms.create(
+        &PostParams::default(),
+        &vm(&ns, "web", &[(&network, "02:00:00:00:09:01")]),
+    )
+    .await
+    .unwrap();
+    let cfg = wait_for(&cfgs, "web", "allocated the claim's address", |c| {
+        allocated_ip(c) && cfg_ips(c).first().map(|e| e.1.clone()) == Some(web_ip.clone())
+    })
+    .await;
+    assert_eq!(cfg_ips(&cfg)[0].0, "02:00:00:00:09:01");
+    wait_for(&claims, "web", "bound", |c| {
+        claim_phase(c) == Some(ClaimPhase::Bound)
+            && c.status.as_ref().unwrap().mac_address.as_deref() == Some("02:00:00:00:09:01")
+    })
+    .await;
+    wait_for(&pools, "pool-c", "recording it for the NIC", |p| {
+        recorded_for(p, &web_ip).as_deref() == Some("02:00:00:00:09:01")
+    })
+    .await;
+
+    // The VM goes: the address stays held (Retain), back under the claim's placeholder.
+    vms.delete("web", &DeleteParams::default()).await.unwrap();
+    let web = wait_for(&claims, "web", "reserved again", |c| {
+        claim_phase(c) == Some(ClaimPhase::Reserved)
+    })
+    .await;
+    let web_placeholder = placeholder_mac(web.metadata.uid.as_deref().unwrap()).to_string();
+    wait_for(&pools, "pool-c", "holding it for nobody", |p| {
+        recorded_for(p, &web_ip).as_deref() == Some(web_placeholder.as_str())
+    })
+    .await;
+    // A new VM is not given it.
+    vms.create(
+        &PostParams::default(),
+        &vm(&ns, "newcomer", &[(&network, "02:00:00:00:09:05")]),
+    )
+    .await
+    .unwrap();
+    let newcomer = wait_for(&cfgs, "newcomer", "allocated", allocated_ip).await;
+    let (_, newcomer_ip, _) = cfg_ips(&newcomer).remove(0);
+    assert!(newcomer_ip != web_ip && newcomer_ip != vip_ip);
+
+    // The VM is created again with a new MAC: the same address.
+    wait_for_gone(&cfgs, "web").await;
+    vms.create(
+        &PostParams::default(),
+        &vm(&ns, "web", &[(&network, "02:00:00:00:09:02")]),
+    )
+    .await
+    .unwrap();
+    wait_for(&cfgs, "web", "allocated the claim's address again", |c| {
+        allocated_ip(c)
+            && cfg_ips(c).first().map(|e| (e.0.clone(), e.1.clone()))
+                == Some(("02:00:00:00:09:02".into(), web_ip.clone()))
+    })
+    .await;
+
+    // Deleting the VIP claim frees its address; the refused one's deletion frees nothing.
+    claims
+        .delete("vip", &DeleteParams::default())
+        .await
+        .unwrap();
+    wait_for(&pools, "pool-c", "freeing the VIP", |p| {
+        recorded_for(p, &vip_ip).is_none()
+    })
+    .await;
+    wait_for_gone(&claims, "vip").await;
+}
+
+/// Waits, bounded, until `name` is gone.
+async fn wait_for_gone<K>(api: &Api<K>, name: &str)
+where
+    K: kube::Resource + Clone + serde::de::DeserializeOwned + std::fmt::Debug,
+{
+    let deadline = Instant::now() + DEADLINE;
+    while api.get_opt(name).await.unwrap().is_some() {
+        assert!(Instant::now() < deadline, "{name}: never gone");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
 }

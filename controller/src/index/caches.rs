@@ -14,7 +14,7 @@ use kube::Client;
 use kube::api::{Api, DynamicObject};
 use kube::runtime::watcher;
 use tokio::task::JoinHandle;
-use vmdhcp_core::crd::{IPPool, VirtualMachineNetworkConfig};
+use vmdhcp_core::crd::{AddressClaim, IPPool, VirtualMachineNetworkConfig};
 
 use crate::index::configs::ConfigIndex;
 use crate::index::pools::PoolNetworks;
@@ -38,10 +38,12 @@ pub struct Caches {
     pub vms: SharedWatch<VirtualMachine>,
     /// Every NetworkAttachmentDefinition (for the leader's pool reconciler).
     pub nads: SharedWatch<DynamicObject>,
+    /// Every AddressClaim (for the leader's claim and config reconcilers).
+    pub claims: SharedWatch<AddressClaim>,
 }
 
 /// The tasks driving the watches of [`Caches`]; they end when this is dropped.
-pub struct CacheTasks([JoinHandle<()>; 4]);
+pub struct CacheTasks([JoinHandle<()>; 5]);
 
 impl Drop for CacheTasks {
     fn drop(&mut self) {
@@ -78,14 +80,21 @@ impl Caches {
         let (nads, nad_watch) = SharedWatch::start_trimmed(
             Api::all_with(client.clone(), &nad_resource()),
             nad_resource(),
-            wc,
+            wc.clone(),
             trim::nad,
+        );
+        let (claims, claim_watch) = SharedWatch::start_trimmed(
+            Api::all(client.clone()),
+            (),
+            wc,
+            crate::index::shared_watch::forget_managed_fields,
         );
         let tasks = CacheTasks([
             tokio::spawn(pool_watch),
             tokio::spawn(config_watch),
             tokio::spawn(vm_watch),
             tokio::spawn(nad_watch),
+            tokio::spawn(claim_watch),
         ]);
         (
             Caches {
@@ -95,6 +104,7 @@ impl Caches {
                 config_index,
                 vms,
                 nads,
+                claims,
             },
             tasks,
         )

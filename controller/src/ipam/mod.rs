@@ -12,15 +12,18 @@
 //! through a lock (upstream left pool creation, deletion and lookup unlocked).
 //!
 //! [`MacOwners`] (in `owners`) records which config claimed each MAC on each pool, so one MAC
-//! never gets two configs' addresses.
+//! never gets two configs' addresses; [`ClaimHolders`] (in `claims`) which AddressClaim's
+//! address each MAC holds, and [`hold_claim`] moves a claim's address between its holders.
 //!
 //! This module only keeps the books. Writing them to etcd before anything is served is the
 //! reconciler's job; the IPAM is always rebuilt from there after a restart.
 
+mod claims;
 mod conflicts;
 mod owners;
 mod record;
 
+pub use claims::{ClaimHolders, hold_claim};
 pub use owners::MacOwners;
 pub use record::Foreign;
 
@@ -284,6 +287,14 @@ impl<A: Family> PoolAllocator<A> {
     /// The address `mac` holds, if any.
     pub fn lookup(&self, mac: &MacAddr) -> Option<A> {
         self.by_mac.get(mac).map(|n| A::from_int(*n))
+    }
+
+    /// The MAC holding `ip`, if a MAC does (not a marker, an unreadable or a conflicted slot).
+    pub fn holder(&self, ip: A) -> Option<MacAddr> {
+        match self.taken.get(&ip.to_int()) {
+            Some(Slot::Held(Holder::Mac(mac))) => Some(*mac),
+            _ => None,
+        }
     }
 
     /// Gives `mac` an address: the one it already holds, else the lowest free one.

@@ -13,12 +13,12 @@ use kube::{Client, Resource, ResourceExt};
 use parking_lot::Mutex;
 use tokio::sync::{mpsc, watch};
 use vmdhcp_core::NamespacedName;
-use vmdhcp_core::crd::{IPPool, VirtualMachineNetworkConfig};
+use vmdhcp_core::crd::{AddressClaim, IPPool, VirtualMachineNetworkConfig};
 
 use crate::causes::TraceCauses;
 use crate::index::configs::ConfigIndex;
 use crate::index::pools::PoolNetworks;
-use crate::ipam::{Ipam, MacOwners};
+use crate::ipam::{ClaimHolders, Ipam, MacOwners};
 use crate::kinds::{VirtualMachine, network_of, store_key};
 use crate::metrics::Metrics;
 use crate::reconcile::events::Events;
@@ -29,6 +29,8 @@ use crate::reports::Reports;
 pub const IPPOOL_FINALIZER: &str = "wrangler.cattle.io/vm-dhcp-ippool-controller";
 /// Finalizer on VirtualMachineNetworkConfigs (upstream's name).
 pub const VMNETCFG_FINALIZER: &str = "wrangler.cattle.io/vm-dhcp-vmnetcfg-controller";
+/// Finalizer on AddressClaims: a claim's addresses are freed before it goes.
+pub const CLAIM_FINALIZER: &str = "ipam.vmdhcp.io/address-claim";
 
 /// Where the agent Deployment lives, for the bootstrap writer.
 #[derive(Clone, Debug)]
@@ -69,6 +71,8 @@ pub struct Stores {
     pub vms: Store<VirtualMachine>,
     /// NetworkAttachmentDefinitions as last seen, metadata only (a pool labels its network).
     pub nads: Store<DynamicObject>,
+    /// AddressClaims as last seen.
+    pub claims: Store<AddressClaim>,
     /// Which pools name each network (kept from the pools' watch).
     pub pool_networks: Arc<PoolNetworks>,
     /// Which config's status holds each MAC on each network (kept from the configs' watch).
@@ -85,6 +89,8 @@ pub struct Books {
     pub ipam: Arc<Ipam>,
     /// Which config owns each MAC on each pool (claims made in this term).
     pub mac_owners: MacOwners,
+    /// Which AddressClaim's address each MAC holds on each pool (this term's claim reconciles).
+    pub claim_holders: ClaimHolders,
     /// Batches IPAM → IPPool status writes.
     pub writer: Arc<PoolStatusWriter>,
     /// Pool entries no live config names, and since when ([`crate::reconcile::orphans`]).

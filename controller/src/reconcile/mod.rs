@@ -8,6 +8,7 @@
 //! - [`vm`]: a VirtualMachine → its VirtualMachineNetworkConfig (NICs, MACs, the static
 //!   addresses its annotations pin), and its addresses where Harvester's UI shows them;
 //! - [`vmnetcfg`]: a config's NICs → addresses, written to the pool's status first;
+//! - [`claim`]: an AddressClaim's addresses, held on its NIC's MAC or its placeholder;
 //! - [`status`]: conditions and the batched IPAM → `IPPool.status` writer;
 //! - [`orphans`]: pool entries no live config names, released after a grace period;
 //! - [`agent_bootstrap`]: the agent Deployment's Multus annotation and env;
@@ -18,6 +19,7 @@
 //! gRPC layer: what agents said reaches them as [`crate::reports`] types.
 
 pub mod agent_bootstrap;
+pub mod claim;
 pub mod context;
 pub mod events;
 pub mod ippool;

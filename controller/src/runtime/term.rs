@@ -23,7 +23,7 @@ use tokio::time::Instant;
 use tokio_stream::wrappers::ReceiverStream;
 use tracing::{Instrument, field, info, info_span, warn};
 use vmdhcp_core::NamespacedName;
-use vmdhcp_core::crd::{IPPool, VirtualMachineNetworkConfig};
+use vmdhcp_core::crd::{AddressClaim, IPPool, VirtualMachineNetworkConfig};
 
 use super::replay::{self, Backlog};
 use super::{Settings, stopped};
@@ -33,14 +33,14 @@ use crate::index::caches::Caches;
 use crate::index::configs::ConfigIndex;
 use crate::index::pools::PoolNetworks;
 use crate::index::shared_watch::Trigger;
-use crate::ipam::{Ipam, MacOwners};
+use crate::ipam::{ClaimHolders, Ipam, MacOwners};
 use crate::kinds::{VirtualMachine, nad_resource, network_of, object_ref, store_key};
 use crate::metrics::Metrics;
 use crate::reconcile::context::{Agents, Books, Context, NotLeader, Signals, Stores};
 use crate::reconcile::events::{EVENT_QUEUE, Events, Publisher};
 use crate::reconcile::orphans::Orphans;
 use crate::reconcile::status::PoolStatusWriter;
-use crate::reconcile::{agent_bootstrap, ippool, vm, vmnetcfg};
+use crate::reconcile::{agent_bootstrap, claim, ippool, vm, vmnetcfg};
 use crate::reports::Reports;
 
 /// A reconcile failed (wraps each reconciler's own error).
@@ -55,6 +55,9 @@ pub enum ReconcileError {
     /// VirtualMachine.
     #[error(transparent)]
     Vm(#[from] vm::Error),
+    /// AddressClaim.
+    #[error(transparent)]
+    Claim(#[from] claim::Error),
 }
 
 impl ReconcileError {
@@ -73,12 +76,17 @@ impl ReconcileError {
                     Some(vmnetcfg::Error::NotLeader(_))
                 )
                 || matches!(e.downcast_ref::<vm::Error>(), Some(vm::Error::NotLeader(_)))
+                || matches!(
+                    e.downcast_ref::<claim::Error>(),
+                    Some(claim::Error::NotLeader(_))
+                )
         };
         // The variants are transparent: the chain starts at the reconciler's own error.
         let inner: &(dyn std::error::Error + 'static) = match self {
             ReconcileError::IPPool(e) => e,
             ReconcileError::Vmnetcfg(e) => e,
             ReconcileError::Vm(e) => e,
+            ReconcileError::Claim(e) => e,
         };
         std::iter::successors(Some(inner), |e| e.source()).any(said_here)
     }
@@ -336,6 +344,25 @@ pub(super) async fn lead(
         shared_caches.config_index.clone(),
     ));
 
+    let claims = shared_caches.claims.store();
+    let claim_ctrl = claim_controller(
+        &shared_caches.claims,
+        &claims,
+        vm_watch.trigger(),
+        shared_caches.pools.trigger(),
+        &writer,
+    )
+    .graceful_shutdown_on(stopped(stop.clone()));
+    // A config bound to a claim follows the claim's changes.
+    let cfg_ctrl = {
+        let configs = shared_caches.config_index.clone();
+        let cfg_store = cfgs.clone();
+        cfg_ctrl.watches_shared_stream(
+            replay::changes_after_list(&shared_caches.claims),
+            move |c: Arc<AddressClaim>| configs_of_claim(&c, &configs, &cfg_store),
+        )
+    };
+
     let ipam = Arc::new(Ipam::new());
     *shared.ipam_slot.write() = Some(ipam.clone());
     let reporter = Reporter {
@@ -347,11 +374,15 @@ pub(super) async fn lead(
     // Every reconcile may start once every cache holds its first list, and the pools that were
     // ready have their IPAM back (see `ippool::prebuild`).
     let caches_ready = {
-        let (shared_caches, vms, nads) =
-            (shared_caches.clone(), vm_watch.ready(), nad_watch.ready());
+        let (shared_caches, vms, nads, claims_ready) = (
+            shared_caches.clone(),
+            vm_watch.ready(),
+            nad_watch.ready(),
+            shared_caches.claims.ready(),
+        );
         let (client, ipam, writer) = (client.clone(), ipam.clone(), writer.clone());
         async move {
-            tokio::join!(shared_caches.ready(), vms, nads);
+            tokio::join!(shared_caches.ready(), vms, nads, claims_ready);
             let pools = pools_of_record(&client).await;
             let built = ippool::prebuild(&pools, &ipam, &writer);
             caches_tx.send_replace(true);
@@ -369,6 +400,7 @@ pub(super) async fn lead(
             vmnetcfgs: cfgs,
             vms,
             nads: nad_watch.store(),
+            claims,
             pool_networks: shared_caches.pool_networks.clone(),
             config_index: shared_caches.config_index.clone(),
             ready: caches,
@@ -376,6 +408,7 @@ pub(super) async fn lead(
         books: Books {
             ipam,
             mac_owners: MacOwners::default(),
+            claim_holders: ClaimHolders::default(),
             writer,
             orphans: Orphans::new(settings.orphan_grace),
             written: Default::default(),
@@ -413,6 +446,13 @@ pub(super) async fn lead(
         cfg_backlog,
     );
     let vms_run = drive(vm_ctrl, "vm", term.clone(), vm::reconcile, vm_backlog);
+    let claims_run = drive(
+        claim_ctrl,
+        "claim",
+        term.clone(),
+        claim::reconcile,
+        Arc::default(),
+    );
     let bootstrap = async {
         match settings.agent.clone() {
             Some(target) => {
@@ -430,7 +470,7 @@ pub(super) async fn lead(
     // The writers end together on `stop`, each after its last write; the watches feeding them
     // never end on their own.
     let writers = async {
-        tokio::join!(pools_run, cfgs_run, vms_run, bootstrap);
+        tokio::join!(pools_run, cfgs_run, vms_run, claims_run, bootstrap);
     };
     tokio::select! {
         () = writers => info!("reconcilers stopped; their writes are finished"),
@@ -567,6 +607,94 @@ fn pool_controller(
         .watches_shared_stream(siblings, move |pool: Arc<IPPool>| {
             by_sibling(network_of(&pool))
         })
+}
+
+/// The AddressClaim controller: a claim is reconciled on its own changes, on its VM's (the
+/// NIC it binds comes, changes its MAC or goes), and on a change of a pool on its network that
+/// the status writer did not make (created, ready, its rule edited). Looked up in the claims'
+/// cache: claims are few (bounded by the pools' quotas), and with none this costs nothing.
+fn claim_controller(
+    watch: &crate::index::shared_watch::SharedWatch<AddressClaim>,
+    claims: &reflector::Store<AddressClaim>,
+    vms: Trigger<VirtualMachine>,
+    pools: Trigger<IPPool>,
+    writer: &Arc<PoolStatusWriter>,
+) -> Controller<AddressClaim> {
+    let writer = writer.clone();
+    let pools = pools.filter(move |pool| std::future::ready(!writer.wrote(pool)));
+    let (by_vm, by_pool) = (claims.clone(), claims.clone());
+    Controller::for_shared_stream(watch.trigger(), claims.clone())
+        .watches_shared_stream(vms, move |vm: Arc<VirtualMachine>| {
+            let (ns, name) = (vm.namespace().unwrap_or_default(), vm.name_any());
+            by_vm
+                .state()
+                .iter()
+                .filter(|c| c.namespace().as_deref() == Some(ns.as_str()))
+                .filter(|c| c.spec.vm.as_deref() == Some(name.as_str()))
+                .filter_map(|c| object_ref(c.as_ref()))
+                .map(|c| store_key::<AddressClaim>(&c))
+                .collect::<Vec<_>>()
+        })
+        .watches_shared_stream(pools, move |pool: Arc<IPPool>| {
+            let Some(network) = network_of(&pool) else {
+                return Vec::new();
+            };
+            by_pool
+                .state()
+                .iter()
+                .filter(|c| {
+                    let ns = c.namespace().unwrap_or_default();
+                    NamespacedName::parse_in(&c.spec.network, &ns).is_ok_and(|n| n == network)
+                })
+                .filter_map(|c| object_ref(c.as_ref()))
+                .map(|c| store_key::<AddressClaim>(&c))
+                .collect::<Vec<_>>()
+        })
+}
+
+/// The configs a claim's change concerns: its VM's (bound by NIC), and those whose spec names
+/// its MAC on its network (bound by MAC, or holding it now).
+fn configs_of_claim(
+    claim: &AddressClaim,
+    configs: &ConfigIndex,
+    store: &reflector::Store<VirtualMachineNetworkConfig>,
+) -> Vec<ObjectRef<VirtualMachineNetworkConfig>> {
+    let ns = claim.namespace().unwrap_or_default();
+    let mut out = Vec::new();
+    if let Some(vm) = claim
+        .spec
+        .vm
+        .as_deref()
+        .and_then(|vm| NamespacedName::new(&ns, vm).ok())
+    {
+        out.push(store_key::<VirtualMachineNetworkConfig>(&vm));
+    }
+    let macs: Vec<vmdhcp_core::MacAddr> = [
+        claim.spec.mac_address.as_deref(),
+        claim.status.as_ref().and_then(|s| s.mac_address.as_deref()),
+    ]
+    .into_iter()
+    .flatten()
+    .filter_map(|m| m.parse().ok())
+    .collect();
+    let Ok(network) = NamespacedName::parse_in(&claim.spec.network, &ns) else {
+        return out;
+    };
+    if macs.is_empty() {
+        return out;
+    }
+    for key in configs.on_network(&network) {
+        let Some(cfg) = store.get(&store_key(&key)) else {
+            continue;
+        };
+        if crate::index::configs::spec_nics(&cfg)
+            .iter()
+            .any(|(n, m)| *n == network && macs.contains(m))
+        {
+            out.push(store_key(&key));
+        }
+    }
+    out
 }
 
 /// Networks whose pool's IPAM was rebuilt that may wait for the config controller to take them.

@@ -32,6 +32,7 @@ pub fn release_unnamed(
         .filter(|mac| {
             ctx.books.mac_owners.owner(pool_ref, *mac).is_none()
                 && !index.claimed_by_any(network, *mac)
+                && crate::reconcile::claim::claim_holding(ctx, pool_ref, *mac).is_none()
         })
         .collect();
     if !unnamed.is_empty() {

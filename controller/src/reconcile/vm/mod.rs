@@ -71,13 +71,22 @@ fn dhcp_options_of(vm: &VirtualMachine, nic: &str, interface: &VmInterface) -> O
     }
 }
 
-/// The network configs a VM's spec asks for, in its network order (at most 4, as the CRD allows),
-/// with the addresses its annotations pin ([`pins`]).
-pub fn network_configs(vm: &VirtualMachine) -> Vec<NetworkConfig> {
-    let (pinned, skipped) = pins::pins_of(vm);
-    for s in &skipped {
-        warn!(vm = %vm.name_any(), annotation = %s.key, reason = %s.reason, "static IP annotation skipped");
-    }
+/// One NIC of a VM on a Multus network, with the MAC KubeVirt or Harvester gave it.
+pub struct VmNic<'a> {
+    /// Its name (`interfaces[].name`, `networks[].name`).
+    pub name: &'a str,
+    /// Its network.
+    pub network: NamespacedName,
+    /// Its MAC.
+    pub mac: MacAddr,
+    /// Its interface in the domain, if the spec lists one.
+    pub interface: Option<&'a VmInterface>,
+}
+
+/// A VM's NICs on Multus networks that have a MAC, in its network order. MACs come from the
+/// interface, else from the `harvesterhci.io/mac-address` annotation; NICs without one, or with
+/// an invalid MAC or network name, are skipped (with a log line).
+pub fn multus_nics(vm: &VirtualMachine) -> Vec<VmNic<'_>> {
     let ns = vm.namespace().unwrap_or_default();
     let Some(spec) = vm.template_spec() else {
         return Vec::new();
@@ -109,20 +118,41 @@ pub fn network_configs(vm: &VirtualMachine) -> Vec<NetworkConfig> {
             debug!(vm = %vm.name_any(), nic, "no MAC yet; waiting for KubeVirt or Harvester to assign one");
             continue;
         };
-        let (Ok(mac), Ok(net)) = (mac.parse::<MacAddr>(), NamespacedName::parse_in(net, &ns))
+        let (Ok(mac), Ok(network)) = (mac.parse::<MacAddr>(), NamespacedName::parse_in(net, &ns))
         else {
             warn!(vm = %vm.name_any(), nic, mac, net, "skipping a NIC with an invalid MAC or network name");
             continue;
         };
-        let pin = pinned.get(nic);
-        out.push(NetworkConfig {
-            network_name: net.to_string(),
-            mac_address: mac.to_string(),
-            ip_address: pin.and_then(|p| p.ipv4).map(|ip| ip.to_string()),
-            ipv6_address: pin.and_then(|p| p.ipv6).map(|ip| ip.to_string()),
-            dhcp_options: interface.and_then(|i| dhcp_options_of(vm, nic, i)),
+        out.push(VmNic {
+            name: nic,
+            network,
+            mac,
+            interface,
         });
     }
+    out
+}
+
+/// The network configs a VM's spec asks for, in its network order (at most 4, as the CRD allows),
+/// with the addresses its annotations pin ([`pins`]).
+pub fn network_configs(vm: &VirtualMachine) -> Vec<NetworkConfig> {
+    let (pinned, skipped) = pins::pins_of(vm);
+    for s in &skipped {
+        warn!(vm = %vm.name_any(), annotation = %s.key, reason = %s.reason, "static IP annotation skipped");
+    }
+    let mut out: Vec<NetworkConfig> = multus_nics(vm)
+        .into_iter()
+        .map(|nic| {
+            let pin = pinned.get(nic.name);
+            NetworkConfig {
+                network_name: nic.network.to_string(),
+                mac_address: nic.mac.to_string(),
+                ip_address: pin.and_then(|p| p.ipv4).map(|ip| ip.to_string()),
+                ipv6_address: pin.and_then(|p| p.ipv6).map(|ip| ip.to_string()),
+                dhcp_options: nic.interface.and_then(|i| dhcp_options_of(vm, nic.name, i)),
+            }
+        })
+        .collect();
     if out.len() > 4 {
         warn!(vm = %vm.name_any(), nics = out.len(), "only the first 4 Multus NICs get addresses");
         out.truncate(4);

@@ -962,6 +962,8 @@ mod tests {
         ready: Vec<&'static str>,
         paused: Vec<&'static str>,
         claimed: Vec<(&'static str, MacAddr, &'static str)>,
+        /// What AddressClaims say of MACs (any pool).
+        claims: Vec<(MacAddr, ClaimFact)>,
     }
 
     impl NicFacts for Table {
@@ -989,6 +991,51 @@ mod tests {
                 .find(|(n, m, _)| *n == network.to_string() && *m == mac)?;
             other.parse().ok()
         }
+
+        fn claim(&self, _: &NamespacedName, _: &NamespacedName, mac: MacAddr) -> ClaimFact {
+            self.claims
+                .iter()
+                .find(|(m, _)| *m == mac)
+                .map_or(ClaimFact::None, |(_, f)| f.clone())
+        }
+    }
+
+    #[test]
+    fn a_nic_bound_to_a_claim_asks_for_its_addresses_or_waits_for_them() {
+        let held = Some(ip("192.0.2.30"));
+        let cluster = Table {
+            pools: vec![("vms/net-a", "vms/pool-a")],
+            ready: vec!["vms/pool-a"],
+            claims: vec![
+                (
+                    A,
+                    ClaimFact::Holds {
+                        ip: held,
+                        ipv6: None,
+                    },
+                ),
+                (B, ClaimFact::Waits(name("vms/vip"))),
+            ],
+            ..Default::default()
+        };
+        // A's own static request is overruled by the claim it holds.
+        let a = plan_nic(
+            &nic("net-a", "02:00:00:00:00:01", Some("192.0.2.99")),
+            "vms",
+            (&[], &[]),
+            &cluster,
+        );
+        assert!(matches!(a, NicPlan::Allocate { requested, .. } if requested == held));
+        let b = plan_nic(
+            &nic("net-a", "02:00:00:00:00:02", None),
+            "vms",
+            (&[], &[]),
+            &cluster,
+        );
+        assert!(
+            matches!(&b, NicPlan::Pending { problem, waiting: true, .. } if problem.contains("waiting for AddressClaim vms/vip")),
+            "{b:?}"
+        );
     }
 
     fn nic(network: &str, mac: &str, ip: Option<&str>) -> NetworkConfig {
@@ -1016,6 +1063,7 @@ mod tests {
             ready: vec!["vms/pool-a"],
             paused: vec!["vms/pool-p"],
             claimed: vec![("vms/net-a", B, "vms/other")],
+            ..Default::default()
         };
         // The status recorded 192.0.2.15 for A on net-a and on net-b; A holds 192.0.2.17 on
         // the paused pool's network, where B waited for an address.

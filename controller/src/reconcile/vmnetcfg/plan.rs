@@ -80,6 +80,23 @@ pub(super) trait NicFacts {
     fn pool_paused(&self, pool: &NamespacedName) -> bool;
     /// Another config whose status holds `mac` on `network`.
     fn claimed_elsewhere(&self, network: &NamespacedName, mac: MacAddr) -> Option<NamespacedName>;
+    /// What an AddressClaim says of `mac` on `network` served by `pool`.
+    fn claim(&self, pool: &NamespacedName, network: &NamespacedName, mac: MacAddr) -> ClaimFact;
+}
+
+/// What an AddressClaim says of one NIC.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(super) enum ClaimFact {
+    /// No claim binds it: allocated as any NIC.
+    None,
+    /// The NIC's MAC holds a claim's addresses: it keeps them, whatever else it asks.
+    Holds {
+        ip: Option<Ipv4Addr>,
+        ipv6: Option<Ipv6Addr>,
+    },
+    /// A claim binds it and has not moved its addresses to it yet: it waits (its reconcile
+    /// wakes the config) rather than take a dynamic address it would give back.
+    Waits(NamespacedName),
 }
 
 /// The reconciler's caches as [`NicFacts`], for the config `me`.
@@ -112,6 +129,25 @@ impl NicFacts for CacheFacts<'_> {
             .stores
             .config_index
             .claimed_elsewhere(network, mac, self.me)
+    }
+
+    fn claim(&self, pool: &NamespacedName, network: &NamespacedName, mac: MacAddr) -> ClaimFact {
+        use crate::reconcile::claim::{claim_holding, claim_waiting_for};
+        if claim_holding(self.ctx, pool, mac).is_some() {
+            let held = self.ctx.books.ipam.with_books(pool, |b| {
+                (
+                    b.v4.lookup(&mac),
+                    b.v6.as_ref().and_then(|a| a.lookup(&mac)),
+                )
+            });
+            if let Ok((ip, ipv6)) = held {
+                return ClaimFact::Holds { ip, ipv6 };
+            }
+        }
+        match claim_waiting_for(self.ctx, &self.me.namespace, &self.me.name, network, mac) {
+            Some(claim) => ClaimFact::Waits(claim),
+            None => ClaimFact::None,
+        }
     }
 }
 
@@ -254,6 +290,16 @@ pub(super) fn plan_nic(
             other,
         };
     }
+    let (requested, requested6) = match facts.claim(&pool, &network, mac) {
+        ClaimFact::None => (requested, requested6),
+        // The claim's addresses, asked for as a static request the NIC already holds: kept
+        // even where another host was found using them (a dynamic NIC would move).
+        ClaimFact::Holds { ip, ipv6 } => (ip, ipv6),
+        ClaimFact::Waits(claim) => {
+            let problem = format!("{network} {mac}: waiting for AddressClaim {claim}");
+            return pending(prev_ip, problem, true);
+        }
+    };
     NicPlan::Allocate {
         network,
         mac,

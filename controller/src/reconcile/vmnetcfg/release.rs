@@ -25,7 +25,9 @@ pub(super) fn release(
     (!theirs && release_claimed(ctx, &pool, mac, owner)).then_some(pool)
 }
 
-/// Releases `mac` on `pool`, with `owner`'s claim on it; whether the books held it.
+/// Releases `mac` on `pool`, with `owner`'s claim on it; whether the books held it. An
+/// AddressClaim's address the MAC holds stays: the claim's reconcile moves it back to the
+/// claim's placeholder when the NIC goes (or frees it with the claim).
 pub(super) fn release_claimed(
     ctx: &Context,
     pool: &NamespacedName,
@@ -33,6 +35,10 @@ pub(super) fn release_claimed(
     owner: &NamespacedName,
 ) -> bool {
     ctx.books.mac_owners.release(pool, mac, owner);
+    if let Some(claim) = crate::reconcile::claim::claim_holding(ctx, pool, mac) {
+        debug!(pool = %pool, %mac, claim = %claim, "address kept for its AddressClaim");
+        return false;
+    }
     let released = ctx
         .books
         .ipam
