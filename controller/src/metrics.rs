@@ -28,8 +28,8 @@ use vmdhcp_core::crd::ClaimQuota;
 pub struct ClaimLabels {
     /// The pool, `namespace/name` (empty while no pool serves the claim's network).
     pub ippool: String,
-    /// The claim's namespace.
-    pub namespace: String,
+    /// The claim's namespace (not `namespace`: the scrape sets that to the controller pod's).
+    pub claim_namespace: String,
     /// `Reserved`, `Bound` or `Refused`.
     pub phase: String,
 }
@@ -40,7 +40,7 @@ pub struct QuotaLabels {
     /// The pool, `namespace/name`.
     pub ippool: String,
     /// The namespace the quota applies to.
-    pub namespace: String,
+    pub claim_namespace: String,
     /// `ipv4` or `ipv6`.
     pub family: String,
 }
@@ -504,7 +504,7 @@ impl Metrics {
         let ippool = ippool.map(ToString::to_string).unwrap_or_default();
         let labels = ClaimLabels {
             ippool: ippool.clone(),
-            namespace: claim.namespace.clone(),
+            claim_namespace: claim.namespace.clone(),
             phase: phase.to_owned(),
         };
         let mut series = self.claim_series.lock();
@@ -518,7 +518,7 @@ impl Metrics {
         for (family, q) in [("ipv4", quota.ipv4), ("ipv6", quota.ipv6)] {
             let labels = QuotaLabels {
                 ippool: ippool.clone(),
-                namespace: claim.namespace.clone(),
+                claim_namespace: claim.namespace.clone(),
                 family: family.to_owned(),
             };
             match q {

@@ -318,6 +318,22 @@ mod tests {
     }
 
     #[test]
+    fn the_example_claim_reads_as_a_nic_claim() {
+        let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../examples/addressclaim.yaml");
+        let text = std::fs::read_to_string(path).unwrap();
+        let claim: crate::crd::AddressClaim = serde_yaml_ng::from_str(&text).unwrap();
+        let request = ClaimRequest::parse(&claim.spec, "default").unwrap();
+        assert_eq!(
+            request.target,
+            Target::Nic {
+                vm: "web".into(),
+                nic: "nic-0".into()
+            }
+        );
+        assert_eq!(request.ip, Some("192.168.48.85".parse().unwrap()));
+    }
+
+    #[test]
     fn placeholders_are_stable_local_unicast_and_differ_per_uid() {
         let a = placeholder_mac("4b1c0f1e-0000-4000-8000-000000000001");
         let b = placeholder_mac("4b1c0f1e-0000-4000-8000-000000000002");

@@ -20,7 +20,7 @@ use kube::api::{Api, ApiResource, DeleteParams, DynamicObject, GroupVersionKind,
 use kube::{Client, ResourceExt};
 use serde_json::{Value, json};
 use vmdhcp_agent::credentials::Credentials;
-use vmdhcp_core::crd::{IPPool, VirtualMachineNetworkConfig};
+use vmdhcp_core::crd::{AddressClaim, IPPool, VirtualMachineNetworkConfig};
 use vmdhcp_integration::control_plane::ControlPlane;
 use vmdhcp_integration::ports::free_port;
 use vmdhcp_integration::process::{Supervised, cpu_seconds, workspace_binary};
@@ -139,6 +139,10 @@ fn webhook_config(kind: &str, path: &str, port: u16, ops: &[&str], validating: b
         rules.push(json!({
             "apiGroups": ["network.harvesterhci.io"], "apiVersions": ["v1alpha1"],
             "resources": ["virtualmachinenetworkconfigs"], "operations": ["CREATE", "UPDATE"],
+            "scope": "Namespaced"}));
+        rules.push(json!({
+            "apiGroups": ["ipam.vmdhcp.io"], "apiVersions": ["v1alpha1"],
+            "resources": ["addressclaims"], "operations": ["CREATE", "UPDATE"],
             "scope": "Namespaced"}));
     }
     json!({
@@ -821,6 +825,112 @@ where
         assert!(Instant::now() < deadline, "timed out waiting for {what}");
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn the_webhook_enforces_the_address_claim_rules() {
+    let _alone = ALONE.lock().await;
+    let _shared = tokio::task::spawn_blocking(shared).await.unwrap();
+    let client = ControlPlane::shared().client().await.unwrap();
+    let ns = test_namespace(&client, "webhook-claims", true).await;
+    let stranger = test_namespace(&client, "webhook-claims-other", true).await;
+    create_nad(&client, &ns, "net", Some("pool")).await;
+    let mut open = pool(&ns, "pool", "net", base_ipv4());
+    open["spec"]["claims"] = json!({"namespaces": [ns], "perNamespace": {"ipv4": 1}});
+    create(&dynamic::<IPPool>(&client, &ns), open)
+        .await
+        .unwrap();
+    let claim = |in_ns: &str, name: &str, spec: Value| {
+        let mut spec = spec;
+        spec["network"] = format!("{ns}/net").into();
+        json!({"apiVersion": "ipam.vmdhcp.io/v1alpha1", "kind": "AddressClaim",
+               "metadata": {"name": name, "namespace": in_ns}, "spec": spec})
+    };
+    let claims = |in_ns: &str| dynamic::<AddressClaim>(&client, in_ns);
+    let refusals: Vec<(Value, &str, Vec<&str>)> = vec![
+        (
+            claim(&ns, "outside", json!({"ipAddress": "10.70.0.200"})),
+            "outside",
+            vec!["spec.ipAddress \"10.70.0.200\"", "is outside pool range"],
+        ),
+        (
+            claim(&ns, "excluded", json!({"ipAddress": "10.70.0.50"})),
+            "excluded",
+            vec!["is excluded by IPPool"],
+        ),
+        (
+            claim(&ns, "half", json!({"vm": "web"})),
+            "half",
+            vec!["spec.vm", "vm and nic are given together"],
+        ),
+        (
+            claim(&stranger, "stranger", json!({})),
+            "stranger",
+            vec![
+                "does not admit claims from namespace",
+                "not in spec.claims.namespaces",
+            ],
+        ),
+    ];
+    for (obj, name, words) in refusals {
+        let in_ns = obj["metadata"]["namespace"].as_str().unwrap().to_owned();
+        let err = create(&claims(&in_ns), obj).await.unwrap_err();
+        assert!(
+            err.contains(&format!(
+                "cannot create AddressClaim {in_ns}/{name} because"
+            )),
+            "{err}"
+        );
+        for w in words {
+            assert!(err.contains(w), "{name}: {w:?} not in {err}");
+        }
+    }
+    // Within the quota; then one past it.
+    create(
+        &claims(&ns),
+        claim(&ns, "first", json!({"ipAddress": "10.70.0.20"})),
+    )
+    .await
+    .unwrap();
+    poll("the first claim held", Duration::from_secs(30), || {
+        let out = kubectl(&[
+            "get",
+            "addressclaims.ipam.vmdhcp.io",
+            "-n",
+            &ns,
+            "first",
+            "-o",
+            "jsonpath={.status.phase}",
+        ]);
+        (out.trim() == "Reserved").then_some(())
+    });
+    let err = create(&claims(&ns), claim(&ns, "second", json!({})))
+        .await
+        .unwrap_err();
+    assert!(
+        err.contains("its quota (spec.claims.perNamespace.ipv4) is 1"),
+        "{err}"
+    );
+    // What a claim asks for is decided when it is made.
+    let typed: Api<AddressClaim> = Api::namespaced(client.clone(), &ns);
+    let err = update(&typed, "first", |c| {
+        c.spec.ip_address = Some("10.70.0.21".into())
+    })
+    .await
+    .unwrap_err();
+    assert!(err.contains("spec.ipAddress"), "{err}");
+    // A NIC asking statically for the claimed address is told whose it is.
+    let err = create(
+        &dynamic::<VirtualMachineNetworkConfig>(&client, &ns),
+        config(&ns, "vm", json!([{"networkName": format!("{ns}/net"), "macAddress": "02:00:00:00:72:01", "ipAddress": "10.70.0.20"}])),
+    )
+    .await
+    .unwrap_err();
+    assert!(err.contains("is held by an AddressClaim"), "{err}");
+    typed
+        .delete("first", &DeleteParams::default())
+        .await
+        .unwrap();
 }
 
 #[tokio::test(flavor = "multi_thread")]

@@ -12,12 +12,17 @@
 use parking_lot::{Mutex, MutexGuard};
 use std::collections::{BTreeSet, HashMap};
 
+use std::sync::Arc;
+
+use k8s_openapi::jiff::Timestamp;
+use kube::ResourceExt;
+use kube::runtime::reflector::Store;
 use kube::runtime::watcher;
 use vmdhcp_core::NamespacedName;
 use vmdhcp_core::crd::IPPool;
 
 use crate::index::shared_watch::Relisted;
-use crate::kinds::{network_of, object_ref};
+use crate::kinds::{network_of, object_ref, store_key};
 
 /// Pools by the network they name; see the module docs. Fed by [`PoolNetworks::observe`].
 #[derive(Default)]
@@ -91,10 +96,37 @@ impl PoolNetworks {
             .unwrap_or_default()
     }
 
+    /// The IPPool that serves `network`: among live pools naming it, the first in
+    /// [`serving_order`]. Upstream let a second pool on one network silently clobber the first;
+    /// here the first keeps it and the others are refused. Costs the pools on `network`.
+    pub fn serving(&self, pools: &Store<IPPool>, network: &NamespacedName) -> Option<Arc<IPPool>> {
+        self.on(network)
+            .iter()
+            .filter_map(|p| pools.get(&store_key(p)))
+            .filter(|p| p.metadata.deletion_timestamp.is_none())
+            .filter(|p| network_of(p).as_ref() == Some(network))
+            .min_by_key(|p| serving_order(p))
+    }
+
     /// How many networks have a pool (for tests).
     pub fn networks(&self) -> usize {
         self.lock().live.on.len()
     }
+}
+
+/// Of several pools on one network, the first in this order serves it: the oldest, then by
+/// namespace and name (a pool not yet given a creation time comes last).
+pub fn serving_order(pool: &IPPool) -> (Timestamp, String, String) {
+    let created = pool
+        .metadata
+        .creation_timestamp
+        .as_ref()
+        .map_or(Timestamp::MAX, |t| t.0);
+    (
+        created,
+        pool.namespace().unwrap_or_default(),
+        pool.name_any(),
+    )
 }
 
 #[cfg(test)]

@@ -5,11 +5,10 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::sync::atomic::AtomicBool;
 
-use k8s_openapi::jiff::Timestamp;
 use kube::api::DynamicObject;
 use kube::runtime::events::{Event, EventType};
 use kube::runtime::reflector::Store;
-use kube::{Client, Resource, ResourceExt};
+use kube::{Client, Resource};
 use parking_lot::Mutex;
 use tokio::sync::{mpsc, watch};
 use vmdhcp_core::NamespacedName;
@@ -19,7 +18,7 @@ use crate::causes::TraceCauses;
 use crate::index::configs::ConfigIndex;
 use crate::index::pools::PoolNetworks;
 use crate::ipam::{ClaimHolders, Ipam, MacOwners};
-use crate::kinds::{VirtualMachine, network_of, store_key};
+use crate::kinds::{VirtualMachine, store_key};
 use crate::metrics::Metrics;
 use crate::reconcile::events::Events;
 use crate::reconcile::status::{Kept, PoolStatusWriter};
@@ -193,35 +192,12 @@ impl Context {
         }
     }
 
-    /// The IPPool that serves `network`: among live pools naming it, the oldest (then by name).
-    /// Upstream let a second pool on one network silently clobber the first; here the first
-    /// keeps it and the others are refused.
-    /// Looked up in [`Stores::pool_networks`]: it costs the pools on `network`, not every pool.
+    /// The IPPool that serves `network` ([`PoolNetworks::serving`]).
     pub fn pool_for_network(&self, network: &NamespacedName) -> Option<Arc<IPPool>> {
         self.stores
             .pool_networks
-            .on(network)
-            .iter()
-            .filter_map(|p| self.stores.pools.get(&store_key(p)))
-            .filter(|p| p.metadata.deletion_timestamp.is_none())
-            .filter(|p| network_of(p).as_ref() == Some(network))
-            .min_by_key(|p| serving_order(p))
+            .serving(&self.stores.pools, network)
     }
-}
-
-/// Of several pools on one network, the first in this order serves it: the oldest, then by
-/// namespace and name (a pool not yet given a creation time comes last).
-pub fn serving_order(pool: &IPPool) -> (Timestamp, String, String) {
-    let created = pool
-        .metadata
-        .creation_timestamp
-        .as_ref()
-        .map_or(Timestamp::MAX, |t| t.0);
-    (
-        created,
-        pool.namespace().unwrap_or_default(),
-        pool.name_any(),
-    )
 }
 
 /// The status this replica last wrote to each config, until its cache shows it: a reconcile

@@ -1,5 +1,5 @@
-//! The admission webhook's HTTPS server: AdmissionReviews for IPPools and
-//! VirtualMachineNetworkConfigs in, decisions out. The decisions themselves are
+//! The admission webhook's HTTPS server: AdmissionReviews for IPPools,
+//! VirtualMachineNetworkConfigs and AddressClaims in, decisions out. The decisions themselves are
 //! [`vmdhcp_core::admission`]'s; this module fetches the cluster facts they need and speaks the
 //! AdmissionReview protocol, and counts its answers (`vmdhcpcontroller_webhook_requests_total`):
 //! allowed, denied by a rule, or refused because the request could not be judged.
@@ -11,6 +11,7 @@
 //! both pass either way (the API server has no transaction across objects), and the caches trail
 //! etcd by one watch event.
 
+use std::collections::BTreeMap;
 use std::net::Ipv4Addr;
 use std::sync::Arc;
 use std::time::Duration;
@@ -23,6 +24,7 @@ use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use hyper_util::server::conn::auto;
 use hyper_util::service::TowerToHyperService;
 use ipnet::Ipv4Net;
+use k8s_openapi::api::core::v1::Namespace;
 use kube::api::DynamicObject;
 use kube::core::admission::{AdmissionRequest, AdmissionResponse, AdmissionReview, Operation};
 use kube::{Api, Client, ResourceExt};
@@ -32,8 +34,8 @@ use tokio::net::TcpListener;
 use tokio::sync::watch;
 use tracing::{Instrument, debug, info, info_span, warn};
 use vmdhcp_core::NamespacedName;
-use vmdhcp_core::admission::{self, Nad, PoolFacts, VmNetCfgFacts};
-use vmdhcp_core::crd::{IPPool, VirtualMachineNetworkConfig};
+use vmdhcp_core::admission::{self, ClaimFacts, Nad, PoolFacts, VmNetCfgFacts};
+use vmdhcp_core::crd::{AddressClaim, IPPool, VirtualMachineNetworkConfig};
 
 use crate::index::caches::Caches;
 use crate::kinds::{nad_resource, network_of, store_key};
@@ -416,6 +418,21 @@ async fn validate_request(
                 admission::validate_vmnetcfg_update(&old, &new, &facts)
             }
         }
+        ("AddressClaim", Operation::Create) => {
+            let new: AddressClaim = parse(req.object.as_ref(), "object")?;
+            let (pool, labels, claims) = claim_facts(state, &new).await?;
+            let facts = ClaimFacts {
+                pool: pool.as_deref(),
+                namespace_labels: &labels,
+                claims: &claims,
+            };
+            admission::validate_claim_create(&new, &facts)
+        }
+        ("AddressClaim", Operation::Update) => {
+            let new: AddressClaim = parse(req.object.as_ref(), "object")?;
+            let old: AddressClaim = parse(req.old_object.as_ref(), "old object")?;
+            admission::validate_claim_update(&old, &new)
+        }
         _ => Ok(()),
     };
     Ok(match verdict {
@@ -497,6 +514,66 @@ async fn caches_ready(state: &WebhookState) -> Result<(), WebhookError> {
     tokio::time::timeout(CACHE_WAIT, state.caches.ready())
         .await
         .map_err(|_| WebhookError::CachesNotReady)
+}
+
+type ClaimCluster = (
+    Option<Arc<IPPool>>,
+    BTreeMap<String, String>,
+    Vec<AddressClaim>,
+);
+
+/// What a claim's decision needs: the pool serving its network, its namespace's labels (read
+/// only when that pool admits namespaces by label), and the claims on its network.
+async fn claim_facts(
+    state: &WebhookState,
+    claim: &AddressClaim,
+) -> Result<ClaimCluster, WebhookError> {
+    caches_ready(state).await?;
+    tokio::time::timeout(CACHE_WAIT, state.caches.claims.ready())
+        .await
+        .map_err(|_| WebhookError::CachesNotReady)?;
+    let ns = claim.namespace().unwrap_or_default();
+    let Ok(network) = NamespacedName::parse_in(&claim.spec.network, &ns) else {
+        // The decision names the field.
+        return Ok((None, BTreeMap::new(), Vec::new()));
+    };
+    let pool = state
+        .caches
+        .pool_networks
+        .serving(&state.caches.pools.store(), &network);
+    let selects = pool
+        .as_ref()
+        .and_then(|p| p.spec.claims.as_ref())
+        .is_some_and(|c| !c.namespaces.contains(&ns) && c.namespace_selector.is_some());
+    let labels = if selects {
+        let api: Api<Namespace> = Api::all(state.client.clone());
+        api.get(&ns)
+            .await
+            .map_err(|source| WebhookError::Read {
+                what: format!("Namespace {ns}"),
+                verb: "read",
+                source,
+            })?
+            .metadata
+            .labels
+            .unwrap_or_default()
+    } else {
+        BTreeMap::new()
+    };
+    // The claims on the network: few (bounded by the pools' quotas).
+    let claims = state
+        .caches
+        .claims
+        .store()
+        .state()
+        .iter()
+        .filter(|c| {
+            let their_ns = c.namespace().unwrap_or_default();
+            NamespacedName::parse_in(&c.spec.network, &their_ns).is_ok_and(|n| n == network)
+        })
+        .map(|c| (**c).clone())
+        .collect();
+    Ok((pool, labels, claims))
 }
 
 type ConfigFacts = (Vec<Nad>, Vec<IPPool>, Vec<VirtualMachineNetworkConfig>);

@@ -10,11 +10,13 @@ use ipnet::{Ipv4Net, Ipv6Net};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 
 use super::Rejection;
+use crate::claims::is_placeholder;
 use crate::crd::{IPPool, NetworkConfig};
+use crate::mac::MacAddr;
 use crate::names::{NameError, NamespacedName};
 use crate::pool::spec::not_a_host;
 use crate::pool::v6::not_a_host_v6;
-use crate::pool::{Family, Holder, PoolRange, ValidPool, parse_allocated};
+use crate::pool::{Family, Holder, PoolError, PoolRange, ValidPool, parse_allocated};
 
 // The JSON paths of the fields the rules name in their rejections: the IPPool's from the one
 // parse of its spec.
@@ -103,6 +105,66 @@ pub(super) fn allocated_of<A: AdmittedFamily>(pool: &IPPool) -> BTreeMap<A, Hold
     match A::books(pool) {
         Some(books) => parse_allocated(&key_of(&pool.metadata), books).0,
         None => BTreeMap::new(),
+    }
+}
+
+/// Whether `pool` could give `ip` (an address of family `A` someone asks for) to the asker: the
+/// pool has the family; `ip` is a host address inside its range that is neither its server,
+/// router nor excluded; and its books hold it for no one, or for a MAC `own` says is the
+/// asker's, and not as a marker. Refusals are built by `refuse` from the rule broken.
+pub(super) fn check_address<A: AdmittedFamily>(
+    ip: A,
+    pool: &IPPool,
+    pool_ref: &NamespacedName,
+    own: &dyn Fn(&MacAddr) -> bool,
+    refuse: &dyn Fn(String) -> Rejection,
+) -> Result<(), Rejection> {
+    let valid = ValidPool::parse(pool).map_err(|e| {
+        refuse(match e {
+            PoolError::InvalidField { field, value, .. } => {
+                format!("cannot be checked: IPPool {pool_ref} has an invalid {field} {value:?}")
+            }
+            other => format!("cannot be checked: {other}"),
+        })
+    })?;
+    let Some(range) = A::range(&valid) else {
+        return Err(refuse(format!(
+            "is not allowed: IPPool {pool_ref} has no {}",
+            A::CONFIG_FIELD
+        )));
+    };
+    let (subnet, start, end) = (range.subnet(), range.start(), range.end());
+    if !A::contains(&subnet, ip) {
+        return Err(refuse(format!(
+            "is outside cidr {subnet} of IPPool {pool_ref}"
+        )));
+    }
+    if let Some(rule) = A::not_a_host(subnet, ip) {
+        return Err(refuse(rule));
+    }
+    if ip < start || ip > end {
+        return Err(refuse(format!(
+            "is outside pool range {start}-{end} of IPPool {pool_ref}"
+        )));
+    }
+    if ip == range.server_ip() {
+        return Err(refuse(format!("is the server ip of IPPool {pool_ref}")));
+    }
+    if range.router() == Some(ip) {
+        return Err(refuse(format!("is the router of IPPool {pool_ref}")));
+    }
+    if range.exclude().contains(&ip) {
+        return Err(refuse(format!("is excluded by IPPool {pool_ref}")));
+    }
+    match allocated_of::<A>(pool).get(&ip) {
+        Some(Holder::Mac(holder)) if own(holder) => Ok(()),
+        Some(Holder::Mac(holder)) if is_placeholder(holder) => Err(refuse(format!(
+            "is held by an AddressClaim (recorded for its placeholder {holder})"
+        ))),
+        Some(Holder::Mac(holder)) => Err(refuse(format!("is already occupied by MAC {holder}"))),
+        Some(Holder::Reserved) => Err(refuse("is already occupied (RESERVED)".into())),
+        Some(Holder::Excluded) => Err(refuse("is already occupied (EXCLUDED)".into())),
+        None => Ok(()),
     }
 }
 

@@ -30,6 +30,7 @@
 //! - `ippool.rs`: the IPPool rules, defaults on create ([`ippool_defaults`]) and what create,
 //!   update and delete refuse;
 //! - `vmnetcfg.rs`: the VirtualMachineNetworkConfig rules, what create and update refuse;
+//! - `claim.rs`: the AddressClaim rules (the pool's `spec.claims`, the address asked for);
 //! - `fields.rs`: what both share, the field paths and the parsers and checks of single fields
 //!   (CIDRs, addresses, network references, DNS names, immutability).
 
@@ -41,12 +42,14 @@ use ipnet::Ipv4Net;
 use crate::crd::{IPPool, VirtualMachineNetworkConfig};
 use crate::names::NamespacedName;
 
+mod claim;
 mod fields;
 mod ippool;
 #[cfg(test)]
 mod tests_support;
 mod vmnetcfg;
 
+pub use claim::{ClaimFacts, validate_claim_create, validate_claim_update};
 pub use ippool::{
     MAX_DNS, MAX_LISTED_USERS, MAX_NTP, MAX_V6_PREFIX, MIN_V6_PREFIX, ippool_defaults,
     validate_ippool_create, validate_ippool_delete, validate_ippool_update,

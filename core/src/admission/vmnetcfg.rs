@@ -10,7 +10,7 @@
 use std::net::{Ipv4Addr, Ipv6Addr};
 
 use super::fields::{
-    AdmittedFamily, F_CONFIGS, F_VM_NAME, allocated_of, immutable, key_of, optional, parse_ip,
+    AdmittedFamily, F_CONFIGS, F_VM_NAME, check_address, immutable, key_of, optional, parse_ip,
     parse_network, same_network,
 };
 use super::{Rejection, VmNetCfgFacts};
@@ -19,7 +19,7 @@ use crate::crd::{
 };
 use crate::mac::MacAddr;
 use crate::names::NamespacedName;
-use crate::pool::{Holder, NicOptions, PoolError, ValidPool};
+use crate::pool::NicOptions;
 
 /// Most network configs one VirtualMachineNetworkConfig may hold (upstream's CRD `maxItems`).
 pub const MAX_NETWORK_CONFIGS: usize = 4;
@@ -301,61 +301,15 @@ fn check_static_ip<A: AdmittedFamily>(
     let ip_field = format!("{F_CONFIGS}[{i}].{}", A::NIC_FIELD);
     let ip_raw = A::requested(pc.raw).unwrap_or_default();
     let refuse = |rule: String| Rejection::new(&ip_field, ip_raw, rule);
-    let valid = ValidPool::parse(pool).map_err(|e| {
-        refuse(match e {
-            PoolError::InvalidField { field, value, .. } => {
-                format!("cannot be checked: IPPool {pool_ref} has an invalid {field} {value:?}")
-            }
-            other => format!("cannot be checked: {other}"),
-        })
-    })?;
-    let Some(range) = A::range(&valid) else {
-        return Err(refuse(format!(
-            "is not allowed: IPPool {pool_ref} has no {}",
-            A::CONFIG_FIELD
-        )));
-    };
-    let (subnet, start, end) = (range.subnet(), range.start(), range.end());
-    if !A::contains(&subnet, ip) {
-        return Err(refuse(format!(
-            "is outside cidr {subnet} of IPPool {pool_ref}"
-        )));
-    }
-    if let Some(rule) = A::not_a_host(subnet, ip) {
-        return Err(refuse(rule));
-    }
-    if ip < start || ip > end {
-        return Err(refuse(format!(
-            "is outside pool range {start}-{end} of IPPool {pool_ref}"
-        )));
-    }
-    if ip == range.server_ip() {
-        return Err(refuse(format!("is the server ip of IPPool {pool_ref}")));
-    }
-    if range.router() == Some(ip) {
-        return Err(refuse(format!("is the router of IPPool {pool_ref}")));
-    }
-    if range.exclude().contains(&ip) {
-        return Err(refuse(format!("is excluded by IPPool {pool_ref}")));
-    }
-
-    match allocated_of::<A>(pool).get(&ip) {
-        Some(Holder::Mac(holder)) => {
-            let previous_macs = old
-                .map(|o| o.spec.network_configs.as_slice())
-                .unwrap_or_default()
-                .iter()
-                .filter(|nc| same_network(&nc.network_name, &me.namespace, network))
-                .filter_map(|nc| nc.mac_address.parse::<MacAddr>().ok());
-            let mut own = std::iter::once(pc.mac).chain(previous_macs);
-            if !own.any(|m| m == *holder) {
-                return Err(refuse(format!("is already occupied by MAC {holder}")));
-            }
-        }
-        Some(Holder::Reserved) => return Err(refuse("is already occupied (RESERVED)".into())),
-        Some(Holder::Excluded) => return Err(refuse("is already occupied (EXCLUDED)".into())),
-        None => {}
-    }
+    let previous_macs: Vec<MacAddr> = old
+        .map(|o| o.spec.network_configs.as_slice())
+        .unwrap_or_default()
+        .iter()
+        .filter(|nc| same_network(&nc.network_name, &me.namespace, network))
+        .filter_map(|nc| nc.mac_address.parse::<MacAddr>().ok())
+        .collect();
+    let own = |holder: &MacAddr| *holder == pc.mac || previous_macs.contains(holder);
+    check_address::<A>(ip, pool, pool_ref, &own, &refuse)?;
 
     for (other, nc) in others {
         let requested = A::requested(nc).and_then(|s| s.parse::<A>().ok());

@@ -29,10 +29,11 @@ use vmdhcp_core::crd::{
 };
 use vmdhcp_core::pool::{Family, MAX_CONFLICTS_PER_HOST, PoolRange, ValidPool};
 
+use crate::index::pools::serving_order;
 use crate::ipam::{IpamError, PoolAllocator, PoolBooks};
 use crate::kinds::{nad_resource, network_of, object_ref};
 use crate::metrics::PoolLabels;
-use crate::reconcile::context::{Context, IPPOOL_FINALIZER, NotLeader, serving_order};
+use crate::reconcile::context::{Context, IPPOOL_FINALIZER, NotLeader};
 use crate::reconcile::status::{PoolStatusWriter, StatusError, Wanted, update_pool_status};
 use crate::reports::{
     AddressProbe, AgentReport, InterfaceReport, InterfaceState, NetworkSuspect, ProbeReason,
