@@ -333,6 +333,36 @@ mod tests {
         assert_eq!(request.ip, Some("192.168.48.85".parse().unwrap()));
     }
 
+    /// Upstream's rebuild (its IPPool controller's BuildCache) replays every
+    /// `status.ipv4.allocated` entry whose value is not `EXCLUDED` or `RESERVED` as an address
+    /// taken by that value, a MAC as Go's `net.ParseMAC` reads it; ours replays it as a
+    /// [`crate::pool::Holder::Mac`]. A placeholder must be taken by both.
+    #[test]
+    fn a_placeholder_entry_is_taken_by_upstream_s_rebuild_and_ours() {
+        let placeholder = placeholder_mac("0b7d6a8e-4f0a-4e55-9d3a-2a1c1f0c7e11").to_string();
+        // Upstream's rule: not a mark, and six colon-separated pairs of hex digits (the form
+        // net.ParseMAC accepts and upstream's agent keys its leases by).
+        assert!(placeholder != crate::crd::ALLOCATED_EXCLUDED);
+        assert!(placeholder != crate::crd::ALLOCATED_RESERVED);
+        let groups: Vec<&str> = placeholder.split(':').collect();
+        assert_eq!(groups.len(), 6);
+        assert!(groups.iter().all(|g| {
+            g.len() == 2
+                && g.chars()
+                    .all(|c| c.is_ascii_hexdigit() && !c.is_ascii_uppercase())
+        }));
+        // Ours.
+        let pool = NamespacedName::new("default", "pool").unwrap();
+        let entries: BTreeMap<String, String> =
+            [("10.0.0.40".to_string(), placeholder.clone())].into();
+        let (parsed, errors) = crate::pool::parse_allocated::<std::net::Ipv4Addr>(&pool, &entries);
+        assert!(errors.is_empty(), "{errors:?}");
+        assert_eq!(
+            parsed.get(&"10.0.0.40".parse().unwrap()),
+            Some(&crate::pool::Holder::Mac(placeholder.parse().unwrap()))
+        );
+    }
+
     #[test]
     fn placeholders_are_stable_local_unicast_and_differ_per_uid() {
         let a = placeholder_mac("4b1c0f1e-0000-4000-8000-000000000001");

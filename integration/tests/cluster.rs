@@ -58,6 +58,8 @@ const VM4_MAC: &str = "02:77:00:00:00:04";
 const VM5_MAC: &str = "02:77:00:00:00:05";
 /// vm6, whose NIC a namespace editor's AddressClaim binds.
 const VM6_MAC: &str = "02:77:00:00:00:06";
+/// vm6 created again, with a new MAC.
+const VM6_NEW_MAC: &str = "02:77:00:00:00:07";
 /// The IPv6 side net-a gains: a ULA that exists only in the lab, the server at `::2`, DNS at
 /// `::53`, addresses from `::100` to `::1ff`.
 const V6_PREFIX: &str = "fd76:6d64:6865::";
@@ -991,7 +993,9 @@ fn pinned_vm_gets_its_address_and_a_new_pin_at_its_next_lease(
 /// address for a VM's NIC: the chart's aggregated role lets them, and nothing lets them edit the
 /// IPPool. The pool admits the namespace by label (the controller reads the namespace's labels);
 /// the claim holds an address before the VM exists; the VM's dhclient then gets exactly it from
-/// the agent pod.
+/// the agent pod; the VM deleted, the address stays held, and the VM created again with a new
+/// MAC leases it again; made `Delete`, the claim goes with the VM (the garbage collector) and the
+/// address is free.
 #[allow(clippy::print_stdout)]
 fn an_editor_s_claim_holds_an_address_its_vm_then_leases(
     c: &Cluster,
@@ -1118,6 +1122,81 @@ fn an_editor_s_claim_holds_an_address_its_vm_then_leases(
     println!(
         "vm6: leased {} (IPv6 {}), the address its namespace's editor claimed",
         held.0, held.1
+    );
+    // Deleted (`Retain`): the address stays held, for nobody; vm6 created again with a new MAC
+    // leases it again.
+    c.kubectl(&["delete", "virtualmachines.kubevirt.io", "-n", VMS, "vm6"]);
+    c.wait(
+        "the claim's address held for nobody",
+        Duration::from_secs(60),
+        || {
+            c.allocations()
+                .iter()
+                .any(|(mac, ip)| mac.starts_with("06:c1:") && *ip == held.0)
+                .then_some(())
+        },
+    );
+    c.wait("vm6's config gone", Duration::from_secs(60), || {
+        c.try_json(&["get", "virtualmachinenetworkconfig", "-n", VMS, "vm6"])
+            .is_none()
+            .then_some(())
+    });
+    c.apply(&vm_manifest(
+        VMS,
+        "vm6",
+        VM6_NEW_MAC,
+        &format!("{VMS}/net-a"),
+    ))
+    .unwrap();
+    let again = plug_vm(lab, node_ns, "vm6b", VM6_NEW_MAC);
+    let again_dir = dir.join("vm6b");
+    std::fs::create_dir_all(&again_dir).unwrap();
+    start_dhclient(lab, &again, &again_dir);
+    let bound = wait_event(&again_dir, "BOUND", 0, Duration::from_secs(60));
+    assert_eq!(bound["new_ip_address"], held.0, "{bound:?}");
+    println!(
+        "vm6 created again with MAC {VM6_NEW_MAC}: leased {} again",
+        held.0
+    );
+    // `reclaimPolicy: Delete` (an admin's edit): the VM becomes the claim's owner, and the
+    // node's garbage collector deletes the claim with it; the finalizer frees the address.
+    c.kubectl(&[
+        "patch",
+        "addressclaims.ipam.vmdhcp.io",
+        "-n",
+        VMS,
+        "vm6-nic",
+        "--type",
+        "merge",
+        "-p",
+        r#"{"spec":{"reclaimPolicy":"Delete"}}"#,
+    ]);
+    c.wait("the claim owned by vm6", Duration::from_secs(60), || {
+        let claim = c.try_json(&["get", "addressclaims.ipam.vmdhcp.io", "-n", VMS, "vm6-nic"])?;
+        claim["metadata"]["ownerReferences"]
+            .as_array()?
+            .iter()
+            .any(|o| o["kind"] == "VirtualMachine" && o["name"] == "vm6")
+            .then_some(())
+    });
+    c.kubectl(&[
+        "delete",
+        "virtualmachines.kubevirt.io",
+        "-n",
+        VMS,
+        "vm6",
+        "--wait=false",
+    ]);
+    c.wait(
+        "vm6's claim deleted with it and its address freed",
+        Duration::from_secs(90),
+        || {
+            let gone = c
+                .try_json(&["get", "addressclaims.ipam.vmdhcp.io", "-n", VMS, "vm6-nic"])
+                .is_none();
+            let freed = !c.allocations().values().any(|ip| *ip == held.0);
+            (gone && freed).then_some(())
+        },
     );
 }
 
@@ -1503,7 +1582,7 @@ fn helm_install_on_a_real_node_serves_vms_fails_over_upgrades_and_uninstalls_cle
     pinned_vm_gets_its_address_and_a_new_pin_at_its_next_lease(&c, &mut lab, &node_ns, dir.path());
     mark("vm5 pinned by its static-ip annotation: leased the pin, then the new pin");
     an_editor_s_claim_holds_an_address_its_vm_then_leases(&c, &mut lab, &node_ns, dir.path());
-    mark("vm6: a namespace editor's AddressClaim held its address; its dhclient leased it");
+    mark("vm6: an editor's claim held its address across the VM's re-creation; Delete took it");
 
     // 7. Every permission the chart grants is used, and no call is refused.
     exercise_rare_permissions(&c);

@@ -2226,3 +2226,98 @@ where
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
 }
+
+/// A claim on a dual-stack pool holds an address of each family (the IPv6 one as asked), both
+/// recorded under its placeholder, then for its VM's NIC, whose config shows both. With
+/// `reclaimPolicy: Delete` the VM is made the claim's owner, for the garbage collector to delete
+/// the claim with it (the cluster suite shows the collector doing it); deleting the claim frees
+/// both addresses.
+#[tokio::test]
+async fn a_dual_stack_claim_holds_both_families_and_a_delete_claim_is_owned_by_its_vm() {
+    let (client, ns) = setup("claims6").await;
+    create_nad(&client, &ns, "net-c6").await;
+    let pool: IPPool = serde_json::from_value(json!({
+        "apiVersion": "network.harvesterhci.io/v1alpha1", "kind": "IPPool",
+        "metadata": {"name": "dual", "namespace": ns},
+        "spec": {"networkName": format!("{ns}/net-c6"),
+            "ipv4Config": {"serverIP": "10.79.0.2", "cidr": "10.79.0.0/24", "router": "10.79.0.1",
+                "pool": {"start": "10.79.0.10", "end": "10.79.0.20"}},
+            "ipv6Config": {"serverIP": "fd00:79::1", "cidr": "fd00:79::/112", "router": "fd00:79::2",
+                "pool": {"start": "fd00:79::10", "end": "fd00:79::20"}},
+            "claims": {"namespaces": [ns]}}
+    }))
+    .unwrap();
+    let pools: Api<IPPool> = Api::namespaced(client.clone(), &ns);
+    pools.create(&PostParams::default(), &pool).await.unwrap();
+    wait_for(&pools, "dual", "ready", ready).await;
+    let network = format!("{ns}/net-c6");
+    let claims = claim_api(&client, &ns);
+    create_claim(
+        &client,
+        &ns,
+        "db",
+        json!({"network": network, "vm": "db", "nic": "nic-0",
+               "ipv6Address": "fd00:79::15", "reclaimPolicy": "Delete"}),
+    )
+    .await;
+    let held = wait_for(&claims, "db", "reserved", |c| {
+        claim_phase(c) == Some(ClaimPhase::Reserved)
+    })
+    .await;
+    let status = held.status.clone().unwrap();
+    let (v4, v6) = (status.ip_address.unwrap(), status.ipv6_address.unwrap());
+    assert_eq!(v6, "fd00:79::15");
+    let placeholder = placeholder_mac(held.metadata.uid.as_deref().unwrap()).to_string();
+    wait_for(&pools, "dual", "recording both for nobody", |p| {
+        recorded_for(p, &v4).as_deref() == Some(placeholder.as_str())
+            && allocated_v6(p).get(&v6) == Some(&placeholder)
+    })
+    .await;
+
+    let mac = "02:00:00:00:79:01";
+    vm_api(&client, &ns)
+        .create(&PostParams::default(), &vm(&ns, "db", &[(&network, mac)]))
+        .await
+        .unwrap();
+    let cfgs: Api<VirtualMachineNetworkConfig> = Api::namespaced(client.clone(), &ns);
+    wait_for(&cfgs, "db", "allocated the claim's addresses", |c| {
+        cfg_condition(c, "Allocated").is_some_and(|a| a.0 == "True")
+            && cfg_both(c) == vec![(mac.to_owned(), v4.clone(), v6.clone())]
+    })
+    .await;
+    wait_for(&pools, "dual", "recording both for the NIC", |p| {
+        recorded_for(p, &v4).as_deref() == Some(mac)
+            && allocated_v6(p).get(&v6).map(String::as_str) == Some(mac)
+    })
+    .await;
+    let vm_uid = vm_api(&client, &ns)
+        .get("db")
+        .await
+        .unwrap()
+        .metadata
+        .uid
+        .unwrap();
+    let owned = wait_for(&claims, "db", "owned by its VM", |c| {
+        c.owner_references()
+            .iter()
+            .any(|o| o.uid == vm_uid && o.kind == "VirtualMachine")
+    })
+    .await;
+    assert_eq!(claim_phase(&owned), Some(ClaimPhase::Bound));
+
+    // The claim deleted while its VM runs: the NIC keeps the addresses it uses, now as any NIC
+    // does (never released in between); the VM deleted, they are free (no claim keeps them).
+    claims.delete("db", &DeleteParams::default()).await.unwrap();
+    wait_for_gone(&claims, "db").await;
+    let kept = pools.get("dual").await.unwrap();
+    assert_eq!(recorded_for(&kept, &v4).as_deref(), Some(mac));
+    assert_eq!(allocated_v6(&kept).get(&v6).map(String::as_str), Some(mac));
+    vm_api(&client, &ns)
+        .delete("db", &DeleteParams::default())
+        .await
+        .unwrap();
+    wait_for(&pools, "dual", "freeing both", |p| {
+        recorded_for(p, &v4).is_none() && !allocated_v6(p).contains_key(&v6)
+    })
+    .await;
+}

@@ -2,11 +2,13 @@
 //! controller replicas behind a Service stand-in, two agents), while VMs come and go and 20 real
 //! `dhclient`s renew, and at seeded random moments a controller or agent replica gets `kill -9`
 //! or SIGTERM (and is started again, as its Deployment would), the API server and etcd restart,
-//! or a second writer records allocations of its own in the pool's status (upstream's Go
-//! controller during a migration does: read, add, replace).
+//! a second writer records allocations of its own in the pool's status (upstream's Go
+//! controller during a migration does: read, add, replace), or a namespace user makes address
+//! claims (a VIP, and one bound to a VM's NIC created with it).
 //!
 //! At the end: no address is held by two MACs (in the VMs' configs, in the pool's status, and in
-//! what the clients hold), no allocation is lost (the second writer's included), every client kept its address, and the longest
+//! what the clients hold), no allocation is lost (the second writer's included), every claim is
+//! held (the VIP for its placeholder, the NIC's for its MAC), every client kept its address, and the longest
 //! DHCP outage any client saw is at most the agents' Lease duration + 2 s. The outage is measured
 //! by `integration/bench/dhcp_probe.py` on the VM network, which asks for each client's address
 //! in turn (INIT-REBOOT REQUEST, a fresh transaction every 10 ms until the ACK): the wait for one
@@ -47,7 +49,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use serde_json::Value;
+use serde_json::{Value, json};
 use vmdhcp_integration::control_plane::bin_dir;
 use vmdhcp_integration::dhcp_client::{dhclient_lease, start_dhclient, wait_for};
 use vmdhcp_integration::fleet::{
@@ -98,6 +100,9 @@ enum Fault {
     /// A second writer (upstream's controller mid-migration, a hand edit) records allocations
     /// of its own in the pool's status, on the addresses the leader is about to give.
     ForeignWriter,
+    /// A namespace user claims two addresses: a VIP, and one for the NIC of a VM created with
+    /// the claim. Every claim must be held through every later fault.
+    Claims,
 }
 
 /// The run's faults: (time from the start, fault, pause before the victim is started again).
@@ -111,6 +116,7 @@ fn schedule(rng: &mut Rng, seconds: u64) -> Vec<(Duration, Fault, Duration)> {
         Fault::StopAgent(true),
         Fault::RestartApi,
         Fault::ForeignWriter,
+        Fault::Claims,
     ];
     for i in (1..kinds.len()).rev() {
         kinds.swap(i, rng.below(i as u64 + 1) as usize);
@@ -123,12 +129,13 @@ fn schedule(rng: &mut Rng, seconds: u64) -> Vec<(Duration, Fault, Duration)> {
         } else {
             let n = rng.below(2) as usize;
             let leader = rng.below(2) == 0;
-            match rng.below(6) {
+            match rng.below(7) {
                 0 => Fault::KillController(n),
                 1 => Fault::StopController(n),
                 2 => Fault::KillAgent(leader),
                 3 => Fault::StopAgent(leader),
                 4 => Fault::ForeignWriter,
+                5 => Fault::Claims,
                 _ => Fault::RestartApi,
             }
         };
@@ -151,6 +158,58 @@ fn kubectl(kubeconfig: &Path, args: &[&str]) -> Option<String> {
     out.status
         .success()
         .then(|| String::from_utf8_lossy(&out.stdout).into_owned())
+}
+
+/// Creates claim `vip-K` (bound to nothing) and claim `nic-K` with VM `claimed-K` (MAC
+/// `02:12:38:00:00:K`) it binds; each call tried until it succeeds (the API server may be
+/// restarting), at most 50 times. Returns the VM's MAC.
+fn claim_write(kubeconfig: &Path, k: usize) -> String {
+    let mac = format!("02:12:38:00:00:{k:02x}");
+    let vm = format!("claimed-{k}");
+    let objects = [
+        json!({"apiVersion": "ipam.vmdhcp.io/v1alpha1", "kind": "AddressClaim",
+               "metadata": {"name": format!("vip-{k}"), "namespace": NS},
+               "spec": {"network": format!("{NS}/net-a")}}),
+        json!({"apiVersion": "ipam.vmdhcp.io/v1alpha1", "kind": "AddressClaim",
+               "metadata": {"name": format!("nic-{k}"), "namespace": NS},
+               "spec": {"network": format!("{NS}/net-a"), "vm": vm, "nic": "nic-0"}}),
+        vm_manifest(NS, &vm, &mac, &format!("{NS}/net-a")),
+    ];
+    let file = kubeconfig.with_file_name(format!("claim-write-{k}.json"));
+    for object in objects {
+        fs::write(&file, object.to_string()).unwrap();
+        let file_arg = file.display().to_string();
+        let made = (0..50).any(|_| {
+            kubectl(kubeconfig, &["apply", "-f", &file_arg]).is_some() || {
+                std::thread::sleep(Duration::from_millis(200));
+                false
+            }
+        });
+        assert!(made, "could not create {object}");
+    }
+    mac
+}
+
+/// Each claim's phase, holder and address, by name.
+fn claim_states(fleet: &Fleet) -> BTreeMap<String, (String, String, String)> {
+    let list = fleet.kubectl_json(&["-n", NS, "get", "addressclaims.ipam.vmdhcp.io"]);
+    list["items"]
+        .as_array()
+        .cloned()
+        .unwrap_or_default()
+        .iter()
+        .map(|c| {
+            let text = |v: &Value| v.as_str().unwrap_or_default().to_owned();
+            (
+                text(&c["metadata"]["name"]),
+                (
+                    text(&c["status"]["phase"]),
+                    text(&c["status"]["macAddress"]).to_lowercase(),
+                    text(&c["status"]["ipAddress"]),
+                ),
+            )
+        })
+        .collect()
 }
 
 /// Records `n` allocations of MACs `02:00:00:ee:…` (numbered from `first`) in `pool-a`'s
@@ -420,7 +479,8 @@ fn seeded_faults_under_churn_lose_no_lease_and_bound_every_outage() {
                 "--type=merge",
                 "--patch-file=/dev/stdin",
             ],
-            r#"{"spec": {"ipv4Config": {"leaseTime": 60}}}"#,
+            &json!({"spec": {"ipv4Config": {"leaseTime": 60}, "claims": {"namespaces": [NS]}}})
+                .to_string(),
         )
         .unwrap();
 
@@ -480,6 +540,8 @@ fn seeded_faults_under_churn_lose_no_lease_and_bound_every_outage() {
     let mut timeline = Vec::new();
     // The second writer's entries (MAC → address): no VM holds them; each must survive.
     let mut foreign: BTreeMap<String, String> = BTreeMap::new();
+    // The claims made (by their number) and the MACs of the VMs they bind.
+    let mut claimed: Vec<String> = Vec::new();
     for (at, fault, pause) in plan {
         if let Some(wait) = at.checked_sub(start.elapsed()) {
             std::thread::sleep(wait);
@@ -541,6 +603,15 @@ fn seeded_faults_under_churn_lose_no_lease_and_bound_every_outage() {
                 foreign.extend(written);
                 what
             }
+            Fault::Claims => {
+                let mac = claim_write(&kubeconfig, claimed.len());
+                let what = format!(
+                    "claims vip-{0} and nic-{0} made, VM claimed-{0} ({mac}) created",
+                    claimed.len()
+                );
+                claimed.push(mac);
+                what
+            }
             Fault::RestartApi => {
                 let begun = Instant::now();
                 fleet.cp.restart().unwrap();
@@ -576,8 +647,20 @@ fn seeded_faults_under_churn_lose_no_lease_and_bound_every_outage() {
             .keys()
             .map(|m| m.to_lowercase())
             .filter(|m| !foreign.contains_key(m))
+            .filter(|m| !m.starts_with("06:c1:"))
             .collect();
-        if held == macs && in_pool == macs {
+        // Every claim held: each VIP for its placeholder, each NIC claim for its VM's MAC.
+        let claims = claim_states(&fleet);
+        let claims_held = (0..claimed.len()).all(|k| {
+            let vip = claims.get(&format!("vip-{k}"));
+            let nic = claims.get(&format!("nic-{k}"));
+            let recorded = |(_, mac, ip): &(String, String, String)| {
+                allocated.get(mac) == Some(ip) && !ip.is_empty()
+            };
+            vip.is_some_and(|c| c.0 == "Reserved" && c.1.starts_with("06:c1:") && recorded(c))
+                && nic.is_some_and(|c| c.0 == "Bound" && c.1 == claimed[k] && recorded(c))
+        });
+        if held == macs && in_pool == macs && claims_held {
             break macs;
         }
         if Instant::now() > deadline {
@@ -596,7 +679,8 @@ fn seeded_faults_under_churn_lose_no_lease_and_bound_every_outage() {
             panic!(
                 "not converged 120 s after the faults: VMs' MACs without an address in their \
                  config {:?}; configs holding one for no VM {:?}; VMs' MACs missing from the pool \
-                 {:?}; in the pool for no VM {:?}\nconfigs: {configs:?}\ncontroller logs:\n{}",
+                 {:?}; in the pool for no VM {:?}\nclaims (all held: {claims_held}): {claims:?}\n\
+                 configs: {configs:?}\ncontroller logs:\n{}",
                 macs.difference(&held).collect::<Vec<_>>(),
                 held.difference(&macs).collect::<Vec<_>>(),
                 macs.difference(&in_pool).collect::<Vec<_>>(),
@@ -625,6 +709,34 @@ fn seeded_faults_under_churn_lose_no_lease_and_bound_every_outage() {
         pool_ips.len(),
         allocated.len(),
         "a MAC holds two addresses: {allocated:?}"
+    );
+
+    // Over DHCP, from a host on the network: a claim bound to a VM's NIC is that NIC's lease;
+    // a VIP is answered to no one, not even a host forging the claim's placeholder MAC.
+    let claims = claim_states(&fleet);
+    let check_ns = fleet.vm("claimcheck", "02:12:37:00:00:02");
+    let mut check = Probe::start(&mut fleet.lab, &check_ns, 3);
+    for k in 0..claimed.len() {
+        let (_, placeholder, vip) = &claims[&format!("vip-{k}")];
+        assert!(
+            check.try_ask(&format!("discover {placeholder}")).is_none(),
+            "a DISCOVER from vip-{k}'s placeholder {placeholder} was answered"
+        );
+        assert!(
+            check
+                .try_ask(&format!("request {placeholder} {vip}"))
+                .is_none(),
+            "a REQUEST for VIP {vip} from its placeholder was acknowledged"
+        );
+        let (_, mac, ip) = &claims[&format!("nic-{k}")];
+        assert!(
+            check.try_ask(&format!("request {mac} {ip}")).is_some(),
+            "nic-{k}'s VM ({mac}) was not acknowledged its claimed {ip}"
+        );
+    }
+    report!(
+        "{} claim pairs held through the faults; each VIP unanswered over DHCP, each NIC claim acknowledged",
+        claimed.len()
     );
 
     // Nothing the second writer recorded was dropped or given to another MAC.

@@ -420,8 +420,8 @@ async fn own_by(ctx: &Context, claim: &AddressClaim, vm: &VirtualMachine) -> Res
     Ok(())
 }
 
-/// Gives back what the claim holds on `pool`, by its status and this term's books; whether the
-/// books changed.
+/// Gives back what the claim holds on `pool`, by its status and this term's books, except what a
+/// NIC a config names holds; whether the books changed.
 fn release_held(ctx: &Context, claim: &AddressClaim, pool: &NamespacedName) -> Result<bool, Error> {
     let placeholder = placeholder_mac(claim.uid().as_deref().unwrap_or_default());
     let status = claim.status.clone().unwrap_or_default();
@@ -431,6 +431,18 @@ fn release_held(ctx: &Context, claim: &AddressClaim, pool: &NamespacedName) -> R
         .and_then(|m| m.parse::<MacAddr>().ok());
     let v4: Option<Ipv4Addr> = status.ip_address.as_deref().and_then(|s| s.parse().ok());
     let v6: Option<Ipv6Addr> = status.ipv6_address.as_deref().and_then(|s| s.parse().ok());
+    // A NIC a config names keeps the addresses it uses, as any NIC: taking them away would
+    // leave a running VM to renew into a NAK (and a free address between its config's
+    // release and its next allocation).
+    let ns = claim.namespace().unwrap_or_default();
+    let network = NamespacedName::parse_in(&claim.spec.network, &ns).ok();
+    let nic_keeps = |m: MacAddr| {
+        ctx.books.mac_owners.owner(pool, m).is_some()
+            || network
+                .as_ref()
+                .is_some_and(|n| ctx.stores.config_index.claimed_by_any(n, m))
+    };
+    let holder = holder.filter(|h| *h == placeholder || !nic_keeps(*h));
     let ours = |m: Option<MacAddr>| m.is_some_and(|m| m == placeholder || Some(m) == holder);
     let changed = ctx.books.ipam.with_books(pool, |b| {
         let mut changed = b.v4.release_mac(&placeholder).is_some();
