@@ -8,7 +8,7 @@ use std::net::{Ipv4Addr, Ipv6Addr};
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
 
-use crate::crd::{AddressClaimSpec, ClaimsPolicy, ReclaimPolicy};
+use crate::crd::{AddressClaimSpec, ClaimQuota, ClaimsPolicy, IPPool, ReclaimPolicy};
 use crate::{MacAddr, NamespacedName};
 
 /// Why a claim cannot be held. Each names the rule it breaks.
@@ -225,6 +225,31 @@ pub fn selects(selector: &LabelSelector, labels: &BTreeMap<String, String>) -> b
         }
     });
     pairs && expressions
+}
+
+/// The pool's per-namespace quota (`spec.claims.perNamespace`; no bound where absent).
+pub fn quota_of(pool: &IPPool) -> ClaimQuota {
+    pool.spec
+        .claims
+        .as_ref()
+        .and_then(|p| p.per_namespace)
+        .unwrap_or_default()
+}
+
+/// Whether one more claim of `namespace` fits `pool`'s quota in each family the pool has, while
+/// `held` of the namespace's claims hold addresses there ([`within_quota`] per family).
+pub fn fits_quota(
+    pool: &IPPool,
+    pool_ref: &NamespacedName,
+    namespace: &str,
+    held: usize,
+) -> Result<(), ClaimError> {
+    let quota = quota_of(pool);
+    within_quota(pool_ref, namespace, held, quota.ipv4, false)?;
+    if pool.spec.ipv6_config.is_some() {
+        within_quota(pool_ref, namespace, held, quota.ipv6, true)?;
+    }
+    Ok(())
 }
 
 /// Whether one more claim fits `quota` (`None`: no bound) of this family while `held` claims of

@@ -72,28 +72,14 @@ pub fn validate_claim_create(claim: &AddressClaim, facts: &ClaimFacts) -> Result
         };
         return Err(refuse(F_IPV6, &ip.to_string(), e));
     }
-    let quota = pool
-        .spec
-        .claims
-        .as_ref()
-        .and_then(|p| p.per_namespace)
-        .unwrap_or_default();
     let held = others
         .iter()
         .filter(|c| c.metadata.namespace.as_deref() == Some(me.namespace.as_str()))
         .filter(|c| c.metadata.deletion_timestamp.is_none())
         .filter(|c| c.status.as_ref().and_then(|s| s.phase) != Some(ClaimPhase::Refused))
         .count();
-    let families = std::iter::once((quota.ipv4, false)).chain(
-        pool.spec
-            .ipv6_config
-            .is_some()
-            .then_some((quota.ipv6, true)),
-    );
-    for (q, v6) in families {
-        claims::within_quota(&pool_ref, &me.namespace, held, q, v6)
-            .map_err(|e| refuse(F_NETWORK, &claim.spec.network, e))?;
-    }
+    claims::fits_quota(pool, &pool_ref, &me.namespace, held)
+        .map_err(|e| refuse(F_NETWORK, &claim.spec.network, e))?;
     let own: Option<MacAddr> = match request.target {
         Target::Mac(mac) => Some(mac),
         _ => None,

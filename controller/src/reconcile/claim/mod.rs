@@ -306,12 +306,7 @@ fn within_quota(
     pool: &IPPool,
     pool_ref: &NamespacedName,
 ) -> Result<(), claims::ClaimError> {
-    let quota = pool
-        .spec
-        .claims
-        .as_ref()
-        .and_then(|p| p.per_namespace)
-        .unwrap_or_default();
+    let quota = claims::quota_of(pool);
     if quota.ipv4.is_none() && quota.ipv6.is_none() {
         return Ok(());
     }
@@ -340,12 +335,7 @@ fn within_quota(
     if holding.remove(me) {
         return Ok(());
     }
-    let v6 = pool.spec.ipv6_config.is_some();
-    let checks = std::iter::once((quota.ipv4, false)).chain(v6.then_some((quota.ipv6, true)));
-    for (q, is_v6) in checks {
-        claims::within_quota(pool_ref, &me.namespace, holding.len(), q, is_v6)?;
-    }
-    Ok(())
+    claims::fits_quota(pool, pool_ref, &me.namespace, holding.len())
 }
 
 /// The labels of namespace `ns` (the selector of the pool's rule reads them).
@@ -567,7 +557,7 @@ async fn finish(
         .pool
         .as_ref()
         .and_then(|p| ctx.stores.pools.get(&store_key::<IPPool>(p)))
-        .and_then(|p| p.spec.claims.as_ref().and_then(|c| c.per_namespace))
+        .map(|p| claims::quota_of(&p))
         .unwrap_or_default();
     ctx.signals
         .metrics
