@@ -1124,8 +1124,11 @@ fn an_editor_s_claim_holds_an_address_its_vm_then_leases(
         held.0, held.1
     );
     // Deleted (`Retain`): the address stays held, for nobody; vm6 created again with a new MAC
-    // leases it again.
+    // leases it again. The deleted guest is gone from the network (its link down): one still
+    // answering ARP for the address would be a conflict the agent's probe finds.
     c.kubectl(&["delete", "virtualmachines.kubevirt.io", "-n", VMS, "vm6"]);
+    lab.exec(&vm6, "ip", &["link", "set", "eth0", "down"])
+        .unwrap();
     c.wait(
         "the claim's address held for nobody",
         Duration::from_secs(60),
