@@ -11,7 +11,9 @@
 //! window after; a host squatting on a VM's address fires `VmdhcpAddressConflict` until it
 //! leaves; a pool filled fires `VmdhcpPoolNearlyExhausted`, then `VmdhcpPoolExhausted` and
 //! `VmdhcpAllocationPending` for the VM that cannot get an address, all clearing once VMs are
-//! deleted. Then every dashboard query, evaluated over the run, must return data.
+//! deleted; a namespace's claim at its quota fires `VmdhcpClaimQuotaReached`, one past it
+//! `VmdhcpClaimRefused`, both clearing with the claims. Then every dashboard query, evaluated
+//! over the run, must return data.
 //!
 //! `VMDHCP_DASHBOARD_DATA=FILE` writes every panel's query results (and the run's events) to
 //! FILE, from which `scripts/dashboard-picture.py` draws `docs/dashboard.png`.
@@ -43,6 +45,8 @@ prometheusRule:
     VmdhcpPoolNearlyExhausted: 0s
     VmdhcpPoolExhausted: 0s
     VmdhcpAllocationPending: 0s
+    VmdhcpClaimQuotaReached: 0s
+    VmdhcpClaimRefused: 0s
     VmdhcpAddressConflict: 0s
     VmdhcpProxyARPResponder: 0s
     VmdhcpForeignDHCPServer: 0s
@@ -196,7 +200,7 @@ fn each_alert_fires_on_its_condition_and_clears_and_every_dashboard_query_has_da
     });
     let health = wait_for("every rule evaluated", Duration::from_secs(30), || {
         let health = prometheus.rule_health();
-        (health.len() == 17 && health.values().all(|(h, _)| h != "unknown")).then_some(health)
+        (health.len() == 19 && health.values().all(|(h, _)| h != "unknown")).then_some(health)
     });
     let broken: Vec<_> = health.iter().filter(|(_, (h, _))| h != "ok").collect();
     assert!(broken.is_empty(), "rules failing to evaluate: {broken:?}");
@@ -408,6 +412,75 @@ fn each_alert_fires_on_its_condition_and_clears_and_every_dashboard_query_has_da
         Duration::from_secs(120),
     );
     eprintln!("fillers deleted: the pool alerts cleared");
+
+    // Address claims: the pool admits the namespace, one IPv4 address each. The first claim
+    // holds it (the namespace at its quota), the second is refused; each alert clears with the
+    // claim that raised it.
+    let rule = json!({"spec": {"claims": {"namespaces": [NS], "perNamespace": {"ipv4": 1}}}});
+    let out = fleet
+        .cp
+        .kubectl()
+        .args([
+            "-n", NS, "patch", "ippool", "pool-a", "--type", "merge", "-p",
+        ])
+        .arg(rule.to_string())
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let claim = |name: &str| {
+        json!({"apiVersion": "ipam.vmdhcp.io/v1alpha1", "kind": "AddressClaim",
+               "metadata": {"name": name, "namespace": NS},
+               "spec": {"network": format!("{NS}/net-a")}})
+    };
+    fleet.apply(&claim("vip-1"));
+    events.push(("a claim: the namespace at its quota".into(), now()));
+    let fired = until_fired(
+        &prometheus,
+        &["VmdhcpClaimQuotaReached"],
+        Duration::from_secs(60),
+    );
+    let quota = &fired["VmdhcpClaimQuotaReached"];
+    assert_eq!(quota.labels.get("ippool").map(String::as_str), Some(POOL));
+    assert_eq!(
+        quota.labels.get("claim_namespace").map(String::as_str),
+        Some(NS)
+    );
+    fleet.apply(&claim("vip-2"));
+    events.push(("a claim past the quota".into(), now()));
+    let fired = until_fired(
+        &prometheus,
+        &["VmdhcpClaimRefused"],
+        Duration::from_secs(60),
+    );
+    let refused = &fired["VmdhcpClaimRefused"];
+    assert_eq!(
+        refused.labels.get("claim_namespace").map(String::as_str),
+        Some(NS)
+    );
+    for name in ["vip-2", "vip-1"] {
+        let out = fleet
+            .cp
+            .kubectl()
+            .args(["-n", NS, "delete", "addressclaims.ipam.vmdhcp.io", name])
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    events.push(("claims deleted".into(), now()));
+    until_clear(
+        &prometheus,
+        &["VmdhcpClaimRefused", "VmdhcpClaimQuotaReached"],
+        Duration::from_secs(60),
+    );
+    eprintln!("claims: VmdhcpClaimQuotaReached and VmdhcpClaimRefused fired and cleared");
 
     // Nothing fires any more, and every rule still evaluates.
     wait_for("nothing firing at the end", Duration::from_secs(60), || {
