@@ -2203,16 +2203,22 @@ async fn address_claims_hold_outlive_their_vm_follow_its_nic_and_keep_to_the_poo
     })
     .await;
 
-    // Deleting the VIP claim frees its address; the refused one's deletion frees nothing.
+    // Deleting the VIP claim frees its address and its place in the quota: the claim refused
+    // for the quota is woken by that write and holds an address now.
     claims
         .delete("vip", &DeleteParams::default())
         .await
         .unwrap();
-    wait_for(&pools, "pool-c", "freeing the VIP", |p| {
-        recorded_for(p, &vip_ip).is_none()
+    wait_for_gone(&claims, "vip").await;
+    let third = wait_for(&claims, "third", "reserved once there is room", |c| {
+        claim_phase(c) == Some(ClaimPhase::Reserved)
     })
     .await;
-    wait_for_gone(&claims, "vip").await;
+    let third_ip = third.status.unwrap().ip_address.unwrap();
+    wait_for(&pools, "pool-c", "recording the third claim", |p| {
+        recorded_for(p, &third_ip).is_some_and(|m| m.starts_with("06:c1:"))
+    })
+    .await;
 }
 
 /// Waits, bounded, until `name` is gone.

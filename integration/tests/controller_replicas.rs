@@ -1339,6 +1339,7 @@ fn controller_denied_config_status(cp: &ControlPlane, ns: &str) -> std::path::Pa
             {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRole", "metadata": {"name": format!("{ns}-controller")},
              "rules": [
                 all(&["network.harvesterhci.io"], &["ippools", "ippools/status", "virtualmachinenetworkconfigs"]),
+                all(&["ipam.vmdhcp.io"], &["addressclaims", "addressclaims/status"]),
                 all(&["kubevirt.io"], &["virtualmachines"]),
                 all(&["k8s.cni.cncf.io"], &["network-attachment-definitions"]),
                 all(&["", "events.k8s.io"], &["events"]),

@@ -23,7 +23,7 @@ use tokio::time::Instant;
 use tokio_stream::wrappers::ReceiverStream;
 use tracing::{Instrument, field, info, info_span, warn};
 use vmdhcp_core::NamespacedName;
-use vmdhcp_core::crd::{AddressClaim, IPPool, VirtualMachineNetworkConfig};
+use vmdhcp_core::crd::{AddressClaim, ClaimPhase, IPPool, VirtualMachineNetworkConfig};
 
 use super::replay::{self, Backlog};
 use super::{Settings, stopped};
@@ -381,6 +381,22 @@ pub(super) async fn lead(
             shared_caches.claims.ready(),
         );
         let (client, ipam, writer) = (client.clone(), ipam.clone(), writer.clone());
+        // AddressClaims are optional: a cluster upgraded without the new CRD, or an RBAC that
+        // does not grant them, must still get its addresses. The first list normally takes
+        // milliseconds; past the bound the term starts without it (and the claims are held
+        // once the watch lists them).
+        let claims_ready = async move {
+            if tokio::time::timeout(CLAIMS_LIST_WAIT, claims_ready)
+                .await
+                .is_err()
+            {
+                warn!(
+                    waited = ?CLAIMS_LIST_WAIT,
+                    "AddressClaims cannot be listed (their CRD not applied, or not granted): \
+                     reconciles start without them; no claim is held until they can be"
+                );
+            }
+        };
         async move {
             tokio::join!(shared_caches.ready(), vms, nads, claims_ready);
             let pools = pools_of_record(&client).await;
@@ -503,6 +519,9 @@ async fn pools_of_record(client: &Client) -> Vec<Arc<IPPool>> {
     }
 }
 
+/// How long a term waits for the AddressClaims' first list before it starts without them.
+const CLAIMS_LIST_WAIT: Duration = Duration::from_secs(10);
+
 /// How many reconciles of one controller run at once. Each in flight may hold an API connection
 /// (HTTP/1.1: one request per connection, kept open idle afterwards) and its buffers; unbounded,
 /// a burst of 20 000 objects (a restart, a new leader) could open as many connections. And
@@ -611,7 +630,8 @@ fn pool_controller(
 
 /// The AddressClaim controller: a claim is reconciled on its own changes, on its VM's (the
 /// NIC it binds comes, changes its MAC or goes), and on a change of a pool on its network that
-/// the status writer did not make (created, ready, its rule edited). Looked up in the claims'
+/// the status writer did not make (created, ready, its rule edited); a refused claim also on the
+/// writer's own writes of that pool (an address or a place in the quota freed). Looked up in the claims'
 /// cache: claims are few (bounded by the pools' quotas), and with none this costs nothing.
 fn claim_controller(
     watch: &crate::index::shared_watch::SharedWatch<AddressClaim>,
@@ -621,7 +641,6 @@ fn claim_controller(
     writer: &Arc<PoolStatusWriter>,
 ) -> Controller<AddressClaim> {
     let writer = writer.clone();
-    let pools = pools.filter(move |pool| std::future::ready(!writer.wrote(pool)));
     let (by_vm, by_pool) = (claims.clone(), claims.clone());
     Controller::for_shared_stream(watch.trigger(), claims.clone())
         .watches_shared_stream(vms, move |vm: Arc<VirtualMachine>| {
@@ -639,9 +658,15 @@ fn claim_controller(
             let Some(network) = network_of(&pool) else {
                 return Vec::new();
             };
+            // The status writer's own writes (an address freed, a claim's place in the quota
+            // given back) wake only the refused claims, which may fit now.
+            let ours = writer.wrote(&pool);
             by_pool
                 .state()
                 .iter()
+                .filter(|c| {
+                    !ours || c.status.as_ref().and_then(|s| s.phase) == Some(ClaimPhase::Refused)
+                })
                 .filter(|c| {
                     let ns = c.namespace().unwrap_or_default();
                     NamespacedName::parse_in(&c.spec.network, &ns).is_ok_and(|n| n == network)

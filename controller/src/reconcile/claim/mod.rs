@@ -323,6 +323,9 @@ fn within_quota(
             .state()
             .iter()
             .filter(|c| c.namespace().as_deref() == Some(me.namespace.as_str()))
+            // A claim being deleted is giving its addresses back: the write that frees them is
+            // what wakes the refused claims, before its finalizer lets it go.
+            .filter(|c| c.metadata.deletion_timestamp.is_none())
             .filter(|c| {
                 c.status.as_ref().is_some_and(|s| {
                     s.pool.as_deref() == Some(pool_text.as_str())
