@@ -36,8 +36,9 @@ use vmdhcp_integration::dhcp_client::{start_dhclient, udhcpc, wait_event, wait_f
 use vmdhcp_integration::netns::{Lab, Netns};
 use vmdhcp_integration::ports::free_port;
 
-/// The size budget of each image, compressed and unpacked.
-const MAX_IMAGE_BYTES: u64 = 20_000_000;
+/// The size budget of each image, compressed and unpacked: what it has held to so far
+/// (docs/tuning.md, "Image profile"), with room for the controller's address claims.
+const MAX_IMAGE_BYTES: u64 = 24_000_000;
 const SERVER_IP: &str = "192.0.2.1";
 const VM_MAC: &str = "02:00:00:00:16:01";
 const VM_IP: &str = "192.0.2.16";
