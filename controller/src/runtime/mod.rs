@@ -1,6 +1,7 @@
 //! Wires the controller together: on every replica, the IPPool watch that feeds the index, the
 //! config stream and the HTTP endpoints; on the leader only, the reconcilers and the agent
-//! bootstrap writer ([`term`], its first pass paced by [`replay`]), started when leadership is gained and dropped — with every
+//! bootstrap writer ([`term`], its first pass paced by [`replay`], what wakes each controller in
+//! [`triggers`]), started when leadership is gained and dropped — with every
 //! reconcile in flight — the moment it is lost. Each leadership term starts from a fresh IPAM,
 //! rebuilt from status, so nothing a previous leader held in memory is trusted.
 //!
@@ -36,6 +37,7 @@ use crate::stream::config_service::StreamSettings;
 pub mod replay;
 pub mod replica;
 mod term;
+mod triggers;
 
 pub use term::ReconcileError;
 use term::{Shared, lead};
