@@ -33,6 +33,8 @@
 //!   probes of both families, and the one rule their answers are weighed by (`arp::weigh`).
 //! - [`supervisor`]: one task per served interface, started and stopped on its own, retried
 //!   with backoff; the DHCPv4 and DHCPv6 servers both run under it.
+//! - [`pacing`]: the pace a server thread reads its socket at: at once after a quiet spell, in
+//!   batches while datagrams keep coming, so a burst costs one wake-up per batch.
 //! - [`capability`]: which Linux capability a refused operation lacked, named in its error.
 //! - [`credentials`]: the controller's CA and our ServiceAccount token for the stream.
 //! - [`stream`]: the config-stream client: snapshot then deltas from the controller, resumed by
@@ -51,7 +53,7 @@
 //! 3. `serving`, `sources`, `http`
 //! 4. `dhcp`, `dhcp6`, `host6`, `ra`, `stream`
 //! 5. `arp`, `netlink`, `lease_table`, `reconfigure`
-//! 6. `capability`, `credentials`, `findings`, `pools`, `supervisor`, `suspects`
+//! 6. `capability`, `credentials`, `findings`, `pacing`, `pools`, `supervisor`, `suspects`
 //!
 //! `unsafe` is denied everywhere (workspace lint); the one exception, allowed on that function
 //! alone, is [`arp`] writing a `sockaddr_ll`, for which socket2 has no safe constructor.
@@ -67,6 +69,7 @@ pub mod host6;
 pub mod http;
 pub mod lease_table;
 pub mod netlink;
+pub mod pacing;
 pub mod pools;
 pub mod ra;
 pub mod reconfigure;

@@ -19,7 +19,7 @@
 //! This is the part of the DHCPv6 server that serves; what to answer is [`super::handler`]'s.
 
 use std::collections::BTreeMap;
-use std::io::{self, Read};
+use std::io;
 use std::net::{Ipv6Addr, SocketAddr, SocketAddrV6};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -40,6 +40,7 @@ use super::{ALL_SERVERS, CLIENT_PORT, SERVER_PORT};
 use crate::arp;
 use crate::capability::{Capability, Missing};
 use crate::lease_table::LeaseTable;
+use crate::pacing::{self, Pacer};
 use crate::reconfigure::Due;
 use crate::supervisor::{Attempt, Served, Supervisor};
 use crate::suspects::{SuspectKind, Suspects};
@@ -368,6 +369,7 @@ fn serve(
     let mut sources = Sources::new(index);
     let mut next_probe = Instant::now();
     let mut keyed = Keyed::default();
+    let mut pacer = Pacer::new(pacing::WINDOW);
     while !*stop.borrow() {
         // Before the receive, which returns every RECEIVE_TIMEOUT when nothing arrives.
         if let Some(every) = watchers.foreign.probe_every()
@@ -404,7 +406,7 @@ fn serve(
         for claimed in rechecks.claim(&probes) {
             recheck(name, pool, &context, claimed);
         }
-        let len = match (&sockets.packet).read(&mut frame) {
+        let len = match pacer.receive(&sockets.packet, &mut frame) {
             Ok(len) => len,
             Err(e)
                 if matches!(
