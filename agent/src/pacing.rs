@@ -10,6 +10,7 @@
 //! first retransmission waits a second); a lone datagram pays none.
 
 use std::io::{self, Read};
+use std::net::UdpSocket;
 use std::time::Duration;
 
 use socket2::Socket;
@@ -33,6 +34,9 @@ enum Mode {
 
 /// Reads one socket at the pace above. The socket is blocking (with its own read timeout) while
 /// quiet and non-blocking while draining; the pacer switches it only when its mode changes.
+/// A reply sent on the same socket while it is non-blocking fails rather than waits when the
+/// send buffer is full, and is counted as a send error: under such load a late reply is worth
+/// no more than a lost one, which the client retransmits.
 #[derive(Debug)]
 pub struct Pacer {
     window: Duration,
@@ -56,28 +60,32 @@ impl Pacer {
         self.window
     }
 
-    /// The next datagram, as `Read::read` on the socket returns it: its length, or the error
+    /// The next datagram, as `read` returns it from the socket: what it read, or its error
     /// (`WouldBlock`/`TimedOut` when the socket's read timeout passed with nothing to read).
-    pub fn receive(&mut self, socket: &Socket, buf: &mut [u8]) -> io::Result<usize> {
+    pub fn receive<S: Blocking, T>(
+        &mut self,
+        socket: &S,
+        mut read: impl FnMut(&S) -> io::Result<T>,
+    ) -> io::Result<T> {
         loop {
             match self.mode {
                 Mode::Quiet => {
                     self.blocking(socket, true)?;
-                    let len = read(socket, buf)?;
+                    let read = read(socket)?;
                     if !self.window.is_zero() {
                         self.mode = Mode::Pause;
                     }
-                    return Ok(len);
+                    return Ok(read);
                 }
                 Mode::Pause => {
                     std::thread::sleep(self.window);
                     self.blocking(socket, false)?;
                     self.mode = Mode::Drain { found: false };
                 }
-                Mode::Drain { found } => match read(socket, buf) {
-                    Ok(len) => {
+                Mode::Drain { found } => match read(socket) {
+                    Ok(read) => {
                         self.mode = Mode::Drain { found: true };
-                        return Ok(len);
+                        return Ok(read);
                     }
                     Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
                         self.mode = if found { Mode::Pause } else { Mode::Quiet };
@@ -89,7 +97,7 @@ impl Pacer {
     }
 
     /// Puts the socket in blocking (`true`) or non-blocking mode, unless it is already.
-    fn blocking(&mut self, socket: &Socket, blocking: bool) -> io::Result<()> {
+    fn blocking<S: Blocking>(&mut self, socket: &S, blocking: bool) -> io::Result<()> {
         if self.nonblocking == blocking {
             socket.set_nonblocking(!blocking)?;
             self.nonblocking = !blocking;
@@ -98,8 +106,27 @@ impl Pacer {
     }
 }
 
-fn read(mut socket: &Socket, buf: &mut [u8]) -> io::Result<usize> {
-    socket.read(buf)
+/// A socket whose reads can be made to wait or not.
+pub trait Blocking {
+    /// As the socket's own `set_nonblocking`.
+    fn set_nonblocking(&self, nonblocking: bool) -> io::Result<()>;
+}
+
+impl Blocking for Socket {
+    fn set_nonblocking(&self, nonblocking: bool) -> io::Result<()> {
+        Socket::set_nonblocking(self, nonblocking)
+    }
+}
+
+impl Blocking for UdpSocket {
+    fn set_nonblocking(&self, nonblocking: bool) -> io::Result<()> {
+        UdpSocket::set_nonblocking(self, nonblocking)
+    }
+}
+
+/// Reads one datagram from a socket2 socket into `buf`.
+pub fn read_into(buf: &mut [u8]) -> impl FnMut(&Socket) -> io::Result<usize> + '_ {
+    |mut socket: &Socket| socket.read(buf)
 }
 
 #[cfg(test)]
@@ -125,23 +152,23 @@ mod tests {
         let mut pacer = Pacer::new(WINDOW);
         let mut buf = [0u8; 16];
         tx.send(b"a").unwrap();
-        assert_eq!(pacer.receive(&rx, &mut buf).unwrap(), 1);
+        assert_eq!(pacer.receive(&rx, read_into(&mut buf)).unwrap(), 1);
         assert_eq!(&buf[..1], b"a");
         // Sent during the pause: read in one batch, without waiting in between.
         for datagram in [b"b", b"c", b"d"] {
             tx.send(datagram).unwrap();
         }
         for want in [b"b", b"c", b"d"] {
-            assert_eq!(pacer.receive(&rx, &mut buf).unwrap(), 1);
+            assert_eq!(pacer.receive(&rx, read_into(&mut buf)).unwrap(), 1);
             assert_eq!(&buf[..1], want);
             assert!(rx.nonblocking().unwrap(), "a batch is read without waiting");
         }
         // The batch after it finds nothing: the socket blocks again, with its timeout.
-        assert!(times_out(pacer.receive(&rx, &mut buf)));
+        assert!(times_out(pacer.receive(&rx, read_into(&mut buf))));
         assert_eq!(pacer.mode, Mode::Quiet);
         assert!(!rx.nonblocking().unwrap());
         tx.send(b"e").unwrap();
-        assert_eq!(pacer.receive(&rx, &mut buf).unwrap(), 1);
+        assert_eq!(pacer.receive(&rx, read_into(&mut buf)).unwrap(), 1);
         assert_eq!(&buf[..1], b"e");
     }
 
@@ -151,9 +178,9 @@ mod tests {
         let mut pacer = Pacer::new(WINDOW);
         let mut buf = [0u8; 16];
         tx.send(b"x").unwrap();
-        assert_eq!(pacer.receive(&rx, &mut buf).unwrap(), 1);
+        assert_eq!(pacer.receive(&rx, read_into(&mut buf)).unwrap(), 1);
         assert_eq!(pacer.mode, Mode::Pause);
-        assert!(times_out(pacer.receive(&rx, &mut buf)));
+        assert!(times_out(pacer.receive(&rx, read_into(&mut buf))));
         assert_eq!(pacer.mode, Mode::Quiet);
     }
 
@@ -164,11 +191,11 @@ mod tests {
         let mut buf = [0u8; 16];
         for datagram in [b"1", b"2"] {
             tx.send(datagram).unwrap();
-            assert_eq!(pacer.receive(&rx, &mut buf).unwrap(), 1);
+            assert_eq!(pacer.receive(&rx, read_into(&mut buf)).unwrap(), 1);
             assert_eq!(pacer.mode, Mode::Quiet);
             assert!(!rx.nonblocking().unwrap());
         }
-        assert!(times_out(pacer.receive(&rx, &mut buf)));
+        assert!(times_out(pacer.receive(&rx, read_into(&mut buf))));
     }
 
     #[test]
@@ -176,7 +203,7 @@ mod tests {
         let unconnected = Socket::new(Domain::UNIX, Type::STREAM, None).unwrap();
         let mut pacer = Pacer::new(WINDOW);
         // An unconnected stream socket cannot be read: the kernel's error, not an empty socket.
-        let result = pacer.receive(&unconnected, &mut [0u8; 4]);
+        let result = pacer.receive(&unconnected, read_into(&mut [0u8; 4]));
         assert!(result.as_ref().is_err_and(|e| e.raw_os_error().is_some()));
         assert!(!times_out(result));
         assert_eq!(pacer.mode, Mode::Quiet);

@@ -26,6 +26,7 @@ use super::pins::Pins;
 use super::probe::{Declined, PendingOffer, Probes};
 use crate::capability::{Capability, Missing};
 use crate::lease_table::{LeaseTable, PoolSnapshot};
+use crate::pacing::{self, Pacer};
 use crate::reconfigure::Due;
 use crate::supervisor::{Attempt, Served, Supervisor};
 use crate::suspects::Suspects;
@@ -471,12 +472,13 @@ fn serve(
     let mut next_recheck = Instant::now();
     let mut pins = Pins::default();
     let mut keyed = Keyed::default();
+    let mut pacer = Pacer::new(pacing::WINDOW);
     loop {
         if *shutdown.borrow() {
             info!("stopping");
             return Ok(());
         }
-        let received = match socket.recv_from(&mut buf) {
+        let received = match pacer.receive(&*socket, |socket| socket.recv_from(&mut buf)) {
             Ok(received) => Some(received),
             // The receive timed out: time to look at shutdown and the link.
             Err(e)

@@ -406,7 +406,7 @@ fn serve(
         for claimed in rechecks.claim(&probes) {
             recheck(name, pool, &context, claimed);
         }
-        let len = match pacer.receive(&sockets.packet, &mut frame) {
+        let len = match pacer.receive(&sockets.packet, pacing::read_into(&mut frame)) {
             Ok(len) => len,
             Err(e)
                 if matches!(
