@@ -129,7 +129,8 @@ impl Counters {
         }
     }
 
-    /// Records how long a reply took, from the datagram's arrival to the send.
+    /// Records how long a reply took, from reading the datagram to the send (the time it waited
+    /// in the socket, up to one batch window under load, is not the agent's work).
     pub fn record_latency(&self, took: Duration) {
         let us = u64::try_from(took.as_micros()).unwrap_or(u64::MAX);
         if let Some(i) = LATENCY_BUCKETS_US.iter().position(|b| us <= *b) {
