@@ -55,11 +55,6 @@ impl Pacer {
         }
     }
 
-    /// The pause before each batch.
-    pub fn window(&self) -> Duration {
-        self.window
-    }
-
     /// The next datagram, as `read` returns it from the socket: what it read, or its error
     /// (`WouldBlock`/`TimedOut` when the socket's read timeout passed with nothing to read).
     pub fn receive<S: Blocking, T>(
