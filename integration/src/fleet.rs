@@ -152,6 +152,11 @@ impl Fleet {
 
     /// Starts (or restarts) the controller process.
     pub fn start_controller(&mut self) {
+        // The old one first: the new one binds the same ports, and a replacement spawned while
+        // its predecessor still shut down found them taken and exited.
+        if let Some(mut old) = self.controller.take() {
+            old.stop();
+        }
         let args = self.controller_args("controller-0", self.grpc, self.controller_http);
         let args = [args, vec!["--no-leader-election".into()]].concat();
         self.controller = Some(self.spawn_controller("controller", args));
@@ -159,6 +164,10 @@ impl Fleet {
 
     /// Starts (or restarts) electing controller replica `index`, under a new identity.
     pub fn start_replica(&mut self, index: usize) {
+        // As in `start_controller`: the replica's ports are free before it starts again.
+        if let Some(mut old) = self.replicas[index].process.take() {
+            old.stop();
+        }
         let (grpc, http) = (self.replicas[index].grpc, self.replicas[index].http);
         let identity = format!("controller-{index}-{}", self.starts);
         let args = self.controller_args(&identity, grpc, http);
